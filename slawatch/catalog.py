@@ -1,0 +1,140 @@
+"""What the database says about a watched table: kind, column types, unique keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from slawatch.db import Connection, describe, translate
+from slawatch.rules import Rule
+
+TIMESTAMP_TYPES = {"timestamp without time zone", "timestamp with time zone"}
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """A table as the catalog describes it."""
+
+    schema: str
+    name: str
+    relkind: str
+    columns: dict[str, str]  # name -> type, as format_type() prints it
+    unique_columns: frozenset[str]  # columns with a single-column unique index
+
+
+def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
+    """The table ``schema.name``, or None when there is no such relation."""
+    with translate(f"reading the catalog for {schema}.{name}"):
+        row = conn.execute(
+            "SELECT c.oid, c.relkind FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s",
+            (schema, name),
+        ).fetchone()
+        if row is None:
+            return None
+        oid, relkind = row
+        columns = dict(
+            conn.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+                " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                (oid,),
+            ).fetchall()
+        )
+        unique = {
+            r[0]
+            for r in conn.execute(
+                "SELECT a.attname FROM pg_index i"
+                " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+                " WHERE i.indrelid = %s AND i.indisunique AND i.indnkeyatts = 1"
+                " AND i.indpred IS NULL AND i.indexprs IS NULL",
+                (oid,),
+            ).fetchall()
+        }
+    return TableInfo(schema, name, relkind, columns, frozenset(unique))
+
+
+def table_ident(rule: Rule) -> sql.Identifier:
+    return sql.Identifier(rule.schema_name, rule.table_name)
+
+
+def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str]]:
+    """Check a rule against the database; returns the table and error lines."""
+    where = rule.source
+    info = inspect_table(conn, rule.schema_name, rule.table_name)
+    if info is None:
+        return None, [f"{where}: table: {rule.schema_name}.{rule.table_name} does not exist"]
+    if info.relkind == "p":
+        return info, [
+            f"{where}: table: {rule.table} is partitioned; slawatch does not watch "
+            "partitioned tables yet (watch each partition with its own rule)"
+        ]
+    if info.relkind != "r":
+        return info, [f"{where}: table: {rule.table} is not a table (a view or similar)"]
+    errors = []
+
+    def missing(field: str, column: str) -> None:
+        known = ", ".join(c for c in info.columns if not c.startswith("sw_"))
+        errors.append(f"{where}: {field}: column {column!r} not in {rule.table} ({known})")
+
+    if rule.key not in info.columns:
+        missing("key", rule.key)
+    elif rule.key not in info.unique_columns:
+        errors.append(
+            f"{where}: key: column {rule.key!r} of {rule.table} has no unique index "
+            "of its own; the key must identify one row"
+        )
+    if rule.deadline not in info.columns:
+        missing("deadline", rule.deadline)
+    elif info.columns[rule.deadline] not in TIMESTAMP_TYPES:
+        errors.append(
+            f"{where}: deadline: column {rule.deadline!r} is {info.columns[rule.deadline]}; "
+            "it must be timestamp or timestamptz"
+        )
+    for column in rule.alert_columns:
+        if column not in info.columns:
+            missing("columns", column)
+    if not errors:
+        problem = check_condition(conn, rule)
+        if problem:
+            errors.append(f"{where}: open_when: {problem}")
+    return info, errors
+
+
+def check_condition(conn: Connection, rule: Rule) -> str | None:
+    """Why ``open_when`` cannot be a partial-index predicate on the table, or None.
+
+    PostgreSQL judges it: on an empty temporary copy of the table (same name, so
+    qualified references resolve) we build the partial index the rule will need,
+    in a transaction that is always rolled back.
+    """
+    tmp = sql.Identifier(rule.table_name)
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute(
+                sql.SQL("CREATE TEMP TABLE {} (LIKE {}) ON COMMIT DROP").format(
+                    tmp, table_ident(rule)
+                )
+            )
+            probe = sql.SQL("CREATE INDEX ON pg_temp.{} ({})\nWHERE ({}\n)").format(
+                tmp,
+                sql.Identifier(rule.deadline),
+                sql.SQL(rule.open_when),
+            )
+            # Parameters force the extended protocol, which refuses several statements.
+            conn.execute(
+                sql.SQL("SELECT 1 FROM pg_temp.{} WHERE ({}\n) AND %s").format(
+                    tmp,
+                    sql.SQL(rule.open_when),
+                ),
+                (True,),
+            )
+            conn.execute(probe)
+    except psycopg.Error as exc:  # the database's verdict is the answer we are after
+        msg = describe(exc)
+        if "IMMUTABLE" in msg:
+            msg += " (open_when must not call now(), random() or other volatile functions)"
+        return msg
+    return None

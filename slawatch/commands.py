@@ -1,0 +1,99 @@
+"""What each CLI command does, in terms of the library's functions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from slawatch.db import connect, embedded_dsn, redact, with_database
+from slawatch.errors import ConfigError
+from slawatch.migrate import check, migrate, render
+from slawatch.notifiers import NotifierConfig, load_notifiers
+from slawatch.rules import Rule, check_notifier_names, load_rules
+from slawatch.settings import Settings
+
+# The embedded server's database for `run`/`migrate` without a DSN (the demo's shop lives there).
+EMBEDDED_DATABASE = "slawatch"
+
+
+def load_config(settings: Settings) -> tuple[list[Rule], list[NotifierConfig]]:
+    """Rules and notifiers from their folders, cross-checked; ConfigError otherwise."""
+    notifiers = load_notifiers(settings.notifiers_dir)
+    rules = load_rules(settings.rules_dir)
+    check_notifier_names(rules, {n.name for n in notifiers})
+    return rules, notifiers
+
+
+def database_dsn(settings: Settings) -> str:
+    """The DSN to use: the configured one, or the embedded server's (started if needed)."""
+    if settings.dsn:
+        return settings.dsn
+    server = embedded_dsn(settings.data_dir)
+    ensure_database(server, EMBEDDED_DATABASE)
+    return with_database(server, EMBEDDED_DATABASE)
+
+
+def ensure_database(server_dsn: str, name: str) -> None:
+    from psycopg import sql
+
+    with connect(server_dsn) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    if args.command == "check":
+        return cmd_check(settings)
+    if args.command == "migrate":
+        return cmd_migrate(settings, args.print_only)
+    if args.command == "run":
+        return cmd_run(settings, args.once)
+    if args.command == "demo":
+        from slawatch.demo import run_demo
+
+        return run_demo(settings, args.seconds)
+    raise ConfigError(f"unknown command {args.command!r}")  # argparse stops this earlier
+
+
+def cmd_check(settings: Settings) -> int:
+    rules, notifiers = load_config(settings)
+    what = f"{len(rules)} rules, {len(notifiers)} notifiers"
+    if not settings.dsn:
+        print(
+            f"ok: {what} (files only; set SLAWATCH_DSN or --dsn to check them against a database)"
+        )
+        return 0
+    with connect(settings.dsn) as conn:
+        check(conn, rules)
+    print(f"ok: {what}, checked against {redact(settings.dsn)}")
+    return 0
+
+
+def cmd_migrate(settings: Settings, print_only: bool) -> int:
+    rules, _ = load_config(settings)
+    if print_only:
+        sys.stdout.write(render(rules))
+        return 0
+    dsn = database_dsn(settings)
+    with connect(dsn) as conn:
+        done = migrate(conn, rules)
+    for line in done:
+        print(line)
+    print(f"ok: {len(rules)} rules migrated" + ("" if done else " (nothing to change)"))
+    return 0
+
+
+def cmd_run(settings: Settings, once: bool) -> int:
+    from slawatch.scheduler import Runner
+
+    rules, notifiers = load_config(settings)
+    runner = Runner(database_dsn(settings), rules, notifiers)
+    try:
+        if once:
+            runner.once()
+        else:
+            runner.serve()
+    finally:
+        runner.close()
+    return 0

@@ -1,0 +1,36 @@
+"""The console notifier: one readable line per alert on standard output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from slawatch.notifiers import ConsoleConfig
+
+
+def format_alert(alert: dict[str, Any]) -> str:
+    """``[warning] order_unshipped #1 key=42 due 2026-11-20T10:00:00Z {"id": 42, ...}``."""
+    row = json.dumps(alert["row"], default=str, separators=(", ", ": "))
+    return (
+        f"[{alert['severity']}] {alert['rule']} #{alert['n']} key={alert['key']} "
+        f"due {alert['due_at']} {row}"
+    )
+
+
+class ConsoleNotifier:
+    """Writes alerts to a stream (standard output by default)."""
+
+    def __init__(self, config: ConsoleConfig, stream: TextIO | None = None) -> None:
+        self.name = config.name
+        self.config = config
+        self._stream = stream
+
+    def send(self, alerts: list[dict[str, Any]]) -> None:
+        stream = self._stream or sys.stdout
+        for alert in alerts:
+            stream.write(format_alert(alert) + "\n")
+        stream.flush()
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,166 @@
+"""``slawatch run``: one APScheduler interval job per rule, plus the delivery job."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import FrameType
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.blocking import BlockingScheduler
+
+from slawatch.claim import ClaimPlan, DrainResult, drain, prepare
+from slawatch.clock import Clock
+from slawatch.db import open_pool, translate
+from slawatch.deliver import PassResult, deliver_once
+from slawatch.errors import SlawatchError
+from slawatch.notifiers import Notifier, NotifierConfig, build
+from slawatch.rules import Rule
+
+log = logging.getLogger(__name__)
+
+DELIVERY_EVERY = 1.0  # seconds between delivery passes
+
+
+@dataclass
+class Totals:
+    """Counters since start, for the demo's summary and logs."""
+
+    claimed: dict[str, int] = field(default_factory=dict)
+    delivered: PassResult = field(default_factory=PassResult)
+
+
+class Runner:
+    """Owns the connection pool, the rules' claim plans and the notifiers."""
+
+    def __init__(
+        self,
+        dsn: str,
+        rules: list[Rule],
+        notifiers: list[NotifierConfig],
+        clock: Clock | None = None,
+    ) -> None:
+        self.rules = {r.name: r for r in rules}
+        self.clock = clock or Clock()
+        self.workers = len(rules) + 1
+        self.pool = open_pool(dsn, self.workers + 1)
+        try:
+            with self.pool.connection() as conn:
+                self.plans: dict[str, ClaimPlan] = {r.name: prepare(conn, r) for r in rules}
+        except BaseException:
+            self.pool.close()
+            raise
+        self.notifiers: dict[str, Notifier] = {c.name: build(c) for c in notifiers}
+        self.descriptions = {r.name: r.description for r in rules}
+        self.totals = Totals(claimed=dict.fromkeys(self.rules, 0))
+
+    def scan(self, rule: str) -> DrainResult | None:
+        """Drain one rule; a database error is logged and the next scan tries again."""
+        try:
+            result = drain(self.pool, self.plans[rule], self.clock)
+        except SlawatchError as exc:
+            log.error("%s", exc)
+            return None
+        self.totals.claimed[rule] += result.claimed
+        if result.claimed:
+            log.info("rule %s: %d alerts in %d batches", rule, result.claimed, result.batches)
+        return result
+
+    def deliver(self) -> PassResult:
+        """Deliver everything that is due now."""
+        total = PassResult()
+        while True:
+            try:
+                r = deliver_once(self.pool, self.notifiers, self.clock, self.descriptions)
+            except SlawatchError as exc:
+                log.error("%s", exc)
+                break
+            total.sent += r.sent
+            total.retried += r.retried
+            total.dead += r.dead
+            if r.sent + r.retried + r.dead == 0:
+                break
+        d = self.totals.delivered
+        d.sent, d.retried, d.dead = (
+            d.sent + total.sent,
+            d.retried + total.retried,
+            d.dead + total.dead,
+        )
+        return total
+
+    def once(self) -> None:
+        """Drain every rule once, then one delivery pass (``run --once``)."""
+        for name in self.rules:
+            with translate(f"scan of rule {name}"):
+                drain(self.pool, self.plans[name], self.clock)
+        self.deliver()
+
+    def serve(self, seconds: float | None = None) -> None:
+        """Run the scheduler until SIGINT/SIGTERM, or for ``seconds``."""
+        scheduler = BlockingScheduler(
+            executors={"default": ThreadPoolExecutor(self.workers + 1)}, timezone=UTC
+        )
+        now = datetime.now(UTC)
+        for name, rule in self.rules.items():
+            every = rule.every.total_seconds()
+            scheduler.add_job(
+                self.scan,
+                "interval",
+                seconds=every,
+                args=[name],
+                id=f"scan:{name}",
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=max(int(every), 1),
+                next_run_time=now,
+            )
+        scheduler.add_job(
+            self.deliver,
+            "interval",
+            seconds=DELIVERY_EVERY,
+            id="deliver",
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=5,
+            next_run_time=now,
+        )
+
+        def stop(signum: int | None = None, frame: FrameType | None = None) -> None:
+            if scheduler.running:
+                log.info("stopping: letting running scans and deliveries finish")
+                scheduler.shutdown(wait=True)
+
+        timer = threading.Timer(seconds, stop) if seconds is not None else None
+        with _signals(stop):
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            try:
+                scheduler.start()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    def close(self) -> None:
+        for notifier in self.notifiers.values():
+            notifier.close()
+        self.pool.close()
+
+
+@contextmanager
+def _signals(handler: signal._HANDLER) -> Iterator[None]:
+    """Install ``handler`` for SIGINT and SIGTERM while inside (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

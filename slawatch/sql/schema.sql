@@ -1,0 +1,37 @@
+-- slawatch's own tables: the outbox of alerts and their deliveries.
+-- Idempotent: safe to run on every `slawatch migrate`.
+CREATE SCHEMA IF NOT EXISTS slawatch;
+
+-- One row per notification of a watched row: (rule, key, n) exists at most once.
+CREATE TABLE IF NOT EXISTS slawatch.alert (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    rule        text        NOT NULL,
+    key         text        NOT NULL,
+    n           integer     NOT NULL,
+    severity    text        NOT NULL,
+    deadline    timestamptz,
+    due_at      timestamptz,
+    fired_at    timestamptz NOT NULL,
+    row_data    jsonb       NOT NULL,
+    CONSTRAINT alert_once UNIQUE (rule, key, n)
+);
+CREATE INDEX IF NOT EXISTS alert_rule_fired ON slawatch.alert (rule, fired_at);
+
+-- One row per (alert, notifier): the delivery state machine pending -> sent | dead.
+CREATE TABLE IF NOT EXISTS slawatch.delivery (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    alert_id         bigint      NOT NULL REFERENCES slawatch.alert (id) ON DELETE CASCADE,
+    notifier         text        NOT NULL,
+    status           text        NOT NULL DEFAULT 'pending'
+                                 CHECK (status IN ('pending', 'sent', 'dead')),
+    attempts         integer     NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL,
+    lease_owner      uuid,
+    lease_expires_at timestamptz,
+    last_error       text,
+    sent_at          timestamptz,
+    CONSTRAINT delivery_once UNIQUE (alert_id, notifier)
+);
+-- Only deliveries still to do are indexed, like the watched tables.
+CREATE INDEX IF NOT EXISTS delivery_due ON slawatch.delivery (next_attempt_at)
+    WHERE status = 'pending';
