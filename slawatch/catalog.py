@@ -125,11 +125,11 @@ def check_condition(conn: Connection, rule: Rule) -> str | None:
             )
             # Parameters force the extended protocol, which refuses several statements.
             conn.execute(
-                sql.SQL("SELECT 1 FROM pg_temp.{} WHERE ({}\n) AND %s").format(
+                sql.SQL("SELECT %s FROM pg_temp.{} WHERE ({}\n)").format(
                     tmp,
-                    sql.SQL(rule.open_when),
+                    sql.SQL(rule.open_when.replace("%", "%%")),
                 ),
-                (True,),
+                (1,),
             )
             conn.execute(probe)
     except psycopg.Error as exc:  # the database's verdict is the answer we are after

@@ -2,11 +2,12 @@
 bumps their notification count, schedules the next notification and writes the
 alerts and their deliveries into the outbox, all in one transaction.
 
-Correctness under concurrency rests on two things. Rows are addressed by
-``ctid``: when another scanner (or the application) updated a row first, the
-UPDATE re-reads the newest version, whose ctid is no longer in our list, so it
-is skipped. And the outer WHERE re-checks the due predicate, so a row that was
-completed or already notified in the meantime is never claimed.
+Correctness under concurrency: the two index scans lock the rows they pick
+(``FOR UPDATE SKIP LOCKED``), so concurrent scanners take disjoint batches and
+a row the application is updating right now is left for the next scan; rows
+are then addressed by ``ctid`` (a TID scan, no second index lookup), and the
+UPDATE re-checks the due predicate, so a row completed or already notified in
+the meantime is never claimed.
 """
 
 from __future__ import annotations
@@ -30,22 +31,26 @@ from slawatch.rules import Rule
 log = logging.getLogger(__name__)
 
 _CLAIM = """\
-WITH claimed AS (
+WITH first AS (
+    SELECT ctid FROM {table}
+     WHERE {deadline} < %(cutoff)s AND {n} = 0 AND ({open_when}
+           )
+     ORDER BY {deadline}
+     LIMIT %(batch)s::integer
+       FOR UPDATE SKIP LOCKED
+), again AS (
+    SELECT ctid FROM {table}
+     WHERE {next} < %(now)s::timestamptz AND {next} IS NOT NULL AND ({open_when}
+           )
+     ORDER BY {next}
+     LIMIT %(batch)s::integer - (SELECT count(*) FROM first)
+       FOR UPDATE SKIP LOCKED
+), claimed AS (
     UPDATE {table}
        SET {n} = {n} + 1,
            {next} = CASE WHEN {n} + 1 >= %(max)s::integer THEN NULL
                          ELSE %(now)s::timestamptz + {interval} END
-     WHERE ctid = ANY (ARRAY(
-               (SELECT ctid FROM {table}
-                 WHERE {deadline} < %(cutoff)s AND {n} = 0 AND ({open_when}
-                       )
-                 ORDER BY {deadline} LIMIT %(batch)s::integer)
-               UNION ALL
-               (SELECT ctid FROM {table}
-                 WHERE {next} < %(now)s::timestamptz AND {next} IS NOT NULL AND ({open_when}
-                       )
-                 ORDER BY {next} LIMIT %(batch)s::integer)
-               LIMIT %(batch)s::integer))
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM first UNION ALL SELECT ctid FROM again))
        AND ({n} = 0 AND {deadline} < %(cutoff)s OR {next} < %(now)s::timestamptz)
        AND ({open_when}
            )
@@ -151,7 +156,7 @@ def plan_claim(rule: Rule, deadline_type: str) -> ClaimPlan:
         deadline=deadline,
         deadline_tz=deadline_tz,
         key=sql.Identifier(rule.key),
-        open_when=sql.SQL(rule.open_when),  # operator SQL, checked
+        open_when=sql.SQL(rule.open_when.replace("%", "%%")),  # operator SQL, checked; % is literal
         interval=interval,
         row=row,
         severity=severity,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import sys
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 
 from slawatch.commands import EMBEDDED_DATABASE, ensure_database, load_config
 from slawatch.db import Connection, connect, embedded_dsn, translate, with_database
@@ -17,39 +18,8 @@ from slawatch.migrate import migrate
 from slawatch.rules import Rule
 from slawatch.settings import Settings
 
-SHOP = """
-DROP SCHEMA IF EXISTS slawatch CASCADE;
-DROP TABLE IF EXISTS public.orders, public.refunds, public.shipments, public.jobs CASCADE;
-CREATE TABLE public.orders (
-    id          bigint PRIMARY KEY,
-    user_id     bigint NOT NULL,
-    total_cents integer NOT NULL,
-    status      text NOT NULL,          -- paid | shipped
-    paid_at     timestamptz
-);
-CREATE TABLE public.refunds (
-    id           bigint PRIMARY KEY,
-    order_id     bigint NOT NULL,
-    amount_cents integer NOT NULL,
-    status       text NOT NULL,         -- requested | processed
-    requested_at timestamptz NOT NULL
-);
-CREATE TABLE public.shipments (
-    id           bigint PRIMARY KEY,
-    order_id     bigint NOT NULL,
-    carrier      text NOT NULL,
-    status       text NOT NULL,         -- in_transit | delivered
-    delivered_at timestamptz,
-    confirmed_at timestamptz
-);
-CREATE TABLE public.jobs (
-    id           bigint PRIMARY KEY,
-    kind         text NOT NULL,
-    worker       text NOT NULL,
-    status       text NOT NULL,         -- running | done
-    heartbeat_at timestamp              -- UTC wall time, no time zone
-);
-"""
+SHOP = resources.files("slawatch").joinpath("sql/shop.sql").read_text()
+
 
 _INSERT = {
     "orders": "INSERT INTO public.orders VALUES (%s, %s, %s, %s, %s)",

@@ -95,6 +95,13 @@ class Tier(_Model):
     severity: Severity | None = None
     notify: list[str] | None = Field(default=None, min_length=1)
 
+    @field_validator("notify")
+    @classmethod
+    def _notify(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("lists a notifier twice")
+        return v
+
 
 class Rule(_Model):
     """One rule file."""
@@ -155,6 +162,13 @@ class Rule(_Model):
             ZoneInfo(v)
         except (ZoneInfoNotFoundError, ValueError) as exc:
             raise ValueError(f"{v!r} is not a time zone (try UTC or Europe/Berlin)") from exc
+        return v
+
+    @field_validator("notify")
+    @classmethod
+    def _notify(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("lists a notifier twice")
         return v
 
     @field_validator("escalate")

@@ -1,0 +1,33 @@
+-- The demo's sample shop (also the schema docker-compose.yml starts PostgreSQL with).
+-- Resets: drops the shop's tables and slawatch's schema first.
+DROP SCHEMA IF EXISTS slawatch CASCADE;
+DROP TABLE IF EXISTS public.orders, public.refunds, public.shipments, public.jobs CASCADE;
+CREATE TABLE public.orders (
+    id          bigint PRIMARY KEY,
+    user_id     bigint NOT NULL,
+    total_cents integer NOT NULL,
+    status      text NOT NULL,          -- paid | shipped
+    paid_at     timestamptz
+);
+CREATE TABLE public.refunds (
+    id           bigint PRIMARY KEY,
+    order_id     bigint NOT NULL,
+    amount_cents integer NOT NULL,
+    status       text NOT NULL,         -- requested | processed
+    requested_at timestamptz NOT NULL
+);
+CREATE TABLE public.shipments (
+    id           bigint PRIMARY KEY,
+    order_id     bigint NOT NULL,
+    carrier      text NOT NULL,
+    status       text NOT NULL,         -- in_transit | delivered
+    delivered_at timestamptz,
+    confirmed_at timestamptz
+);
+CREATE TABLE public.jobs (
+    id           bigint PRIMARY KEY,
+    kind         text NOT NULL,
+    worker       text NOT NULL,
+    status       text NOT NULL,         -- running | done
+    heartbeat_at timestamp              -- UTC wall time, no time zone
+);

@@ -1,0 +1,165 @@
+"""The command line as a user runs it: exit codes, one-line errors, a whole run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from slawatch.demo import SHOP
+from tests.conftest import ROOT
+from tests.integration.helpers import Conn
+
+
+def slawatch(
+    *args: str, dsn: str | None = None, cwd: Path = ROOT, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
+    if dsn:
+        env["SLAWATCH_DSN"] = dsn
+    return subprocess.run(
+        [sys.executable, "-m", "slawatch", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    assert result.returncode == code, result
+    assert "Traceback" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("slawatch: error: ")]
+    assert lines and text in lines[0], result.stderr
+
+
+def test_check_shipped_files() -> None:
+    result = slawatch("check")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok: 4 rules, 1 notifiers (files only")
+
+
+def test_check_against_a_database_without_the_tables(dsn: str) -> None:
+    result = slawatch("check", dsn=dsn)
+    assert_one_line_error(result, 2, "rules/job_hung.yaml: table: public.jobs does not exist")
+    assert result.stderr.count("does not exist") == 4  # every rule reported at once
+
+
+def test_bad_rule_file(tmp_path: Path) -> None:
+    (tmp_path / "r.yaml").write_text("table: orders\nkey: id\nevery: 6 hourz\n")
+    result = slawatch("--rules", str(tmp_path), "check")
+    assert_one_line_error(result, 2, f"{tmp_path}/r.yaml: deadline: is required")
+    assert "every: '6 hourz' is not a duration" in result.stderr
+
+
+def test_malformed_yaml(tmp_path: Path) -> None:
+    (tmp_path / "r.yaml").write_text("table: [orders\n")
+    result = slawatch("check", "--rules", str(tmp_path))  # flags may follow the command
+    assert_one_line_error(result, 2, "r.yaml: line 2: invalid YAML")
+
+
+def test_unknown_notifier(tmp_path: Path) -> None:
+    text = (ROOT / "rules" / "job_hung.yaml").read_text().replace("[console]", "[pager]")
+    (tmp_path / "job_hung.yaml").write_text(text)
+    result = slawatch("--rules", str(tmp_path), "check")
+    assert_one_line_error(result, 2, "job_hung.yaml: notify: unknown notifier 'pager'")
+
+
+def test_unreachable_database() -> None:
+    result = slawatch("run", "--once", dsn="postgresql://postgres:secret@127.0.0.1:1/shop")
+    assert_one_line_error(result, 1, "cannot connect to postgresql://postgres:***@127.0.0.1:1/shop")
+    assert "secret" not in result.stderr
+
+
+def test_bad_usage() -> None:
+    assert slawatch("frobnicate").returncode == 2
+    assert slawatch("demo", "--seconds", "-1").returncode == 2
+
+
+def test_migrate_print_needs_no_database() -> None:
+    result = slawatch("migrate", "--print", dsn="postgresql://nobody@127.0.0.1:1/none")
+    assert result.returncode == 0, result.stderr
+    assert 'CREATE INDEX CONCURRENTLY IF NOT EXISTS "sw_order_unshipped_first"' in result.stdout
+    assert 'GRANT UPDATE ("sw_job_hung_n", "sw_job_hung_next") ON "public"."jobs"' in result.stdout
+
+
+def test_run_before_migrate_says_what_to_do(conn: Conn, dsn: str) -> None:
+    conn.execute(SHOP)
+    result = slawatch("run", "--once", dsn=dsn)
+    assert_one_line_error(result, 2, "run 'slawatch migrate' first")
+
+
+def test_migrate_then_run_once_prints_each_alert_once(conn: Conn, dsn: str) -> None:
+    conn.execute(SHOP)
+    assert slawatch("check", dsn=dsn).returncode == 0
+    first = slawatch("migrate", dsn=dsn)
+    assert first.returncode == 0, first.stderr
+    assert "built index sw_order_unshipped_first" in first.stdout
+    again = slawatch("migrate", dsn=dsn)
+    assert again.stdout.strip() == "ok: 4 rules migrated (nothing to change)"
+    conn.execute(
+        "INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days'),"
+        " (2, 7, 990, 'paid', now() - interval '1 hour')"
+    )
+    conn.execute("INSERT INTO jobs VALUES (9, 'sync', 'w1', 'running', now() - interval '1 hour')")
+    result = slawatch("run", "--once", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, lines
+    assert any(ln.startswith("[warning] order_unshipped #1 key=1 due ") for ln in lines)
+    assert any(ln.startswith("[critical] job_hung #1 key=9 due ") for ln in lines)
+    assert slawatch("run", "--once", dsn=dsn).stdout == ""  # nothing new is due
+    sent = conn.execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY 1").fetchall()
+    assert sent == [("sent", 2)]
+
+
+def test_run_stops_cleanly_on_sigterm(conn: Conn, dsn: str) -> None:
+    conn.execute(SHOP)
+    assert slawatch("migrate", dsn=dsn).returncode == 0
+    conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
+    with subprocess.Popen(
+        [sys.executable, "-m", "slawatch", "run"],
+        cwd=ROOT,
+        env=env | {"SLAWATCH_DSN": dsn},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # blocks until the first alert is printed
+            assert line.startswith("[warning] order_unshipped #1 key=1"), line
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+
+
+def test_demo_twice_in_a_row(tmp_path: Path) -> None:
+    env_dir = tmp_path / "data"
+    for _ in range(2):
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "slawatch", "demo", "--seconds", "5"],
+            cwd=ROOT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
+            | {"SLAWATCH_DATA_DIR": str(env_dir)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        assert time.monotonic() - started >= 5
+        summary = result.stdout.split("\nsummary\n")[1]
+        for rule in ("order_unshipped", "refund_unprocessed", "receipt_unconfirmed", "job_hung"):
+            assert any(
+                ln.split()[0] == rule and int(ln.split()[1]) >= 4 for ln in summary.splitlines()
+            ), summary

@@ -1,0 +1,118 @@
+"""Many scanners, one database: every due row claimed exactly once per notification."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from slawatch.claim import claim_batch, plan_claim
+from slawatch.migrate import migrate
+from slawatch.rules import Rule
+from tests.integration.helpers import Conn
+
+N = 10_000
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def test_four_scanners_claim_each_row_once_per_notification(conn: Conn, dsn: str) -> None:
+    conn.execute(
+        "CREATE TABLE tasks (id bigint PRIMARY KEY, state text NOT NULL, started_at timestamptz)"
+    )
+    conn.execute(
+        "INSERT INTO tasks SELECT g, 'running', %s - g * interval '1 second'"
+        " FROM generate_series(1, %s::int) g",
+        (T0, N),
+    )
+    # Finished rows the scanners must never touch.
+    conn.execute(
+        "INSERT INTO tasks SELECT g, 'done', %s FROM generate_series(%s::int, %s::int) g",
+        (T0, N + 1, N + 500),
+    )
+    rule = Rule.model_validate(
+        {
+            "name": "stuck",
+            "table": "tasks",
+            "key": "id",
+            "deadline": "started_at",
+            "after": "1m",
+            "open_when": "state = 'running'",
+            "batch": 250,
+            "renotify": {"every": "1h", "max": 2},
+            "notify": ["a", "b"],
+        }
+    )
+    migrate(conn, [rule])
+    plan = plan_claim(rule, "timestamp with time zone")
+
+    def scan_together(now: datetime) -> list[int]:
+        counts = [0] * 4
+        errors: list[BaseException] = []
+        start = threading.Barrier(4)
+
+        def worker(i: int) -> None:
+            try:
+                with psycopg.connect(dsn, autocommit=True) as c:
+                    start.wait()
+                    empty = 0
+                    while empty < 3:  # rows skipped as locked by others come back later
+                        got = claim_batch(c, plan, now)
+                        counts[i] += got
+                        empty = empty + 1 if got == 0 else 0
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        return counts
+
+    counts = scan_together(T0 + timedelta(minutes=2))
+    assert sum(counts) == N
+    assert sum(1 for c in counts if c > 0) >= 2, f"the work was not shared: {counts}"
+    assert claim_batch(conn, plan, T0 + timedelta(minutes=2)) == 0  # none left behind
+
+    counts = scan_together(T0 + timedelta(hours=2))
+    assert sum(counts) == N
+    counts = scan_together(T0 + timedelta(hours=10))
+    assert sum(counts) == 0  # the cap of 2 is reached
+
+    for n in (1, 2):
+        keys = conn.execute(
+            "SELECT key::bigint FROM slawatch.alert WHERE rule = 'stuck' AND n = %s ORDER BY 1",
+            (n,),
+        ).fetchall()
+        assert [k for (k,) in keys] == list(range(1, N + 1)), f"notification {n}"
+    per_alert = conn.execute(
+        "SELECT count(*), count(DISTINCT alert_id) FROM slawatch.delivery"
+    ).fetchone()
+    assert per_alert == (4 * N, 2 * N)  # one delivery per notifier per alert
+    untouched = conn.execute("SELECT count(*) FROM tasks WHERE state = 'done' AND sw_stuck_n > 0")
+    assert untouched.fetchone() == (0,)
+
+
+def test_a_row_locked_by_the_application_is_skipped_not_waited_for(conn: Conn, dsn: str) -> None:
+    conn.execute("CREATE TABLE tasks (id bigint PRIMARY KEY, state text, started_at timestamptz)")
+    conn.execute("INSERT INTO tasks VALUES (1, 'running', %s), (2, 'running', %s)", (T0, T0))
+    rule = Rule.model_validate(
+        {
+            "name": "stuck",
+            "table": "tasks",
+            "key": "id",
+            "deadline": "started_at",
+            "open_when": "state = 'running'",
+            "notify": ["a"],
+        }
+    )
+    migrate(conn, [rule])
+    plan = plan_claim(rule, "timestamp with time zone")
+    with psycopg.connect(dsn) as app:  # an application transaction holds row 1
+        app.execute("UPDATE tasks SET state = 'done' WHERE id = 1")
+        conn.execute("SET lock_timeout = '2s'")  # a wait would fail the test, not hang it
+        assert claim_batch(conn, plan, T0 + timedelta(minutes=1)) == 1  # row 2 only
+        app.commit()
+    assert claim_batch(conn, plan, T0 + timedelta(minutes=1)) == 0  # row 1 completed meanwhile

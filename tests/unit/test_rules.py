@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from slawatch.errors import ConfigError
+from slawatch.notifiers import load_notifiers
+from slawatch.rules import Rule, check_notifier_names, load_rules
+from tests.conftest import ROOT
+
+GOOD = """\
+table: public.orders
+key: id
+deadline: paid_at
+after: 48h
+open_when: "status = 'paid'"
+notify: [console]
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return tmp_path
+
+
+def load_one(tmp_path: Path, text: str, name: str = "orders.yaml") -> Rule:
+    return load_rules(write(tmp_path, name, text))[0]
+
+
+def error_of(tmp_path: Path, text: str, name: str = "orders.yaml") -> str:
+    with pytest.raises(ConfigError) as exc:
+        load_rules(write(tmp_path, name, text))
+    return str(exc.value)
+
+
+def test_shipped_examples_load_and_reference_shipped_notifiers() -> None:
+    rules = load_rules(ROOT / "rules")
+    notifiers = load_notifiers(ROOT / "notifiers")
+    check_notifier_names(rules, {n.name for n in notifiers})
+    assert {r.name for r in rules} == {
+        "order_unshipped",
+        "refund_unprocessed",
+        "receipt_unconfirmed",
+        "job_hung",
+    }
+
+
+def test_defaults(tmp_path: Path) -> None:
+    rule = load_one(tmp_path, GOOD)
+    assert rule.name == "orders"  # the file's stem
+    assert rule.every == timedelta(seconds=30)
+    assert rule.batch == 10_000
+    assert rule.severity == "warning"
+    assert rule.alert_columns == ["id", "paid_at"]
+    assert rule.max_notifications == 1  # no renotify: notified once
+    assert rule.schema_name == "public" and rule.table_name == "orders"
+
+
+def test_escalation_tiers_pick_severity_and_notifiers(tmp_path: Path) -> None:
+    rule = load_one(
+        tmp_path,
+        GOOD
+        + "escalate:\n  - {from: 5, notify: [pager]}\n  - {from: 3, severity: critical}\n"
+        + "renotify: {every: 1h}\n",
+    )
+    assert rule.tier_for(1) == ("warning", ["console"])
+    assert rule.tier_for(3) == ("critical", ["console"])
+    assert rule.tier_for(7) == ("critical", ["pager"])
+    assert rule.max_notifications is None
+
+
+def test_backoff_doubles_up_to_max(tmp_path: Path) -> None:
+    rule = load_one(tmp_path, GOOD + "renotify: {backoff: {first: 1h, max: 5h}, max: 9}\n")
+    assert rule.renotify is not None
+    hours = [rule.renotify.interval_after(n).total_seconds() / 3600 for n in range(1, 6)]
+    assert hours == [1, 2, 4, 5, 5]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (GOOD + "every: 6 hourz\n", "orders.yaml: every: '6 hourz' is not a duration (try"),
+        (GOOD + "renotify: {every: 6 hourz}\n", "orders.yaml: renotify.every: '6 hourz' is not"),
+        (GOOD + "colour: red\n", "orders.yaml: colour: unknown field (known fields:"),
+        (GOOD + "name: Orders-1\n", "orders.yaml: name: 'Orders-1' is not a rule name"),
+        (GOOD.replace("key: id\n", ""), "orders.yaml: key: is required"),
+        (GOOD + "severity: loud\n", "orders.yaml: severity: 'loud': Input should be"),
+        (GOOD + "renotify: {max: 3}\n", "renotify: renotify needs exactly one of"),
+        (GOOD + "batch: 0\n", "orders.yaml: batch: 0: Input should be greater than"),
+        (GOOD + "timezone: Mars/Base\n", "timezone: 'Mars/Base' is not a time zone"),
+        (GOOD + 'table: "orders; drop"\n', "table: 'orders; drop' is not a table name"),
+        (GOOD + "columns: [id, 'x y']\n", "columns.1: 'x y' is not a column name"),
+        (GOOD.replace("'paid'\"", "'paid'; DROP TABLE orders\""), "open_when: must be one SQL"),
+        (GOOD + "notify: []\n", "orders.yaml: notify:"),
+        (GOOD + "notify: [a, a]\n", "orders.yaml: notify: lists a notifier twice"),
+        ("table: [unclosed\n", "orders.yaml: line 2: invalid YAML"),
+        ("- a list\n", "orders.yaml: expected a mapping of fields, got list"),
+    ],
+)
+def test_bad_rules_name_file_and_field(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in error_of(tmp_path, text)
+
+
+def test_every_bad_file_is_reported_at_once(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", GOOD + "every: nope\n")
+    write(tmp_path, "b.yaml", GOOD + "after: nope\n")
+    with pytest.raises(ConfigError) as exc:
+        load_rules(tmp_path)
+    lines = str(exc.value).splitlines()
+    assert len(lines) == 2 and "a.yaml: every" in lines[0] and "b.yaml: after" in lines[1]
+
+
+def test_duplicate_names_are_an_error(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", GOOD + "name: same\n")
+    write(tmp_path, "b.yaml", GOOD + "name: same\n")
+    with pytest.raises(ConfigError, match=r"b.yaml: name: 'same' is already used by .*a.yaml"):
+        load_rules(tmp_path)
+
+
+def test_unknown_notifier_is_named(tmp_path: Path) -> None:
+    rules = load_rules(write(tmp_path, "orders.yaml", GOOD))
+    with pytest.raises(ConfigError, match=r"orders.yaml: notify: unknown notifier 'console'"):
+        check_notifier_names(rules, {"ops"})
+
+
+def test_missing_or_empty_rules_folder(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="rules folder not found"):
+        load_rules(tmp_path / "nope")
+    with pytest.raises(ConfigError, match="no rules"):
+        load_rules(tmp_path)
