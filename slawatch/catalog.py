@@ -22,6 +22,7 @@ class TableInfo:
     relkind: str
     columns: dict[str, str]  # name -> type, as format_type() prints it
     unique_columns: frozenset[str]  # columns with a single-column unique index
+    not_null: frozenset[str]
 
 
 def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
@@ -36,13 +37,13 @@ def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
         if row is None:
             return None
         oid, relkind = row
-        columns = dict(
-            conn.execute(
-                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
-                " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-                (oid,),
-            ).fetchall()
-        )
+        attributes = conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (oid,),
+        ).fetchall()
+        columns = {name: type_ for name, type_, _ in attributes}
+        not_null = frozenset(name for name, _, notnull in attributes if notnull)
         unique = {
             r[0]
             for r in conn.execute(
@@ -53,7 +54,7 @@ def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
                 (oid,),
             ).fetchall()
         }
-    return TableInfo(schema, name, relkind, columns, frozenset(unique))
+    return TableInfo(schema, name, relkind, columns, frozenset(unique), not_null)
 
 
 def table_ident(rule: Rule) -> sql.Identifier:
@@ -85,6 +86,11 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
         errors.append(
             f"{where}: key: column {rule.key!r} of {rule.table} has no unique index "
             "of its own; the key must identify one row"
+        )
+    elif rule.key not in info.not_null:
+        errors.append(
+            f"{where}: key: column {rule.key!r} of {rule.table} may be NULL; "
+            "the key must be NOT NULL to identify a row"
         )
     if rule.deadline not in info.columns:
         missing("deadline", rule.deadline)

@@ -14,7 +14,7 @@ from tests.integration.helpers import Conn, shop
 TABLE = """
 CREATE TABLE orders (
     id bigint PRIMARY KEY, ref text, status text NOT NULL, paid_at timestamptz,
-    paid_on date, note text
+    paid_on date, note text, code text UNIQUE
 )"""
 
 
@@ -96,6 +96,7 @@ def test_invalid_index_left_by_an_interrupted_build_is_rebuilt(conn: Conn) -> No
         ({"table": "public.nope"}, "table: public.nope does not exist"),
         ({"key": "idd"}, "key: column 'idd' not in public.orders (id, ref, status"),
         ({"key": "ref"}, "key: column 'ref' of public.orders has no unique index"),
+        ({"key": "code"}, "key: column 'code' of public.orders may be NULL"),
         ({"deadline": "paid_on"}, "deadline: column 'paid_on' is date; it must be timestamp"),
         ({"deadline": "nope"}, "deadline: column 'nope' not in public.orders"),
         ({"columns": ["id", "total"]}, "columns: column 'total' not in public.orders"),
