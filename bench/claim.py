@@ -137,7 +137,7 @@ def main() -> None:
                 ("slawatch claim + outbox", slawatch),
             ]
             print(
-                f"{'variant':<32} {'rows':>8} {'batches':>7} {'seconds':>8} {'rows/s':>9}"
+                f"{'variant':<38} {'rows':>8} {'batches':>7} {'seconds':>8} {'rows/s':>9}"
                 f" {'ms/batch p50':>12} {'max':>7}"
             )
             for round_ in range(2):
@@ -148,7 +148,7 @@ def main() -> None:
                     secs = time.perf_counter() - t
                     ms = [x * 1000 for x in times]
                     print(
-                        f"{label + f' (run {round_ + 1})':<32} {total:>8,} {len(times):>7}"
+                        f"{label + f' (run {round_ + 1})':<38} {total:>8,} {len(times):>7}"
                         f" {secs:>8.2f} {total / secs:>9,.0f} {statistics.median(ms):>12.1f}"
                         f" {max(ms):>7.1f}"
                     )

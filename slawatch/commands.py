@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from psycopg import sql
+
 from slawatch.db import connect, embedded_dsn, redact, with_database
 from slawatch.errors import ConfigError
 from slawatch.migrate import check, migrate, render
@@ -34,8 +36,7 @@ def database_dsn(settings: Settings) -> str:
 
 
 def ensure_database(server_dsn: str, name: str) -> None:
-    from psycopg import sql
-
+    """Create database ``name`` on the server unless it exists."""
     with connect(server_dsn) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:

@@ -97,7 +97,7 @@ def deliver_once(
         groups[row["notifier"]].append(row)
     for name, group in groups.items():
         notifier = notifiers.get(name)
-        size = getattr(getattr(notifier, "config", None), "batch", 100)
+        size = notifier.batch if notifier is not None else len(group)
         for start in range(0, len(group), size):
             chunk = group[start : start + size]
             ids = [r["id"] for r in chunk]

@@ -7,7 +7,6 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
 
@@ -16,7 +15,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 
 from slawatch.claim import ClaimPlan, DrainResult, drain, prepare
 from slawatch.clock import Clock
-from slawatch.db import open_pool, translate
+from slawatch.db import open_pool
 from slawatch.deliver import PassResult, deliver_once
 from slawatch.errors import SlawatchError
 from slawatch.notifiers import Notifier, NotifierConfig, build
@@ -25,14 +24,6 @@ from slawatch.rules import Rule
 log = logging.getLogger(__name__)
 
 DELIVERY_EVERY = 1.0  # seconds between delivery passes
-
-
-@dataclass
-class Totals:
-    """Counters since start, for the demo's summary and logs."""
-
-    claimed: dict[str, int] = field(default_factory=dict)
-    delivered: PassResult = field(default_factory=PassResult)
 
 
 class Runner:
@@ -57,7 +48,6 @@ class Runner:
             raise
         self.notifiers: dict[str, Notifier] = {c.name: build(c) for c in notifiers}
         self.descriptions = {r.name: r.description for r in rules}
-        self.totals = Totals(claimed=dict.fromkeys(self.rules, 0))
 
     def scan(self, rule: str) -> DrainResult | None:
         """Drain one rule; a database error is logged and the next scan tries again."""
@@ -66,39 +56,34 @@ class Runner:
         except SlawatchError as exc:
             log.error("%s", exc)
             return None
-        self.totals.claimed[rule] += result.claimed
         if result.claimed:
             log.info("rule %s: %d alerts in %d batches", rule, result.claimed, result.batches)
         return result
 
-    def deliver(self) -> PassResult:
-        """Deliver everything that is due now."""
+    def deliver(self) -> PassResult | None:
+        """The delivery job: a database error is logged and the next pass tries again."""
+        try:
+            return self.deliver_due()
+        except SlawatchError as exc:
+            log.error("%s", exc)
+            return None
+
+    def deliver_due(self) -> PassResult:
+        """Deliver everything that is due now, pass after pass until none is left."""
         total = PassResult()
         while True:
-            try:
-                r = deliver_once(self.pool, self.notifiers, self.clock, self.descriptions)
-            except SlawatchError as exc:
-                log.error("%s", exc)
-                break
+            r = deliver_once(self.pool, self.notifiers, self.clock, self.descriptions)
             total.sent += r.sent
             total.retried += r.retried
             total.dead += r.dead
             if r.sent + r.retried + r.dead == 0:
-                break
-        d = self.totals.delivered
-        d.sent, d.retried, d.dead = (
-            d.sent + total.sent,
-            d.retried + total.retried,
-            d.dead + total.dead,
-        )
-        return total
+                return total
 
     def once(self) -> None:
         """Drain every rule once, then one delivery pass (``run --once``)."""
-        for name in self.rules:
-            with translate(f"scan of rule {name}"):
-                drain(self.pool, self.plans[name], self.clock)
-        self.deliver()
+        for plan in self.plans.values():
+            drain(self.pool, plan, self.clock)  # a database error ends the run (exit 1)
+        self.deliver_due()
 
     def serve(self, seconds: float | None = None) -> None:
         """Run the scheduler until SIGINT/SIGTERM, or for ``seconds``."""

@@ -19,6 +19,7 @@ class Notifier(Protocol):
     """A configured destination for alerts."""
 
     name: str
+    batch: int  # alerts per send
 
     def send(self, alerts: list[dict[str, Any]]) -> None:
         """Deliver all ``alerts``; raise on any failure."""

@@ -23,7 +23,7 @@ class ConsoleNotifier:
 
     def __init__(self, config: ConsoleConfig, stream: TextIO | None = None) -> None:
         self.name = config.name
-        self.config = config
+        self.batch = config.batch
         self._stream = stream
 
     def send(self, alerts: list[dict[str, Any]]) -> None:

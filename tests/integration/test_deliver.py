@@ -1,0 +1,138 @@
+"""The delivery loop on the outbox: payloads, retries, dead letters, fenced writes."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+from psycopg_pool import ConnectionPool
+
+from slawatch.clock import Clock
+from slawatch.deliver import LEASE, RetryPolicy, deliver_once
+from slawatch.notifiers import ConsoleConfig
+from slawatch.notifiers.console import ConsoleNotifier
+from slawatch.queries import queries
+from tests.integration.helpers import Conn, claim_all, plans, shop
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+CLAIMED = T0 + timedelta(days=3)  # when the alerts were claimed and became deliverable
+
+
+class FlakyReceiver:
+    """A receiver that refuses the first ``failures`` sends, then keeps what it gets."""
+
+    def __init__(self, name: str, failures: int) -> None:
+        self.name, self.batch, self.failures = name, 100, failures
+        self.got: list[dict[str, Any]] = []
+
+    def send(self, alerts: list[dict[str, Any]]) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("receiver down")
+        self.got.extend(alerts)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def pool(dsn: str) -> Any:
+    with ConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as p:
+        yield p
+
+
+def overdue_orders(conn: Conn, count: int) -> None:
+    rules = shop(conn)
+    conn.execute(
+        "INSERT INTO orders SELECT g, 7, 990, 'paid', %s FROM generate_series(1, %s::int) g",
+        (T0, count),
+    )
+    assert claim_all(conn, plans(conn, rules)["order_unshipped"], CLAIMED) == count
+
+
+def statuses(conn: Conn) -> dict[str, int]:
+    return dict(conn.execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY 1"))
+
+
+def test_console_prints_the_payload_and_marks_sent(conn: Conn, pool: Any) -> None:
+    overdue_orders(conn, 3)
+    out = io.StringIO()
+    console = ConsoleNotifier(ConsoleConfig(name="console", type="console"), out)
+    with freeze_time(CLAIMED):
+        result = deliver_once(pool, {"console": console}, Clock(), {"order_unshipped": "late"})
+    assert (result.sent, result.retried, result.dead) == (3, 0, 0)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("[warning] order_unshipped #1 key=1 due 2026-03-03T12:00:00Z {")
+    assert json.loads(lines[0].split(" ", 6)[6]) == {
+        "id": 1,
+        "paid_at": "2026-03-01T12:00:00+00:00",
+        "user_id": 7,
+        "total_cents": 990,
+    }
+    assert statuses(conn) == {"sent": 3}
+
+
+def test_failures_retry_with_backoff_then_go_dead_with_the_error(conn: Conn, pool: Any) -> None:
+    overdue_orders(conn, 2)
+    receiver = FlakyReceiver("console", failures=99)
+    policy = RetryPolicy(first=timedelta(seconds=10), max=timedelta(seconds=30), attempts=4)
+    with freeze_time(CLAIMED) as clock:
+        waits = []
+        for _ in range(3):
+            r = deliver_once(pool, {"console": receiver}, Clock(), policy=policy)
+            assert r.retried == 2
+            (nxt,) = conn.execute(
+                "SELECT DISTINCT next_attempt_at FROM slawatch.delivery"
+            ).fetchone()
+            waits.append((nxt - datetime.now(UTC)).total_seconds())
+            assert deliver_once(pool, {"console": receiver}, Clock(), policy=policy).retried == 0
+            clock.move_to(nxt)
+        assert waits == [10, 20, 30]  # min(first * 2^(attempt-1), max)
+        assert deliver_once(pool, {"console": receiver}, Clock(), policy=policy).dead == 2
+    assert statuses(conn) == {"dead": 2}
+    errors = conn.execute("SELECT DISTINCT last_error FROM slawatch.delivery").fetchall()
+    assert errors == [("ConnectionError: receiver down",)]
+
+
+def test_a_receiver_that_recovers_gets_every_alert(conn: Conn, pool: Any) -> None:
+    overdue_orders(conn, 250)
+    receiver = FlakyReceiver("console", failures=3)
+    with freeze_time(CLAIMED) as clock:
+        for _ in range(10):
+            deliver_once(pool, {"console": receiver}, Clock())
+            clock.tick(timedelta(minutes=10))
+    assert sorted(a["id"] for a in receiver.got) == sorted(
+        f"order_unshipped:{k}:1" for k in range(1, 251)
+    )
+    assert statuses(conn) == {"sent": 250}
+
+
+def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
+    overdue_orders(conn, 1)
+    q = queries()
+    old, new = uuid.uuid4(), uuid.uuid4()
+    claim = {"limit": 10, "lease": LEASE}
+    (first,) = conn.execute(
+        q["claim_deliveries"], claim | {"now": CLAIMED, "owner": old}
+    ).fetchall()
+    # Not due again while the lease holds...
+    assert (
+        conn.execute(q["claim_deliveries"], claim | {"now": CLAIMED, "owner": new}).fetchall() == []
+    )
+    # ...but once it expired (the old owner stalled), another process takes it over.
+    later = CLAIMED + LEASE + timedelta(seconds=1)
+    (second,) = conn.execute(q["claim_deliveries"], claim | {"now": later, "owner": new}).fetchall()
+    assert first[0] == second[0] and second[2] == 2  # same delivery, attempt 2
+    stale = conn.execute(q["mark_sent"], {"ids": [first[0]], "owner": old, "now": later})
+    assert stale.rowcount == 0
+    stale = conn.execute(q["mark_dead"], {"ids": [first[0]], "owner": old, "error": "x"})
+    assert stale.rowcount == 0
+    assert statuses(conn) == {"pending": 1}
+    done = conn.execute(q["mark_sent"], {"ids": [first[0]], "owner": new, "now": later})
+    assert done.rowcount == 1
