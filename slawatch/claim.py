@@ -26,6 +26,7 @@ from slawatch.catalog import inspect_table, table_ident
 from slawatch.clock import Clock
 from slawatch.db import Connection, translate
 from slawatch.errors import ConfigError
+from slawatch.queries import queries
 from slawatch.rules import Rule
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,11 @@ def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:
     """Claim at most one batch at ``now`` in one transaction; return the alerts written."""
     with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
         row = conn.execute(plan.statement, plan.params(now)).fetchone()
-    return int(row[0]) if row else 0
+        alerts, deliveries = (int(row[0]), int(row[1])) if row else (0, 0)
+        if deliveries:
+            # Delivered on commit: wakes the delivery workers at once instead of at their next poll.
+            conn.execute(queries()["wake_deliveries"])
+    return alerts
 
 
 @dataclass(frozen=True)

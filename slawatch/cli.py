@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--once", action="store_true", help="drain every rule once, make one delivery pass, exit"
     )
+    p = command("replay", "put dead deliveries back to pending")
+    p.add_argument("--rule", help="only alerts of this rule")
+    p.add_argument("--notifier", help="only deliveries to this notifier")
     p = command("demo", "embedded PostgreSQL + a sample shop; alerts printed as they fire")
     p.add_argument(
         "--seconds",

@@ -7,10 +7,12 @@ import sys
 
 from psycopg import sql
 
-from slawatch.db import connect, embedded_dsn, redact, with_database
+from slawatch.clock import Clock
+from slawatch.db import connect, embedded_dsn, redact, translate, with_database
 from slawatch.errors import ConfigError
 from slawatch.migrate import check, migrate, render
 from slawatch.notifiers import NotifierConfig, load_notifiers
+from slawatch.queries import queries
 from slawatch.rules import Rule, check_notifier_names, load_rules
 from slawatch.settings import Settings
 
@@ -50,6 +52,8 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return cmd_migrate(settings, args.print_only)
     if args.command == "run":
         return cmd_run(settings, args.once)
+    if args.command == "replay":
+        return cmd_replay(settings, args.rule, args.notifier)
     if args.command == "demo":
         from slawatch.demo import run_demo
 
@@ -97,4 +101,23 @@ def cmd_run(settings: Settings, once: bool) -> int:
             runner.serve()
     finally:
         runner.close()
+    return 0
+
+
+def cmd_replay(settings: Settings, rule: str | None, notifier: str | None) -> int:
+    """Dead deliveries back to pending; a running slawatch sends them at once."""
+    rules, notifiers = load_config(settings)
+    if rule is not None and rule not in {r.name for r in rules}:
+        raise ConfigError(f"--rule: no rule named {rule!r} in {settings.rules_dir}")
+    if notifier is not None and notifier not in {n.name for n in notifiers}:
+        raise ConfigError(f"--notifier: no notifier named {notifier!r} in {settings.notifiers_dir}")
+    q = queries()
+    with connect(database_dsn(settings)) as conn, translate("replay"), conn.transaction():
+        row = conn.execute(
+            q["replay"], {"now": Clock().now(), "rule": rule, "notifier": notifier}
+        ).fetchone()
+        count = int(row[0]) if row else 0
+        if count:
+            conn.execute(q["wake_deliveries"])
+    print(f"ok: {count} dead deliveries back to pending")
     return 0

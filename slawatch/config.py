@@ -70,13 +70,14 @@ def load_yaml_file(path: Path) -> dict[str, Any]:
 
 def load_dir(
     directory: Path,
-    model: type[M],
+    model: Callable[[dict[str, Any], Path], type[M]],
     what: str,
     prepare: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None,
 ) -> list[M]:
     """Load every ``*.yaml``/``*.yml`` in ``directory`` as ``model``; names must be unique.
 
-    All files are read before failing, so an operator sees every bad file at once.
+    ``model`` chooses the model class from a file's data. All files are read
+    before failing, so an operator sees every bad file at once.
     """
     if not directory.is_dir():
         raise ConfigError(f"{directory}: {what} folder not found")
@@ -91,16 +92,17 @@ def load_dir(
             errors.append(str(exc))
             continue
         data.setdefault("name", path.stem)
-        if prepare is not None:
-            try:
-                data = prepare(data, path)
-            except ConfigError as exc:
-                errors.append(str(exc))
-                continue
         try:
-            item = model.model_validate(data)
+            if prepare is not None:
+                data = prepare(data, path)
+            cls = model(data, path)
+        except ConfigError as exc:
+            errors.append(str(exc))
+            continue
+        try:
+            item = cls.model_validate(data)
         except ValidationError as exc:
-            errors.extend(f"{path}: {line}" for line in describe_validation_error(exc, model))
+            errors.extend(f"{path}: {line}" for line in describe_validation_error(exc, cls))
             continue
         name = str(getattr(item, "name", ""))
         if name in seen:

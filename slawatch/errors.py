@@ -19,3 +19,19 @@ class DatabaseError(SlawatchError):
     """The database could not be reached or refused an operation (exit 1)."""
 
     exit_code = 1
+
+
+class DeliveryError(SlawatchError):
+    """A notifier could not deliver a batch.
+
+    ``permanent``: retrying cannot help (a 4xx other than 408/429, a rejected
+    recipient); the deliveries go dead at once. ``retry_after``: the receiver
+    asked for this many seconds of quiet (HTTP Retry-After).
+    """
+
+    def __init__(
+        self, message: str, *, permanent: bool = False, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+        self.retry_after = retry_after

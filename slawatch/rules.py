@@ -238,7 +238,7 @@ def _strip_literals(text: str) -> str:
 
 def load_rules(directory: Path, notifier_names: set[str] | None = None) -> list[Rule]:
     """Load ``directory/*.yaml``; with ``notifier_names``, also check each ``notify``."""
-    rules = load_dir(directory, Rule, "rules")
+    rules = load_dir(directory, lambda _data, _path: Rule, "rules")
     if not rules:
         raise ConfigError(f"{directory}: no rules (*.yaml) found")
     if notifier_names is not None:

@@ -1,4 +1,4 @@
-"""``slawatch run``: one APScheduler interval job per rule, plus the delivery job."""
+"""``slawatch run``: one APScheduler interval job per rule; delivery workers beside it."""
 
 from __future__ import annotations
 
@@ -16,14 +16,12 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from slawatch.claim import ClaimPlan, DrainResult, drain, prepare
 from slawatch.clock import Clock
 from slawatch.db import open_pool
-from slawatch.deliver import PassResult, deliver_once
+from slawatch.deliver import Dispatcher, PassResult, deliver_due
 from slawatch.errors import SlawatchError
 from slawatch.notifiers import Notifier, NotifierConfig, build
 from slawatch.rules import Rule
 
 log = logging.getLogger(__name__)
-
-DELIVERY_EVERY = 1.0  # seconds between delivery passes
 
 
 class Runner:
@@ -36,10 +34,12 @@ class Runner:
         notifiers: list[NotifierConfig],
         clock: Clock | None = None,
     ) -> None:
+        self.dsn = dsn
         self.rules = {r.name: r for r in rules}
         self.clock = clock or Clock()
-        self.workers = len(rules) + 1
-        self.pool = open_pool(dsn, self.workers + 1)
+        self.workers = len(rules)  # scan threads
+        # Scans, one delivery worker per notifier, and one to spare.
+        self.pool = open_pool(dsn, len(rules) + len(notifiers) + 1)
         try:
             with self.pool.connection() as conn:
                 self.plans: dict[str, ClaimPlan] = {r.name: prepare(conn, r) for r in rules}
@@ -60,24 +60,9 @@ class Runner:
             log.info("rule %s: %d alerts in %d batches", rule, result.claimed, result.batches)
         return result
 
-    def deliver(self) -> PassResult | None:
-        """The delivery job: a database error is logged and the next pass tries again."""
-        try:
-            return self.deliver_due()
-        except SlawatchError as exc:
-            log.error("%s", exc)
-            return None
-
     def deliver_due(self) -> PassResult:
-        """Deliver everything that is due now, pass after pass until none is left."""
-        total = PassResult()
-        while True:
-            r = deliver_once(self.pool, self.notifiers, self.clock, self.descriptions)
-            total.sent += r.sent
-            total.retried += r.retried
-            total.dead += r.dead
-            if r.sent + r.retried + r.dead == 0:
-                return total
+        """Deliver everything that is due now, notifier by notifier."""
+        return deliver_due(self.pool, self.notifiers, self.clock, self.descriptions)
 
     def once(self) -> None:
         """Drain every rule once, then one delivery pass (``run --once``)."""
@@ -104,24 +89,16 @@ class Runner:
                 misfire_grace_time=max(int(every), 1),
                 next_run_time=now,
             )
-        scheduler.add_job(
-            self.deliver,
-            "interval",
-            seconds=DELIVERY_EVERY,
-            id="deliver",
-            max_instances=1,
-            coalesce=True,
-            misfire_grace_time=5,
-            next_run_time=now,
-        )
 
         def stop(signum: int | None = None, frame: FrameType | None = None) -> None:
             if scheduler.running:
                 log.info("stopping: letting running scans and deliveries finish")
                 scheduler.shutdown(wait=True)
 
+        dispatcher = Dispatcher(self.dsn, self.pool, self.notifiers, self.clock, self.descriptions)
         timer = threading.Timer(seconds, stop) if seconds is not None else None
         with _signals(stop):
+            dispatcher.start()
             if timer is not None:
                 timer.daemon = True
                 timer.start()
@@ -130,6 +107,7 @@ class Runner:
             finally:
                 if timer is not None:
                     timer.cancel()
+                dispatcher.stop()
 
     def close(self) -> None:
         for notifier in self.notifiers.values():

@@ -7,6 +7,7 @@ import sys
 from typing import Any, TextIO
 
 from slawatch.notifiers import ConsoleConfig
+from slawatch.notifiers.base import BaseNotifier
 
 
 def format_alert(alert: dict[str, Any]) -> str:
@@ -18,12 +19,11 @@ def format_alert(alert: dict[str, Any]) -> str:
     )
 
 
-class ConsoleNotifier:
+class ConsoleNotifier(BaseNotifier):
     """Writes alerts to a stream (standard output by default)."""
 
     def __init__(self, config: ConsoleConfig, stream: TextIO | None = None) -> None:
-        self.name = config.name
-        self.batch = config.batch
+        super().__init__(config)
         self._stream = stream
 
     def send(self, alerts: list[dict[str, Any]]) -> None:
@@ -31,6 +31,3 @@ class ConsoleNotifier:
         for alert in alerts:
             stream.write(format_alert(alert) + "\n")
         stream.flush()
-
-    def close(self) -> None:
-        pass

@@ -2,10 +2,12 @@
 -- The per-rule claim is composed in claim.py from the rule's identifiers.
 
 -- claim_deliveries --
--- Due deliveries, leased to one owner; SKIP LOCKED lets processes share the work.
+-- One notifier's due deliveries, leased to one owner; SKIP LOCKED lets processes
+-- share the work. A lease that expired is due again (next_attempt_at = lease
+-- expiry), so this same compare-and-set UPDATE rescues it under a new owner.
 WITH due AS (
     SELECT id FROM slawatch.delivery
-     WHERE status = 'pending' AND next_attempt_at <= %(now)s
+     WHERE status = 'pending' AND notifier = %(notifier)s AND next_attempt_at <= %(now)s
      ORDER BY next_attempt_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -41,3 +43,20 @@ UPDATE slawatch.delivery
 UPDATE slawatch.delivery
    SET status = 'dead', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s
  WHERE id = ANY(%(ids)s) AND status = 'pending' AND lease_owner = %(owner)s;
+
+-- replay --
+-- Dead deliveries back to pending, as if new.
+WITH replayed AS (
+    UPDATE slawatch.delivery d
+       SET status = 'pending', attempts = 0, next_attempt_at = %(now)s,
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM slawatch.alert a
+     WHERE a.id = d.alert_id AND d.status = 'dead'
+       AND (%(rule)s::text IS NULL OR a.rule = %(rule)s::text)
+       AND (%(notifier)s::text IS NULL OR d.notifier = %(notifier)s::text)
+    RETURNING 1
+)
+SELECT count(*) FROM replayed;
+
+-- wake_deliveries --
+SELECT pg_notify('slawatch_delivery', '');

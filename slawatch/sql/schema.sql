@@ -36,5 +36,5 @@ CREATE TABLE IF NOT EXISTS slawatch.delivery (
     CONSTRAINT delivery_once UNIQUE (alert_id, notifier)
 );
 -- Only deliveries still to do are indexed, like the watched tables.
-CREATE INDEX IF NOT EXISTS delivery_due ON slawatch.delivery (next_attempt_at)
+CREATE INDEX IF NOT EXISTS delivery_due ON slawatch.delivery (notifier, next_attempt_at)
     WHERE status = 'pending';

@@ -13,8 +13,10 @@ from freezegun import freeze_time
 from psycopg_pool import ConnectionPool
 
 from slawatch.clock import Clock
-from slawatch.deliver import LEASE, RetryPolicy, deliver_once
-from slawatch.notifiers import ConsoleConfig
+from slawatch.deliver import deliver_batch, deliver_due
+from slawatch.errors import DeliveryError
+from slawatch.notifiers import ConsoleConfig, RetrySettings
+from slawatch.notifiers.base import BaseNotifier
 from slawatch.notifiers.console import ConsoleNotifier
 from slawatch.queries import queries
 from tests.integration.helpers import Conn, claim_all, plans, shop
@@ -23,21 +25,21 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CLAIMED = T0 + timedelta(days=3)  # when the alerts were claimed and became deliverable
 
 
-class FlakyReceiver:
+class FlakyReceiver(BaseNotifier):
     """A receiver that refuses the first ``failures`` sends, then keeps what it gets."""
 
-    def __init__(self, name: str, failures: int) -> None:
-        self.name, self.batch, self.failures = name, 100, failures
+    def __init__(self, failures: int, retry: RetrySettings | None = None) -> None:
+        super().__init__(
+            ConsoleConfig(name="console", type="console", retry=retry or RetrySettings())
+        )
+        self.failures = failures
         self.got: list[dict[str, Any]] = []
 
     def send(self, alerts: list[dict[str, Any]]) -> None:
         if self.failures > 0:
             self.failures -= 1
-            raise ConnectionError("receiver down")
+            raise DeliveryError("ConnectionError: receiver down")
         self.got.extend(alerts)
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture
@@ -64,7 +66,7 @@ def test_console_prints_the_payload_and_marks_sent(conn: Conn, pool: Any) -> Non
     out = io.StringIO()
     console = ConsoleNotifier(ConsoleConfig(name="console", type="console"), out)
     with freeze_time(CLAIMED):
-        result = deliver_once(pool, {"console": console}, Clock(), {"order_unshipped": "late"})
+        result = deliver_due(pool, {"console": console}, Clock(), {"order_unshipped": "late"})
     assert (result.sent, result.retried, result.dead) == (3, 0, 0)
     lines = out.getvalue().splitlines()
     assert len(lines) == 3
@@ -80,32 +82,67 @@ def test_console_prints_the_payload_and_marks_sent(conn: Conn, pool: Any) -> Non
 
 def test_failures_retry_with_backoff_then_go_dead_with_the_error(conn: Conn, pool: Any) -> None:
     overdue_orders(conn, 2)
-    receiver = FlakyReceiver("console", failures=99)
-    policy = RetryPolicy(first=timedelta(seconds=10), max=timedelta(seconds=30), attempts=4)
+    retry = RetrySettings(first=timedelta(seconds=10), max=timedelta(seconds=30), attempts=4)
+    receiver = FlakyReceiver(failures=99, retry=retry)
     with freeze_time(CLAIMED) as clock:
         waits = []
         for _ in range(3):
-            r = deliver_once(pool, {"console": receiver}, Clock(), policy=policy)
-            assert r.retried == 2
+            assert deliver_batch(pool, receiver, Clock()).retried == 2
             (nxt,) = conn.execute(
                 "SELECT DISTINCT next_attempt_at FROM slawatch.delivery"
             ).fetchone()
             waits.append((nxt - datetime.now(UTC)).total_seconds())
-            assert deliver_once(pool, {"console": receiver}, Clock(), policy=policy).retried == 0
+            assert deliver_batch(pool, receiver, Clock()).total == 0  # not due yet
             clock.move_to(nxt)
-        assert waits == [10, 20, 30]  # min(first * 2^(attempt-1), max)
-        assert deliver_once(pool, {"console": receiver}, Clock(), policy=policy).dead == 2
+        # min(first * 2^(attempt-1), max), less up to 20% jitter
+        for wait, full in zip(waits, [10, 20, 30], strict=True):
+            assert 0.8 * full <= wait <= full
+        assert deliver_batch(pool, receiver, Clock()).dead == 2  # the 4th attempt was the last
     assert statuses(conn) == {"dead": 2}
     errors = conn.execute("SELECT DISTINCT last_error FROM slawatch.delivery").fetchall()
     assert errors == [("ConnectionError: receiver down",)]
 
 
+def test_permanent_failure_is_dead_at_once_and_replay_revives(conn: Conn, pool: Any) -> None:
+    overdue_orders(conn, 2)
+
+    class Gone(FlakyReceiver):
+        def send(self, alerts: list[dict[str, Any]]) -> None:
+            raise DeliveryError("HTTP 410 Gone", permanent=True)
+
+    with freeze_time(CLAIMED):
+        assert deliver_batch(pool, Gone(0), Clock()).dead == 2
+    assert statuses(conn) == {"dead": 2}
+    replay = queries()["replay"]
+    none = {"now": CLAIMED, "rule": "nope", "notifier": None}
+    assert conn.execute(replay, none).fetchone() == (0,)
+    args = {"now": CLAIMED, "rule": "order_unshipped", "notifier": "console"}
+    assert conn.execute(replay, args).fetchone() == (2,)
+    receiver = FlakyReceiver(failures=0)
+    with freeze_time(CLAIMED):
+        assert deliver_batch(pool, receiver, Clock()).sent == 2
+    assert statuses(conn) == {"sent": 2}
+
+
+def test_retry_after_is_honoured(conn: Conn, pool: Any) -> None:
+    overdue_orders(conn, 1)
+
+    class Busy(FlakyReceiver):
+        def send(self, alerts: list[dict[str, Any]]) -> None:
+            raise DeliveryError("HTTP 429 Too Many Requests", retry_after=120)
+
+    with freeze_time(CLAIMED):
+        assert deliver_batch(pool, Busy(0), Clock()).retried == 1
+    (nxt,) = conn.execute("SELECT next_attempt_at FROM slawatch.delivery").fetchone()
+    assert nxt == CLAIMED + timedelta(seconds=120)
+
+
 def test_a_receiver_that_recovers_gets_every_alert(conn: Conn, pool: Any) -> None:
     overdue_orders(conn, 250)
-    receiver = FlakyReceiver("console", failures=3)
+    receiver = FlakyReceiver(failures=3)
     with freeze_time(CLAIMED) as clock:
         for _ in range(10):
-            deliver_once(pool, {"console": receiver}, Clock())
+            deliver_due(pool, {"console": receiver}, Clock())
             clock.tick(timedelta(minutes=10))
     assert sorted(a["id"] for a in receiver.got) == sorted(
         f"order_unshipped:{k}:1" for k in range(1, 251)
@@ -117,7 +154,8 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
     overdue_orders(conn, 1)
     q = queries()
     old, new = uuid.uuid4(), uuid.uuid4()
-    claim = {"limit": 10, "lease": LEASE}
+    lease = timedelta(seconds=30)
+    claim = {"limit": 10, "lease": lease, "notifier": "console"}
     (first,) = conn.execute(
         q["claim_deliveries"], claim | {"now": CLAIMED, "owner": old}
     ).fetchall()
@@ -126,7 +164,7 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
         conn.execute(q["claim_deliveries"], claim | {"now": CLAIMED, "owner": new}).fetchall() == []
     )
     # ...but once it expired (the old owner stalled), another process takes it over.
-    later = CLAIMED + LEASE + timedelta(seconds=1)
+    later = CLAIMED + lease + timedelta(seconds=1)
     (second,) = conn.execute(q["claim_deliveries"], claim | {"now": later, "owner": new}).fetchall()
     assert first[0] == second[0] and second[2] == 2  # same delivery, attempt 2
     stale = conn.execute(q["mark_sent"], {"ids": [first[0]], "owner": old, "now": later})
