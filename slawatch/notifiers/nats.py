@@ -99,5 +99,9 @@ class NatsNotifier(BaseNotifier):
 
     def close(self) -> None:
         self._run_quietly(self._drop())
+        if self._loop.is_closed():
+            return
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()

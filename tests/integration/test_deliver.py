@@ -12,6 +12,7 @@ import pytest
 from freezegun import freeze_time
 from psycopg_pool import ConnectionPool
 
+from slawatch.claim import plan_claim
 from slawatch.clock import Clock
 from slawatch.deliver import deliver_batch, deliver_due
 from slawatch.errors import DeliveryError
@@ -19,7 +20,7 @@ from slawatch.notifiers import ConsoleConfig, RetrySettings
 from slawatch.notifiers.base import BaseNotifier
 from slawatch.notifiers.console import ConsoleNotifier
 from slawatch.queries import queries
-from tests.integration.helpers import Conn, claim_all, plans, shop
+from tests.integration.helpers import Conn, claim_all, shop
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CLAIMED = T0 + timedelta(days=3)  # when the alerts were claimed and became deliverable
@@ -48,13 +49,14 @@ def pool(dsn: str) -> Any:
         yield p
 
 
-def overdue_orders(conn: Conn, count: int) -> None:
-    rules = shop(conn)
+def overdue_orders(conn: Conn, count: int, notify: str = "console") -> None:
+    """``count`` orders overdue, claimed at CLAIMED: one pending delivery each to ``notify``."""
+    rule = shop(conn)["order_unshipped"].model_copy(update={"notify": [notify]})
     conn.execute(
         "INSERT INTO orders SELECT g, 7, 990, 'paid', %s FROM generate_series(1, %s::int) g",
         (T0, count),
     )
-    assert claim_all(conn, plans(conn, rules)["order_unshipped"], CLAIMED) == count
+    assert claim_all(conn, plan_claim(rule, "timestamp with time zone"), CLAIMED) == count
 
 
 def statuses(conn: Conn) -> dict[str, int]:

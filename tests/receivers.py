@@ -1,0 +1,109 @@
+"""Real peers for notifier tests: an HTTP server in a thread, service reachability."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+
+
+@dataclass
+class Request:
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.body)["alerts"])
+
+
+class WebhookReceiver:
+    """An HTTP server on 127.0.0.1 that records each POST and answers from a script.
+
+    ``replies`` are used in order, then ``default`` forever.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.replies: list[Reply] = []
+        self.default = Reply()
+        self.received = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
+                body = self.rfile.read(length)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                receiver.requests.append(Request(headers, body))
+                receiver.received.set()
+                reply = receiver.replies.pop(0) if receiver.replies else receiver.default
+                time.sleep(reply.delay)
+                try:
+                    self.send_response(reply.status)
+                    for k, v in reply.headers.items():
+                        self.send_header(k, v)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                except OSError:  # the client gave up (timeout, killed)
+                    pass
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> WebhookReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def alert_ids(self) -> list[str]:
+        return [a["id"] for r in self.requests for a in r.alerts]
+
+
+@pytest.fixture
+def receiver() -> Iterator[WebhookReceiver]:
+    with WebhookReceiver() as r:
+        yield r
+
+
+def require_service(name: str, port: int) -> None:
+    """Skip when the service is not on 127.0.0.1:port, or fail under SLAWATCH_REQUIRE_SERVICES=1."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return
+    except OSError as exc:
+        message = f"{name} is not reachable on 127.0.0.1:{port} ({exc})"
+    if os.environ.get("SLAWATCH_REQUIRE_SERVICES") == "1":
+        pytest.fail(message + " and SLAWATCH_REQUIRE_SERVICES=1")
+    pytest.skip(message)
+
+
+def closed_port() -> int:
+    """A local port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slawatch.errors import ConfigError
+from slawatch.notifiers import (
+    EmailConfig,
+    NatsConfig,
+    WebhookConfig,
+    build,
+    load_notifiers,
+)
+from slawatch.notifiers.nats import stream_subjects
+from tests.conftest import ROOT
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def load(tmp_path: Path, text: str, name: str = "hook.yaml") -> list[object]:
+    (tmp_path / name).write_text(text)
+    return list(load_notifiers(tmp_path))
+
+
+def error_of(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as exc:
+        load(tmp_path, text)
+    return str(exc.value)
+
+
+def test_shipped_examples_cover_every_type_but_only_console_is_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPS_WEBHOOK_SECRET", SECRET)
+    monkeypatch.setenv("SMTP_PASSWORD", "pw")
+    configs = load_notifiers(ROOT / "notifiers" / "examples")
+    assert [c.type for c in load_notifiers(ROOT / "notifiers")] == ["console"]
+    assert {c.type for c in configs} == {"webhook", "email", "amqp", "redis", "nats"}
+
+
+def test_env_interpolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    monkeypatch.setenv("HOOK_HOST", "hooks.example")
+    (config,) = load(
+        tmp_path,
+        "type: webhook\nurl: https://${HOOK_HOST}/in\nsecret: ${HOOK_SECRET}\n"
+        "headers: {x-host: '${HOOK_HOST}'}\n",
+    )
+    assert isinstance(config, WebhookConfig)
+    assert config.url == "https://hooks.example/in"
+    assert config.secret is not None and config.secret.get_secret_value() == SECRET
+    assert config.headers == {"x-host": "hooks.example"}
+    # Secrets never show in the config's printed form.
+    assert SECRET not in repr(config) and SECRET not in str(config)
+
+
+def test_missing_variable_names_file_field_and_variable(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "type: webhook\nurl: http://x\nsecret: ${NOPE_NOT_SET_1}\n")
+    assert (
+        message == f"{tmp_path}/hook.yaml: secret: environment variable NOPE_NOT_SET_1 is not set"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("type: pigeon\n", "type: 'pigeon' is not a notifier type (one of console, webhook"),
+        ("url: http://x\n", "type: is required"),
+        ("type: webhook\nurl: ftp://x\n", "url: 'ftp://x' is not an http:// or https:// URL"),
+        ("type: webhook\nurl: http://x\nsecret: 'not base64!'\n", "secret: must be a Standard"),
+        ("type: webhook\nurl: http://x\ntimeout: soon\n", "timeout: 'soon' is not a duration"),
+        ("type: webhook\nurl: http://x\nretry: {attempts: 0}\n", "retry.attempts: 0: Input"),
+        ("type: webhook\nurl: http://x\ncolour: red\n", "colour: unknown field"),
+        ("type: email\nhost: h\nfrom: a@b\n", "to: is required"),
+        ("type: email\nhost: h\nfrom: a@b\nto: [c@d]\nusername: u\n", "username and password go"),
+        (
+            "type: amqp\nrouting_key: '{rule}.{colour}'\n",
+            "routing_key: unknown placeholder {colour}",
+        ),
+    ],
+)
+def test_bad_notifiers(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_of(tmp_path, text)
+    assert message.startswith(f"{tmp_path}/hook.yaml: "), message
+    assert expected in message
+
+
+def test_email_port_follows_security() -> None:
+    base = {"name": "m", "type": "email", "host": "h", "from": "a@b", "to": ["c@d"]}
+    assert EmailConfig.model_validate(base).effective_port == 587
+    assert EmailConfig.model_validate(base | {"security": "tls"}).effective_port == 465
+    assert EmailConfig.model_validate(base | {"security": "none"}).effective_port == 25
+    assert EmailConfig.model_validate(base | {"port": 2525}).effective_port == 2525
+
+
+def test_nats_stream_subjects() -> None:
+    assert stream_subjects("slawatch.{rule}.{severity}") == ["slawatch.>"]
+    assert stream_subjects("{rule}") == [">"]
+
+
+def test_secrets_are_scrubbed_from_errors() -> None:
+    config = NatsConfig.model_validate({"name": "n", "type": "nats", "url": "nats://u:pw123@h:1"})
+    notifier = build(config)
+    try:
+        assert notifier.scrub("failed nats://u:pw123@h:1") == "failed ***"  # type: ignore[attr-defined]
+    finally:
+        notifier.close()
