@@ -242,7 +242,8 @@ class Dispatcher:
                 with psycopg.connect(self.dsn, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=self.poll, stop_after=1):
+                        # A short timeout only to notice stop(); a NOTIFY returns at once.
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
                             self.wake()
             except psycopg.Error as exc:
                 log.warning("LISTEN %s: %s; polling every %gs", CHANNEL, describe(exc), self.poll)

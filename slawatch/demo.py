@@ -7,14 +7,24 @@ the example rules fires and the completed ones never do.
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import random
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from typing import Any, TextIO
+
+from pydantic import SecretStr
 
 from slawatch.commands import EMBEDDED_DATABASE, ensure_database, load_config
 from slawatch.db import Connection, connect, embedded_dsn, translate, with_database
 from slawatch.migrate import migrate
+from slawatch.notifiers import WebhookConfig
+from slawatch.notifiers.webhook import verify
 from slawatch.rules import Rule
 from slawatch.settings import Settings
 
@@ -72,13 +82,60 @@ def seed(conn: Connection, rules: list[Rule], now: datetime, spread: float) -> d
     return expected
 
 
+class DemoReceiver:
+    """A webhook receiver on 127.0.0.1 that checks each signature and says what arrived."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+        self.received = 0
+        demo = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                ok = verify(demo.secret, headers, body)
+                alerts = json.loads(body)["alerts"] if ok else []
+                demo.received += len(alerts)
+                ids = ", ".join(a["id"] for a in alerts[:3]) + (" ..." if len(alerts) > 3 else "")
+                out.write(
+                    f"  webhook <- {len(alerts)} alerts, signature "
+                    f"{'verified' if ok else 'INVALID'}: {ids}\n"
+                )
+                out.flush()
+                self.send_response(204 if ok else 401)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def run_demo(settings: Settings, seconds: float | None) -> int:
     """Reset and seed the shop, migrate, run the scheduler, print a summary."""
     from slawatch.scheduler import Runner
 
     rules, notifiers = load_config(settings)
-    # The demo's pace: scan every second so rows falling due show up at once.
-    rules = [r.model_copy(update={"every": timedelta(seconds=1)}) for r in rules]
+    out = sys.stdout
+    receiver = DemoReceiver(out)
+    hook = WebhookConfig(
+        name="demo-webhook", type="webhook", url=receiver.url, secret=SecretStr(receiver.secret)
+    )
+    # The demo's pace: scan every second so rows falling due show up at once; and
+    # every alert also goes to the demo's own webhook receiver.
+    rules = [
+        r.model_copy(update={"every": timedelta(seconds=1), "notify": [*r.notify, hook.name]})
+        for r in rules
+    ]
+    notifiers = [*notifiers, hook]
     server = embedded_dsn(settings.data_dir)
     ensure_database(server, EMBEDDED_DATABASE)
     dsn = with_database(server, EMBEDDED_DATABASE)
@@ -87,11 +144,11 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
         with translate("seeding the demo shop"):
             expected = seed(conn, rules, datetime.now(UTC), spread)
         migrate(conn, rules)
-    out = sys.stdout
     out.write(
         f"slawatch demo: embedded PostgreSQL, database {EMBEDDED_DATABASE!r} in "
         f"{settings.data_dir}/pgdata\n"
         f"watching {len(rules)} rules: {', '.join(r.name for r in rules)}\n"
+        f"alerts go to the console and, signed, to a webhook receiver at {receiver.url}\n"
         f"rows keep falling due for the next {spread:.0f}s; "
         + (f"stopping after {seconds:g}s" if seconds else "Ctrl-C to stop")
         + "\n\n"
@@ -102,6 +159,7 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
         runner.serve(seconds)
     finally:
         runner.close()
+        receiver.close()
     with connect(dsn) as conn:
         counts = dict(
             conn.execute("SELECT rule, count(*) FROM slawatch.alert GROUP BY rule").fetchall()
@@ -117,4 +175,5 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
         )
     if sent:
         out.write(f"  deliveries sent: {sent[0]} of {sent[1]}\n")
+    out.write(f"  webhook received and verified: {receiver.received} alerts\n")
     return 0

@@ -37,6 +37,23 @@ def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(mac).decode()
 
 
+def verify(secret: str, headers: dict[str, str], body: bytes, tolerance: float = 300) -> bool:
+    """What a receiver does: recompute the signature and compare in constant time.
+
+    ``headers`` with lower-case names. Rejects timestamps more than ``tolerance``
+    seconds away (replays).
+    """
+    try:
+        msg_id, ts = headers["webhook-id"], int(headers["webhook-timestamp"])
+        signatures = headers["webhook-signature"].split()
+    except (KeyError, ValueError):
+        return False
+    if abs(time.time() - ts) > tolerance:
+        return False
+    expected = sign(signing_key(secret), msg_id, ts, body)
+    return any(hmac.compare_digest(expected, s) for s in signatures)
+
+
 def retry_after(value: str | None) -> float | None:
     """Seconds from a Retry-After header (seconds or an HTTP date), or None."""
     if not value:

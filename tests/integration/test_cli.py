@@ -159,6 +159,9 @@ def test_demo_twice_in_a_row(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         assert time.monotonic() - started >= 5
         summary = result.stdout.split("\nsummary\n")[1]
+        alerts = sum(int(ln.split()[1]) for ln in summary.splitlines()[1:5])
+        assert f"webhook received and verified: {alerts} alerts" in summary
+        assert "signature verified" in result.stdout and "INVALID" not in result.stdout
         for rule in ("order_unshipped", "refund_unprocessed", "receipt_unconfirmed", "job_hung"):
             assert any(
                 ln.split()[0] == rule and int(ln.split()[1]) >= 4 for ln in summary.splitlines()

@@ -16,7 +16,7 @@ from slawatch.clock import Clock
 from slawatch.deliver import deliver_batch, deliver_due
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import WebhookConfig
-from slawatch.notifiers.webhook import WebhookNotifier
+from slawatch.notifiers.webhook import WebhookNotifier, verify
 from tests.integration.helpers import Conn
 from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
 from tests.receivers import Reply, WebhookReceiver, closed_port, receiver
@@ -58,8 +58,14 @@ def test_signed_per_standard_webhooks(receiver: WebhookReceiver) -> None:
     assert request.headers["x-team"] == "ops"
     assert request.headers["content-type"] == "application/json"
     # A tampered body does not verify.
+    tampered = request.body.replace(b"warning", b"info")
     with pytest.raises(Exception, match="signature"):
-        Webhook(SECRET).verify(request.body.replace(b"warning", b"info"), request.headers)
+        Webhook(SECRET).verify(tampered, request.headers)
+    # Our documented receiver-side check agrees with the reference implementation.
+    assert verify(SECRET, request.headers, request.body)
+    assert not verify(SECRET, request.headers, tampered)
+    other = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+    assert not verify(other, request.headers, request.body)
     hook.close()
 
 

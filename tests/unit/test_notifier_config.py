@@ -29,7 +29,9 @@ def error_of(tmp_path: Path, text: str) -> str:
     return str(exc.value)
 
 
-def test_shipped_examples_cover_every_type_but_only_console_is_live(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shipped_examples_cover_every_type_but_only_console_is_live(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("OPS_WEBHOOK_SECRET", SECRET)
     monkeypatch.setenv("SMTP_PASSWORD", "pw")
     configs = load_notifiers(ROOT / "notifiers" / "examples")

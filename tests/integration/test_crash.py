@@ -1,0 +1,115 @@
+"""Nothing lost: a delivery process killed mid-pass; the NOTIFY wake-up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+from psycopg_pool import ConnectionPool
+
+from slawatch.claim import claim_batch, plan_claim
+from slawatch.clock import Clock
+from slawatch.deliver import Dispatcher
+from slawatch.migrate import migrate
+from slawatch.notifiers import WebhookConfig
+from slawatch.notifiers.webhook import WebhookNotifier
+from slawatch.rules import Rule
+from tests.conftest import ROOT
+from tests.integration.helpers import Conn
+from tests.receivers import Reply, WebhookReceiver, receiver
+
+__all__ = ["receiver"]
+
+RULE = """\
+table: public.orders
+key: id
+deadline: paid_at
+after: 1h
+open_when: "status = 'paid'"
+notify: [hook]
+"""
+
+
+def orders(conn: Conn, count: int) -> None:
+    conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, status text, paid_at timestamptz)")
+    conn.execute(
+        "INSERT INTO orders SELECT g, 'paid', now() - interval '1 day'"
+        " FROM generate_series(1, %s::int) g",
+        (count,),
+    )
+
+
+def test_sigkill_mid_delivery_loses_nothing(
+    conn: Conn, dsn: str, tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    orders(conn, 300)
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "late.yaml").write_text(RULE)
+    (tmp_path / "notifiers").mkdir()
+    # Lease = 2 * timeout + 2s = 4s: how long the killed process's batch stays claimed.
+    (tmp_path / "notifiers" / "hook.yaml").write_text(
+        f"type: webhook\nurl: {receiver.url}\nbatch: 100\ntimeout: 1s\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")} | {
+        "SLAWATCH_DSN": dsn,
+        "SLAWATCH_RULES_DIR": str(tmp_path / "rules"),
+        "SLAWATCH_NOTIFIERS_DIR": str(tmp_path / "notifiers"),
+    }
+    slawatch = [sys.executable, "-m", "slawatch"]
+    assert (
+        subprocess.run([*slawatch, "migrate"], env=env, cwd=ROOT, capture_output=True).returncode
+        == 0
+    )
+    # The receiver holds the first request long enough for us to kill the sender mid-request.
+    receiver.replies = [Reply(200, delay=3.0)]
+    with subprocess.Popen([*slawatch, "run"], env=env, cwd=ROOT, stderr=subprocess.DEVNULL) as proc:
+        assert receiver.received.wait(30), "no delivery started"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    in_flight = set(receiver.alert_ids)
+    assert len(in_flight) == 100
+
+    # Restart: everything is delivered once the killed claim's lease has expired.
+    def pending() -> int:
+        row = conn.execute("SELECT count(*) FROM slawatch.delivery WHERE status <> 'sent'")
+        return int(row.fetchone()[0])  # type: ignore[index]
+
+    deadline = time.monotonic() + 60
+    while pending() and time.monotonic() < deadline:
+        subprocess.run([*slawatch, "run", "--once"], env=env, cwd=ROOT, capture_output=True)
+        time.sleep(0.5)
+    ids = receiver.alert_ids
+    assert set(ids) == {f"late:{k}:1" for k in range(1, 301)}
+    repeated = {i for i, count in Counter(ids).items() if count > 1}
+    assert repeated <= in_flight  # duplicates only from the batch in flight, same ids
+    sent = conn.execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY 1").fetchall()
+    assert sent == [("sent", 300)]
+
+
+def test_a_claim_wakes_the_delivery_workers(
+    conn: Conn, dsn: str, receiver: WebhookReceiver
+) -> None:
+    """NOTIFY, not the poll, brings a new alert out: the poll here is a minute."""
+    orders(conn, 5)
+    rule = Rule.model_validate(yaml.safe_load(RULE) | {"name": "late"})
+    migrate(conn, [rule])
+    plan = plan_claim(rule, "timestamp with time zone")
+    hook = WebhookNotifier(WebhookConfig(name="hook", type="webhook", url=receiver.url))
+    with ConnectionPool(dsn, min_size=1, max_size=3, kwargs={"autocommit": True}) as pool:
+        dispatcher = Dispatcher(dsn, pool, {"hook": hook}, Clock(), poll=60)
+        dispatcher.start()
+        try:
+            time.sleep(1.0)  # the workers ran their first (empty) pass and now wait
+            assert claim_batch(conn, plan, datetime.now(UTC)) == 5
+            assert receiver.received.wait(20), "the claim's NOTIFY did not wake the worker"
+        finally:
+            dispatcher.stop()
+    assert len(receiver.alert_ids) == 5
+    hook.close()
