@@ -166,3 +166,12 @@ def test_demo_twice_in_a_row(tmp_path: Path) -> None:
             assert any(
                 ln.split()[0] == rule and int(ln.split()[1]) >= 4 for ln in summary.splitlines()
             ), summary
+
+
+def test_replay(conn: Conn, dsn: str) -> None:
+    conn.execute(SHOP)
+    assert slawatch("migrate", dsn=dsn).returncode == 0
+    result = slawatch("replay", "--rule", "job_hung", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ok: 0 dead deliveries back to pending\n"
+    assert_one_line_error(slawatch("replay", "--rule", "nope", dsn=dsn), 2, "no rule named 'nope'")
