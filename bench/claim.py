@@ -13,19 +13,15 @@ Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import psycopg
-from psycopg import sql
+from benchdb import scratch_database
 
 from slawatch.claim import claim_batch, plan_claim
-from slawatch.db import embedded_dsn, with_database
 from slawatch.migrate import migrate
 from slawatch.rules import Rule
 
@@ -106,57 +102,46 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10_000)
     args = parser.parse_args()
 
-    dsn = os.environ.get("SLAWATCH_BENCH_DSN") or os.environ.get("SLAWATCH_DSN")
-    server = dsn or embedded_dsn(Path(".slawatch"))
-    name = f"slawatch_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        with psycopg.connect(with_database(server, name), autocommit=True) as conn:
-            version = conn.execute("SHOW server_version").fetchone()
-            t = time.perf_counter()
-            rule = load(conn, args.rows, args.due)
-            loaded = time.perf_counter() - t
-            print(
-                f"PostgreSQL {version[0] if version else '?'}; {args.rows:,} rows, "
-                f"{args.due:,} due, batch {args.batch:,}; loaded in {loaded:.1f}s\n"
-            )
-            rule = rule.model_copy(update={"batch": args.batch})
-            plan = plan_claim(rule, "timestamp with time zone")
-            params = {"now": NOW, "cutoff": NOW - timedelta(hours=48), "batch": args.batch}
+    with scratch_database() as db, psycopg.connect(db, autocommit=True) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+        t = time.perf_counter()
+        rule = load(conn, args.rows, args.due)
+        loaded = time.perf_counter() - t
+        print(
+            f"PostgreSQL {version[0] if version else '?'}; {args.rows:,} rows, "
+            f"{args.due:,} due, batch {args.batch:,}; loaded in {loaded:.1f}s\n"
+        )
+        rule = rule.model_copy(update={"batch": args.batch})
+        plan = plan_claim(rule, "timestamp with time zone")
+        params = {"now": NOW, "cutoff": NOW - timedelta(hours=48), "batch": args.batch}
 
-            def raw() -> int:
-                with conn.transaction():
-                    return len(conn.execute(RAW, params).fetchall())
+        def raw() -> int:
+            with conn.transaction():
+                return len(conn.execute(RAW, params).fetchall())
 
-            def slawatch() -> int:
-                return claim_batch(conn, plan, NOW)
+        def slawatch() -> int:
+            return claim_batch(conn, plan, NOW)
 
-            variants = [
-                ("raw UPDATE ... RETURNING (§1)", raw),
-                ("slawatch claim + outbox", slawatch),
-            ]
-            print(
-                f"{'variant':<38} {'rows':>8} {'batches':>7} {'seconds':>8} {'rows/s':>9}"
-                f" {'ms/batch p50':>12} {'max':>7}"
-            )
-            for round_ in range(2):
-                for label, step in variants:
-                    reset(conn)
-                    t = time.perf_counter()
-                    total, times = drain(step, args.batch)
-                    secs = time.perf_counter() - t
-                    ms = [x * 1000 for x in times]
-                    print(
-                        f"{label + f' (run {round_ + 1})':<38} {total:>8,} {len(times):>7}"
-                        f" {secs:>8.2f} {total / secs:>9,.0f} {statistics.median(ms):>12.1f}"
-                        f" {max(ms):>7.1f}"
-                    )
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+        variants = [
+            ("raw UPDATE ... RETURNING (§1)", raw),
+            ("slawatch claim + outbox", slawatch),
+        ]
+        print(
+            f"{'variant':<38} {'rows':>8} {'batches':>7} {'seconds':>8} {'rows/s':>9}"
+            f" {'ms/batch p50':>12} {'max':>7}"
+        )
+        for round_ in range(2):
+            for label, step in variants:
+                reset(conn)
+                t = time.perf_counter()
+                total, times = drain(step, args.batch)
+                secs = time.perf_counter() - t
+                ms = [x * 1000 for x in times]
+                print(
+                    f"{label + f' (run {round_ + 1})':<38} {total:>8,} {len(times):>7}"
+                    f" {secs:>8.2f} {total / secs:>9,.0f} {statistics.median(ms):>12.1f}"
+                    f" {max(ms):>7.1f}"
+                )
 
 
 if __name__ == "__main__":

@@ -17,24 +17,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import threading
 import time
-import uuid
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
-from psycopg import sql
+from benchdb import scratch_database
 from psycopg_pool import ConnectionPool
 
 from slawatch.claim import claim_batch, plan_claim
 from slawatch.clock import Clock
-from slawatch.db import embedded_dsn, with_database
 from slawatch.deliver import Dispatcher
 from slawatch.migrate import migrate
 from slawatch.notifiers import WebhookConfig
@@ -88,72 +84,63 @@ def main() -> None:
     parser.add_argument("--singles", type=int, default=100)
     args = parser.parse_args()
 
-    dsn = os.environ.get("SLAWATCH_BENCH_DSN") or os.environ.get("SLAWATCH_DSN")
-    server = dsn or embedded_dsn(Path(".slawatch"))
-    name = f"slawatch_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    db = with_database(server, name)
     receiver = Receiver()
-    try:
-        with psycopg.connect(db, autocommit=True) as conn:
-            version = conn.execute("SHOW server_version").fetchone()
-            conn.execute("CREATE TABLE jobs (id bigint PRIMARY KEY, state text, beat timestamptz)")
-            conn.execute(
-                "INSERT INTO jobs SELECT g, 'running', now() - interval '1 hour'"
-                " FROM generate_series(1, %s::int) g",
-                (args.due + args.singles,),
-            )
-            rule = Rule.model_validate(
-                {
-                    "name": "hung",
-                    "table": "jobs",
-                    "key": "id",
-                    "deadline": "beat",
-                    "after": "15m",
-                    "open_when": "state = 'running'",
-                    "batch": args.claim_batch,
-                    "notify": ["hook"],
-                }
-            )
-            migrate(conn, [rule])
-            conn.execute("VACUUM ANALYZE jobs")
-            plan = plan_claim(rule, "timestamp with time zone")
-            hook = WebhookNotifier(
-                WebhookConfig(name="hook", type="webhook", url=receiver.url, batch=100)
-            )
-            receiver.reset(args.due)
-            committed: dict[str, float] = {}
-            with ConnectionPool(db, min_size=2, max_size=4, kwargs={"autocommit": True}) as pool:
-                dispatcher = Dispatcher(db, pool, {"hook": hook}, Clock())
-                dispatcher.start()
-                time.sleep(0.5)
-                start = time.perf_counter()
-                key = 0
-                while key < args.due:
-                    got = claim_batch(conn, plan, datetime.now(UTC))
-                    t = time.perf_counter()
-                    for _ in range(got):
-                        key += 1
-                        committed[f"hung:{key}:1"] = t
-                receiver.done.wait(300)
-                end = max(receiver.arrived.values())
-                burst = [(receiver.arrived[i] - committed[i]) * 1000 for i in committed]
-                # Trickle: one alert at a time, the receiver otherwise idle.
-                receiver.reset(args.due + args.singles)
-                single = plan_claim(
-                    rule.model_copy(update={"batch": 1}), "timestamp with time zone"
-                )
-                committed = {}
-                for _ in range(args.singles):
-                    claim_batch(conn, single, datetime.now(UTC))
+    with scratch_database() as db, psycopg.connect(db, autocommit=True) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+        conn.execute("CREATE TABLE jobs (id bigint PRIMARY KEY, state text, beat timestamptz)")
+        conn.execute(
+            "INSERT INTO jobs SELECT g, 'running', now() - interval '1 hour'"
+            " FROM generate_series(1, %s::int) g",
+            (args.due + args.singles,),
+        )
+        rule = Rule.model_validate(
+            {
+                "name": "hung",
+                "table": "jobs",
+                "key": "id",
+                "deadline": "beat",
+                "after": "15m",
+                "open_when": "state = 'running'",
+                "batch": args.claim_batch,
+                "notify": ["hook"],
+            }
+        )
+        migrate(conn, [rule])
+        conn.execute("VACUUM ANALYZE jobs")
+        plan = plan_claim(rule, "timestamp with time zone")
+        hook = WebhookNotifier(
+            WebhookConfig(name="hook", type="webhook", url=receiver.url, batch=100)
+        )
+        receiver.reset(args.due)
+        committed: dict[str, float] = {}
+        with ConnectionPool(db, min_size=2, max_size=4, kwargs={"autocommit": True}) as pool:
+            dispatcher = Dispatcher(db, pool, {"hook": hook}, Clock())
+            dispatcher.start()
+            time.sleep(0.5)
+            start = time.perf_counter()
+            key = 0
+            while key < args.due:
+                got = claim_batch(conn, plan, datetime.now(UTC))
+                t = time.perf_counter()
+                for _ in range(got):
                     key += 1
-                    committed[f"hung:{key}:1"] = time.perf_counter()
-                    time.sleep(0.05)
-                receiver.done.wait(60)
-                dispatcher.stop()
-                trickle = [(receiver.arrived[i] - committed[i]) * 1000 for i in committed]
-            hook.close()
+                    committed[f"hung:{key}:1"] = t
+            receiver.done.wait(300)
+            end = max(receiver.arrived.values())
+            burst = [(receiver.arrived[i] - committed[i]) * 1000 for i in committed]
+            # Trickle: one alert at a time, the receiver otherwise idle.
+            receiver.reset(args.due + args.singles)
+            single = plan_claim(rule.model_copy(update={"batch": 1}), "timestamp with time zone")
+            committed = {}
+            for _ in range(args.singles):
+                claim_batch(conn, single, datetime.now(UTC))
+                key += 1
+                committed[f"hung:{key}:1"] = time.perf_counter()
+                time.sleep(0.05)
+            receiver.done.wait(60)
+            dispatcher.stop()
+            trickle = [(receiver.arrived[i] - committed[i]) * 1000 for i in committed]
+        hook.close()
         e2e_rate = args.due / (end - start)
 
         # The transport's limit: the same batches, POSTed straight, no database.
@@ -164,12 +151,7 @@ def main() -> None:
             for i in range(0, args.due, 100):
                 client.post(receiver.url, content=json.dumps({"alerts": alerts[i : i + 100]}))
             raw_rate = args.due / (time.perf_counter() - t0)
-    finally:
-        receiver.server.shutdown()
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+    receiver.server.shutdown()
 
     print(
         f"PostgreSQL {version[0] if version else '?'}; {args.due:,} alerts, claim batch "

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _SHORT = re.compile(r"(?:(\d+)([smhdw]))+")
@@ -56,3 +59,15 @@ def format_duration(value: timedelta) -> str:
             out.append(f"{total // size}{unit}")
             total %= size
     return "".join(out)
+
+
+def _positive(value: Any) -> timedelta:
+    d = parse_duration(value)
+    if d <= timedelta(0):
+        raise ValueError(f"{value!r} must be longer than 0s")
+    return d
+
+
+# Pydantic field types for config models.
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+PositiveDuration = Annotated[timedelta, BeforeValidator(_positive)]

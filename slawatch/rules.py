@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from slawatch.config import FileModel, load_dir
-from slawatch.durations import parse_duration
+from slawatch.durations import Duration, PositiveDuration
 from slawatch.errors import ConfigError
 
 RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
@@ -24,21 +24,6 @@ RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 
 Severity = Literal["info", "warning", "critical"]
-
-
-def _duration(value: Any) -> timedelta:
-    return parse_duration(value)
-
-
-def _positive_duration(value: Any) -> timedelta:
-    d = parse_duration(value)
-    if d <= timedelta(0):
-        raise ValueError(f"{value!r} must be longer than 0s")
-    return d
-
-
-Duration = Annotated[timedelta, BeforeValidator(_duration)]
-PositiveDuration = Annotated[timedelta, BeforeValidator(_positive_duration)]
 
 
 def _ident(value: str) -> str:

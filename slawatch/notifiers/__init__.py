@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal, Protocol, cast
 from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 
 from slawatch.config import FileModel, load_dir
-from slawatch.durations import parse_duration
+from slawatch.durations import PositiveDuration
 from slawatch.errors import ConfigError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -47,21 +47,11 @@ class Notifier(Protocol):
         """Release connections."""
 
 
-def _positive_duration(value: Any) -> timedelta:
-    d = parse_duration(value)
-    if d <= timedelta(0):
-        raise ValueError(f"{value!r} must be longer than 0s")
-    return d
-
-
-Duration = Annotated[timedelta, BeforeValidator(_positive_duration)]
-
-
 class RetrySettings(FileModel):
     """Capped doubling backoff between attempts: ``min(first * 2^(attempt-1), max)``."""
 
-    first: Duration = timedelta(seconds=1)
-    max: Duration = timedelta(minutes=10)
+    first: PositiveDuration = timedelta(seconds=1)
+    max: PositiveDuration = timedelta(minutes=10)
     attempts: int = Field(default=12, ge=1, le=1000)
 
     def delay(self, attempt: int) -> timedelta:
@@ -72,7 +62,7 @@ class RetrySettings(FileModel):
 class _Base(FileModel):
     name: str = Field(pattern=NAME_PATTERN)
     batch: int = Field(default=100, ge=1, le=10_000)
-    timeout: Duration = timedelta(seconds=10)
+    timeout: PositiveDuration = timedelta(seconds=10)
     retry: RetrySettings = RetrySettings()
 
 

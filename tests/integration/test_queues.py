@@ -107,39 +107,41 @@ def test_amqp_broker_down_is_retried() -> None:
 # --- Redis Streams ------------------------------------------------------------------
 
 
-def test_redis_stream_entries_carry_the_alert_id() -> None:
+@pytest.fixture
+def stream() -> Iterator[tuple[str, redis.Redis]]:
+    """A fresh stream name and a client to read it; deleted afterwards."""
     require_service("Redis", 6379)
-    stream = f"slawatch_test:{uuid.uuid4().hex[:8]}"
-    notifier = RedisNotifier(
-        RedisConfig.model_validate({"name": "r", "type": "redis", "stream": stream, "maxlen": 1000})
-    )
+    name = f"slawatch_test:{uuid.uuid4().hex[:8]}"
     client = redis.Redis()
     try:
-        notifier.send(alerts(3))
-        entries = client.xrange(stream)
-        assert [e[1][b"id"] for e in entries] == [b"job_hung:1:1", b"job_hung:2:1", b"job_hung:3:1"]
-        assert json.loads(entries[0][1][b"alert"])["rule"] == "job_hung"
+        yield name, client
     finally:
-        client.delete(stream)
+        client.delete(name)
         client.close()
-        notifier.close()
 
 
-def test_redis_stream_is_trimmed_approximately() -> None:
-    require_service("Redis", 6379)
-    stream = f"slawatch_test:{uuid.uuid4().hex[:8]}"
-    notifier = RedisNotifier(
-        RedisConfig.model_validate({"name": "r", "type": "redis", "stream": stream, "maxlen": 10})
-    )
-    client = redis.Redis()
-    try:
-        for _ in range(30):
-            notifier.send(alerts(100))
-        assert client.xlen(stream) < 3000
-    finally:
-        client.delete(stream)
-        client.close()
-        notifier.close()
+def redis_notifier(stream: str, maxlen: int) -> RedisNotifier:
+    config = {"name": "r", "type": "redis", "stream": stream, "maxlen": maxlen}
+    return RedisNotifier(RedisConfig.model_validate(config))
+
+
+def test_redis_stream_entries_carry_the_alert_id(stream: tuple[str, redis.Redis]) -> None:
+    name, client = stream
+    notifier = redis_notifier(name, 1000)
+    notifier.send(alerts(3))
+    entries = client.xrange(name)
+    assert [e[1][b"id"] for e in entries] == [b"job_hung:1:1", b"job_hung:2:1", b"job_hung:3:1"]
+    assert json.loads(entries[0][1][b"alert"])["rule"] == "job_hung"
+    notifier.close()
+
+
+def test_redis_stream_is_trimmed_approximately(stream: tuple[str, redis.Redis]) -> None:
+    name, client = stream
+    notifier = redis_notifier(name, 10)
+    for _ in range(30):
+        notifier.send(alerts(100))
+    assert client.xlen(name) < 3000
+    notifier.close()
 
 
 def test_redis_down_is_retried() -> None:
