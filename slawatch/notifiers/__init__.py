@@ -21,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, cast
 
+import httpx
 from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 
 from slawatch.config import FileModel, load_dir
@@ -99,6 +100,10 @@ class WebhookConfig(_Base):
     def _url(cls, v: str) -> str:
         if not re.match(r"^https?://[^/\s]+", v):
             raise ValueError(f"{v!r} is not an http:// or https:// URL")
+        try:
+            httpx.URL(v)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a valid URL: {exc}") from exc
         return v
 
     @field_validator("secret")

@@ -165,9 +165,9 @@ def test_retry_after_seconds_is_honoured(conn: Conn, pool: Any, receiver: Webhoo
 
 def test_unreachable_receiver_retries_and_never_shows_the_secret() -> None:
     port = closed_port()
-    hook = webhook(f"http://user:{SECRET[6:20]}@127.0.0.1:{port}/hook", secret=SECRET)
+    hook = webhook(f"http://user:pw-s3cret@127.0.0.1:{port}/hook", secret=SECRET)
     with pytest.raises(DeliveryError) as exc:
         hook.send([ALERT])
     assert not exc.value.permanent
-    assert SECRET not in str(exc.value) and SECRET[6:20] not in str(exc.value)
+    assert SECRET not in str(exc.value) and "s3cret" not in str(exc.value)
     hook.close()

@@ -68,6 +68,7 @@ def test_missing_variable_names_file_field_and_variable(tmp_path: Path) -> None:
         ("type: pigeon\n", "type: 'pigeon' is not a notifier type (one of console, webhook"),
         ("url: http://x\n", "type: is required"),
         ("type: webhook\nurl: ftp://x\n", "url: 'ftp://x' is not an http:// or https:// URL"),
+        ("type: webhook\nurl: 'http://h:8o8o/'\n", "url: not a valid URL: Invalid port"),
         ("type: webhook\nurl: http://x\nsecret: 'not base64!'\n", "secret: must be a Standard"),
         ("type: webhook\nurl: http://x\ntimeout: soon\n", "timeout: 'soon' is not a duration"),
         ("type: webhook\nurl: http://x\nretry: {attempts: 0}\n", "retry.attempts: 0: Input"),
