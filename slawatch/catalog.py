@@ -57,6 +57,19 @@ def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
     return TableInfo(schema, name, relkind, columns, frozenset(unique), not_null)
 
 
+def index_state(conn: Connection, schema: str, name: str) -> tuple[bool, str | None] | None:
+    """(valid, comment) of index ``schema.name``, or None when there is none."""
+    with translate(f"reading the catalog for index {schema}.{name}"):
+        row = conn.execute(
+            "SELECT i.indisvalid, obj_description(c.oid, 'pg_class') FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_index i ON i.indexrelid = c.oid"
+            " WHERE n.nspname = %s AND c.relname = %s",
+            (schema, name),
+        ).fetchone()
+    return None if row is None else (bool(row[0]), row[1])
+
+
 def table_ident(rule: Rule) -> sql.Identifier:
     return sql.Identifier(rule.schema_name, rule.table_name)
 

@@ -22,10 +22,11 @@ from zoneinfo import ZoneInfo
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from slawatch.catalog import inspect_table, table_ident
+from slawatch.catalog import index_state, inspect_table, table_ident
 from slawatch.clock import Clock
 from slawatch.db import Connection, translate
 from slawatch.errors import ConfigError
+from slawatch.migrate import index_specs
 from slawatch.queries import queries
 from slawatch.rules import Rule
 
@@ -176,6 +177,13 @@ def prepare(conn: Connection, rule: Rule) -> ClaimPlan:
             f"{rule.source}: {rule.table} has no tracking columns for rule {rule.name!r}; "
             "run 'slawatch migrate' first"
         )
+    for spec in index_specs(rule):
+        if not spec.is_current(index_state(conn, rule.schema_name, spec.name)):
+            # Claiming now would be correct but slow (no usable partial index).
+            raise ConfigError(
+                f"{rule.source}: rule {rule.name!r} changed since the last migrate "
+                f"(index {spec.name} is missing or out of date); run 'slawatch migrate'"
+            )
     deadline_type = info.columns.get(rule.deadline, "")
     return plan_claim(rule, deadline_type)
 

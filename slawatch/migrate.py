@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from slawatch.catalog import check_rule, table_ident
+from slawatch.catalog import check_rule, index_state, table_ident
 from slawatch.db import Connection, translate
 from slawatch.errors import ConfigError
 from slawatch.queries import schema_sql
@@ -50,6 +50,10 @@ class IndexSpec:
             sql.Identifier(self.column),
             sql.SQL(self.predicate),  # operator-authored, checked
         )
+
+    def is_current(self, state: tuple[bool, str | None] | None) -> bool:
+        """Whether an index in this ``state`` (see catalog.index_state) is this one, usable."""
+        return state is not None and state[0] and state[1] == self.fingerprint
 
     def comment(self) -> sql.Composed:
         return sql.SQL("COMMENT ON INDEX {} IS {}").format(
@@ -168,19 +172,12 @@ def _migrate_rule(conn: Connection, rule: Rule) -> list[str]:
 
 
 def _ensure_index(conn: Connection, spec: IndexSpec) -> list[str]:
-    row = conn.execute(
-        "SELECT i.indisvalid, obj_description(c.oid, 'pg_class') FROM pg_class c"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " JOIN pg_index i ON i.indexrelid = c.oid"
-        " WHERE n.nspname = %s AND c.relname = %s",
-        (spec.rule.schema_name, spec.name),
-    ).fetchone()
+    state = index_state(conn, spec.rule.schema_name, spec.name)
     done = []
-    if row is not None:
-        valid, comment = row
-        if valid and comment == spec.fingerprint:
+    if state is not None:
+        if spec.is_current(state):
             return []
-        why = "was left invalid" if not valid else "definition changed"
+        why = "definition changed" if state[0] else "was left invalid"
         conn.execute(
             sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
                 sql.Identifier(spec.rule.schema_name, spec.name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -172,3 +174,51 @@ def test_percent_sign_in_condition_is_literal(conn: Conn) -> None:
         (now - timedelta(hours=2), now - timedelta(hours=2)),
     )
     assert claim_all(conn, plan_claim(like, "timestamp with time zone"), now) == 1
+
+
+def test_the_printed_grants_are_enough_and_no_more(conn: Conn, dsn: str) -> None:
+    """Least privilege: a role with only the printed GRANTs claims and delivers, and
+    cannot change the application's own columns."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from slawatch.claim import claim_batch, prepare
+    from slawatch.migrate import grants
+
+    conn.execute(TABLE)
+    late = rule()
+    migrate(conn, [late])
+    conn.execute(
+        "INSERT INTO orders (id, status, paid_at) VALUES (1, 'paid', now() - interval '1 day')"
+    )
+    role = f"slawatch_app_{uuid.uuid4().hex[:6]}"
+    conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        for g in grants([late], role):
+            conn.execute(g)
+        params = conninfo_to_dict(dsn) | {"user": role}
+        params.pop("password", None)
+        with psycopg.connect(make_conninfo(**params), autocommit=True) as app:
+            plan = prepare(app, late)
+            assert claim_batch(app, plan, datetime.now(UTC)) == 1
+            app.execute("UPDATE slawatch.delivery SET status = 'sent' WHERE status = 'pending'")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute("UPDATE orders SET status = 'shipped'")
+    finally:
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_rule_changed_since_migrate_is_refused_until_migrated(conn: Conn) -> None:
+    from slawatch.claim import prepare
+
+    conn.execute(TABLE)
+    migrate(conn, [rule()])
+    prepare(conn, rule())
+    changed = rule(open_when="status IN ('paid', 'packed')")
+    with pytest.raises(
+        ConfigError, match=r"changed since the last migrate .* run 'slawatch migrate'"
+    ):
+        prepare(conn, changed)
+    migrate(conn, [changed])
+    prepare(conn, changed)
