@@ -32,6 +32,11 @@ def database_dsn(settings: Settings) -> str:
     """The DSN to use: the configured one, or the embedded server's (started if needed)."""
     if settings.dsn:
         return settings.dsn
+    print(
+        f"slawatch: no SLAWATCH_DSN: using the embedded PostgreSQL in {settings.data_dir}/pgdata, "
+        f"database {EMBEDDED_DATABASE!r} (where 'slawatch demo' keeps its shop)",
+        file=sys.stderr,
+    )
     server = embedded_dsn(settings.data_dir)
     ensure_database(server, EMBEDDED_DATABASE)
     return with_database(server, EMBEDDED_DATABASE)

@@ -80,7 +80,8 @@ def load_dir(
     before failing, so an operator sees every bad file at once.
     """
     if not directory.is_dir():
-        raise ConfigError(f"{directory}: {what} folder not found")
+        env = f"SLAWATCH_{what.upper()}_DIR"
+        raise ConfigError(f"{directory}: {what} folder not found (set --{what} or {env})")
     files = sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
     errors: list[str] = []
     items: list[M] = []
