@@ -96,6 +96,8 @@ class ClaimPlan:
             "rule": rule.name,
             "after": rule.after,
             "tz": rule.timezone,
+            "severity": rule.severity,
+            "notify": list(rule.notify),
         }
         renotify = rule.renotify
         if renotify is not None and renotify.every is not None:
@@ -103,8 +105,6 @@ class ClaimPlan:
         elif renotify is not None and renotify.backoff is not None:
             params["first"] = renotify.backoff.first
             params["cap"] = renotify.backoff.max
-        severity, notify = rule.severity, rule.notify
-        params["severity"], params["notify"] = severity, list(notify)
         for i, tier in enumerate(rule.escalate):
             params[f"sev{i}"], params[f"notify{i}"] = rule.tier_for(tier.from_)
         return params

@@ -35,10 +35,7 @@ def _ident(value: str) -> str:
 Ident = Annotated[str, BeforeValidator(_ident)]
 
 
-_Model = FileModel
-
-
-class Backoff(_Model):
+class Backoff(FileModel):
     """Doubling intervals: ``first``, ``2*first``, ``4*first`` ... capped at ``max``."""
 
     first: PositiveDuration
@@ -51,7 +48,7 @@ class Backoff(_Model):
         return self
 
 
-class Renotify(_Model):
+class Renotify(FileModel):
     """When to notify again while a row stays overdue."""
 
     every: PositiveDuration | None = None
@@ -73,7 +70,7 @@ class Renotify(_Model):
         return min(timedelta(seconds=seconds), self.backoff.max)
 
 
-class Tier(_Model):
+class Tier(FileModel):
     """From notification number ``from`` on, alerts use this severity and/or notifiers."""
 
     from_: int = Field(alias="from", ge=1)
@@ -88,7 +85,7 @@ class Tier(_Model):
         return v
 
 
-class Rule(_Model):
+class Rule(FileModel):
     """One rule file."""
 
     name: str
