@@ -14,6 +14,17 @@ TIMESTAMP_TYPES = {"timestamp without time zone", "timestamp with time zone"}
 
 
 @dataclass(frozen=True)
+class Partition:
+    """One partition of a partitioned table."""
+
+    schema: str
+    name: str
+    is_leaf: bool
+    level: int
+    unique_columns: frozenset[str]
+
+
+@dataclass(frozen=True)
 class TableInfo:
     """A table as the catalog describes it."""
 
@@ -23,6 +34,7 @@ class TableInfo:
     columns: dict[str, str]  # name -> type, as format_type() prints it
     unique_columns: frozenset[str]  # columns with a single-column unique index
     not_null: frozenset[str]
+    partitions: tuple[Partition, ...] = ()  # of a partitioned table, all levels
 
 
 def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
@@ -54,7 +66,23 @@ def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
                 (oid,),
             ).fetchall()
         }
-    return TableInfo(schema, name, relkind, columns, frozenset(unique), not_null)
+        partitions: tuple[Partition, ...] = ()
+        if relkind == "p":
+            rows = conn.execute(
+                "SELECT n.nspname, c.relname, t.isleaf, t.level, ARRAY("
+                "   SELECT a.attname FROM pg_index i"
+                "   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+                "   WHERE i.indrelid = t.relid AND i.indisunique AND i.indnkeyatts = 1"
+                "   AND i.indpred IS NULL AND i.indexprs IS NULL)"
+                " FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE t.level > 0 ORDER BY c.relname",
+                (oid,),
+            ).fetchall()
+            partitions = tuple(
+                Partition(s, n, leaf, level, frozenset(u)) for s, n, leaf, level, u in rows
+            )
+    return TableInfo(schema, name, relkind, columns, frozenset(unique), not_null, partitions)
 
 
 def index_state(conn: Connection, schema: str, name: str) -> tuple[bool, str | None] | None:
@@ -80,12 +108,12 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
     info = inspect_table(conn, rule.schema_name, rule.table_name)
     if info is None:
         return None, [f"{where}: table: {rule.schema_name}.{rule.table_name} does not exist"]
-    if info.relkind == "p":
+    if info.relkind == "p" and any(not p.is_leaf or p.level > 1 for p in info.partitions):
         return info, [
-            f"{where}: table: {rule.table} is partitioned; slawatch does not watch "
-            "partitioned tables yet (watch each partition with its own rule)"
+            f"{where}: table: {rule.table} has sub-partitions; slawatch watches a table "
+            "partitioned one level deep (or watch each sub-partitioned part with its own rule)"
         ]
-    if info.relkind != "r":
+    if info.relkind not in ("r", "p"):
         return info, [f"{where}: table: {rule.table} is not a table (a view or similar)"]
     errors = []
 
@@ -95,7 +123,7 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
 
     if rule.key not in info.columns:
         missing("key", rule.key)
-    elif rule.key not in info.unique_columns:
+    elif not _key_is_unique(rule.key, info):
         errors.append(
             f"{where}: key: column {rule.key!r} of {rule.table} has no unique index "
             "of its own; the key must identify one row"
@@ -120,6 +148,14 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
         if problem:
             errors.append(f"{where}: open_when: {problem}")
     return info, errors
+
+
+def _key_is_unique(key: str, info: TableInfo) -> bool:
+    """A unique index on the key alone; on a partitioned table, on the parent or in each
+    partition (then the key must also be unique across partitions, e.g. from one sequence)."""
+    if key in info.unique_columns:
+        return True
+    return bool(info.partitions) and all(key in p.unique_columns for p in info.partitions)
 
 
 def check_condition(conn: Connection, rule: Rule) -> str | None:

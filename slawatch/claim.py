@@ -2,6 +2,9 @@
 bumps their notification count, schedules the next notification and writes the
 alerts and their deliveries into the outbox, all in one transaction.
 
+On a partitioned table rows are addressed by (tableoid, ctid): a ctid alone
+names a slot in every partition.
+
 Correctness under concurrency: the two index scans lock the rows they pick
 (``FOR UPDATE SKIP LOCKED``), so concurrent scanners take disjoint batches and
 a row the application is updating right now is left for the next scan; rows
@@ -34,25 +37,29 @@ log = logging.getLogger(__name__)
 
 _CLAIM = """\
 WITH first AS (
-    SELECT ctid FROM {table}
+    SELECT tableoid, ctid FROM {table}
      WHERE {deadline} < %(cutoff)s AND {n} = 0 AND ({open_when}
            )
      ORDER BY {deadline}
      LIMIT %(batch)s::integer
        FOR UPDATE SKIP LOCKED
 ), again AS (
-    SELECT ctid FROM {table}
+    SELECT tableoid, ctid FROM {table}
      WHERE {next} < %(now)s::timestamptz AND {next} IS NOT NULL AND ({open_when}
            )
      ORDER BY {next}
      LIMIT %(batch)s::integer - (SELECT count(*) FROM first)
        FOR UPDATE SKIP LOCKED
+), targets AS (
+    SELECT tableoid AS toid, ctid AS tid FROM first
+    UNION ALL
+    SELECT tableoid, ctid FROM again
 ), claimed AS (
     UPDATE {table}
        SET {n} = {n} + 1,
            {next} = CASE WHEN {n} + 1 >= %(max)s::integer THEN NULL
                          ELSE %(now)s::timestamptz + {interval} END
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM first UNION ALL SELECT ctid FROM again))
+     WHERE ctid = ANY (ARRAY(SELECT tid FROM targets)){partition_match}
        AND ({n} = 0 AND {deadline} < %(cutoff)s OR {next} < %(now)s::timestamptz)
        AND ({open_when}
            )
@@ -110,7 +117,12 @@ class ClaimPlan:
         return params
 
 
-def plan_claim(rule: Rule, deadline_type: str) -> ClaimPlan:
+# On a partitioned table a ctid names a slot in every partition: the TID scans
+# probe each partition, and this keeps only the (partition, slot) pairs claimed.
+_PARTITION_MATCH = "\n       AND (tableoid, ctid) IN (SELECT toid, tid FROM targets)"
+
+
+def plan_claim(rule: Rule, deadline_type: str, partitioned: bool = False) -> ClaimPlan:
     """Compose the claim for ``rule`` whose deadline column has ``deadline_type``."""
     has_tz = deadline_type == "timestamp with time zone"
     n, nxt = sql.Identifier(rule.n_column), sql.Identifier(rule.next_column)
@@ -163,6 +175,7 @@ def plan_claim(rule: Rule, deadline_type: str) -> ClaimPlan:
         row=row,
         severity=severity,
         notify=notify,
+        partition_match=sql.SQL(_PARTITION_MATCH if partitioned else ""),
     )
     return ClaimPlan(rule, statement, has_tz)
 
@@ -185,7 +198,7 @@ def prepare(conn: Connection, rule: Rule) -> ClaimPlan:
                 f"(index {spec.name} is missing or out of date); run 'slawatch migrate'"
             )
     deadline_type = info.columns.get(rule.deadline, "")
-    return plan_claim(rule, deadline_type)
+    return plan_claim(rule, deadline_type, partitioned=info.relkind == "p")
 
 
 def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from psycopg import sql
 
-from slawatch.catalog import check_rule, index_state, table_ident
+from slawatch.catalog import Partition, TableInfo, check_rule, index_state, table_ident
 from slawatch.db import Connection, translate
 from slawatch.errors import ConfigError
 from slawatch.queries import schema_sql
@@ -30,23 +30,23 @@ MIGRATE_LOCK = 0x534C4157  # advisory lock key: one migrate at a time
 
 @dataclass(frozen=True)
 class IndexSpec:
-    """One partial index a rule needs."""
+    """One partial index a rule needs, on its table or on one partition of it."""
 
     name: str
+    schema: str  # of the table, and so of the index
+    table: str
     column: str
     predicate: str
-    rule: Rule
+    fingerprint: str  # of the definition; kept in the index's comment
 
-    @property
-    def fingerprint(self) -> str:
-        text = f"{self.rule.table}|{self.column}|{self.predicate}"
-        return "slawatch:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def create(self, if_not_exists: bool = False) -> sql.Composed:
-        return sql.SQL("CREATE INDEX CONCURRENTLY {}{} ON {} ({})\n    WHERE {}").format(
+    def create(self, *, if_not_exists: bool = False, only: bool = False) -> sql.Composed:
+        """CREATE INDEX CONCURRENTLY; with ``only``, the empty parent of a partitioned index."""
+        return sql.SQL("CREATE INDEX {}{}{} ON {}{} ({})\n    WHERE {}").format(
+            sql.SQL("" if only else "CONCURRENTLY "),
             sql.SQL("IF NOT EXISTS " if if_not_exists else ""),
             sql.Identifier(self.name),
-            table_ident(self.rule),
+            sql.SQL("ONLY " if only else ""),
+            sql.Identifier(self.schema, self.table),
             sql.Identifier(self.column),
             sql.SQL(self.predicate),  # operator-authored, checked
         )
@@ -57,8 +57,13 @@ class IndexSpec:
 
     def comment(self) -> sql.Composed:
         return sql.SQL("COMMENT ON INDEX {} IS {}").format(
-            sql.Identifier(self.rule.schema_name, self.name), sql.Literal(self.fingerprint)
+            sql.Identifier(self.schema, self.name), sql.Literal(self.fingerprint)
         )
+
+    def child(self, part: Partition) -> IndexSpec:
+        """The same index on one partition; named from the partition, within 63 bytes."""
+        tag = hashlib.sha256(f"{part.schema}.{part.name}".encode()).hexdigest()[:8]
+        return replace(self, name=f"{self.name}_{tag}", schema=part.schema, table=part.name)
 
 
 def index_specs(rule: Rule) -> list[IndexSpec]:
@@ -67,9 +72,15 @@ def index_specs(rule: Rule) -> list[IndexSpec]:
     open_when = f"({rule.open_when})"
     first = f"{n.as_string(None)} = 0 AND {open_when}"
     again = f"{nxt.as_string(None)} IS NOT NULL AND {open_when}"
+
+    def spec(name: str, column: str, predicate: str) -> IndexSpec:
+        text = f"{rule.table}|{column}|{predicate}"
+        fingerprint = "slawatch:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        return IndexSpec(name, rule.schema_name, rule.table_name, column, predicate, fingerprint)
+
     return [
-        IndexSpec(rule.first_index, rule.deadline, first, rule),
-        IndexSpec(rule.again_index, rule.next_column, again, rule),
+        spec(rule.first_index, rule.deadline, first),
+        spec(rule.again_index, rule.next_column, again),
     ]
 
 
@@ -114,19 +125,32 @@ def render(rules: list[Rule]) -> str:
             out.append(spec.create(if_not_exists=True).as_string(None) + ";")
             out.append(spec.comment().as_string(None) + ";")
         out.append("")
+    out.append(
+        "-- On a partitioned table migrate builds each index ON ONLY the parent, then\n"
+        "-- CONCURRENTLY in each partition, and attaches them (see slawatch/migrate.py)."
+    )
+    out.append("")
     out.append("-- Least privilege: what the role slawatch runs as needs (name yours).")
     out.append("-- migrate itself runs as the owner of the watched tables.")
     out.extend(g.as_string(None) + ";" for g in grants(rules))
     return "\n".join(out) + "\n"
 
 
-def check(conn: Connection, rules: list[Rule]) -> None:
-    """Check every rule against the database; raise one ConfigError listing all problems."""
+def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
+    """Check every rule against the database; raise one ConfigError listing all problems.
+
+    Returns each rule's table as the catalog describes it.
+    """
     errors: list[str] = []
+    tables: dict[str, TableInfo] = {}
     for rule in rules:
-        errors.extend(check_rule(conn, rule)[1])
+        info, problems = check_rule(conn, rule)
+        errors.extend(problems)
+        if info is not None:
+            tables[rule.name] = info
     if errors:
         raise ConfigError("\n".join(errors))
+    return tables
 
 
 def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
@@ -138,19 +162,19 @@ def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
     with translate("migrate"):
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
     try:
-        check(conn, rules)
+        tables = check(conn, rules)
         done: list[str] = []
         with translate("creating slawatch's schema"):
             conn.execute(schema_sql())  # no parameters: a script
         for rule in rules:
-            done.extend(_migrate_rule(conn, rule))
+            done.extend(_migrate_rule(conn, rule, tables[rule.name]))
         return done
     finally:
         with translate("migrate"):
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
 
 
-def _migrate_rule(conn: Connection, rule: Rule) -> list[str]:
+def _migrate_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[str]:
     done = []
     with translate(f"{rule.source}: adding tracking columns to {rule.table}"):
         have = conn.execute(
@@ -167,12 +191,15 @@ def _migrate_rule(conn: Connection, rule: Rule) -> list[str]:
             done.append(f"{rule.table}: added {rule.n_column}, {rule.next_column}")
     for spec in index_specs(rule):
         with translate(f"{rule.source}: building index {spec.name} on {rule.table}"):
-            done.extend(_ensure_index(conn, spec))
+            if info.relkind == "p":
+                done.extend(_ensure_partitioned_index(conn, spec, info.partitions))
+            else:
+                done.extend(_ensure_index(conn, spec))
     return done
 
 
 def _ensure_index(conn: Connection, spec: IndexSpec) -> list[str]:
-    state = index_state(conn, spec.rule.schema_name, spec.name)
+    state = index_state(conn, spec.schema, spec.name)
     done = []
     if state is not None:
         if spec.is_current(state):
@@ -180,11 +207,55 @@ def _ensure_index(conn: Connection, spec: IndexSpec) -> list[str]:
         why = "definition changed" if state[0] else "was left invalid"
         conn.execute(
             sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
-                sql.Identifier(spec.rule.schema_name, spec.name)
+                sql.Identifier(spec.schema, spec.name)
             )
         )
-        done.append(f"{spec.rule.table}: dropped index {spec.name} ({why})")
+        done.append(f"{spec.schema}.{spec.table}: dropped index {spec.name} ({why})")
     conn.execute(spec.create())
     conn.execute(spec.comment())
-    done.append(f"{spec.rule.table}: built index {spec.name}")
+    done.append(f"{spec.schema}.{spec.table}: built index {spec.name}")
+    return done
+
+
+def _locked(conn: Connection, statement: sql.Composed) -> None:
+    """Run a statement that takes a brief strong lock, without queueing behind long ones."""
+    with conn.transaction():
+        conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+        conn.execute(statement)
+
+
+def _ensure_partitioned_index(
+    conn: Connection, spec: IndexSpec, partitions: tuple[Partition, ...]
+) -> list[str]:
+    """A partitioned index without blocking writes: created ON ONLY the parent (empty and
+    invalid), built CONCURRENTLY in each partition, attached; valid once all are attached.
+    Partitions created later get their index from the parent. An interrupted run resumes.
+    """
+    done = []
+    parent = sql.Identifier(spec.schema, spec.name)
+    state = index_state(conn, spec.schema, spec.name)
+    if spec.is_current(state):
+        return []
+    if state is not None and state[1] != spec.fingerprint:
+        _locked(conn, sql.SQL("DROP INDEX IF EXISTS {}").format(parent))  # and its children
+        done.append(f"{spec.schema}.{spec.table}: dropped index {spec.name} (definition changed)")
+        state = None
+    if state is None:
+        _locked(conn, spec.create(only=True))
+        conn.execute(spec.comment())
+    for part in partitions:
+        child = spec.child(part)
+        cstate = index_state(conn, child.schema, child.name)
+        if cstate is not None and not child.is_current(cstate):
+            drop = sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}")
+            conn.execute(drop.format(sql.Identifier(child.schema, child.name)))
+            cstate = None
+        if cstate is None:
+            conn.execute(child.create())
+            conn.execute(child.comment())
+        attach = sql.SQL("ALTER INDEX {} ATTACH PARTITION {}")
+        _locked(conn, attach.format(parent, sql.Identifier(child.schema, child.name)))
+    done.append(
+        f"{spec.schema}.{spec.table}: built index {spec.name} ({len(partitions)} partitions)"
+    )
     return done

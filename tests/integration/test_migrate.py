@@ -126,15 +126,6 @@ def test_bad_rules_change_nothing(conn: Conn, fields: dict[str, Any], expected: 
     assert indexes(conn) == {}
 
 
-def test_partitioned_tables_are_refused_clearly(conn: Conn) -> None:
-    conn.execute(
-        "CREATE TABLE orders (id bigint, status text, paid_at timestamptz)"
-        " PARTITION BY RANGE (paid_at)"
-    )
-    with pytest.raises(ConfigError, match="is partitioned; slawatch does not watch"):
-        migrate(conn, [rule()])
-
-
 def test_printed_migration_runs_as_is(conn: Conn) -> None:
     """What --print shows is what a DBA can run, and it is equivalent to migrate."""
     conn.execute(TABLE)
