@@ -3,9 +3,11 @@
 Loads a watched table of ROWS rows of which DUE are overdue, then drains them in
 batches, once with the raw UPDATE ... RETURNING (no outbox: the limit of the
 technique) and once with slawatch's claim (alerts + deliveries written in the same
-statement). Prints a table. Not a test: figures depend on the machine.
+statement); then slawatch's claim again on the same rows in a table hash-partitioned
+into each of PARTITIONS parts. Prints a table. Not a test: figures depend on the machine.
 
     .venv/bin/python bench/claim.py [--rows 1000000] [--due 100000] [--batch 10000]
+                                    [--partitions 12,100]
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
 """
@@ -42,12 +44,20 @@ UPDATE bench_orders SET sw_bench_n = sw_bench_n + 1,
 RETURNING id, user_id, total_cents, paid_at"""
 
 
-def load(conn: psycopg.Connection[tuple[object, ...]], rows: int, due: int) -> Rule:
+def load(
+    conn: psycopg.Connection[tuple[object, ...]], rows: int, due: int, partitions: int = 0
+) -> Rule:
     conn.execute("DROP TABLE IF EXISTS bench_orders; DROP SCHEMA IF EXISTS slawatch CASCADE")
     conn.execute(
         "CREATE TABLE bench_orders (id bigint PRIMARY KEY, user_id bigint, total_cents int,"
         " status text NOT NULL, paid_at timestamptz)"
+        + (" PARTITION BY HASH (id)" if partitions else "")
     )
+    for i in range(partitions):
+        conn.execute(
+            f"CREATE TABLE bench_orders_{i} PARTITION OF bench_orders"
+            f" FOR VALUES WITH (MODULUS {partitions}, REMAINDER {i})"
+        )
     # Every (rows/due)-th order is paid and overdue; the rest shipped long ago.
     step = max(rows // due, 1)
     conn.execute(
@@ -100,6 +110,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--due", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=10_000)
+    parser.add_argument("--partitions", default="12,100", help="comma-separated; '' for none")
     args = parser.parse_args()
 
     with scratch_database() as db, psycopg.connect(db, autocommit=True) as conn:
@@ -130,17 +141,29 @@ def main() -> None:
             f"{'variant':<38} {'rows':>8} {'batches':>7} {'seconds':>8} {'rows/s':>9}"
             f" {'ms/batch p50':>12} {'max':>7}"
         )
+
+        def report(label: str, step: Callable[[], int]) -> None:
+            reset(conn)
+            t = time.perf_counter()
+            total, times = drain(step, args.batch)
+            secs = time.perf_counter() - t
+            ms = [x * 1000 for x in times]
+            print(
+                f"{label:<38} {total:>8,} {len(times):>7}"
+                f" {secs:>8.2f} {total / secs:>9,.0f} {statistics.median(ms):>12.1f}"
+                f" {max(ms):>7.1f}"
+            )
+
         for round_ in range(2):
             for label, step in variants:
-                reset(conn)
-                t = time.perf_counter()
-                total, times = drain(step, args.batch)
-                secs = time.perf_counter() - t
-                ms = [x * 1000 for x in times]
-                print(
-                    f"{label + f' (run {round_ + 1})':<38} {total:>8,} {len(times):>7}"
-                    f" {secs:>8.2f} {total / secs:>9,.0f} {statistics.median(ms):>12.1f}"
-                    f" {max(ms):>7.1f}"
+                report(f"{label} (run {round_ + 1})", step)
+        for parts in [int(p) for p in args.partitions.split(",") if p.strip()]:
+            rule = load(conn, args.rows, args.due, parts).model_copy(update={"batch": args.batch})
+            part_plan = plan_claim(rule, "timestamp with time zone", partitioned=True)
+            for round_ in range(2):
+                report(
+                    f"slawatch, {parts} partitions (run {round_ + 1})",
+                    lambda plan=part_plan: claim_batch(conn, plan, NOW),
                 )
 
 
