@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, cast
 
 import httpx
-from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import BeforeValidator, Field, FilePath, SecretStr, field_validator, model_validator
 
 from slawatch.config import FileModel, load_dir
 from slawatch.durations import PositiveDuration
@@ -94,6 +94,7 @@ class WebhookConfig(_Base):
     url: str
     secret: SecretStr | None = None
     headers: dict[str, str] = Field(default_factory=dict)
+    ca_file: FilePath | None = None  # PEM bundle to trust for https (default: the system's)
 
     @field_validator("url")
     @classmethod
@@ -137,6 +138,7 @@ class EmailConfig(_Base):
     from_: str = Field(alias="from")
     to: list[str] = Field(min_length=1)
     subject_prefix: str = "[slawatch]"
+    ca_file: FilePath | None = None  # PEM bundle to trust for TLS (default: the system's)
 
     @model_validator(mode="after")
     def _auth_pair(self) -> EmailConfig:

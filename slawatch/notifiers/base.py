@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import ssl
+from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
@@ -33,6 +35,11 @@ class BaseNotifier:
 
     def close(self) -> None:
         pass
+
+
+def tls_context(ca_file: Path | None) -> ssl.SSLContext:
+    """Certificate-verifying TLS, trusting ``ca_file`` instead of the system's CAs if given."""
+    return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
 
 
 def encode(alert: dict[str, Any]) -> bytes:

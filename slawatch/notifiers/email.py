@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 import logging
 import smtplib
-import ssl
 from collections import defaultdict
 from email.message import EmailMessage
 from email.utils import make_msgid
@@ -13,7 +12,7 @@ from typing import Any
 
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import EmailConfig
-from slawatch.notifiers.base import BaseNotifier
+from slawatch.notifiers.base import BaseNotifier, tls_context
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +102,13 @@ class EmailNotifier(BaseNotifier):
                     c.host,
                     c.effective_port,
                     timeout=self.timeout,
-                    context=ssl.create_default_context(),
+                    context=tls_context(c.ca_file),
                 )
             else:
                 smtp = smtplib.SMTP(c.host, c.effective_port, timeout=self.timeout)
             with smtp:
                 if c.security == "starttls":
-                    smtp.starttls(context=ssl.create_default_context())
+                    smtp.starttls(context=tls_context(c.ca_file))
                 if c.username is not None and c.password is not None:
                     smtp.login(c.username, c.password.get_secret_value())
                 refused = smtp.send_message(self.message(alerts))

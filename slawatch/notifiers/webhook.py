@@ -20,7 +20,7 @@ import httpx
 from slawatch import __version__
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import WebhookConfig
-from slawatch.notifiers.base import BaseNotifier
+from slawatch.notifiers.base import BaseNotifier, tls_context
 
 RETRYABLE = {408, 425, 429}
 
@@ -79,6 +79,7 @@ class WebhookNotifier(BaseNotifier):
         self._key = signing_key(config.secret.get_secret_value()) if config.secret else None
         self._client = httpx.Client(
             timeout=self.timeout,
+            verify=tls_context(config.ca_file),
             headers={"user-agent": f"slawatch/{__version__}", **config.headers},
             follow_redirects=False,
         )

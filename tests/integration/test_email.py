@@ -127,3 +127,70 @@ def test_server_down_is_retried() -> None:
         notifier(closed_port(), timeout="2s").send([alert("job_hung", 1)])
     assert not exc.value.permanent
     assert "ConnectionRefusedError" in str(exc.value)
+
+
+class Authenticator:
+    """Accepts one user/password pair (aiosmtpd's authenticator protocol)."""
+
+    def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str, auth: Any) -> Any:
+        from aiosmtpd.smtp import AuthResult
+
+        ok = auth.login == b"slawatch" and auth.password == b"s3cret-pw"
+        return AuthResult(success=ok)
+
+
+@pytest.fixture
+def ca(tmp_path: Any) -> Any:
+    import trustme
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    return ca
+
+
+def test_starttls_with_login(ca: Any, tmp_path: Any) -> None:
+    import ssl
+
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    inbox, port = Inbox(), closed_port()
+    controller = Controller(
+        inbox,
+        hostname="127.0.0.1",
+        port=port,
+        tls_context=server_ctx,
+        require_starttls=True,
+        authenticator=Authenticator(),
+        auth_required=True,
+    )
+    controller.start()
+    try:
+        ca_file = str(tmp_path / "ca.pem")
+        notifier(
+            port, security="starttls", username="slawatch", password="s3cret-pw", ca_file=ca_file
+        ).send([alert("job_hung", 1)])
+        assert len(inbox.envelopes) == 1
+        with pytest.raises(DeliveryError) as exc:  # not trusting the server's CA: retried
+            notifier(port, security="starttls", username="slawatch", password="s3cret-pw").send(
+                [alert("job_hung", 3)]
+            )
+        assert "CERTIFICATE_VERIFY_FAILED" in str(exc.value)
+    finally:
+        controller.stop()
+
+
+def test_implicit_tls(ca: Any, tmp_path: Any) -> None:
+    import ssl
+
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    inbox, port = Inbox(), closed_port()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port, ssl_context=server_ctx)
+    controller.start()
+    try:
+        notifier(port, security="tls", ca_file=str(tmp_path / "ca.pem")).send(
+            [alert("job_hung", 1)]
+        )
+        assert len(inbox.envelopes) == 1
+    finally:
+        controller.stop()

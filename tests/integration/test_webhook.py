@@ -171,3 +171,24 @@ def test_unreachable_receiver_retries_and_never_shows_the_secret() -> None:
     assert not exc.value.permanent
     assert SECRET not in str(exc.value) and "s3cret" not in str(exc.value)
     hook.close()
+
+
+def test_https_with_a_private_ca(tmp_path: Any) -> None:
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    with WebhookReceiver(tls=server_ctx) as tls_receiver:
+        hook = webhook(tls_receiver.url, ca_file=str(tmp_path / "ca.pem"))
+        hook.send([ALERT])
+        assert tls_receiver.alert_ids == [ALERT["id"]]
+        hook.close()
+        untrusting = webhook(tls_receiver.url)  # the system's CAs do not know this one
+        with pytest.raises(DeliveryError, match="CERTIFICATE_VERIFY_FAILED") as exc:
+            untrusting.send([ALERT])
+        assert not exc.value.permanent
+        untrusting.close()
