@@ -98,6 +98,12 @@ def index_state(conn: Connection, schema: str, name: str) -> tuple[bool, str | N
     return None if row is None else (bool(row[0]), row[1])
 
 
+def condition(rule: Rule) -> sql.SQL:
+    """``open_when`` for a statement that has parameters: operator-authored SQL, checked
+    by PostgreSQL; a literal ``%`` (a LIKE pattern) must not be taken for a placeholder."""
+    return sql.SQL(rule.open_when.replace("%", "%%"))
+
+
 def table_ident(rule: Rule) -> sql.Identifier:
     return sql.Identifier(rule.schema_name, rule.table_name)
 
@@ -182,7 +188,7 @@ def check_condition(conn: Connection, rule: Rule) -> str | None:
             conn.execute(
                 sql.SQL("SELECT %s FROM pg_temp.{} WHERE ({}\n)").format(
                     tmp,
-                    sql.SQL(rule.open_when.replace("%", "%%")),
+                    condition(rule),
                 ),
                 (1,),
             )

@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from slawatch.catalog import index_state, inspect_table, table_ident
+from slawatch.catalog import condition, index_state, inspect_table, table_ident
 from slawatch.clock import Clock
 from slawatch.db import Connection, translate
 from slawatch.errors import ConfigError
@@ -170,7 +170,7 @@ def plan_claim(rule: Rule, deadline_type: str, partitioned: bool = False) -> Cla
         deadline=deadline,
         deadline_tz=deadline_tz,
         key=sql.Identifier(rule.key),
-        open_when=sql.SQL(rule.open_when.replace("%", "%%")),  # operator SQL, checked; % is literal
+        open_when=condition(rule),
         interval=interval,
         row=row,
         severity=severity,
@@ -218,7 +218,6 @@ class DrainResult:
 
     claimed: int
     batches: int
-    more_due: bool  # stopped by the time budget while batches were still full
 
 
 def drain(
@@ -237,11 +236,11 @@ def drain(
         claimed += got
         batches += 1
         if got < plan.rule.batch:
-            return DrainResult(claimed, batches, False)
+            return DrainResult(claimed, batches)
         if time.monotonic() - started >= budget_s:
             log.warning(
                 "rule %s: time budget of %.0fs spent with rows still due; the next scan goes on",
                 plan.rule.name,
                 budget_s,
             )
-            return DrainResult(claimed, batches, True)
+            return DrainResult(claimed, batches)

@@ -37,6 +37,11 @@ def database_dsn(settings: Settings) -> str:
         f"database {EMBEDDED_DATABASE!r} (where 'slawatch demo' keeps its shop)",
         file=sys.stderr,
     )
+    return embedded_database(settings)
+
+
+def embedded_database(settings: Settings) -> str:
+    """The DSN of slawatch's database on the embedded server, both started/created if needed."""
     server = embedded_dsn(settings.data_dir)
     ensure_database(server, EMBEDDED_DATABASE)
     return with_database(server, EMBEDDED_DATABASE)

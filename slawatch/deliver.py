@@ -217,8 +217,7 @@ class Dispatcher:
     def stop(self) -> None:
         """Let each worker finish the batch in hand, then return."""
         self._stop.set()
-        for event in self._wake.values():
-            event.set()
+        self.wake()
         for t in self._threads:
             t.join()
 

@@ -20,8 +20,8 @@ from typing import Any, TextIO
 
 from pydantic import SecretStr
 
-from slawatch.commands import EMBEDDED_DATABASE, ensure_database, load_config
-from slawatch.db import Connection, connect, embedded_dsn, translate, with_database
+from slawatch.commands import EMBEDDED_DATABASE, embedded_database, load_config
+from slawatch.db import Connection, connect, translate
 from slawatch.migrate import migrate
 from slawatch.notifiers import WebhookConfig
 from slawatch.notifiers.webhook import verify
@@ -52,6 +52,10 @@ def _row(table: str, i: int, open_: bool, t: datetime) -> tuple[object, ...]:
     return (i, kind, f"worker-{i % 4}", "running" if open_ else "done", heartbeat)
 
 
+# Rows per rule: due already, falling due during the demo, due later, completed.
+_MIX = (("overdue", 4), ("soon", 4), ("later", 4), ("done", 4))
+
+
 def seed(conn: Connection, rules: list[Rule], now: datetime, spread: float) -> dict[str, int]:
     """Reset the shop and insert rows relative to each rule's ``after``; return due counts."""
     rng = random.Random(42)
@@ -64,7 +68,7 @@ def seed(conn: Connection, rules: list[Rule], now: datetime, spread: float) -> d
             due_at = now - rule.after  # a deadline before this is due now
             rows = []
             i = 0
-            for kind, count in (("overdue", 4), ("soon", 4), ("later", 4), ("done", 4)):
+            for kind, count in _MIX:
                 for _ in range(count):
                     i += 1
                     if kind == "overdue":
@@ -78,7 +82,7 @@ def seed(conn: Connection, rules: list[Rule], now: datetime, spread: float) -> d
                     rows.append(_row(rule.table_name, i, kind != "done", t))
             with conn.cursor() as cur:
                 cur.executemany(_INSERT[rule.table_name], rows)
-            expected[rule.name] = 8
+            expected[rule.name] = sum(c for kind, c in _MIX if kind in ("overdue", "soon"))
     return expected
 
 
@@ -136,9 +140,7 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
         for r in rules
     ]
     notifiers = [*notifiers, hook]
-    server = embedded_dsn(settings.data_dir)
-    ensure_database(server, EMBEDDED_DATABASE)
-    dsn = with_database(server, EMBEDDED_DATABASE)
+    dsn = embedded_database(settings)
     spread = min(seconds * 0.6, 60.0) if seconds else 30.0
     with connect(dsn) as conn:
         with translate("seeding the demo shop"):

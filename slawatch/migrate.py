@@ -176,19 +176,10 @@ def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
 
 def _migrate_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[str]:
     done = []
-    with translate(f"{rule.source}: adding tracking columns to {rule.table}"):
-        have = conn.execute(
-            "SELECT count(*) FROM pg_attribute WHERE attrelid = %s::regclass"
-            " AND attname IN (%s, %s) AND NOT attisdropped",
-            (table_ident(rule).as_string(None), rule.n_column, rule.next_column),
-        ).fetchone()
-        if have is None or have[0] < 2:
-            with conn.transaction():
-                conn.execute(
-                    sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT))
-                )
-                conn.execute(add_columns(rule))
-            done.append(f"{rule.table}: added {rule.n_column}, {rule.next_column}")
+    if rule.n_column not in info.columns or rule.next_column not in info.columns:
+        with translate(f"{rule.source}: adding tracking columns to {rule.table}"):
+            _locked(conn, add_columns(rule))
+        done.append(f"{rule.table}: added {rule.n_column}, {rule.next_column}")
     for spec in index_specs(rule):
         with translate(f"{rule.source}: building index {spec.name} on {rule.table}"):
             if info.relkind == "p":

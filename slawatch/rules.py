@@ -218,13 +218,11 @@ def _strip_literals(text: str) -> str:
     return re.sub(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"", "''", text)
 
 
-def load_rules(directory: Path, notifier_names: set[str] | None = None) -> list[Rule]:
-    """Load ``directory/*.yaml``; with ``notifier_names``, also check each ``notify``."""
+def load_rules(directory: Path) -> list[Rule]:
+    """Load ``directory/*.yaml``; at least one rule."""
     rules = load_dir(directory, lambda _data, _path: Rule, "rules")
     if not rules:
         raise ConfigError(f"{directory}: no rules (*.yaml) found")
-    if notifier_names is not None:
-        check_notifier_names(rules, notifier_names)
     return rules
 
 

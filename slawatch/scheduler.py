@@ -37,7 +37,6 @@ class Runner:
         self.dsn = dsn
         self.rules = {r.name: r for r in rules}
         self.clock = clock or Clock()
-        self.workers = len(rules)  # scan threads
         # Scans, one delivery worker per notifier, and one to spare.
         self.pool = open_pool(dsn, len(rules) + len(notifiers) + 1)
         try:
@@ -73,7 +72,7 @@ class Runner:
     def serve(self, seconds: float | None = None) -> None:
         """Run the scheduler until SIGINT/SIGTERM, or for ``seconds``."""
         scheduler = BlockingScheduler(
-            executors={"default": ThreadPoolExecutor(self.workers + 1)}, timezone=UTC
+            executors={"default": ThreadPoolExecutor(len(self.rules) + 1)}, timezone=UTC
         )
         now = datetime.now(UTC)
         for name, rule in self.rules.items():

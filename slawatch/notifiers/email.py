@@ -26,8 +26,8 @@ def subject(prefix: str, alerts: list[dict[str, Any]]) -> str:
         rules = next(iter(by_rule))
     else:
         rules = ", ".join(f"{r} ({c})" for r, c in sorted(by_rule.items(), key=lambda x: -x[1]))
-    worst = "critical" if any(a["severity"] == "critical" for a in alerts) else None
-    return f"{prefix} {'CRITICAL: ' if worst else ''}{len(alerts)} overdue: {rules}".strip()
+    critical = any(a["severity"] == "critical" for a in alerts)
+    return f"{prefix} {'CRITICAL: ' if critical else ''}{len(alerts)} overdue: {rules}".strip()
 
 
 def _groups(alerts: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -173,6 +173,8 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
     assert stale.rowcount == 0
     stale = conn.execute(q["mark_dead"], {"ids": [first[0]], "owner": old, "error": "x"})
     assert stale.rowcount == 0
+    retry = {"ids": [first[0]], "owner": old, "error": "x", "next": CLAIMED}
+    assert conn.execute(q["mark_retry"], retry).rowcount == 0  # nor reschedule it
     assert statuses(conn) == {"pending": 1}
     done = conn.execute(q["mark_sent"], {"ids": [first[0]], "owner": new, "now": later})
     assert done.rowcount == 1
