@@ -56,6 +56,24 @@ def test_bad_rule_file(tmp_path: Path) -> None:
     assert "every: '6 hourz' is not a duration" in result.stderr
 
 
+def test_an_open_when_that_escapes_its_parentheses_is_refused_everywhere(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """The case seen in the field: one stray ')' paged every row of the table. Now no
+    command takes it, and nothing is written."""
+    conn.execute(SHOP)
+    text = (ROOT / "rules" / "order_unshipped.yaml").read_text()
+    bad = text.replace("open_when: \"status = 'paid'\"", "open_when: \"status = 'paid') OR (true\"")
+    assert bad != text
+    (tmp_path / "order_unshipped.yaml").write_text(bad)
+    for command in (["check"], ["migrate"], ["migrate", "--print"], ["run", "--once"]):
+        result = slawatch("--rules", str(tmp_path), *command, dsn=dsn)
+        assert_one_line_error(
+            result, 2, "order_unshipped.yaml: open_when: not one SQL condition: syntax error"
+        )
+    assert conn.execute("SELECT to_regnamespace('slawatch')").fetchone() == (None,)
+
+
 def test_malformed_yaml(tmp_path: Path) -> None:
     (tmp_path / "r.yaml").write_text("table: [orders\n")
     result = slawatch("check", "--rules", str(tmp_path))  # flags may follow the command
