@@ -163,6 +163,15 @@ def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
     """
     errors: list[str] = []
     tables: dict[str, TableInfo] = {}
+    with translate("reading the server's settings"):
+        row = conn.execute("SELECT current_setting('standard_conforming_strings')").fetchone()
+    if row is None or row[0] != "on":
+        # open_when was parsed with '\\' as an ordinary character in '...' literals; with
+        # this off the server would read the same text differently.
+        raise ConfigError(
+            "the database has standard_conforming_strings = off; slawatch needs it on "
+            "(the default since PostgreSQL 9.1)"
+        )
     for rule in rules:
         info, problems = check_rule(conn, rule)
         if info is not None and not problems:

@@ -320,3 +320,15 @@ def test_a_rule_changed_since_migrate_is_refused_until_migrated(conn: Conn) -> N
         prepare(conn, changed)
     migrate(conn, [changed])
     prepare(conn, changed)
+
+
+def test_a_server_reading_backslashes_otherwise_is_refused(conn: Conn, dsn: str) -> None:
+    """open_when is parsed with standard_conforming_strings on; a server with it off would
+    read a literal like 'a\\' differently, so slawatch refuses to work with it."""
+    import psycopg
+
+    conn.execute(TABLE)
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("SET standard_conforming_strings = off")
+        with pytest.raises(ConfigError, match="standard_conforming_strings = off"):
+            migrate(other, [rule()])
