@@ -23,11 +23,10 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from psycopg import sql
-from psycopg_pool import ConnectionPool
 
 from slawatch.catalog import condition, index_state, inspect_table, table_ident
 from slawatch.clock import Clock
-from slawatch.db import Connection, translate
+from slawatch.db import Connection, Database, translate
 from slawatch.errors import ConfigError
 from slawatch.migrate import index_specs
 from slawatch.queries import queries
@@ -221,7 +220,7 @@ class DrainResult:
 
 
 def drain(
-    pool: ConnectionPool[Connection],
+    db: Database,
     plan: ClaimPlan,
     clock: Clock,
     budget: timedelta | None = None,
@@ -231,7 +230,7 @@ def drain(
     started = time.monotonic()
     claimed = batches = 0
     while True:
-        with pool.connection() as conn:
+        with db.connection(f"claim for rule {plan.rule.name}") as conn:
             got = claim_batch(conn, plan, clock.now())
         claimed += got
         batches += 1

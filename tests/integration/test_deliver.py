@@ -5,15 +5,16 @@ from __future__ import annotations
 import io
 import json
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from psycopg_pool import ConnectionPool
 
 from slawatch.claim import plan_claim
 from slawatch.clock import Clock
+from slawatch.db import Database
 from slawatch.deliver import deliver_batch, deliver_due
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import ConsoleConfig, RetrySettings
@@ -44,9 +45,9 @@ class FlakyReceiver(BaseNotifier):
 
 
 @pytest.fixture
-def pool(dsn: str) -> Any:
-    with ConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as p:
-        yield p
+def db(dsn: str) -> Iterator[Database]:
+    with Database(dsn, size=2, timeout=10) as d:
+        yield d
 
 
 def overdue_orders(conn: Conn, count: int, notify: str = "console") -> None:
@@ -63,12 +64,12 @@ def statuses(conn: Conn) -> dict[str, int]:
     return dict(conn.execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY 1"))
 
 
-def test_console_prints_the_payload_and_marks_sent(conn: Conn, pool: Any) -> None:
+def test_console_prints_the_payload_and_marks_sent(conn: Conn, db: Database) -> None:
     overdue_orders(conn, 3)
     out = io.StringIO()
     console = ConsoleNotifier(ConsoleConfig(name="console", type="console"), out)
     with freeze_time(CLAIMED):
-        result = deliver_due(pool, {"console": console}, Clock(), {"order_unshipped": "late"})
+        result = deliver_due(db, {"console": console}, Clock(), {"order_unshipped": "late"})
     assert (result.sent, result.retried, result.dead) == (3, 0, 0)
     lines = out.getvalue().splitlines()
     assert len(lines) == 3
@@ -82,30 +83,30 @@ def test_console_prints_the_payload_and_marks_sent(conn: Conn, pool: Any) -> Non
     assert statuses(conn) == {"sent": 3}
 
 
-def test_failures_retry_with_backoff_then_go_dead_with_the_error(conn: Conn, pool: Any) -> None:
+def test_failures_retry_with_backoff_then_go_dead_with_the_error(conn: Conn, db: Database) -> None:
     overdue_orders(conn, 2)
     retry = RetrySettings(first=timedelta(seconds=10), max=timedelta(seconds=30), attempts=4)
     receiver = FlakyReceiver(failures=99, retry=retry)
     with freeze_time(CLAIMED) as clock:
         waits = []
         for _ in range(3):
-            assert deliver_batch(pool, receiver, Clock()).retried == 2
+            assert deliver_batch(db, receiver, Clock()).retried == 2
             (nxt,) = conn.execute(
                 "SELECT DISTINCT next_attempt_at FROM slawatch.delivery"
             ).fetchone()
             waits.append((nxt - datetime.now(UTC)).total_seconds())
-            assert deliver_batch(pool, receiver, Clock()).total == 0  # not due yet
+            assert deliver_batch(db, receiver, Clock()).total == 0  # not due yet
             clock.move_to(nxt)
         # min(first * 2^(attempt-1), max), less up to 20% jitter
         for wait, full in zip(waits, [10, 20, 30], strict=True):
             assert 0.8 * full <= wait <= full
-        assert deliver_batch(pool, receiver, Clock()).dead == 2  # the 4th attempt was the last
+        assert deliver_batch(db, receiver, Clock()).dead == 2  # the 4th attempt was the last
     assert statuses(conn) == {"dead": 2}
     errors = conn.execute("SELECT DISTINCT last_error FROM slawatch.delivery").fetchall()
     assert errors == [("ConnectionError: receiver down",)]
 
 
-def test_permanent_failure_is_dead_at_once_and_replay_revives(conn: Conn, pool: Any) -> None:
+def test_permanent_failure_is_dead_at_once_and_replay_revives(conn: Conn, db: Database) -> None:
     overdue_orders(conn, 2)
 
     class Gone(FlakyReceiver):
@@ -113,7 +114,7 @@ def test_permanent_failure_is_dead_at_once_and_replay_revives(conn: Conn, pool: 
             raise DeliveryError("HTTP 410 Gone", permanent=True)
 
     with freeze_time(CLAIMED):
-        assert deliver_batch(pool, Gone(0), Clock()).dead == 2
+        assert deliver_batch(db, Gone(0), Clock()).dead == 2
     assert statuses(conn) == {"dead": 2}
     replay = queries()["replay"]
     none = {"now": CLAIMED, "rule": "nope", "notifier": None}
@@ -122,11 +123,11 @@ def test_permanent_failure_is_dead_at_once_and_replay_revives(conn: Conn, pool: 
     assert conn.execute(replay, args).fetchone() == (2,)
     receiver = FlakyReceiver(failures=0)
     with freeze_time(CLAIMED):
-        assert deliver_batch(pool, receiver, Clock()).sent == 2
+        assert deliver_batch(db, receiver, Clock()).sent == 2
     assert statuses(conn) == {"sent": 2}
 
 
-def test_retry_after_is_honoured(conn: Conn, pool: Any) -> None:
+def test_retry_after_is_honoured(conn: Conn, db: Database) -> None:
     overdue_orders(conn, 1)
 
     class Busy(FlakyReceiver):
@@ -134,17 +135,17 @@ def test_retry_after_is_honoured(conn: Conn, pool: Any) -> None:
             raise DeliveryError("HTTP 429 Too Many Requests", retry_after=120)
 
     with freeze_time(CLAIMED):
-        assert deliver_batch(pool, Busy(0), Clock()).retried == 1
+        assert deliver_batch(db, Busy(0), Clock()).retried == 1
     (nxt,) = conn.execute("SELECT next_attempt_at FROM slawatch.delivery").fetchone()
     assert nxt == CLAIMED + timedelta(seconds=120)
 
 
-def test_a_receiver_that_recovers_gets_every_alert(conn: Conn, pool: Any) -> None:
+def test_a_receiver_that_recovers_gets_every_alert(conn: Conn, db: Database) -> None:
     overdue_orders(conn, 250)
     receiver = FlakyReceiver(failures=3)
     with freeze_time(CLAIMED) as clock:
         for _ in range(10):
-            deliver_due(pool, {"console": receiver}, Clock())
+            deliver_due(db, {"console": receiver}, Clock())
             clock.tick(timedelta(minutes=10))
     assert sorted(a["id"] for a in receiver.got) == sorted(
         f"order_unshipped:{k}:1" for k in range(1, 251)
@@ -173,7 +174,7 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
     assert stale.rowcount == 0
     stale = conn.execute(q["mark_dead"], {"ids": [first[0]], "owner": old, "error": "x"})
     assert stale.rowcount == 0
-    retry = {"ids": [first[0]], "owner": old, "error": "x", "next": CLAIMED}
+    retry = {"ids": [first[0]], "owner": old, "error": "x", "nexts": [CLAIMED]}
     assert conn.execute(q["mark_retry"], retry).rowcount == 0  # nor reschedule it
     assert statuses(conn) == {"pending": 1}
     done = conn.execute(q["mark_sent"], {"ids": [first[0]], "owner": new, "now": later})
