@@ -54,7 +54,7 @@ class Outage:
         """
         with self._lock:
             started = since if since is not None else time.monotonic()
-            if self._down_since is not None or started <= self._last_ok:
+            if self._down_since is not None or started < self._last_ok:
                 self.log.debug("%s %s: %s", self.what, self.down_words, reason)
                 return False
             self._down_since = time.monotonic()
