@@ -36,11 +36,10 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import ConnectionPool
 
 from slawatch.catalog import TableInfo, inspect_table, key_columns, table_ident
 from slawatch.clock import Clock
-from slawatch.db import Connection, translate
+from slawatch.db import Connection, Database, translate
 from slawatch.errors import ConfigError, DatabaseError
 from slawatch.migrate import pending, predicates, schema_current
 from slawatch.queries import queries
@@ -350,7 +349,7 @@ class DrainResult:
 
 
 def drain(
-    pool: ConnectionPool[Connection],
+    db: Database,
     plan: ClaimPlan,
     clock: Clock,
     budget: timedelta | None = None,
@@ -360,7 +359,7 @@ def drain(
     started = time.monotonic()
     claimed = batches = 0
     while True:
-        with pool.connection() as conn:
+        with db.connection(f"claim for rule {plan.rule.name}") as conn:
             got = claim_batch(conn, plan, clock.now())
         claimed += got
         batches += 1

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from psycopg_pool import ConnectionPool
 from standardwebhooks import Webhook
 
 from slawatch.clock import Clock
+from slawatch.db import Database
 from slawatch.deliver import deliver_batch, deliver_due
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import WebhookConfig
@@ -46,7 +46,7 @@ def webhook(url: str, **fields: Any) -> WebhookNotifier:
 
 @pytest.fixture
 def pool(dsn: str) -> Any:
-    with ConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as p:
+    with Database(dsn, size=2, timeout=10) as p:
         yield p
 
 
