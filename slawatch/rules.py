@@ -65,6 +65,16 @@ class Backoff(FileModel):
             raise ValueError("backoff.max must not be shorter than backoff.first")
         return self
 
+    @property
+    def doublings(self) -> int:
+        """How many doublings of ``first`` reach ``max``: past it the wait stays at ``max``,
+        and computing ``first * 2^n`` for a large n would overflow (n has no bound when
+        ``renotify.max`` is unset)."""
+        k = 0
+        while self.first * (1 << k) < self.max:
+            k += 1
+        return k
+
 
 class Renotify(FileModel):
     """When to notify again while a row stays overdue."""
@@ -84,8 +94,8 @@ class Renotify(FileModel):
         if self.every is not None:
             return self.every
         assert self.backoff is not None
-        seconds = self.backoff.first.total_seconds() * 2 ** min(n - 1, 60)
-        return min(timedelta(seconds=seconds), self.backoff.max)
+        doublings = min(n - 1, self.backoff.doublings)
+        return min(self.backoff.first * (1 << doublings), self.backoff.max)
 
 
 class Tier(FileModel):

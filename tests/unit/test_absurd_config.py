@@ -263,12 +263,6 @@ def test_the_largest_accepted_values_work_when_used() -> None:
     assert EmailConfig.model_validate(EMAIL | {"name": "e", "port": 65535}).port == 65535
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OverflowError,
-    reason="rules.py (the lead's): Renotify.interval_after makes timedelta(seconds=first * 2^59) "
-    "before capping it; the claim's SQL twin fails alike ('interval out of range')",
-)
 def test_backoff_after_many_notifications_stays_at_its_cap() -> None:
     rule = Rule.model_validate(
         RULE | {"name": "r", "renotify": {"backoff": {"first": "1s", "max": "1d"}}}
