@@ -167,7 +167,7 @@ def deliver_batch(
     except DeliveryError as exc:
         error = exc
     except Exception as exc:  # a notifier bug must not stop the loop; keep its words
-        error = DeliveryError(f"{type(exc).__name__}: {exc}")
+        error = DeliveryError(notifier.scrub(f"{type(exc).__name__}: {exc}"))
     if error is None:
         receiver.ok()
         sent = {"ids": [r["id"] for r in rows], "owner": owner, "now": clock.now()}

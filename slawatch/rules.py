@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
-from slawatch.config import FileModel, load_dir
+from slawatch.config import FileModel, load_dir, shorten
 from slawatch.durations import Duration, PositiveDuration
 from slawatch.errors import ConfigError
 
@@ -28,7 +28,7 @@ Severity = Literal["info", "warning", "critical"]
 
 def _ident(value: str) -> str:
     if not isinstance(value, str) or not IDENT.fullmatch(value):
-        raise ValueError(f"{value!r} is not a column name (letters, digits, _ and $)")
+        raise ValueError(f"{shorten(value)} is not a column name (letters, digits, _ and $)")
     return value
 
 
@@ -139,7 +139,7 @@ class Rule(FileModel):
     def _name(cls, v: str) -> str:
         if not RULE_NAME.fullmatch(v):
             raise ValueError(
-                f"{v!r} is not a rule name: lower-case letters, digits and _, "
+                f"{shorten(v)} is not a rule name: lower-case letters, digits and _, "
                 "starting with a letter, at most 40 characters"
             )
         return v
@@ -149,7 +149,7 @@ class Rule(FileModel):
     def _table(cls, v: str) -> str:
         parts = v.split(".")
         if len(parts) > 2 or not all(IDENT.fullmatch(p) for p in parts):
-            raise ValueError(f"{v!r} is not a table name (table or schema.table)")
+            raise ValueError(f"{shorten(v)} is not a table name (table or schema.table)")
         return v
 
     @field_validator("open_when")
@@ -168,8 +168,8 @@ class Rule(FileModel):
     def _timezone(cls, v: str) -> str:
         try:
             ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"{v!r} is not a time zone (try UTC or Europe/Berlin)") from exc
+        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+            raise ValueError(f"{shorten(v)} is not a time zone (try UTC or Europe/Berlin)") from exc
         return v
 
     @field_validator("notify")
@@ -353,7 +353,7 @@ def check_notifier_names(rules: list[Rule], known: set[str]) -> None:
             have = ", ".join(sorted(known)) or "none"
             errors.append(
                 f"{rule.source}: notify: unknown notifier "
-                f"{', '.join(map(repr, unknown))} (defined: {have})"
+                f"{', '.join(map(shorten, unknown))} (defined: {have})"
             )
     if errors:
         raise ConfigError("\n".join(errors))

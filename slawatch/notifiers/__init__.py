@@ -63,6 +63,9 @@ class Notifier(Protocol):
     def send(self, alerts: list[dict[str, Any]]) -> None:
         """Deliver all ``alerts`` or raise DeliveryError."""
 
+    def scrub(self, text: str) -> str:
+        """``text`` without this notifier's secrets, for error text we keep or log."""
+
     def close(self) -> None:
         """Release connections."""
 
