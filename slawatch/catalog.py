@@ -215,25 +215,32 @@ def _key_is_unique(key: list[str], info: TableInfo) -> bool:
 def probe_indexes(
     conn: Connection,
     rule: Rule,
+    columns: dict[str, str],
     tracking: dict[str, str],
     indexes: list[tuple[str, str]],
 ) -> tuple[list[str], str | None]:
     """Build the rule's partial indexes on an empty copy of its table; PostgreSQL's
     canonical definitions of them, or why it refused.
 
-    ``tracking`` is the tracking columns with their types, added to the copy where
-    the table lacks them; ``indexes`` is (column, predicate) of each index. The copy
-    is a temporary table of the same name (so qualified references resolve) in a
-    transaction that is always rolled back; comparing these definitions with those
-    in the catalog tells whether an index is the one the rule needs.
+    ``columns`` are the table's columns with their types (from the catalog, so a role
+    that may read only some columns can probe too); ``tracking`` is the tracking
+    columns with their types, added to the copy where the table lacks them;
+    ``indexes`` is (column, predicate) of each index. The copy is a temporary table
+    of the same name (so qualified references resolve) in a transaction that is
+    always rolled back; comparing these definitions with those in the catalog tells
+    whether an index is the one the rule needs.
     """
     tmp = sql.Identifier("pg_temp", rule.table_name)
     definitions = []
     try:
         with translate("probing open_when"), conn.transaction(force_rollback=True):
             conn.execute(
-                sql.SQL("CREATE TEMP TABLE {} (LIKE {}) ON COMMIT DROP").format(
-                    sql.Identifier(rule.table_name), table_ident(rule)
+                sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(
+                    sql.Identifier(rule.table_name),
+                    sql.SQL(", ").join(
+                        sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))
+                        for c, t in columns.items()
+                    ),
                 )
             )
             for column, type_ in tracking.items():

@@ -44,6 +44,7 @@ from slawatch.errors import ConfigError, DatabaseError
 from slawatch.migrate import pending, predicates, schema_current
 from slawatch.queries import queries
 from slawatch.rules import Rule
+from slawatch.statetable import TablePlan, compose, drain_table, state_table
 
 log = logging.getLogger(__name__)
 
@@ -109,17 +110,24 @@ class ClaimPlan:
     """A rule's claim statement, composed once, and how to fill its parameters."""
 
     rule: Rule
-    statement: sql.Composed
+    statement: sql.Composed  # inline: the claim; track: table: see ``table``
     deadline_has_tz: bool
+    table: TablePlan | None = None  # track: table
+
+    def to_deadline(self, t: datetime) -> datetime:
+        """An aware time as a value of the deadline column's type.
+
+        A `timestamp` deadline is wall time in the rule's zone: compare like with like
+        so the index on the column is usable and the session TimeZone plays no part.
+        """
+        if self.deadline_has_tz:
+            return t
+        return t.astimezone(ZoneInfo(self.rule.timezone)).replace(tzinfo=None)
 
     def params(self, now: datetime) -> dict[str, Any]:
         """The parameters for a claim at ``now`` (an aware datetime)."""
         rule = self.rule
-        cutoff = now - rule.after
-        if not self.deadline_has_tz:
-            # A `timestamp` deadline is wall time in the rule's zone: compare like with like
-            # so the index on the column is usable and the session TimeZone plays no part.
-            cutoff = cutoff.astimezone(ZoneInfo(rule.timezone)).replace(tzinfo=None)
+        cutoff = self.to_deadline(now - rule.after)
         params: dict[str, Any] = {
             "now": now,
             "cutoff": cutoff,
@@ -172,17 +180,21 @@ def plan_claim(
     new_episode = sql.SQL("{} IS DISTINCT FROM {}").format(seen, deadline)
     # The notification number this claim writes: 1 in a new episode, else one more.
     new_n = sql.SQL("(CASE WHEN {} THEN 1 ELSE {} + 1 END)").format(new_episode, n)
-    if rule.renotify is None:
-        interval: sql.Composable = sql.SQL("NULL::interval")
-    elif rule.renotify.every is not None:
-        interval = sql.SQL("%(every)s::interval")
-    else:
-        # first * 2^(n-1) after the n-th notification, capped; the exponent stops where
-        # the cap is reached, so a row notified forever never overflows the interval.
-        interval = sql.SQL(
+
+    def wait_after(n: sql.Composable) -> sql.Composable:
+        """The wait after notification number ``n`` (an SQL expression)."""
+        if rule.renotify is None:
+            return sql.SQL("NULL::interval")
+        if rule.renotify.every is not None:
+            return sql.SQL("%(every)s::interval")
+        # first * 2^(n-1), capped; the exponent stops where the cap is reached, so a
+        # row notified forever never overflows the interval.
+        return sql.SQL(
             "LEAST(%(first)s::interval * power(2, LEAST({n} - 1, %(doublings)s::integer))::float8,"
             " %(cap)s::interval)"
-        ).format(n=new_n)
+        ).format(n=n)
+
+    interval = wait_after(new_n)
     deadline_tz = deadline if has_tz else sql.SQL("({} AT TIME ZONE %(tz)s)").format(deadline)
     row = sql.SQL("jsonb_build_object({})").format(
         sql.SQL(", ").join(
@@ -248,6 +260,19 @@ def plan_claim(
         partition_match=match("toid", "tid", "targets"),
         ended_match=match("tableoid", "ctid", "ended"),
     )
+    if rule.track == "table":
+        seen = sql.Identifier("c", "seen")
+        table = compose(
+            rule,
+            key,
+            open_when=_text(f"({rule.open_when})"),
+            table=table_ident(rule),
+            seen_tz=seen if has_tz else sql.SQL("({} AT TIME ZONE %(tz)s)").format(seen),
+            interval=wait_after,
+            severity=severity,
+            notify=notify,
+        )
+        return ClaimPlan(rule, statement, has_tz, table)
     return ClaimPlan(rule, statement, has_tz)
 
 
@@ -301,26 +326,38 @@ def count_due(
     """
     plan = plan_claim(rule, info.columns[rule.deadline], key=key_columns(rule, info) or ["ctid"])
     params = plan.params(now) | {"limit": limit}
-    if all(c in info.columns for c in rule.tracking_columns):
+    t, d = table_ident(rule), sql.Identifier(rule.deadline)
+    open_when = _text(f"({rule.open_when})")
+    if rule.track == "table":
+        state = inspect_table(conn, "slawatch", f"{rule.name}_state")
+        if state is None:
+            statement: sql.Composed = sql.SQL(
+                "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {ow}"
+                " LIMIT %(limit)s) f"
+            ).format(t=t, d=d, ow=open_when)
+        else:
+            keys = key_columns(rule, info)
+            same = sql.SQL(" AND ").join(
+                sql.SQL("s.{c} = t.{c}").format(c=sql.Identifier(c)) for c in keys
+            )
+            statement = sql.SQL(
+                "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {d} < %(cutoff)s AND {ow}"
+                " AND NOT EXISTS (SELECT 1 FROM {s} s WHERE {same} AND s.sw_seen = t.{d})"
+                " LIMIT %(limit)s) f) + (SELECT count(*) FROM (SELECT 1 FROM {s}"
+                " WHERE sw_next < %(now)s::timestamptz LIMIT %(limit)s) a)"
+            ).format(t=t, d=d, ow=open_when, s=state_table(rule), same=same)
+    elif all(c in info.columns for c in rule.tracking_columns):
         first, again = (_text(p) for p in predicates(rule)[:2])
-        query = sql.SQL(
+        statement = sql.SQL(
             "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {first}"
             " LIMIT %(limit)s) f) + (SELECT count(*) FROM (SELECT 1 FROM {t}"
             " WHERE {next} < %(now)s::timestamptz AND {again} LIMIT %(limit)s) a)"
-        )
+        ).format(t=t, d=d, next=sql.Identifier(rule.next_column), first=first, again=again)
     else:
-        first, again = _text(f"({rule.open_when})"), sql.SQL("")
-        query = sql.SQL(
-            "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {first}"
+        statement = sql.SQL(
+            "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {ow}"
             " LIMIT %(limit)s) f"
-        )
-    statement = query.format(
-        t=table_ident(rule),
-        d=sql.Identifier(rule.deadline),
-        next=sql.Identifier(rule.next_column),
-        first=first,
-        again=again,
-    )
+        ).format(t=t, d=d, ow=open_when)
     try:
         with translate(f"counting due rows for rule {rule.name}"), conn.transaction():
             conn.execute("SET LOCAL statement_timeout = '30s'")
@@ -358,6 +395,16 @@ def drain(
     budget: timedelta | None = None,
 ) -> DrainResult:
     """Claim batch after batch while batches come back full, within ``budget``."""
+    if plan.table is not None:
+        alerts, batches = drain_table(
+            lambda: db.connection(f"claim for rule {plan.rule.name}"),
+            plan.table,
+            plan.params,
+            plan.to_deadline,
+            clock,
+            budget or plan.rule.every,
+        )
+        return DrainResult(alerts, batches)
     budget_s = (budget or plan.rule.every).total_seconds()
     started = time.monotonic()
     claimed = batches = 0

@@ -29,7 +29,7 @@ from slawatch.catalog import (
 from slawatch.db import Connection, translate
 from slawatch.errors import ConfigError
 from slawatch.queries import schema_sql
-from slawatch.rules import Rule
+from slawatch.rules import Rule, condition_columns
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +102,12 @@ def predicates(rule: Rule) -> tuple[str, str, str]:
 
 
 def index_specs(rule: Rule) -> list[IndexSpec]:
-    """The rule's partial indexes: first notices by deadline, re-notifications by time,
-    ended episodes."""
-    first, again, ended = predicates(rule)
+    """The rule's partial indexes on the watched table. Inline: first notices by
+    deadline, re-notifications by time, ended episodes; table: the deadline of open rows."""
     s, t = rule.schema_name, rule.table_name
+    if rule.track == "table":
+        return [IndexSpec(rule.due_index, s, t, rule.deadline, f"({rule.open_when})")]
+    first, again, ended = predicates(rule)
     return [
         IndexSpec(rule.first_index, s, t, rule.deadline, first),
         IndexSpec(rule.again_index, s, t, rule.next_column, again),
@@ -133,8 +135,12 @@ class Step:
     detail: bool = False  # one of many similar steps: printed, not reported by migrate
 
 
-def grants(rules: list[Rule], role: str = "slawatch_app") -> list[sql.Composed]:
-    """What a least-privilege role needs: read the watched tables, update only its columns."""
+def grants(
+    rules: list[Rule], role: str = "slawatch_app", keys: dict[str, list[str]] | None = None
+) -> list[sql.Composed]:
+    """What a least-privilege role needs. Inline: read the watched tables, update only
+    the tracking columns. track: table: read only the columns the rule reads (when the
+    key is known; ``keys`` by rule name), write nothing there."""
     r = sql.Identifier(role)
     out = [
         sql.SQL("GRANT USAGE ON SCHEMA slawatch TO {}").format(r),
@@ -145,14 +151,27 @@ def grants(rules: list[Rule], role: str = "slawatch_app") -> list[sql.Composed]:
     for schema in sorted({rule.schema_name for rule in rules}):
         out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), r))
     for rule in rules:
-        out.append(sql.SQL("GRANT SELECT ON {} TO {}").format(table_ident(rule), r))
-        out.append(
-            sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(
-                sql.SQL(", ").join(sql.Identifier(c) for c in rule.tracking_columns),
-                table_ident(rule),
-                r,
+        key = (keys or {}).get(rule.name) or rule.key
+        if rule.track == "table" and key:
+            read = [*key, rule.deadline, *rule.alert_columns(list(key))]
+            read += sorted(condition_columns(rule.open_when))
+            out.append(
+                sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(
+                    sql.SQL(", ").join(sql.Identifier(c) for c in dict.fromkeys(read)),
+                    table_ident(rule),
+                    r,
+                )
             )
-        )
+            continue
+        out.append(sql.SQL("GRANT SELECT ON {} TO {}").format(table_ident(rule), r))
+        if rule.track == "inline":
+            out.append(
+                sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(
+                    sql.SQL(", ").join(sql.Identifier(c) for c in rule.tracking_columns),
+                    table_ident(rule),
+                    r,
+                )
+            )
     return out
 
 
@@ -189,15 +208,18 @@ def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
 def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> tuple[list[str], str | None]:
     """The canonical definitions of the rule's indexes (see catalog.probe_indexes)."""
     specs = index_specs(rule)
-    types = tracking_types(rule, info.columns[rule.deadline])
-    return probe_indexes(conn, rule, types, [(s.column, s.predicate) for s in specs])
+    types = tracking_types(rule, info.columns[rule.deadline]) if rule.track == "inline" else {}
+    return probe_indexes(
+        conn, rule, info.columns, types, [(s.column, s.predicate) for s in specs]
+    )
 
 
 def schema_current(conn: Connection) -> bool:
     """slawatch's own tables exist in their current shape."""
     with translate("reading the catalog for slawatch's schema"):
         row = conn.execute(
-            "SELECT to_regclass('slawatch.delivery') IS NOT NULL AND EXISTS ("
+            "SELECT to_regclass('slawatch.delivery') IS NOT NULL"
+            " AND to_regclass('slawatch.watermark') IS NOT NULL AND EXISTS ("
             " SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('slawatch.alert')"
             " AND attname = 'episode' AND NOT attisdropped)"
         ).fetchone()
@@ -219,7 +241,90 @@ def plan(conn: Connection, rules: list[Rule]) -> list[Step]:
 
 
 def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
-    """What one rule's table needs: tracking columns, then its partial indexes."""
+    """What one rule needs: tracking columns or its state table, then its partial indexes."""
+    steps = _leftovers(conn, rule)
+    if rule.track == "table":
+        steps.extend(_state_table(conn, rule, info))
+    else:
+        steps.extend(_tracking_columns(rule, info))
+    wanted, problem = _wanted(conn, rule, info)
+    if problem:  # check() ran the same probe; only a concurrent change gets here
+        raise ConfigError(f"{rule.source}: open_when: {problem}")
+    for spec, definition in zip(index_specs(rule), wanted, strict=True):
+        if info.relkind == "p":
+            steps.extend(_partitioned_index(conn, spec, definition, info.partitions))
+        else:
+            steps.extend(_index(conn, spec, definition))
+    return steps
+
+
+def _leftovers(conn: Connection, rule: Rule) -> list[Step]:
+    """Indexes of the other way to track, left by a rule that changed its ``track``: they
+    would only cost the application's writes. (Inline's columns stay: dropping them
+    takes a strong lock, and they cost nothing unindexed.)"""
+    other = rule.model_copy(update={"track": "inline" if rule.track == "table" else "table"})
+    steps = []
+    for spec in index_specs(other):
+        if index_state(conn, spec.schema, spec.name) is not None:
+            where = f"{spec.schema}.{spec.table}"
+            steps.append(Step(spec.drop(), f"{where}: dropped index {spec.name} (track changed)"))
+    return steps
+
+
+def state_columns(rule: Rule, info: TableInfo) -> dict[str, str]:
+    """The state table's columns and types: the watched table's key, then slawatch's."""
+    from slawatch.catalog import key_columns
+
+    columns = {c: info.columns[c] for c in key_columns(rule, info)}
+    columns |= {
+        "sw_seen": info.columns[rule.deadline],
+        "sw_ep": "integer",
+        "sw_n": "integer",
+        "sw_next": "timestamp with time zone",
+    }
+    return columns
+
+
+def _state_table(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
+    """slawatch's own table for a ``track: table`` rule, with its re-notify index."""
+    from slawatch.catalog import inspect_table, key_columns
+
+    name = f"{rule.name}_state"
+    table = _q("slawatch", name)
+    columns = state_columns(rule, info)
+    have = inspect_table(conn, "slawatch", name)
+    steps = []
+    if have is not None and have.columns == columns:
+        return []
+    if have is not None:
+        # The key or the deadline's type changed: the old state cannot be carried over.
+        steps.append(
+            Step(f"DROP TABLE {table}", f"slawatch.{name}: dropped (the rule's key changed)")
+        )
+    defaults = {"sw_ep": " NOT NULL DEFAULT 0", "sw_n": " NOT NULL DEFAULT 0"}
+    lines = [
+        f"    {_q(c)} {t}{' NOT NULL' if c in info.columns else defaults.get(c, '')}"
+        for c, t in columns.items()
+    ]
+    keys = ", ".join(_q(c) for c in key_columns(rule, info))
+    steps.append(
+        Step(
+            f"CREATE TABLE {table} (\n" + ",\n".join(lines) + f",\n    PRIMARY KEY ({keys})\n)",
+            f"slawatch.{name}: created",
+        )
+    )
+    steps.append(
+        Step(
+            f"CREATE INDEX {_q(name + '_again')} ON {table} (sw_next) WHERE sw_next IS NOT NULL",
+            f"slawatch.{name}: built index {name}_again",
+            detail=True,
+        )
+    )
+    return steps
+
+
+def _tracking_columns(rule: Rule, info: TableInfo) -> list[Step]:
+    """Inline tracking: the four columns on the watched table."""
     steps = []
     table = _q(rule.schema_name, rule.table_name)
     where = f"{rule.schema_name}.{rule.table_name}"
@@ -249,14 +354,6 @@ def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
                 locked=True,
             )
         )
-    wanted, problem = _wanted(conn, rule, info)
-    if problem:  # check() ran the same probe; only a concurrent change gets here
-        raise ConfigError(f"{rule.source}: open_when: {problem}")
-    for spec, definition in zip(index_specs(rule), wanted, strict=True):
-        if info.relkind == "p":
-            steps.extend(_partitioned_index(conn, spec, definition, info.partitions))
-        else:
-            steps.extend(_index(conn, spec, definition))
     return steps
 
 
@@ -383,6 +480,16 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
         out.append("")
         for rule in rules:
             out.append(f"-- rule {rule.name} ({rule.source}) on {rule.table}")
+            if rule.track == "table":
+                out.append(
+                    f"-- track: table: slawatch.{rule.name}_state takes the types of the"
+                    " table's key: print against the database for it."
+                )
+                for spec in index_specs(rule):
+                    out.append(spec.drop() + ";")
+                    out.append(spec.create() + ";")
+                out.append("")
+                continue
             out.append(
                 f"-- (tracking columns; {rule.seen_column} has the type of {rule.deadline}:"
                 " timestamptz here, timestamp if the deadline is timestamp)"

@@ -121,6 +121,10 @@ class Rule(FileModel):
     table: str
     # Column(s) that identify a row: one name or a list; None: the table's primary key.
     key: KeyColumns | None = None
+    # Where the rule's state lives: columns on the watched table, or a table of slawatch's.
+    track: Literal["inline", "table"] = "inline"
+    # track: table: how often a scan also reads every open overdue row (see statetable.py).
+    sweep: PositiveDuration = timedelta(minutes=10)
     deadline: Ident
     after: Duration = timedelta(0)
     open_when: str
@@ -231,6 +235,11 @@ class Rule(FileModel):
         return [self.n_column, self.next_column, self.seen_column, self.episode_column]
 
     @property
+    def due_index(self) -> str:
+        """track: table: the watched table's index on the deadline of open rows."""
+        return f"sw_{self.name}_due"
+
+    @property
     def first_index(self) -> str:
         return f"sw_{self.name}_first"
 
@@ -318,6 +327,21 @@ def predicate_problem(text: str) -> str | None:
         if isinstance(node, ast.ParamRef):
             return "must not contain parameters ($1); write the value"
     return None
+
+
+def condition_columns(text: str) -> set[str]:
+    """The column names ``open_when`` reads (its last name part: ``t.status`` is status)."""
+    import pglast
+    from pglast import ast
+
+    where = pglast.parse_sql("SELECT 1 WHERE " + text)[0].stmt.whereClause  # type: ignore[union-attr]
+    names: set[str] = set()
+    for node in _walk(where):
+        if isinstance(node, ast.ColumnRef) and node.fields:
+            last = node.fields[-1]
+            if isinstance(last, ast.String) and last.sval:
+                names.add(last.sval)
+    return names
 
 
 def _walk(node: object) -> list[object]:

@@ -51,3 +51,11 @@ CREATE TABLE IF NOT EXISTS slawatch.delivery (
 -- Only deliveries still to do are indexed, like the watched tables.
 CREATE INDEX IF NOT EXISTS delivery_due ON slawatch.delivery (notifier, next_attempt_at)
     WHERE status = 'pending';
+
+-- track: table: per rule, up to where the last complete scan read the deadlines,
+-- and when the last sweep ran (see slawatch/statetable.py).
+CREATE TABLE IF NOT EXISTS slawatch.watermark (
+    rule        text PRIMARY KEY,
+    scanned_to  timestamptz NOT NULL,
+    swept_at    timestamptz
+);

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from contextlib import nullcontext
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -12,17 +13,29 @@ from slawatch.clock import Clock
 from slawatch.demo import SHOP
 from slawatch.migrate import migrate
 from slawatch.rules import Rule, load_rules
+from slawatch.statetable import drain_table
 from tests.conftest import ROOT
 
 Conn = psycopg.Connection[Any]
+DAY = timedelta(days=1)
 
 
-def shop(conn: Conn) -> dict[str, Rule]:
-    """The demo shop's tables, migrated for the shipped example rules."""
+def shop(conn: Conn, track: str = "inline") -> dict[str, Rule]:
+    """The demo shop's tables, migrated for the shipped example rules tracked ``track``."""
     conn.execute(SHOP)
-    rules = load_rules(ROOT / "rules")
+    rules = [r.model_copy(update={"track": track}) for r in load_rules(ROOT / "rules")]
     migrate(conn, rules)
     return {r.name: r for r in rules}
+
+
+class FixedClock(Clock):
+    """A clock that stays at one time."""
+
+    def __init__(self, now: datetime) -> None:
+        self._now = now
+
+    def now(self) -> datetime:
+        return self._now
 
 
 def plans(conn: Conn, rules: dict[str, Rule]) -> dict[str, ClaimPlan]:
@@ -31,6 +44,12 @@ def plans(conn: Conn, rules: dict[str, Rule]) -> dict[str, ClaimPlan]:
 
 def claim_all(conn: Conn, plan: ClaimPlan, now: datetime | None = None) -> int:
     """Claim until a batch comes back short, at the application clock's now."""
+    if plan.table is not None:  # track: table: a whole drain (watermark, sweep, batches)
+        clock = FixedClock(now or Clock().now())
+        alerts, _ = drain_table(
+            lambda: nullcontext(conn), plan.table, plan.params, plan.to_deadline, clock, DAY
+        )
+        return alerts
     total = 0
     while True:
         got = claim_batch(conn, plan, now or Clock().now())

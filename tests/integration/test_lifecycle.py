@@ -16,8 +16,8 @@ H = timedelta(hours=1)
 S = timedelta(seconds=1)
 
 
-def test_order_unshipped_every_6h_capped_at_5_escalating_at_3(conn: Conn) -> None:
-    rules = shop(conn)
+def test_order_unshipped_every_6h_capped_at_5_escalating_at_3(conn: Conn, track: str) -> None:
+    rules = shop(conn, track)
     plan = plans(conn, rules)["order_unshipped"]
     conn.execute(
         "INSERT INTO orders VALUES (1, 7, 1000, 'paid', %(t)s), (2, 7, 1000, 'paid', %(t)s),"
@@ -48,6 +48,8 @@ def test_order_unshipped_every_6h_capped_at_5_escalating_at_3(conn: Conn) -> Non
         ("1", 5, "critical", ["console"]),
         ("2", 1, "warning", ["console"]),
     ]
+    if track == "table":
+        return
     # The capped row left both partial indexes: n > 0 and no next time.
     row = conn.execute(
         "SELECT sw_order_unshipped_n, sw_order_unshipped_next FROM orders WHERE id = 1"
@@ -55,8 +57,8 @@ def test_order_unshipped_every_6h_capped_at_5_escalating_at_3(conn: Conn) -> Non
     assert row.fetchone() == (5, None)
 
 
-def test_refund_backoff_doubles_to_its_cap(conn: Conn) -> None:
-    rules = shop(conn)
+def test_refund_backoff_doubles_to_its_cap(conn: Conn, track: str) -> None:
+    rules = shop(conn, track)
     plan = plans(conn, rules)["refund_unprocessed"]
     conn.execute("INSERT INTO refunds VALUES (1, 10, 500, 'requested', %s)", (T0,))
     due = T0 + 72 * H
@@ -83,8 +85,8 @@ def test_refund_backoff_doubles_to_its_cap(conn: Conn) -> None:
     assert {d for _, d in fired} == {due}  # due_at: when the row became overdue
 
 
-def test_receipt_unconfirmed_is_notified_once(conn: Conn) -> None:
-    rules = shop(conn)
+def test_receipt_unconfirmed_is_notified_once(conn: Conn, track: str) -> None:
+    rules = shop(conn, track)
     plan = plans(conn, rules)["receipt_unconfirmed"]
     conn.execute(
         "INSERT INTO shipments VALUES (1, 1, 'DHL', 'delivered', %(t)s, NULL),"
@@ -98,8 +100,8 @@ def test_receipt_unconfirmed_is_notified_once(conn: Conn) -> None:
     assert alerts(conn, "receipt_unconfirmed") == [("1", 1, "info", ["console"])]
 
 
-def test_job_hung_reads_a_timestamp_without_zone_as_utc(conn: Conn) -> None:
-    rules = shop(conn)
+def test_job_hung_reads_a_timestamp_without_zone_as_utc(conn: Conn, track: str) -> None:
+    rules = shop(conn, track)
     plan = plans(conn, rules)["job_hung"]
     naive = T0.replace(tzinfo=None)
     conn.execute(
@@ -121,8 +123,8 @@ def test_job_hung_reads_a_timestamp_without_zone_as_utc(conn: Conn) -> None:
     assert deadline.fetchone() == (T0,)
 
 
-def test_timestamp_deadline_in_another_zone(conn: Conn) -> None:
-    rules = shop(conn)
+def test_timestamp_deadline_in_another_zone(conn: Conn, track: str) -> None:
+    rules = shop(conn, track)
     rule = rules["job_hung"].model_copy(update={"timezone": "Europe/Berlin"})
     plan = plan_claim(rule, "timestamp without time zone")
     # 13:00 Berlin wall time (winter, UTC+1) is 12:00 UTC.
@@ -134,8 +136,8 @@ def test_timestamp_deadline_in_another_zone(conn: Conn) -> None:
     assert claim_all(conn, plan, T0 + 15 * 60 * S + S) == 1
 
 
-def test_escalation_switches_notifiers(conn: Conn) -> None:
-    rules = shop(conn)
+def test_escalation_switches_notifiers(conn: Conn, track: str) -> None:
+    rules = shop(conn, track)
     base = rules["order_unshipped"]
     pager_tier = Tier.model_validate({"from": 4, "notify": ["pager", "console"]})
     rule = base.model_copy(update={"escalate": [*base.escalate, pager_tier]})
@@ -153,12 +155,12 @@ def test_escalation_switches_notifiers(conn: Conn) -> None:
     ]
 
 
-def test_an_infinite_deadline_is_paged_without_breaking_delivery(conn: Conn) -> None:
+def test_an_infinite_deadline_is_paged_without_breaking_delivery(conn: Conn, track: str) -> None:
     """'-infinity' is a valid timestamp (always due) that Python cannot hold: the alert
     keeps it in its row and leaves deadline/due_at empty, so the delivery can read it."""
     from slawatch.deliver import alert_payload
 
-    rules = shop(conn)
+    rules = shop(conn, track)
     plan = plans(conn, rules)["order_unshipped"]
     conn.execute("INSERT INTO orders VALUES (1, 7, 1000, 'paid', '-infinity')")
     assert claim_all(conn, plan, T0) == 1

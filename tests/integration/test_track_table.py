@@ -1,0 +1,192 @@
+"""track: table — slawatch's own state table; the watched table is only read.
+
+The shared lifecycle tests (test_lifecycle.py, test_episodes.py) run in both ways;
+these cover what is particular to this way: read-only access, the watermark and
+its look-back, the sweep, and concurrent scanners without row locks.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from slawatch.claim import prepare
+from slawatch.migrate import grants, migrate
+from slawatch.rules import Rule
+from tests.integration.helpers import Conn, claim_all, episodes
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+H = timedelta(hours=1)
+M = timedelta(minutes=1)
+S = timedelta(seconds=1)
+
+TABLE = """
+CREATE TABLE orders (
+    id bigint PRIMARY KEY, user_id bigint, status text NOT NULL, paid_at timestamptz,
+    note text
+)"""
+
+
+def rule(**fields: object) -> Rule:
+    base = {
+        "name": "late",
+        "table": "public.orders",
+        "track": "table",
+        "deadline": "paid_at",
+        "after": "1h",
+        "open_when": "status = 'paid'",
+        "renotify": {"every": "6h", "max": 3},
+        "notify": ["console"],
+    }
+    return Rule.model_validate(base | fields)
+
+
+def test_migrate_leaves_the_watched_table_alone_but_for_one_index(conn: Conn) -> None:
+    conn.execute(TABLE)
+    done = migrate(conn, [rule()])
+    assert "public.orders: built index sw_late_due" in done
+    assert "slawatch.late_state: created" in done
+    columns = conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'orders'"
+    ).fetchall()
+    assert not [c for (c,) in columns if c.startswith("sw_")]
+    (indexdef,) = conn.execute(
+        "SELECT indexdef FROM pg_indexes WHERE indexname = 'sw_late_due'"
+    ).fetchone()  # type: ignore[misc]
+    assert indexdef.endswith("(paid_at) WHERE (status = 'paid'::text)")
+    assert migrate(conn, [rule()]) == []
+    # Switching a rule to inline drops the table way's index, and back.
+    done = migrate(conn, [rule(track="inline")])
+    assert "public.orders: dropped index sw_late_due (track changed)" in done
+    done = migrate(conn, [rule()])
+    assert "public.orders: dropped index sw_late_first (track changed)" in done
+
+
+def test_a_role_that_may_only_read_the_watched_table_runs_it(conn: Conn, dsn: str) -> None:
+    """Least privilege: SELECT on the columns the rule reads, nothing else there."""
+    conn.execute(TABLE)
+    late = rule(columns=["id", "user_id"])
+    migrate(conn, [late])
+    conn.execute("INSERT INTO orders VALUES (1, 7, 'paid', %s, 'x')", (T0,))
+    role = f"slawatch_ro_{uuid.uuid4().hex[:6]}"
+    conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        printed = [g.as_string(conn) for g in grants([late], role, {"late": ["id"]})]
+        assert 'GRANT SELECT ("id", "paid_at", "user_id", "status") ON "public"."orders"' in (
+            " ".join(printed)
+        )
+        assert not [g for g in printed if "UPDATE (" in g]
+        for g in printed:
+            conn.execute(g.encode())
+        params = conninfo_to_dict(dsn) | {"user": role}
+        params.pop("password", None)
+        with psycopg.connect(make_conninfo(**params), autocommit=True) as app:
+            plan = prepare(app, late)
+            assert claim_all(app, plan, T0 + 2 * H) == 1
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute("SELECT note FROM orders")
+    finally:
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")
+    assert episodes(conn, "late") == [("1", 1, 1)]
+
+
+def test_a_row_that_opens_with_a_deadline_long_past_is_found_by_the_sweep(conn: Conn) -> None:
+    """Backfills, a refund reopened, a job restarted: the deadline is older than the
+    look-back, so only the sweep (every `sweep`, 10m by default) reads it."""
+    conn.execute(TABLE)
+    late = rule()
+    migrate(conn, [late])
+    plan = prepare(conn, late)
+    conn.execute("INSERT INTO orders VALUES (1, 7, 'pending', %s, '')", (T0,))
+    now = T0 + 100 * H
+    assert claim_all(conn, plan, now) == 0  # the first scan sweeps: nothing open
+    conn.execute("UPDATE orders SET status = 'paid'")  # opens with a deadline 99 h ago
+    assert claim_all(conn, plan, now + M) == 0  # before the look-back's reach
+    assert claim_all(conn, plan, now + 10 * M) == 1  # the sweep
+    assert claim_all(conn, plan, now + 11 * M) == 0
+    assert episodes(conn, "late") == [("1", 1, 1)]
+
+
+def test_episodes_end_at_a_re_notification_or_at_the_sweep(conn: Conn) -> None:
+    conn.execute(TABLE)
+    late = rule(renotify=None)  # notified once: only the sweep sees its end
+    migrate(conn, [late])
+    plan = prepare(conn, late)
+    conn.execute("INSERT INTO orders VALUES (1, 7, 'paid', %s, '')", (T0,))
+    now = T0 + 2 * H
+    assert claim_all(conn, plan, now) == 1
+    conn.execute("UPDATE orders SET status = 'on hold'")
+    assert claim_all(conn, plan, now + 10 * M) == 0  # the sweep closes episode 1
+    conn.execute("UPDATE orders SET status = 'paid'")  # reopened, same deadline
+    assert claim_all(conn, plan, now + 20 * M) == 1  # the next sweep: episode 2
+    assert episodes(conn, "late") == [("1", 1, 1), ("1", 2, 1)]
+
+
+def test_a_scan_reads_what_fell_due_since_the_last_one_not_the_whole_backlog(
+    conn: Conn,
+) -> None:
+    """Cost follows newly due rows: 2,000 rows notified and still open are not read
+    again by later scans (only by the sweep)."""
+    conn.execute(TABLE)
+    late = rule(renotify=None)
+    migrate(conn, [late])
+    plan = prepare(conn, late)
+    conn.execute(
+        "INSERT INTO orders SELECT g, 7, 'paid', %s, '' FROM generate_series(1, 2000) g",
+        (T0 - 10 * 24 * H,),
+    )
+    conn.execute("INSERT INTO orders VALUES (5000, 7, 'paid', %s, '')", (T0 - 58 * M,))
+    assert claim_all(conn, plan, T0) == 2000  # sweeps: the whole backlog once
+
+    def read() -> int:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'sw_late_due'"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    before = read()
+    assert claim_all(conn, plan, T0 + 3 * M) == 1  # order 5000, due a minute ago
+    assert read() - before <= 5  # the window, not the 2,000 rows already notified
+
+
+def test_four_scanners_without_row_locks_page_each_row_once(conn: Conn, dsn: str) -> None:
+    conn.execute(TABLE)
+    late = rule(renotify={"every": "1m", "max": 3}, batch=50)
+    migrate(conn, [late])
+    conn.execute(
+        "INSERT INTO orders SELECT g, 7, 'paid', %s - g * interval '1 second', ''"
+        " FROM generate_series(1, 600) g",
+        (T0,),
+    )
+    errors: list[BaseException] = []
+
+    def scanner(now: datetime) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as own:
+                plan = prepare(own, late)
+                for _ in range(3):
+                    claim_all(own, plan, now)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    for step in range(3):  # #1, then #2 and #3 a minute apart each
+        now = T0 + 2 * H + step * (M + S)
+        threads = [threading.Thread(target=scanner, args=(now,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors
+    got = conn.execute(
+        "SELECT n, count(*), count(DISTINCT key) FROM slawatch.alert GROUP BY n ORDER BY n"
+    ).fetchall()
+    assert got == [(1, 600, 600), (2, 600, 600), (3, 600, 600)]
