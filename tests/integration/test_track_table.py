@@ -190,3 +190,25 @@ def test_four_scanners_without_row_locks_page_each_row_once(conn: Conn, dsn: str
         "SELECT n, count(*), count(DISTINCT key) FROM slawatch.alert GROUP BY n ORDER BY n"
     ).fetchall()
     assert got == [(1, 600, 600), (2, 600, 600), (3, 600, 600)]
+
+
+def test_a_due_re_notification_is_checked_against_the_watched_row(conn: Conn) -> None:
+    """Between two sweeps, a re-notification is sent only if the row is still open with
+    the episode's deadline; otherwise the episode is closed there and then."""
+    conn.execute(TABLE)
+    late = rule(renotify={"every": "2m", "max": 5})
+    migrate(conn, [late])
+    plan = prepare(conn, late)
+    conn.execute(
+        "INSERT INTO orders VALUES (1, 7, 'paid', %(t)s, ''), (2, 7, 'paid', %(t)s, ''),"
+        " (3, 7, 'paid', %(t)s, '')",
+        {"t": T0},
+    )
+    now = T0 + H + S
+    assert claim_all(conn, plan, now) == 3  # sweeps (the first scan)
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
+    conn.execute("UPDATE orders SET paid_at = paid_at + interval '1 day' WHERE id = 2")
+    assert claim_all(conn, plan, now + 2 * M + S) == 1  # only order 3; no sweep yet
+    state = conn.execute("SELECT id, sw_seen IS NULL FROM slawatch.late_state ORDER BY id")
+    assert state.fetchall() == [(1, True), (2, True), (3, False)]
+    assert episodes(conn, "late") == [("1", 1, 1), ("2", 1, 1), ("3", 1, 1), ("3", 1, 2)]
