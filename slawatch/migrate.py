@@ -209,9 +209,7 @@ def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> tuple[list[str], s
     """The canonical definitions of the rule's indexes (see catalog.probe_indexes)."""
     specs = index_specs(rule)
     types = tracking_types(rule, info.columns[rule.deadline]) if rule.track == "inline" else {}
-    return probe_indexes(
-        conn, rule, info.columns, types, [(s.column, s.predicate) for s in specs]
-    )
+    return probe_indexes(conn, rule, info.columns, types, [(s.column, s.predicate) for s in specs])
 
 
 def schema_current(conn: Connection) -> bool:
