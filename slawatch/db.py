@@ -236,7 +236,11 @@ class Database:
         name: str = "slawatch",
     ) -> None:
         self.dsn, self.timeout, self.pooler = dsn, timeout, pooler
-        self.outage = Outage("database", log, down="unreachable", up="reachable again")
+        # A request that began within one timeout of a success may have waited for
+        # the pool to reconnect after a restart: not a new outage.
+        self.outage = Outage(
+            "database", log, down="unreachable", up="reachable again", grace=timeout
+        )
         self._prepared = pooler != "transaction"
         self._prepared_lock = threading.Lock()
         connect(dsn, timeout=timeout).close()  # a clear error now, not a pool retrying
