@@ -249,7 +249,11 @@ class Database:
         name: str = "slawatch",
     ) -> None:
         self.dsn, self.timeout, self.pooler = dsn, timeout, pooler
-        self.outage = Outage("database", log, down="unreachable", up="reachable again")
+        # A request that began within one timeout of a success may have waited for
+        # the pool to reconnect after a restart: not a new outage.
+        self.outage = Outage(
+            "database", log, down="unreachable", up="reachable again", grace=timeout
+        )
         # Only a direct (or session-pooled) connection may keep prepared statements: behind
         # a transaction pooler they reach other sessions' statements, often without an
         # error. Unless told there is none ("none"/"session"), assume there may be one.
