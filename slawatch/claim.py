@@ -18,7 +18,9 @@ On a partitioned table rows are addressed by (tableoid, ctid): a ctid alone
 names a slot in every partition.
 
 Correctness under concurrency: the index scans lock the rows they pick
-(``FOR UPDATE SKIP LOCKED``), so concurrent scanners take disjoint batches and
+(``FOR NO KEY UPDATE SKIP LOCKED``: the weakest lock an update of non-key columns
+needs, so the application's inserts of child rows, which take KEY SHARE on this
+row, neither block nor hide it), so concurrent scanners take disjoint batches and
 a row the application is updating right now is left for the next scan; rows
 are then addressed by ``ctid`` (a TID scan, no second index lookup), and each
 UPDATE re-checks its predicate, so a row completed or already notified in the
@@ -53,19 +55,19 @@ WITH first AS (
      WHERE {deadline} < %(cutoff)s AND {first}
      ORDER BY {deadline}
      LIMIT %(batch)s::integer
-       FOR UPDATE SKIP LOCKED
+       FOR NO KEY UPDATE SKIP LOCKED
 ), again AS (
     SELECT tableoid, ctid FROM {table}
      WHERE {next} < %(now)s::timestamptz AND {again}
      ORDER BY {next}
      LIMIT %(batch)s::integer - (SELECT count(*) FROM first)
-       FOR UPDATE SKIP LOCKED
+       FOR NO KEY UPDATE SKIP LOCKED
 ), ended AS (
     SELECT tableoid, ctid FROM {table}
      WHERE {ended}
        AND (tableoid, ctid) NOT IN (SELECT tableoid, ctid FROM first)
      LIMIT %(batch)s::integer
-       FOR UPDATE SKIP LOCKED
+       FOR NO KEY UPDATE SKIP LOCKED
 ), closed AS (
     UPDATE {table} SET {seen} = NULL, {next} = NULL, {n} = 0
      WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)){ended_match}
@@ -93,6 +95,9 @@ WITH first AS (
     SELECT %(rule)s, c.key, c.episode, c.n, {severity}, c.deadline,
            c.deadline + %(after)s::interval, %(now)s::timestamptz, c.row_data
       FROM claimed c
+    -- At most once, and a notification that exists already (tracking state restored
+    -- from a backup, an upgrade cut short) is not an error that would stop the rule.
+    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
     RETURNING id, n
 ), deliveries AS (
     INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
