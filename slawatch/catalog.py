@@ -247,17 +247,17 @@ def probe_indexes(
             conn.execute(
                 sql.SQL("SELECT %s FROM {} WHERE ({}\n)").format(tmp, condition(rule)), (1,)
             )
-            for column, predicate in indexes:
+            for i, (column, predicate) in enumerate(indexes):
+                probe = f"slawatch_probe_{i}"
                 conn.execute(
-                    sql.SQL("CREATE INDEX ON {} ({})\nWHERE {}").format(
-                        tmp, sql.Identifier(column), sql.SQL(predicate)
+                    sql.SQL("CREATE INDEX {} ON {} ({})\nWHERE {}").format(
+                        sql.Identifier(probe), tmp, sql.Identifier(column), sql.SQL(predicate)
                     )
                 )
-                # The newest index on the copy is the one just built.
                 found = conn.execute(
-                    "SELECT pg_get_indexdef(indexrelid) FROM pg_index"
-                    " WHERE indrelid = %s::regclass ORDER BY indexrelid DESC LIMIT 1",
-                    (tmp.as_string(conn),),
+                    "SELECT pg_get_indexdef(c.oid) FROM pg_class c"
+                    " WHERE c.relname = %s AND c.relnamespace = pg_my_temp_schema()",
+                    (probe,),
                 ).fetchone()
                 definitions.append(definition_tail(found[0]) if found else "")
     except DatabaseUnavailable:
