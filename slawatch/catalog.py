@@ -172,9 +172,12 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
             "name the column(s) that identify a row (key: id, or key: [id, created])"
         )
     elif not absent and not _key_is_unique(key, info):
+        hint = ""
+        if info.partitions:
+            hint = " (on a partitioned table, a unique index of the parent: add the partition key)"
         errors.append(
             f"{where}: key: ({named}) of {rule.table} has no unique index on those "
-            "columns; the key must identify one row"
+            f"columns; the key must identify one row{hint}"
         )
     elif not absent and any(c not in info.not_null for c in key):
         nullable = next(c for c in key if c not in info.not_null)
@@ -201,15 +204,11 @@ def key_columns(rule: Rule, info: TableInfo) -> list[str]:
 
 
 def _key_is_unique(key: list[str], info: TableInfo) -> bool:
-    """A unique index on the key's columns (or some of them); on a partitioned table, on
-    the parent or in each partition (then the key must also be unique across partitions,
-    e.g. from one sequence)."""
+    """A unique index on the key's columns (or some of them) on the table itself. On a
+    partitioned table that is an index of the parent, so it includes the partition key:
+    a key unique only within each partition (per-tenant ids) could name two rows."""
     columns = frozenset(key)
-    if any(u <= columns for u in info.unique_keys):
-        return True
-    return bool(info.partitions) and all(
-        any(u <= columns for u in p.unique_keys) for p in info.partitions
-    )
+    return any(u <= columns for u in info.unique_keys)
 
 
 def probe_indexes(
@@ -255,17 +254,17 @@ def probe_indexes(
             conn.execute(
                 sql.SQL("SELECT %s FROM {} WHERE ({}\n)").format(tmp, condition(rule)), (1,)
             )
-            for column, predicate in indexes:
+            for i, (column, predicate) in enumerate(indexes):
+                probe = f"slawatch_probe_{i}"
                 conn.execute(
-                    sql.SQL("CREATE INDEX ON {} ({})\nWHERE {}").format(
-                        tmp, sql.Identifier(column), sql.SQL(predicate)
+                    sql.SQL("CREATE INDEX {} ON {} ({})\nWHERE {}").format(
+                        sql.Identifier(probe), tmp, sql.Identifier(column), sql.SQL(predicate)
                     )
                 )
-                # The newest index on the copy is the one just built.
                 found = conn.execute(
-                    "SELECT pg_get_indexdef(indexrelid) FROM pg_index"
-                    " WHERE indrelid = %s::regclass ORDER BY indexrelid DESC LIMIT 1",
-                    (tmp.as_string(conn),),
+                    "SELECT pg_get_indexdef(c.oid) FROM pg_class c"
+                    " WHERE c.relname = %s AND c.relnamespace = pg_my_temp_schema()",
+                    (probe,),
                 ).fetchone()
                 definitions.append(definition_tail(found[0]) if found else "")
     except DatabaseUnavailable:

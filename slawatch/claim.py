@@ -18,7 +18,9 @@ On a partitioned table rows are addressed by (tableoid, ctid): a ctid alone
 names a slot in every partition.
 
 Correctness under concurrency: the index scans lock the rows they pick
-(``FOR UPDATE SKIP LOCKED``), so concurrent scanners take disjoint batches and
+(``FOR NO KEY UPDATE SKIP LOCKED``: the weakest lock an update of non-key columns
+needs, so the application's inserts of child rows, which take KEY SHARE on this
+row, neither block nor hide it), so concurrent scanners take disjoint batches and
 a row the application is updating right now is left for the next scan; rows
 are then addressed by ``ctid`` (a TID scan, no second index lookup), and each
 UPDATE re-checks its predicate, so a row completed or already notified in the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -53,19 +56,19 @@ WITH first AS (
      WHERE {deadline} < %(cutoff)s AND {first}
      ORDER BY {deadline}
      LIMIT %(batch)s::integer
-       FOR UPDATE SKIP LOCKED
+       FOR NO KEY UPDATE SKIP LOCKED
 ), again AS (
     SELECT tableoid, ctid FROM {table}
      WHERE {next} < %(now)s::timestamptz AND {again}
      ORDER BY {next}
      LIMIT %(batch)s::integer - (SELECT count(*) FROM first)
-       FOR UPDATE SKIP LOCKED
+       FOR NO KEY UPDATE SKIP LOCKED
 ), ended AS (
     SELECT tableoid, ctid FROM {table}
      WHERE {ended}
        AND (tableoid, ctid) NOT IN (SELECT tableoid, ctid FROM first)
      LIMIT %(batch)s::integer
-       FOR UPDATE SKIP LOCKED
+       FOR NO KEY UPDATE SKIP LOCKED
 ), closed AS (
     UPDATE {table} SET {seen} = NULL, {next} = NULL, {n} = 0
      WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)){ended_match}
@@ -93,6 +96,9 @@ WITH first AS (
     SELECT %(rule)s, c.key, c.episode, c.n, {severity}, c.deadline,
            c.deadline + %(after)s::interval, %(now)s::timestamptz, c.row_data
       FROM claimed c
+    -- At most once, and a notification that exists already (tracking state restored
+    -- from a backup, an upgrade cut short) is not an error that would stop the rule.
+    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
     RETURNING id, n
 ), deliveries AS (
     INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
@@ -386,6 +392,30 @@ class DrainResult:
     batches: int
 
 
+# A row moved to another partition, or a deadlock with the application: the batch
+# did nothing and may simply run again.
+_RETRY_STATES = {"40001", "40P01"}
+
+
+def _claim_on(db: Database, plan: ClaimPlan, clock: Clock) -> int:
+    with db.connection(f"claim for rule {plan.rule.name}") as conn:
+        return claim_batch(conn, plan, clock.now())
+
+
+def _retrying(work: Callable[[], int], tries: int = 3) -> int:
+    """``work()``, run again at once (up to ``tries`` times in all) when it failed on a
+    conflict that a new attempt resolves."""
+    for attempt in range(1, tries + 1):
+        try:
+            return work()
+        except DatabaseError as exc:
+            state = getattr(exc.__cause__, "sqlstate", None)
+            if state not in _RETRY_STATES or attempt == tries:
+                raise
+            log.debug("claim conflict (%s), trying again: %s", state, exc)
+    raise AssertionError("unreachable")
+
+
 def drain(
     db: Database,
     plan: ClaimPlan,
@@ -407,8 +437,7 @@ def drain(
     started = time.monotonic()
     claimed = batches = 0
     while True:
-        with db.connection(f"claim for rule {plan.rule.name}") as conn:
-            got = claim_batch(conn, plan, clock.now())
+        got = _retrying(lambda: _claim_on(db, plan, clock))
         claimed += got
         batches += 1
         if got < plan.rule.batch:

@@ -39,7 +39,7 @@ from slawatch.outage import Outage
 log = logging.getLogger(__name__)
 
 Connection = psycopg.Connection[Any]
-Pooler = Literal["none", "session", "transaction"]
+Pooler = Literal["auto", "none", "session", "transaction"]
 T = TypeVar("T")
 
 # libpq parameters whose values are secrets.
@@ -214,14 +214,27 @@ def connect(dsn: str, *, autocommit: bool = True, timeout: float = 10.0) -> Conn
 
 # ---------------------------------------------------------------- the database
 
+# Session settings that change how values print as text: an alert's key is the key's
+# text (a composite key's row text shows its timestamps in the session's TimeZone and
+# DateStyle), so every process must print them alike. PgBouncer carries these two
+# across server connections (it tracks them from the server's ParameterStatus).
+SESSION = "SET TimeZone TO 'UTC'; SET DateStyle TO 'ISO, MDY'"
+
+
+def _configure(conn: Connection) -> None:
+    conn.execute(SESSION)
+
 
 class Database:
     """A pool of autocommit connections to one database, and its outage state.
 
     ``size``: most connections open at once. ``timeout``: seconds to wait for a
     connection before :class:`DatabaseUnavailable` (``SLAWATCH_DB_TIMEOUT``).
-    ``pooler``: ``"transaction"`` for PgBouncer (or another pooler) in
-    transaction mode: no prepared statements (``SLAWATCH_POOLER``).
+    ``pooler`` (``SLAWATCH_POOLER``): ``"none"`` (or ``"session"``) when slawatch
+    talks to PostgreSQL directly (or through a pooler in session mode): prepared
+    statements on; ``"transaction"`` for PgBouncer in transaction mode: no prepared
+    statements, no LISTEN; ``"auto"`` (the default): no prepared statements (a
+    transaction pooler may be in between), LISTEN probed.
 
     Fails at once, with the DSN redacted, when the database cannot be reached.
     """
@@ -232,12 +245,19 @@ class Database:
         *,
         size: int,
         timeout: float = 30.0,
-        pooler: Pooler = "none",
+        pooler: Pooler = "auto",
         name: str = "slawatch",
     ) -> None:
         self.dsn, self.timeout, self.pooler = dsn, timeout, pooler
-        self.outage = Outage("database", log, down="unreachable", up="reachable again")
-        self._prepared = pooler != "transaction"
+        # A request that began within one timeout of a success may have waited for
+        # the pool to reconnect after a restart: not a new outage.
+        self.outage = Outage(
+            "database", log, down="unreachable", up="reachable again", grace=timeout
+        )
+        # Only a direct (or session-pooled) connection may keep prepared statements: behind
+        # a transaction pooler they reach other sessions' statements, often without an
+        # error. Unless told there is none ("none"/"session"), assume there may be one.
+        self._prepared = pooler in ("none", "session")
         self._prepared_lock = threading.Lock()
         connect(dsn, timeout=timeout).close()  # a clear error now, not a pool retrying
         kwargs: dict[str, Any] = {"autocommit": True}
@@ -248,6 +268,7 @@ class Database:
             min_size=1,
             max_size=max(size, 1),
             kwargs=kwargs,
+            configure=_configure,
             timeout=timeout,
             # A connection that died while idle (a restart) is replaced, not handed out.
             check=ConnectionPool.check_connection,

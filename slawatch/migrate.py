@@ -232,7 +232,9 @@ def plan(conn: Connection, rules: list[Rule]) -> list[Step]:
     tables = check(conn, rules)
     steps = []
     if not schema_current(conn):
-        steps.append(Step(schema_sql().strip(), "created or upgraded slawatch's schema"))
+        steps.append(
+            Step(schema_sql().strip().rstrip(";"), "created or upgraded slawatch's schema")
+        )
     for rule in rules:
         steps.extend(plan_rule(conn, rule, tables[rule.name]))
     return steps
@@ -330,7 +332,9 @@ def _tracking_columns(rule: Rule, info: TableInfo) -> list[Step]:
     missing = [c for c in types if c not in info.columns]
     if missing:
         adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {_q(c)} {types[c]}" for c in missing)
-        steps.append(Step(f"ALTER TABLE {table}{adds}", f"{where}: added {', '.join(missing)}"))
+        steps.append(
+            Step(f"ALTER TABLE {table}{adds}", f"{where}: added {', '.join(missing)}", locked=True)
+        )
         if rule.n_column in info.columns and rule.seen_column in missing:
             # Rows notified before episodes existed: their notifications so far are
             # episode 1, so they are not paged again from #1.
@@ -393,7 +397,12 @@ def _partitioned_index(
         state = None
     if state is None:
         steps.append(
-            Step(spec.create(only=True), f"{where}: created index {spec.name}", detail=True)
+            Step(
+                spec.create(only=True),
+                f"{where}: created index {spec.name}",
+                locked=True,
+                detail=True,
+            )
         )
     parent = _q(spec.schema, spec.name)
     for part in partitions:
@@ -454,12 +463,19 @@ def _locked(conn: Connection, statement: str) -> None:
         conn.execute(statement.encode())
 
 
-_PRINT_HEAD = f"""\
+_PRINT_HEAD = """\
 -- slawatch migration. Run it with psql as the owner of the watched tables, one
 -- statement at a time (CREATE INDEX CONCURRENTLY cannot run in a transaction).
--- Never wait long for a lock the application's queries would then queue behind:
-SET lock_timeout = '{LOCK_TIMEOUT}';
+-- A statement that takes a strong lock runs with a lock_timeout: the application's
+-- queries would queue behind it; CONCURRENTLY ones wait as long as they need.
 """
+
+
+def _printed(step: Step) -> str:
+    """A step as psql runs it; a locking one bounded by lock_timeout, as migrate runs it."""
+    if not step.locked:
+        return step.statement + ";"
+    return f"SET lock_timeout = '{LOCK_TIMEOUT}';\n{step.statement};\nRESET lock_timeout;"
 
 
 def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
@@ -474,7 +490,7 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
         out.append("-- Made without a database: every index is rebuilt. With SLAWATCH_DSN")
         out.append("-- (or --dsn) set, --print shows only what that database needs.")
         out.append("")
-        out.append(schema_sql().strip())
+        out.append(schema_sql().strip().rstrip(";") + ";")
         out.append("")
         for rule in rules:
             out.append(f"-- rule {rule.name} ({rule.source}) on {rule.table}")
@@ -494,7 +510,8 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
             )
             types = tracking_types(rule, "timestamptz")
             adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {_q(c)} {t}" for c, t in types.items())
-            out.append(f"ALTER TABLE {_q(rule.schema_name, rule.table_name)}{adds};")
+            alter = f"ALTER TABLE {_q(rule.schema_name, rule.table_name)}{adds}"
+            out.append(_printed(Step(alter, "", locked=True)))
             for spec in index_specs(rule):
                 out.append(spec.drop() + ";")
                 out.append(spec.create() + ";")
@@ -508,8 +525,11 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
     else:
         for step in steps:
             out.append(f"-- {step.done}")
-            out.append(step.statement + ";")
+            out.append(_printed(step))
     out.append("")
-    out.append("-- Least privilege: what the role slawatch runs as needs (name yours).")
+    out.append("-- Least privilege: what the role slawatch runs as needs (name yours; create")
+    out.append("-- it first, e.g. CREATE ROLE slawatch_app LOGIN). slawatch also needs TEMP on")
+    out.append("-- the database (PUBLIC has it by default): its start-up check builds the")
+    out.append("-- rules' indexes on empty temporary copies of the tables.")
     out.extend(g.as_string(None) + ";" for g in grants(rules))
     return "\n".join(out) + "\n"

@@ -4,8 +4,9 @@ An :class:`Outage` tracks one thing slawatch depends on (the database, a
 notifier's receiver, a rule's scans). Many threads may report failures and
 successes; the log gets one line when the outage starts and one when it ends,
 however many attempts failed in between. A failure of an attempt that began
-before the latest success is a straggler of an outage that already ended (or a
-blip), not a new outage: it is logged at DEBUG only.
+before the latest success (or within ``grace`` seconds after it) is a straggler
+of an outage that just ended, or a blip, not a new outage: it is logged at
+DEBUG only.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ class Outage:
     """One line when ``what`` starts failing, one when it works again (thread-safe).
 
     ``down`` and ``up`` are the words of the two lines, e.g. ``"unreachable"``
-    and ``"reachable again"``: ``database unreachable (claim for rule late): ...``
-    then ``database reachable again after 42s``.
+    and ``"reachable again"``: ``database unreachable: claim for rule late: ...``
+    then ``database reachable again after 42s``. ``grace``: seconds after a
+    success during which a new failure does not start an outage (a pool may
+    still be reconnecting while another caller already got through).
     """
 
     def __init__(
@@ -32,9 +35,10 @@ class Outage:
         down: str = "failing",
         up: str = "working again",
         level: int = logging.ERROR,
+        grace: float = 0.0,
     ) -> None:
         self.what, self.log, self.down_words, self.up_words = what, logger, down, up
-        self.level = level
+        self.level, self.grace = level, grace
         self._lock = threading.Lock()
         self._down_since: float | None = None
         self._last_ok = float("-inf")
@@ -54,7 +58,7 @@ class Outage:
         """
         with self._lock:
             started = since if since is not None else time.monotonic()
-            if self._down_since is not None or started < self._last_ok:
+            if self._down_since is not None or started < self._last_ok + self.grace:
                 self.log.debug("%s %s: %s", self.what, self.down_words, reason)
                 return False
             self._down_since = time.monotonic()

@@ -300,6 +300,8 @@ def predicate_problem(text: str) -> str | None:
     import pglast
     from pglast import ast, parser
 
+    if "\x00" in text:  # the parser and libpq would both stop reading there
+        return "must not contain a NUL character"
     try:
         tokens = parser.scan(text)
     except pglast.parser.ParseError as exc:

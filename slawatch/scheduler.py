@@ -65,7 +65,7 @@ class Runner:
         clock: Clock | None = None,
         *,
         timeout: float = 30.0,
-        pooler: Pooler = "none",
+        pooler: Pooler = "auto",
         poll: float = POLL,
         backoff_cap: float = BACKOFF_CAP,
     ) -> None:

@@ -23,4 +23,6 @@ class Settings(BaseSettings):
     db_timeout: float = Field(default=30.0, gt=0, le=3600)
     # "transaction": PgBouncer (or another pooler) in transaction mode: no prepared
     # statements, and no LISTEN (deliveries are polled).
-    pooler: Literal["none", "session", "transaction"] = "none"
+    # "none"/"session": direct to PostgreSQL (or a session pooler): prepared statements.
+    # "auto" (default): none, since a transaction pooler may sit in between.
+    pooler: Literal["auto", "none", "session", "transaction"] = "auto"

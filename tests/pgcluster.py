@@ -9,9 +9,10 @@ restarts, so a DSN taken before :meth:`PgCluster.stop` works again after
 :meth:`PgCluster.start`.
 
 PostgreSQL refuses to run as root. Then, as pgserver itself does, the cluster
-belongs to the system user ``pgserver`` (created if missing), and its
-directory is under the system temp dir rather than pytest's ``tmp_path``,
-which is private to root.
+belongs to the system user ``pgserver`` (created if missing, and given read
+access to the wheel's binaries), and its directory is under the system temp
+dir rather than pytest's ``tmp_path``, which is private to root (and which
+another pytest session on the machine may reset).
 
 Use::
 

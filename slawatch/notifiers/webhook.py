@@ -138,8 +138,27 @@ class WebhookNotifier(BaseNotifier):
             ts = int(time.time())
             headers["webhook-timestamp"] = str(ts)
             headers["webhook-signature"] = sign(self._key, msg_id, ts, body)
+        # httpx's timeout bounds each read, not the whole answer: a receiver that sends
+        # its body a byte at a time would hold this worker (and outlive the lease).
+        deadline = time.monotonic() + self.timeout
         try:
-            response = self._client.post(self.config.url, content=body, headers=headers)
+            with self._client.stream(
+                "POST", self.config.url, content=body, headers=headers
+            ) as response:
+                status = response.status_code
+                if 200 <= status < 300:
+                    return  # accepted: the body does not matter
+                answer = bytearray()
+                for chunk in response.iter_bytes():
+                    if time.monotonic() > deadline:
+                        raise DeliveryError(
+                            f"timed out after {self.timeout:g}s (HTTP {status}, answer too slow)"
+                        )
+                    answer += chunk[: 65536 - len(answer)]
+                    if len(answer) >= 65536:
+                        break
+                reason = response.reason_phrase
+                wait = retry_after(response.headers.get("retry-after"))
         except httpx.TimeoutException as exc:
             raise DeliveryError(
                 f"timed out after {self.timeout:g}s ({type(exc).__name__})"
@@ -148,15 +167,11 @@ class WebhookNotifier(BaseNotifier):
             # Where it failed, as scrub() shows the URL: scheme://host:port/…
             where = f"POST {self.config.url}"
             raise DeliveryError(self.scrub(f"{type(exc).__name__}: {exc} ({where})")) from exc
-        status = response.status_code
-        if 200 <= status < 300:
-            return
         # Scrubbed before it is cut: a cut through a secret would keep its head.
-        text = self.scrub(response.text[:65536]).strip().replace("\n", " ")
+        text = self.scrub(answer.decode("utf-8", "replace")).strip().replace("\n", " ")
         text = text if len(text) <= 200 else text[:199] + "…"
-        message = self.scrub(f"HTTP {status} {response.reason_phrase}: {text}".rstrip(": "))
+        message = self.scrub(f"HTTP {status} {reason}: {text}".rstrip(": "))
         permanent = 400 <= status < 500 and status not in RETRYABLE
-        wait = retry_after(response.headers.get("retry-after"))
         raise DeliveryError(
             message,
             permanent=permanent,

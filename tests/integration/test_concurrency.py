@@ -116,3 +116,58 @@ def test_a_row_locked_by_the_application_is_skipped_not_waited_for(conn: Conn, d
         assert claim_batch(conn, plan, T0 + timedelta(minutes=1)) == 1  # row 2 only
         app.commit()
     assert claim_batch(conn, plan, T0 + timedelta(minutes=1)) == 0  # row 1 completed meanwhile
+
+
+def test_a_row_whose_child_the_application_is_inserting_is_still_claimed(
+    conn: Conn, dsn: str
+) -> None:
+    """Inserting a child row takes KEY SHARE on its parent (the foreign key check). The
+    claim's NO KEY UPDATE lock does not conflict with it: a hung job whose worker keeps
+    a transaction open on its log rows is still paged, and the worker is not blocked."""
+    conn.execute("CREATE TABLE tasks (id bigint PRIMARY KEY, state text, started_at timestamptz)")
+    conn.execute("CREATE TABLE task_log (task_id bigint REFERENCES tasks, line text)")
+    conn.execute("INSERT INTO tasks VALUES (1, 'running', %s), (2, 'running', %s)", (T0, T0))
+    rule = Rule.model_validate(
+        {
+            "name": "stuck",
+            "table": "tasks",
+            "key": "id",
+            "deadline": "started_at",
+            "open_when": "state = 'running'",
+            "notify": ["a"],
+        }
+    )
+    migrate(conn, [rule])
+    plan = plan_claim(rule, "timestamp with time zone")
+    with psycopg.connect(dsn) as worker:  # open transaction, holding KEY SHARE on task 1
+        worker.execute("INSERT INTO task_log VALUES (1, 'still working')")
+        conn.execute("SET lock_timeout = '2s'")
+        assert claim_batch(conn, plan, T0 + timedelta(minutes=1)) == 2
+        worker.execute("SET lock_timeout = '2s'")
+        worker.execute("INSERT INTO task_log VALUES (1, 'more')")  # not blocked by us
+        worker.commit()
+
+
+def test_a_notification_that_exists_already_does_not_stop_the_rule(conn: Conn) -> None:
+    """Tracking state lost (restored from an older backup, an upgrade cut short): the
+    claim meets an alert it wrote before. It skips it and goes on; nothing is paged twice."""
+    conn.execute("CREATE TABLE tasks (id bigint PRIMARY KEY, state text, started_at timestamptz)")
+    conn.execute("INSERT INTO tasks VALUES (1, 'running', %s), (2, 'running', %s)", (T0, T0))
+    rule = Rule.model_validate(
+        {
+            "name": "stuck",
+            "table": "tasks",
+            "deadline": "started_at",
+            "open_when": "state = 'running'",
+            "renotify": {"every": "1h"},
+            "notify": ["a"],
+        }
+    )
+    migrate(conn, [rule])
+    plan = plan_claim(rule, "timestamp with time zone", key=["id"])
+    assert claim_batch(conn, plan, T0 + timedelta(minutes=1)) == 2
+    conn.execute("UPDATE tasks SET sw_stuck_seen = NULL, sw_stuck_ep = 0 WHERE id = 1")
+    assert claim_batch(conn, plan, T0 + timedelta(minutes=2)) == 0  # #1 of task 1: exists
+    assert claim_batch(conn, plan, T0 + timedelta(hours=2)) == 2  # both go on at #2
+    got = conn.execute("SELECT key, episode, n FROM slawatch.alert ORDER BY 1, 2, 3").fetchall()
+    assert got == [("1", 1, 1), ("1", 1, 2), ("2", 1, 1), ("2", 1, 2)]

@@ -332,3 +332,36 @@ def test_a_server_reading_backslashes_otherwise_is_refused(conn: Conn, dsn: str)
         other.execute("SET standard_conforming_strings = off")
         with pytest.raises(ConfigError, match="standard_conforming_strings = off"):
             migrate(other, [rule()])
+
+
+def test_adding_columns_does_not_queue_the_application_behind_a_long_transaction(
+    conn: Conn, dsn: str
+) -> None:
+    """ALTER TABLE waits at most LOCK_TIMEOUT for its lock (then fails, changing nothing):
+    while it waits, every query of the application on that table waits behind it."""
+    import psycopg
+
+    conn.execute(TABLE)
+    with psycopg.connect(dsn) as reader:  # a long report holds ACCESS SHARE
+        reader.execute("SELECT count(*) FROM orders")
+        with pytest.raises(Exception, match="lock timeout"):
+            migrate(conn, [rule()])
+        reader.rollback()
+    assert not {c for c in columns(conn) if c.startswith("sw_")}
+    assert migrate(conn, [rule()])  # and it goes through once the report is done
+
+
+def test_printed_locks_are_bounded_but_concurrent_builds_are_not() -> None:
+    """In the DBA's script a lock_timeout bounds exactly the statements that take strong
+    locks; CREATE INDEX CONCURRENTLY may wait for old transactions as long as it needs."""
+    script = render([rule()])
+    bounded = False
+    for line in script.splitlines():
+        if line.startswith("SET lock_timeout"):
+            bounded = True
+        elif line.startswith("RESET lock_timeout"):
+            bounded = False
+        elif "CONCURRENTLY" in line:
+            assert not bounded, line
+        elif line.startswith('ALTER TABLE "public"'):  # the watched table
+            assert bounded, line

@@ -289,3 +289,46 @@ def test_a_huge_retry_after_is_capped_at_retry_max(receiver: WebhookReceiver) ->
         hook.send([ALERT])
     assert exc.value.retry_after == 300
     hook.close()
+
+
+def test_an_answer_sent_a_byte_at_a_time_is_cut_at_the_timeout() -> None:
+    """httpx's timeout bounds each read: a receiver dribbling its answer would hold the
+    worker past its lease (and the batch would be sent again elsewhere)."""
+    import socket
+    import threading
+    import time
+
+    from slawatch.errors import DeliveryError
+    from slawatch.notifiers import WebhookConfig
+    from slawatch.notifiers.webhook import WebhookNotifier
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def dribble() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 60\r\n\r\n")
+            while not stop.wait(0.3):
+                try:
+                    conn.sendall(b"x")
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=dribble, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    config = WebhookConfig.model_validate(
+        {"name": "slow", "type": "webhook", "url": url, "timeout": "1s"}
+    )
+    notifier = WebhookNotifier(config)
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeliveryError, match="timed out after 1s"):
+            notifier.send([ALERT])
+        assert time.monotonic() - started < 5
+    finally:
+        stop.set()
+        notifier.close()
+        server.close()

@@ -181,3 +181,11 @@ def test_open_when_is_exactly_one_expression(
         assert load_one(tmp_path, text).open_when == open_when
     else:
         assert f"orders.yaml: open_when: {expected}" in error_of(tmp_path, text)
+
+
+def test_a_nul_in_open_when_is_refused(tmp_path: Path) -> None:
+    """Both the parser and libpq stop reading at NUL: what follows would go unchecked."""
+    text = GOOD.replace(
+        "open_when: \"status = 'paid'\"", "open_when: \"status = 'paid'\\0) OR (true\""
+    )
+    assert "open_when: must not contain a NUL character" in error_of(tmp_path, text)

@@ -1,0 +1,38 @@
+"""Settings of the database connection: SLAWATCH_DB_TIMEOUT and SLAWATCH_POOLER."""
+
+from __future__ import annotations
+
+import pytest
+
+from slawatch.cli import main
+from slawatch.settings import Settings
+
+
+def test_db_timeout_and_pooler_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLAWATCH_DB_TIMEOUT", raising=False)
+    monkeypatch.delenv("SLAWATCH_POOLER", raising=False)
+    assert (Settings().db_timeout, Settings().pooler) == (30.0, "auto")
+    monkeypatch.setenv("SLAWATCH_DB_TIMEOUT", "2.5")
+    monkeypatch.setenv("SLAWATCH_POOLER", "transaction")
+    assert (Settings().db_timeout, Settings().pooler) == (2.5, "transaction")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("SLAWATCH_DB_TIMEOUT", "0", "greater than 0"),
+        ("SLAWATCH_DB_TIMEOUT", "soon", "valid number"),
+        ("SLAWATCH_POOLER", "statement", "'transaction'"),
+    ],
+)
+def test_a_bad_value_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variable: str,
+    value: str,
+    says: str,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["check"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"slawatch: error: {variable}: ") and says in line
