@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -42,7 +41,7 @@ from psycopg import sql
 
 from slawatch.catalog import TableInfo, inspect_table, key_columns, table_ident
 from slawatch.clock import Clock
-from slawatch.db import Connection, Database, translate
+from slawatch.db import Connection, Database, retry_conflicts, translate
 from slawatch.errors import ConfigError, DatabaseError
 from slawatch.migrate import pending, predicates, schema_current
 from slawatch.rules import Rule
@@ -392,28 +391,9 @@ class DrainResult:
     batches: int
 
 
-# A row moved to another partition, or a deadlock with the application: the batch
-# did nothing and may simply run again.
-_RETRY_STATES = {"40001", "40P01"}
-
-
 def _claim_on(db: Database, plan: ClaimPlan, clock: Clock) -> int:
     with db.connection(f"claim for rule {plan.rule.name}") as conn:
         return claim_batch(conn, plan, clock.now())
-
-
-def _retrying(work: Callable[[], int], tries: int = 3) -> int:
-    """``work()``, run again at once (up to ``tries`` times in all) when it failed on a
-    conflict that a new attempt resolves."""
-    for attempt in range(1, tries + 1):
-        try:
-            return work()
-        except DatabaseError as exc:
-            state = getattr(exc.__cause__, "sqlstate", None)
-            if state not in _RETRY_STATES or attempt == tries:
-                raise
-            log.debug("claim conflict (%s), trying again: %s", state, exc)
-    raise AssertionError("unreachable")
 
 
 def drain(
@@ -437,7 +417,7 @@ def drain(
     started = time.monotonic()
     claimed = batches = 0
     while True:
-        got = _retrying(lambda: _claim_on(db, plan, clock))
+        got = retry_conflicts(lambda: _claim_on(db, plan, clock))
         claimed += got
         batches += 1
         if got < plan.rule.batch:

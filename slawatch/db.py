@@ -196,6 +196,25 @@ def translate(what: str) -> Iterator[None]:
         raise _translated(what, exc) from exc
 
 
+# A row moved to another partition, or a deadlock with the application: the batch
+# did nothing and may simply run again.
+_RETRY_STATES = {"40001", "40P01"}
+
+
+def retry_conflicts(work: Callable[[], T], tries: int = 3) -> T:
+    """``work()``, run again at once (up to ``tries`` times in all) when it failed on a
+    conflict that a new attempt resolves."""
+    for attempt in range(1, tries + 1):
+        try:
+            return work()
+        except DatabaseError as exc:
+            state = getattr(exc.__cause__, "sqlstate", None)
+            if state not in _RETRY_STATES or attempt == tries:
+                raise
+            log.debug("conflict (%s), trying again: %s", state, exc)
+    raise AssertionError("unreachable")
+
+
 def connect(dsn: str, *, autocommit: bool = True, timeout: float = 10.0) -> Connection:
     """One connection, or a ``DatabaseError`` that names the (redacted) DSN."""
     if _parse(dsn) is None:

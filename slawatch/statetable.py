@@ -40,7 +40,7 @@ from typing import Any
 from psycopg import sql
 
 from slawatch.clock import Clock
-from slawatch.db import Connection, translate
+from slawatch.db import Connection, retry_conflicts, translate
 from slawatch.rules import Rule
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,7 @@ WITH fresh AS MATERIALIZED (
            x.deadline + %(after)s::interval, %(now)s::timestamptz, c.row_data
       FROM claimed c,
            LATERAL (SELECT CASE WHEN isfinite(c.seen) THEN {seen_tz} END AS deadline) x
+    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
     RETURNING id, n
 ), deliveries AS (
     INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
@@ -293,8 +294,12 @@ def drain_table(
     complete = False
     for _ in _forever():
         params = params_at(now)
-        with connection() as conn:
-            got = claim_table_batch(conn, plan, params, since)
+
+        def batch(params: dict[str, Any] = params, since: Any = since) -> TableBatch:
+            with connection() as conn:
+                return claim_table_batch(conn, plan, params, since)
+
+        got = retry_conflicts(batch)
         alerts += got.alerts
         batches += 1
         if not got.full(rule.batch):

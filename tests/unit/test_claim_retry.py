@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from slawatch.claim import _retrying
+from slawatch.db import retry_conflicts as _retrying
 from slawatch.errors import DatabaseError
 
 
