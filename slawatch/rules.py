@@ -138,6 +138,12 @@ class Rule(FileModel):
     # The zone that values of a `timestamp` (without time zone) deadline are in.
     timezone: str = "UTC"
 
+    @model_validator(mode="after")
+    def _sweep_is_for_table(self) -> Rule:
+        if "sweep" in self.model_fields_set and self.track != "table":
+            raise ValueError("sweep: applies to track: table only")
+        return self
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:

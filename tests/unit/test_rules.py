@@ -89,6 +89,8 @@ def test_backoff_doubles_up_to_max(tmp_path: Path) -> None:
         (GOOD + "colour: red\n", "orders.yaml: colour: unknown field (known fields:"),
         (GOOD + "name: Orders-1\n", "orders.yaml: name: 'Orders-1' is not a rule name"),
         (GOOD + "key: [id, id]\n", "orders.yaml: key: names a column twice"),
+        (GOOD + "sweep: 5m\n", "orders.yaml: sweep: applies to track: table only"),
+        (GOOD + "track: elsewhere\n", "orders.yaml: track: 'elsewhere': Input should be"),
         (GOOD + "key: []\n", "orders.yaml: key: must name 1 to 8 columns"),
         (GOOD + "key: [id, 'x y']\n", "orders.yaml: key.1: 'x y' is not a column name"),
         (GOOD + "severity: loud\n", "orders.yaml: severity: 'loud': Input should be"),
