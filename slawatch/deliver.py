@@ -130,6 +130,84 @@ def receiver_outage(notifier: Notifier) -> Outage:
         return outage
 
 
+@dataclass
+class _Batch:
+    """Deliveries claimed under one lease (``owner``), with their alerts."""
+
+    owner: uuid.UUID
+    rows: list[dict[str, Any]]
+
+
+def _claim(
+    db: Database,
+    notifier: Notifier,
+    now: datetime,
+    sent: _Batch | None = None,
+    limit: int | None = None,
+) -> _Batch:
+    """Lease up to ``limit`` (the notifier's batch) due deliveries to a fresh owner,
+    settling ``sent`` as sent in the same statement."""
+    owner = uuid.uuid4()
+    claim = {
+        "now": now,
+        "owner": owner,
+        "lease": lease_for(notifier),
+        "limit": notifier.batch if limit is None else limit,
+        "notifier": notifier.name,
+        "sent": [r["id"] for r in sent.rows] if sent else [],
+        "sent_owner": sent.owner if sent else None,
+    }
+    query = queries()["claim_deliveries"]
+    rows = db.run(
+        f"claiming deliveries for {notifier.name}",
+        lambda conn: conn.cursor(row_factory=dict_row).execute(query, claim).fetchall(),
+    )
+    return _Batch(owner, rows)
+
+
+def _send(
+    notifier: Notifier, rows: list[dict[str, Any]], descriptions: Mapping[str, str]
+) -> DeliveryError | None:
+    """Send one batch; the error if the receiver did not take it (its outage recorded)."""
+    receiver = receiver_outage(notifier)
+    started = time.monotonic()
+    try:
+        notifier.send([alert_payload(r, descriptions.get(r["rule"], "")) for r in rows])
+    except DeliveryError as exc:
+        error = exc
+    except Exception as exc:  # a notifier bug must not stop the loop; keep its words
+        error = DeliveryError(notifier.scrub(f"{type(exc).__name__}: {exc}"))
+    else:
+        receiver.ok()
+        return None
+    receiver.failed(str(error), started)
+    return error
+
+
+def _deliver(
+    db: Database,
+    notifier: Notifier,
+    clock: Clock,
+    batch: _Batch,
+    descriptions: Mapping[str, str],
+    claim_next: bool,
+) -> tuple[PassResult, _Batch]:
+    """Send a claimed batch and settle it. With ``claim_next``, a full batch that was
+    accepted is settled by the claim of the next one, which is returned."""
+    error = _send(notifier, batch.rows, descriptions)
+    if error is not None:
+        failed = _settle_failure(db, notifier, clock.now(), batch.owner, batch.rows, error)
+        return failed, _Batch(batch.owner, [])
+    done = PassResult(sent=len(batch.rows))
+    if claim_next and len(batch.rows) >= notifier.batch:
+        return done, _claim(db, notifier, clock.now(), sent=batch)
+    # A short batch: nothing more was due, so no claim to ride on.
+    sent = {"ids": [r["id"] for r in batch.rows], "owner": batch.owner, "now": clock.now()}
+    query = queries()["mark_sent"]
+    db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, sent))
+    return done, _Batch(batch.owner, [])
+
+
 def deliver_batch(
     db: Database,
     notifier: Notifier,
@@ -141,43 +219,10 @@ def deliver_batch(
     Each delivery is settled by its own attempt count: in a failed batch, those
     at their last attempt go dead, the others retry after their own backoff.
     """
-    q = queries()
-    owner = uuid.uuid4()
-    claim = {
-        "now": clock.now(),
-        "owner": owner,
-        "lease": lease_for(notifier),
-        "limit": notifier.batch,
-        "notifier": notifier.name,
-    }
-    rows = db.run(
-        f"claiming deliveries for {notifier.name}",
-        lambda conn: (
-            conn.cursor(row_factory=dict_row).execute(q["claim_deliveries"], claim).fetchall()
-        ),
-    )
-    if not rows:
+    batch = _claim(db, notifier, clock.now())
+    if not batch.rows:
         return PassResult()
-    descriptions = descriptions or {}
-    receiver = receiver_outage(notifier)
-    started = time.monotonic()
-    try:
-        notifier.send([alert_payload(r, descriptions.get(r["rule"], "")) for r in rows])
-        error: DeliveryError | None = None
-    except DeliveryError as exc:
-        error = exc
-    except Exception as exc:  # a notifier bug must not stop the loop; keep its words
-        error = DeliveryError(notifier.scrub(f"{type(exc).__name__}: {exc}"))
-    if error is None:
-        receiver.ok()
-        sent = {"ids": [r["id"] for r in rows], "owner": owner, "now": clock.now()}
-        db.run(
-            f"recording deliveries for {notifier.name}",
-            lambda conn: conn.execute(q["mark_sent"], sent),
-        )
-        return PassResult(sent=len(rows))
-    receiver.failed(str(error), started)
-    return _settle_failure(db, notifier, clock.now(), owner, rows, error)
+    return _deliver(db, notifier, clock, batch, descriptions or {}, claim_next=False)[0]
 
 
 def _settle_failure(
@@ -236,13 +281,19 @@ def deliver_notifier(
     descriptions: Mapping[str, str] | None = None,
     stop: threading.Event | None = None,
 ) -> PassResult:
-    """Batches until none is due; stops early when the receiver fails (it is down)."""
+    """Batches one after the other until none is due; stops early when the receiver
+    fails (it is down), or after the batch in hand once ``stop`` is set.
+
+    Each accepted full batch is settled by the statement that claims the next.
+    """
     total = PassResult()
-    while stop is None or not stop.is_set():
-        result = deliver_batch(db, notifier, clock, descriptions)
+    if stop is not None and stop.is_set():
+        return total
+    batch = _claim(db, notifier, clock.now())
+    while batch.rows:
+        more = stop is None or not stop.is_set()
+        result, batch = _deliver(db, notifier, clock, batch, descriptions or {}, more)
         total += result
-        if result.sent < notifier.batch:  # a short batch, or a failure
-            break
     return total
 
 

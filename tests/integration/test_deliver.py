@@ -27,6 +27,7 @@ from tests.integration.helpers import Conn, claim_all, shop
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CLAIMED = T0 + timedelta(days=3)  # when the alerts were claimed and became deliverable
+NOTHING_SENT: dict[str, Any] = {"sent": [], "sent_owner": None}  # a claim settling no batch
 
 
 class FlakyReceiver(BaseNotifier):
@@ -164,7 +165,7 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
     q = queries()
     old, new = uuid.uuid4(), uuid.uuid4()
     lease = timedelta(seconds=30)
-    claim = {"limit": 10, "lease": lease, "notifier": "console"}
+    claim = {"limit": 10, "lease": lease, "notifier": "console"} | NOTHING_SENT
     (first,) = conn.execute(
         q["claim_deliveries"], claim | {"now": CLAIMED, "owner": old}
     ).fetchall()
@@ -267,7 +268,7 @@ def test_two_delivery_claimers_skip_each_others_rows(conn: Conn, dsn: str) -> No
     """One claim holds its rows in an open transaction; the other gets the rest at once."""
     overdue_orders(conn, 10)
     q = queries()
-    claim = {"now": CLAIMED, "lease": timedelta(seconds=30), "notifier": "console"}
+    claim = {"now": CLAIMED, "lease": timedelta(seconds=30), "notifier": "console"} | NOTHING_SENT
     with psycopg.connect(dsn) as first:  # not autocommit: the claim stays open
         held = first.execute(
             q["claim_deliveries"], claim | {"owner": uuid.uuid4(), "limit": 4}
