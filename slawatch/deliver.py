@@ -10,11 +10,16 @@ so a process that stalled past its lease changes nothing; a claimed delivery's
 next attempt is its lease expiry, so the deliveries of a process that died
 become due again by themselves.
 
-:class:`Dispatcher` runs one worker thread per notifier (a slow receiver holds
-up only its own deliveries) and a listener that wakes them on the claim's
-``NOTIFY``, polling as the fallback. Workers never die: a database outage,
-a receiver outage or an unexpected error is logged once when it starts and
-once when it ends, and the worker backs off (woken early by stop) and goes on.
+:class:`Dispatcher` runs ``concurrency`` worker threads per notifier (a slow
+receiver holds up only its own deliveries) and a listener that wakes them on
+the claim's ``NOTIFY``, polling as the fallback. Each worker claims, sends and
+settles its own batches, so a notifier has up to ``concurrency`` batches in
+flight: one batch's round trip to the receiver overlaps the others' claims and
+commits. Their leases keep them apart (SKIP LOCKED at the claim, a delivery
+leased to one owner is not due until the lease expires). Workers never die: a
+database outage, a receiver outage or an unexpected error is logged once when
+it starts and once when it ends (one record per notifier, shared by its
+workers), and the worker backs off (woken early by stop) and goes on.
 """
 
 from __future__ import annotations
@@ -311,7 +316,8 @@ def deliver_due(
 
 
 class Dispatcher:
-    """Delivery worker threads, one per notifier, woken by NOTIFY or by the poll.
+    """Delivery worker threads, ``concurrency[name]`` per notifier (1 if not
+    given), woken by NOTIFY or by the poll.
 
     No failure ends a thread: each waits with a capped backoff (``backoff_cap``
     seconds, cut short by :meth:`stop`) and tries again.
@@ -325,21 +331,34 @@ class Dispatcher:
         descriptions: Mapping[str, str] | None = None,
         poll: float = POLL,
         backoff_cap: float = BACKOFF_CAP,
+        concurrency: Mapping[str, int] | None = None,
     ) -> None:
         self.db, self.notifiers = db, notifiers
         self.clock, self.descriptions, self.poll = clock, descriptions, poll
         self.backoff_cap = backoff_cap
+        self.concurrency = {name: max((concurrency or {}).get(name, 1), 1) for name in notifiers}
         self._stop = threading.Event()
-        self._wake = {name: threading.Event() for name in notifiers}
+        # One event per worker: a worker busy when a NOTIFY came must still see it.
+        self._wake = {
+            name: [threading.Event() for _ in range(n)] for name, n in self.concurrency.items()
+        }
+        # Failures other than an unreachable database (which self.db logs): a broken
+        # schema, a bug. One record per notifier, so N workers failing alike are one line.
+        self._trouble = {name: Outage(f"delivery worker for {name}", log) for name in notifiers}
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Start one worker per notifier and the listener."""
+        """Start the workers of every notifier and the listener."""
         for name, notifier in self.notifiers.items():
-            t = threading.Thread(
-                target=self._work, args=(notifier,), name=f"deliver-{name}", daemon=True
-            )
-            self._threads.append(t)
+            for i, wake in enumerate(self._wake[name]):
+                suffix = f"-{i + 1}" if len(self._wake[name]) > 1 else ""
+                t = threading.Thread(
+                    target=self._work,
+                    args=(notifier, wake),
+                    name=f"deliver-{name}{suffix}",
+                    daemon=True,
+                )
+                self._threads.append(t)
         self._threads.append(threading.Thread(target=self._listen, name="listen", daemon=True))
         for t in self._threads:
             t.start()
@@ -353,15 +372,13 @@ class Dispatcher:
 
     def wake(self) -> None:
         """Make every worker look for due deliveries now."""
-        for event in self._wake.values():
-            event.set()
+        for events in self._wake.values():
+            for event in events:
+                event.set()
 
-    def _work(self, notifier: Notifier) -> None:
-        wake = self._wake[notifier.name]
+    def _work(self, notifier: Notifier, wake: threading.Event) -> None:
         backoff = Backoff(cap=self.backoff_cap)
-        # Failures other than an unreachable database (which self.db logs): a
-        # broken schema, a bug. Logged once when they start, once when they end.
-        trouble = Outage(f"delivery worker for {notifier.name}", log)
+        trouble = self._trouble[notifier.name]
         while not self._stop.is_set():
             since = time.monotonic()
             try:
