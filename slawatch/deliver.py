@@ -143,21 +143,16 @@ class _Batch:
     rows: list[dict[str, Any]]
 
 
-def _claim(
-    db: Database,
-    notifier: Notifier,
-    now: datetime,
-    sent: _Batch | None = None,
-    limit: int | None = None,
-) -> _Batch:
-    """Lease up to ``limit`` (the notifier's batch) due deliveries to a fresh owner,
-    settling ``sent`` as sent in the same statement."""
+def _claim(db: Database, notifier: Notifier, now: datetime, sent: _Batch | None = None) -> _Batch:
+    """Lease up to a batch of due deliveries to a fresh owner; settle ``sent`` (a batch
+    the receiver accepted) as sent in the same statement. If the statement fails, both
+    stay undone: ``sent`` is sent again once its lease expires (at least once)."""
     owner = uuid.uuid4()
     claim = {
         "now": now,
         "owner": owner,
         "lease": lease_for(notifier),
-        "limit": notifier.batch if limit is None else limit,
+        "limit": notifier.batch,
         "notifier": notifier.name,
         "sent": [r["id"] for r in sent.rows] if sent else [],
         "sent_owner": sent.owner if sent else None,
