@@ -9,7 +9,9 @@
 -- A worker that just sent a full batch settles it here too (`sent`, leased to
 -- `sent_owner`, fenced like mark_sent), so a busy worker pays one statement and
 -- one commit per batch, not two; a first claim passes an empty `sent`. The claim
--- skips those ids: this statement cannot lock a row it updates itself.
+-- skips those ids: once their lease ran out mid-send they are due again, and one
+-- statement would then both settle and re-lease the same row (both CTEs see the
+-- same snapshot; of two updates of one row PostgreSQL keeps one, unpredictably).
 WITH sent AS (
     UPDATE slawatch.delivery
        SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
