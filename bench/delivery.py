@@ -1,25 +1,36 @@
 """End to end: alerts from claim to an in-process webhook receiver, batches of 100.
 
-Burst: claims DUE overdue rows in claim batches while the delivery worker
-(woken by the claim's NOTIFY) POSTs them to a receiver in this process:
-alerts/s, and the claim-to-receipt latency (claim committed -> request
-received), which here includes the wait behind the backlog. Trickle: SINGLES
-claims of one row each, 50 ms apart: the latency of a lone alert. Beside them,
-in the same run, the limit of the transport: the same JSON batches POSTed
-straight to the same receiver, with no database.
+Realistic alerts: a rule copying four columns of an order (about 360 bytes
+of JSON per alert). Three ways of feeding the delivery workers (woken by the
+claim's NOTIFY), each reporting the claim-to-receipt latency (claim committed
+-> request received):
 
-    .venv/bin/python bench/delivery.py [--due 20000] [--claim-batch 1000]
+- burst: DUE overdue rows claimed in claim batches as fast as possible:
+  alerts/s, and latencies that include the wait behind the backlog;
+- steady: RATE new alerts/s (a claim of RATE/10 rows every 100 ms) for
+  SECONDS: the latency an operator sees in normal running;
+- trickle: SINGLES claims of one row each, 50 ms apart: a lone alert.
 
-Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
+Beside them, in the same run, the limit of the transport: the very request
+bodies of the burst POSTed again straight to the same receiver, one after the
+other, with no database.
+
+    .venv/bin/python bench/delivery.py [--due 20000] [--concurrency 4] [--rounds 3]
+
+Rounds alternate concurrency 1 and the given concurrency when --compare is
+set, and the table shows the median of each. Uses SLAWATCH_BENCH_DSN, else
+SLAWATCH_DSN, else the embedded server (.slawatch/).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -27,22 +38,26 @@ from typing import Any
 import httpx
 import psycopg
 from benchdb import scratch_database
-from psycopg_pool import ConnectionPool
 
 from slawatch.claim import claim_batch, plan_claim
 from slawatch.clock import Clock
+from slawatch.db import Database
 from slawatch.deliver import Dispatcher
 from slawatch.migrate import migrate
 from slawatch.notifiers import WebhookConfig
 from slawatch.notifiers.webhook import WebhookNotifier
 from slawatch.rules import Rule
 
+DESCRIPTION = "Paid orders not shipped within 48 hours"
+
 
 class Receiver:
     def __init__(self) -> None:
         self.arrived: dict[str, float] = {}
+        self.bodies: list[bytes] = []
         self.done = threading.Event()
         self.expect = 0
+        self.lock = threading.Lock()
         me = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,10 +66,13 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 now = time.perf_counter()
-                for a in json.loads(body)["alerts"]:
-                    me.arrived.setdefault(a["id"], now)
-                if len(me.arrived) >= me.expect:
-                    me.done.set()
+                ids = [a["id"] for a in json.loads(body)["alerts"]]
+                with me.lock:
+                    me.bodies.append(body)
+                    for i in ids:
+                        me.arrived.setdefault(i, now)
+                    if len(me.arrived) >= me.expect:
+                        me.done.set()
                 self.send_response(204)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -68,8 +86,9 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def reset(self, expect: int) -> None:
-        self.arrived, self.expect = {}, expect
-        self.done.clear()
+        with self.lock:
+            self.arrived, self.bodies, self.expect = {}, [], expect
+            self.done.clear()
 
 
 def pct(values: list[float], p: float) -> float:
@@ -77,96 +96,203 @@ def pct(values: list[float], p: float) -> float:
     return values[min(int(len(values) * p), len(values) - 1)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--due", type=int, default=20_000)
-    parser.add_argument("--claim-batch", type=int, default=1000)
-    parser.add_argument("--singles", type=int, default=100)
-    args = parser.parse_args()
+@dataclass
+class Round:
+    concurrency: int
+    burst_rate: float
+    burst_p50: float
+    burst_p99: float
+    steady_p50: float
+    steady_p99: float
+    steady_lost: int
+    trickle_p50: float
+    trickle_p99: float
+    raw_rate: float
+    alert_bytes: float
 
-    receiver = Receiver()
-    with scratch_database() as db, psycopg.connect(db, autocommit=True) as conn:
-        version = conn.execute("SHOW server_version").fetchone()
-        conn.execute("CREATE TABLE jobs (id bigint PRIMARY KEY, state text, beat timestamptz)")
+
+def make_dispatcher(db: Database, hook: WebhookNotifier, concurrency: int) -> Dispatcher:
+    """A Dispatcher for the hook; older code without per-notifier concurrency runs one."""
+    kwargs: dict[str, Any] = {}
+    if "concurrency" in inspect.signature(Dispatcher).parameters:
+        kwargs["concurrency"] = {"hook": concurrency}
+    elif concurrency != 1:
+        raise SystemExit("this slawatch has no per-notifier concurrency: use --concurrency 1")
+    return Dispatcher(db, {"hook": hook}, Clock(), {"late": DESCRIPTION}, **kwargs)
+
+
+def one_round(args: argparse.Namespace, receiver: Receiver, concurrency: int) -> Round:
+    steady_total = args.rate * args.seconds
+    rows = args.due + steady_total + args.singles
+    with scratch_database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO jobs SELECT g, 'running', now() - interval '1 hour'"
-            " FROM generate_series(1, %s::int) g",
-            (args.due + args.singles,),
+            "CREATE TABLE orders (id bigint PRIMARY KEY, user_id bigint, total_cents integer,"
+            " status text, paid_at timestamptz)"
+        )
+        conn.execute(
+            "INSERT INTO orders SELECT g, 100000 + g %% 7919, 1000 + g %% 90000, 'paid',"
+            " now() - interval '3 days' FROM generate_series(1, %s::int) g",
+            (rows,),
         )
         rule = Rule.model_validate(
             {
-                "name": "hung",
-                "table": "jobs",
+                "name": "late",
+                "description": DESCRIPTION,
+                "table": "orders",
                 "key": "id",
-                "deadline": "beat",
-                "after": "15m",
-                "open_when": "state = 'running'",
+                "deadline": "paid_at",
+                "after": "48h",
+                "open_when": "status = 'paid'",
+                "columns": ["id", "user_id", "total_cents", "paid_at"],
                 "batch": args.claim_batch,
                 "notify": ["hook"],
             }
         )
         migrate(conn, [rule])
-        conn.execute("VACUUM ANALYZE jobs")
+        conn.execute("VACUUM ANALYZE orders")
         plan = plan_claim(rule, "timestamp with time zone")
         hook = WebhookNotifier(
             WebhookConfig(name="hook", type="webhook", url=receiver.url, batch=100)
         )
-        receiver.reset(args.due)
-        committed: dict[str, float] = {}
-        with ConnectionPool(db, min_size=2, max_size=4, kwargs={"autocommit": True}) as pool:
-            dispatcher = Dispatcher(db, pool, {"hook": hook}, Clock())
+        key = 0
+        with Database(dsn, size=concurrency + 3, timeout=30) as db:
+            dispatcher = make_dispatcher(db, hook, concurrency)
             dispatcher.start()
             time.sleep(0.5)
+
+            # Burst.
+            receiver.reset(args.due)
+            committed: dict[str, float] = {}
             start = time.perf_counter()
-            key = 0
             while key < args.due:
                 got = claim_batch(conn, plan, datetime.now(UTC))
                 t = time.perf_counter()
                 for _ in range(got):
                     key += 1
-                    committed[f"hung:{key}:1"] = t
-            receiver.done.wait(300)
+                    committed[f"late:{key}:e1:n1"] = t
+            if not receiver.done.wait(300):
+                raise SystemExit("burst: not every alert arrived within 300 s")
             end = max(receiver.arrived.values())
             burst = [(receiver.arrived[i] - committed[i]) * 1000 for i in committed]
+            burst_rate = args.due / (end - start)
+            bodies = list(receiver.bodies)
+
+            # Steady: RATE alerts/s as claims of RATE/10 every 100 ms.
+            per_tick = max(args.rate // 10, 1)
+            steady_plan = plan_claim(
+                rule.model_copy(update={"batch": per_tick}), "timestamp with time zone"
+            )
+            receiver.reset(steady_total)
+            committed = {}
+            tick = time.perf_counter()
+            for _ in range(args.seconds * 10):
+                got = claim_batch(conn, steady_plan, datetime.now(UTC))
+                t = time.perf_counter()
+                for _ in range(got):
+                    key += 1
+                    committed[f"late:{key}:e1:n1"] = t
+                tick += 0.1
+                time.sleep(max(tick - time.perf_counter(), 0))
+            receiver.done.wait(120)
+            steady = [(receiver.arrived[i] - committed[i]) * 1000 for i in receiver.arrived]
+            steady_lost = len(committed) - len(steady)
+
             # Trickle: one alert at a time, the receiver otherwise idle.
-            receiver.reset(args.due + args.singles)
+            receiver.reset(args.singles)
             single = plan_claim(rule.model_copy(update={"batch": 1}), "timestamp with time zone")
             committed = {}
             for _ in range(args.singles):
                 claim_batch(conn, single, datetime.now(UTC))
                 key += 1
-                committed[f"hung:{key}:1"] = time.perf_counter()
+                committed[f"late:{key}:e1:n1"] = time.perf_counter()
                 time.sleep(0.05)
             receiver.done.wait(60)
             dispatcher.stop()
-            trickle = [(receiver.arrived[i] - committed[i]) * 1000 for i in committed]
+            trickle = [(receiver.arrived[i] - committed[i]) * 1000 for i in receiver.arrived]
         hook.close()
-        e2e_rate = args.due / (end - start)
 
-        # The transport's limit: the same batches, POSTed straight, no database.
-        receiver.reset(args.due)
-        alerts = [{"id": f"x:{k}:1", "rule": "x", "key": str(k), "n": 1} for k in range(args.due)]
-        with httpx.Client() as client:
-            t0 = time.perf_counter()
-            for i in range(0, args.due, 100):
-                client.post(receiver.url, content=json.dumps({"alerts": alerts[i : i + 100]}))
-            raw_rate = args.due / (time.perf_counter() - t0)
+    # The transport's limit: the burst's own request bodies, POSTed straight.
+    receiver.reset(args.due)
+    with httpx.Client() as client:
+        t0 = time.perf_counter()
+        for body in bodies:
+            client.post(receiver.url, content=body, headers={"content-type": "application/json"})
+        raw_rate = args.due / (time.perf_counter() - t0)
+    alerts = sum(len(json.loads(b)["alerts"]) for b in bodies)
+    return Round(
+        concurrency=concurrency,
+        burst_rate=burst_rate,
+        burst_p50=statistics.median(burst),
+        burst_p99=pct(burst, 0.99),
+        steady_p50=statistics.median(steady),
+        steady_p99=pct(steady, 0.99),
+        steady_lost=steady_lost,
+        trickle_p50=statistics.median(trickle),
+        trickle_p99=pct(trickle, 0.99),
+        raw_rate=raw_rate,
+        alert_bytes=(sum(len(b) for b in bodies) - len(bodies) * len('{"alerts":[]}')) / alerts,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--due", type=int, default=20_000, help="alerts in the burst")
+    parser.add_argument("--claim-batch", type=int, default=1000, help="rows per burst claim")
+    parser.add_argument("--rate", type=int, default=1000, help="steady: new alerts per second")
+    parser.add_argument("--seconds", type=int, default=10, help="steady: how long")
+    parser.add_argument("--singles", type=int, default=100, help="trickle: lone alerts")
+    parser.add_argument("--concurrency", type=int, default=4, help="batches in flight")
+    parser.add_argument("--rounds", type=int, default=1, help="runs; the table shows medians")
+    parser.add_argument(
+        "--compare", action="store_true", help="alternate rounds at concurrency 1 and the given"
+    )
+    parser.add_argument("--json", action="store_true", help="also print each round as JSON")
+    args = parser.parse_args()
+    if args.due < 100 or args.rate < 10 or args.seconds < 1 or args.singles < 1:
+        parser.error("--due >= 100, --rate >= 10, --seconds >= 1, --singles >= 1")
+    if not 1 <= args.concurrency <= 64 or args.rounds < 1:
+        parser.error("--concurrency from 1 to 64, --rounds >= 1")
+
+    levels = [1, args.concurrency] if args.compare else [args.concurrency]
+    receiver = Receiver()
+    results: list[Round] = []
+    with scratch_database() as first, psycopg.connect(first) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+    for _ in range(args.rounds):
+        for level in levels:
+            r = one_round(args, receiver, level)
+            results.append(r)
+            if args.json:
+                print(json.dumps(r.__dict__), flush=True)
     receiver.server.shutdown()
 
     print(
-        f"PostgreSQL {version[0] if version else '?'}; {args.due:,} alerts, claim batch "
-        f"{args.claim_batch:,}, webhook batch 100\n"
+        f"\nPostgreSQL {version[0] if version else '?'}; burst {args.due:,} alerts "
+        f"(claim batch {args.claim_batch:,}), steady {args.rate:,}/s for {args.seconds}s, "
+        f"webhook batch 100, {args.rounds} round(s), medians\n"
     )
-    print(f"{'path':<44} {'alerts/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
-    print(
-        f"{'burst: claim -> outbox -> webhook receiver':<44} {e2e_rate:>9,.0f}"
-        f" {statistics.median(burst):>8.1f} {pct(burst, 0.99):>8.1f}"
+    head = (
+        f"{'concurrency':>11} {'burst/s':>8} {'raw POST/s':>10} {'ratio':>6} {'B/alert':>7}"
+        f" {'burst p50':>9} {'p99':>7} {'steady p50':>10} {'p99':>7} {'lost':>4}"
+        f" {'trickle p50':>11} {'p99':>7}"
     )
-    print(
-        f"{'trickle: one alert at a time':<44} {'':>9}"
-        f" {statistics.median(trickle):>8.1f} {pct(trickle, 0.99):>8.1f}"
-    )
-    print(f"{'POST the same batches, no database (limit)':<44} {raw_rate:>9,.0f} {'':>8} {'':>8}")
+    print(head)
+    for level in levels:
+        rs = [r for r in results if r.concurrency == level]
+
+        def med(field: str, rs: list[Round] = rs) -> float:
+            return statistics.median(getattr(r, field) for r in rs)
+
+        ratio = statistics.median(r.burst_rate / r.raw_rate for r in rs)
+        print(
+            f"{level:>11} {med('burst_rate'):>8,.0f} {med('raw_rate'):>10,.0f} {ratio:>6.2f}"
+            f" {med('alert_bytes'):>7.0f} {med('burst_p50'):>9.0f} {med('burst_p99'):>7.0f}"
+            f" {med('steady_p50'):>10.1f} {med('steady_p99'):>7.1f}"
+            f" {max(r.steady_lost for r in rs):>4}"
+            f" {med('trickle_p50'):>11.1f} {med('trickle_p99'):>7.1f}"
+        )
+    print("\nlatencies in ms, claim committed -> request received; 'lost': steady alerts not")
+    print("received within 120 s of the last claim (should be 0)")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,16 @@ so a process that stalled past its lease changes nothing; a claimed delivery's
 next attempt is its lease expiry, so the deliveries of a process that died
 become due again by themselves.
 
-:class:`Dispatcher` runs one worker thread per notifier (a slow receiver holds
-up only its own deliveries) and a listener that wakes them on the claim's
-``NOTIFY``, polling as the fallback. Workers never die: a database outage,
-a receiver outage or an unexpected error is logged once when it starts and
-once when it ends, and the worker backs off (woken early by stop) and goes on.
+:class:`Dispatcher` runs ``concurrency`` worker threads per notifier (a slow
+receiver holds up only its own deliveries) and a listener that wakes them on
+the claim's ``NOTIFY``, polling as the fallback. Each worker claims, sends and
+settles its own batches, so a notifier has up to ``concurrency`` batches in
+flight: one batch's round trip to the receiver overlaps the others' claims and
+commits. Their leases keep them apart (SKIP LOCKED at the claim, a delivery
+leased to one owner is not due until the lease expires). Workers never die: a
+database outage, a receiver outage or an unexpected error is logged once when
+it starts and once when it ends (one record per notifier, shared by its
+workers), and the worker backs off (woken early by stop) and goes on.
 """
 
 from __future__ import annotations
@@ -130,6 +135,79 @@ def receiver_outage(notifier: Notifier) -> Outage:
         return outage
 
 
+@dataclass
+class _Batch:
+    """Deliveries claimed under one lease (``owner``), with their alerts."""
+
+    owner: uuid.UUID
+    rows: list[dict[str, Any]]
+
+
+def _claim(db: Database, notifier: Notifier, now: datetime, sent: _Batch | None = None) -> _Batch:
+    """Lease up to a batch of due deliveries to a fresh owner; settle ``sent`` (a batch
+    the receiver accepted) as sent in the same statement. If the statement fails, both
+    stay undone: ``sent`` is sent again once its lease expires (at least once)."""
+    owner = uuid.uuid4()
+    claim = {
+        "now": now,
+        "owner": owner,
+        "lease": lease_for(notifier),
+        "limit": notifier.batch,
+        "notifier": notifier.name,
+        "sent": [r["id"] for r in sent.rows] if sent else [],
+        "sent_owner": sent.owner if sent else None,
+    }
+    query = queries()["claim_deliveries"]
+    rows = db.run(
+        f"claiming deliveries for {notifier.name}",
+        lambda conn: conn.cursor(row_factory=dict_row).execute(query, claim).fetchall(),
+    )
+    return _Batch(owner, rows)
+
+
+def _send(
+    notifier: Notifier, rows: list[dict[str, Any]], descriptions: Mapping[str, str]
+) -> DeliveryError | None:
+    """Send one batch; the error if the receiver did not take it (its outage recorded)."""
+    receiver = receiver_outage(notifier)
+    started = time.monotonic()
+    try:
+        notifier.send([alert_payload(r, descriptions.get(r["rule"], "")) for r in rows])
+    except DeliveryError as exc:
+        error = exc
+    except Exception as exc:  # a notifier bug must not stop the loop; keep its words
+        error = DeliveryError(notifier.scrub(f"{type(exc).__name__}: {exc}"))
+    else:
+        receiver.ok()
+        return None
+    receiver.failed(str(error), started)
+    return error
+
+
+def _deliver(
+    db: Database,
+    notifier: Notifier,
+    clock: Clock,
+    batch: _Batch,
+    descriptions: Mapping[str, str],
+    claim_next: bool,
+) -> tuple[PassResult, _Batch]:
+    """Send a claimed batch and settle it. With ``claim_next``, a full batch that was
+    accepted is settled by the claim of the next one, which is returned."""
+    error = _send(notifier, batch.rows, descriptions)
+    if error is not None:
+        failed = _settle_failure(db, notifier, clock.now(), batch.owner, batch.rows, error)
+        return failed, _Batch(batch.owner, [])
+    done = PassResult(sent=len(batch.rows))
+    if claim_next and len(batch.rows) >= notifier.batch:
+        return done, _claim(db, notifier, clock.now(), sent=batch)
+    # A short batch: nothing more was due, so no claim to ride on.
+    sent = {"ids": [r["id"] for r in batch.rows], "owner": batch.owner, "now": clock.now()}
+    query = queries()["mark_sent"]
+    db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, sent))
+    return done, _Batch(batch.owner, [])
+
+
 def deliver_batch(
     db: Database,
     notifier: Notifier,
@@ -141,43 +219,10 @@ def deliver_batch(
     Each delivery is settled by its own attempt count: in a failed batch, those
     at their last attempt go dead, the others retry after their own backoff.
     """
-    q = queries()
-    owner = uuid.uuid4()
-    claim = {
-        "now": clock.now(),
-        "owner": owner,
-        "lease": lease_for(notifier),
-        "limit": notifier.batch,
-        "notifier": notifier.name,
-    }
-    rows = db.run(
-        f"claiming deliveries for {notifier.name}",
-        lambda conn: (
-            conn.cursor(row_factory=dict_row).execute(q["claim_deliveries"], claim).fetchall()
-        ),
-    )
-    if not rows:
+    batch = _claim(db, notifier, clock.now())
+    if not batch.rows:
         return PassResult()
-    descriptions = descriptions or {}
-    receiver = receiver_outage(notifier)
-    started = time.monotonic()
-    try:
-        notifier.send([alert_payload(r, descriptions.get(r["rule"], "")) for r in rows])
-        error: DeliveryError | None = None
-    except DeliveryError as exc:
-        error = exc
-    except Exception as exc:  # a notifier bug must not stop the loop; keep its words
-        error = DeliveryError(notifier.scrub(f"{type(exc).__name__}: {exc}"))
-    if error is None:
-        receiver.ok()
-        sent = {"ids": [r["id"] for r in rows], "owner": owner, "now": clock.now()}
-        db.run(
-            f"recording deliveries for {notifier.name}",
-            lambda conn: conn.execute(q["mark_sent"], sent),
-        )
-        return PassResult(sent=len(rows))
-    receiver.failed(str(error), started)
-    return _settle_failure(db, notifier, clock.now(), owner, rows, error)
+    return _deliver(db, notifier, clock, batch, descriptions or {}, claim_next=False)[0]
 
 
 def _settle_failure(
@@ -236,13 +281,19 @@ def deliver_notifier(
     descriptions: Mapping[str, str] | None = None,
     stop: threading.Event | None = None,
 ) -> PassResult:
-    """Batches until none is due; stops early when the receiver fails (it is down)."""
+    """Batches one after the other until none is due; stops early when the receiver
+    fails (it is down), or after the batch in hand once ``stop`` is set.
+
+    Each accepted full batch is settled by the statement that claims the next.
+    """
     total = PassResult()
-    while stop is None or not stop.is_set():
-        result = deliver_batch(db, notifier, clock, descriptions)
+    if stop is not None and stop.is_set():
+        return total
+    batch = _claim(db, notifier, clock.now())
+    while batch.rows:
+        more = stop is None or not stop.is_set()
+        result, batch = _deliver(db, notifier, clock, batch, descriptions or {}, more)
         total += result
-        if result.sent < notifier.batch:  # a short batch, or a failure
-            break
     return total
 
 
@@ -260,7 +311,8 @@ def deliver_due(
 
 
 class Dispatcher:
-    """Delivery worker threads, one per notifier, woken by NOTIFY or by the poll.
+    """Delivery worker threads, ``concurrency[name]`` per notifier (1 if not
+    given), woken by NOTIFY or by the poll.
 
     No failure ends a thread: each waits with a capped backoff (``backoff_cap``
     seconds, cut short by :meth:`stop`) and tries again.
@@ -274,21 +326,34 @@ class Dispatcher:
         descriptions: Mapping[str, str] | None = None,
         poll: float = POLL,
         backoff_cap: float = BACKOFF_CAP,
+        concurrency: Mapping[str, int] | None = None,
     ) -> None:
         self.db, self.notifiers = db, notifiers
         self.clock, self.descriptions, self.poll = clock, descriptions, poll
         self.backoff_cap = backoff_cap
+        self.concurrency = {name: max((concurrency or {}).get(name, 1), 1) for name in notifiers}
         self._stop = threading.Event()
-        self._wake = {name: threading.Event() for name in notifiers}
+        # One event per worker: a worker busy when a NOTIFY came must still see it.
+        self._wake = {
+            name: [threading.Event() for _ in range(n)] for name, n in self.concurrency.items()
+        }
+        # Failures other than an unreachable database (which self.db logs): a broken
+        # schema, a bug. One record per notifier, so N workers failing alike are one line.
+        self._trouble = {name: Outage(f"delivery worker for {name}", log) for name in notifiers}
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Start one worker per notifier and the listener."""
+        """Start the workers of every notifier and the listener."""
         for name, notifier in self.notifiers.items():
-            t = threading.Thread(
-                target=self._work, args=(notifier,), name=f"deliver-{name}", daemon=True
-            )
-            self._threads.append(t)
+            for i, wake in enumerate(self._wake[name]):
+                suffix = f"-{i + 1}" if len(self._wake[name]) > 1 else ""
+                t = threading.Thread(
+                    target=self._work,
+                    args=(notifier, wake),
+                    name=f"deliver-{name}{suffix}",
+                    daemon=True,
+                )
+                self._threads.append(t)
         self._threads.append(threading.Thread(target=self._listen, name="listen", daemon=True))
         for t in self._threads:
             t.start()
@@ -302,15 +367,13 @@ class Dispatcher:
 
     def wake(self) -> None:
         """Make every worker look for due deliveries now."""
-        for event in self._wake.values():
-            event.set()
+        for events in self._wake.values():
+            for event in events:
+                event.set()
 
-    def _work(self, notifier: Notifier) -> None:
-        wake = self._wake[notifier.name]
+    def _work(self, notifier: Notifier, wake: threading.Event) -> None:
         backoff = Backoff(cap=self.backoff_cap)
-        # Failures other than an unreachable database (which self.db logs): a
-        # broken schema, a bug. Logged once when they start, once when they end.
-        trouble = Outage(f"delivery worker for {notifier.name}", log)
+        trouble = self._trouble[notifier.name]
         while not self._stop.is_set():
             since = time.monotonic()
             try:

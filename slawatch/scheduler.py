@@ -72,10 +72,11 @@ class Runner:
         self.rules = {r.name: r for r in rules}
         self.clock = clock or Clock()
         self.poll, self.backoff_cap = poll, backoff_cap
-        # Scans, one delivery worker per notifier, the listener's probe, and one to spare.
-        self.db = Database(
-            dsn, size=len(rules) + len(notifiers) + 2, timeout=timeout, pooler=pooler
-        )
+        # Scans, the delivery workers (`concurrency` per notifier), the listener's
+        # probe, and one to spare.
+        self.concurrency = {c.name: c.concurrency for c in notifiers}
+        size = len(rules) + sum(self.concurrency.values()) + 2
+        self.db = Database(dsn, size=size, timeout=timeout, pooler=pooler)
         try:
             with self.db.connection("reading the watched tables") as conn:
                 # Every rule not ready to run is named at once.
@@ -183,6 +184,7 @@ class Runner:
             self.descriptions,
             poll=self.poll,
             backoff_cap=self.backoff_cap,
+            concurrency=self.concurrency,
         )
         with _signals(on_signal):
             dispatcher.start()

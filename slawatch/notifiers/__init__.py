@@ -87,6 +87,10 @@ class RetrySettings(FileModel):
 class _Base(FileModel):
     name: str = Field(pattern=NAME_PATTERN)
     batch: int = Field(default=100, ge=1, le=10_000)
+    # Batches in flight at once, each under its own lease: a receiver's round
+    # trip and the database's commits overlap. Each is a worker thread and, while
+    # it claims or settles, a database connection: kept small.
+    concurrency: int = Field(default=4, ge=1, le=16)
     timeout: Timeout = timedelta(seconds=10)
     retry: RetrySettings = RetrySettings()
 

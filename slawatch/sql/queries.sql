@@ -3,11 +3,24 @@
 
 -- claim_deliveries --
 -- One notifier's due deliveries, leased to one owner; SKIP LOCKED lets processes
--- share the work. A lease that expired is due again (next_attempt_at = lease
--- expiry), so this same compare-and-set UPDATE rescues it under a new owner.
-WITH due AS (
+-- (and the workers of one process) share the work. A lease that expired is due
+-- again (next_attempt_at = lease expiry), so this same compare-and-set UPDATE
+-- rescues it under a new owner.
+-- A worker that just sent a full batch settles it here too (`sent`, leased to
+-- `sent_owner`, fenced like mark_sent), so a busy worker pays one statement and
+-- one commit per batch, not two; a first claim passes an empty `sent`. The claim
+-- skips those ids: once their lease ran out mid-send they are due again, and one
+-- statement would then both settle and re-lease the same row (both CTEs see the
+-- same snapshot; of two updates of one row PostgreSQL keeps one, unpredictably).
+WITH sent AS (
+    UPDATE slawatch.delivery
+       SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
+           last_error = NULL
+     WHERE id = ANY(%(sent)s::bigint[]) AND lease_owner = %(sent_owner)s::uuid
+), due AS (
     SELECT id FROM slawatch.delivery
      WHERE status = 'pending' AND notifier = %(notifier)s AND next_attempt_at <= %(now)s
+       AND id <> ALL(%(sent)s::bigint[])
      ORDER BY next_attempt_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -27,11 +40,17 @@ SELECT l.id, l.notifier, l.attempts,
  ORDER BY l.notifier, l.id;
 
 -- mark_sent --
--- Fenced: only the owner of the current lease may finish a delivery.
+-- Fenced: only the owner of the current lease may finish a delivery. One statement
+-- settles the whole batch. The owner id is fresh per claim and every settle clears
+-- it in the write that leaves 'pending', so it also says the row is still pending:
+-- no `status = 'pending'` here, which let the planner scan every pending delivery
+-- through delivery_due instead of probing the primary key (measured: 8 ms per 100
+-- with 10 k pending, growing with the backlog; now 2 ms). The ::bigint[] keeps
+-- psycopg from sending a smallint[] for small ids.
 UPDATE slawatch.delivery
    SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
        last_error = NULL
- WHERE id = ANY(%(ids)s) AND status = 'pending' AND lease_owner = %(owner)s;
+ WHERE id = ANY(%(ids)s::bigint[]) AND lease_owner = %(owner)s;
 
 -- mark_retry --
 -- Each delivery at its own next attempt time (its own backoff): ids[i] at nexts[i].
@@ -42,9 +61,10 @@ UPDATE slawatch.delivery d
  WHERE d.id = r.id AND d.status = 'pending' AND d.lease_owner = %(owner)s;
 
 -- mark_dead --
+-- Fenced like mark_sent.
 UPDATE slawatch.delivery
    SET status = 'dead', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s
- WHERE id = ANY(%(ids)s) AND status = 'pending' AND lease_owner = %(owner)s;
+ WHERE id = ANY(%(ids)s::bigint[]) AND lease_owner = %(owner)s;
 
 -- replay --
 -- Dead deliveries back to pending, as if new.

@@ -54,8 +54,9 @@ def test_sigkill_mid_delivery_loses_nothing(
     (tmp_path / "rules" / "late.yaml").write_text(RULE)
     (tmp_path / "notifiers").mkdir()
     # Lease = 2 * timeout + 2s = 4s: how long the killed process's batch stays claimed.
+    # One batch in flight, so the one the receiver holds is the only one killed mid-send.
     (tmp_path / "notifiers" / "hook.yaml").write_text(
-        f"type: webhook\nurl: {receiver.url}\nbatch: 100\ntimeout: 1s\n"
+        f"type: webhook\nurl: {receiver.url}\nbatch: 100\ntimeout: 1s\nconcurrency: 1\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")} | {
         "SLAWATCH_DSN": dsn,

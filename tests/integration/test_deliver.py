@@ -27,6 +27,7 @@ from tests.integration.helpers import Conn, claim_all, shop
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CLAIMED = T0 + timedelta(days=3)  # when the alerts were claimed and became deliverable
+NOTHING_SENT: dict[str, Any] = {"sent": [], "sent_owner": None}  # a claim settling no batch
 
 
 class FlakyReceiver(BaseNotifier):
@@ -164,7 +165,7 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
     q = queries()
     old, new = uuid.uuid4(), uuid.uuid4()
     lease = timedelta(seconds=30)
-    claim = {"limit": 10, "lease": lease, "notifier": "console"}
+    claim = {"limit": 10, "lease": lease, "notifier": "console"} | NOTHING_SENT
     (first,) = conn.execute(
         q["claim_deliveries"], claim | {"now": CLAIMED, "owner": old}
     ).fetchall()
@@ -183,8 +184,35 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
     retry = {"ids": [first[0]], "owner": old, "error": "x", "nexts": [CLAIMED]}
     assert conn.execute(q["mark_retry"], retry).rowcount == 0  # nor reschedule it
     assert statuses(conn) == {"pending": 1}
+    # Nor settle it through the claim of its next batch.
+    settle = claim | {"now": later, "owner": uuid.uuid4(), "sent": [first[0]], "sent_owner": old}
+    assert conn.execute(q["claim_deliveries"], settle).fetchall() == []
+    assert statuses(conn) == {"pending": 1}
     done = conn.execute(q["mark_sent"], {"ids": [first[0]], "owner": new, "now": later})
     assert done.rowcount == 1
+
+
+def test_the_next_claim_settles_the_batch_sent_and_never_takes_it_again(conn: Conn) -> None:
+    """Even when its lease ran out while it was sent (a slow receiver), a batch settled
+    by the claim of the next one is marked sent and not claimed again."""
+    overdue_orders(conn, 3)
+    q = queries()
+    owner, lease = uuid.uuid4(), timedelta(seconds=30)
+    claim = {"limit": 2, "lease": lease, "notifier": "console"}
+    sent = conn.execute(
+        q["claim_deliveries"], claim | NOTHING_SENT | {"now": CLAIMED, "owner": owner}
+    ).fetchall()
+    later = CLAIMED + lease + timedelta(seconds=1)  # the sent batch is due again by now
+    ids = [r[0] for r in sent]
+    settle = {"now": later, "owner": uuid.uuid4(), "sent": ids, "sent_owner": owner}
+    (claimed,) = conn.execute(q["claim_deliveries"], claim | settle).fetchall()
+    assert claimed[0] not in ids
+    rows = conn.execute("SELECT id, status, attempts FROM slawatch.delivery").fetchall()
+    assert {i: (s, n) for i, s, n in rows} == {
+        ids[0]: ("sent", 1),
+        ids[1]: ("sent", 1),
+        claimed[0]: ("pending", 1),
+    }
 
 
 def deliveries(conn: Conn) -> list[tuple[str, str, int, datetime]]:
@@ -267,7 +295,7 @@ def test_two_delivery_claimers_skip_each_others_rows(conn: Conn, dsn: str) -> No
     """One claim holds its rows in an open transaction; the other gets the rest at once."""
     overdue_orders(conn, 10)
     q = queries()
-    claim = {"now": CLAIMED, "lease": timedelta(seconds=30), "notifier": "console"}
+    claim = {"now": CLAIMED, "lease": timedelta(seconds=30), "notifier": "console"} | NOTHING_SENT
     with psycopg.connect(dsn) as first:  # not autocommit: the claim stays open
         held = first.execute(
             q["claim_deliveries"], claim | {"owner": uuid.uuid4(), "limit": 4}
