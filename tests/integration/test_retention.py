@@ -28,7 +28,7 @@ from slawatch.queries import queries
 from slawatch.scheduler import Runner
 from tests.integration.helpers import Conn, claim_all
 from tests.integration.test_explain import nodes
-from tests.integration.test_outage import late_rule, orders
+from tests.integration.test_outage import FaultyClock, late_rule, orders
 from tests.pgcluster import PgCluster
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
@@ -222,6 +222,15 @@ def test_a_batch_reads_the_old_rows_through_indexes_never_a_whole_table(outbox: 
     assert not [n for n in scans if "Seq Scan" in n["Node Type"]], scans
     assert {n.get("Index Name") for n in scans} >= {"alert_rule_fired", "delivery_once"}
 
+    # The old alerts come from index ranges on (rule, fired_at): every scan that
+    # compares fired_at also fixes the rule, and drops at most the old pending alert.
+    ranges = [n for n in tree if "fired_at" in n.get("Index Cond", "")]
+    assert ranges, scans
+    for n in ranges:
+        assert "rule = " in n["Index Cond"], n["Index Cond"]
+        assert n["Index Name"] == "alert_rule_fired"
+        assert n.get("Rows Removed by Filter", 0) <= 1
+
     def read(relation: str) -> float:
         return sum(
             n["Actual Rows"] * n["Actual Loops"]
@@ -229,9 +238,9 @@ def test_a_batch_reads_the_old_rows_through_indexes_never_a_whole_table(outbox: 
             if n["Relation Name"] == relation and n["Node Type"] != "ModifyTable"
         )
 
-    # Old alerts (the pending one included), plus one probe per rule of the skip scan;
-    # about two delivery lookups per old alert (pending? deleted?). Never the 20,000.
-    assert read("alert") <= old + 2 * 4 + old  # found, then each deleted by id
+    # Old alerts (the pending one included), one probe per rule of the skip scan, then
+    # each removed alert by id; about two delivery lookups per old alert. Never 20,000.
+    assert read("alert") <= old + 2 * 4 + old
     assert read("delivery") <= 3 * old
 
 
@@ -239,7 +248,13 @@ def test_a_long_run_keeps_the_outbox_the_size_of_the_retention_window(
     outbox: Conn, dsn: str, db: Database
 ) -> None:
     """Ten cycles of a real claim, deliveries sent, pruning and a vacuum (autovacuum's
-    part): the outbox's heap and indexes stop growing once the window is full."""
+    part): the outbox's live rows and tables stop growing once the window is full,
+    so a late claim inserts into tables no larger than an early one.
+
+    The indexes are not measured: VACUUM frees their emptied pages at once, but they
+    are reused only when no transaction of *any* database is older than the freeing
+    (a benchmark on a shared server defers that); the tables depend on this database.
+    """
     rule = late_rule()
     orders(outbox)
     plan = prepare(outbox, rule)
@@ -258,17 +273,16 @@ def test_a_long_run_keeps_the_outbox_the_size_of_the_retention_window(
         prune(db, FixedClock(now), window)
         outbox.execute("VACUUM slawatch.alert, slawatch.delivery")
         row = outbox.execute(
-            # Heaps and indexes of the outbox (the main forks: where rows and entries go).
-            "SELECT (SELECT count(*) FROM slawatch.alert), sum(pg_relation_size(oid))"
-            " FROM pg_class WHERE relnamespace = 'slawatch'::regnamespace AND relkind IN ('r', 'i')"
+            "SELECT (SELECT count(*) FROM slawatch.alert), pg_relation_size('slawatch.alert')"
+            " + pg_relation_size('slawatch.delivery')"
         ).fetchone()
         assert row is not None
         # Fired at now, now-1h and now-2h: the cycle 2 hours back is exactly at the cutoff.
         assert row[0] <= 3 * per_cycle
         sizes.append(int(row[1]))
-    # Full from cycle 3 on; from then the freed space is reused, with some slack for
-    # index pages that a vacuum frees only one cycle later.
-    assert max(sizes[6:]) <= 1.2 * max(sizes[2:4]), sizes
+    # Full after the 4th claim (4 cycles' alerts before its prune); from then the
+    # freed space is reused (without pruning: 2.5 times that by the 10th).
+    assert max(sizes[4:]) <= 1.1 * max(sizes[:4]), sizes
 
 
 # ---------------------------------------------------------------- the job in `slawatch run`
@@ -347,9 +361,32 @@ def test_the_job_prunes_under_the_scheduler_and_a_failing_run_is_one_line_each_w
         if "pruning history failing" in r.getMessage() and r.levelno >= logging.INFO
     ]
     assert failing.levelno == logging.ERROR and "lock timeout" in failing.getMessage()
+    assert failing.exc_info is None  # an expected failure: a line, no traceback
     assert logged(caplog, "pruned 3 alerts and 3 deliveries older than 4w2d") == 1
     # Our handling, not APScheduler's: it never saw a job raise. (Its warnings that a
     # run was skipped while the previous one waited are expected at this pace.)
+    assert complaints(caplog, "apscheduler", logging.ERROR) == []
+
+
+def test_an_unexpected_error_in_the_job_is_logged_once_with_its_traceback(
+    outbox: Conn, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    for _ in range(2):
+        history(outbox, datetime.now(UTC) - RETENTION - DAY, "sent")
+    # No rules: only the pruning job reads the clock, which raises twice (any bug).
+    runner = Runner(dsn, [], [], clock=FaultyClock(2), maintain_every=timedelta(seconds=0.2))
+    thread = serving(runner)
+    try:
+        wait_for(lambda: alerts_left(dsn) == 0, "the run after two failed ones to prune")
+        wait_for(lambda: logged(caplog, "pruning history working again") > 0, "recovery")
+    finally:
+        runner.stop()
+        thread.join(60)
+        runner.close()
+    (failing,) = [r for r in caplog.records if "pruning history failing" in r.getMessage()]
+    assert "unexpected RuntimeError: clock broke" in failing.getMessage()
+    assert failing.exc_info is not None
     assert complaints(caplog, "apscheduler", logging.ERROR) == []
 
 
