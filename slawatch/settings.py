@@ -44,11 +44,11 @@ class Settings(BaseSettings):
     notifiers_dir: Path = Path("notifiers")
     data_dir: Path = Path(".slawatch")
     log_level: str = "INFO"
+    # How long alerts and their deliveries are kept (none with a delivery still pending
+    # is removed); `slawatch run` prunes older history every 10 minutes.
+    retention: Annotated[timedelta, BeforeValidator(_retention)] = DEFAULT_RETENTION
     # Seconds to wait for a database connection before counting the database as down.
     db_timeout: float = Field(default=30.0, gt=0, le=3600)
     # "transaction": PgBouncer (or another pooler) in transaction mode: no prepared
     # statements, and no LISTEN (deliveries are polled).
     pooler: Literal["none", "session", "transaction"] = "none"
-    # How long alerts and their deliveries are kept (none with a delivery still pending
-    # is removed); `slawatch run` prunes older history every 10 minutes.
-    retention: Annotated[timedelta, BeforeValidator(_retention)] = DEFAULT_RETENTION
