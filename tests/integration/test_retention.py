@@ -416,10 +416,12 @@ def test_the_job_outlives_a_database_outage(
     try:
         wait_for(lambda: alerts_left(dsn) == 0, "the first old history to go")
         cluster.stop()
-        # Down for several runs of the job, each waiting out the pool timeout.
+        wait_for(lambda: logged(caplog, "database unreachable") > 0, "the outage line")
+        # Down for several runs of the job, each waiting out the pool timeout (the
+        # later failures are DEBUG lines of the same outage).
         wait_for(
-            lambda: logged(caplog, "database unreachable", logging.DEBUG) >= 3,
-            "three runs to fail",
+            lambda: logged(caplog, "unreachable: pruning alert history", logging.DEBUG) >= 3,
+            "three runs of the job to fail",
         )
         cluster.start()
         add_old(4)
