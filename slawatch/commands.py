@@ -148,6 +148,7 @@ def cmd_run(settings: Settings, once: bool) -> int:
         notifiers,
         timeout=settings.db_timeout,
         pooler=settings.pooler,
+        retention=settings.retention,
     )
     try:
         if not once:

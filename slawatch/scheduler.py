@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -26,10 +26,14 @@ from slawatch.claim import ClaimPlan, DrainResult, drain, prepare_all
 from slawatch.clock import Clock
 from slawatch.db import Database, DatabaseUnavailable, Pooler, PreparedStatementLost
 from slawatch.deliver import BACKOFF_CAP, POLL, Dispatcher, PassResult, deliver_notifier
+from slawatch.durations import format_duration
 from slawatch.errors import SlawatchError
+from slawatch.maintain import EVERY as MAINTAIN_EVERY
+from slawatch.maintain import PruneResult, prune
 from slawatch.notifiers import Notifier, NotifierConfig, build
 from slawatch.outage import Backoff, Outage
 from slawatch.rules import Rule
+from slawatch.settings import DEFAULT_RETENTION
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +58,8 @@ class Runner:
     ``timeout``: seconds to wait for a database connection (``SLAWATCH_DB_TIMEOUT``);
     ``pooler``: ``"transaction"`` behind PgBouncer in transaction mode
     (``SLAWATCH_POOLER``); ``poll``: seconds between delivery polls when no NOTIFY
-    comes; ``backoff_cap``: the longest wait after a failure.
+    comes; ``backoff_cap``: the longest wait after a failure; ``retention``: how
+    long alert history is kept (``SLAWATCH_RETENTION``), pruned every ``maintain_every``.
     """
 
     def __init__(
@@ -68,14 +73,17 @@ class Runner:
         pooler: Pooler = "auto",
         poll: float = POLL,
         backoff_cap: float = BACKOFF_CAP,
+        retention: timedelta = DEFAULT_RETENTION,
+        maintain_every: timedelta = MAINTAIN_EVERY,
     ) -> None:
         self.rules = {r.name: r for r in rules}
         self.clock = clock or Clock()
         self.poll, self.backoff_cap = poll, backoff_cap
+        self.retention, self.maintain_every = retention, maintain_every
         # Scans, the delivery workers (`concurrency` per notifier), the listener's
-        # probe, and one to spare.
+        # probe, pruning, and one to spare.
         self.concurrency = {c.name: c.concurrency for c in notifiers}
-        size = len(rules) + sum(self.concurrency.values()) + 2
+        size = len(rules) + sum(self.concurrency.values()) + 3
         self.db = Database(dsn, size=size, timeout=timeout, pooler=pooler)
         try:
             with self.db.connection("reading the watched tables") as conn:
@@ -89,6 +97,7 @@ class Runner:
         self._scan_trouble = {name: Outage(f"rule {name}: scans", log) for name in self.rules}
         self._scan_backoff = {name: Backoff(cap=backoff_cap) for name in self.rules}
         self._scan_retry_at = dict.fromkeys(self.rules, 0.0)
+        self._maintain_trouble = Outage("pruning history", log)
         self._stop = threading.Event()
 
     def scan(self, rule: str) -> DrainResult | None:
@@ -116,6 +125,34 @@ class Runner:
         self._scan_retry_at[rule] = 0.0
         if result.claimed:
             log.info("rule %s: %d alerts in %d batches", rule, result.claimed, result.batches)
+        return result
+
+    def maintain(self) -> PruneResult | None:
+        """Prune history older than the retention; never raises.
+
+        It runs every ``maintain_every``, so a failure simply waits for the next run.
+        """
+        since = time.monotonic()
+        try:
+            result = prune(self.db, self.clock, self.retention)
+        except DatabaseUnavailable:
+            return None  # the database's outage line says it
+        except SlawatchError as exc:
+            self._maintain_trouble.failed(str(exc), since)
+            return None
+        except Exception as exc:  # a bug: scans and deliveries go on, and so does this job
+            self._maintain_trouble.failed(
+                f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc
+            )
+            return None
+        self._maintain_trouble.ok()
+        if result.alerts or result.deliveries:
+            log.info(
+                "pruned %d alerts and %d deliveries older than %s",
+                result.alerts,
+                result.deliveries,
+                format_duration(self.retention),
+            )
         return result
 
     def _drain(self, rule: str) -> DrainResult:
@@ -157,7 +194,7 @@ class Runner:
     def serve(self, seconds: float | None = None) -> None:
         """Scan and deliver until SIGINT/SIGTERM, :meth:`stop`, or ``seconds`` passed."""
         scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(len(self.rules) + 1)}, timezone=UTC
+            executors={"default": ThreadPoolExecutor(len(self.rules) + 2)}, timezone=UTC
         )
         now = datetime.now(UTC)
         for name, rule in self.rules.items():
@@ -173,6 +210,18 @@ class Runner:
                 misfire_grace_time=max(int(every), 1),
                 next_run_time=now,
             )
+        every = self.maintain_every.total_seconds()
+        scheduler.add_job(
+            self.maintain,
+            "interval",
+            seconds=every,
+            id="maintain",
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=max(int(every), 1),
+            # After the first scans: a restart catches up on pruning without delaying alerts.
+            next_run_time=now + timedelta(seconds=min(every, 30)),
+        )
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             self.stop()

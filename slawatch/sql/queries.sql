@@ -82,3 +82,43 @@ SELECT count(*) FROM replayed;
 
 -- wake_deliveries --
 SELECT pg_notify('slawatch_delivery', '');
+
+-- prune_history --
+-- One bounded batch of history (maintain.py): alerts fired before the cutoff none
+-- of whose deliveries is pending, removed with their deliveries. Old alerts are
+-- found per rule through alert_rule_fired; the rules by a skip scan of the same
+-- index (one probe per rule), so a batch reads the old rows, not the table.
+-- Each alert's deliveries are read through delivery_once (by alert_id): an
+-- aggregate subquery stays a lookup per alert, where a NOT EXISTS could become
+-- an anti join reading every pending delivery (delivery_due) for each batch.
+-- A dead delivery replayed to pending while this runs: its DELETE re-checks the
+-- status and skips it, and its alert is kept (not all of its deliveries went).
+WITH RECURSIVE rules AS (
+    SELECT min(rule) AS rule FROM slawatch.alert
+    UNION ALL
+    SELECT (SELECT min(a.rule) FROM slawatch.alert a WHERE a.rule > r.rule)
+      FROM rules r
+     WHERE r.rule IS NOT NULL
+), old AS (
+    SELECT o.id
+      FROM rules r CROSS JOIN LATERAL (
+            SELECT a.id FROM slawatch.alert a
+             WHERE a.rule = r.rule AND a.fired_at < %(cutoff)s
+               AND (SELECT bool_or(p.status = 'pending') FROM slawatch.delivery p
+                     WHERE p.alert_id = a.id) IS NOT TRUE
+             ORDER BY a.fired_at
+             LIMIT %(batch)s) o
+     LIMIT %(batch)s
+), gone_deliveries AS (
+    DELETE FROM slawatch.delivery d
+     WHERE d.alert_id = ANY (ARRAY(SELECT id FROM old)) AND d.status <> 'pending'
+    RETURNING d.id
+), gone_alerts AS (
+    DELETE FROM slawatch.alert a
+     WHERE a.id = ANY (ARRAY(SELECT id FROM old))
+       AND (SELECT bool_and(k.id IN (SELECT g.id FROM gone_deliveries g))
+              FROM slawatch.delivery k
+             WHERE k.alert_id = a.id) IS NOT FALSE
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone_alerts), (SELECT count(*) FROM gone_deliveries);

@@ -1,0 +1,440 @@
+"""Outbox lifecycle: history older than the retention goes, in bounded batches; what
+may still be sent stays; the job of ``slawatch run`` outlives failures and outages.
+
+The cost argument is proved with plans and sizes, not timings: a batch reads the
+old rows through indexes (never a scan of a table), and a long run's outbox stays
+the size of the retention window, so the claim's inserts do not grow with the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from slawatch.claim import prepare
+from slawatch.clock import Clock
+from slawatch.db import Database
+from slawatch.maintain import prune
+from slawatch.migrate import migrate
+from slawatch.queries import queries
+from slawatch.scheduler import Runner
+from tests.integration.helpers import Conn, claim_all
+from tests.integration.test_explain import nodes
+from tests.integration.test_outage import FaultyClock, late_rule, orders
+from tests.pgcluster import PgCluster
+
+NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
+DAY = timedelta(days=1)
+RETENTION = timedelta(days=30)
+
+
+class FixedClock(Clock):
+    """The application clock at a time the test sets."""
+
+    def __init__(self, now: datetime) -> None:
+        self.at = now
+
+    def now(self) -> datetime:
+        return self.at
+
+
+def history(conn: Conn, fired_at: datetime, *statuses: str, rule: str = "late") -> int:
+    """An alert fired at ``fired_at`` with one delivery per status given; its id."""
+    row = conn.execute(
+        "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
+        " VALUES (%s, %s, 1, 1, 'warning', %s, '{}') RETURNING id",
+        (rule, uuid.uuid4().hex, fired_at),
+    ).fetchone()
+    assert row is not None
+    for i, status in enumerate(statuses):
+        conn.execute(
+            "INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)"
+            " VALUES (%s, %s, %s, %s)",
+            (row[0], f"notifier{i}", status, fired_at),
+        )
+    return int(row[0])
+
+
+def kept(conn: Conn) -> tuple[set[int], set[tuple[int, str]]]:
+    """Alert ids, and (alert id, status) of deliveries, still in the outbox."""
+    alert_ids = {r[0] for r in conn.execute("SELECT id FROM slawatch.alert").fetchall()}
+    deliveries = {
+        (r[0], r[1])
+        for r in conn.execute("SELECT alert_id, status FROM slawatch.delivery").fetchall()
+    }
+    return alert_ids, deliveries
+
+
+@pytest.fixture
+def outbox(conn: Conn) -> Conn:
+    """The test's database with slawatch's schema."""
+    migrate(conn, [])
+    return conn
+
+
+@pytest.fixture
+def db(dsn: str, outbox: Conn) -> Iterator[Database]:
+    with Database(dsn, size=2) as database:
+        yield database
+
+
+def test_old_sent_and_dead_history_goes_while_pending_and_recent_history_stays(
+    outbox: Conn, db: Database
+) -> None:
+    old = NOW - RETENTION - timedelta(seconds=1)
+    sent = history(outbox, old, "sent", "sent")
+    dead = history(outbox, old - 300 * DAY, "dead")
+    mixed = history(outbox, old, "sent", "pending")  # one receiver still to go
+    waiting = history(outbox, old - DAY, "pending")
+    retrying = history(outbox, old, "dead", "pending")
+    recent = history(outbox, NOW - RETENTION + timedelta(seconds=1), "sent", "dead")
+    bare = history(outbox, old)  # no delivery at all: nothing left to send
+
+    result = prune(db, FixedClock(NOW), RETENTION)
+
+    alert_ids, deliveries = kept(outbox)
+    assert alert_ids == {mixed, waiting, retrying, recent}
+    # An alert with a pending delivery keeps all of its deliveries: its history stays whole.
+    assert deliveries == {
+        (mixed, "sent"),
+        (mixed, "pending"),
+        (waiting, "pending"),
+        (retrying, "dead"),
+        (retrying, "pending"),
+        (recent, "sent"),
+        (recent, "dead"),
+    }
+    assert (result.alerts, result.deliveries) == (3, 3)
+    assert sent not in alert_ids and dead not in alert_ids and bare not in alert_ids
+
+
+def test_batches_are_bounded_and_unremovable_old_alerts_do_not_stall_them(
+    outbox: Conn, db: Database
+) -> None:
+    old = NOW - RETENTION - DAY
+    # The oldest alerts still wait for a receiver: they come first in fired_at
+    # order, and a batch that picked them would remove nothing and end the run.
+    for i in range(3):
+        history(outbox, old - timedelta(hours=i + 1), "pending")
+    for i in range(7):
+        history(outbox, old + timedelta(minutes=i), "sent")
+
+    result = prune(db, FixedClock(NOW), RETENTION, batch=2)
+
+    assert (result.alerts, result.deliveries) == (7, 7)
+    assert result.batches == 4  # 2 + 2 + 2 + 1: one bounded statement each
+    alert_ids, deliveries = kept(outbox)
+    assert len(alert_ids) == 3 and {s for _, s in deliveries} == {"pending"}
+
+    # The time budget ends a run after the batch in hand; the next run goes on.
+    for i in range(5):
+        history(outbox, old + timedelta(minutes=i), "dead")
+    first = prune(db, FixedClock(NOW), RETENTION, batch=2, budget=timedelta(0))
+    assert (first.alerts, first.batches) == (2, 1)
+    assert prune(db, FixedClock(NOW), RETENTION, batch=2).alerts == 3
+
+
+def test_a_delivery_replayed_while_a_batch_runs_is_kept_with_its_alert(
+    outbox: Conn, dsn: str, db: Database
+) -> None:
+    """The batch read the delivery as dead; `slawatch replay` made it pending before
+    the batch could delete it. The DELETE re-checks the status, and the alert stays."""
+    old = NOW - RETENTION - DAY
+    replayed = history(outbox, old, "sent", "dead")
+    other = history(outbox, old, "sent")
+    done: list[tuple[int, int]] = []
+    with psycopg.connect(dsn) as replay:  # a transaction, like cmd_replay's
+        replay.execute(
+            "UPDATE slawatch.delivery SET status = 'pending', attempts = 0"
+            " WHERE alert_id = %s AND status = 'dead'",
+            (replayed,),
+        )
+
+        def batch() -> None:
+            with db.connection("test prune") as conn:
+                row = conn.execute(
+                    queries()["prune_history"], {"cutoff": NOW - RETENTION, "batch": 10}
+                ).fetchone()
+                assert row is not None
+                done.append((row[0], row[1]))
+
+        pruning = threading.Thread(target=batch, daemon=True)
+        pruning.start()
+        # The batch's snapshot saw the delivery dead; it now waits for the replay's row lock.
+        wait_for(lambda: waiting_on_a_lock(outbox), "the batch to wait for the replay")
+        replay.commit()
+    pruning.join(30)
+    assert not pruning.is_alive()
+
+    alert_ids, deliveries = kept(outbox)
+    assert alert_ids == {replayed}
+    assert (replayed, "pending") in deliveries
+    assert other not in alert_ids
+    assert done == [(1, 2)]  # `other` with its delivery, and `replayed`'s sent one
+
+
+def waiting_on_a_lock(conn: Conn) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND query LIKE '%%gone_deliveries%%'"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def test_a_batch_reads_the_old_rows_through_indexes_never_a_whole_table(outbox: Conn) -> None:
+    old, recent = 120, 20_000
+    # Three rules' recent history (what a table in a steady state mostly holds), one
+    # rule's old history, and an old alert whose delivery is still pending.
+    outbox.execute(
+        "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
+        " SELECT 'rule' || mod(g, 3), g::text, 1, 1, 'warning', %s - g * interval '1 second',"
+        " '{}' FROM generate_series(1, %s) g",
+        (NOW, recent),
+    )
+    outbox.execute(
+        "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
+        " SELECT 'rule1', 'old' || g, 1, 1, 'warning', %s - g * interval '1 hour', '{}'"
+        " FROM generate_series(1, %s) g",
+        (NOW - RETENTION, old),
+    )
+    outbox.execute(
+        "INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)"
+        " SELECT id, 'hook', CASE WHEN key = 'old1' THEN 'pending' ELSE 'sent' END, fired_at"
+        " FROM slawatch.alert"
+    )
+    outbox.execute("ANALYZE slawatch.alert")
+    outbox.execute("ANALYZE slawatch.delivery")
+    with outbox.transaction(force_rollback=True):
+        (explained,) = outbox.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + queries()["prune_history"],
+            {"cutoff": NOW - RETENTION, "batch": 1000},
+        ).fetchone()  # type: ignore[misc]
+    tree = nodes(explained[0]["Plan"])
+    scans = [n for n in tree if n.get("Relation Name") in ("alert", "delivery")]
+    assert not [n for n in scans if "Seq Scan" in n["Node Type"]], scans
+    assert {n.get("Index Name") for n in scans} >= {"alert_rule_fired", "delivery_once"}
+
+    # The old alerts come from index ranges on (rule, fired_at): every scan that
+    # compares fired_at also fixes the rule, and drops at most the old pending alert.
+    ranges = [n for n in tree if "fired_at" in n.get("Index Cond", "")]
+    assert ranges, scans
+    for n in ranges:
+        assert "rule = " in n["Index Cond"], n["Index Cond"]
+        assert n["Index Name"] == "alert_rule_fired"
+        assert n.get("Rows Removed by Filter", 0) <= 1
+
+    def read(relation: str) -> float:
+        return sum(
+            n["Actual Rows"] * n["Actual Loops"]
+            for n in scans
+            if n["Relation Name"] == relation and n["Node Type"] != "ModifyTable"
+        )
+
+    # Old alerts (the pending one included), one probe per rule of the skip scan, then
+    # each removed alert by id; about two delivery lookups per old alert. Never 20,000.
+    assert read("alert") <= old + 2 * 4 + old
+    assert read("delivery") <= 3 * old
+
+
+def test_a_long_run_keeps_the_outbox_the_size_of_the_retention_window(
+    outbox: Conn, dsn: str, db: Database
+) -> None:
+    """Ten cycles of a real claim, deliveries sent, pruning and a vacuum (autovacuum's
+    part): the outbox's live rows and tables stop growing once the window is full,
+    so a late claim inserts into tables no larger than an early one.
+
+    The indexes are not measured: VACUUM frees their emptied pages at once, but they
+    are reused only when no transaction of *any* database is older than the freeing
+    (a benchmark on a shared server defers that); the tables depend on this database.
+    """
+    rule = late_rule()
+    orders(outbox)
+    plan = prepare(outbox, rule)
+    per_cycle, window = 2000, timedelta(hours=2)
+    sizes: list[int] = []
+    for cycle in range(10):
+        now = NOW + cycle * timedelta(hours=1)
+        first = cycle * per_cycle + 1
+        outbox.execute(
+            "INSERT INTO orders SELECT g, 'paid', %s - interval '1 day'"
+            " FROM generate_series(%s::int, %s::int) g",
+            (now, first, first + per_cycle - 1),
+        )
+        assert claim_all(outbox, plan, now) == per_cycle
+        outbox.execute("UPDATE slawatch.delivery SET status = 'sent' WHERE status = 'pending'")
+        prune(db, FixedClock(now), window)
+        outbox.execute("VACUUM slawatch.alert, slawatch.delivery")
+        row = outbox.execute(
+            "SELECT (SELECT count(*) FROM slawatch.alert), pg_relation_size('slawatch.alert')"
+            " + pg_relation_size('slawatch.delivery')"
+        ).fetchone()
+        assert row is not None
+        # Fired at now, now-1h and now-2h: the cycle 2 hours back is exactly at the cutoff.
+        assert row[0] <= 3 * per_cycle
+        sizes.append(int(row[1]))
+    # Full after the 4th claim (4 cycles' alerts before its prune); from then the
+    # freed space is reused (without pruning: 2.5 times that by the 10th).
+    assert max(sizes[4:]) <= 1.1 * max(sizes[:4]), sizes
+
+
+# ---------------------------------------------------------------- the job in `slawatch run`
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 45) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def logged(caplog: pytest.LogCaptureFixture, text: str, level: int = logging.INFO) -> int:
+    return sum(1 for r in caplog.records if r.levelno >= level and text in r.getMessage())
+
+
+def alerts_left(dsn: str) -> int:
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as conn:
+            row = conn.execute("SELECT count(*) FROM slawatch.alert").fetchone()
+    except psycopg.OperationalError:
+        return -1
+    return int(row[0]) if row else -1
+
+
+def serving(runner: Runner) -> threading.Thread:
+    thread = threading.Thread(target=runner.serve, name="serve", daemon=True)
+    thread.start()
+    return thread
+
+
+def complaints(
+    caplog: pytest.LogCaptureFixture, logger: str, level: int, *allowed: str
+) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith(logger)
+        and r.levelno >= level
+        and not any(a in r.getMessage() for a in allowed)
+    ]
+
+
+def test_the_job_prunes_under_the_scheduler_and_a_failing_run_is_one_line_each_way(
+    outbox: Conn, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="slawatch")
+    old = datetime.now(UTC) - RETENTION - DAY
+    for _ in range(3):
+        history(outbox, old, "sent")
+    impatient = make_conninfo(dsn, options="-c lock_timeout=200")
+    # No rules, no notifiers: the pruning job is the only user of the database.
+    runner = Runner(impatient, [], [], maintain_every=timedelta(seconds=0.2))
+    with psycopg.connect(dsn) as blocker:
+        blocker.execute("LOCK TABLE slawatch.delivery IN ACCESS EXCLUSIVE MODE")
+        thread = serving(runner)
+        try:
+            # Several runs fail (the later ones are DEBUG lines only).
+            wait_for(
+                lambda: logged(caplog, "pruning history failing", logging.DEBUG) >= 3,
+                "three failed runs",
+            )
+            blocker.rollback()
+            wait_for(lambda: alerts_left(dsn) == 0, "the old history to go")
+            wait_for(lambda: logged(caplog, "pruning history working again") > 0, "recovery")
+        finally:
+            runner.stop()
+            thread.join(60)
+            runner.close()
+    assert not thread.is_alive()
+    (failing,) = [
+        r
+        for r in caplog.records
+        if "pruning history failing" in r.getMessage() and r.levelno >= logging.INFO
+    ]
+    assert failing.levelno == logging.ERROR and "lock timeout" in failing.getMessage()
+    assert failing.exc_info is None  # an expected failure: a line, no traceback
+    assert logged(caplog, "pruned 3 alerts and 3 deliveries older than 4w2d") == 1
+    # Our handling, not APScheduler's: it never saw a job raise. (Its warnings that a
+    # run was skipped while the previous one waited are expected at this pace.)
+    assert complaints(caplog, "apscheduler", logging.ERROR) == []
+
+
+def test_an_unexpected_error_in_the_job_is_logged_once_with_its_traceback(
+    outbox: Conn, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    for _ in range(2):
+        history(outbox, datetime.now(UTC) - RETENTION - DAY, "sent")
+    # No rules: only the pruning job reads the clock, which raises twice (any bug).
+    runner = Runner(dsn, [], [], clock=FaultyClock(2), maintain_every=timedelta(seconds=0.2))
+    thread = serving(runner)
+    try:
+        wait_for(lambda: alerts_left(dsn) == 0, "the run after two failed ones to prune")
+        wait_for(lambda: logged(caplog, "pruning history working again") > 0, "recovery")
+    finally:
+        runner.stop()
+        thread.join(60)
+        runner.close()
+    (failing,) = [r for r in caplog.records if "pruning history failing" in r.getMessage()]
+    assert "unexpected RuntimeError: clock broke" in failing.getMessage()
+    assert failing.exc_info is not None
+    assert complaints(caplog, "apscheduler", logging.ERROR) == []
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PgCluster]:
+    with PgCluster() as c:
+        yield c
+
+
+def test_the_job_outlives_a_database_outage(
+    cluster: PgCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="slawatch")
+    dsn = cluster.database(f"retention_{uuid.uuid4().hex[:8]}")
+    old = datetime.now(UTC) - RETENTION - DAY
+
+    def add_old(count: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for _ in range(count):
+                history(conn, old, "dead")
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, [])
+    add_old(2)
+    runner = Runner(dsn, [], [], timeout=1.0, maintain_every=timedelta(seconds=0.3))
+    thread = serving(runner)
+    try:
+        wait_for(lambda: alerts_left(dsn) == 0, "the first old history to go")
+        cluster.stop()
+        wait_for(lambda: logged(caplog, "database unreachable") > 0, "the outage line")
+        # Down for several runs of the job, each waiting out the pool timeout (the
+        # later failures are DEBUG lines of the same outage).
+        wait_for(
+            lambda: logged(caplog, "unreachable: pruning alert history", logging.DEBUG) >= 3,
+            "three runs of the job to fail",
+        )
+        cluster.start()
+        add_old(4)
+        wait_for(lambda: alerts_left(dsn) == 0, "the old history after the outage to go")
+        wait_for(lambda: logged(caplog, "database reachable again") > 0, "the end-of-outage line")
+    finally:
+        runner.stop()
+        thread.join(60)
+        runner.close()
+    assert not thread.is_alive()
+    assert logged(caplog, "database unreachable") == 1
+    assert logged(caplog, "database reachable again after") == 1
+    assert complaints(caplog, "slawatch", logging.WARNING, "database unreachable") == []
+    # Our handling, not APScheduler's: it never saw a job raise. (Its warnings that a
+    # run was skipped while the previous one waited are expected at this pace.)
+    assert complaints(caplog, "apscheduler", logging.ERROR) == []

@@ -1,0 +1,46 @@
+"""SLAWATCH_RETENTION: a bounded duration; a bad value is one line and exit 2."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from slawatch.cli import main
+from slawatch.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("30d", timedelta(days=30)), ("1h", timedelta(hours=1)), ("P2W", timedelta(weeks=2))],
+)
+def test_a_retention_is_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: timedelta
+) -> None:
+    monkeypatch.setenv("SLAWATCH_RETENTION", value)
+    assert Settings().retention == expected
+
+
+def test_the_default_is_30_days(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLAWATCH_RETENTION", raising=False)
+    assert Settings().retention == timedelta(days=30)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("a fortnight", "SLAWATCH_RETENTION: 'a fortnight' is not a duration (try 30s"),
+        ("59m", "SLAWATCH_RETENTION: '59m' is shorter than 1h, the least slawatch accepts"),
+        ("3651d", "SLAWATCH_RETENTION: '3651d' is longer than 10 years, the most slawatch"),
+        ("9" * 400 + "d", "is longer than 10 years"),
+    ],
+)
+def test_a_bad_retention_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str, message: str
+) -> None:
+    monkeypatch.setenv("SLAWATCH_RETENTION", value)
+    assert main(["check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("slawatch: error: "), err
+    assert message in err
+    assert len(err) < 200  # an absurd value is quoted short
