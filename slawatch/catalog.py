@@ -21,7 +21,7 @@ class Partition:
     name: str
     is_leaf: bool
     level: int
-    unique_columns: frozenset[str]
+    unique_keys: frozenset[frozenset[str]]
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,20 @@ class TableInfo:
     name: str
     relkind: str
     columns: dict[str, str]  # name -> type, as format_type() prints it
-    unique_columns: frozenset[str]  # columns with a single-column unique index
+    # Column sets of the plain unique indexes (no predicate, no expression).
+    unique_keys: frozenset[frozenset[str]]
     not_null: frozenset[str]
+    primary_key: tuple[str, ...] = ()
     partitions: tuple[Partition, ...] = ()  # of a partitioned table, all levels
+
+
+# The column sets of a relation's plain unique indexes.
+_UNIQUE_KEYS = (
+    "SELECT ARRAY(SELECT a.attname FROM unnest(i.indkey[0:i.indnkeyatts - 1]) AS k(attnum)"
+    "             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum)"
+    " FROM pg_index i WHERE i.indrelid = %s AND i.indisunique"
+    " AND i.indpred IS NULL AND i.indexprs IS NULL"
+)
 
 
 def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
@@ -56,46 +67,69 @@ def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
         ).fetchall()
         columns = {name: type_ for name, type_, _ in attributes}
         not_null = frozenset(name for name, _, notnull in attributes if notnull)
-        unique = {
-            r[0]
-            for r in conn.execute(
-                "SELECT a.attname FROM pg_index i"
-                " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
-                " WHERE i.indrelid = %s AND i.indisunique AND i.indnkeyatts = 1"
-                " AND i.indpred IS NULL AND i.indexprs IS NULL",
-                (oid,),
-            ).fetchall()
-        }
+        unique = frozenset(frozenset(r[0]) for r in conn.execute(_UNIQUE_KEYS, (oid,)))
+        pk_row = conn.execute(
+            "SELECT ARRAY(SELECT a.attname FROM unnest(i.indkey[0:i.indnkeyatts - 1])"
+            "   WITH ORDINALITY AS k(attnum, ord)"
+            "   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+            "   ORDER BY k.ord)"
+            " FROM pg_index i WHERE i.indrelid = %s AND i.indisprimary",
+            (oid,),
+        ).fetchone()
         partitions: tuple[Partition, ...] = ()
         if relkind == "p":
             rows = conn.execute(
-                "SELECT n.nspname, c.relname, t.isleaf, t.level, ARRAY("
-                "   SELECT a.attname FROM pg_index i"
-                "   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
-                "   WHERE i.indrelid = t.relid AND i.indisunique AND i.indnkeyatts = 1"
-                "   AND i.indpred IS NULL AND i.indexprs IS NULL)"
+                "SELECT t.relid::oid, n.nspname, c.relname, t.isleaf, t.level"
                 " FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid"
                 " JOIN pg_namespace n ON n.oid = c.relnamespace"
                 " WHERE t.level > 0 ORDER BY c.relname",
                 (oid,),
             ).fetchall()
             partitions = tuple(
-                Partition(s, n, leaf, level, frozenset(u)) for s, n, leaf, level, u in rows
+                Partition(
+                    s,
+                    n,
+                    leaf,
+                    level,
+                    frozenset(frozenset(r[0]) for r in conn.execute(_UNIQUE_KEYS, (relid,))),
+                )
+                for relid, s, n, leaf, level in rows
             )
-    return TableInfo(schema, name, relkind, columns, frozenset(unique), not_null, partitions)
+    primary_key = tuple(pk_row[0]) if pk_row else ()
+    return TableInfo(schema, name, relkind, columns, unique, not_null, primary_key, partitions)
 
 
-def index_state(conn: Connection, schema: str, name: str) -> tuple[bool, str | None] | None:
-    """(valid, comment) of index ``schema.name``, or None when there is none."""
+@dataclass(frozen=True)
+class IndexState:
+    """An index as the catalog has it."""
+
+    valid: bool
+    table: tuple[str, str]  # (schema, name) of the table it is on
+    definition: str  # pg_get_indexdef from "USING" on: method, columns, predicate
+
+
+def index_state(conn: Connection, schema: str, name: str) -> IndexState | None:
+    """Index ``schema.name`` as it is, or None when there is none."""
     with translate(f"reading the catalog for index {schema}.{name}"):
         row = conn.execute(
-            "SELECT i.indisvalid, obj_description(c.oid, 'pg_class') FROM pg_class c"
+            "SELECT i.indisvalid, tn.nspname, t.relname, pg_get_indexdef(c.oid)"
+            " FROM pg_class c"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " JOIN pg_index i ON i.indexrelid = c.oid"
+            " JOIN pg_class t ON t.oid = i.indrelid"
+            " JOIN pg_namespace tn ON tn.oid = t.relnamespace"
             " WHERE n.nspname = %s AND c.relname = %s",
             (schema, name),
         ).fetchone()
-    return None if row is None else (bool(row[0]), row[1])
+    if row is None:
+        return None
+    return IndexState(bool(row[0]), (row[1], row[2]), definition_tail(row[3]))
+
+
+def definition_tail(indexdef: str) -> str:
+    """What defines an index, without its name and table: ``USING btree (...) WHERE ...``."""
+    at = indexdef.find(" USING ")
+    return indexdef[at + 1 :] if at >= 0 else indexdef
 
 
 def condition(rule: Rule) -> sql.SQL:
@@ -127,16 +161,25 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
         known = ", ".join(c for c in info.columns if not c.startswith("sw_"))
         errors.append(f"{where}: {field}: column {column!r} not in {rule.table} ({known})")
 
-    if rule.key not in info.columns:
-        missing("key", rule.key)
-    elif not _key_is_unique(rule.key, info):
+    key = key_columns(rule, info)
+    absent = [c for c in key if c not in info.columns]
+    for column in absent:
+        missing("key", column)
+    named = ", ".join(key)
+    if not key:
         errors.append(
-            f"{where}: key: column {rule.key!r} of {rule.table} has no unique index "
-            "of its own; the key must identify one row"
+            f"{where}: key: {rule.table} has no primary key; "
+            "name the column(s) that identify a row (key: id, or key: [id, created])"
         )
-    elif rule.key not in info.not_null:
+    elif not absent and not _key_is_unique(key, info):
         errors.append(
-            f"{where}: key: column {rule.key!r} of {rule.table} may be NULL; "
+            f"{where}: key: ({named}) of {rule.table} has no unique index on those "
+            "columns; the key must identify one row"
+        )
+    elif not absent and any(c not in info.not_null for c in key):
+        nullable = next(c for c in key if c not in info.not_null)
+        errors.append(
+            f"{where}: key: column {nullable!r} of {rule.table} may be NULL; "
             "the key must be NOT NULL to identify a row"
         )
     if rule.deadline not in info.columns:
@@ -146,56 +189,81 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
             f"{where}: deadline: column {rule.deadline!r} is {info.columns[rule.deadline]}; "
             "it must be timestamp or timestamptz"
         )
-    for column in rule.alert_columns:
+    for column in rule.alert_columns(key):
         if column not in info.columns:
             missing("columns", column)
-    if not errors:
-        problem = check_condition(conn, rule)
-        if problem:
-            errors.append(f"{where}: open_when: {problem}")
     return info, errors
 
 
-def _key_is_unique(key: str, info: TableInfo) -> bool:
-    """A unique index on the key alone; on a partitioned table, on the parent or in each
-    partition (then the key must also be unique across partitions, e.g. from one sequence)."""
-    if key in info.unique_columns:
+def key_columns(rule: Rule, info: TableInfo) -> list[str]:
+    """The columns that identify a row: the rule's ``key``, else the primary key."""
+    return list(rule.key) if rule.key is not None else list(info.primary_key)
+
+
+def _key_is_unique(key: list[str], info: TableInfo) -> bool:
+    """A unique index on the key's columns (or some of them); on a partitioned table, on
+    the parent or in each partition (then the key must also be unique across partitions,
+    e.g. from one sequence)."""
+    columns = frozenset(key)
+    if any(u <= columns for u in info.unique_keys):
         return True
-    return bool(info.partitions) and all(key in p.unique_columns for p in info.partitions)
+    return bool(info.partitions) and all(
+        any(u <= columns for u in p.unique_keys) for p in info.partitions
+    )
 
 
-def check_condition(conn: Connection, rule: Rule) -> str | None:
-    """Why ``open_when`` cannot be a partial-index predicate on the table, or None.
+def probe_indexes(
+    conn: Connection,
+    rule: Rule,
+    tracking: dict[str, str],
+    indexes: list[tuple[str, str]],
+) -> tuple[list[str], str | None]:
+    """Build the rule's partial indexes on an empty copy of its table; PostgreSQL's
+    canonical definitions of them, or why it refused.
 
-    PostgreSQL judges it: on an empty temporary copy of the table (same name, so
-    qualified references resolve) we build the partial index the rule will need,
-    in a transaction that is always rolled back.
+    ``tracking`` is the tracking columns with their types, added to the copy where
+    the table lacks them; ``indexes`` is (column, predicate) of each index. The copy
+    is a temporary table of the same name (so qualified references resolve) in a
+    transaction that is always rolled back; comparing these definitions with those
+    in the catalog tells whether an index is the one the rule needs.
     """
-    tmp = sql.Identifier(rule.table_name)
+    tmp = sql.Identifier("pg_temp", rule.table_name)
+    definitions = []
     try:
         with conn.transaction(force_rollback=True):
             conn.execute(
                 sql.SQL("CREATE TEMP TABLE {} (LIKE {}) ON COMMIT DROP").format(
-                    tmp, table_ident(rule)
+                    sql.Identifier(rule.table_name), table_ident(rule)
                 )
             )
-            probe = sql.SQL("CREATE INDEX ON pg_temp.{} ({})\nWHERE ({}\n)").format(
-                tmp,
-                sql.Identifier(rule.deadline),
-                sql.SQL(rule.open_when),
-            )
-            # Parameters force the extended protocol, which refuses several statements.
+            for column, type_ in tracking.items():
+                # The copy is empty: (re)adding a column gives it the wanted type.
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS {}, ADD COLUMN {} {}").format(
+                        tmp, sql.Identifier(column), sql.Identifier(column), sql.SQL(type_)
+                    )
+                )
+            # Parameters force the extended protocol, which refuses several statements,
+            # and prove that a literal % in the condition survives parameter substitution.
             conn.execute(
-                sql.SQL("SELECT %s FROM pg_temp.{} WHERE ({}\n)").format(
-                    tmp,
-                    condition(rule),
-                ),
-                (1,),
+                sql.SQL("SELECT %s FROM {} WHERE ({}\n)").format(tmp, condition(rule)), (1,)
             )
-            conn.execute(probe)
+            for column, predicate in indexes:
+                conn.execute(
+                    sql.SQL("CREATE INDEX ON {} ({})\nWHERE {}").format(
+                        tmp, sql.Identifier(column), sql.SQL(predicate)
+                    )
+                )
+                # The newest index on the copy is the one just built.
+                found = conn.execute(
+                    "SELECT pg_get_indexdef(indexrelid) FROM pg_index"
+                    " WHERE indrelid = %s::regclass ORDER BY indexrelid DESC LIMIT 1",
+                    (tmp.as_string(conn),),
+                ).fetchone()
+                definitions.append(definition_tail(found[0]) if found else "")
     except psycopg.Error as exc:  # the database's verdict is the answer we are after
         msg = describe(exc)
         if "IMMUTABLE" in msg:
             msg += " (open_when must not call now(), random() or other volatile functions)"
-        return msg
-    return None
+        return [], msg
+    return definitions, None

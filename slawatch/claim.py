@@ -1,16 +1,28 @@
-"""The batch claim: one statement finds due rows through the two partial indexes,
-bumps their notification count, schedules the next notification and writes the
-alerts and their deliveries into the outbox, all in one transaction.
+"""The batch claim: one statement finds due rows through the partial indexes,
+opens or continues their episodes, schedules the next notification and writes
+the alerts and their deliveries into the outbox, all in one transaction.
+
+An episode (DESIGN.md §1) is one stretch of a row being overdue: it starts when
+the deadline passes while ``open_when`` holds and ends when ``open_when`` turns
+false or the deadline value changes. The row keeps the deadline value its
+episode is for (``sw_<rule>_seen``) and the episode's number (``sw_<rule>_ep``):
+
+- *first*: due rows whose deadline value has no episode yet (never notified,
+  or the deadline moved) start episode ep+1 at notification #1;
+- *again*: rows of an open episode whose re-notification is due get n+1, until
+  the cap (then ``next`` is NULL and the row leaves every index);
+- *ended*: rows whose episode ended are closed (``seen``, ``next`` cleared), so
+  they leave the index that found them; a later overdue stretch is a new episode.
 
 On a partitioned table rows are addressed by (tableoid, ctid): a ctid alone
 names a slot in every partition.
 
-Correctness under concurrency: the two index scans lock the rows they pick
+Correctness under concurrency: the index scans lock the rows they pick
 (``FOR UPDATE SKIP LOCKED``), so concurrent scanners take disjoint batches and
 a row the application is updating right now is left for the next scan; rows
-are then addressed by ``ctid`` (a TID scan, no second index lookup), and the
-UPDATE re-checks the due predicate, so a row completed or already notified in
-the meantime is never claimed.
+are then addressed by ``ctid`` (a TID scan, no second index lookup), and each
+UPDATE re-checks its predicate, so a row completed or already notified in the
+meantime is never claimed.
 """
 
 from __future__ import annotations
@@ -22,14 +34,15 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from slawatch.catalog import condition, index_state, inspect_table, table_ident
+from slawatch.catalog import TableInfo, inspect_table, key_columns, table_ident
 from slawatch.clock import Clock
 from slawatch.db import Connection, translate
-from slawatch.errors import ConfigError
-from slawatch.migrate import index_specs
+from slawatch.errors import ConfigError, DatabaseError
+from slawatch.migrate import pending, predicates, schema_current
 from slawatch.queries import queries
 from slawatch.rules import Rule
 
@@ -38,35 +51,47 @@ log = logging.getLogger(__name__)
 _CLAIM = """\
 WITH first AS (
     SELECT tableoid, ctid FROM {table}
-     WHERE {deadline} < %(cutoff)s AND {n} = 0 AND ({open_when}
-           )
+     WHERE {deadline} < %(cutoff)s AND {first}
      ORDER BY {deadline}
      LIMIT %(batch)s::integer
        FOR UPDATE SKIP LOCKED
 ), again AS (
     SELECT tableoid, ctid FROM {table}
-     WHERE {next} < %(now)s::timestamptz AND {next} IS NOT NULL AND ({open_when}
-           )
+     WHERE {next} < %(now)s::timestamptz AND {again}
      ORDER BY {next}
      LIMIT %(batch)s::integer - (SELECT count(*) FROM first)
        FOR UPDATE SKIP LOCKED
+), ended AS (
+    SELECT tableoid, ctid FROM {table}
+     WHERE {ended}
+       AND (tableoid, ctid) NOT IN (SELECT tableoid, ctid FROM first)
+     LIMIT %(batch)s::integer
+       FOR UPDATE SKIP LOCKED
+), closed AS (
+    UPDATE {table} SET {seen} = NULL, {next} = NULL, {n} = 0
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)){ended_match}
+       AND {ended}
+    RETURNING 1
 ), targets AS (
     SELECT tableoid AS toid, ctid AS tid FROM first
     UNION ALL
     SELECT tableoid, ctid FROM again
 ), claimed AS (
     UPDATE {table}
-       SET {n} = {n} + 1,
-           {next} = CASE WHEN {n} + 1 >= %(max)s::integer THEN NULL
+       SET {ep} = CASE WHEN {new_episode} THEN {ep} + 1 ELSE {ep} END,
+           {n} = {new_n},
+           {seen} = {deadline},
+           {next} = CASE WHEN {new_n} >= %(max)s::integer THEN NULL
                          ELSE %(now)s::timestamptz + {interval} END
      WHERE ctid = ANY (ARRAY(SELECT tid FROM targets)){partition_match}
-       AND ({n} = 0 AND {deadline} < %(cutoff)s OR {next} < %(now)s::timestamptz)
-       AND ({open_when}
-           )
-    RETURNING {key}::text AS key, {n} AS n, {deadline_tz} AS deadline, {row} AS row_data
+       AND ({deadline} < %(cutoff)s AND {first} OR {next} < %(now)s::timestamptz AND {again})
+    RETURNING {key} AS key, {ep} AS episode, {n} AS n,
+              CASE WHEN isfinite({deadline}) THEN {deadline_tz} END AS deadline,
+              {row} AS row_data
 ), alerts AS (
-    INSERT INTO slawatch.alert (rule, key, n, severity, deadline, due_at, fired_at, row_data)
-    SELECT %(rule)s, c.key, c.n, {severity}, c.deadline,
+    INSERT INTO slawatch.alert (rule, key, episode, n, severity, deadline, due_at, fired_at,
+                                row_data)
+    SELECT %(rule)s, c.key, c.episode, c.n, {severity}, c.deadline,
            c.deadline + %(after)s::interval, %(now)s::timestamptz, c.row_data
       FROM claimed c
     RETURNING id, n
@@ -76,7 +101,8 @@ WITH first AS (
       FROM alerts a, unnest({notify}) AS x(notifier)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries)"""
+SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
+       (SELECT count(*) FROM closed)"""
 
 
 @dataclass(frozen=True)
@@ -118,30 +144,58 @@ class ClaimPlan:
 
 
 # On a partitioned table a ctid names a slot in every partition: the TID scans
-# probe each partition, and this keeps only the (partition, slot) pairs claimed.
-_PARTITION_MATCH = "\n       AND (tableoid, ctid) IN (SELECT toid, tid FROM targets)"
+# probe each partition, and this keeps only the (partition, slot) pairs picked.
+_PARTITION_MATCH = "\n       AND (tableoid, ctid) IN (SELECT {}, {} FROM {})"
 
 
-def plan_claim(rule: Rule, deadline_type: str, partitioned: bool = False) -> ClaimPlan:
-    """Compose the claim for ``rule`` whose deadline column has ``deadline_type``."""
+def _text(fragment: str) -> sql.SQL:
+    """SQL text for a statement with parameters: a literal ``%`` (a LIKE pattern in
+    open_when) must not be taken for a placeholder."""
+    return sql.SQL(fragment.replace("%", "%%"))
+
+
+def plan_claim(
+    rule: Rule, deadline_type: str, partitioned: bool = False, key: list[str] | None = None
+) -> ClaimPlan:
+    """Compose the claim for ``rule`` whose deadline column has ``deadline_type``.
+
+    ``key``: the columns that identify a row (default: the rule's ``key``).
+    """
+    key = key or list(rule.key or ())
+    if not key:
+        raise ConfigError(f"{rule.source}: key: no key columns for rule {rule.name!r}")
     has_tz = deadline_type == "timestamp with time zone"
     n, nxt = sql.Identifier(rule.n_column), sql.Identifier(rule.next_column)
+    seen, ep = sql.Identifier(rule.seen_column), sql.Identifier(rule.episode_column)
     deadline = sql.Identifier(rule.deadline)
+    first, again, ended = (_text(p) for p in predicates(rule))
+    new_episode = sql.SQL("{} IS DISTINCT FROM {}").format(seen, deadline)
+    # The notification number this claim writes: 1 in a new episode, else one more.
+    new_n = sql.SQL("(CASE WHEN {} THEN 1 ELSE {} + 1 END)").format(new_episode, n)
     if rule.renotify is None:
         interval: sql.Composable = sql.SQL("NULL::interval")
     elif rule.renotify.every is not None:
         interval = sql.SQL("%(every)s::interval")
     else:
-        # first * 2^(n-1) for the n-th notification, n being the new count; capped.
+        # first * 2^(n-1) after the n-th notification; capped.
         interval = sql.SQL(
-            "LEAST(%(first)s::interval * power(2, LEAST({n}, 60))::float8, %(cap)s::interval)"
-        ).format(n=n)
+            "LEAST(%(first)s::interval * power(2, LEAST({n} - 1, 60))::float8, %(cap)s::interval)"
+        ).format(n=new_n)
     deadline_tz = deadline if has_tz else sql.SQL("({} AT TIME ZONE %(tz)s)").format(deadline)
     row = sql.SQL("jsonb_build_object({})").format(
         sql.SQL(", ").join(
-            sql.SQL("{}, {}").format(sql.Literal(c), sql.Identifier(c)) for c in rule.alert_columns
+            sql.SQL("{}, {}").format(sql.Literal(c), sql.Identifier(c))
+            for c in rule.alert_columns(key)
         )
     )
+    if len(key) == 1:
+        key_text: sql.Composable = sql.SQL("{}::text").format(sql.Identifier(key[0]))
+    else:
+        # PostgreSQL's record text, e.g. (42,"2026-03-01 00:00:00+00"): one readable,
+        # unambiguous string.
+        key_text = sql.SQL("ROW({})::text").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in key)
+        )
     severity: sql.Composable = sql.SQL("%(severity)s::text")
     notify: sql.Composable = sql.SQL("%(notify)s::text[]")
     if rule.escalate:
@@ -163,42 +217,117 @@ def plan_claim(rule: Rule, deadline_type: str, partitioned: bool = False) -> Cla
                 for i, f in whens
             )
         )
+
+    def match(toid: str, tid: str, source: str) -> sql.Composable:
+        if not partitioned:
+            return sql.SQL("")
+        return sql.SQL(_PARTITION_MATCH).format(
+            sql.Identifier(toid), sql.Identifier(tid), sql.Identifier(source)
+        )
+
     statement = sql.SQL(_CLAIM).format(
         table=table_ident(rule),
         n=n,
         next=nxt,
+        seen=seen,
+        ep=ep,
         deadline=deadline,
         deadline_tz=deadline_tz,
-        key=sql.Identifier(rule.key),
-        open_when=condition(rule),
+        first=first,
+        again=again,
+        ended=ended,
+        new_episode=new_episode,
+        new_n=new_n,
+        key=key_text,
         interval=interval,
         row=row,
         severity=severity,
         notify=notify,
-        partition_match=sql.SQL(_PARTITION_MATCH if partitioned else ""),
+        partition_match=match("toid", "tid", "targets"),
+        ended_match=match("tableoid", "ctid", "ended"),
     )
     return ClaimPlan(rule, statement, has_tz)
 
 
 def prepare(conn: Connection, rule: Rule) -> ClaimPlan:
     """Read the table's catalog entry and compose the claim; the table must be migrated."""
-    info = inspect_table(conn, rule.schema_name, rule.table_name)
-    if info is None:
-        raise ConfigError(f"{rule.source}: table: {rule.table} does not exist")
-    if rule.n_column not in info.columns or rule.next_column not in info.columns:
+    return prepare_all(conn, [rule])[rule.name]
+
+
+def prepare_all(conn: Connection, rules: list[Rule]) -> dict[str, ClaimPlan]:
+    """Claim plans for every rule; one ConfigError naming every rule not ready to run."""
+    plans, errors = {}, []
+    if not schema_current(conn):
         raise ConfigError(
-            f"{rule.source}: {rule.table} has no tracking columns for rule {rule.name!r}; "
-            "run 'slawatch migrate' first"
+            "slawatch's schema is missing or out of date; run 'slawatch migrate' first"
         )
-    for spec in index_specs(rule):
-        if not spec.is_current(index_state(conn, rule.schema_name, spec.name)):
-            # Claiming now would be correct but slow (no usable partial index).
-            raise ConfigError(
-                f"{rule.source}: rule {rule.name!r} changed since the last migrate "
-                f"(index {spec.name} is missing or out of date); run 'slawatch migrate'"
+    for rule in rules:
+        info = inspect_table(conn, rule.schema_name, rule.table_name)
+        if info is None:
+            errors.append(f"{rule.source}: table: {rule.table} does not exist")
+            continue
+        if rule.deadline not in info.columns:
+            errors.append(f"{rule.source}: deadline: column {rule.deadline!r} not in {rule.table}")
+            continue
+        todo = pending(conn, rule, info)
+        if todo:
+            # Claiming now could be wrong (no tracking columns) or slow (no usable index).
+            errors.append(
+                f"{rule.source}: rule {rule.name!r} is not migrated or changed since the "
+                f"last migrate ({'; '.join(todo)}); run 'slawatch migrate'"
             )
-    deadline_type = info.columns.get(rule.deadline, "")
-    return plan_claim(rule, deadline_type, partitioned=info.relkind == "p")
+            continue
+        plans[rule.name] = plan_claim(
+            rule,
+            info.columns[rule.deadline],
+            partitioned=info.relkind == "p",
+            key=key_columns(rule, info),
+        )
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return plans
+
+
+def count_due(
+    conn: Connection, rule: Rule, info: TableInfo, now: datetime, limit: int = 1_000_000
+) -> int | None:
+    """How many rows the next scans at ``now`` would notify (first notices and due
+    re-notifications), counted up to ``limit``; None when counting took too long.
+
+    Without tracking columns (not migrated yet) every due open row counts as a first
+    notice. Nothing is written.
+    """
+    plan = plan_claim(rule, info.columns[rule.deadline], key=key_columns(rule, info) or ["ctid"])
+    params = plan.params(now) | {"limit": limit}
+    if all(c in info.columns for c in rule.tracking_columns):
+        first, again = (_text(p) for p in predicates(rule)[:2])
+        query = sql.SQL(
+            "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {first}"
+            " LIMIT %(limit)s) f) + (SELECT count(*) FROM (SELECT 1 FROM {t}"
+            " WHERE {next} < %(now)s::timestamptz AND {again} LIMIT %(limit)s) a)"
+        )
+    else:
+        first, again = _text(f"({rule.open_when})"), sql.SQL("")
+        query = sql.SQL(
+            "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {first}"
+            " LIMIT %(limit)s) f"
+        )
+    statement = query.format(
+        t=table_ident(rule),
+        d=sql.Identifier(rule.deadline),
+        next=sql.Identifier(rule.next_column),
+        first=first,
+        again=again,
+    )
+    try:
+        with translate(f"counting due rows for rule {rule.name}"), conn.transaction():
+            conn.execute("SET LOCAL statement_timeout = '30s'")
+            row = conn.execute(statement, params).fetchone()
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+            return None
+        raise
+    return min(int(row[0]), limit) if row else 0
 
 
 def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:

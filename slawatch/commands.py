@@ -7,10 +7,11 @@ import sys
 
 from psycopg import sql
 
+from slawatch.claim import count_due
 from slawatch.clock import Clock
 from slawatch.db import connect, embedded_dsn, redact, translate, with_database
 from slawatch.errors import ConfigError
-from slawatch.migrate import check, migrate, render
+from slawatch.migrate import check, migrate, pending, plan, render, schema_current
 from slawatch.notifiers import NotifierConfig, load_notifiers
 from slawatch.queries import queries
 from slawatch.rules import Rule, check_notifier_names, load_rules
@@ -72,6 +73,8 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_check(settings: Settings) -> int:
+    """Validate the files; with a database also the tables, conditions, pending
+    migrations, and how many rows the next scan would notify."""
     rules, notifiers = load_config(settings)
     what = f"{len(rules)} rules, {len(notifiers)} notifiers"
     if not settings.dsn:
@@ -79,16 +82,41 @@ def cmd_check(settings: Settings) -> int:
             f"ok: {what} (files only; set SLAWATCH_DSN or --dsn to check them against a database)"
         )
         return 0
+    now = Clock().now()
     with connect(settings.dsn) as conn:
-        check(conn, rules)
+        tables = check(conn, rules)
+        lines, unready = [], []
+        schema = schema_current(conn)
+        for rule in rules:
+            info = tables[rule.name]
+            todo = pending(conn, rule, info)
+            due = count_due(conn, rule, info, now)
+            count = "could not count in 30 s" if due is None else f"{due:,}"
+            if due is not None and due >= 1_000_000:
+                count = "1,000,000 or more"
+            lines.append(f"  {rule.name}: {count} rows would be notified on the next scan")
+            if todo:
+                unready.append(rule.name)
+                lines.append(f"    not migrated: {'; '.join(todo)}")
+    if unready or not schema:
+        names = ", ".join(unready) or "slawatch's own schema"
+        print(f"not ready: {what} are valid, but 'slawatch run' needs 'slawatch migrate' first")
+        print(f"  ({names})")
+        print("\n".join(lines))
+        return 1
     print(f"ok: {what}, checked against {redact(settings.dsn)}")
+    print("\n".join(lines))
     return 0
 
 
 def cmd_migrate(settings: Settings, print_only: bool) -> int:
     rules, _ = load_config(settings)
     if print_only:
-        sys.stdout.write(render(rules))
+        if not settings.dsn:
+            sys.stdout.write(render(rules))
+            return 0
+        with connect(settings.dsn) as conn:
+            sys.stdout.write(render(rules, plan(conn, rules)))
         return 0
     dsn = database_dsn(settings)
     with connect(dsn) as conn:

@@ -64,9 +64,10 @@ class PassResult:
 def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, Any]:
     """The alert as receivers see it (DESIGN.md §6)."""
     return {
-        "id": f"{row['rule']}:{row['key']}:{row['n']}",
+        "id": alert_id(row["rule"], row["key"], row["episode"], row["n"]),
         "rule": row["rule"],
         "key": row["key"],
+        "episode": row["episode"],
         "n": row["n"],
         "severity": row["severity"],
         "deadline": _iso(row["deadline"]),
@@ -75,6 +76,13 @@ def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, An
         "row": row["row_data"],
         "description": description,
     }
+
+
+def alert_id(rule: str, key: str, episode: int, n: int) -> str:
+    """The idempotency id: one readable string naming rule, key, episode and n, e.g.
+    ``order_unshipped:42:e1:n3``. The rule name has no ``:`` and the last two parts
+    are numbers, so the id reads back unambiguously whatever the key holds."""
+    return f"{rule}:{key}:e{episode}:n{n}"
 
 
 def _iso(value: Any) -> str | None:

@@ -1,9 +1,12 @@
 """DDL from rules: slawatch's schema, tracking columns, partial indexes, GRANTs.
 
-Idempotent: re-running changes nothing. When a rule's table, deadline or
-``open_when`` changes, its partial indexes are rebuilt: each index carries a
-fingerprint of its definition in its comment, and a mismatch (or an index left
-INVALID by an interrupted ``CREATE INDEX CONCURRENTLY``) means rebuild.
+One plan serves both ``migrate`` and ``migrate --print``: it compares what the
+catalog has with what the rules need and lists the statements that close the
+gap, so a DBA who applies the printed script ends where ``migrate`` would.
+Whether an index is the one a rule needs is decided from the catalog, not from
+a label: PostgreSQL builds the wanted index on an empty copy of the table, and
+its canonical definition (``pg_get_indexdef``: columns and predicate) must
+equal the existing index's, which must also be valid and on the rule's table.
 """
 
 from __future__ import annotations
@@ -14,7 +17,15 @@ from dataclasses import dataclass, replace
 
 from psycopg import sql
 
-from slawatch.catalog import Partition, TableInfo, check_rule, index_state, table_ident
+from slawatch.catalog import (
+    IndexState,
+    Partition,
+    TableInfo,
+    check_rule,
+    index_state,
+    probe_indexes,
+    table_ident,
+)
 from slawatch.db import Connection, translate
 from slawatch.errors import ConfigError
 from slawatch.queries import schema_sql
@@ -28,6 +39,11 @@ LOCK_TIMEOUT = "5s"
 MIGRATE_LOCK = 0x534C4157  # advisory lock key: one migrate at a time
 
 
+def _q(*names: str) -> str:
+    """A quoted, printable identifier."""
+    return sql.Identifier(*names).as_string(None)
+
+
 @dataclass(frozen=True)
 class IndexSpec:
     """One partial index a rule needs, on its table or on one partition of it."""
@@ -36,59 +52,85 @@ class IndexSpec:
     schema: str  # of the table, and so of the index
     table: str
     column: str
-    predicate: str
-    fingerprint: str  # of the definition; kept in the index's comment
+    predicate: str  # SQL text; open_when inside it is operator-authored and checked
 
-    def create(self, *, if_not_exists: bool = False, only: bool = False) -> sql.Composed:
+    def create(self, *, only: bool = False) -> str:
         """CREATE INDEX CONCURRENTLY; with ``only``, the empty parent of a partitioned index."""
-        return sql.SQL("CREATE INDEX {}{}{} ON {}{} ({})\n    WHERE {}").format(
-            sql.SQL("" if only else "CONCURRENTLY "),
-            sql.SQL("IF NOT EXISTS " if if_not_exists else ""),
-            sql.Identifier(self.name),
-            sql.SQL("ONLY " if only else ""),
-            sql.Identifier(self.schema, self.table),
-            sql.Identifier(self.column),
-            sql.SQL(self.predicate),  # operator-authored, checked
+        return (
+            f"CREATE INDEX {'' if only else 'CONCURRENTLY '}{_q(self.name)}"
+            f" ON {'ONLY ' if only else ''}{_q(self.schema, self.table)} ({_q(self.column)})"
+            f"\n    WHERE {self.predicate}"
         )
 
-    def is_current(self, state: tuple[bool, str | None] | None) -> bool:
-        """Whether an index in this ``state`` (see catalog.index_state) is this one, usable."""
-        return state is not None and state[0] and state[1] == self.fingerprint
-
-    def comment(self) -> sql.Composed:
-        return sql.SQL("COMMENT ON INDEX {} IS {}").format(
-            sql.Identifier(self.schema, self.name), sql.Literal(self.fingerprint)
-        )
+    def drop(self, *, concurrently: bool = True) -> str:
+        how = "CONCURRENTLY " if concurrently else ""
+        return f"DROP INDEX {how}IF EXISTS {_q(self.schema, self.name)}"
 
     def child(self, part: Partition) -> IndexSpec:
         """The same index on one partition; named from the partition, within 63 bytes."""
         tag = hashlib.sha256(f"{part.schema}.{part.name}".encode()).hexdigest()[:8]
         return replace(self, name=f"{self.name}_{tag}", schema=part.schema, table=part.name)
 
+    def problem(self, state: IndexState | None, wanted: str) -> str | None:
+        """Why an index in ``state`` is not this one, usable; None when it is."""
+        if state is None:
+            return "missing"
+        if state.table != (self.schema, self.table):
+            return f"on another table ({state.table[0]}.{state.table[1]})"
+        if state.definition != wanted:
+            return "definition changed"
+        if not state.valid:
+            return "was left invalid"
+        return None
+
+
+def predicates(rule: Rule) -> tuple[str, str, str]:
+    """The SQL of the three index predicates, which the claim repeats word for word.
+
+    - first: rows not yet notified for their current deadline value (never notified,
+      or the deadline moved since: a new episode);
+    - again: rows of an open episode awaiting a re-notification;
+    - ended: rows whose episode ended (open_when turned false, or the deadline
+      moved); the next scan closes the episode, and the row leaves this index.
+    """
+    d, n, seen = _q(rule.deadline), _q(rule.next_column), _q(rule.seen_column)
+    open_when = f"({rule.open_when})"
+    first = f"{seen} IS DISTINCT FROM {d} AND {open_when}"
+    again = f"{n} IS NOT NULL AND {seen} = {d} AND {open_when}"
+    ended = f"{seen} IS NOT NULL AND ({seen} IS DISTINCT FROM {d} OR {open_when} IS NOT TRUE)"
+    return first, again, ended
+
 
 def index_specs(rule: Rule) -> list[IndexSpec]:
-    """The two partial indexes: never-notified rows by deadline; re-notify rows by time."""
-    n, nxt = sql.Identifier(rule.n_column), sql.Identifier(rule.next_column)
-    open_when = f"({rule.open_when})"
-    first = f"{n.as_string(None)} = 0 AND {open_when}"
-    again = f"{nxt.as_string(None)} IS NOT NULL AND {open_when}"
-
-    def spec(name: str, column: str, predicate: str) -> IndexSpec:
-        text = f"{rule.table}|{column}|{predicate}"
-        fingerprint = "slawatch:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-        return IndexSpec(name, rule.schema_name, rule.table_name, column, predicate, fingerprint)
-
+    """The rule's partial indexes: first notices by deadline, re-notifications by time,
+    ended episodes."""
+    first, again, ended = predicates(rule)
+    s, t = rule.schema_name, rule.table_name
     return [
-        spec(rule.first_index, rule.deadline, first),
-        spec(rule.again_index, rule.next_column, again),
+        IndexSpec(rule.first_index, s, t, rule.deadline, first),
+        IndexSpec(rule.again_index, s, t, rule.next_column, again),
+        IndexSpec(rule.ended_index, s, t, rule.seen_column, ended),
     ]
 
 
-def add_columns(rule: Rule) -> sql.Composed:
-    return sql.SQL(
-        "ALTER TABLE {}\n    ADD COLUMN IF NOT EXISTS {} integer NOT NULL DEFAULT 0,"
-        "\n    ADD COLUMN IF NOT EXISTS {} timestamptz"
-    ).format(table_ident(rule), sql.Identifier(rule.n_column), sql.Identifier(rule.next_column))
+def tracking_types(rule: Rule, deadline_type: str) -> dict[str, str]:
+    """Each tracking column's type; ``seen`` holds deadline values, so it has their type."""
+    return {
+        rule.n_column: "integer NOT NULL DEFAULT 0",
+        rule.next_column: "timestamptz",
+        rule.seen_column: deadline_type,
+        rule.episode_column: "integer NOT NULL DEFAULT 0",
+    }
+
+
+@dataclass(frozen=True)
+class Step:
+    """One statement of a migration and the line ``migrate`` reports for it."""
+
+    statement: str
+    done: str
+    locked: bool = False  # takes a strong lock: run with lock_timeout, in a transaction
+    detail: bool = False  # one of many similar steps: printed, not reported by migrate
 
 
 def grants(rules: list[Rule], role: str = "slawatch_app") -> list[sql.Composed]:
@@ -105,35 +147,13 @@ def grants(rules: list[Rule], role: str = "slawatch_app") -> list[sql.Composed]:
     for rule in rules:
         out.append(sql.SQL("GRANT SELECT ON {} TO {}").format(table_ident(rule), r))
         out.append(
-            sql.SQL("GRANT UPDATE ({}, {}) ON {} TO {}").format(
-                sql.Identifier(rule.n_column),
-                sql.Identifier(rule.next_column),
+            sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(
+                sql.SQL(", ").join(sql.Identifier(c) for c in rule.tracking_columns),
                 table_ident(rule),
                 r,
             )
         )
     return out
-
-
-def render(rules: list[Rule]) -> str:
-    """The whole migration as a script a DBA can read and run (``migrate --print``)."""
-    out = ["-- slawatch's own schema", schema_sql().strip(), ""]
-    for rule in rules:
-        out.append(f"-- rule {rule.name} ({rule.source}) on {rule.table}")
-        out.append(add_columns(rule).as_string(None) + ";")
-        for spec in index_specs(rule):
-            out.append(spec.create(if_not_exists=True).as_string(None) + ";")
-            out.append(spec.comment().as_string(None) + ";")
-        out.append("")
-    out.append(
-        "-- On a partitioned table migrate builds each index ON ONLY the parent, then\n"
-        "-- CONCURRENTLY in each partition, and attaches them (see slawatch/migrate.py)."
-    )
-    out.append("")
-    out.append("-- Least privilege: what the role slawatch runs as needs (name yours).")
-    out.append("-- migrate itself runs as the owner of the watched tables.")
-    out.extend(g.as_string(None) + ";" for g in grants(rules))
-    return "\n".join(out) + "\n"
 
 
 def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
@@ -143,14 +163,169 @@ def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
     """
     errors: list[str] = []
     tables: dict[str, TableInfo] = {}
+    with translate("reading the server's settings"):
+        row = conn.execute("SELECT current_setting('standard_conforming_strings')").fetchone()
+    if row is None or row[0] != "on":
+        # open_when was parsed with '\\' as an ordinary character in '...' literals; with
+        # this off the server would read the same text differently.
+        raise ConfigError(
+            "the database has standard_conforming_strings = off; slawatch needs it on "
+            "(the default since PostgreSQL 9.1)"
+        )
     for rule in rules:
         info, problems = check_rule(conn, rule)
+        if info is not None and not problems:
+            _, problem = _wanted(conn, rule, info)
+            if problem:
+                problems = [f"{rule.source}: open_when: {problem}"]
         errors.extend(problems)
         if info is not None:
             tables[rule.name] = info
     if errors:
         raise ConfigError("\n".join(errors))
     return tables
+
+
+def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> tuple[list[str], str | None]:
+    """The canonical definitions of the rule's indexes (see catalog.probe_indexes)."""
+    specs = index_specs(rule)
+    types = tracking_types(rule, info.columns[rule.deadline])
+    return probe_indexes(conn, rule, types, [(s.column, s.predicate) for s in specs])
+
+
+def schema_current(conn: Connection) -> bool:
+    """slawatch's own tables exist in their current shape."""
+    with translate("reading the catalog for slawatch's schema"):
+        row = conn.execute(
+            "SELECT to_regclass('slawatch.delivery') IS NOT NULL AND EXISTS ("
+            " SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('slawatch.alert')"
+            " AND attname = 'episode' AND NOT attisdropped)"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def plan(conn: Connection, rules: list[Rule]) -> list[Step]:
+    """What the database needs for ``rules``; nothing when it is up to date.
+
+    Raises ConfigError, listing every problem, when any rule fails its check.
+    """
+    tables = check(conn, rules)
+    steps = []
+    if not schema_current(conn):
+        steps.append(Step(schema_sql().strip(), "created or upgraded slawatch's schema"))
+    for rule in rules:
+        steps.extend(plan_rule(conn, rule, tables[rule.name]))
+    return steps
+
+
+def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
+    """What one rule's table needs: tracking columns, then its partial indexes."""
+    steps = []
+    table = _q(rule.schema_name, rule.table_name)
+    where = f"{rule.schema_name}.{rule.table_name}"
+    types = tracking_types(rule, info.columns[rule.deadline])
+    missing = [c for c in types if c not in info.columns]
+    if missing:
+        adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {_q(c)} {types[c]}" for c in missing)
+        steps.append(Step(f"ALTER TABLE {table}{adds}", f"{where}: added {', '.join(missing)}"))
+        if rule.n_column in info.columns and rule.seen_column in missing:
+            # Rows notified before episodes existed: their notifications so far are
+            # episode 1, so they are not paged again from #1.
+            steps.append(
+                Step(
+                    f"UPDATE {table} SET {_q(rule.seen_column)} = {_q(rule.deadline)},"
+                    f" {_q(rule.episode_column)} = 1\n WHERE {_q(rule.n_column)} > 0"
+                    f" AND {_q(rule.seen_column)} IS NULL",
+                    f"{where}: notified rows became episode 1",
+                )
+            )
+    seen_type = info.columns.get(rule.seen_column)
+    if seen_type is not None and seen_type != types[rule.seen_column]:
+        steps.append(
+            Step(
+                f"ALTER TABLE {table} ALTER COLUMN {_q(rule.seen_column)}"
+                f" TYPE {types[rule.seen_column]}",
+                f"{where}: {rule.seen_column} now {types[rule.seen_column]} like the deadline",
+                locked=True,
+            )
+        )
+    wanted, problem = _wanted(conn, rule, info)
+    if problem:  # check() ran the same probe; only a concurrent change gets here
+        raise ConfigError(f"{rule.source}: open_when: {problem}")
+    for spec, definition in zip(index_specs(rule), wanted, strict=True):
+        if info.relkind == "p":
+            steps.extend(_partitioned_index(conn, spec, definition, info.partitions))
+        else:
+            steps.extend(_index(conn, spec, definition))
+    return steps
+
+
+def _index(conn: Connection, spec: IndexSpec, wanted: str) -> list[Step]:
+    where = f"{spec.schema}.{spec.table}"
+    state = index_state(conn, spec.schema, spec.name)
+    why = spec.problem(state, wanted)
+    if why is None:
+        return []
+    steps = []
+    if state is not None:
+        steps.append(Step(spec.drop(), f"{where}: dropped index {spec.name} ({why})"))
+    steps.append(Step(spec.create(), f"{where}: built index {spec.name}"))
+    return steps
+
+
+def _partitioned_index(
+    conn: Connection, spec: IndexSpec, wanted: str, partitions: tuple[Partition, ...]
+) -> list[Step]:
+    """A partitioned index without blocking writes: created ON ONLY the parent (empty and
+    invalid), built CONCURRENTLY in each partition, attached; valid once all are attached.
+    Partitions created later get their index from the parent. An interrupted run resumes.
+    """
+    where = f"{spec.schema}.{spec.table}"
+    state = index_state(conn, spec.schema, spec.name)
+    why = spec.problem(state, wanted)
+    if why is None:
+        return []
+    steps = []
+    if state is not None and why != "was left invalid":
+        # DROP INDEX CONCURRENTLY cannot drop a partitioned index; this drops its children too.
+        steps.append(
+            Step(
+                spec.drop(concurrently=False),
+                f"{where}: dropped index {spec.name} ({why})",
+                locked=True,
+            )
+        )
+        state = None
+    if state is None:
+        steps.append(
+            Step(spec.create(only=True), f"{where}: created index {spec.name}", detail=True)
+        )
+    parent = _q(spec.schema, spec.name)
+    for part in partitions:
+        child = spec.child(part)
+        cstate = None if state is None else index_state(conn, child.schema, child.name)
+        if cstate is not None and child.problem(cstate, wanted) is not None:
+            steps.append(Step(child.drop(), f"{where}: dropped index {child.name}", detail=True))
+            cstate = None
+        if cstate is None:
+            steps.append(Step(child.create(), f"{where}: built index {child.name}", detail=True))
+        steps.append(
+            Step(
+                f"ALTER INDEX {parent} ATTACH PARTITION {_q(child.schema, child.name)}",
+                f"{where}: attached index {child.name}",
+                locked=True,
+                detail=True,
+            )
+        )
+    # migrate reports the whole index in one line.
+    summary = f"{where}: built index {spec.name} ({len(partitions)} partitions)"
+    steps[-1] = replace(steps[-1], done=summary, detail=False)
+    return steps
+
+
+def pending(conn: Connection, rule: Rule, info: TableInfo) -> list[str]:
+    """What ``migrate`` would still do for ``rule``: empty when it is ready to run."""
+    return [step.done for step in plan_rule(conn, rule, info) if not step.detail]
 
 
 def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
@@ -162,91 +337,74 @@ def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
     with translate("migrate"):
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
     try:
-        tables = check(conn, rules)
-        done: list[str] = []
-        with translate("creating slawatch's schema"):
-            conn.execute(schema_sql())  # no parameters: a script
-        for rule in rules:
-            done.extend(_migrate_rule(conn, rule, tables[rule.name]))
+        done = []
+        for step in plan(conn, rules):
+            with translate(f"migrate: {step.done}"):
+                if step.locked:
+                    _locked(conn, step.statement)
+                else:
+                    conn.execute(step.statement.encode())  # SQL text: no parameters
+            if not step.detail:
+                done.append(step.done)
         return done
     finally:
         with translate("migrate"):
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
 
 
-def _migrate_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[str]:
-    done = []
-    if rule.n_column not in info.columns or rule.next_column not in info.columns:
-        with translate(f"{rule.source}: adding tracking columns to {rule.table}"):
-            _locked(conn, add_columns(rule))
-        done.append(f"{rule.table}: added {rule.n_column}, {rule.next_column}")
-    for spec in index_specs(rule):
-        with translate(f"{rule.source}: building index {spec.name} on {rule.table}"):
-            if info.relkind == "p":
-                done.extend(_ensure_partitioned_index(conn, spec, info.partitions))
-            else:
-                done.extend(_ensure_index(conn, spec))
-    return done
-
-
-def _ensure_index(conn: Connection, spec: IndexSpec) -> list[str]:
-    state = index_state(conn, spec.schema, spec.name)
-    done = []
-    if state is not None:
-        if spec.is_current(state):
-            return []
-        why = "definition changed" if state[0] else "was left invalid"
-        conn.execute(
-            sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
-                sql.Identifier(spec.schema, spec.name)
-            )
-        )
-        done.append(f"{spec.schema}.{spec.table}: dropped index {spec.name} ({why})")
-    conn.execute(spec.create())
-    conn.execute(spec.comment())
-    done.append(f"{spec.schema}.{spec.table}: built index {spec.name}")
-    return done
-
-
-def _locked(conn: Connection, statement: sql.Composed) -> None:
+def _locked(conn: Connection, statement: str) -> None:
     """Run a statement that takes a brief strong lock, without queueing behind long ones."""
     with conn.transaction():
         conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
-        conn.execute(statement)
+        conn.execute(statement.encode())
 
 
-def _ensure_partitioned_index(
-    conn: Connection, spec: IndexSpec, partitions: tuple[Partition, ...]
-) -> list[str]:
-    """A partitioned index without blocking writes: created ON ONLY the parent (empty and
-    invalid), built CONCURRENTLY in each partition, attached; valid once all are attached.
-    Partitions created later get their index from the parent. An interrupted run resumes.
+_PRINT_HEAD = f"""\
+-- slawatch migration. Run it with psql as the owner of the watched tables, one
+-- statement at a time (CREATE INDEX CONCURRENTLY cannot run in a transaction).
+-- Never wait long for a lock the application's queries would then queue behind:
+SET lock_timeout = '{LOCK_TIMEOUT}';
+"""
+
+
+def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
+    """The migration as a script a DBA can read and run (``migrate --print``).
+
+    ``steps`` is a plan made against the database (only what it needs); without
+    one, the script builds everything from scratch: it drops and rebuilds each
+    index, so whatever state the database is in, it ends where ``migrate`` would.
     """
-    done = []
-    parent = sql.Identifier(spec.schema, spec.name)
-    state = index_state(conn, spec.schema, spec.name)
-    if spec.is_current(state):
-        return []
-    if state is not None and state[1] != spec.fingerprint:
-        _locked(conn, sql.SQL("DROP INDEX IF EXISTS {}").format(parent))  # and its children
-        done.append(f"{spec.schema}.{spec.table}: dropped index {spec.name} (definition changed)")
-        state = None
-    if state is None:
-        _locked(conn, spec.create(only=True))
-        conn.execute(spec.comment())
-    for part in partitions:
-        child = spec.child(part)
-        cstate = index_state(conn, child.schema, child.name)
-        if cstate is not None and not child.is_current(cstate):
-            drop = sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}")
-            conn.execute(drop.format(sql.Identifier(child.schema, child.name)))
-            cstate = None
-        if cstate is None:
-            conn.execute(child.create())
-            conn.execute(child.comment())
-        attach = sql.SQL("ALTER INDEX {} ATTACH PARTITION {}")
-        _locked(conn, attach.format(parent, sql.Identifier(child.schema, child.name)))
-    done.append(
-        f"{spec.schema}.{spec.table}: built index {spec.name} ({len(partitions)} partitions)"
-    )
-    return done
+    out = [_PRINT_HEAD]
+    if steps is None:
+        out.append("-- Made without a database: every index is rebuilt. With SLAWATCH_DSN")
+        out.append("-- (or --dsn) set, --print shows only what that database needs.")
+        out.append("")
+        out.append(schema_sql().strip())
+        out.append("")
+        for rule in rules:
+            out.append(f"-- rule {rule.name} ({rule.source}) on {rule.table}")
+            out.append(
+                f"-- (tracking columns; {rule.seen_column} has the type of {rule.deadline}:"
+                " timestamptz here, timestamp if the deadline is timestamp)"
+            )
+            types = tracking_types(rule, "timestamptz")
+            adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {_q(c)} {t}" for c, t in types.items())
+            out.append(f"ALTER TABLE {_q(rule.schema_name, rule.table_name)}{adds};")
+            for spec in index_specs(rule):
+                out.append(spec.drop() + ";")
+                out.append(spec.create() + ";")
+            out.append("")
+        out.append(
+            "-- A partitioned table needs each index ON ONLY the parent, built CONCURRENTLY\n"
+            "-- in each partition and attached: print against the database for that."
+        )
+    elif not steps:
+        out.append("-- The database is up to date: nothing to change.")
+    else:
+        for step in steps:
+            out.append(f"-- {step.done}")
+            out.append(step.statement + ";")
+    out.append("")
+    out.append("-- Least privilege: what the role slawatch runs as needs (name yours).")
+    out.extend(g.as_string(None) + ";" for g in grants(rules))
+    return "\n".join(out) + "\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from slawatch.config import FileModel, load_dir
 from slawatch.durations import Duration, PositiveDuration
@@ -33,6 +33,24 @@ def _ident(value: str) -> str:
 
 
 Ident = Annotated[str, BeforeValidator(_ident)]
+
+
+def _key(value: object) -> object:
+    """``key: id`` or ``key: [id, created]``: always a list of names."""
+    if isinstance(value, str):
+        return [value]
+    return value
+
+
+def _key_columns(value: list[str]) -> list[str]:
+    if not 1 <= len(value) <= 8:
+        raise ValueError("must name 1 to 8 columns, e.g. key: id or key: [id, created]")
+    if len(set(value)) != len(value):
+        raise ValueError("names a column twice")
+    return value
+
+
+KeyColumns = Annotated[list[Ident], BeforeValidator(_key), AfterValidator(_key_columns)]
 
 
 class Backoff(FileModel):
@@ -91,7 +109,8 @@ class Rule(FileModel):
     name: str
     description: str = ""
     table: str
-    key: Ident
+    # Column(s) that identify a row: one name or a list; None: the table's primary key.
+    key: KeyColumns | None = None
     deadline: Ident
     after: Duration = timedelta(0)
     open_when: str
@@ -129,12 +148,9 @@ class Rule(FileModel):
         v = v.strip()
         if not v:
             raise ValueError("must be an SQL condition, e.g. status = 'paid'")
-        # One expression only. PostgreSQL parses it at check/migrate time; these
-        # cheap checks just give a clearer error for the common mistakes.
-        if ";" in _strip_literals(v):
-            raise ValueError("must be one SQL condition, without ';'")
-        if "--" in _strip_literals(v) or "/*" in _strip_literals(v):
-            raise ValueError("must not contain SQL comments")
+        problem = predicate_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("timezone")
@@ -169,12 +185,11 @@ class Rule(FileModel):
     def table_name(self) -> str:
         return self.table.split(".")[-1]
 
-    @property
-    def alert_columns(self) -> list[str]:
-        """Columns copied into each alert's ``row``."""
+    def alert_columns(self, key: list[str]) -> list[str]:
+        """Columns copied into each alert's ``row``: ``columns``, else the key and deadline."""
         if self.columns is not None:
             return list(self.columns)
-        return [self.key] if self.key == self.deadline else [self.key, self.deadline]
+        return [*key, *([] if self.deadline in key else [self.deadline])]
 
     @property
     def max_notifications(self) -> int | None:
@@ -183,11 +198,27 @@ class Rule(FileModel):
 
     @property
     def n_column(self) -> str:
+        """Notifications sent in the current episode (0: none)."""
         return f"sw_{self.name}_n"
 
     @property
     def next_column(self) -> str:
+        """When the next re-notification is due; NULL when none is (capped, or no episode)."""
         return f"sw_{self.name}_next"
+
+    @property
+    def seen_column(self) -> str:
+        """The deadline value the current episode is for; NULL when no episode is open."""
+        return f"sw_{self.name}_seen"
+
+    @property
+    def episode_column(self) -> str:
+        """The number of the row's current (or last) episode: 1, 2, ...; 0 before the first."""
+        return f"sw_{self.name}_ep"
+
+    @property
+    def tracking_columns(self) -> list[str]:
+        return [self.n_column, self.next_column, self.seen_column, self.episode_column]
 
     @property
     def first_index(self) -> str:
@@ -196,6 +227,10 @@ class Rule(FileModel):
     @property
     def again_index(self) -> str:
         return f"sw_{self.name}_again"
+
+    @property
+    def ended_index(self) -> str:
+        return f"sw_{self.name}_ended"
 
     def all_notifiers(self) -> set[str]:
         names = set(self.notify)
@@ -213,9 +248,82 @@ class Rule(FileModel):
         return severity, list(notify)
 
 
-def _strip_literals(text: str) -> str:
-    """The text with quoted literals and identifiers removed."""
-    return re.sub(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"", "''", text)
+# Clauses of ``SELECT 1 WHERE <open_when>`` that must stay empty: anything there came
+# from the condition's text and would change the statement it is put into.
+_SELECT_EXTRAS = (
+    "distinctClause",
+    "intoClause",
+    "fromClause",
+    "groupClause",
+    "havingClause",
+    "windowClause",
+    "valuesLists",
+    "sortClause",
+    "limitOffset",
+    "limitCount",
+    "lockingClause",
+    "withClause",
+    "larg",
+    "rarg",
+)
+
+
+def predicate_problem(text: str) -> str | None:
+    """Why ``text`` is not exactly one SQL expression, or None.
+
+    PostgreSQL's own parser (pglast) reads it as the WHERE clause of a SELECT; it
+    must be the whole clause and nothing else, so no text in it (a stray ``)``,
+    ``;``, ``UNION``, a comment) can reach beyond the ``AND (...)`` slawatch
+    puts it in. Whether it is boolean, immutable and names real columns is for
+    the database to say at ``check``/``migrate`` time.
+    """
+    # Imported here: parsing rules is the only use, and the module is large.
+    import pglast
+    from pglast import ast, parser
+
+    try:
+        tokens = parser.scan(text)
+    except pglast.parser.ParseError as exc:
+        return f"not one SQL condition: {exc.args[0]}"
+    if any(t.name in ("SQL_COMMENT", "C_COMMENT") for t in tokens):
+        return "must not contain SQL comments"
+    try:
+        statements = pglast.parse_sql("SELECT 1 WHERE " + text)
+    except pglast.parser.ParseError as exc:
+        return f"not one SQL condition: {exc.args[0]}"
+    if len(statements) != 1:
+        return "must be one SQL condition, without ';'"
+    select = statements[0].stmt
+    if (
+        not isinstance(select, ast.SelectStmt)
+        or select.op != pglast.enums.SetOperation.SETOP_NONE
+        or any(getattr(select, f) for f in _SELECT_EXTRAS)
+        or len(select.targetList or ()) != 1
+        or select.whereClause is None
+    ):
+        return "must be one SQL condition, not a query (no UNION, ORDER BY, LIMIT, ...)"
+    for node in _walk(select.whereClause):
+        if isinstance(node, ast.SubLink):
+            return "must not contain a subquery (a partial index cannot use one)"
+        if isinstance(node, ast.ParamRef):
+            return "must not contain parameters ($1); write the value"
+    return None
+
+
+def _walk(node: object) -> list[object]:
+    """Every AST node below ``node``, itself included."""
+    from pglast import ast
+
+    out: list[object] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple | list):
+            stack.extend(item)
+        elif isinstance(item, ast.Node):
+            out.append(item)
+            stack.extend(getattr(item, slot) for slot in getattr(item, "__slots__", ()))
+    return out
 
 
 def load_rules(directory: Path) -> list[Rule]:

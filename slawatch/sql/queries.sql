@@ -22,7 +22,7 @@ WITH due AS (
     RETURNING d.id, d.alert_id, d.notifier, d.attempts
 )
 SELECT l.id, l.notifier, l.attempts,
-       a.rule, a.key, a.n, a.severity, a.deadline, a.due_at, a.fired_at, a.row_data
+       a.rule, a.key, a.episode, a.n, a.severity, a.deadline, a.due_at, a.fired_at, a.row_data
   FROM leased l JOIN slawatch.alert a ON a.id = l.alert_id
  ORDER BY l.notifier, l.id;
 

@@ -2,19 +2,32 @@
 -- Idempotent: safe to run on every `slawatch migrate`.
 CREATE SCHEMA IF NOT EXISTS slawatch;
 
--- One row per notification of a watched row: (rule, key, n) exists at most once.
+-- One row per notification of a watched row: (rule, key, episode, n) exists at
+-- most once. An episode is one stretch of a row being overdue (DESIGN.md §1).
 CREATE TABLE IF NOT EXISTS slawatch.alert (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     rule        text        NOT NULL,
     key         text        NOT NULL,
+    episode     integer     NOT NULL,
     n           integer     NOT NULL,
     severity    text        NOT NULL,
     deadline    timestamptz,
     due_at      timestamptz,
     fired_at    timestamptz NOT NULL,
     row_data    jsonb       NOT NULL,
-    CONSTRAINT alert_once UNIQUE (rule, key, n)
+    CONSTRAINT alert_once UNIQUE (rule, key, episode, n)
 );
+-- Upgrade from before episodes: what was notified so far is episode 1.
+ALTER TABLE slawatch.alert ADD COLUMN IF NOT EXISTS episode integer NOT NULL DEFAULT 1;
+ALTER TABLE slawatch.alert ALTER COLUMN episode DROP DEFAULT;
+DO $$
+BEGIN
+    IF (SELECT array_length(conkey, 1) FROM pg_constraint
+         WHERE conrelid = 'slawatch.alert'::regclass AND conname = 'alert_once') = 3 THEN
+        ALTER TABLE slawatch.alert DROP CONSTRAINT alert_once;
+        ALTER TABLE slawatch.alert ADD CONSTRAINT alert_once UNIQUE (rule, key, episode, n);
+    END IF;
+END $$;
 CREATE INDEX IF NOT EXISTS alert_rule_fired ON slawatch.alert (rule, fired_at);
 
 -- One row per (alert, notifier): the delivery state machine pending -> sent | dead.

@@ -48,3 +48,27 @@ def alerts(conn: Conn, rule: str) -> list[tuple[str, int, str, list[str]]]:
         (rule,),
     ).fetchall()
     return [(k, n, s, list(ns)) for k, n, s, ns in rows]
+
+
+def episodes(conn: Conn, rule: str) -> list[tuple[str, int, int]]:
+    """(key, episode, n) of every alert of ``rule``, in order."""
+    rows = conn.execute(
+        "SELECT key, episode, n FROM slawatch.alert WHERE rule = %s ORDER BY key, episode, n",
+        (rule,),
+    ).fetchall()
+    return [(k, e, n) for k, e, n in rows]
+
+
+def tracking(conn: Conn, rule: str, table: str, key: int) -> tuple[Any, ...]:
+    """(n, next, seen, ep) of one row of ``table``."""
+    from psycopg import sql
+
+    row = conn.execute(
+        sql.SQL("SELECT {}, {}, {}, {} FROM {} WHERE id = %s").format(
+            *(sql.Identifier(f"sw_{rule}_{c}") for c in ("n", "next", "seen", "ep")),
+            sql.Identifier(table),
+        ),
+        (key,),
+    ).fetchone()
+    assert row is not None
+    return tuple(row)

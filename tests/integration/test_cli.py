@@ -56,6 +56,24 @@ def test_bad_rule_file(tmp_path: Path) -> None:
     assert "every: '6 hourz' is not a duration" in result.stderr
 
 
+def test_an_open_when_that_escapes_its_parentheses_is_refused_everywhere(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """The case seen in the field: one stray ')' paged every row of the table. Now no
+    command takes it, and nothing is written."""
+    conn.execute(SHOP)
+    text = (ROOT / "rules" / "order_unshipped.yaml").read_text()
+    bad = text.replace("open_when: \"status = 'paid'\"", "open_when: \"status = 'paid') OR (true\"")
+    assert bad != text
+    (tmp_path / "order_unshipped.yaml").write_text(bad)
+    for command in (["check"], ["migrate"], ["migrate", "--print"], ["run", "--once"]):
+        result = slawatch("--rules", str(tmp_path), *command, dsn=dsn)
+        assert_one_line_error(
+            result, 2, "order_unshipped.yaml: open_when: not one SQL condition: syntax error"
+        )
+    assert conn.execute("SELECT to_regnamespace('slawatch')").fetchone() == (None,)
+
+
 def test_malformed_yaml(tmp_path: Path) -> None:
     (tmp_path / "r.yaml").write_text("table: [orders\n")
     result = slawatch("check", "--rules", str(tmp_path))  # flags may follow the command
@@ -81,10 +99,19 @@ def test_bad_usage() -> None:
 
 
 def test_migrate_print_needs_no_database() -> None:
-    result = slawatch("migrate", "--print", dsn="postgresql://nobody@127.0.0.1:1/none")
+    result = slawatch("migrate", "--print")
     assert result.returncode == 0, result.stderr
-    assert 'CREATE INDEX CONCURRENTLY IF NOT EXISTS "sw_order_unshipped_first"' in result.stdout
-    assert 'GRANT UPDATE ("sw_job_hung_n", "sw_job_hung_next") ON "public"."jobs"' in result.stdout
+    assert 'DROP INDEX CONCURRENTLY IF EXISTS "public"."sw_order_unshipped_first"' in result.stdout
+    assert 'CREATE INDEX CONCURRENTLY "sw_order_unshipped_first"' in result.stdout
+    assert (
+        'GRANT UPDATE ("sw_job_hung_n", "sw_job_hung_next", "sw_job_hung_seen", "sw_job_hung_ep")'
+        ' ON "public"."jobs"' in result.stdout
+    )
+
+
+def test_migrate_print_against_an_unreachable_database() -> None:
+    result = slawatch("migrate", "--print", dsn="postgresql://nobody@127.0.0.1:1/none")
+    assert_one_line_error(result, 1, "cannot connect to postgresql://nobody@127.0.0.1:1/none")
 
 
 def test_run_before_migrate_says_what_to_do(conn: Conn, dsn: str) -> None:
@@ -95,17 +122,21 @@ def test_run_before_migrate_says_what_to_do(conn: Conn, dsn: str) -> None:
 
 def test_migrate_then_run_once_prints_each_alert_once(conn: Conn, dsn: str) -> None:
     conn.execute(SHOP)
-    assert slawatch("check", dsn=dsn).returncode == 0
+    conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")
+    before = slawatch("check", dsn=dsn)
+    assert before.returncode == 1, before  # valid, but run would refuse: say so
+    assert "not ready: 4 rules, 1 notifiers are valid, but 'slawatch run' needs" in before.stdout
+    assert "order_unshipped: 1 rows would be notified on the next scan" in before.stdout
     first = slawatch("migrate", dsn=dsn)
     assert first.returncode == 0, first.stderr
     assert "built index sw_order_unshipped_first" in first.stdout
     again = slawatch("migrate", dsn=dsn)
     assert again.stdout.strip() == "ok: 4 rules migrated (nothing to change)"
-    conn.execute(
-        "INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days'),"
-        " (2, 7, 990, 'paid', now() - interval '1 hour')"
-    )
+    conn.execute("INSERT INTO orders VALUES (2, 7, 990, 'paid', now() - interval '1 hour')")
     conn.execute("INSERT INTO jobs VALUES (9, 'sync', 'w1', 'running', now() - interval '1 hour')")
+    ready = slawatch("check", dsn=dsn)
+    assert ready.returncode == 0, ready
+    assert "job_hung: 1 rows would be notified on the next scan" in ready.stdout
     result = slawatch("run", "--once", dsn=dsn)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()

@@ -86,7 +86,7 @@ def test_sigkill_mid_delivery_loses_nothing(
         subprocess.run([*slawatch, "run", "--once"], env=env, cwd=ROOT, capture_output=True)
         time.sleep(0.5)
     ids = receiver.alert_ids
-    assert set(ids) == {f"late:{k}:1" for k in range(1, 301)}
+    assert set(ids) == {f"late:{k}:e1:n1" for k in range(1, 301)}
     repeated = {i for i, count in Counter(ids).items() if count > 1}
     assert repeated <= in_flight  # duplicates only from the batch in flight, same ids
     sent = conn.execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY 1").fetchall()

@@ -147,7 +147,7 @@ def test_a_receiver_that_recovers_gets_every_alert(conn: Conn, pool: Any) -> Non
             deliver_due(pool, {"console": receiver}, Clock())
             clock.tick(timedelta(minutes=10))
     assert sorted(a["id"] for a in receiver.got) == sorted(
-        f"order_unshipped:{k}:1" for k in range(1, 251)
+        f"order_unshipped:{k}:e1:n1" for k in range(1, 251)
     )
     assert statuses(conn) == {"sent": 250}
 

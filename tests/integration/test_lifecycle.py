@@ -153,11 +153,20 @@ def test_escalation_switches_notifiers(conn: Conn) -> None:
     ]
 
 
-def test_reopened_row_is_not_claimed_while_closed(conn: Conn) -> None:
-    """A row whose open_when turned false in between is never claimed."""
+def test_an_infinite_deadline_is_paged_without_breaking_delivery(conn: Conn) -> None:
+    """'-infinity' is a valid timestamp (always due) that Python cannot hold: the alert
+    keeps it in its row and leaves deadline/due_at empty, so the delivery can read it."""
+    from slawatch.deliver import alert_payload
+
     rules = shop(conn)
     plan = plans(conn, rules)["order_unshipped"]
-    conn.execute("INSERT INTO orders VALUES (1, 7, 1000, 'paid', %s)", (T0,))
-    conn.execute("UPDATE orders SET status = 'cancelled' WHERE id = 1")
-    assert claim_all(conn, plan, T0 + 1000 * H) == 0
-    assert alerts(conn, "order_unshipped") == []
+    conn.execute("INSERT INTO orders VALUES (1, 7, 1000, 'paid', '-infinity')")
+    assert claim_all(conn, plan, T0) == 1
+    row = conn.execute(
+        "SELECT rule, key, episode, n, severity, deadline, due_at, fired_at, row_data"
+        " FROM slawatch.alert"
+    ).fetchone()
+    assert row is not None
+    names = ["rule", "key", "episode", "n", "severity", "deadline", "due_at", "fired_at"]
+    payload = alert_payload(dict(zip([*names, "row_data"], row, strict=True)))
+    assert payload["deadline"] is None and payload["row"]["paid_at"] == "-infinity"

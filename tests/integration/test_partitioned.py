@@ -68,16 +68,17 @@ def test_migrate_builds_each_partition_and_new_partitions_inherit(conn: Conn) ->
     done = migrate(conn, [rule()])
     assert "public.orders: built index sw_late_first (3 partitions)" in done
     indexes = child_indexes(conn)
-    assert len(indexes) == 2 + 3 * 2 and all(valid for _, _, valid in indexes)
+    assert len(indexes) == 3 + 3 * 3 and all(valid for _, _, valid in indexes)
     assert migrate(conn, [rule()]) == []  # idempotent
     add_month(conn, "2026-04-01", "2026-05-01")  # a month later, a new partition
     inherited = conn.execute(
         "SELECT count(*) FILTER (WHERE i.indisvalid) FROM pg_inherits h"
         " JOIN pg_index i ON i.indexrelid = h.inhrelid"
-        " WHERE h.inhparent IN ('sw_late_first'::regclass, 'sw_late_again'::regclass)"
+        " WHERE h.inhparent IN ('sw_late_first'::regclass, 'sw_late_again'::regclass,"
+        " 'sw_late_ended'::regclass)"
         " AND i.indrelid = 'orders_2026_04'::regclass"
     ).fetchone()
-    assert inherited == (2,)
+    assert inherited == (3,)
     assert migrate(conn, [rule()]) == []
     done = migrate(conn, [rule(open_when="status IN ('paid', 'packed')")])
     assert "public.orders: dropped index sw_late_first (definition changed)" in done
@@ -121,7 +122,7 @@ def test_claim_plan_uses_the_partition_indexes(conn: Conn) -> None:
     assert row is not None
     text = json.dumps(row[0])
     assert '"Seq Scan"' not in text
-    assert "sw_late_first_" in text and "sw_late_again_" in text
+    assert "sw_late_first_" in text and "sw_late_again_" in text and "sw_late_ended_" in text
     assert '"Tid Scan"' in text
 
 
@@ -166,7 +167,7 @@ def test_sub_partitions_and_keys_not_unique_per_partition_are_refused(conn: Conn
         "CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01')"
         " TO ('2027-01-01')"
     )
-    with pytest.raises(ConfigError, match=r"key: column 'id' of public.orders has no unique"):
+    with pytest.raises(ConfigError, match=r"key: \(id\) of public.orders has no unique"):
         migrate(conn, [rule()])
     conn.execute(
         "CREATE TABLE orders_2027 PARTITION OF orders FOR VALUES FROM ('2027-01-01')"
@@ -174,3 +175,65 @@ def test_sub_partitions_and_keys_not_unique_per_partition_are_refused(conn: Conn
     )
     with pytest.raises(ConfigError, match="has sub-partitions"):
         migrate(conn, [rule()])
+
+
+def test_a_due_row_locked_in_another_partition_at_the_same_slot_is_not_waited_for(
+    conn: Conn, dsn: str
+) -> None:
+    """The (tableoid, ctid) match: the claim's TID scan probes the picked slot in every
+    partition; without the match it would reach the same slot of another partition, find
+    a due row there that another transaction holds, and wait for it (or claim it)."""
+    partitioned_orders(conn)
+    migrate(conn, [rule()])
+    conn.execute("INSERT INTO orders VALUES (1, 'paid', '2026-01-10'), (2, 'paid', '2026-02-10')")
+    plan = prepare(conn, rule())
+    with psycopg.connect(dsn) as holder:  # the application, busy with order 2
+        holder.execute("SELECT 1 FROM orders WHERE id = 2 FOR UPDATE")
+        conn.execute("SET lock_timeout = '3s'")  # waiting would fail the claim
+        assert claim_batch(conn, plan, T0) == 1
+        holder.rollback()
+    assert alerts(conn, "late") == [("1", 1, "warning", ["console"])]
+    assert claim_batch(conn, plan, T0) == 1  # order 2, now free
+    assert [k for k, *_ in alerts(conn, "late")] == ["1", "2"]
+
+
+def test_the_claim_rechecks_each_row_it_updates(conn: Conn) -> None:
+    """The claim's UPDATE re-checks the due predicate on every row it reaches. Shown by
+    taking the partition match away: the TID scan then reaches the same slot in every
+    partition, and only the re-check keeps the rows there that are not due unclaimed."""
+    from slawatch.claim import plan_claim
+
+    partitioned_orders(conn)
+    migrate(conn, [rule()])
+    conn.execute(
+        "INSERT INTO orders VALUES (1, 'paid', '2026-01-10'), (2, 'shipped', '2026-02-10'),"
+        " (3, 'paid', '2026-03-25')"  # shipped, and not due yet: both at ctid (0,1)
+    )
+    unmatched = plan_claim(rule(), "timestamp with time zone", partitioned=False, key=["id"])
+    assert claim_batch(conn, unmatched, T0) == 1
+    assert [k for k, *_ in alerts(conn, "late")] == ["1"]
+
+
+def test_a_composite_primary_key_is_the_default_key(conn: Conn) -> None:
+    """Partitioned tables as people build them: the primary key includes the partition
+    key. The rule names no key; the alert's key is one readable string."""
+    conn.execute(
+        "CREATE TABLE orders (id bigint, status text NOT NULL, paid_at timestamptz NOT NULL,"
+        " PRIMARY KEY (id, paid_at)) PARTITION BY RANGE (paid_at)"
+    )
+    for start, end in itertools.pairwise(MONTHS):
+        name = "orders_" + start[:7].replace("-", "_")
+        conn.execute(
+            f"CREATE TABLE {name} PARTITION OF orders FOR VALUES FROM ('{start}') TO ('{end}')"
+        )
+    keyless = rule(key=None)
+    migrate(conn, [keyless])
+    conn.execute("INSERT INTO orders VALUES (1, 'paid', '2026-01-10'), (1, 'paid', '2026-02-10')")
+    plan = prepare(conn, keyless)
+    assert claim_batch(conn, plan, T0) == 2  # the same id in two months: two rows
+    keys = [k for k, *_ in alerts(conn, "late")]
+    assert keys == ['(1,"2026-01-10 00:00:00+00")', '(1,"2026-02-10 00:00:00+00")']
+    row = conn.execute("SELECT row_data FROM slawatch.alert ORDER BY key LIMIT 1").fetchone()
+    assert row == ({"id": 1, "paid_at": "2026-01-10T00:00:00+00:00"},)
+    with pytest.raises(ConfigError, match=r"key: \(paid_at\) of public.orders has no unique"):
+        migrate(conn, [rule(key="paid_at")])

@@ -25,9 +25,10 @@ __all__ = ["receiver"]
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(24)).decode()
 ALERT = {
-    "id": "order_unshipped:1:1",
+    "id": "order_unshipped:1:e1:n1",
     "rule": "order_unshipped",
     "key": "1",
+    "episode": 1,
     "n": 1,
     "severity": "warning",
     "deadline": "2026-03-01T12:00:00Z",
@@ -85,7 +86,7 @@ def test_batches_of_the_notifier_size(conn: Conn, pool: Any, receiver: WebhookRe
     with freeze_time(CLAIMED):
         assert deliver_due(pool, {"hook": hook}, Clock()).sent == 250
     assert [len(r.alerts) for r in receiver.requests] == [100, 100, 50]
-    assert sorted(receiver.alert_ids) == sorted(f"order_unshipped:{k}:1" for k in range(1, 251))
+    assert sorted(receiver.alert_ids) == sorted(f"order_unshipped:{k}:e1:n1" for k in range(1, 251))
     hook.close()
 
 

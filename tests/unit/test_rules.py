@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def test_defaults(tmp_path: Path) -> None:
     assert rule.every == timedelta(seconds=30)
     assert rule.batch == 10_000
     assert rule.severity == "warning"
-    assert rule.alert_columns == ["id", "paid_at"]
+    assert rule.key == ["id"]
+    assert rule.alert_columns(["id"]) == ["id", "paid_at"]
     assert rule.max_notifications == 1  # no renotify: notified once
     assert rule.schema_name == "public" and rule.table_name == "orders"
 
@@ -86,7 +88,9 @@ def test_backoff_doubles_up_to_max(tmp_path: Path) -> None:
         (GOOD + "renotify: {every: 6 hourz}\n", "orders.yaml: renotify.every: '6 hourz' is not"),
         (GOOD + "colour: red\n", "orders.yaml: colour: unknown field (known fields:"),
         (GOOD + "name: Orders-1\n", "orders.yaml: name: 'Orders-1' is not a rule name"),
-        (GOOD.replace("key: id\n", ""), "orders.yaml: key: is required"),
+        (GOOD + "key: [id, id]\n", "orders.yaml: key: names a column twice"),
+        (GOOD + "key: []\n", "orders.yaml: key: must name 1 to 8 columns"),
+        (GOOD + "key: [id, 'x y']\n", "orders.yaml: key.1: 'x y' is not a column name"),
         (GOOD + "severity: loud\n", "orders.yaml: severity: 'loud': Input should be"),
         (GOOD + "renotify: {max: 3}\n", "renotify: renotify needs exactly one of"),
         (GOOD + "batch: 0\n", "orders.yaml: batch: 0: Input should be greater than"),
@@ -102,6 +106,13 @@ def test_backoff_doubles_up_to_max(tmp_path: Path) -> None:
 )
 def test_bad_rules_name_file_and_field(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in error_of(tmp_path, text)
+
+
+def test_key_is_one_column_or_several_or_the_primary_key(tmp_path: Path) -> None:
+    composite = load_one(tmp_path, GOOD.replace("key: id\n", "key: [id, created]\n"))
+    assert composite.key == ["id", "created"]
+    assert composite.alert_columns(["id", "created"]) == ["id", "created", "paid_at"]
+    assert load_one(tmp_path, GOOD.replace("key: id\n", "")).key is None
 
 
 def test_every_bad_file_is_reported_at_once(tmp_path: Path) -> None:
@@ -131,3 +142,42 @@ def test_missing_or_empty_rules_folder(tmp_path: Path) -> None:
         load_rules(tmp_path / "nope")
     with pytest.raises(ConfigError, match="no rules"):
         load_rules(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("open_when", "expected"),
+    [
+        # A stray parenthesis would close the AND (...) the claim wraps it in.
+        ("status = 'paid') OR (true", 'not one SQL condition: syntax error at or near ")"'),
+        ("true) or (1=1", "not one SQL condition: syntax error"),
+        ("(status = 'paid'", "not one SQL condition: syntax error"),
+        ("status = 'paid' -- ) OR (true", "must not contain SQL comments"),
+        ("status = 'paid' /* ) OR (true */", "must not contain SQL comments"),
+        ("status = 'paid'; DELETE FROM orders", "must be one SQL condition, without ';'"),
+        ("true UNION SELECT true", "must be one SQL condition, not a query"),
+        ("true ORDER BY 1", "must be one SQL condition, not a query"),
+        ("true LIMIT 1", "must be one SQL condition, not a query"),
+        ("true GROUP BY status", "must be one SQL condition, not a query"),
+        ("true FOR UPDATE", "must be one SQL condition, not a query"),
+        ("id IN (SELECT order_id FROM refunds)", "must not contain a subquery"),
+        ("EXISTS (SELECT 1)", "must not contain a subquery"),
+        ("status = $1", "must not contain parameters ($1)"),
+        ("status = 'paid", "not one SQL condition"),  # an unterminated literal
+        ("status = $$paid", "not one SQL condition"),  # an unterminated dollar quote
+        # Quoting that hides a parenthesis is one literal, so one expression: accepted.
+        ("status = E'paid\\') OR (true'", None),
+        ("status = $$ ) OR (true $$", None),
+        ("status = 'it''s' AND note LIKE '%)%'", None),
+        ("status IN ('paid', 'packed') AND total > 0", None),
+        # Volatile functions parse; PostgreSQL refuses them at check/migrate (partial index).
+        ("pg_sleep(1) IS NULL", None),
+    ],
+)
+def test_open_when_is_exactly_one_expression(
+    tmp_path: Path, open_when: str, expected: str | None
+) -> None:
+    text = GOOD.replace("open_when: \"status = 'paid'\"", f"open_when: {json.dumps(open_when)}")
+    if expected is None:
+        assert load_one(tmp_path, text).open_when == open_when
+    else:
+        assert f"orders.yaml: open_when: {expected}" in error_of(tmp_path, text)
