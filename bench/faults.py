@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchdb import scratch_database  # noqa: E402
 
-from tests.faultharness import EPISODES, FaultRun, Report  # noqa: E402
+from tests.faultharness import FaultRun, Report  # noqa: E402
 
 KILLS_PER_SECOND = 0.85  # two processes on a 2-core machine: startup ~1.5 s + 0.8 s alive
 
@@ -54,7 +54,7 @@ class Server(Protocol):
 
 
 @contextmanager
-def database(folder: Path, outages: bool) -> Iterator[tuple[str, Server | None]]:
+def database(outages: bool) -> Iterator[tuple[str, Server | None]]:
     """The DSN to use and, when the database is to be stopped, its server."""
     if not outages:
         with scratch_database() as dsn:
@@ -62,12 +62,8 @@ def database(folder: Path, outages: bool) -> Iterator[tuple[str, Server | None]]
         return
     from tests.pgcluster import PgCluster
 
-    cluster = PgCluster(folder / "pg")
-    cluster.start()
-    try:
-        yield cluster.dsn, cluster
-    finally:
-        cluster.stop()
+    with PgCluster() as cluster:
+        yield cluster.database("faults"), cluster
 
 
 def main() -> int:
@@ -90,11 +86,11 @@ def main() -> int:
     seconds = args.seconds or args.kills / KILLS_PER_SECOND
     rows = args.rows or int(30 * seconds)
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
-    print(f"seed {seed}; episodes named: {EPISODES}", flush=True)
+    print(f"seed {seed}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="slawatch-faults-") as tmp:
         folder = Path(tmp)
-        with database(folder, not args.no_db_outages) as (dsn, cluster):
+        with database(not args.no_db_outages) as (dsn, cluster):
             run = FaultRun(
                 dsn, folder / "run", rows=rows, spread=seconds, seed=seed, say=print_flush
             )

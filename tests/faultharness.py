@@ -50,11 +50,6 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Whether slawatch names episodes (DESIGN.md §1): alert ids `{rule}:{key}:e{episode}:n{n}`,
-# an `episode` column and payload field. Without them a row has one episode only, so the
-# workload gives no row a new deadline after it was notified.
-EPISODES = False
-
 RULE = "fault"
 TABLE = "fault_task"
 CAP = 3  # notifications per episode: the rule's renotify.max
@@ -88,10 +83,7 @@ def now() -> datetime:
 
 def alert_id(key: int, episode: int, n: int) -> str:
     """The idempotency id slawatch gives notification ``n`` of ``episode`` of row ``key``."""
-    if EPISODES:
-        return f"{RULE}:{key}:e{episode}:n{n}"
-    assert episode == 1, "episodes are not named yet"
-    return f"{RULE}:{key}:{n}"
+    return f"{RULE}:{key}:e{episode}:n{n}"
 
 
 class Kind(enum.Enum):
@@ -105,7 +97,7 @@ class Kind(enum.Enum):
     MOVE_AFTER_CAP = "new deadline once the last notification was received"
 
 
-# Shares of the rows; the rest are PLAIN. MOVE_* need named episodes.
+# Shares of the rows; the rest are PLAIN.
 SHARES = {
     Kind.COMPLETE_EARLY: 0.05,
     Kind.EXTEND_EARLY: 0.05,
@@ -328,7 +320,6 @@ class FaultRun:
         )
         if done.returncode != 0:
             raise RuntimeError(f"slawatch migrate failed: {done.stderr.strip()}")
-        kinds = [k for k in SHARES if EPISODES or k not in (Kind.MOVE_RACING, Kind.MOVE_AFTER_CAP)]
         start = now()
         for key in range(1, self.n_rows + 1):
             # A tenth is overdue at once (a backlog), the rest falls due over the run.
@@ -338,7 +329,7 @@ class FaultRun:
             deadline = start + timedelta(seconds=offset)
             kind = Kind.PLAIN
             pick = self.random.random()
-            for k in kinds:
+            for k in SHARES:
                 if pick < SHARES[k]:
                     kind = k
                     break
@@ -368,7 +359,7 @@ class FaultRun:
     # -- the harness's own changes to rows ------------------------------------------------
 
     def _on_accept(self, alert: dict[str, Any]) -> None:
-        self._triggers.put((int(alert["key"]), int(alert.get("episode", 1)), int(alert["n"])))
+        self._triggers.put((int(alert["key"]), int(alert["episode"]), int(alert["n"])))
 
     def _act(self) -> None:
         conn: psycopg.Connection[Any] | None = None
@@ -674,10 +665,9 @@ class FaultRun:
         self._stop.set()
         if self._actor is not None:
             self._actor.join(30)
-        episode = "episode" if EPISODES else "1"
         conn = self._watcher()
         alerts = conn.execute(
-            f"SELECT key, {episode}, n, deadline, fired_at FROM slawatch.alert WHERE rule = %s",
+            "SELECT key, episode, n, deadline, fired_at FROM slawatch.alert WHERE rule = %s",
             (RULE,),
         ).fetchall()
         dead = conn.execute(

@@ -15,14 +15,11 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.faultharness import EPISODES, FaultRun, Kind, Report
-
-if TYPE_CHECKING:
-    from tests.pgcluster import PgCluster
+from tests.faultharness import FaultRun, Kind, Report
+from tests.pgcluster import PgCluster
 
 pytestmark = pytest.mark.faults
 
@@ -42,16 +39,10 @@ def runs() -> Iterator[list[FaultRun]]:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[PgCluster]:
+def cluster() -> Iterator[PgCluster]:
     """A private PostgreSQL server the test may stop and start."""
-    from tests.pgcluster import PgCluster
-
-    server = PgCluster(tmp_path / "pg")
-    server.start()
-    try:
+    with PgCluster() as server:
         yield server
-    finally:
-        server.stop()
 
 
 def start(
@@ -70,10 +61,7 @@ def assert_exactly_once(run: FaultRun, report: Report, seed: int) -> None:
     print(report)
     assert report.ok, f"seed {seed}: {report}\n" + "\n".join(report.problems)
     acted = run.acted()
-    kinds = [Kind.COMPLETE_EARLY, Kind.EXTEND_EARLY, Kind.COMPLETE_RACING]
-    if EPISODES:
-        kinds += [Kind.MOVE_RACING, Kind.MOVE_AFTER_CAP]
-    assert all(acted[k] > 0 for k in kinds), f"seed {seed}: changes made: {acted}"
+    assert all(acted[k] > 0 for k in Kind if k is not Kind.PLAIN), f"seed {seed}: {acted}"
 
 
 def test_sigkill_at_random_points(
@@ -93,11 +81,11 @@ def test_sigkill_at_random_points(
 
 
 def test_database_stopped_longer_than_the_pool_timeout(
-    tmp_path: Path, seed: int, runs: list[FaultRun], cluster: PgCluster
+    tmp_path: Path, seed: int, cluster: PgCluster, runs: list[FaultRun]
 ) -> None:
     """One ``slawatch run`` (never killed) rides out a restart and an outage of several
     pool timeouts (SLAWATCH_DB_TIMEOUT=2), then resumes scanning and delivering by itself."""
-    run = start(runs, cluster.dsn, tmp_path, seed, rows=1500, spread=25)
+    run = start(runs, cluster.database("faults"), tmp_path, seed, rows=1500, spread=25)
     run.spawn()
     run.wait_received(200, timeout=60)
     with run.database_down():  # a restart
