@@ -48,8 +48,6 @@ from typing import Any
 
 import psycopg
 
-ROOT = Path(__file__).resolve().parent.parent
-
 RULE = "fault"
 TABLE = "fault_task"
 CAP = 3  # notifications per episode: the rule's renotify.max
@@ -472,18 +470,6 @@ class FaultRun:
         proc.popen.wait(30)
         self.procs.remove(proc)
         self.kills += 1
-
-    def stop_all(self) -> None:
-        """SIGTERM the processes still running (a clean stop), SIGKILL if they hang."""
-        for proc in list(self.procs):
-            proc.popen.send_signal(signal.SIGTERM)
-        for proc in list(self.procs):
-            try:
-                proc.popen.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait(30)
-            self.procs.remove(proc)
 
     def _reap(self) -> None:
         """Note processes that ended by themselves: slawatch must not exit under faults."""
