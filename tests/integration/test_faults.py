@@ -49,6 +49,7 @@ def start(
     runs: list[FaultRun], dsn: str, tmp_path: Path, seed: int, rows: int, spread: float
 ) -> FaultRun:
     """A FaultRun set up: receiver listening, table migrated, rows in."""
+    print(f"seed {seed} (SLAWATCH_FAULT_SEED={seed} repeats the workload's choices)")
     run = FaultRun(dsn, tmp_path / "run", rows=rows, spread=spread, seed=seed, say=print)
     runs.append(run)
     run.setup()
@@ -92,7 +93,7 @@ def test_database_stopped_longer_than_the_pool_timeout(
         cluster.stop()
         cluster.start()
     run.wait_received(len(run.receiver.seen()) + 200, timeout=60)
-    with run.database_down():  # an outage: every pool wait times out, three times over
+    with run.database_down():  # an outage of four pool timeouts
         cluster.stop()
         time.sleep(8)
         cluster.start()
