@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import psycopg
 from psycopg import sql
 
-from slawatch.db import Connection, describe, translate
+from slawatch.db import Connection, DatabaseUnavailable, describe, translate
+from slawatch.errors import DatabaseError
 from slawatch.rules import Rule
 
 TIMESTAMP_TYPES = {"timestamp without time zone", "timestamp with time zone"}
@@ -230,7 +230,7 @@ def probe_indexes(
     tmp = sql.Identifier("pg_temp", rule.table_name)
     definitions = []
     try:
-        with conn.transaction(force_rollback=True):
+        with translate("probing open_when"), conn.transaction(force_rollback=True):
             conn.execute(
                 sql.SQL("CREATE TEMP TABLE {} (LIKE {}) ON COMMIT DROP").format(
                     sql.Identifier(rule.table_name), table_ident(rule)
@@ -261,8 +261,10 @@ def probe_indexes(
                     (tmp.as_string(conn),),
                 ).fetchone()
                 definitions.append(definition_tail(found[0]) if found else "")
-    except psycopg.Error as exc:  # the database's verdict is the answer we are after
-        msg = describe(exc)
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError as exc:  # the database's verdict is the answer we are after
+        msg = describe(exc.__cause__ or exc)
         if "IMMUTABLE" in msg:
             msg += " (open_when must not call now(), random() or other volatile functions)"
         return [], msg

@@ -36,11 +36,10 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import ConnectionPool
 
 from slawatch.catalog import TableInfo, inspect_table, key_columns, table_ident
 from slawatch.clock import Clock
-from slawatch.db import Connection, translate
+from slawatch.db import Connection, Database, translate
 from slawatch.errors import ConfigError, DatabaseError
 from slawatch.migrate import pending, predicates, schema_current
 from slawatch.queries import queries
@@ -138,6 +137,7 @@ class ClaimPlan:
         elif renotify is not None and renotify.backoff is not None:
             params["first"] = renotify.backoff.first
             params["cap"] = renotify.backoff.max
+            params["doublings"] = renotify.backoff.doublings
         for i, tier in enumerate(rule.escalate):
             params[f"sev{i}"], params[f"notify{i}"] = rule.tier_for(tier.from_)
         return params
@@ -177,9 +177,11 @@ def plan_claim(
     elif rule.renotify.every is not None:
         interval = sql.SQL("%(every)s::interval")
     else:
-        # first * 2^(n-1) after the n-th notification; capped.
+        # first * 2^(n-1) after the n-th notification, capped; the exponent stops where
+        # the cap is reached, so a row notified forever never overflows the interval.
         interval = sql.SQL(
-            "LEAST(%(first)s::interval * power(2, LEAST({n} - 1, 60))::float8, %(cap)s::interval)"
+            "LEAST(%(first)s::interval * power(2, LEAST({n} - 1, %(doublings)s::integer))::float8,"
+            " %(cap)s::interval)"
         ).format(n=new_n)
     deadline_tz = deadline if has_tz else sql.SQL("({} AT TIME ZONE %(tz)s)").format(deadline)
     row = sql.SQL("jsonb_build_object({})").format(
@@ -350,7 +352,7 @@ class DrainResult:
 
 
 def drain(
-    pool: ConnectionPool[Connection],
+    db: Database,
     plan: ClaimPlan,
     clock: Clock,
     budget: timedelta | None = None,
@@ -360,7 +362,7 @@ def drain(
     started = time.monotonic()
     claimed = batches = 0
     while True:
-        with pool.connection() as conn:
+        with db.connection(f"claim for rule {plan.rule.name}") as conn:
             got = claim_batch(conn, plan, clock.now())
         claimed += got
         batches += 1

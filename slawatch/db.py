@@ -1,68 +1,354 @@
-"""Connections, the embedded server, and the one place driver errors are translated."""
+"""The one way to the database: the pool, connections, the embedded server, and
+the one place driver errors become :class:`~slawatch.errors.DatabaseError`.
+
+:class:`Database` owns the connection pool (procrastinate's connector is the
+model). Everything that talks to PostgreSQL gets its connection from
+:meth:`Database.connection` (or :meth:`Database.run`), which turns every driver
+and pool error -- a ``PoolTimeout`` while waiting for a connection, a broken
+connection, a failed commit on the way out -- into a ``DatabaseError``, and
+keeps the process-wide record of a database outage (one log line when it
+starts, one when it ends).
+
+Behind PgBouncer in transaction mode a session's prepared statements are not
+there in the next transaction. ``pooler="transaction"`` turns psycopg's
+prepared statements off; without it, the first ``_pgN_N does not exist /
+already exists`` error turns them off for the pool (logged once) and
+:meth:`Database.run` runs the failed work once more.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import re
+import threading
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
+from urllib.parse import unquote
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from slawatch.errors import DatabaseError
+from slawatch.errors import ConfigError, DatabaseError
+from slawatch.outage import Outage
 
 log = logging.getLogger(__name__)
 
 Connection = psycopg.Connection[Any]
+Pooler = Literal["none", "session", "transaction"]
+T = TypeVar("T")
+
+# libpq parameters whose values are secrets.
+_SECRET_KEYS = ("password", "sslpassword")
+_UNPARSABLE = "(a DSN that cannot be parsed; not shown, it may hold a password)"
+# SQLSTATEs of a prepared statement the pooler lost or mixed up between server sessions.
+_PREPARED_STATES = {"26000", "42P05"}
+# Class 08 (connection exception) and these: the server is not there for us right now.
+_UNREACHABLE_STATES = {"57P01", "57P02", "57P03", "57P04", "53300"}
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached now: down, restarting, or no connection in time."""
+
+
+class PreparedStatementLost(DatabaseError):
+    """A pooler lost (or mixed up) a prepared statement; the work did not run.
+
+    Prepared statements are off from now on, so the same work can run again.
+    """
+
+
+# ---------------------------------------------------------------- DSNs and errors
+
+
+def _is_uri(dsn: str) -> bool:
+    return dsn.startswith(("postgresql://", "postgres://"))
+
+
+def _parse(dsn: str) -> dict[str, Any] | None:
+    """libpq's reading of ``dsn`` (psycopg's own parser), or None if it cannot parse it."""
+    try:
+        return conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return None
+
+
+def _uri_password_region(dsn: str) -> str | None:
+    """What a person meant as the password of a URI: between ``user:`` and the last ``@``.
+
+    libpq ends the user info at the *first* ``@`` and the host at a ``/``, so a
+    raw ``@`` or ``/`` in a password moves its tail into the host, port or
+    database name. Reading up to the last ``@`` covers every such password.
+    """
+    rest = dsn.split("://", 1)[1]
+    at = rest.rfind("@")
+    if at < 0:
+        return None
+    _user, colon, password = rest[:at].partition(":")
+    return password if colon else None
+
+
+def _ambiguous(dsn: str, params: dict[str, Any]) -> bool:
+    """A URI whose password libpq reads differently from how it was written."""
+    if not _is_uri(dsn):
+        return False
+    region = _uri_password_region(dsn)
+    return region is not None and unquote(region) != params.get("password")
 
 
 def redact(dsn: str) -> str:
-    """The DSN without its password, for messages."""
-    dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)(\S+)", r"\1***", dsn)
+    """``dsn`` for messages: every password replaced by ``***``.
+
+    psycopg's conninfo parser decides what the DSN holds; a DSN it cannot parse
+    is not shown at all (its text may be a password with a typo around it).
+    """
+    params = _parse(dsn)
+    if params is None:
+        return _UNPARSABLE
+    if _is_uri(dsn):
+        scheme, rest = dsn.split("://", 1)
+        at = rest.rfind("@")
+        if at >= 0:
+            user, colon, _ = rest[:at].partition(":")
+            rest = f"{user}:***@{rest[at + 1 :]}" if colon else rest
+        # A password may also come as a query parameter.
+        keys = "|".join(_SECRET_KEYS)
+        rest = re.sub(rf"([?&](?:{keys})=)[^&]*", r"\1***", rest)
+        shown = f"{scheme}://{rest}"
+    elif any(k in params for k in _SECRET_KEYS):
+        shown = make_conninfo(
+            "", **{k: "***" if k in _SECRET_KEYS else v for k, v in params.items()}
+        )
+    else:
+        shown = dsn
+    # The last guard: whatever went wrong above, a password is never printed.
+    secrets = [str(params[k]) for k in _SECRET_KEYS if len(str(params.get(k) or "")) >= 3]
+    return _UNPARSABLE if any(s in shown for s in secrets) else shown
+
+
+def _scrub(text: str, dsn: str) -> str:
+    """``text`` (a driver's message about ``dsn``) without any part of its password."""
+    params = _parse(dsn)
+    if params is None:
+        # libpq's parse errors quote the DSN text around the mistake.
+        return "the DSN cannot be parsed (not shown: it may hold a password); check its syntax"
+    if _ambiguous(dsn, params):
+        # Part of the password went into the host/port/database: the message may quote it.
+        return (
+            "connection failed (details not shown: the password in the URI seems to hold a "
+            "raw '@', '/', '?' or '#'; percent-encode them, e.g. %40 for @)"
+        )
+    for key in _SECRET_KEYS:
+        if params.get(key):
+            text = text.replace(str(params[key]), "***")
+    return text
 
 
 def describe(exc: BaseException) -> str:
     """The first line of a driver error, which is the readable part."""
+    if isinstance(exc, PoolTimeout):
+        return "no connection became available in time (database down, or every connection busy)"
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
 
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the server is not there for us (rather than refusing a query)."""
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    if state is None:  # raised by the client: no connection, connection lost, pool timeout
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    return state.startswith("08") or state in _UNREACHABLE_STATES
+
+
+def _prepared_statement_lost(exc: BaseException) -> bool:
+    return (
+        isinstance(exc, psycopg.Error)
+        and exc.sqlstate in _PREPARED_STATES
+        and '"_pg' in str(exc)  # psycopg's own statement names, not the application's
+    )
+
+
+def _translated(what: str, exc: psycopg.Error) -> DatabaseError:
+    message = f"{what}: {describe(exc)}"
+    if _prepared_statement_lost(exc):
+        return PreparedStatementLost(message)
+    if unreachable(exc):
+        return DatabaseUnavailable(message)
+    return DatabaseError(message)
+
+
 @contextlib.contextmanager
 def translate(what: str) -> Iterator[None]:
-    """Turn driver errors raised inside into one-line ``DatabaseError``s."""
+    """Turn driver errors raised inside into one-line ``DatabaseError``s.
+
+    For work on a connection someone already holds; :meth:`Database.connection`
+    does this (and more) for the connections it hands out.
+    """
     try:
         yield
     except psycopg.Error as exc:
-        raise DatabaseError(f"{what}: {describe(exc)}") from exc
-    except PoolTimeout as exc:
-        raise DatabaseError(f"{what}: no database connection available") from exc
+        raise _translated(what, exc) from exc
 
 
-def connect(dsn: str, *, autocommit: bool = True) -> Connection:
+def connect(dsn: str, *, autocommit: bool = True, timeout: float = 10.0) -> Connection:
     """One connection, or a ``DatabaseError`` that names the (redacted) DSN."""
+    if _parse(dsn) is None:
+        raise ConfigError(
+            "the database DSN cannot be parsed (not shown: it may hold a password); "
+            "check SLAWATCH_DSN or --dsn"
+        )
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=10)
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=max(2, round(timeout)))
     except psycopg.Error as exc:
-        raise DatabaseError(f"cannot connect to {redact(dsn)}: {describe(exc)}") from exc
+        message = f"cannot connect to {redact(dsn)}: {_scrub(describe(exc), dsn)}"
+        if unreachable(exc):
+            raise DatabaseUnavailable(message) from exc
+        raise DatabaseError(message) from exc
 
 
-def open_pool(dsn: str, size: int) -> ConnectionPool[Connection]:
-    """A pool of autocommit connections; fails at once when the database is unreachable."""
-    connect(dsn).close()  # a clear error now rather than a pool retrying in the background
-    pool: ConnectionPool[Connection] = ConnectionPool(
-        dsn,
-        min_size=1,
-        max_size=max(size, 1),
-        kwargs={"autocommit": True},
-        open=True,
-        name="slawatch",
-    )
-    return pool
+# ---------------------------------------------------------------- the database
+
+
+class Database:
+    """A pool of autocommit connections to one database, and its outage state.
+
+    ``size``: most connections open at once. ``timeout``: seconds to wait for a
+    connection before :class:`DatabaseUnavailable` (``SLAWATCH_DB_TIMEOUT``).
+    ``pooler``: ``"transaction"`` for PgBouncer (or another pooler) in
+    transaction mode: no prepared statements (``SLAWATCH_POOLER``).
+
+    Fails at once, with the DSN redacted, when the database cannot be reached.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        size: int,
+        timeout: float = 30.0,
+        pooler: Pooler = "none",
+        name: str = "slawatch",
+    ) -> None:
+        self.dsn, self.timeout, self.pooler = dsn, timeout, pooler
+        self.outage = Outage("database", log, down="unreachable", up="reachable again")
+        self._prepared = pooler != "transaction"
+        self._prepared_lock = threading.Lock()
+        connect(dsn, timeout=timeout).close()  # a clear error now, not a pool retrying
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if not self._prepared:
+            kwargs["prepare_threshold"] = None
+        self._pool: ConnectionPool[Connection] = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=max(size, 1),
+            kwargs=kwargs,
+            timeout=timeout,
+            # A connection that died while idle (a restart) is replaced, not handed out.
+            check=ConnectionPool.check_connection,
+            # The pool's reconnect waits double up to this, then start again from 1s at
+            # the next request: after a long outage the pool is back within seconds.
+            reconnect_timeout=timeout,
+            open=True,
+            name=name,
+        )
+
+    @property
+    def prepared_statements(self) -> bool:
+        """Whether psycopg may prepare statements (off behind a transaction pooler)."""
+        return self._prepared
+
+    @contextlib.contextmanager
+    def connection(self, what: str) -> Iterator[Connection]:
+        """A pooled autocommit connection; any driver or pool error becomes a DatabaseError.
+
+        ``what`` names the work for the error message (``"claim for rule late"``).
+        Errors waiting for the connection, inside, and when it goes back to the
+        pool are all translated; unreachability is recorded as an outage.
+        """
+        since = time.monotonic()
+        try:
+            with self._pool.connection() as conn:
+                if not self._prepared:
+                    conn.prepare_threshold = None
+                yield conn
+        except psycopg.Error as exc:
+            raise self._failed(_translated(what, exc), exc, since) from exc
+        except DatabaseError as exc:
+            # Translated inside (translate()); the driver's error is still the cause.
+            if isinstance(exc.__cause__, psycopg.Error):
+                self._failed(exc, exc.__cause__, since)
+            raise
+        self.outage.ok()
+
+    def run(self, what: str, work: Callable[[Connection], T]) -> T:
+        """``work(conn)`` on a pooled connection; run once more if the pooler lost a
+        prepared statement (which means nothing ran).
+
+        ``work`` must be one statement or one transaction, so that a failed
+        attempt changed nothing.
+        """
+        try:
+            with self.connection(what) as conn:
+                return work(conn)
+        except PreparedStatementLost:
+            with self.connection(what) as conn:
+                return work(conn)
+
+    @contextlib.contextmanager
+    def dedicated(self, what: str) -> Iterator[Connection]:
+        """A connection of its own, outside the pool (LISTEN needs one); errors translated."""
+        since = time.monotonic()
+        try:
+            with psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=max(2, round(self.timeout))
+            ) as conn:
+                self.outage.ok()
+                yield conn
+        except psycopg.Error as exc:
+            message = f"{what}: {_scrub(describe(exc), self.dsn)}"
+            error: DatabaseError = (
+                DatabaseUnavailable(message) if unreachable(exc) else DatabaseError(message)
+            )
+            raise self._failed(error, exc, since) from exc
+
+    def _failed(self, error: DatabaseError, exc: psycopg.Error, since: float) -> DatabaseError:
+        """Record what ``exc`` says about the database; return the error to raise."""
+        if isinstance(error, PreparedStatementLost):
+            self._prepared_statements_off(exc)
+        elif isinstance(error, DatabaseUnavailable):
+            self.outage.failed(str(error), since)
+        return error
+
+    def _prepared_statements_off(self, exc: psycopg.Error) -> None:
+        with self._prepared_lock:
+            if not self._prepared:
+                return
+            # Every connection handed out from now on gets prepare_threshold=None.
+            self._prepared = False
+        log.warning(
+            "prepared statements turned off: %s (a pooler in transaction mode? "
+            "set SLAWATCH_POOLER=transaction to start without them)",
+            describe(exc),
+        )
+
+    def close(self) -> None:
+        """Close every connection of the pool."""
+        self._pool.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------- the embedded server
 
 
 def embedded_dsn(data_dir: Path, database: str = "postgres") -> str:

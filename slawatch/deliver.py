@@ -12,7 +12,9 @@ become due again by themselves.
 
 :class:`Dispatcher` runs one worker thread per notifier (a slow receiver holds
 up only its own deliveries) and a listener that wakes them on the claim's
-``NOTIFY``, polling as the fallback.
+``NOTIFY``, polling as the fallback. Workers never die: a database outage,
+a receiver outage or an unexpected error is logged once when it starts and
+once when it ends, and the worker backs off (woken early by stop) and goes on.
 """
 
 from __future__ import annotations
@@ -20,26 +22,29 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 import uuid
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
 
 from slawatch.clock import Clock
-from slawatch.db import Connection, describe, translate
+from slawatch.db import Connection, Database, DatabaseUnavailable
 from slawatch.errors import DeliveryError, SlawatchError
 from slawatch.notifiers import Notifier
+from slawatch.outage import Backoff, Outage
 from slawatch.queries import queries
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "slawatch_delivery"
 POLL = 1.0  # seconds: the fallback when no NOTIFY arrives
+PROBE_WAIT = 3.0  # seconds for our own NOTIFY to come back after LISTEN
+BACKOFF_CAP = 30.0  # seconds: the longest wait of a worker after a failure
 
 
 @dataclass
@@ -94,78 +99,138 @@ def lease_for(notifier: Notifier) -> timedelta:
     return timedelta(seconds=2 * notifier.timeout + 2)
 
 
-def retry_delay(notifier: Notifier, attempt: int, error: DeliveryError) -> timedelta:
-    """When to try again: the receiver's Retry-After, else backoff with jitter."""
+def retry_delay(
+    notifier: Notifier, attempt: int, error: DeliveryError, jitter: float = 1.0
+) -> timedelta:
+    """When to try again after failed attempt ``attempt``: the receiver's Retry-After,
+    else the notifier's backoff times ``jitter``."""
     if error.retry_after is not None:
         return timedelta(seconds=error.retry_after)
-    # Jitter spreads the retries of many deliveries that failed together.
-    return notifier.retry.delay(attempt) * random.uniform(0.8, 1.0)
+    return notifier.retry.delay(attempt) * jitter
+
+
+# One record per notifier (instance) in the process: a receiver that is down is
+# one warning when it starts failing and one line when it accepts again.
+_receivers: weakref.WeakKeyDictionary[Notifier, Outage] = weakref.WeakKeyDictionary()
+_receivers_lock = threading.Lock()
+
+
+def receiver_outage(notifier: Notifier) -> Outage:
+    """The outage record of ``notifier``'s receiver."""
+    with _receivers_lock:
+        outage = _receivers.get(notifier)
+        if outage is None:
+            outage = _receivers[notifier] = Outage(
+                f"notifier {notifier.name}:",
+                log,
+                down="receiver failing",
+                up="receiver accepting again",
+                level=logging.WARNING,
+            )
+        return outage
 
 
 def deliver_batch(
-    pool: ConnectionPool[Connection],
+    db: Database,
     notifier: Notifier,
     clock: Clock,
     descriptions: Mapping[str, str] | None = None,
 ) -> PassResult:
-    """Claim, send and settle at most one batch of ``notifier``'s due deliveries."""
+    """Claim, send and settle at most one batch of ``notifier``'s due deliveries.
+
+    Each delivery is settled by its own attempt count: in a failed batch, those
+    at their last attempt go dead, the others retry after their own backoff.
+    """
     q = queries()
     owner = uuid.uuid4()
-    with pool.connection() as conn, translate(f"claiming deliveries for {notifier.name}"):
-        rows = (
-            conn.cursor(row_factory=dict_row)
-            .execute(
-                q["claim_deliveries"],
-                {
-                    "now": clock.now(),
-                    "owner": owner,
-                    "lease": lease_for(notifier),
-                    "limit": notifier.batch,
-                    "notifier": notifier.name,
-                },
-            )
-            .fetchall()
-        )
+    claim = {
+        "now": clock.now(),
+        "owner": owner,
+        "lease": lease_for(notifier),
+        "limit": notifier.batch,
+        "notifier": notifier.name,
+    }
+    rows = db.run(
+        f"claiming deliveries for {notifier.name}",
+        lambda conn: (
+            conn.cursor(row_factory=dict_row).execute(q["claim_deliveries"], claim).fetchall()
+        ),
+    )
     if not rows:
         return PassResult()
-    ids = [r["id"] for r in rows]
     descriptions = descriptions or {}
+    receiver = receiver_outage(notifier)
+    started = time.monotonic()
     try:
         notifier.send([alert_payload(r, descriptions.get(r["rule"], "")) for r in rows])
         error: DeliveryError | None = None
     except DeliveryError as exc:
         error = exc
     except Exception as exc:  # a notifier bug must not stop the loop; keep its words
-        error = DeliveryError(f"{type(exc).__name__}: {exc}")
-    with pool.connection() as conn, translate(f"recording deliveries for {notifier.name}"):
-        if error is None:
-            conn.execute(q["mark_sent"], {"ids": ids, "owner": owner, "now": clock.now()})
-            return PassResult(sent=len(ids))
-        attempts = max(r["attempts"] for r in rows)
-        if error.permanent or attempts >= notifier.retry.attempts:
-            conn.execute(q["mark_dead"], {"ids": ids, "owner": owner, "error": str(error)})
-            why = "permanent failure" if error.permanent else f"attempt {attempts}, the last"
-            log.error(
-                "notifier %s: %d deliveries dead (%s): %s", notifier.name, len(ids), why, error
-            )
-            return PassResult(dead=len(ids))
-        nxt = clock.now() + retry_delay(notifier, attempts, error)
-        conn.execute(
-            q["mark_retry"], {"ids": ids, "owner": owner, "error": str(error), "next": nxt}
+        error = DeliveryError(notifier.scrub(f"{type(exc).__name__}: {exc}"))
+    if error is None:
+        receiver.ok()
+        sent = {"ids": [r["id"] for r in rows], "owner": owner, "now": clock.now()}
+        db.run(
+            f"recording deliveries for {notifier.name}",
+            lambda conn: conn.execute(q["mark_sent"], sent),
         )
-        log.warning(
-            "notifier %s: %d deliveries will retry at %s (attempt %d): %s",
+        return PassResult(sent=len(rows))
+    receiver.failed(str(error), started)
+    return _settle_failure(db, notifier, clock.now(), owner, rows, error)
+
+
+def _settle_failure(
+    db: Database,
+    notifier: Notifier,
+    now: datetime,
+    owner: uuid.UUID,
+    rows: list[dict[str, Any]],
+    error: DeliveryError,
+) -> PassResult:
+    q = queries()
+    last = notifier.retry.attempts
+    dead = [r for r in rows if error.permanent or r["attempts"] >= last]
+    retry = [r for r in rows if not (error.permanent or r["attempts"] >= last)]
+    # One jitter for the batch: deliveries at the same attempt stay together.
+    jitter = random.uniform(0.8, 1.0)
+    nexts = [now + retry_delay(notifier, r["attempts"], error, jitter) for r in retry]
+
+    def settle(conn: Connection) -> None:
+        with conn.transaction():  # one unit, so Database.run may run it again
+            if dead:
+                conn.execute(
+                    q["mark_dead"],
+                    {"ids": [r["id"] for r in dead], "owner": owner, "error": str(error)},
+                )
+            if retry:
+                conn.execute(
+                    q["mark_retry"],
+                    {
+                        "ids": [r["id"] for r in retry],
+                        "nexts": nexts,
+                        "owner": owner,
+                        "error": str(error),
+                    },
+                )
+
+    db.run(f"recording deliveries for {notifier.name}", settle)
+    if dead:
+        why = "permanent failure" if error.permanent else f"attempt {last} was the last"
+        log.error("notifier %s: %d deliveries dead (%s): %s", notifier.name, len(dead), why, error)
+    if retry:
+        log.debug(
+            "notifier %s: %d deliveries will retry from %s: %s",
             notifier.name,
-            len(ids),
-            nxt.isoformat(timespec="seconds"),
-            attempts,
+            len(retry),
+            min(nexts).isoformat(timespec="seconds"),
             error,
         )
-        return PassResult(retried=len(ids))
+    return PassResult(retried=len(retry), dead=len(dead))
 
 
 def deliver_notifier(
-    pool: ConnectionPool[Connection],
+    db: Database,
     notifier: Notifier,
     clock: Clock,
     descriptions: Mapping[str, str] | None = None,
@@ -174,7 +239,7 @@ def deliver_notifier(
     """Batches until none is due; stops early when the receiver fails (it is down)."""
     total = PassResult()
     while stop is None or not stop.is_set():
-        result = deliver_batch(pool, notifier, clock, descriptions)
+        result = deliver_batch(db, notifier, clock, descriptions)
         total += result
         if result.sent < notifier.batch:  # a short batch, or a failure
             break
@@ -182,7 +247,7 @@ def deliver_notifier(
 
 
 def deliver_due(
-    pool: ConnectionPool[Connection],
+    db: Database,
     notifiers: Mapping[str, Notifier],
     clock: Clock,
     descriptions: Mapping[str, str] | None = None,
@@ -190,29 +255,35 @@ def deliver_due(
     """One pass over every notifier (``run --once``)."""
     total = PassResult()
     for notifier in notifiers.values():
-        total += deliver_notifier(pool, notifier, clock, descriptions)
+        total += deliver_notifier(db, notifier, clock, descriptions)
     return total
 
 
 class Dispatcher:
-    """Delivery worker threads, one per notifier, woken by NOTIFY or by the poll."""
+    """Delivery worker threads, one per notifier, woken by NOTIFY or by the poll.
+
+    No failure ends a thread: each waits with a capped backoff (``backoff_cap``
+    seconds, cut short by :meth:`stop`) and tries again.
+    """
 
     def __init__(
         self,
-        dsn: str,
-        pool: ConnectionPool[Connection],
+        db: Database,
         notifiers: Mapping[str, Notifier],
         clock: Clock,
         descriptions: Mapping[str, str] | None = None,
         poll: float = POLL,
+        backoff_cap: float = BACKOFF_CAP,
     ) -> None:
-        self.dsn, self.pool, self.notifiers = dsn, pool, notifiers
+        self.db, self.notifiers = db, notifiers
         self.clock, self.descriptions, self.poll = clock, descriptions, poll
+        self.backoff_cap = backoff_cap
         self._stop = threading.Event()
         self._wake = {name: threading.Event() for name in notifiers}
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
+        """Start one worker per notifier and the listener."""
         for name, notifier in self.notifiers.items():
             t = threading.Thread(
                 target=self._work, args=(notifier,), name=f"deliver-{name}", daemon=True
@@ -230,28 +301,91 @@ class Dispatcher:
             t.join()
 
     def wake(self) -> None:
+        """Make every worker look for due deliveries now."""
         for event in self._wake.values():
             event.set()
 
     def _work(self, notifier: Notifier) -> None:
         wake = self._wake[notifier.name]
+        backoff = Backoff(cap=self.backoff_cap)
+        # Failures other than an unreachable database (which self.db logs): a
+        # broken schema, a bug. Logged once when they start, once when they end.
+        trouble = Outage(f"delivery worker for {notifier.name}", log)
         while not self._stop.is_set():
+            since = time.monotonic()
             try:
-                deliver_notifier(self.pool, notifier, self.clock, self.descriptions, self._stop)
+                deliver_notifier(self.db, notifier, self.clock, self.descriptions, self._stop)
+            except DatabaseUnavailable:
+                wait = backoff.next()
             except SlawatchError as exc:
-                log.error("%s", exc)
-            wake.wait(self.poll)
+                trouble.failed(str(exc), since)
+                wait = backoff.next()
+            except Exception as exc:
+                trouble.failed(f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc)
+                wait = backoff.next()
+            else:
+                trouble.ok()
+                backoff.reset()
+                wait = self.poll
+            wake.wait(wait)
             wake.clear()
 
     def _listen(self) -> None:
+        if self.db.pooler == "transaction":
+            log.info("SLAWATCH_POOLER=transaction: no LISTEN; polling every %gs", self.poll)
+            return
+        backoff = Backoff(cap=self.backoff_cap)
+        trouble = Outage("delivery listener", log, level=logging.WARNING)
         while not self._stop.is_set():
+            since = time.monotonic()
             try:
-                with psycopg.connect(self.dsn, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    while not self._stop.is_set():
-                        # A short timeout only to notice stop(); a NOTIFY returns at once.
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            self.wake()
-            except psycopg.Error as exc:
-                log.warning("LISTEN %s: %s; polling every %gs", CHANNEL, describe(exc), self.poll)
-                self._stop.wait(self.poll)
+                if not self._listen_until_stopped(backoff, trouble):
+                    return
+            except DatabaseUnavailable:
+                pass  # the database's outage line says it
+            except SlawatchError as exc:
+                trouble.failed(str(exc), since)
+            except Exception as exc:
+                trouble.failed(f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc)
+            self._stop.wait(backoff.next())
+
+    def _listen_until_stopped(self, backoff: Backoff, trouble: Outage) -> bool:
+        """LISTEN and wake the workers on each NOTIFY until stopped.
+
+        Returns False when LISTEN does not work here (the workers poll instead).
+        """
+        with self.db.dedicated("listening for new deliveries") as conn:
+            conn.execute(f"LISTEN {CHANNEL}")
+            if not self._notify_arrives(conn):
+                # Through a transaction pooler LISTEN runs on a server session that is
+                # handed to other clients next: it is accepted, and nothing ever comes.
+                log.warning(
+                    "LISTEN does not reach this connection (transaction pooler?); "
+                    "polling every %gs",
+                    self.poll,
+                )
+                return False
+            backoff.reset()
+            trouble.ok()
+            while not self._stop.is_set():
+                # A short timeout only to notice stop(); a NOTIFY returns at once.
+                for _ in conn.notifies(timeout=0.5, stop_after=1):
+                    self.wake()
+        return True
+
+    def _notify_arrives(self, conn: Connection) -> bool:
+        """Whether a NOTIFY sent from another (pooled) connection reaches ``conn``."""
+        token = uuid.uuid4().hex
+        self.db.run(
+            "probing LISTEN",
+            lambda c: c.execute("SELECT pg_notify(%s, %s)", (CHANNEL, token)),
+        )
+        deadline = time.monotonic() + PROBE_WAIT
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stop.is_set():
+                return True
+            for notify in conn.notifies(timeout=min(left, 0.5), stop_after=1):
+                if notify.payload == token:
+                    return True
+                self.wake()  # a claim's NOTIFY arrived meanwhile
+        return False

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
-from slawatch.config import FileModel, load_dir
+from slawatch.config import FileModel, load_dir, shorten
 from slawatch.durations import Duration, PositiveDuration
 from slawatch.errors import ConfigError
 
@@ -28,7 +28,7 @@ Severity = Literal["info", "warning", "critical"]
 
 def _ident(value: str) -> str:
     if not isinstance(value, str) or not IDENT.fullmatch(value):
-        raise ValueError(f"{value!r} is not a column name (letters, digits, _ and $)")
+        raise ValueError(f"{shorten(value)} is not a column name (letters, digits, _ and $)")
     return value
 
 
@@ -65,6 +65,16 @@ class Backoff(FileModel):
             raise ValueError("backoff.max must not be shorter than backoff.first")
         return self
 
+    @property
+    def doublings(self) -> int:
+        """How many doublings of ``first`` reach ``max``: past it the wait stays at ``max``,
+        and computing ``first * 2^n`` for a large n would overflow (n has no bound when
+        ``renotify.max`` is unset)."""
+        k = 0
+        while self.first * (1 << k) < self.max:
+            k += 1
+        return k
+
 
 class Renotify(FileModel):
     """When to notify again while a row stays overdue."""
@@ -84,8 +94,8 @@ class Renotify(FileModel):
         if self.every is not None:
             return self.every
         assert self.backoff is not None
-        seconds = self.backoff.first.total_seconds() * 2 ** min(n - 1, 60)
-        return min(timedelta(seconds=seconds), self.backoff.max)
+        doublings = min(n - 1, self.backoff.doublings)
+        return min(self.backoff.first * (1 << doublings), self.backoff.max)
 
 
 class Tier(FileModel):
@@ -129,7 +139,7 @@ class Rule(FileModel):
     def _name(cls, v: str) -> str:
         if not RULE_NAME.fullmatch(v):
             raise ValueError(
-                f"{v!r} is not a rule name: lower-case letters, digits and _, "
+                f"{shorten(v)} is not a rule name: lower-case letters, digits and _, "
                 "starting with a letter, at most 40 characters"
             )
         return v
@@ -139,7 +149,7 @@ class Rule(FileModel):
     def _table(cls, v: str) -> str:
         parts = v.split(".")
         if len(parts) > 2 or not all(IDENT.fullmatch(p) for p in parts):
-            raise ValueError(f"{v!r} is not a table name (table or schema.table)")
+            raise ValueError(f"{shorten(v)} is not a table name (table or schema.table)")
         return v
 
     @field_validator("open_when")
@@ -158,8 +168,8 @@ class Rule(FileModel):
     def _timezone(cls, v: str) -> str:
         try:
             ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"{v!r} is not a time zone (try UTC or Europe/Berlin)") from exc
+        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+            raise ValueError(f"{shorten(v)} is not a time zone (try UTC or Europe/Berlin)") from exc
         return v
 
     @field_validator("notify")
@@ -343,7 +353,7 @@ def check_notifier_names(rules: list[Rule], known: set[str]) -> None:
             have = ", ".join(sorted(known)) or "none"
             errors.append(
                 f"{rule.source}: notify: unknown notifier "
-                f"{', '.join(map(repr, unknown))} (defined: {have})"
+                f"{', '.join(map(shorten, unknown))} (defined: {have})"
             )
     if errors:
         raise ConfigError("\n".join(errors))

@@ -1,31 +1,61 @@
-"""``slawatch run``: one APScheduler interval job per rule; delivery workers beside it."""
+"""``slawatch run``: one APScheduler interval job per rule; delivery workers beside it.
+
+A scan job never raises. APScheduler 3.11 would catch an exception from a job,
+log it with its traceback and keep the job scheduled; we do not rely on that:
+:meth:`Runner.scan` handles every failure itself, so that a database outage is
+the database's one line, a rule that keeps failing is one line when it starts
+and one when it ends, and a failing rule backs off instead of retrying every tick.
+"""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
 
 from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.blocking import BlockingScheduler
+from apscheduler.schedulers.background import BackgroundScheduler
 
-from slawatch.claim import ClaimPlan, DrainResult, drain, prepare
+from slawatch.claim import ClaimPlan, DrainResult, drain, prepare_all
 from slawatch.clock import Clock
-from slawatch.db import open_pool
-from slawatch.deliver import Dispatcher, PassResult, deliver_due
+from slawatch.db import Database, DatabaseUnavailable, Pooler, PreparedStatementLost
+from slawatch.deliver import BACKOFF_CAP, POLL, Dispatcher, PassResult, deliver_notifier
 from slawatch.errors import SlawatchError
 from slawatch.notifiers import Notifier, NotifierConfig, build
+from slawatch.outage import Backoff, Outage
 from slawatch.rules import Rule
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class OnceResult:
+    """What ``run --once`` did; ``errors`` are the one-line failures it met."""
+
+    claimed: int = 0
+    delivered: PassResult = field(default_factory=PassResult)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        """A database error happened or a delivery went dead: exit 1."""
+        return bool(self.errors) or self.delivered.dead > 0
+
+
 class Runner:
-    """Owns the connection pool, the rules' claim plans and the notifiers."""
+    """Owns the database, the rules' claim plans and the notifiers.
+
+    ``timeout``: seconds to wait for a database connection (``SLAWATCH_DB_TIMEOUT``);
+    ``pooler``: ``"transaction"`` behind PgBouncer in transaction mode
+    (``SLAWATCH_POOLER``); ``poll``: seconds between delivery polls when no NOTIFY
+    comes; ``backoff_cap``: the longest wait after a failure.
+    """
 
     def __init__(
         self,
@@ -33,45 +63,99 @@ class Runner:
         rules: list[Rule],
         notifiers: list[NotifierConfig],
         clock: Clock | None = None,
+        *,
+        timeout: float = 30.0,
+        pooler: Pooler = "none",
+        poll: float = POLL,
+        backoff_cap: float = BACKOFF_CAP,
     ) -> None:
-        self.dsn = dsn
         self.rules = {r.name: r for r in rules}
         self.clock = clock or Clock()
-        # Scans, one delivery worker per notifier, and one to spare.
-        self.pool = open_pool(dsn, len(rules) + len(notifiers) + 1)
+        self.poll, self.backoff_cap = poll, backoff_cap
+        # Scans, one delivery worker per notifier, the listener's probe, and one to spare.
+        self.db = Database(
+            dsn, size=len(rules) + len(notifiers) + 2, timeout=timeout, pooler=pooler
+        )
         try:
-            with self.pool.connection() as conn:
-                self.plans: dict[str, ClaimPlan] = {r.name: prepare(conn, r) for r in rules}
+            with self.db.connection("reading the watched tables") as conn:
+                # Every rule not ready to run is named at once.
+                self.plans: dict[str, ClaimPlan] = prepare_all(conn, rules)
         except BaseException:
-            self.pool.close()
+            self.db.close()
             raise
         self.notifiers: dict[str, Notifier] = {c.name: build(c) for c in notifiers}
         self.descriptions = {r.name: r.description for r in rules}
+        self._scan_trouble = {name: Outage(f"rule {name}: scans", log) for name in self.rules}
+        self._scan_backoff = {name: Backoff(cap=backoff_cap) for name in self.rules}
+        self._scan_retry_at = dict.fromkeys(self.rules, 0.0)
+        self._stop = threading.Event()
 
     def scan(self, rule: str) -> DrainResult | None:
-        """Drain one rule; a database error is logged and the next scan tries again."""
-        try:
-            result = drain(self.pool, self.plans[rule], self.clock)
-        except SlawatchError as exc:
-            log.error("%s", exc)
+        """Drain one rule; never raises. After a failure the rule's scans back off."""
+        since = time.monotonic()
+        if since < self._scan_retry_at[rule]:
             return None
+        try:
+            result = self._drain(rule)
+        except DatabaseUnavailable:
+            result = None  # the database's outage line says it
+        except SlawatchError as exc:
+            self._scan_trouble[rule].failed(str(exc), since)
+            result = None
+        except Exception as exc:  # a bug: keep scanning the other rules, and this one later
+            self._scan_trouble[rule].failed(
+                f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc
+            )
+            result = None
+        if result is None:
+            self._scan_retry_at[rule] = time.monotonic() + self._scan_backoff[rule].next()
+            return None
+        self._scan_trouble[rule].ok()
+        self._scan_backoff[rule].reset()
+        self._scan_retry_at[rule] = 0.0
         if result.claimed:
             log.info("rule %s: %d alerts in %d batches", rule, result.claimed, result.batches)
         return result
 
-    def deliver_due(self) -> PassResult:
-        """Deliver everything that is due now, notifier by notifier."""
-        return deliver_due(self.pool, self.notifiers, self.clock, self.descriptions)
+    def _drain(self, rule: str) -> DrainResult:
+        try:
+            return drain(self.db, self.plans[rule], self.clock)
+        except PreparedStatementLost:
+            # The failed batch rolled back and prepared statements are off now.
+            return drain(self.db, self.plans[rule], self.clock)
 
-    def once(self) -> None:
-        """Drain every rule once, then one delivery pass (``run --once``)."""
-        for plan in self.plans.values():
-            drain(self.pool, plan, self.clock)  # a database error ends the run (exit 1)
-        self.deliver_due()
+    def once(self) -> OnceResult:
+        """Drain every rule once, then one delivery pass (``run --once``).
+
+        Every rule and notifier gets its turn even when another failed (the
+        failures are in the result), unless the database is unreachable: then
+        waiting for it once more per rule would only delay the exit.
+        """
+        result = OnceResult()
+        try:
+            for name in self.plans:
+                try:
+                    result.claimed += self._drain(name).claimed
+                except DatabaseUnavailable:
+                    raise
+                except SlawatchError as exc:
+                    result.errors.append(str(exc))
+            for notifier in self.notifiers.values():
+                try:
+                    result.delivered += deliver_notifier(
+                        self.db, notifier, self.clock, self.descriptions
+                    )
+                except DatabaseUnavailable:
+                    raise
+                except SlawatchError as exc:
+                    result.errors.append(str(exc))
+        except DatabaseUnavailable as exc:
+            result.errors.append(str(exc))
+        return result
 
     def serve(self, seconds: float | None = None) -> None:
-        """Run the scheduler until SIGINT/SIGTERM, or for ``seconds``."""
-        scheduler = BlockingScheduler(
+        """Scan and deliver until SIGINT/SIGTERM, :meth:`stop`, or ``seconds`` passed."""
+        scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(len(self.rules) + 1)}, timezone=UTC
         )
         now = datetime.now(UTC)
@@ -89,29 +173,36 @@ class Runner:
                 next_run_time=now,
             )
 
-        def stop(signum: int | None = None, frame: FrameType | None = None) -> None:
-            if scheduler.running:
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.stop()
+
+        dispatcher = Dispatcher(
+            self.db,
+            self.notifiers,
+            self.clock,
+            self.descriptions,
+            poll=self.poll,
+            backoff_cap=self.backoff_cap,
+        )
+        with _signals(on_signal):
+            dispatcher.start()
+            scheduler.start()
+            try:
+                self._stop.wait(seconds)
+            finally:
                 log.info("stopping: letting running scans and deliveries finish")
                 scheduler.shutdown(wait=True)
-
-        dispatcher = Dispatcher(self.dsn, self.pool, self.notifiers, self.clock, self.descriptions)
-        timer = threading.Timer(seconds, stop) if seconds is not None else None
-        with _signals(stop):
-            dispatcher.start()
-            if timer is not None:
-                timer.daemon = True
-                timer.start()
-            try:
-                scheduler.start()
-            finally:
-                if timer is not None:
-                    timer.cancel()
                 dispatcher.stop()
 
+    def stop(self) -> None:
+        """Make :meth:`serve` return (from any thread or a signal handler)."""
+        self._stop.set()
+
     def close(self) -> None:
+        """Close the notifiers and the database pool."""
         for notifier in self.notifiers.values():
             notifier.close()
-        self.pool.close()
+        self.db.close()
 
 
 @contextmanager

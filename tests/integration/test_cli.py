@@ -120,6 +120,25 @@ def test_run_before_migrate_says_what_to_do(conn: Conn, dsn: str) -> None:
     assert_one_line_error(result, 2, "run 'slawatch migrate' first")
 
 
+def test_run_names_every_rule_that_needs_migrate(conn: Conn, dsn: str, tmp_path: Path) -> None:
+    conn.execute(SHOP)
+    assert slawatch("migrate", dsn=dsn).returncode == 0
+    for name in ("order_unshipped", "refund_unprocessed", "job_hung"):
+        text = (ROOT / "rules" / f"{name}.yaml").read_text()
+        if name != "job_hung":  # two rules change; job_hung stays as migrated
+            text = text.replace('open_when: "', 'open_when: "id > 0 AND ')
+        (tmp_path / f"{name}.yaml").write_text(text)
+    result = slawatch("--rules", str(tmp_path), "run", "--once", dsn=dsn)
+    assert result.returncode == 2, result
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("slawatch: error: ")]
+    assert len(errors) == 2, result.stderr
+    assert "order_unshipped.yaml: rule 'order_unshipped' is not migrated or changed" in errors[0]
+    assert "refund_unprocessed.yaml: rule 'refund_unprocessed'" in errors[1]
+    assert "run 'slawatch migrate'" in errors[1]
+    check = slawatch("--rules", str(tmp_path), "check", dsn=dsn)
+    assert check.returncode == 1 and "(order_unshipped, refund_unprocessed)" in check.stdout
+
+
 def test_migrate_then_run_once_prints_each_alert_once(conn: Conn, dsn: str) -> None:
     conn.execute(SHOP)
     conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")

@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
-from psycopg_pool import ConnectionPool
 
 from slawatch.claim import claim_batch, plan_claim
 from slawatch.clock import Clock
+from slawatch.db import Database
 from slawatch.deliver import Dispatcher
 from slawatch.migrate import migrate
 from slawatch.notifiers import WebhookConfig
@@ -102,8 +102,8 @@ def test_a_claim_wakes_the_delivery_workers(
     migrate(conn, [rule])
     plan = plan_claim(rule, "timestamp with time zone")
     hook = WebhookNotifier(WebhookConfig(name="hook", type="webhook", url=receiver.url))
-    with ConnectionPool(dsn, min_size=1, max_size=3, kwargs={"autocommit": True}) as pool:
-        dispatcher = Dispatcher(dsn, pool, {"hook": hook}, Clock(), poll=60)
+    with Database(dsn, size=3) as db:
+        dispatcher = Dispatcher(db, {"hook": hook}, Clock(), poll=60)
         dispatcher.start()
         try:
             time.sleep(1.0)  # the workers ran their first (empty) pass and now wait

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from freezegun import freeze_time
-from psycopg_pool import ConnectionPool
 
 from slawatch.claim import plan_claim
 from slawatch.clock import Clock
-from slawatch.deliver import deliver_batch, deliver_due
+from slawatch.db import Database
+from slawatch.deliver import deliver_batch, deliver_due, deliver_notifier
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import ConsoleConfig, RetrySettings
 from slawatch.notifiers.base import BaseNotifier
@@ -29,14 +32,18 @@ CLAIMED = T0 + timedelta(days=3)  # when the alerts were claimed and became deli
 class FlakyReceiver(BaseNotifier):
     """A receiver that refuses the first ``failures`` sends, then keeps what it gets."""
 
-    def __init__(self, failures: int, retry: RetrySettings | None = None) -> None:
+    def __init__(self, failures: int, retry: RetrySettings | None = None, batch: int = 100) -> None:
         super().__init__(
-            ConsoleConfig(name="console", type="console", retry=retry or RetrySettings())
+            ConsoleConfig(
+                name="console", type="console", retry=retry or RetrySettings(), batch=batch
+            )
         )
         self.failures = failures
         self.got: list[dict[str, Any]] = []
+        self.requests = 0
 
     def send(self, alerts: list[dict[str, Any]]) -> None:
+        self.requests += 1
         if self.failures > 0:
             self.failures -= 1
             raise DeliveryError("ConnectionError: receiver down")
@@ -44,9 +51,9 @@ class FlakyReceiver(BaseNotifier):
 
 
 @pytest.fixture
-def pool(dsn: str) -> Any:
-    with ConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as p:
-        yield p
+def db(dsn: str) -> Iterator[Database]:
+    with Database(dsn, size=2, timeout=10) as d:
+        yield d
 
 
 def overdue_orders(conn: Conn, count: int, notify: str = "console") -> None:
@@ -63,12 +70,12 @@ def statuses(conn: Conn) -> dict[str, int]:
     return dict(conn.execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY 1"))
 
 
-def test_console_prints_the_payload_and_marks_sent(conn: Conn, pool: Any) -> None:
+def test_console_prints_the_payload_and_marks_sent(conn: Conn, db: Database) -> None:
     overdue_orders(conn, 3)
     out = io.StringIO()
     console = ConsoleNotifier(ConsoleConfig(name="console", type="console"), out)
     with freeze_time(CLAIMED):
-        result = deliver_due(pool, {"console": console}, Clock(), {"order_unshipped": "late"})
+        result = deliver_due(db, {"console": console}, Clock(), {"order_unshipped": "late"})
     assert (result.sent, result.retried, result.dead) == (3, 0, 0)
     lines = out.getvalue().splitlines()
     assert len(lines) == 3
@@ -82,30 +89,30 @@ def test_console_prints_the_payload_and_marks_sent(conn: Conn, pool: Any) -> Non
     assert statuses(conn) == {"sent": 3}
 
 
-def test_failures_retry_with_backoff_then_go_dead_with_the_error(conn: Conn, pool: Any) -> None:
+def test_failures_retry_with_backoff_then_go_dead_with_the_error(conn: Conn, db: Database) -> None:
     overdue_orders(conn, 2)
     retry = RetrySettings(first=timedelta(seconds=10), max=timedelta(seconds=30), attempts=4)
     receiver = FlakyReceiver(failures=99, retry=retry)
     with freeze_time(CLAIMED) as clock:
         waits = []
         for _ in range(3):
-            assert deliver_batch(pool, receiver, Clock()).retried == 2
+            assert deliver_batch(db, receiver, Clock()).retried == 2
             (nxt,) = conn.execute(
                 "SELECT DISTINCT next_attempt_at FROM slawatch.delivery"
             ).fetchone()
             waits.append((nxt - datetime.now(UTC)).total_seconds())
-            assert deliver_batch(pool, receiver, Clock()).total == 0  # not due yet
+            assert deliver_batch(db, receiver, Clock()).total == 0  # not due yet
             clock.move_to(nxt)
         # min(first * 2^(attempt-1), max), less up to 20% jitter
         for wait, full in zip(waits, [10, 20, 30], strict=True):
             assert 0.8 * full <= wait <= full
-        assert deliver_batch(pool, receiver, Clock()).dead == 2  # the 4th attempt was the last
+        assert deliver_batch(db, receiver, Clock()).dead == 2  # the 4th attempt was the last
     assert statuses(conn) == {"dead": 2}
     errors = conn.execute("SELECT DISTINCT last_error FROM slawatch.delivery").fetchall()
     assert errors == [("ConnectionError: receiver down",)]
 
 
-def test_permanent_failure_is_dead_at_once_and_replay_revives(conn: Conn, pool: Any) -> None:
+def test_permanent_failure_is_dead_at_once_and_replay_revives(conn: Conn, db: Database) -> None:
     overdue_orders(conn, 2)
 
     class Gone(FlakyReceiver):
@@ -113,7 +120,7 @@ def test_permanent_failure_is_dead_at_once_and_replay_revives(conn: Conn, pool: 
             raise DeliveryError("HTTP 410 Gone", permanent=True)
 
     with freeze_time(CLAIMED):
-        assert deliver_batch(pool, Gone(0), Clock()).dead == 2
+        assert deliver_batch(db, Gone(0), Clock()).dead == 2
     assert statuses(conn) == {"dead": 2}
     replay = queries()["replay"]
     none = {"now": CLAIMED, "rule": "nope", "notifier": None}
@@ -122,11 +129,11 @@ def test_permanent_failure_is_dead_at_once_and_replay_revives(conn: Conn, pool: 
     assert conn.execute(replay, args).fetchone() == (2,)
     receiver = FlakyReceiver(failures=0)
     with freeze_time(CLAIMED):
-        assert deliver_batch(pool, receiver, Clock()).sent == 2
+        assert deliver_batch(db, receiver, Clock()).sent == 2
     assert statuses(conn) == {"sent": 2}
 
 
-def test_retry_after_is_honoured(conn: Conn, pool: Any) -> None:
+def test_retry_after_is_honoured(conn: Conn, db: Database) -> None:
     overdue_orders(conn, 1)
 
     class Busy(FlakyReceiver):
@@ -134,17 +141,17 @@ def test_retry_after_is_honoured(conn: Conn, pool: Any) -> None:
             raise DeliveryError("HTTP 429 Too Many Requests", retry_after=120)
 
     with freeze_time(CLAIMED):
-        assert deliver_batch(pool, Busy(0), Clock()).retried == 1
+        assert deliver_batch(db, Busy(0), Clock()).retried == 1
     (nxt,) = conn.execute("SELECT next_attempt_at FROM slawatch.delivery").fetchone()
     assert nxt == CLAIMED + timedelta(seconds=120)
 
 
-def test_a_receiver_that_recovers_gets_every_alert(conn: Conn, pool: Any) -> None:
+def test_a_receiver_that_recovers_gets_every_alert(conn: Conn, db: Database) -> None:
     overdue_orders(conn, 250)
     receiver = FlakyReceiver(failures=3)
     with freeze_time(CLAIMED) as clock:
         for _ in range(10):
-            deliver_due(pool, {"console": receiver}, Clock())
+            deliver_due(db, {"console": receiver}, Clock())
             clock.tick(timedelta(minutes=10))
     assert sorted(a["id"] for a in receiver.got) == sorted(
         f"order_unshipped:{k}:e1:n1" for k in range(1, 251)
@@ -173,8 +180,103 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
     assert stale.rowcount == 0
     stale = conn.execute(q["mark_dead"], {"ids": [first[0]], "owner": old, "error": "x"})
     assert stale.rowcount == 0
-    retry = {"ids": [first[0]], "owner": old, "error": "x", "next": CLAIMED}
+    retry = {"ids": [first[0]], "owner": old, "error": "x", "nexts": [CLAIMED]}
     assert conn.execute(q["mark_retry"], retry).rowcount == 0  # nor reschedule it
     assert statuses(conn) == {"pending": 1}
     done = conn.execute(q["mark_sent"], {"ids": [first[0]], "owner": new, "now": later})
     assert done.rowcount == 1
+
+
+def deliveries(conn: Conn) -> list[tuple[str, str, int, datetime]]:
+    """(alert key, status, attempts, next attempt) of every delivery, by key."""
+    rows = conn.execute(
+        "SELECT a.key, d.status, d.attempts, d.next_attempt_at FROM slawatch.delivery d"
+        " JOIN slawatch.alert a ON a.id = d.alert_id ORDER BY a.key::int"
+    ).fetchall()
+    return [(k, s, n, t) for k, s, n, t in rows]
+
+
+def test_each_delivery_of_a_failed_batch_is_settled_by_its_own_attempts(
+    conn: Conn, db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attempts (2, 0, 0) of 3: the first goes dead, the others retry after *their* backoff."""
+    overdue_orders(conn, 3)
+    conn.execute(
+        "UPDATE slawatch.delivery d SET attempts = 2 FROM slawatch.alert a"
+        " WHERE a.id = d.alert_id AND a.key = '1'"
+    )
+    retry = RetrySettings(first=timedelta(seconds=10), max=timedelta(hours=1), attempts=3)
+    with freeze_time(CLAIMED):
+        result = deliver_batch(db, FlakyReceiver(failures=1, retry=retry), Clock())
+    assert (result.sent, result.retried, result.dead) == (0, 2, 1)
+    rows = deliveries(conn)
+    assert [(k, s, n) for k, s, n, _ in rows] == [
+        ("1", "dead", 3),
+        ("2", "pending", 1),
+        ("3", "pending", 1),
+    ]
+    for _, _, _, nxt in rows[1:]:
+        # Backoff after attempt 1: `first`, less up to 20% jitter (not attempt 3's 40s).
+        assert 8 <= (nxt - CLAIMED).total_seconds() <= 10
+    dead = [r for r in caplog.records if r.levelno == logging.ERROR and "dead" in r.getMessage()]
+    assert [r.getMessage() for r in dead] == [
+        "notifier console: 1 deliveries dead (attempt 3 was the last): "
+        "ConnectionError: receiver down"
+    ]
+
+
+def test_a_receiver_outage_is_one_warning_and_one_line_when_it_ends(
+    conn: Conn, db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    overdue_orders(conn, 2)
+    retry = RetrySettings(first=timedelta(seconds=1), max=timedelta(seconds=1), attempts=10)
+    receiver = FlakyReceiver(failures=3, retry=retry)
+    with freeze_time(CLAIMED) as clock:
+        for _ in range(4):
+            deliver_batch(db, receiver, Clock())
+            clock.tick(timedelta(seconds=5))
+    assert statuses(conn) == {"sent": 2}
+    lines = [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name == "slawatch.deliver" and r.levelno >= logging.INFO
+    ]
+    assert lines == [
+        (logging.WARNING, "notifier console: receiver failing: ConnectionError: receiver down"),
+        (logging.INFO, "notifier console: receiver accepting again after 15s"),
+    ]
+
+
+def test_a_failed_full_batch_ends_the_notifiers_pass(conn: Conn, db: Database) -> None:
+    """The receiver is down: one request, not one per due batch."""
+    overdue_orders(conn, 6)
+    receiver = FlakyReceiver(failures=99, batch=2)
+    with freeze_time(CLAIMED):
+        result = deliver_notifier(db, receiver, Clock())
+    assert receiver.requests == 1
+    assert (result.sent, result.retried) == (0, 2)
+    # A working receiver gets every full batch in one pass.
+    working = FlakyReceiver(failures=0, batch=2)
+    with freeze_time(CLAIMED + timedelta(hours=1)):
+        assert deliver_notifier(db, working, Clock()).sent == 6
+    assert working.requests == 3
+
+
+def test_two_delivery_claimers_skip_each_others_rows(conn: Conn, dsn: str) -> None:
+    """One claim holds its rows in an open transaction; the other gets the rest at once."""
+    overdue_orders(conn, 10)
+    q = queries()
+    claim = {"now": CLAIMED, "lease": timedelta(seconds=30), "notifier": "console"}
+    with psycopg.connect(dsn) as first:  # not autocommit: the claim stays open
+        held = first.execute(
+            q["claim_deliveries"], claim | {"owner": uuid.uuid4(), "limit": 4}
+        ).fetchall()
+        # Waiting for the first claim's row locks would be the bug: fail instead of waiting.
+        conn.execute("SET lock_timeout = '3s'")
+        rest = conn.execute(
+            q["claim_deliveries"], claim | {"owner": uuid.uuid4(), "limit": 10}
+        ).fetchall()
+        first.rollback()
+    assert len(held) == 4 and len(rest) == 6
+    assert {r[0] for r in held}.isdisjoint(r[0] for r in rest)

@@ -206,3 +206,20 @@ def test_recovered_rows_waiting_to_be_closed_are_never_paged(conn: Conn) -> None
     open_episodes = conn.execute("SELECT count(*) FROM jobs WHERE sw_job_hung_seen IS NOT NULL")
     assert open_episodes.fetchone() == (0,)
     assert len(episodes(conn, "job_hung")) == 5
+
+
+def test_a_backoff_without_a_cap_on_notifications_never_overflows(conn: Conn) -> None:
+    """renotify: backoff without max: a row overdue for months reaches notification #70;
+    first * 2^69 is no interval PostgreSQL can hold, so the exponent stops at the cap."""
+    rules = shop(conn)
+    renotify = Renotify(backoff=Backoff(first=12 * H, max=48 * H))
+    rule = rules["refund_unprocessed"].model_copy(update={"renotify": renotify})
+    migrate(conn, [rule])
+    plan = plan_claim(rule, "timestamp with time zone", key=["id"])
+    conn.execute("INSERT INTO refunds VALUES (1, 10, 500, 'requested', %s)", (T0,))
+    now = T0 + 72 * H + S
+    assert claim_all(conn, plan, now) == 1
+    conn.execute("UPDATE refunds SET sw_refund_unprocessed_n = 69")  # months later
+    assert claim_all(conn, plan, now + 13 * H) == 1
+    n, nxt, _, _ = tracking(conn, "refund_unprocessed", "refunds", 1)
+    assert (n, nxt - (now + 13 * H)) == (70, 48 * H)

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -151,6 +157,51 @@ def test_redis_down_is_retried() -> None:
     with pytest.raises(DeliveryError) as exc:
         notifier.send(alerts(1))
     assert not exc.value.permanent and "s3cret" not in str(exc.value)
+    notifier.close()
+
+
+@pytest.fixture
+def redis_without_hello(tmp_path: Path) -> Iterator[int]:
+    """A private redis-server that does not know HELLO, as Redis before 6 and servers with
+    ``rename-command HELLO ""`` are: it answers ``unknown command 'HELLO', with args
+    beginning with: '3' 'AUTH' 'default' '<the password>'``."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        message = "redis-server is not installed (a private server is started for this test)"
+        if os.environ.get("SLAWATCH_REQUIRE_SERVICES") == "1":
+            pytest.fail(message + " and SLAWATCH_REQUIRE_SERVICES=1")
+        pytest.skip(message)
+    port = closed_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
+    args += ["no", "--dir", str(tmp_path), "--rename-command", "HELLO", ""]
+    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_a_redis_error_that_quotes_the_password_is_scrubbed(redis_without_hello: int) -> None:
+    password = "redis-pw-s3cret"
+    url = f"redis://:{password}@127.0.0.1:{redis_without_hello}/0?protocol=3"
+    config = {"name": "r", "type": "redis", "url": url, "timeout": "5s"}
+    notifier = RedisNotifier(RedisConfig.model_validate(config))
+    with pytest.raises(DeliveryError) as exc:
+        notifier.send(alerts(1))
+    message = str(exc.value)
+    # The server's own words are kept (what failed), the password is not.
+    assert "unknown command 'HELLO'" in message and "'AUTH' 'default' '***'" in message, message
+    assert password not in message
     notifier.close()
 
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from psycopg_pool import ConnectionPool
 from standardwebhooks import Webhook
 
 from slawatch.clock import Clock
+from slawatch.db import Database
 from slawatch.deliver import deliver_batch, deliver_due
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import WebhookConfig
@@ -46,7 +46,7 @@ def webhook(url: str, **fields: Any) -> WebhookNotifier:
 
 @pytest.fixture
 def pool(dsn: str) -> Any:
-    with ConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as p:
+    with Database(dsn, size=2, timeout=10) as p:
         yield p
 
 
@@ -193,3 +193,99 @@ def test_https_with_a_private_ca(tmp_path: Any) -> None:
             untrusting.send([ALERT])
         assert not exc.value.permanent
         untrusting.close()
+
+
+# Secrets a webhook URL and its headers carry, each distinct so a leak names its source.
+USER_PW = "pw-userinfo-s3cret"
+PATH_SECRET = "XpathS3cretXpathS3cret"
+QUERY_TOKEN = "tok-query-s3cret"
+BEARER = "bearer-header-s3cret"
+API_KEY = "key-header-s3cret"
+LEAKS = [USER_PW, PATH_SECRET, QUERY_TOKEN, BEARER, API_KEY, SECRET]
+
+
+def secret_url(port: int, userinfo: bool = False) -> str:
+    auth = f"ops:{USER_PW}@" if userinfo else ""
+    return f"http://{auth}127.0.0.1:{port}/services/T01/B02/{PATH_SECRET}?token={QUERY_TOKEN}"
+
+
+def assert_no_secret(text: str) -> None:
+    # The Basic header httpx builds from the URL's userinfo is the password, encoded.
+    basic = base64.b64encode(f"ops:{USER_PW}".encode()).decode()
+    for secret in [*LEAKS, basic]:
+        assert secret not in text, f"{secret!r} leaked: {text}"
+
+
+@pytest.mark.parametrize("status", [401, 404])
+def test_an_echoing_receiver_never_gets_a_secret_into_the_error(
+    conn: Conn, pool: Any, receiver: WebhookReceiver, status: int
+) -> None:
+    """The receiver's error page repeats the request's headers and path + query, raw and
+    decoded; neither the DeliveryError nor slawatch.delivery.last_error shows a secret."""
+    overdue_orders(conn, 1, "hook")
+    receiver.default = Reply(status, echo=True)
+    port = int(receiver.url.split(":")[2].split("/")[0])
+    headers = {"Authorization": f"Bearer {BEARER}", "x-api-key": API_KEY, "x-team": "ops"}
+    hook = webhook(secret_url(port), secret=SECRET, headers=headers)
+    with pytest.raises(DeliveryError) as exc:
+        hook.send([ALERT])
+    echoed = receiver.requests[-1]
+    assert echoed.headers["authorization"] == f"Bearer {BEARER}"  # the secrets did go out
+    assert PATH_SECRET in echoed.path and QUERY_TOKEN in echoed.path
+    message = str(exc.value)
+    assert_no_secret(message)
+    assert message.startswith(f"HTTP {status} ")
+    assert "path: /… " in message  # the receiver's words stay, the secrets go
+    with freeze_time(CLAIMED):
+        assert deliver_batch(pool, hook, Clock()).dead == 1
+    (error,) = conn.execute("SELECT last_error FROM slawatch.delivery").fetchone()
+    assert_no_secret(error)
+    assert "x-team: ops" in error
+    hook.close()
+
+
+def test_an_echoed_userinfo_is_scrubbed_in_every_form(receiver: WebhookReceiver) -> None:
+    receiver.default = Reply(401, echo=True)
+    port = int(receiver.url.split(":")[2].split("/")[0])
+    hook = webhook(secret_url(port, userinfo=True))
+    with pytest.raises(DeliveryError) as exc:
+        hook.send([ALERT])
+    assert receiver.requests[-1].headers["authorization"].startswith("Basic ")
+    assert_no_secret(str(exc.value))
+    hook.close()
+
+
+def test_a_secret_cut_by_the_length_limit_is_still_scrubbed(receiver: WebhookReceiver) -> None:
+    """Error text is cut to ~200 characters; cutting first would keep a secret's head."""
+    receiver.default = Reply(400, body=b"x" * 185 + BEARER.encode())
+    hook = webhook(receiver.url, headers={"Authorization": f"Bearer {BEARER}"})
+    with pytest.raises(DeliveryError) as exc:
+        hook.send([ALERT])
+    assert BEARER[:8] not in str(exc.value), str(exc.value)
+    hook.close()
+
+
+def test_a_closed_port_with_credentials_in_the_url_shows_only_scheme_host_and_port() -> None:
+    port = closed_port()
+    hook = webhook(
+        secret_url(port, userinfo=True), secret=SECRET, headers={"Authorization": BEARER}
+    )
+    with pytest.raises(DeliveryError) as exc:
+        hook.send([ALERT])
+    assert not exc.value.permanent
+    assert_no_secret(str(exc.value))
+    assert str(exc.value).endswith(f"(POST http://127.0.0.1:{port}/…)")  # where it failed
+    # What an operator may see of the URL.
+    assert hook.scrub(f"POST {secret_url(port, True)} failed") == (
+        f"POST http://127.0.0.1:{port}/… failed"
+    )
+    hook.close()
+
+
+def test_a_huge_retry_after_is_capped_at_retry_max(receiver: WebhookReceiver) -> None:
+    receiver.default = Reply(429, {"Retry-After": "9" * 40})
+    hook = webhook(receiver.url, retry={"max": "5m"})
+    with pytest.raises(DeliveryError) as exc:
+        hook.send([ALERT])
+    assert exc.value.retry_after == 300
+    hook.close()

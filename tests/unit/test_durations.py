@@ -4,7 +4,8 @@ from datetime import timedelta
 
 import pytest
 
-from slawatch.durations import format_duration, parse_duration
+from slawatch.config import shorten
+from slawatch.durations import MAX_DURATION, format_duration, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -38,3 +39,84 @@ def test_format_round_trips() -> None:
     for text in ("1d6h", "45s", "2w", "1h30m"):
         assert format_duration(parse_duration(text)) == text
     assert format_duration(timedelta(0)) == "0s"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "36500d",
+        "5214w2d",  # 36500 days
+        "P36500D",
+        "PT876000H",
+        36500 * 86400,
+        float(36500 * 86400),
+        "0" * 5000 + "1s",  # leading zeros are not digits of size
+    ],
+    ids=lambda v: shorten(v, 40),
+)
+def test_up_to_100_years_is_accepted(value: object) -> None:
+    assert parse_duration(value) <= MAX_DURATION
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "36501d",
+        "9999999d",
+        "999999999d",
+        "99999999999d",
+        "9" * 400 + "s",  # more digits than float's range: inf
+        "9" * 5000 + "w",  # more digits than int() will read
+        "P999999999D",
+        "P" + "9" * 400 + "W",
+        "PT" + "9" * 400 + ".5S",
+        36500 * 86400 + 1,
+        10**400,
+        1e300,
+        float("inf"),
+        timedelta(days=36501),
+        timedelta.max,
+    ],
+    ids=lambda v: shorten(v, 40),
+)
+def test_longer_than_100_years_is_refused_naming_the_limit(value: object) -> None:
+    with pytest.raises(ValueError) as exc:
+        parse_duration(value)
+    message = str(exc.value)
+    assert message.endswith("is longer than 100 years, the most slawatch accepts"), message
+    assert len(message) < 200
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (float("nan"), "nan is not a duration"),
+        (float("-inf"), "-inf is negative"),
+        (-1e300, "-1e+300 is negative"),
+        ("PT1e400S", "'PT1e400S' is not a duration"),
+        ("1e300", "'1e300' is not a duration"),
+        (False, "False is not a duration"),
+        ([1, 2], "[1, 2] is not a duration"),
+        ({"h": 1}, "{'h': 1} is not a duration"),
+        (None, "None is not a duration"),
+    ],
+)
+def test_absurd_values_are_one_clear_error(value: object, expected: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        parse_duration(value)
+    assert str(exc.value).startswith(expected), str(exc.value)
+
+
+def test_a_limit_of_the_callers_choosing() -> None:
+    hour = timedelta(hours=1)
+    assert parse_duration("PT1H", hour, "1 hour") == hour
+    with pytest.raises(ValueError, match=r"^'61m' is longer than 1 hour, the most slawatch"):
+        parse_duration("61m", hour, "1 hour")
+
+
+def test_a_huge_value_is_quoted_in_short() -> None:
+    with pytest.raises(ValueError) as exc:
+        parse_duration("x" * 10_485_760)
+    message = str(exc.value)
+    assert "(10,485,760 characters) is not a duration" in message
+    assert len(message) < 200

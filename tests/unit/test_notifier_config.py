@@ -68,7 +68,10 @@ def test_missing_variable_names_file_field_and_variable(tmp_path: Path) -> None:
         ("type: pigeon\n", "type: 'pigeon' is not a notifier type (one of console, webhook"),
         ("url: http://x\n", "type: is required"),
         ("type: webhook\nurl: ftp://x\n", "url: 'ftp://x' is not an http:// or https:// URL"),
-        ("type: webhook\nurl: 'http://h:8o8o/'\n", "url: not a valid URL: Invalid port"),
+        (
+            "type: webhook\nurl: 'http://h:8o8o/'\n",
+            "url: not a valid URL: the port is not a number",
+        ),
         ("type: webhook\nurl: http://x\nsecret: 'not base64!'\n", "secret: must be a Standard"),
         ("type: webhook\nurl: http://x\ntimeout: soon\n", "timeout: 'soon' is not a duration"),
         ("type: webhook\nurl: http://x\nretry: {attempts: 0}\n", "retry.attempts: 0: Input"),
@@ -107,3 +110,47 @@ def test_secrets_are_scrubbed_from_errors() -> None:
         assert notifier.scrub("failed nats://u:pw123@h:1") == "failed ***"  # type: ignore[attr-defined]
     finally:
         notifier.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "type: webhook\nurl: http://x\nheaders: {x-a: 'caf\u00e9'}\n",
+            "headers: x-a: the value must",
+        ),
+        ('type: webhook\nurl: http://x\nheaders: {x-a: "a\\nb"}\n', "headers: x-a: the value must"),
+        ("type: webhook\nurl: http://x\nheaders: {'a b': c}\n", "headers: 'a b' is not an HTTP"),
+        ("type: amqp\nrouting_key: '{rule!z}'\n", "routing_key: cannot be filled in: Unknown conv"),
+        ("type: redis\nstream: '{rule:d}'\n", "stream: cannot be filled in: "),
+        ("type: nats\nsubject: 'a.{rule'\n", "subject: expected '}' before end of string"),
+        ("type: redis\nmaxlen: 10000000000\n", "maxlen: 10000000000: Input should be less"),
+        ("type: redis\nurl: http://h\n", "url: must start with redis:// or rediss:// or unix://"),
+    ],
+)
+def test_values_that_would_fail_at_send_time_fail_at_load(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    message = error_of(tmp_path, text)
+    assert expected in message, message
+    assert "caf" not in message  # a header value may be a secret: never quoted
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:zq#ss-word@127.0.0.1:6379/0",
+        "redis://:zq/ss-word@127.0.0.1:6379/0",
+        "redis://:zq?ss-word@127.0.0.1:6379/0",
+        "amqp://guest:zq#ss-word@127.0.0.1:5672/",
+        "amqp://guest:zq/ss-word@127.0.0.1:5672/",
+        "nats://u:zq#ss-word@127.0.0.1:4222",
+        "http://u:zq#ss-word@127.0.0.1:80/hook",
+    ],
+)
+def test_a_password_that_breaks_its_url_is_never_quoted(tmp_path: Path, url: str) -> None:
+    """The URL parsers quote what they took for a port, here the password's head ('zq')."""
+    kind = url.split("://")[0].replace("http", "webhook")
+    message = error_of(tmp_path, f"type: {kind}\nurl: '{url}'\n")
+    assert "url: not a valid URL: the port is not a number" in message, message
+    assert "zq" not in message, message

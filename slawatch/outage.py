@@ -1,0 +1,89 @@
+"""Outages and backoff: how a long-running loop fails without dying or flooding the log.
+
+An :class:`Outage` tracks one thing slawatch depends on (the database, a
+notifier's receiver, a rule's scans). Many threads may report failures and
+successes; the log gets one line when the outage starts and one when it ends,
+however many attempts failed in between. A failure of an attempt that began
+before the latest success is a straggler of an outage that already ended (or a
+blip), not a new outage: it is logged at DEBUG only.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+
+class Outage:
+    """One line when ``what`` starts failing, one when it works again (thread-safe).
+
+    ``down`` and ``up`` are the words of the two lines, e.g. ``"unreachable"``
+    and ``"reachable again"``: ``database unreachable (claim for rule late): ...``
+    then ``database reachable again after 42s``.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        logger: logging.Logger,
+        *,
+        down: str = "failing",
+        up: str = "working again",
+        level: int = logging.ERROR,
+    ) -> None:
+        self.what, self.log, self.down_words, self.up_words = what, logger, down, up
+        self.level = level
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._last_ok = float("-inf")
+
+    @property
+    def down(self) -> bool:
+        """True between the first failure and the next success."""
+        return self._down_since is not None
+
+    def failed(
+        self, reason: str, since: float | None = None, *, exc_info: BaseException | None = None
+    ) -> bool:
+        """Report a failed attempt that began at ``since`` (``time.monotonic()``).
+
+        Returns True when this failure started an outage (and was logged).
+        ``exc_info``: an unexpected exception whose traceback belongs in the log.
+        """
+        with self._lock:
+            started = since if since is not None else time.monotonic()
+            if self._down_since is not None or started < self._last_ok:
+                self.log.debug("%s %s: %s", self.what, self.down_words, reason)
+                return False
+            self._down_since = time.monotonic()
+        self.log.log(self.level, "%s %s: %s", self.what, self.down_words, reason, exc_info=exc_info)
+        return True
+
+    def ok(self) -> None:
+        """Report a successful attempt; ends the outage (one line) if there was one."""
+        with self._lock:
+            self._last_ok = time.monotonic()
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            self.log.info("%s %s after %.0fs", self.what, self.up_words, time.monotonic() - since)
+
+
+class Backoff:
+    """Doubling waits with jitter, from ``first`` up to ``cap`` seconds."""
+
+    def __init__(self, first: float = 1.0, cap: float = 30.0) -> None:
+        self.first, self.cap = first, cap
+        self._failures = 0
+
+    def next(self) -> float:
+        """The wait after one more failure."""
+        self._failures += 1
+        wait = min(self.first * float(1 << min(self._failures - 1, 30)), self.cap)
+        # Jitter keeps the workers of many processes from retrying in step.
+        return wait * random.uniform(0.8, 1.0)
+
+    def reset(self) -> None:
+        """After a success: the next failure waits ``first`` again."""
+        self._failures = 0

@@ -1,0 +1,124 @@
+"""Secrets never leave in a DSN: redaction by libpq's own reading of it, connect() errors."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg_pool import PoolTimeout
+
+from slawatch.db import (
+    DatabaseUnavailable,
+    PreparedStatementLost,
+    connect,
+    redact,
+    translate,
+    unreachable,
+)
+from slawatch.errors import ConfigError, DatabaseError
+from tests.receivers import closed_port
+
+SECRET = "s3cr3t"
+TAIL = "t4il9"  # the part of a password after a raw '@', '/' or space
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [
+        (
+            "postgresql://postgres:s3cr3t@127.0.0.1:5432/shop",
+            "postgresql://postgres:***@127.0.0.1:5432/shop",
+        ),
+        # A raw '@' in the password: libpq ends the password at the first '@' and puts
+        # the tail into the host name.
+        (
+            "postgresql://u:s3cr3t@t4il9@db.example:5432/shop",
+            "postgresql://u:***@db.example:5432/shop",
+        ),
+        # A raw '/': libpq reads host 'u', port 's3cr3t' and database 't4il9@h/shop'.
+        ("postgres://u:s3cr3t/t4il9@h/shop", "postgres://u:***@h/shop"),
+        ("postgresql://u:s3cr3t%40t4il9@h/shop", "postgresql://u:***@h/shop"),
+        (
+            "postgresql://h/shop?password=s3cr3t&sslmode=require",
+            "postgresql://h/shop?password=***&sslmode=require",
+        ),
+        ("postgresql://h/shop?sslpassword=s3cr3t", "postgresql://h/shop?sslpassword=***"),
+        # A quoted key=value password with a space.
+        ("host=h user=u password='s3cr3t t4il9'", "user=u password=*** host=h"),
+        ("host=h password=s3cr3t\\ t4il9 dbname=shop", "password=*** dbname=shop host=h"),
+        # Nothing secret: shown as written.
+        (
+            "postgresql://postgres@127.0.0.1:5432/postgres",
+            "postgresql://postgres@127.0.0.1:5432/postgres",
+        ),
+        ("host=/var/run/postgresql dbname=shop", "host=/var/run/postgresql dbname=shop"),
+    ],
+)
+def test_redact_hides_every_password(dsn: str, shown: str) -> None:
+    assert redact(dsn) == shown
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://u:s3cr3t t4il9@h/shop",  # a raw space in a URI
+        "postgresql://u:s3cr3t@[::1:5432/shop",  # a malformed URI
+        "host=h password=s3cr3t t4il9",  # an unquoted space in key=value
+        "host=h passwd=s3cr3t",  # not a libpq option
+        "s3cr3t",
+    ],
+)
+def test_a_dsn_libpq_cannot_parse_is_not_shown(dsn: str) -> None:
+    shown = redact(dsn)
+    assert SECRET not in shown and TAIL not in shown
+    assert "cannot be parsed" in shown
+    with pytest.raises(ConfigError) as caught:
+        connect(dsn)
+    # psycopg's own parse error quotes the DSN: it must not come through.
+    assert SECRET not in str(caught.value) and TAIL not in str(caught.value)
+    assert "cannot be parsed" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "postgresql://u:s3cr3t@127.0.0.1:{port}/shop",
+        "postgresql://u:s3cr3t@t4il9@127.0.0.1:{port}/shop",  # libpq's host: 't4il9@127.0.0.1'
+        "postgresql://u:s3cr3t/t4il9@127.0.0.1:{port}/shop",  # libpq's port: 's3cr3t'
+        "host=127.0.0.1 port={port} user=u password='s3cr3t t4il9'",
+    ],
+)
+def test_connect_errors_name_the_server_not_the_password(template: str) -> None:
+    dsn = template.format(port=closed_port())
+    with pytest.raises(DatabaseError) as caught:
+        connect(dsn)
+    message = str(caught.value)
+    assert message.startswith("cannot connect to ")
+    assert SECRET not in message and TAIL not in message
+    assert "***" in message
+
+
+def test_unreachable_tells_outages_from_refused_queries() -> None:
+    assert unreachable(PoolTimeout("couldn't get a connection after 1.00 sec"))
+    assert unreachable(psycopg.OperationalError("server closed the connection unexpectedly"))
+    assert unreachable(psycopg.errors.AdminShutdown("terminating connection"))
+    assert unreachable(psycopg.errors.CannotConnectNow("the database system is starting up"))
+    assert not unreachable(psycopg.errors.UndefinedTable('relation "x" does not exist'))
+    assert not unreachable(psycopg.errors.LockNotAvailable("lock timeout"))
+    assert not unreachable(ValueError("not a driver error"))
+
+
+def test_translate_names_the_work_and_keeps_the_kind() -> None:
+    timeout = PoolTimeout("couldn't get a connection after 1.00 sec")
+    with (
+        pytest.raises(DatabaseUnavailable, match=r"^claim for rule r: no connection became"),
+        translate("claim for rule r"),
+    ):
+        raise timeout
+    lost = psycopg.errors.InvalidSqlStatementName('prepared statement "_pg3_0" does not exist')
+    with pytest.raises(PreparedStatementLost), translate("x"):
+        raise lost
+    # An application's own statement of that name is not psycopg's to re-prepare.
+    other = psycopg.errors.InvalidSqlStatementName('prepared statement "mine" does not exist')
+    with pytest.raises(DatabaseError) as caught, translate("x"):
+        raise other
+    assert type(caught.value) is DatabaseError
