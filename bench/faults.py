@@ -43,7 +43,7 @@ from benchdb import scratch_database  # noqa: E402
 
 from tests.faultharness import FaultRun, Report  # noqa: E402
 
-KILLS_PER_SECOND = 0.85  # two processes on a 2-core machine: startup ~1.5 s + 0.8 s alive
+KILLS_PER_SECOND = 0.6  # 2 processes, 2 cores: startup ~1.5 s + 0.8 s alive, and the outages
 
 
 class Server(Protocol):
