@@ -1,0 +1,125 @@
+"""The fault suite: real ``slawatch run`` processes SIGKILLed at random points, the
+database restarted and stopped for longer than the pool timeout, the receiver
+down; afterwards every due (row, episode, n) is alerted exactly once and
+delivered at least once.
+
+The harness is tests/faultharness.py; ``bench/faults.py`` runs the long version.
+A failure names its seed: ``SLAWATCH_FAULT_SEED=<seed>`` replays the workload's
+choices (the faults' timing is the machine's). Deselect with ``-m "not faults"``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faultharness import FaultRun, Kind, Report
+from tests.pgcluster import PgCluster
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(os.environ.get("SLAWATCH_FAULT_SEED") or random.randrange(1 << 32))
+
+
+@pytest.fixture
+def runs() -> Iterator[list[FaultRun]]:
+    """The test's FaultRuns, closed afterwards whatever happened."""
+    made: list[FaultRun] = []
+    yield made
+    for run in made:
+        run.close()
+
+
+@pytest.fixture
+def cluster() -> Iterator[PgCluster]:
+    """A private PostgreSQL server the test may stop and start."""
+    with PgCluster() as server:
+        yield server
+
+
+def start(
+    runs: list[FaultRun], dsn: str, tmp_path: Path, seed: int, rows: int, spread: float
+) -> FaultRun:
+    """A FaultRun set up: receiver listening, table migrated, rows in."""
+    print(f"seed {seed} (SLAWATCH_FAULT_SEED={seed} repeats the workload's choices)")
+    run = FaultRun(dsn, tmp_path / "run", rows=rows, spread=spread, seed=seed, say=print)
+    runs.append(run)
+    run.setup()
+    return run
+
+
+def assert_exactly_once(run: FaultRun, report: Report, seed: int) -> None:
+    """Every due alert once, each delivered, nothing the rule does not allow; the
+    workload's changes happened (else the test proves less than it says)."""
+    print(report)
+    assert report.ok, f"seed {seed}: {report}\n" + "\n".join(report.problems)
+    acted = run.acted()
+    assert all(acted[k] > 0 for k in Kind if k is not Kind.PLAIN), f"seed {seed}: {acted}"
+
+
+def test_sigkill_at_random_points(
+    dsn: str, tmp_path: Path, seed: int, runs: list[FaultRun]
+) -> None:
+    """Two processes at a time, each SIGKILLed 0.1-1.5 s after it connected, restarted
+    at once, while rows fall due, complete and get new deadlines; one clean run settles."""
+    run = start(runs, dsn, tmp_path, seed, rows=3000, spread=45)
+    run.kill_storm(kills=50, seconds=45, processes=2)
+    during = len(run.receiver.seen())
+    run.settle(timeout=120)
+    report = run.verify()
+    assert report.kills >= 50
+    # The kills fell while work was being done, not before or after it.
+    assert during >= report.expected[0] // 4, f"seed {seed}: only {during} alerts in the storm"
+    assert_exactly_once(run, report, seed)
+
+
+def test_database_stopped_longer_than_the_pool_timeout(
+    tmp_path: Path, seed: int, cluster: PgCluster, runs: list[FaultRun]
+) -> None:
+    """One ``slawatch run`` (never killed) rides out a restart and an outage of several
+    pool timeouts (SLAWATCH_DB_TIMEOUT=2), then resumes scanning and delivering by itself."""
+    run = start(runs, cluster.database("faults"), tmp_path, seed, rows=1500, spread=25)
+    run.spawn()
+    run.wait_received(200, timeout=60)
+    with run.database_down():  # a restart
+        cluster.stop()
+        cluster.start()
+    run.wait_received(len(run.receiver.seen()) + 200, timeout=60)
+    with run.database_down():  # an outage of four pool timeouts
+        cluster.stop()
+        time.sleep(8)
+        cluster.start()
+    run.settle(timeout=90, fresh=False)
+    report = run.verify()
+    assert not run.exits, run.exits
+    assert_exactly_once(run, report, seed)
+    assert_no_traceback(run)
+
+
+def test_receiver_down(dsn: str, tmp_path: Path, seed: int, runs: list[FaultRun]) -> None:
+    """The receiver answers 503, then its port is closed, then it is back: the
+    running process delivers everything by itself, nothing goes dead."""
+    run = start(runs, dsn, tmp_path, seed, rows=1500, spread=20)
+    run.spawn()
+    run.wait_received(200, timeout=60)
+    run.receiver_outage(refuse=5, closed=5)
+    run.settle(timeout=90, fresh=False)
+    report = run.verify()
+    assert not run.exits, run.exits
+    assert_exactly_once(run, report, seed)
+    assert_no_traceback(run)
+
+
+def assert_no_traceback(run: FaultRun) -> None:
+    """A worker thread that died prints a traceback; slawatch's own errors are one line."""
+    for log in (run.workdir / "logs").glob("run-*.log"):
+        text = log.read_text(errors="replace")
+        assert "Traceback" not in text, f"{log.name}:\n{text[-3000:]}"
