@@ -10,6 +10,9 @@ straight to the same receiver, with no database.
 
     .venv/bin/python bench/delivery.py [--due 20000] [--claim-batch 1000]
 
+Kept for the trickle latency; the benchmark of record is bench/run.py (realistic
+~360-byte alerts, `slawatch run` in a subprocess, a steady 1,000 alerts/s).
+
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
 """
 
@@ -124,7 +127,7 @@ def main() -> None:
                 t = time.perf_counter()
                 for _ in range(got):
                     key += 1
-                    committed[f"hung:{key}:1"] = t
+                    committed[f"hung:{key}:e1:n1"] = t
             receiver.done.wait(300)
             end = max(receiver.arrived.values())
             burst = [(receiver.arrived[i] - committed[i]) * 1000 for i in committed]
@@ -135,7 +138,7 @@ def main() -> None:
             for _ in range(args.singles):
                 claim_batch(conn, single, datetime.now(UTC))
                 key += 1
-                committed[f"hung:{key}:1"] = time.perf_counter()
+                committed[f"hung:{key}:e1:n1"] = time.perf_counter()
                 time.sleep(0.05)
             receiver.done.wait(60)
             dispatcher.stop()
