@@ -9,6 +9,9 @@ into each of PARTITIONS parts. Prints a table. Not a test: figures depend on the
     .venv/bin/python bench/claim.py [--rows 1000000] [--due 100000] [--batch 10000]
                                     [--partitions 12,100]
 
+Kept for partitioned tables; the benchmark of record is bench/run.py (a shop table
+with business indexes, the seed's statement as written, medians of interleaved runs).
+
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
 """
 
@@ -87,7 +90,8 @@ def load(
 
 def reset(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     conn.execute(
-        "UPDATE bench_orders SET sw_bench_n = 0, sw_bench_next = NULL WHERE sw_bench_n > 0"
+        "UPDATE bench_orders SET sw_bench_n = 0, sw_bench_next = NULL, sw_bench_seen = NULL,"
+        " sw_bench_ep = 0 WHERE sw_bench_n > 0"
     )
     conn.execute("TRUNCATE slawatch.alert, slawatch.delivery")
     conn.execute("VACUUM ANALYZE bench_orders")

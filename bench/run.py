@@ -1,0 +1,1348 @@
+"""One benchmark: slawatch against the seed's SQL, a naive UPDATE and PGQueuer on a shop table.
+
+Builds `orders` (16 columns, primary key + 7 business indexes) with ROWS rows of
+which DUE are paid, unshipped and overdue, and prints, in one interleaved run on
+the same data: the claim (slawatch inline, slawatch `track: table`, the seed
+article's statement of DESIGN.md §1, a naive UPDATE), the empty probe, the 1st vs
+10th drain of a long run, WAL and index entries per alert, the HOT ratio, one
+batch's EXPLAIN, end-to-end to a webhook receiver (`slawatch run` in a
+subprocess), 1/2/4 claiming processes and the peer (PGQueuer); then every target
+of issue 7 as met / NOT met. Not a test: the figures depend on the machine.
+
+    .venv/bin/python bench/run.py                                # ~2 minutes
+    .venv/bin/python bench/run.py --rows 5000000 --due 500000    # the README scale
+    .venv/bin/python bench/run.py --quick                        # seconds: does it run?
+
+Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
+Every database it makes is dropped at the end. PGQueuer: pip install -e '.[bench]'.
+"""
+
+# ruff: noqa: RUF001, RUF002, RUF003, E501
+# (the output prints × and – on purpose; the long lines are SQL and printed rows)
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from pydantic import ValidationError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchdb import Scratch
+
+from slawatch.claim import claim_batch, prepare
+from slawatch.migrate import migrate
+from slawatch.rules import Rule
+
+RULE = "order_unshipped"
+COLUMNS = ["id", "user_id", "total_cents", "email"]  # 4 row columns: a ~360-byte alert
+DESCRIPTION = "Paid orders not shipped within 48 hours"
+
+SHOP = """
+CREATE TABLE orders (
+    id               bigint PRIMARY KEY,
+    user_id          bigint NOT NULL,
+    email            text NOT NULL,
+    status           text NOT NULL,          -- pending | paid | shipped | cancelled
+    total_cents      integer NOT NULL,
+    currency         char(3) NOT NULL,
+    items            integer NOT NULL,
+    created_at       timestamptz NOT NULL,
+    paid_at          timestamptz,
+    shipped_at       timestamptz,
+    updated_at       timestamptz NOT NULL,
+    shipping_country char(2) NOT NULL,
+    shipping_method  text NOT NULL,
+    coupon           text,
+    payment_ref      text NOT NULL,
+    note             text
+);
+"""
+# The shop's own indexes: every non-HOT update of a row writes one entry into each.
+SHOP_INDEXES = [
+    "CREATE INDEX orders_user_id ON orders (user_id)",
+    "CREATE INDEX orders_status ON orders (status)",
+    "CREATE INDEX orders_created_at ON orders (created_at)",
+    "CREATE INDEX orders_paid_at ON orders (paid_at)",
+    "CREATE INDEX orders_updated_at ON orders (updated_at)",
+    "CREATE INDEX orders_status_created ON orders (status, created_at)",
+    "CREATE INDEX orders_email ON orders (email)",
+]
+# Orders arrive in id order, so the overdue ones (paid 2-3 days ago, not shipped) sit
+# in the newest band of the table: from id `band` on, every step-th row is due (1 in
+# 10, the issue's density, where the table allows). 1 in 100 rows is paid but not yet
+# due (in the partial indexes, not claimable), 1 in 200 pending, the rest shipped.
+# Times follow ids, as they do in a real table.
+INSERT_ROWS = """
+INSERT INTO orders
+SELECT g, u, 'user' || u || '@example.com',
+       s, 1000 + mod(g * 7, 90000), 'EUR', 1 + mod(g, 7),
+       p - interval '10 minutes', CASE WHEN s <> 'pending' THEN p END,
+       CASE WHEN s = 'shipped' THEN p + interval '20 hours' END,
+       p + interval '1 hour', 'DE', 'standard', NULL, md5(g::text), NULL
+  FROM (SELECT g, mod(g * 7919, 200000) AS u,
+               CASE WHEN d THEN 'paid'
+                    WHEN mod(g, 100) = 1 THEN 'paid'
+                    WHEN mod(g, 200) = 3 THEN 'pending'
+                    ELSE 'shipped' END AS s,
+               CASE WHEN d THEN DUE_AT
+                    WHEN mod(g, 100) = 1 THEN %(now)s::timestamptz - interval '1 hour'
+                    ELSE %(now)s::timestamptz - interval '5 days' - (%(top)s - g) * interval '1 second'
+               END AS p
+          FROM (SELECT g, g >= %(band)s::bigint AND mod(g, %(step)s::bigint) = 0 AS d
+                  FROM generate_series(%(first)s::bigint, %(last)s::bigint) g) gs) x
+"""
+# Overdue by 1 h and more, newer orders paid later.
+DUE_AT = "%(now)s::timestamptz - interval '49 hours' - (%(top)s - g) * interval '250 milliseconds'"
+
+# DESIGN.md §1, word for word but for names: two columns, two partial indexes, no outbox.
+RAW_SETUP = """
+ALTER TABLE orders ADD COLUMN sw_raw_n int NOT NULL DEFAULT 0,
+                   ADD COLUMN sw_raw_next timestamptz;
+CREATE INDEX sw_raw_first ON orders (paid_at) WHERE sw_raw_n = 0 AND (status = 'paid');
+CREATE INDEX sw_raw_again ON orders (sw_raw_next)
+       WHERE sw_raw_next IS NOT NULL AND (status = 'paid');
+"""
+RAW = """
+UPDATE orders SET sw_raw_n = sw_raw_n + 1,
+                  sw_raw_next = CASE WHEN sw_raw_n + 1 >= 5 THEN NULL
+                                     ELSE %(now)s::timestamptz + interval '6 hours' END
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM orders WHERE paid_at < %(now)s::timestamptz - interval '48 hours'
+                              AND sw_raw_n = 0 AND (status = 'paid')
+    UNION ALL
+    SELECT ctid FROM orders WHERE sw_raw_next < %(now)s::timestamptz
+                              AND sw_raw_next IS NOT NULL AND (status = 'paid')
+    LIMIT %(batch)s::int))
+RETURNING id, user_id, total_cents, email, paid_at"""
+# The naive way: a flag and the shop's ordinary index on the deadline (orders_paid_at).
+NAIVE_SETUP = "ALTER TABLE orders ADD COLUMN notified boolean NOT NULL DEFAULT false"
+NAIVE = """
+UPDATE orders SET notified = true
+ WHERE id IN (SELECT id FROM orders
+               WHERE paid_at < %(now)s::timestamptz - interval '48 hours'
+                 AND status = 'paid' AND notified = false
+               LIMIT %(batch)s::int)
+RETURNING id, user_id, total_cents, email, paid_at"""
+
+
+def rule_dict(batch: int, track: str | None = None, every: str = "30s") -> dict[str, Any]:
+    rule: dict[str, Any] = {
+        "name": RULE,
+        "description": DESCRIPTION,
+        "table": "public.orders",
+        "deadline": "paid_at",
+        "after": "48h",
+        "open_when": "status = 'paid'",
+        "every": every,
+        "batch": batch,
+        "renotify": {"every": "6h", "max": 5},
+        "columns": COLUMNS,
+        "notify": ["ops-webhook"],
+    }
+    if track is not None:
+        rule["track"] = track
+    return rule
+
+
+def table_track_status() -> str | None:
+    """None when this slawatch accepts ``track: table``; else why it is skipped."""
+    try:
+        Rule.model_validate(rule_dict(1000, "table"))
+    except ValidationError:
+        return "not built"
+    return None
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(int(len(xs) * p), len(xs) - 1)] if xs else float("nan")
+
+
+def spread(xs: list[float], fmt: str = ",.0f") -> str:
+    """median (min–max)"""
+    if not xs:
+        return "-"
+    return f"{med(xs):{fmt}} ({min(xs):{fmt}}–{max(xs):{fmt}})"
+
+
+def lsn(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    return int(row[0]) if row else 0
+
+
+def table_stats(conn: psycopg.Connection[Any], table: str = "orders") -> tuple[int, int]:
+    """(n_tup_upd, n_tup_hot_upd) of ``table``, with this backend's counters flushed."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT 1")  # flushed as this backend goes idle
+    time.sleep(0.05)
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s", (table,)
+    ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def rel_sizes(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """(heap bytes, business-index bytes) of orders."""
+    row = conn.execute(
+        "SELECT pg_relation_size('orders'),"
+        " (SELECT sum(pg_relation_size(indexrelid)) FROM pg_index i JOIN pg_class c"
+        "   ON c.oid = i.indexrelid WHERE indrelid = 'orders'::regclass"
+        "   AND c.relname NOT LIKE 'sw\\_%%')"
+    ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def prewarm(conn: psycopg.Connection[Any]) -> None:
+    """Same cache state for every variant: the table and its indexes read once, a checkpoint
+    (so every variant pays the same full-page images after it)."""
+    conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+    conn.execute(
+        "SELECT pg_prewarm(c.oid) FROM pg_class c WHERE c.oid = 'orders'::regclass"
+        " OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'orders'::regclass)"
+    )
+    conn.execute("CHECKPOINT")
+
+
+# ---------------------------------------------------------------- building the data
+
+
+def load_shop(dsn: str, rows: int, due: int, now: datetime) -> float:
+    t = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SHOP)
+        step = max(min(10, rows // max(due, 1)), 2)
+        band = max(rows - due * step + 1, 1)
+        chunk = 1_000_000
+        for first in range(1, rows + 1, chunk):
+            conn.execute(
+                INSERT_ROWS.replace("DUE_AT", DUE_AT),
+                {
+                    "step": step,
+                    "band": band,
+                    "top": rows,
+                    "now": now,
+                    "first": first,
+                    "last": min(first + chunk - 1, rows),
+                },
+            )
+        for stmt in SHOP_INDEXES:
+            conn.execute(stmt)
+        conn.execute("VACUUM ANALYZE orders")
+    return time.perf_counter() - t
+
+
+def add_due(conn: psycopg.Connection[Any], first_id: int, count: int, now: datetime) -> None:
+    """``count`` new orders, paid and overdue at ``now`` (a long run's fresh work)."""
+    conn.execute(
+        INSERT_ROWS.replace("DUE_AT", DUE_AT),
+        {
+            "step": 1,
+            "band": 0,
+            "top": first_id + count - 1,
+            "now": now,
+            "first": first_id,
+            "last": first_id + count - 1,
+        },
+    )
+
+
+# ---------------------------------------------------------------- the variants
+
+
+@dataclass
+class Variant:
+    name: str
+    label: str
+    skipped: str | None = None
+    setup: Callable[[psycopg.Connection[Any], int], None] | None = None
+    # (conn, batch, now) -> a step function returning rows claimed
+    stepper: Callable[[psycopg.Connection[Any], int, datetime], Callable[[], int]] | None = None
+    explain: (
+        Callable[[psycopg.Connection[Any], int, datetime], tuple[sql.Composable, Any]] | None
+    ) = None
+    runs: list[dict[str, float]] = field(default_factory=list)
+
+
+def slawatch_variant(track: str | None) -> Variant:
+    name = "table" if track == "table" else "inline"
+    skipped = table_track_status() if track == "table" else None
+
+    def rule(batch: int) -> Rule:
+        return Rule.model_validate(rule_dict(batch, track))
+
+    def setup(conn: psycopg.Connection[Any], batch: int) -> None:
+        migrate(conn, [rule(batch)])
+
+    def stepper(conn: psycopg.Connection[Any], batch: int, now: datetime) -> Callable[[], int]:
+        plan = prepare(conn, rule(batch))
+        return lambda: claim_batch(conn, plan, now)
+
+    def explain(conn: psycopg.Connection[Any], batch: int, now: datetime) -> Any:
+        plan = prepare(conn, rule(batch))
+        return plan.statement, plan.params(now)
+
+    label = f"slawatch track: {name}, claim + outbox"
+    return Variant(name, label, skipped, setup, stepper, explain)
+
+
+def sql_variant(name: str, label: str, setup_sql: str, claim: str) -> Variant:
+    def setup(conn: psycopg.Connection[Any], batch: int) -> None:
+        conn.execute(setup_sql)
+
+    def stepper(conn: psycopg.Connection[Any], batch: int, now: datetime) -> Callable[[], int]:
+        params = {"now": now, "batch": batch}
+        # Prepared, planned for its parameters every time: the statement at its best.
+        # (After 5 runs PostgreSQL's default switches the seed's statement to a generic
+        # plan that reads the whole table; the probe measures that too.)
+        conn.execute("SET plan_cache_mode = force_custom_plan")
+
+        def step() -> int:
+            return len(conn.execute(claim, params, prepare=True).fetchall())
+
+        return step
+
+    def explain(conn: psycopg.Connection[Any], batch: int, now: datetime) -> Any:
+        return sql.SQL(claim), {"now": now, "batch": batch}
+
+    return Variant(name, label, None, setup, stepper, explain)
+
+
+def variants() -> list[Variant]:
+    return [
+        slawatch_variant(None),
+        slawatch_variant("table"),
+        sql_variant("raw", "seed's raw claim (§1), no outbox", RAW_SETUP, RAW),
+        sql_variant("naive", "naive UPDATE, flag + deadline index", NAIVE_SETUP, NAIVE),
+    ]
+
+
+# ---------------------------------------------------------------- measuring one drain
+
+
+def drain(step: Callable[[], int], batch: int, budget: float) -> tuple[int, list[float], float]:
+    """Claim until a short batch (or ``budget`` seconds): rows, seconds per batch, total."""
+    total, times = 0, []
+    t0 = time.perf_counter()
+    while True:
+        t = time.perf_counter()
+        got = step()
+        times.append(time.perf_counter() - t)
+        total += got
+        if got < batch or time.perf_counter() - t0 > budget:
+            return total, times, time.perf_counter() - t0
+
+
+def quiet_clock(conn: psycopg.Connection[Any]) -> datetime:
+    """A clock an hour before the earliest deadline of the table: nothing is due then."""
+    row = conn.execute(
+        "SELECT min(paid_at) + interval '47 hours' FROM orders WHERE status = 'paid'"
+    ).fetchone()
+    assert row and row[0] is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def measure_drain(
+    dsn: str, v: Variant, batch: int, now: datetime, budget: float
+) -> dict[str, float]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        prewarm(conn)
+        # The empty probe first, on the clean copy, at a clock before every deadline: nothing
+        # is due then, the partial indexes hold every open row (no dead entries from a drain).
+        quiet = quiet_clock(conn)
+        probes = []
+        if v.name != "naive":  # its "probe" reads every old order: not a probe
+            empty = v.stepper(conn, batch, quiet)  # type: ignore[misc]
+            for _ in range(20):  # warm: plans cached where the variant caches them
+                empty()
+            for _ in range(200):
+                t = time.perf_counter()
+                empty()
+                probes.append((time.perf_counter() - t) * 1e6)
+        auto = []
+        if v.name == "raw":
+            empty = v.stepper(conn, batch, quiet)  # type: ignore[misc]
+            conn.execute("DEALLOCATE ALL")
+            conn.execute("SET plan_cache_mode = auto")
+            for _ in range(20):
+                empty()
+            for _ in range(50):
+                t = time.perf_counter()
+                empty()
+                auto.append((time.perf_counter() - t) * 1e6)
+            conn.execute("DEALLOCATE ALL")
+        step = v.stepper(conn, batch, now)  # type: ignore[misc]
+        upd0, hot0 = table_stats(conn)
+        heap0, idx0 = rel_sizes(conn)
+        wal0 = lsn(conn)
+        total, times, secs = drain(step, batch, budget)
+        wal = lsn(conn) - wal0
+        upd, hot = table_stats(conn)
+        heap1, idx1 = rel_sizes(conn)
+    return {
+        "rows": total,
+        "secs": secs,
+        "rate": total / secs if secs else 0,
+        "ms_batch": med(times) * 1000,
+        "wal_per": wal / total if total else float("nan"),
+        "upd": upd - upd0,
+        "hot": hot - hot0,
+        "heap_mb": (heap1 - heap0) / 1e6,
+        "idx_mb": (idx1 - idx0) / 1e6,
+        "probe_us": med(probes) if probes else float("nan"),
+        "probe_auto_us": med(auto) if auto else float("nan"),
+        "budget_hit": float(secs >= budget),
+    }
+
+
+# ---------------------------------------------------------------- one batch, looked into
+
+
+def walk(plan: dict[str, Any], out: list[dict[str, Any]]) -> None:
+    out.append(plan)
+    for child in plan.get("Plans", []):
+        walk(child, out)
+
+
+def explain_batch(dsn: str, v: Variant, batch: int, now: datetime) -> list[str]:
+    """EXPLAIN (ANALYZE, BUFFERS, WAL) of one batch, and the WAL it wrote, by relation."""
+    lines = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        prewarm(conn)
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        # Keeps the batch's WAL until read: a checkpoint may otherwise recycle it.
+        conn.execute(
+            "SELECT pg_create_physical_replication_slot('slawatch_bench_' ||"
+            " pg_backend_pid(), true, true)"
+        )
+        stmt, params = v.explain(conn, batch, now)  # type: ignore[misc]
+        w0 = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+        with conn.transaction():
+            res = conn.execute(
+                sql.SQL("EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) ") + stmt, params
+            ).fetchone()
+        w1 = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+        doc = res[0][0] if res else {}
+        top = doc["Plan"]
+        nodes: list[dict[str, Any]] = []
+        walk(top, nodes)
+        total_ms = doc.get("Execution Time", 0.0)
+        rows = 0
+        lines.append(
+            f"  {v.name}: execution {total_ms:,.0f} ms, planning {doc.get('Planning Time', 0):.1f} ms;"
+            f" WAL {top.get('WAL Bytes', 0) / 1e6:,.1f} MB, {top.get('WAL FPI', 0):,} full-page images"
+        )
+        for node in nodes:
+            if node.get("Node Type") == "ModifyTable":
+                rows = max(rows, int(node.get("Actual Rows", 0)))
+                lines.append(
+                    f"    {node.get('Operation', '?'):<7} {node.get('Relation Name', '?'):<10}"
+                    f" {node.get('Actual Rows', 0):>7,} rows {node.get('Actual Total Time', 0):>8,.0f} ms"
+                    f" ({node.get('Actual Total Time', 0) / total_ms * 100 if total_ms else 0:>3.0f} %),"
+                    f" WAL {node.get('WAL Bytes', 0) / 1e6:>6.1f} MB,"
+                    f" FPI {node.get('WAL FPI', 0):>6,}"
+                )
+        # Who wrote which WAL records: index entries per relation, full-page image share.
+        recs = conn.execute(
+            "SELECT resource_manager, record_type, record_length, fpi_length, block_ref"
+            " FROM pg_get_wal_records_info(%s, %s)",
+            (w0, w1),
+        ).fetchall()
+        dboid = conn.execute(
+            "SELECT oid FROM pg_database WHERE datname = current_database()"
+        ).fetchone()[0]  # type: ignore[index]
+        names = dict(
+            conn.execute(
+                "SELECT pg_relation_filenode(oid)::bigint, relname FROM pg_class"
+                " WHERE pg_relation_filenode(oid) IS NOT NULL"
+            ).fetchall()
+        )
+        entries: Counter[str] = Counter()
+        fpi = total = 0
+        for rm, rtype, length, fpi_len, ref in recs:
+            # WAL is the server's: keep this database's records (and commits, which name none).
+            m = re.search(r"rel \d+/(\d+)/(\d+)", ref or "")
+            if m and int(m.group(1)) != dboid:
+                continue
+            total += length
+            fpi += fpi_len or 0
+            if (
+                m
+                and rm == "Btree"
+                and rtype in ("INSERT_LEAF", "INSERT_POST", "SPLIT_L", "SPLIT_R")
+            ):
+                entries[names.get(int(m.group(2)), "other")] += 1
+        alerts = rows or 1
+        shop = sum(c for r, c in entries.items() if r.startswith("orders"))
+        ours = sum(c for r, c in entries.items() if not r.startswith("orders"))
+        lines.append(
+            f"    WAL {total / alerts:,.0f} B/alert ({fpi / total * 100 if total else 0:.0f} % full-page"
+            f" images); index entries/alert: shop's {shop / alerts:.1f}, slawatch's/tracking"
+            f" {ours / alerts:.1f}"
+            f" ({', '.join(f'{k} {c / alerts:.1f}' for k, c in sorted(entries.items()) if c / alerts >= 0.05)})"
+        )
+    return lines
+
+
+# ---------------------------------------------------------------- 1st vs 10th drain
+
+
+def long_run(
+    dsn: str, v: Variant, batch: int, now: datetime, per_drain: int, rows: int
+) -> list[float]:
+    """Ten drains, each of ``per_drain`` fresh overdue orders; rows/s of each."""
+    rates = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # A clock before the table's own deadlines: only the fresh rows are due.
+        start = quiet_clock(conn) - timedelta(minutes=15)
+        prewarm(conn)
+        next_id = rows + 1
+        for k in range(10):
+            at = start + timedelta(minutes=k + 1)
+            add_due(conn, next_id, per_drain, at)
+            next_id += per_drain
+            conn.execute("ANALYZE orders")
+            if v.name in ("inline", "table"):
+                # What the delivery workers would have done meanwhile.
+                conn.execute(
+                    "UPDATE slawatch.delivery SET status = 'sent' WHERE status = 'pending'"
+                )
+            conn.execute("CHECKPOINT")
+            step = v.stepper(conn, batch, at)  # type: ignore[misc]
+            total, _, secs = drain(step, batch, 1e9)
+            rates.append(total / secs if secs else 0)
+    return rates
+
+
+# ---------------------------------------------------------------- 1 / 2 / 4 processes
+
+
+def _claimer(dsn: str, batch: int, now: datetime, start: Any, out: Any) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        plan = prepare(conn, Rule.model_validate(rule_dict(batch)))
+        out.put(("ready", 0.0))
+        start.wait()
+        total = 0
+        while True:
+            got = claim_batch(conn, plan, now)
+            total += got
+            if got == 0:
+                break
+        out.put((total, time.perf_counter()))
+
+
+def processes(dsn: str, n: int, batch: int, now: datetime) -> float:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        prewarm(conn)
+    ctx = mp.get_context("fork")  # no re-import per process; each opens its own connection
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(dsn, batch, now, start, out)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        out.get(timeout=120)  # each connected and planned
+    t0 = time.perf_counter()
+    start.set()
+    results = [out.get(timeout=900) for _ in procs]
+    for p in procs:
+        p.join()
+    total = sum(r[0] for r in results)
+    return total / (max(r[1] for r in results) - t0)
+
+
+# ---------------------------------------------------------------- a webhook receiver
+
+
+class Receiver:
+    """A real HTTP server in a thread: records when each alert arrived."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.bodies: list[bytes] = []
+        self.count = 0
+        self.lock = threading.Lock()
+        me = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                now = time.time()
+                alerts = json.loads(body).get("alerts", [])
+                with me.lock:
+                    for a in alerts:
+                        me.arrived.setdefault(a.get("id", str(me.count)), (now, a))
+                        me.count += 1
+                    if len(me.bodies) < 2000:
+                        me.bodies.append(body)
+                self.send_response(204)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait(self, n: int, timeout: float) -> bool:
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.count >= n:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def reset(self) -> None:
+        with self.lock:
+            self.arrived, self.count = {}, 0
+
+
+def _post_straight(url: str, bodies: list[bytes], alerts: int, out: Any) -> None:
+    import httpx
+
+    with httpx.Client() as client:
+        t0 = time.perf_counter()
+        for b in bodies:
+            client.post(url, content=b, headers={"content-type": "application/json"})
+        out.put(alerts / (time.perf_counter() - t0))
+
+
+def post_straight(url: str, bodies: list[bytes], per_body: int) -> float:
+    """The same POSTs, sent from another process with no database: the transport's limit."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_post_straight, args=(url, bodies, len(bodies) * per_body, out))
+    p.start()
+    rate = out.get(timeout=300)
+    p.join()
+    return float(rate)
+
+
+def ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def end_to_end(
+    dsn: str, due: int, batch: int, steady_rate: int, steady_secs: int, rows: int
+) -> dict[str, float]:
+    """`slawatch run` in a subprocess: a burst of ``due`` alerts, then rows falling due at
+    ``steady_rate``/s for ``steady_secs``; the receiver is in this process."""
+    receiver = Receiver()
+    res: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        rules, notifiers = Path(tmp, "rules"), Path(tmp, "notifiers")
+        rules.mkdir()
+        notifiers.mkdir()
+        (rules / f"{RULE}.yaml").write_text(json.dumps(rule_dict(batch, every="1s")))
+        (notifiers / "ops-webhook.yaml").write_text(
+            json.dumps(
+                {"name": "ops-webhook", "type": "webhook", "url": receiver.url, "batch": 100}
+            )
+        )
+        env = dict(os.environ, SLAWATCH_DSN=dsn, SLAWATCH_LOG_LEVEL="WARNING", SLAWATCH_HTTP="")
+        exe = Path(sys.executable).with_name("slawatch")
+        cmd = [str(exe), "--rules", str(rules), "--notifiers", str(notifiers), "run"]
+        log = Path(tmp, "run.log").open("w+")  # noqa: SIM115
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            ok = receiver.wait(due, 120 + due / 1000)
+            with receiver.lock:
+                got = dict(receiver.arrived)
+            if not ok or not got:
+                log.seek(0)
+                raise RuntimeError(
+                    f"slawatch run delivered {len(got)} of {due}: {log.read()[-2000:]}"
+                )
+            first_fired = min(ts(a["fired_at"]) for _, a in got.values())
+            last = max(t for t, _ in got.values())
+            res["e2e_rate"] = len(got) / (last - first_fired)
+            res["alert_bytes"] = med(
+                [len(json.dumps(a, separators=(",", ":"))) for _, a in got.values()][:1000]
+            )
+            bodies = list(receiver.bodies)
+            per_body = len(json.loads(bodies[0])["alerts"])
+            res["per_post"] = per_body
+            # Steady: rows falling due at steady_rate/s, starting 3 s from now.
+            receiver.reset()
+            n = steady_rate * steady_secs
+            start = datetime.now(UTC) + timedelta(seconds=3)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    INSERT_ROWS.replace(
+                        "DUE_AT",
+                        "%(start)s::timestamptz - interval '48 hours'"
+                        " + (g - %(first)s::bigint) * %(gap)s::interval",
+                    ),
+                    {
+                        "step": 1,
+                        "band": 0,
+                        "top": rows + 10_000_000 + n - 1,
+                        "now": start,
+                        "start": start,
+                        "first": rows + 10_000_000,
+                        "last": rows + 10_000_000 + n - 1,
+                        "gap": timedelta(seconds=1 / steady_rate),
+                    },
+                )
+            receiver.wait(n, steady_secs + 60)
+            with receiver.lock:
+                got = dict(receiver.arrived)
+            lat = [(t - ts(a["fired_at"])) * 1000 for t, a in got.values()]
+            due_lat = [(t - ts(a["due_at"])) * 1000 for t, a in got.values()]
+            res["steady_n"], res["steady_expected"] = len(got), n
+            res["claim_p50"], res["claim_p99"] = med(lat), pct(lat, 0.99)
+            res["due_p50"], res["due_p99"] = med(due_lat), pct(due_lat, 0.99)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+    res["raw_post_rate"] = post_straight(receiver.url, bodies, per_body)
+    receiver.server.shutdown()
+    return res
+
+
+# ---------------------------------------------------------------- the peer: PGQueuer
+
+PEER_SETUP = """
+CREATE TABLE peer_alert (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                         order_id bigint NOT NULL, fired_at timestamptz NOT NULL,
+                         row_data jsonb NOT NULL)
+"""
+# The handler's work: is the order still paid? then an alert row (one statement).
+PEER_ALERT = """
+INSERT INTO peer_alert (order_id, fired_at, row_data)
+SELECT id, clock_timestamp(), jsonb_build_object('id', id, 'user_id', user_id,
+                                     'total_cents', total_cents, 'email', email)
+  FROM orders WHERE id = $1 AND status = 'paid'
+RETURNING order_id, fired_at, row_data"""
+
+
+def asyncpg_args(dsn: str) -> dict[str, Any]:
+    """asyncpg.connect keyword arguments from a libpq conninfo string."""
+    info = conninfo_to_dict(dsn)
+    keep = {"host", "port", "user", "password", "dbname"}
+    args = {("database" if k == "dbname" else k): v for k, v in info.items() if k in keep}
+    if "port" in args:
+        args["port"] = int(args["port"])
+    return args
+
+
+async def _peer(dsn: str, ids: list[int], post_url: str | None, batch: int) -> dict[str, float]:
+    import asyncpg
+    import httpx
+    from pgqueuer import AsyncpgDriver, QueueManager
+    from pgqueuer.models import Job
+    from pgqueuer.queries import Queries
+    from pgqueuer.types import QueueExecutionMode
+
+    conn = await asyncpg.connect(**asyncpg_args(dsn))
+    pool = await asyncpg.create_pool(**asyncpg_args(dsn), min_size=4, max_size=4)
+    client = httpx.AsyncClient() if post_url else None
+    queries = Queries(AsyncpgDriver(conn))
+    # One job per deadline: enqueued when the order was paid, due 48 h later.
+    enq_wal0 = await conn.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+    for i in range(0, len(ids), 5000):
+        chunk = ids[i : i + 5000]
+        await queries.enqueue(
+            ["order_deadline"] * len(chunk),
+            [str(x).encode() for x in chunk],
+            [0] * len(chunk),
+            [timedelta(0)] * len(chunk),
+        )
+    enq_wal = float(await conn.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn") - enq_wal0)
+    qm = QueueManager(queries)
+    alerted = 0
+
+    @qm.entrypoint("order_deadline")
+    async def order_deadline(job: Job) -> None:
+        nonlocal alerted
+        async with pool.acquire() as c:
+            row = await c.fetchrow(PEER_ALERT, int(job.payload or b"0"))
+        if row is not None:
+            alerted += 1
+            if client is not None:
+                alert = {
+                    "id": f"{RULE}:{row['order_id']}:e1:n1",
+                    "rule": RULE,
+                    "key": str(row["order_id"]),
+                    "n": 1,
+                    "severity": "warning",
+                    "fired_at": row["fired_at"].isoformat(),
+                    "row": json.loads(row["row_data"]),
+                    "description": DESCRIPTION,
+                }
+                await client.post(post_url, json={"alerts": [alert]})
+
+    wal0 = await conn.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+    t0 = time.perf_counter()
+    await qm.run(
+        batch_size=batch, mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=1)
+    )
+    secs = time.perf_counter() - t0
+    wal = float(await pool.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn") - wal0)
+    # The rate while working: first to last alert (excludes the worker's start and its
+    # drain-mode idle wait at the end, which a long-running worker would not pay).
+    span = await pool.fetchval(
+        "SELECT extract(epoch FROM max(fired_at) - min(fired_at)) FROM peer_alert"
+    )
+    if client is not None:
+        await client.aclose()
+    await pool.close()
+    if not conn.is_closed():
+        await conn.close()
+    span = float(span or 0)
+    return {
+        "rate": alerted / span if span else 0,
+        "alerts": alerted,
+        "wall": secs,
+        "wal_per": wal / alerted if alerted else float("nan"),
+        "enq_wal_per": enq_wal / len(ids) if ids else float("nan"),
+    }
+
+
+def peer(dsn: str, due_ids: list[int], batch: int, receiver_url: str | None) -> dict[str, float]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(PEER_SETUP)
+        prewarm(conn)
+    from pgqueuer import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    async def install() -> None:
+        import asyncpg
+
+        c = await asyncpg.connect(**asyncpg_args(dsn))
+        await Queries(AsyncpgDriver(c)).install()
+        await c.close()
+
+    asyncio.run(install())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+    # In its own process, like slawatch run: the receiver here does not share its GIL.
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_peer_process, args=(dsn, due_ids, receiver_url, batch, out))
+    p.start()
+    res = out.get(timeout=1800)
+    p.join()
+    return dict(res)
+
+
+def _peer_process(dsn: str, ids: list[int], url: str | None, batch: int, out: Any) -> None:
+    out.put(asyncio.run(_peer(dsn, ids, url, batch)))
+
+
+def pgqueuer_status() -> str | None:
+    try:
+        import asyncpg  # noqa: F401
+        import pgqueuer  # noqa: F401
+    except ImportError:
+        return "not installed (pip install -e '.[bench]')"
+    return None
+
+
+# ---------------------------------------------------------------- the run
+
+
+def machine(server_conn: psycopg.Connection[Any]) -> str:
+    mem = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem = int(line.split()[1]) // 1024 // 1024
+    row = server_conn.execute(
+        "SELECT current_setting('server_version'), current_setting('shared_buffers'),"
+        " current_setting('max_wal_size'), current_setting('synchronous_commit')"
+    ).fetchone()
+    assert row
+    load = os.getloadavg()[0]
+    return (
+        f"machine: {os.cpu_count()} CPUs, {mem} GB memory, load average {load:.1f} at start,"
+        f" Python {sys.version.split()[0]};"
+        f" PostgreSQL {row[0]} (shared_buffers {row[1]}, max_wal_size {row[2]},"
+        f" synchronous_commit {row[3]})"
+    )
+
+
+@dataclass
+class Target:
+    text: str
+    met: bool | None  # None: not measured
+    figure: str
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--due", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=10_000)
+    parser.add_argument("--reps", type=int, default=3, help="measurements per variant (>= 3)")
+    parser.add_argument(
+        "--probe-rows",
+        type=int,
+        default=1_000_000,
+        help="also probe an empty claim on a table of this size (0: skip)",
+    )
+    parser.add_argument(
+        "--long-due",
+        type=int,
+        default=0,
+        help="fresh due rows per drain of the 10-drain run (default: min(due, 10000))",
+    )
+    parser.add_argument(
+        "--peer-due", type=int, default=0, help="deadlines for PGQueuer (default: min(due, 2000))"
+    )
+    parser.add_argument("--steady-secs", type=int, default=10)
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=60.0,
+        help="seconds at most per drain (the naive statement may need it)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny and fast: 20,000 rows, 2,000 due, batch 500 (does it run?)",
+    )
+    parser.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated sections to skip: claim,explain,long,e2e,procs,peer,probe",
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.rows, args.due, args.batch = 20_000, min(args.due, 2_000), 500
+        args.probe_rows, args.steady_secs = 0, 2
+        args.peer_due, args.long_due = args.peer_due or 500, args.long_due or 500
+    long_due = args.long_due or min(args.due, 10_000)
+    peer_due = args.peer_due or min(args.due, 2_000)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    now = datetime.now(UTC).replace(microsecond=0)
+    began = time.perf_counter()
+    mark = [began]
+
+    def lap(section: str) -> None:
+        """Seconds per section, on stderr: where the run's time goes."""
+        t = time.perf_counter()
+        print(f"[{section}: {t - mark[0]:.0f} s]", file=sys.stderr, flush=True)
+        mark[0] = t
+
+    with Scratch() as scratch:
+        with psycopg.connect(scratch.server, autocommit=True) as server:
+            print(machine(server))
+        scratch.create("base")
+        loaded = load_shop(scratch.dsn("base"), args.rows, args.due, now)
+        with psycopg.connect(scratch.dsn("base"), autocommit=True) as conn:
+            due_ids = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM orders WHERE status = 'paid'"
+                    " AND paid_at < %s::timestamptz - interval '48 hours' ORDER BY id",
+                    (now,),
+                ).fetchall()
+            ]
+            heap, idx = rel_sizes(conn)
+        due = len(due_ids)
+        print(
+            f"data: orders, 16 columns, primary key + 7 business indexes; {args.rows:,} rows"
+            f" ({heap / 1e6:,.0f} MB heap, {idx / 1e6:,.0f} MB business indexes), {due:,} paid"
+            f" and overdue; claim batch {args.batch:,}; loaded in {loaded:.0f} s\n"
+            "each variant drains a fresh copy of the same database (CREATE DATABASE ... TEMPLATE,"
+            " file copy), prewarmed and checkpointed:\nno variant sees another's dead tuples,"
+            " index bloat or tracking columns, and all start from the same cache state.\n"
+        )
+
+        vs = variants()
+        for v in vs:
+            if v.skipped:
+                continue
+            scratch.create(f"t_{v.name}", template="base")
+            with psycopg.connect(scratch.dsn(f"t_{v.name}"), autocommit=True) as conn:
+                v.setup(conn, args.batch)  # type: ignore[misc]
+                conn.execute("VACUUM ANALYZE orders")
+        live = [v for v in vs if not v.skipped]
+        by_name = {v.name: v for v in vs}
+
+        lap("setup")
+        # ---- the claim, interleaved: variant order rotates each round
+        if "claim" not in skip:
+            for r in range(args.reps):
+                for v in live[r % len(live) :] + live[: r % len(live)]:
+                    scratch.create("run", template=f"t_{v.name}")
+                    v.runs.append(
+                        measure_drain(scratch.dsn("run"), v, args.batch, now, args.budget)
+                    )
+                    scratch.drop("run")
+            raw = next(v for v in live if v.name == "raw")
+            raw_rate = [x["rate"] for x in raw.runs]
+            print(
+                f"CLAIM: drain {due:,} due rows, batch {args.batch:,}; {args.reps} interleaved"
+                " runs each, median (min–max)"
+            )
+            print(
+                f"{'variant':<40} {'rows/s':>24} {'vs raw':>6} {'ms/batch':>8} {'WAL B/alert':>11}"
+                f" {'orders upd':>10} {'HOT':>5} {'heap +MB':>8} {'idx +MB':>7}"
+            )
+            for v in vs:
+                if v.skipped:
+                    print(f"{v.label:<40} {'skipped: ' + v.skipped:>24}")
+                    continue
+                rates = [x["rate"] for x in v.runs]
+                runs = v.runs
+                upd = med([x["upd"] for x in runs])
+                hot = med([x["hot"] for x in runs])
+                partial = " (budget hit)" if any(x["budget_hit"] for x in runs) else ""
+                print(
+                    f"{v.label:<40} {spread(rates):>24} {med(rates) / med(raw_rate):>5.2f}×"
+                    f" {med([x['ms_batch'] for x in runs]):>8.0f}"
+                    f" {med([x['wal_per'] for x in runs]):>11,.0f} {upd:>10,.0f}"
+                    f" {(hot / upd * 100 if upd else 0):>4.0f}% {med([x['heap_mb'] for x in runs]):>8.1f}"
+                    f" {med([x['idx_mb'] for x in runs]):>7.1f}{partial}"
+                )
+            print()
+
+        lap("claim")
+        # ---- one batch, looked into
+        if "explain" not in skip:
+            print(
+                "ONE BATCH: EXPLAIN (ANALYZE, BUFFERS, WAL) on a fresh copy, right after a"
+                " checkpoint; WAL records by relation (pg_walinspect)\n(a node's time and WAL"
+                " include the CTEs it reads: alert's include orders')"
+            )
+            for v in live:
+                scratch.create("run", template=f"t_{v.name}")
+                try:
+                    for line in explain_batch(scratch.dsn("run"), v, args.batch, now):
+                        print(line)
+                finally:
+                    scratch.drop("run")
+            print()
+
+        lap("explain")
+        # ---- the empty probe at other sizes
+        probes: dict[int, dict[str, float]] = {}
+        if "claim" not in skip:
+            probes[args.rows] = {v.name: med([x["probe_us"] for x in v.runs]) for v in live}
+            probes[args.rows]["raw_auto"] = med([x["probe_auto_us"] for x in by_name["raw"].runs])
+        if "probe" not in skip and args.probe_rows and args.probe_rows != args.rows:
+            scratch.create("probe")
+            load_shop(scratch.dsn("probe"), args.probe_rows, max(args.probe_rows // 100, 1), now)
+            probes[args.probe_rows] = {}
+            for v in live:
+                if v.name == "naive":
+                    continue  # its "probe" reads every overdue row ever: not a probe
+                scratch.create("run", template="probe")
+                with psycopg.connect(scratch.dsn("run"), autocommit=True) as conn:
+                    v.setup(conn, args.batch)  # type: ignore[misc]
+                    conn.execute("VACUUM ANALYZE orders")
+                m = measure_drain(scratch.dsn("run"), v, args.batch, now, args.budget)
+                probes[args.probe_rows][v.name] = m["probe_us"]
+                if v.name == "raw":
+                    probes[args.probe_rows]["raw_auto"] = m["probe_auto_us"]
+                scratch.drop("run")
+            scratch.drop("probe")
+        if probes:
+            print(
+                "EMPTY PROBE: one claim with nothing due (a clock before the earliest deadline, before"
+                " the drain);"
+                " median of 200, µs\n(raw: custom plans; 'raw, auto': PostgreSQL's default plan"
+                " cache, a generic plan after 5 runs)"
+            )
+            names = [v.name for v in live if v.name != "naive"] + ["raw_auto"]
+            print(f"{'rows':>12} " + " ".join(f"{n:>10}" for n in names))
+            for size in sorted(probes):
+                print(
+                    f"{size:>12,} "
+                    + " ".join(f"{probes[size].get(n, float('nan')):>10,.0f}" for n in names)
+                )
+            print()
+
+        lap("probe")
+        # ---- 1st vs 10th drain
+        long_rates: dict[str, list[float]] = {}
+        if "long" not in skip:
+            for v in live:
+                if v.name not in ("inline", "table"):
+                    continue
+                scratch.create("run", template=f"t_{v.name}")
+                long_rates[v.name] = long_run(
+                    scratch.dsn("run"), v, args.batch, now, long_due, args.rows
+                )
+                scratch.drop("run")
+            print(
+                f"LONG RUN: 10 drains of {long_due:,} fresh overdue orders each, outbox kept"
+                " (deliveries marked sent between drains); retention: not built in slawatch yet"
+            )
+            for name, rates in long_rates.items():
+                print(
+                    f"  {name}: rows/s per drain "
+                    + " ".join(f"{r:,.0f}" for r in rates)
+                    + f"; 10th / 1st = {rates[-1] / rates[0]:.2f},"
+                    f" median of drains 8-10 / of 1-3 = {med(rates[7:]) / med(rates[:3]):.2f}"
+                )
+            print()
+
+        lap("long")
+        # ---- end to end
+        e2e: dict[str, float] = {}
+        if "e2e" not in skip:
+            scratch.create("run", template="t_inline")
+            e2e = end_to_end(scratch.dsn("run"), due, args.batch, 1000, args.steady_secs, args.rows)
+            scratch.drop("run")
+            print(
+                f"END TO END: `slawatch run` (subprocess, LISTEN/NOTIFY, webhook batch"
+                f" {e2e['per_post']:.0f}) -> HTTP receiver in this process;"
+                f" alerts of {e2e['alert_bytes']:.0f} bytes (4 row columns)"
+            )
+            print(
+                f"  burst of {due:,}: {e2e['e2e_rate']:,.0f} alerts/s (first claim -> last receipt);"
+                f" the same POSTs sent straight from another process: {e2e['raw_post_rate']:,.0f}"
+                f" alerts/s ({e2e['e2e_rate'] / e2e['raw_post_rate']:.2f}×)"
+            )
+            print(
+                f"  steady 1,000 new due rows/s for {args.steady_secs} s (rule every 1s):"
+                f" {e2e['steady_n']:,.0f} of {e2e['steady_expected']:,.0f} received;"
+                f" claim -> receipt p50 {e2e['claim_p50']:,.0f} ms, p99 {e2e['claim_p99']:,.0f} ms;"
+                f" due -> receipt p50 {e2e['due_p50']:,.0f} ms, p99 {e2e['due_p99']:,.0f} ms\n"
+            )
+
+        lap("e2e")
+        # ---- 1 / 2 / 4 processes
+        proc_rates: dict[int, list[float]] = {1: [], 2: [], 4: []}
+        if "procs" not in skip:
+            for _ in range(args.reps):
+                for n in proc_rates:
+                    scratch.create("run", template="t_inline")
+                    proc_rates[n].append(processes(scratch.dsn("run"), n, args.batch, now))
+                    scratch.drop("run")
+            base = med(proc_rates[1])
+            print(
+                "PROCESSES: slawatch inline, N processes draining the same rule with claim_batch,"
+                f" {args.reps} runs each"
+            )
+            for n, rates in proc_rates.items():
+                print(f"  {n}: {spread(rates):>26} rows/s  ({med(rates) / base:.2f}×)")
+            print()
+
+        lap("procs")
+        # ---- the peer
+        peer_res: dict[str, float] = {}
+        peer_e2e: dict[str, float] = {}
+        why = pgqueuer_status()
+        if "peer" not in skip and why is None:
+            ids = due_ids[:peer_due]
+            scratch.create("run", template="base")
+            peer_res = peer(scratch.dsn("run"), ids, 100, None)
+            scratch.drop("run")
+            receiver = Receiver()
+            scratch.create("run", template="base")
+            peer_e2e = peer(scratch.dsn("run"), ids, 100, receiver.url)
+            arrivals = [t for t, _ in receiver.arrived.values()]
+            if len(arrivals) > 1:
+                peer_e2e["rate"] = len(arrivals) / (max(arrivals) - min(arrivals))
+            scratch.drop("run")
+            # The receiver's limit for one alert per request, from another process.
+            single = [
+                json.dumps({"alerts": [a]}).encode()
+                for _, a in list(receiver.arrived.values())[:2000]
+            ]
+            peer_e2e["single_post_rate"] = post_straight(receiver.url, single, 1) if single else 0
+            receiver.server.shutdown()
+            import pgqueuer
+
+            print(
+                f"PEER: PGQueuer {pgqueuer.__version__} (asyncpg), one job per deadline"
+                f" ({len(ids):,} due, enqueued beforehand, untimed); handler: still paid? ->"
+                " alert row (one statement); batch_size 100"
+            )
+            print(
+                f"  claim + alert: {peer_res['rate']:,.0f} alerts/s (first to last alert;"
+                f" wall time with start and drain exit {peer_res['wall']:.1f} s), WAL {peer_res['wal_per']:,.0f}"
+                f" B/alert (+ {peer_res['enq_wal_per']:,.0f} B/job to enqueue)"
+            )
+            print(
+                f"  end to end (handler POSTs its alert to the receiver): {peer_e2e['rate']:,.0f}"
+                f" alerts/s; one-alert POSTs sent straight: {peer_e2e['single_post_rate']:,.0f}/s"
+            )
+            print(
+                "  jobs only for the due orders: a shop would enqueue one per paid order, which"
+                " flatters the peer\n"
+            )
+        elif why:
+            print(f"PEER: PGQueuer {why}\n")
+
+        lap("peer")
+        # ---- targets
+        targets: list[Target] = []
+        by = {v.name: v for v in vs}
+        if "claim" in skip:
+            by = {}
+
+        def rate(name: str) -> float | None:
+            v = by.get(name)
+            return med([x["rate"] for x in v.runs]) if v and v.runs else None
+
+        def wal(name: str) -> float | None:
+            v = by.get(name)
+            return med([x["wal_per"] for x in v.runs]) if v and v.runs else None
+
+        r_raw, r_in, r_tab = rate("raw"), rate("inline"), rate("table")
+        w_raw, w_in, w_tab = wal("raw"), wal("inline"), wal("table")
+        tab_missing = "not measured (track: table not built)"
+        if r_tab and r_raw and w_tab and w_raw:
+            tab_upd = med([x["upd"] for x in by["table"].runs])
+            targets += [
+                Target(
+                    "track: table claim + outbox ≥ 1.5× raw",
+                    r_tab / r_raw >= 1.5,
+                    f"{r_tab / r_raw:.2f}×",
+                ),
+                Target(
+                    "track: table WAL/alert ≤ 1/3 of raw",
+                    w_tab <= w_raw / 3,
+                    f"{w_tab:,.0f} vs {w_raw:,.0f} B ({w_tab / w_raw:.2f})",
+                ),
+                Target(
+                    "track: table writes 0 tuples of orders",
+                    tab_upd == 0,
+                    f"{tab_upd:,.0f} updated",
+                ),
+            ]
+        else:
+            targets += [
+                Target(t, None, tab_missing)
+                for t in (
+                    "track: table claim + outbox ≥ 1.5× raw",
+                    "track: table WAL/alert ≤ 1/3 of raw",
+                    "track: table writes 0 tuples of orders",
+                )
+            ]
+        if r_in and r_raw:
+            targets.append(
+                Target("inline ≥ 0.95× raw", r_in / r_raw >= 0.95, f"{r_in / r_raw:.2f}×")
+            )
+        for size in sorted(probes):
+            p = probes[size]
+            if "inline" in p and "raw" in p:
+                targets.append(
+                    Target(
+                        f"empty probe ≤ 1.2× raw at {size:,} rows",
+                        p["inline"] <= 1.2 * p["raw"],
+                        f"{p['inline']:,.0f} vs {p['raw']:,.0f} µs ({p['inline'] / p['raw']:.1f}×)",
+                    )
+                )
+        p5 = probes.get(5_000_000, {}).get("inline")
+        targets.append(
+            Target(
+                "empty probe ≤ 1 ms at 5 M rows",
+                None if p5 is None else p5 <= 1000,
+                "not measured (--rows 5000000)" if p5 is None else f"{p5:,.0f} µs",
+            )
+        )
+        if "inline" in long_rates:
+            lr = long_rates["inline"]
+            # Single drains are short and the machine noisy: medians of three at each end.
+            late = med(lr[7:]) / med(lr[:3])
+            targets.append(
+                Target(
+                    "10th drain ≤ 1.2× the 1st (time), with retention",
+                    False if late < 1 / 1.2 else None,
+                    f"drains 8-10 at {late:.2f}× the rate of drains 1-3;"
+                    " retention not built in slawatch yet",
+                )
+            )
+        if e2e:
+            ratio = e2e["e2e_rate"] / e2e["raw_post_rate"]
+            targets.append(Target("end to end ≥ 0.5× raw POST rate", ratio >= 0.5, f"{ratio:.2f}×"))
+            targets.append(
+                Target(
+                    "claim -> receipt p99 ≤ 1 s at 1,000 alerts/s",
+                    e2e["claim_p99"] <= 1000 and e2e["steady_n"] >= e2e["steady_expected"],
+                    f"{e2e['claim_p99']:,.0f} ms ({e2e['steady_n']:,.0f} of"
+                    f" {e2e['steady_expected']:,.0f} received)",
+                )
+            )
+        if peer_res and r_in:
+            best = max(r for r in (r_in, r_tab) if r)
+            targets.append(
+                Target(
+                    "claim + outbox ≥ 20× the peer's alerts/s",
+                    best / peer_res["rate"] >= 20,
+                    f"{best / peer_res['rate']:.1f}× ({best:,.0f} vs {peer_res['rate']:,.0f})",
+                )
+            )
+            if e2e and peer_e2e:
+                x = e2e["e2e_rate"] / peer_e2e["rate"]
+                targets.append(
+                    Target(
+                        "end to end ≥ 10× the peer",
+                        x >= 10,
+                        f"{x:.1f}× ({e2e['e2e_rate']:,.0f} vs {peer_e2e['rate']:,.0f})",
+                    )
+                )
+            # The peer's WAL per alert includes enqueueing its job: slawatch needs none.
+            peer_wal = peer_res["wal_per"] + peer_res["enq_wal_per"]
+            best_w = min(w for w in (w_in, w_tab) if w)
+            targets.append(
+                Target(
+                    "WAL/alert ≤ 1/5 of the peer's",
+                    best_w <= peer_wal / 5,
+                    f"{best_w:,.0f} vs {peer_wal:,.0f} B (run + enqueue) ({best_w / peer_wal:.2f})",
+                )
+            )
+        if proc_rates[1] and proc_rates[2]:
+            targets.append(
+                Target(
+                    "2 processes never slower than 1",
+                    min(proc_rates[2]) >= med(proc_rates[1]) * 0.97,
+                    f"{med(proc_rates[2]) / med(proc_rates[1]):.2f}× (worst run"
+                    f" {min(proc_rates[2]) / med(proc_rates[1]):.2f}×)",
+                )
+            )
+        print("TARGETS (issue 7)")
+        for t in targets:
+            mark = "met" if t.met else ("NOT met" if t.met is False else "not measured")
+            print(f"  {mark:<12} {t.text:<52} {t.figure}")
+        print(
+            f"\nwhole run: {time.perf_counter() - began:.0f} s, load average"
+            f" {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} CPUs); scratch databases"
+            " dropped"
+        )
+
+
+if __name__ == "__main__":
+    main()
