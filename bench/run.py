@@ -51,7 +51,7 @@ from pydantic import ValidationError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchdb import Scratch
 
-from slawatch.claim import claim_batch, prepare
+from slawatch.claim import batches, prepare
 from slawatch.migrate import migrate
 from slawatch.rules import Rule
 
@@ -305,7 +305,7 @@ def slawatch_variant(track: str | None) -> Variant:
 
     def stepper(conn: psycopg.Connection[Any], batch: int, now: datetime) -> Callable[[], int]:
         plan = prepare(conn, rule(batch))
-        return lambda: claim_batch(conn, plan, now)
+        return batches(conn, plan, now)
 
     def explain(conn: psycopg.Connection[Any], batch: int, now: datetime) -> Any:
         plan = prepare(conn, rule(batch))
@@ -552,8 +552,9 @@ def _claimer(dsn: str, batch: int, now: datetime, start: Any, out: Any) -> None:
         out.put(("ready", 0.0))
         start.wait()
         total = 0
+        step = batches(conn, plan, now)
         while True:
-            got = claim_batch(conn, plan, now)
+            got = step()
             total += got
             if got == 0:
                 break

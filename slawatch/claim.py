@@ -45,7 +45,7 @@ from slawatch.db import Connection, Database, retry_conflicts, translate
 from slawatch.errors import ConfigError, DatabaseError
 from slawatch.migrate import pending, predicates, schema_current
 from slawatch.rules import Rule
-from slawatch.statetable import TablePlan, compose, drain_table, state_table
+from slawatch.statetable import TablePlan, TableScan, compose, drain_table, state_table
 
 log = logging.getLogger(__name__)
 
@@ -375,8 +375,22 @@ def count_due(
     return min(int(row[0]), limit) if row else 0
 
 
+def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], int]:
+    """One drain at ``now`` on ``conn``, a batch per call: the alerts each call wrote
+    (both ways to track; a benchmark's view of the claim)."""
+    if plan.table is None:
+        return lambda: claim_batch(conn, plan, now)
+    scan = TableScan(plan.table, plan.params, plan.to_deadline)
+    scan.begin(conn, now)
+    return lambda: scan.batch(conn, now).alerts
+
+
 def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:
-    """Claim at most one batch at ``now`` in one transaction; return the alerts written."""
+    """Claim at most one batch at ``now`` in one transaction; return the alerts written.
+
+    Inline tracking; for either way, see :func:`batches` and :func:`drain`."""
+    if plan.table is not None:
+        raise ValueError(f"rule {plan.rule.name} is track: table: use batches() or drain()")
     with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
         row = conn.execute(plan.statement, plan.params(now)).fetchone()
         alerts = int(row[0]) if row else 0

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -262,6 +262,56 @@ def claim_table_batch(
     return TableBatch(int(alerts), int(fresh), last, int(again))
 
 
+class TableScan:
+    """One drain of a ``track: table`` rule, batch by batch.
+
+    ``begin`` reads the watermark and sweeps when one is due; each ``batch`` claims
+    fresh rows from where the last full batch ended (``since``) and due
+    re-notifications; ``finish`` records the watermark once a batch came back short.
+    ``params_at(now)`` gives the claim's parameters; ``to_deadline(t)`` turns an aware
+    time into a value comparable with the deadline column.
+    """
+
+    def __init__(
+        self,
+        plan: TablePlan,
+        params_at: Callable[[datetime], dict[str, Any]],
+        to_deadline: Callable[[datetime], Any],
+    ) -> None:
+        self.plan, self.params_at, self.to_deadline = plan, params_at, to_deadline
+        self.since: Any = "-infinity"
+        self.swept = False
+
+    def begin(self, conn: Connection, now: datetime) -> None:
+        rule = self.plan.rule
+        with translate(f"reading the watermark of rule {rule.name}"):
+            mark = conn.execute(_WATERMARK, {"rule": rule.name}).fetchone()
+        scanned_to, swept_at = mark if mark else (None, None)
+        if scanned_to is None or swept_at is None or now - swept_at >= rule.sweep:
+            with translate(f"sweep of rule {rule.name}"):
+                closed = conn.execute(self.plan.close).rowcount
+            if closed:
+                log.info("rule %s: sweep closed %d ended episodes", rule.name, closed)
+            self.since, self.swept = "-infinity", True
+        else:
+            self.since = self.to_deadline(scanned_to - rule.after - lookback(rule))
+
+    def batch(self, conn: Connection, now: datetime) -> TableBatch:
+        got = claim_table_batch(conn, self.plan, self.params_at(now), self.since)
+        if got.fresh >= self.plan.rule.batch and got.last_deadline is not None:
+            self.since = got.last_deadline  # rows before it are notified; ties are re-read
+        return got
+
+    def finish(self, conn: Connection, now: datetime) -> None:
+        """The drain read everything due up to ``now``: the next starts from there."""
+        rule = self.plan.rule
+        with translate(f"recording the watermark of rule {rule.name}"):
+            conn.execute(
+                _SET_WATERMARK,
+                {"rule": rule.name, "scanned_to": now, "swept_at": now if self.swept else None},
+            )
+
+
 def drain_table(
     connection: Callable[[], AbstractContextManager[Connection]],
     plan: TablePlan,
@@ -270,60 +320,32 @@ def drain_table(
     clock: Clock,
     budget: timedelta,
 ) -> tuple[int, int]:
-    """Drain a ``track: table`` rule: (alerts, batches).
-
-    ``params_at(now)`` gives the claim's parameters; ``to_deadline(t)`` turns an
-    aware time into a value comparable with the deadline column.
-    """
+    """Drain a ``track: table`` rule within ``budget``: (alerts, batches)."""
     rule = plan.rule
+    scan = TableScan(plan, params_at, to_deadline)
     now = clock.now()
-    with connection() as conn, translate(f"reading the watermark of rule {rule.name}"):
-        mark = conn.execute(_WATERMARK, {"rule": rule.name}).fetchone()
-    scanned_to, swept_at = mark if mark else (None, None)
-    sweep = scanned_to is None or swept_at is None or now - swept_at >= rule.sweep
-    if sweep or scanned_to is None:
-        with connection() as conn, translate(f"sweep of rule {rule.name}"):
-            closed = conn.execute(plan.close).rowcount
-        if closed:
-            log.info("rule %s: sweep closed %d ended episodes", rule.name, closed)
-        since: Any = "-infinity"
-    else:
-        since = to_deadline(scanned_to - rule.after - lookback(rule))
+    with connection() as conn:
+        scan.begin(conn, now)
     started = time.monotonic()
     alerts = batches = 0
-    complete = False
-    for _ in _forever():
-        params = params_at(now)
+    while True:
 
-        def batch(params: dict[str, Any] = params, since: Any = since) -> TableBatch:
+        def batch(now: datetime = now) -> TableBatch:
             with connection() as conn:
-                return claim_table_batch(conn, plan, params, since)
+                return scan.batch(conn, now)
 
         got = retry_conflicts(batch)
         alerts += got.alerts
         batches += 1
         if not got.full(rule.batch):
-            complete = True
-            break
-        if got.fresh >= rule.batch and got.last_deadline is not None:
-            since = got.last_deadline  # rows before it are notified; ties are re-read
+            with connection() as conn:
+                scan.finish(conn, now)
+            return alerts, batches
         if time.monotonic() - started >= budget.total_seconds():
             log.warning(
                 "rule %s: time budget of %.0fs spent with rows still due; the next scan goes on",
                 rule.name,
                 budget.total_seconds(),
             )
-            break
+            return alerts, batches
         now = clock.now()
-    if complete:
-        with connection() as conn, translate(f"recording the watermark of rule {rule.name}"):
-            conn.execute(
-                _SET_WATERMARK,
-                {"rule": rule.name, "scanned_to": now, "swept_at": now if sweep else None},
-            )
-    return alerts, batches
-
-
-def _forever() -> Iterator[None]:
-    while True:
-        yield None
