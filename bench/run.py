@@ -309,6 +309,8 @@ def slawatch_variant(track: str | None) -> Variant:
 
     def explain(conn: psycopg.Connection[Any], batch: int, now: datetime) -> Any:
         plan = prepare(conn, rule(batch))
+        if plan.table is not None:  # the first batch of a first drain: from the beginning
+            return plan.table.claim, plan.params(now) | {"since": "-infinity"}
         return plan.statement, plan.params(now)
 
     label = f"slawatch track: {name}, claim + outbox"
