@@ -122,8 +122,8 @@ def storm(
         if receiver is not None:
             receiver.join()
         if cluster is not None:
-            # Only processes past startup: one that cannot connect at start exits, as it should.
-            run.wait_connected(60)
+            # Only processes past startup: one that cannot start exits 1, as it should.
+            run.wait_serving(60)
             long = chunk % 2 == 0
             with run.database_down():
                 cluster.stop()
@@ -156,6 +156,7 @@ def print_table(report: Report, outages: dict[str, int]) -> None:
         ("undelivered", f"{report.undelivered:,}"),
         ("dead deliveries", f"{report.dead:,}"),
         ("redeliveries (same id again)", f"{report.redeliveries:,}"),
+        ("processes that exited by themselves", f"{report.exits:,}"),
         ("wall time", f"{report.wall / 60:.1f} min"),
     ]
     width = max(len(name) for name, _ in figures)

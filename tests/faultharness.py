@@ -226,6 +226,7 @@ class Report:
     undelivered: int  # an alert the receiver never accepted
     dead: int  # deliveries given up
     redeliveries: int  # accepted ids beyond the first acceptance (at-least-once)
+    exits: int  # processes that ended without being killed
     wall: float  # seconds, setup to verdict
     problems: list[str] = field(default_factory=list, repr=False)  # the first few, readable
 
@@ -238,6 +239,7 @@ class Report:
             or self.premature
             or self.undelivered
             or self.dead
+            or self.exits
         )
 
 
@@ -535,13 +537,28 @@ class FaultRun:
         self._reap()
         self.say(f"kill storm over: {self.kills} kills in {time.monotonic() - started:.0f}s")
 
-    def wait_connected(self, timeout: float) -> None:
-        """Until every running process has a database session (then it is past startup)."""
+    def wait_serving(self, timeout: float) -> None:
+        """Until every running process is past startup: its delivery listener is up.
+
+        A process still starting when the database goes away exits 1 with one line,
+        as ``slawatch run`` should; the database faults are for processes that run.
+        """
         deadline = time.monotonic() + timeout
-        while {p.tag for p in self.procs} - self.connected():
+        while True:
             self._reap()
+            rows = (
+                self._watcher()
+                .execute(
+                    "SELECT DISTINCT application_name FROM pg_stat_activity"
+                    " WHERE application_name LIKE %s AND query LIKE 'LISTEN %%'",
+                    (APP + "%",),
+                )
+                .fetchall()
+            )
+            if not {p.tag for p in self.procs} - {str(r[0]).removeprefix(APP) for r in rows}:
+                return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"processes not connected after {timeout:.0f}s")
+                raise TimeoutError(f"processes not serving after {timeout:.0f}s")
             time.sleep(0.05)
 
     def receiver_outage(self, refuse: float, closed: float) -> None:
@@ -750,6 +767,7 @@ class FaultRun:
             undelivered=undelivered,
             dead=int(dead[0]) if dead else -1,
             redeliveries=len(self.receiver.ids) - len(seen),
+            exits=len(self.exits),
             wall=time.monotonic() - self.began,
             problems=problems[:20],
         )

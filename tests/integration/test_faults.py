@@ -89,6 +89,7 @@ def test_database_stopped_longer_than_the_pool_timeout(
     run = start(runs, cluster.database("faults"), tmp_path, seed, rows=1500, spread=25)
     run.spawn()
     run.wait_received(200, timeout=60)
+    run.wait_serving(60)
     with run.database_down():  # a restart
         cluster.stop()
         cluster.start()
