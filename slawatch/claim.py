@@ -45,6 +45,7 @@ from slawatch.clock import Clock
 from slawatch.db import Connection, Database, retry_conflicts, translate
 from slawatch.errors import ConfigError, DatabaseError
 from slawatch.migrate import pending, predicates, schema_current
+from slawatch.outbox import outbox
 from slawatch.rules import Rule
 from slawatch.statetable import TablePlan, TableScan, compose, drain_table, state_table
 
@@ -90,22 +91,7 @@ WITH first AS (
     RETURNING {key} AS key, {ep} AS episode, {n} AS n,
               CASE WHEN isfinite({deadline}) THEN {deadline_tz} END AS deadline,
               {row} AS row_data
-), alerts AS (
-    INSERT INTO slawatch.alert (rule, key, episode, n, severity, deadline, due_at, fired_at,
-                                row_data)
-    SELECT %(rule)s, c.key, c.episode, c.n, {severity}, c.deadline,
-           c.deadline + %(after)s::interval, %(now)s::timestamptz, c.row_data
-      FROM claimed c
-    -- At most once, and a notification that exists already (tracking state restored
-    -- from a backup, an upgrade cut short) is not an error that would stop the rule.
-    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
-    RETURNING id, n
-), deliveries AS (
-    INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
-    SELECT a.id, x.notifier, %(now)s::timestamptz
-      FROM alerts a, unnest({notify}) AS x(notifier)
-    RETURNING 1
-)
+{outbox}
 SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
        (SELECT count(*) FROM closed),
        -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
@@ -262,8 +248,7 @@ def plan_claim(
         key=key_text,
         interval=interval,
         row=row,
-        severity=severity,
-        notify=notify,
+        outbox=outbox(severity, notify),
         partition_match=match("toid", "tid", "targets"),
         ended_match=match("tableoid", "ctid", "ended"),
     )

@@ -41,6 +41,7 @@ from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.db import Connection, retry_conflicts, translate
+from slawatch.outbox import outbox
 from slawatch.rules import Rule
 
 log = logging.getLogger(__name__)
@@ -95,26 +96,14 @@ WITH fresh AS MATERIALIZED (
      WHERE {s_is_c} AND NOT c.still
     RETURNING 1
 ), claimed AS (
-    SELECT f.key, o.sw_ep AS episode, o.sw_n AS n, o.sw_seen AS seen, f.row_data
-      FROM opened o JOIN fresh f ON {o_is_f}
-    UNION ALL
-    SELECT c.key, r.sw_ep, r.sw_n, r.sw_seen, c.row_data
-      FROM renotified r JOIN checked c ON {r_is_c}
-), alerts AS (
-    INSERT INTO slawatch.alert (rule, key, episode, n, severity, deadline, due_at, fired_at,
-                                row_data)
-    SELECT %(rule)s, c.key, c.episode, c.n, {severity}, x.deadline,
-           x.deadline + %(after)s::interval, %(now)s::timestamptz, c.row_data
-      FROM claimed c,
-           LATERAL (SELECT CASE WHEN isfinite(c.seen) THEN {seen_tz} END AS deadline) x
-    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
-    RETURNING id, n
-), deliveries AS (
-    INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
-    SELECT a.id, x.notifier, %(now)s::timestamptz
-      FROM alerts a, unnest({notify}) AS x(notifier)
-    RETURNING 1
-)
+    SELECT c.key, c.episode, c.n,
+           CASE WHEN isfinite(c.seen) THEN {seen_tz} END AS deadline, c.row_data
+      FROM (SELECT f.key, o.sw_ep AS episode, o.sw_n AS n, o.sw_seen AS seen, f.row_data
+              FROM opened o JOIN fresh f ON {o_is_f}
+            UNION ALL
+            SELECT c.key, r.sw_ep, r.sw_n, r.sw_seen, c.row_data
+              FROM renotified r JOIN checked c ON {r_is_c}) c
+{outbox}
 SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
        (SELECT count(*) FROM fresh),
        (SELECT max(deadline) FILTER (WHERE isfinite(deadline)) FROM fresh),
@@ -229,8 +218,7 @@ def compose(
         first_next=first_next,
         again_interval=interval(sql.SQL("(s.sw_n + 1)")),
         seen_tz=seen_tz,
-        severity=severity,
-        notify=notify,
+        outbox=outbox(severity, notify),
     )
     close = sql.SQL(_CLOSE).format(
         state=state_table(rule), table=table, t_is_s=eq("t", "s"), d=d, open_when=open_when
