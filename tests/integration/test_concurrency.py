@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from slawatch.claim import claim_batch, plan_claim
+from slawatch.claim import ClaimPlan, claim_batch, plan_claim
 from slawatch.migrate import migrate
 from slawatch.rules import Rule
 from tests.integration.helpers import Conn
@@ -95,21 +95,24 @@ def test_four_scanners_claim_each_row_once_per_notification(conn: Conn, dsn: str
     assert untouched.fetchone() == (0,)
 
 
-def test_a_row_locked_by_the_application_is_skipped_not_waited_for(conn: Conn, dsn: str) -> None:
+def two_running_tasks(conn: Conn, **fields: object) -> ClaimPlan:
+    """Table tasks with two tasks running since T0, and rule stuck migrated for it."""
     conn.execute("CREATE TABLE tasks (id bigint PRIMARY KEY, state text, started_at timestamptz)")
     conn.execute("INSERT INTO tasks VALUES (1, 'running', %s), (2, 'running', %s)", (T0, T0))
-    rule = Rule.model_validate(
-        {
-            "name": "stuck",
-            "table": "tasks",
-            "key": "id",
-            "deadline": "started_at",
-            "open_when": "state = 'running'",
-            "notify": ["a"],
-        }
-    )
+    base = {
+        "name": "stuck",
+        "table": "tasks",
+        "deadline": "started_at",
+        "open_when": "state = 'running'",
+        "notify": ["a"],
+    }
+    rule = Rule.model_validate(base | fields)
     migrate(conn, [rule])
-    plan = plan_claim(rule, "timestamp with time zone")
+    return plan_claim(rule, "timestamp with time zone", key=["id"])
+
+
+def test_a_row_locked_by_the_application_is_skipped_not_waited_for(conn: Conn, dsn: str) -> None:
+    plan = two_running_tasks(conn)
     with psycopg.connect(dsn) as app:  # an application transaction holds row 1
         app.execute("UPDATE tasks SET state = 'done' WHERE id = 1")
         conn.execute("SET lock_timeout = '2s'")  # a wait would fail the test, not hang it
@@ -124,21 +127,8 @@ def test_a_row_whose_child_the_application_is_inserting_is_still_claimed(
     """Inserting a child row takes KEY SHARE on its parent (the foreign key check). The
     claim's NO KEY UPDATE lock does not conflict with it: a hung job whose worker keeps
     a transaction open on its log rows is still paged, and the worker is not blocked."""
-    conn.execute("CREATE TABLE tasks (id bigint PRIMARY KEY, state text, started_at timestamptz)")
+    plan = two_running_tasks(conn)
     conn.execute("CREATE TABLE task_log (task_id bigint REFERENCES tasks, line text)")
-    conn.execute("INSERT INTO tasks VALUES (1, 'running', %s), (2, 'running', %s)", (T0, T0))
-    rule = Rule.model_validate(
-        {
-            "name": "stuck",
-            "table": "tasks",
-            "key": "id",
-            "deadline": "started_at",
-            "open_when": "state = 'running'",
-            "notify": ["a"],
-        }
-    )
-    migrate(conn, [rule])
-    plan = plan_claim(rule, "timestamp with time zone")
     with psycopg.connect(dsn) as worker:  # open transaction, holding KEY SHARE on task 1
         worker.execute("INSERT INTO task_log VALUES (1, 'still working')")
         conn.execute("SET lock_timeout = '2s'")
@@ -151,20 +141,7 @@ def test_a_row_whose_child_the_application_is_inserting_is_still_claimed(
 def test_a_notification_that_exists_already_does_not_stop_the_rule(conn: Conn) -> None:
     """Tracking state lost (restored from an older backup, an upgrade cut short): the
     claim meets an alert it wrote before. It skips it and goes on; nothing is paged twice."""
-    conn.execute("CREATE TABLE tasks (id bigint PRIMARY KEY, state text, started_at timestamptz)")
-    conn.execute("INSERT INTO tasks VALUES (1, 'running', %s), (2, 'running', %s)", (T0, T0))
-    rule = Rule.model_validate(
-        {
-            "name": "stuck",
-            "table": "tasks",
-            "deadline": "started_at",
-            "open_when": "state = 'running'",
-            "renotify": {"every": "1h"},
-            "notify": ["a"],
-        }
-    )
-    migrate(conn, [rule])
-    plan = plan_claim(rule, "timestamp with time zone", key=["id"])
+    plan = two_running_tasks(conn, renotify={"every": "1h"})
     assert claim_batch(conn, plan, T0 + timedelta(minutes=1)) == 2
     conn.execute("UPDATE tasks SET sw_stuck_seen = NULL, sw_stuck_ep = 0 WHERE id = 1")
     assert claim_batch(conn, plan, T0 + timedelta(minutes=2)) == 0  # #1 of task 1: exists
