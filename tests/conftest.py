@@ -24,6 +24,31 @@ from slawatch.db import embedded_dsn, with_database
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_private_basetemp: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give this session a temporary root of its own (unless --basetemp is given).
+
+    pytest's default, /tmp/pytest-of-<user>, is shared by every pytest session
+    on the machine, and each new one resets it to mode 0700. Embedded servers
+    that tests start (``slawatch demo`` in a tmp_path) run as their own system
+    user when we are root, and must traverse every parent of their data folder:
+    another session starting mid-run made them PANIC ("could not open file
+    .../global/pg_control: Permission denied").
+    """
+    global _private_basetemp
+    if config.option.basetemp is None:
+        _private_basetemp = Path(tempfile.mkdtemp(prefix="slawatch-pytest-"))
+        config.option.basetemp = str(_private_basetemp)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the session's temporary root when all passed (kept to inspect otherwise)."""
+    if _private_basetemp is not None and exitstatus == 0:
+        shutil.rmtree(_private_basetemp, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def server_dsn() -> Iterator[str]:
     """A DSN for a server on which tests may create databases."""

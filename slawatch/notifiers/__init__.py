@@ -108,7 +108,7 @@ def _template(value: Any) -> Any:
         raise ValueError(
             f"unknown placeholder {{{shorten(sorted(unknown)[0])[1:-1]}}} (use {placeholders})"
         )
-    # A conversion or format spec ({rule!z}, {n:>x}) fails only when rendered:
+    # A conversion or format spec ({rule!z}, {rule:d}) fails only when rendered:
     # render once now, or every send would fail later.
     try:
         value.format(rule="r", severity="warning", key="1", n=1)

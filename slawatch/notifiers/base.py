@@ -39,8 +39,8 @@ class BaseNotifier:
                 self._secrets.setdefault(form, shown)
 
     def keep_url_secrets(self, url: str) -> None:
-        """Keep the parts of ``url`` that are secret: the password in its userinfo and
-        the values of its query."""
+        """Keep the parts of ``url`` that are secret: the password in its userinfo (or
+        a userinfo without one: a token) and the values of its query."""
         try:
             parts = urlsplit(url)
             password = parts.password
@@ -48,6 +48,8 @@ class BaseNotifier:
             return
         if password:
             self.keep_secret(password)
+        elif parts.username:  # nats://TOKEN@host, redis://PASSWORD@host: a bare secret
+            self.keep_secret(parts.username)
         for _, value in parse_qsl(parts.query, keep_blank_values=False):
             self.keep_secret(value)
 

@@ -362,3 +362,40 @@ def test_a_10mb_value_in_a_notifier_is_quoted_in_short(
     message = str(exc.value)
     assert_clean(message, tmp_path / "n.yaml")
     assert f"n.yaml: {expected}" in message and "characters)" in message
+
+
+BOMB = """\
+a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
+j: &j [*i, *i, *i, *i, *i, *i, *i, *i, *i]
+"""
+
+
+def test_an_alias_bomb_is_a_quick_clean_error(tmp_path: Path) -> None:
+    """A few hundred bytes of YAML that are 9^10 strings once expanded: ${VAR}
+    interpolation and error quoting must not expand them."""
+    (tmp_path / "n.yaml").write_text(
+        yaml.safe_dump(WEBHOOK)
+        + BOMB.replace("\n", "\n  ").replace("a: &a", "headers:\n  a: &a", 1)
+    )
+    # In a child process: were the bomb expanded, it would run for hours, not fail.
+    code = (
+        "import sys; from pathlib import Path; from slawatch.notifiers import load_notifiers\n"
+        "from slawatch.errors import ConfigError\n"
+        "try: load_notifiers(Path(sys.argv[1]))\n"
+        "except ConfigError as exc: print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 10 and all("headers." in line for line in lines), lines
+    assert_clean(done.stdout, tmp_path / "n.yaml")

@@ -154,3 +154,22 @@ def test_a_password_that_breaks_its_url_is_never_quoted(tmp_path: Path, url: str
     message = error_of(tmp_path, f"type: {kind}\nurl: '{url}'\n")
     assert "url: not a valid URL: the port is not a number" in message, message
     assert "zq" not in message, message
+
+
+def test_scrub_covers_every_form_of_a_url_secret() -> None:
+    config = NatsConfig.model_validate(
+        {"name": "n", "type": "nats", "url": "nats://u:p%40ss-word@h:1?token=query-tok"}
+    )
+    notifier = build(config)
+    scrub = notifier.scrub  # type: ignore[attr-defined]
+    try:
+        assert scrub("auth p%40ss-word / p@ss-word / query-tok") == "auth *** / *** / ***"
+    finally:
+        notifier.close()
+    token = build(
+        NatsConfig.model_validate({"name": "t", "type": "nats", "url": "nats://tok-en@h"})
+    )
+    try:
+        assert token.scrub("bad token tok-en") == "bad token ***"  # type: ignore[attr-defined]
+    finally:
+        token.close()
