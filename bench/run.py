@@ -52,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchdb import Scratch
 
 from slawatch.claim import batches, prepare
+from slawatch.maintain import BATCH as PRUNE_BATCH
+from slawatch.maintain import prune_batch
 from slawatch.migrate import migrate
 from slawatch.rules import Rule
 
@@ -538,6 +540,12 @@ def long_run(
                 conn.execute(
                     "UPDATE slawatch.delivery SET status = 'sent' WHERE status = 'pending'"
                 )
+                # Retention running: the pruning job keeps two drains of history (the
+                # bench clock moves a minute per drain), and autovacuum makes the space
+                # it freed reusable (run here, as it would between drains in minutes).
+                while prune_batch(conn, at - timedelta(minutes=2))[0] >= PRUNE_BATCH:
+                    pass
+                conn.execute("VACUUM slawatch.alert, slawatch.delivery")
             conn.execute("CHECKPOINT")
             step = v.stepper(conn, batch, at)  # type: ignore[misc]
             total, _, secs = drain(step, batch, 1e9)
@@ -1108,7 +1116,8 @@ def main() -> None:
                 scratch.drop("run")
             print(
                 f"LONG RUN: 10 drains of {long_due:,} fresh overdue orders each, outbox kept"
-                " (deliveries marked sent between drains); retention: not built in slawatch yet"
+                " (deliveries marked sent between drains); retention: slawatch.maintain"
+                " keeps two drains of history, the outbox vacuumed between drains"
             )
             for name, rates in long_rates.items():
                 print(
@@ -1283,9 +1292,8 @@ def main() -> None:
             targets.append(
                 Target(
                     "10th drain ≤ 1.2× the 1st (time), with retention",
-                    False if late < 1 / 1.2 else None,
-                    f"drains 8-10 at {late:.2f}× the rate of drains 1-3;"
-                    " retention not built in slawatch yet",
+                    late >= 1 / 1.2,
+                    f"drains 8-10 at {late:.2f}× the rate of drains 1-3, with retention",
                 )
             )
         if e2e:
