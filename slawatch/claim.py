@@ -316,8 +316,9 @@ def count_due(
     Without tracking columns (not migrated yet) every due open row counts as a first
     notice. Nothing is written.
     """
-    plan = plan_claim(rule, info.columns[rule.deadline], key=key_columns(rule, info) or ["ctid"])
-    params = plan.params(now) | {"limit": limit}
+    # Only the parameters are needed: no statement to compose.
+    has_tz = info.columns[rule.deadline] == "timestamp with time zone"
+    params = ClaimPlan(rule, sql.Composed([]), has_tz).params(now) | {"limit": limit}
     t, d = table_ident(rule), sql.Identifier(rule.deadline)
     open_when = _text(f"({rule.open_when})")
     if rule.track == "table":

@@ -359,10 +359,17 @@ def _tracking_columns(rule: Rule, info: TableInfo) -> list[Step]:
     return steps
 
 
+def _inspect(
+    conn: Connection, spec: IndexSpec, wanted: str
+) -> tuple[IndexState | None, str | None]:
+    """The index as it is, and why it is not the one wanted (None: it is)."""
+    state = index_state(conn, spec.schema, spec.name)
+    return state, spec.problem(state, wanted)
+
+
 def _index(conn: Connection, spec: IndexSpec, wanted: str) -> list[Step]:
     where = f"{spec.schema}.{spec.table}"
-    state = index_state(conn, spec.schema, spec.name)
-    why = spec.problem(state, wanted)
+    state, why = _inspect(conn, spec, wanted)
     if why is None:
         return []
     steps = []
@@ -380,8 +387,7 @@ def _partitioned_index(
     Partitions created later get their index from the parent. An interrupted run resumes.
     """
     where = f"{spec.schema}.{spec.table}"
-    state = index_state(conn, spec.schema, spec.name)
-    why = spec.problem(state, wanted)
+    state, why = _inspect(conn, spec, wanted)
     if why is None:
         return []
     steps = []

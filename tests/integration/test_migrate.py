@@ -342,6 +342,7 @@ def test_adding_columns_does_not_queue_the_application_behind_a_long_transaction
     import psycopg
 
     conn.execute(TABLE)
+    conn.execute("SET statement_timeout = '30s'")  # without the bound: a failure, not a hang
     with psycopg.connect(dsn) as reader:  # a long report holds ACCESS SHARE
         reader.execute("SELECT count(*) FROM orders")
         with pytest.raises(Exception, match="lock timeout"):
