@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -45,7 +45,7 @@ from slawatch.clock import Clock
 from slawatch.db import Connection, Database, retry_conflicts, translate
 from slawatch.errors import ConfigError, DatabaseError
 from slawatch.migrate import pending, predicates, schema_current
-from slawatch.outbox import outbox
+from slawatch.outbox import SEVERITIES, Tally, outbox, severities
 from slawatch.rules import Rule
 from slawatch.statetable import TablePlan, TableScan, compose, drain_table, state_table
 
@@ -93,7 +93,7 @@ WITH first AS (
               {row} AS row_data
 {outbox}
 SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
-       (SELECT count(*) FROM closed),
+       (SELECT count(*) FROM closed), {severities},
        -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
        (SELECT pg_notify('slawatch_delivery', '') WHERE EXISTS (SELECT 1 FROM deliveries))"""
 
@@ -249,6 +249,7 @@ def plan_claim(
         interval=interval,
         row=row,
         outbox=outbox(severity, notify),
+        severities=sql.SQL(SEVERITIES),
         partition_match=match("toid", "tid", "targets"),
         ended_match=match("tableoid", "ctid", "ended"),
     )
@@ -275,7 +276,20 @@ def prepare(conn: Connection, rule: Rule) -> ClaimPlan:
 
 def prepare_all(conn: Connection, rules: list[Rule]) -> dict[str, ClaimPlan]:
     """Claim plans for every rule; one ConfigError naming every rule not ready to run."""
-    plans, errors = {}, []
+    plans, problems = prepare_ready(conn, rules)
+    if problems:
+        raise ConfigError("\n".join(problems.values()))
+    return plans
+
+
+def prepare_ready(
+    conn: Connection, rules: list[Rule]
+) -> tuple[dict[str, ClaimPlan], dict[str, str]]:
+    """Claim plans for the rules ready to run, and why each other rule is not (by name).
+
+    Raises ConfigError when slawatch's own schema is not there: no rule can run.
+    """
+    plans, problems = {}, {}
     if not schema_current(conn):
         raise ConfigError(
             "slawatch's schema is missing or out of date; run 'slawatch migrate' first"
@@ -283,15 +297,17 @@ def prepare_all(conn: Connection, rules: list[Rule]) -> dict[str, ClaimPlan]:
     for rule in rules:
         info = inspect_table(conn, rule.schema_name, rule.table_name)
         if info is None:
-            errors.append(f"{rule.source}: table: {rule.table} does not exist")
+            problems[rule.name] = f"{rule.source}: table: {rule.table} does not exist"
             continue
         if rule.deadline not in info.columns:
-            errors.append(f"{rule.source}: deadline: column {rule.deadline!r} not in {rule.table}")
+            problems[rule.name] = (
+                f"{rule.source}: deadline: column {rule.deadline!r} not in {rule.table}"
+            )
             continue
         todo = pending(conn, rule, info)
         if todo:
             # Claiming now could be wrong (no tracking columns) or slow (no usable index).
-            errors.append(
+            problems[rule.name] = (
                 f"{rule.source}: rule {rule.name!r} is not migrated or changed since the "
                 f"last migrate ({'; '.join(todo)}); run 'slawatch migrate'"
             )
@@ -302,9 +318,7 @@ def prepare_all(conn: Connection, rules: list[Rule]) -> dict[str, ClaimPlan]:
             partitioned=info.relkind == "p",
             key=key_columns(rule, info),
         )
-    if errors:
-        raise ConfigError("\n".join(errors))
-    return plans
+    return plans, problems
 
 
 def count_due(
@@ -376,25 +390,34 @@ def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:
     """Claim at most one batch at ``now`` in one transaction; return the alerts written.
 
     Inline tracking; for either way, see :func:`batches` and :func:`drain`."""
+    return claim_counted(conn, plan, now).alerts
+
+
+def claim_counted(conn: Connection, plan: ClaimPlan, now: datetime) -> Tally:
+    """:func:`claim_batch`, with the episodes it closed and its alerts per severity."""
     if plan.table is not None:
         raise ValueError(f"rule {plan.rule.name} is track: table: use batches() or drain()")
     with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
         row = conn.execute(plan.statement, plan.params(now)).fetchone()
-        alerts = int(row[0]) if row else 0
-    return alerts
+    if row is None:
+        return Tally()
+    return Tally(int(row[0]), int(row[2]), severities(row[3]))
 
 
 @dataclass(frozen=True)
 class DrainResult:
-    """What one drain of a rule did."""
+    """What one drain of a rule did: alerts written, batches, episodes closed, and the
+    alerts per severity."""
 
     claimed: int
     batches: int
+    closed: int = 0
+    severities: dict[str, int] = field(default_factory=dict)
 
 
-def _claim_on(db: Database, plan: ClaimPlan, clock: Clock) -> int:
+def _claim_on(db: Database, plan: ClaimPlan, clock: Clock) -> Tally:
     with db.connection(f"claim for rule {plan.rule.name}") as conn:
-        return claim_batch(conn, plan, clock.now())
+        return claim_counted(conn, plan, clock.now())
 
 
 def drain(
@@ -404,6 +427,7 @@ def drain(
     budget: timedelta | None = None,
 ) -> DrainResult:
     """Claim batch after batch while batches come back full, within ``budget``."""
+    tally = Tally()
     if plan.table is not None:
         alerts, batches = drain_table(
             lambda: db.connection(f"claim for rule {plan.rule.name}"),
@@ -412,21 +436,22 @@ def drain(
             plan.to_deadline,
             clock,
             budget or plan.rule.every,
+            tally,
         )
-        return DrainResult(alerts, batches)
+        return DrainResult(alerts, batches, tally.closed, tally.severities)
     budget_s = (budget or plan.rule.every).total_seconds()
     started = time.monotonic()
-    claimed = batches = 0
+    batches = 0
     while True:
         got = retry_conflicts(lambda: _claim_on(db, plan, clock))
-        claimed += got
+        tally += got
         batches += 1
-        if got < plan.rule.batch:
-            return DrainResult(claimed, batches)
+        if got.alerts < plan.rule.batch:
+            return DrainResult(tally.alerts, batches, tally.closed, tally.severities)
         if time.monotonic() - started >= budget_s:
             log.warning(
                 "rule %s: time budget of %.0fs spent with rows still due; the next scan goes on",
                 plan.rule.name,
                 budget_s,
             )
-            return DrainResult(claimed, batches)
+            return DrainResult(tally.alerts, batches, tally.closed, tally.severities)

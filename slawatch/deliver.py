@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg.rows import dict_row
 
@@ -43,6 +43,9 @@ from slawatch.errors import DeliveryError, SlawatchError
 from slawatch.notifiers import Notifier
 from slawatch.outage import Backoff, Outage
 from slawatch.queries import queries
+
+if TYPE_CHECKING:
+    from slawatch.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -191,21 +194,66 @@ def _deliver(
     batch: _Batch,
     descriptions: Mapping[str, str],
     claim_next: bool,
+    metrics: Metrics | None = None,
 ) -> tuple[PassResult, _Batch]:
     """Send a claimed batch and settle it. With ``claim_next``, a full batch that was
-    accepted is settled by the claim of the next one, which is returned."""
+    accepted is settled by the claim of the next one, which is returned.
+
+    Counted (metrics, the batch's log line) once settled: a batch whose outcome was
+    not recorded is sent again, and counted then."""
+    started = time.monotonic()
     error = _send(notifier, batch.rows, descriptions)
+    accepted = clock.now()
     if error is not None:
         failed = _settle_failure(db, notifier, clock.now(), batch.owner, batch.rows, error)
+        _settled(notifier, failed, started, metrics, accepted, [])
         return failed, _Batch(batch.owner, [])
     done = PassResult(sent=len(batch.rows))
+    fired = [r["fired_at"] for r in batch.rows]
     if claim_next and len(batch.rows) >= notifier.batch:
-        return done, _claim(db, notifier, clock.now(), sent=batch)
+        following = _claim(db, notifier, clock.now(), sent=batch)
+        _settled(notifier, done, started, metrics, accepted, fired)
+        return done, following
     # A short batch: nothing more was due, so no claim to ride on.
     sent = {"ids": [r["id"] for r in batch.rows], "owner": batch.owner, "now": clock.now()}
     query = queries()["mark_sent"]
     db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, sent))
+    _settled(notifier, done, started, metrics, accepted, fired)
     return done, _Batch(batch.owner, [])
+
+
+def _settled(
+    notifier: Notifier,
+    result: PassResult,
+    started: float,
+    metrics: Metrics | None,
+    accepted: datetime,
+    fired: list[datetime],
+) -> None:
+    """One log line for a settled batch, and its metrics.
+
+    A batch that only retried is a DEBUG line: while a receiver is down its outage
+    line says it, and a line per attempt would drown the log."""
+    ms = (time.monotonic() - started) * 1000
+    level = logging.INFO if result.sent or result.dead else logging.DEBUG
+    log.log(
+        level,
+        "notifier %s: %d sent, %d retried, %d dead in %.0f ms",
+        notifier.name,
+        result.sent,
+        result.retried,
+        result.dead,
+        ms,
+        extra={
+            "notifier": notifier.name,
+            "sent": result.sent,
+            "retried": result.retried,
+            "dead": result.dead,
+            "ms": round(ms, 1),
+        },
+    )
+    if metrics is not None:
+        metrics.delivered(notifier.name, accepted, fired, result.retried, result.dead)
 
 
 def deliver_batch(
@@ -213,6 +261,7 @@ def deliver_batch(
     notifier: Notifier,
     clock: Clock,
     descriptions: Mapping[str, str] | None = None,
+    metrics: Metrics | None = None,
 ) -> PassResult:
     """Claim, send and settle at most one batch of ``notifier``'s due deliveries.
 
@@ -222,7 +271,7 @@ def deliver_batch(
     batch = _claim(db, notifier, clock.now())
     if not batch.rows:
         return PassResult()
-    return _deliver(db, notifier, clock, batch, descriptions or {}, claim_next=False)[0]
+    return _deliver(db, notifier, clock, batch, descriptions or {}, False, metrics)[0]
 
 
 def _settle_failure(
@@ -280,6 +329,7 @@ def deliver_notifier(
     clock: Clock,
     descriptions: Mapping[str, str] | None = None,
     stop: threading.Event | None = None,
+    metrics: Metrics | None = None,
 ) -> PassResult:
     """Batches one after the other until none is due; stops early when the receiver
     fails (it is down), or after the batch in hand once ``stop`` is set.
@@ -292,7 +342,7 @@ def deliver_notifier(
     batch = _claim(db, notifier, clock.now())
     while batch.rows:
         more = stop is None or not stop.is_set()
-        result, batch = _deliver(db, notifier, clock, batch, descriptions or {}, more)
+        result, batch = _deliver(db, notifier, clock, batch, descriptions or {}, more, metrics)
         total += result
     return total
 
@@ -310,12 +360,28 @@ def deliver_due(
     return total
 
 
+class _Workers:
+    """The worker threads of one notifier, with a stop of their own (a reload may
+    remove the notifier while the others go on)."""
+
+    def __init__(self, notifier: Notifier, concurrency: int) -> None:
+        self.notifier = notifier
+        self.stop = threading.Event()
+        # One event per worker: a worker busy when a NOTIFY came must still see it.
+        self.wake = [threading.Event() for _ in range(max(concurrency, 1))]
+        self.threads: list[threading.Thread] = []
+        # Failures other than an unreachable database (which the database logs): a broken
+        # schema, a bug. One record per notifier, so N workers failing alike are one line.
+        self.trouble = Outage(f"delivery worker for {notifier.name}", log)
+
+
 class Dispatcher:
     """Delivery worker threads, ``concurrency[name]`` per notifier (1 if not
     given), woken by NOTIFY or by the poll.
 
     No failure ends a thread: each waits with a capped backoff (``backoff_cap``
-    seconds, cut short by :meth:`stop`) and tries again.
+    seconds, cut short by :meth:`stop`) and tries again. :meth:`add` and
+    :meth:`remove` start and stop one notifier's workers while the others run.
     """
 
     def __init__(
@@ -327,57 +393,113 @@ class Dispatcher:
         poll: float = POLL,
         backoff_cap: float = BACKOFF_CAP,
         concurrency: Mapping[str, int] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
-        self.db, self.notifiers = db, notifiers
-        self.clock, self.descriptions, self.poll = clock, descriptions, poll
-        self.backoff_cap = backoff_cap
-        self.concurrency = {name: max((concurrency or {}).get(name, 1), 1) for name in notifiers}
+        self.db, self.clock, self.descriptions, self.poll = db, clock, descriptions, poll
+        self.backoff_cap, self.metrics = backoff_cap, metrics
         self._stop = threading.Event()
-        # One event per worker: a worker busy when a NOTIFY came must still see it.
-        self._wake = {
-            name: [threading.Event() for _ in range(n)] for name, n in self.concurrency.items()
+        self._lock = threading.Lock()
+        self._groups = {
+            name: _Workers(n, (concurrency or {}).get(name, 1)) for name, n in notifiers.items()
         }
-        # Failures other than an unreachable database (which self.db logs): a broken
-        # schema, a bug. One record per notifier, so N workers failing alike are one line.
-        self._trouble = {name: Outage(f"delivery worker for {name}", log) for name in notifiers}
-        self._threads: list[threading.Thread] = []
+        self._listener: threading.Thread | None = None
+        self._started = False
+        self.polling = False  # LISTEN is not used here: the workers poll
+
+    @property
+    def notifiers(self) -> dict[str, Notifier]:
+        """The notifiers whose workers run (or will run at :meth:`start`)."""
+        with self._lock:
+            return {name: g.notifier for name, g in self._groups.items()}
 
     def start(self) -> None:
         """Start the workers of every notifier and the listener."""
-        for name, notifier in self.notifiers.items():
-            for i, wake in enumerate(self._wake[name]):
-                suffix = f"-{i + 1}" if len(self._wake[name]) > 1 else ""
-                t = threading.Thread(
-                    target=self._work,
-                    args=(notifier, wake),
-                    name=f"deliver-{name}{suffix}",
-                    daemon=True,
-                )
-                self._threads.append(t)
-        self._threads.append(threading.Thread(target=self._listen, name="listen", daemon=True))
-        for t in self._threads:
+        with self._lock:
+            self._started = True
+            groups = list(self._groups.values())
+        for group in groups:
+            self._start(group)
+        self._listener = threading.Thread(target=self._listen, name="listen", daemon=True)
+        self._listener.start()
+
+    def _start(self, group: _Workers) -> None:
+        name = group.notifier.name
+        for i, wake in enumerate(group.wake):
+            suffix = f"-{i + 1}" if len(group.wake) > 1 else ""
+            t = threading.Thread(
+                target=self._work, args=(group, wake), name=f"deliver-{name}{suffix}", daemon=True
+            )
+            group.threads.append(t)
             t.start()
+
+    def add(self, notifier: Notifier, concurrency: int = 1) -> None:
+        """Start workers for ``notifier`` (a name not running now)."""
+        group = _Workers(notifier, concurrency)
+        with self._lock:
+            if notifier.name in self._groups:
+                raise ValueError(f"notifier {notifier.name!r} has workers already")
+            self._groups[notifier.name] = group
+            started = self._started
+        if started:
+            self._start(group)
+
+    def remove(self, name: str) -> Notifier | None:
+        """Stop ``name``'s workers, each after the batch in hand; return its notifier."""
+        with self._lock:
+            group = self._groups.pop(name, None)
+        if group is None:
+            return None
+        group.stop.set()
+        for event in group.wake:
+            event.set()
+        for t in group.threads:
+            t.join()
+        return group.notifier
 
     def stop(self) -> None:
         """Let each worker finish the batch in hand, then return."""
         self._stop.set()
+        with self._lock:
+            groups = list(self._groups.values())
+        for group in groups:
+            group.stop.set()
         self.wake()
-        for t in self._threads:
-            t.join()
+        for group in groups:
+            for t in group.threads:
+                t.join()
+        if self._listener is not None:
+            self._listener.join()
 
     def wake(self) -> None:
         """Make every worker look for due deliveries now."""
-        for events in self._wake.values():
-            for event in events:
+        with self._lock:
+            groups = list(self._groups.values())
+        for group in groups:
+            for event in group.wake:
                 event.set()
 
-    def _work(self, notifier: Notifier, wake: threading.Event) -> None:
+    def alive(self) -> dict[str, bool]:
+        """Per notifier: whether every one of its worker threads is running; and
+        ``"listen"``: the listener (or True when the workers poll instead, by design)."""
+        with self._lock:
+            groups = dict(self._groups)
+        alive = {
+            name: bool(g.threads) and all(t.is_alive() for t in g.threads)
+            for name, g in groups.items()
+        }
+        listener = self._listener is not None and self._listener.is_alive()
+        alive["listen"] = listener or self.polling
+        return alive
+
+    def _work(self, group: _Workers, wake: threading.Event) -> None:
         backoff = Backoff(cap=self.backoff_cap)
-        trouble = self._trouble[notifier.name]
-        while not self._stop.is_set():
+        notifier, trouble = group.notifier, group.trouble
+        while not group.stop.is_set():
             since = time.monotonic()
             try:
-                deliver_notifier(self.db, notifier, self.clock, self.descriptions, self._stop)
+                deliver_notifier(
+                    self.db, notifier, self.clock, self.descriptions, group.stop, self.metrics
+                )
             except DatabaseUnavailable:
                 wait = backoff.next()
             except SlawatchError as exc:
@@ -396,6 +518,7 @@ class Dispatcher:
     def _listen(self) -> None:
         if self.db.pooler == "transaction":
             log.info("SLAWATCH_POOLER=transaction: no LISTEN; polling every %gs", self.poll)
+            self.polling = True
             return
         backoff = Backoff(cap=self.backoff_cap)
         trouble = Outage("delivery listener", log, level=logging.WARNING)
@@ -427,6 +550,7 @@ class Dispatcher:
                     "polling every %gs",
                     self.poll,
                 )
+                self.polling = True
                 return False
             backoff.reset()
             trouble.ok()

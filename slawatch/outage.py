@@ -42,6 +42,7 @@ class Outage:
         self._lock = threading.Lock()
         self._down_since: float | None = None
         self._last_ok = float("-inf")
+        self.started = 0  # outages started so far (a metric)
 
     @property
     def down(self) -> bool:
@@ -62,6 +63,7 @@ class Outage:
                 self.log.debug("%s %s: %s", self.what, self.down_words, reason)
                 return False
             self._down_since = time.monotonic()
+            self.started += 1
         self.log.log(self.level, "%s %s: %s", self.what, self.down_words, reason, exc_info=exc_info)
         return True
 

@@ -3,10 +3,13 @@
 It follows a CTE ``claimed`` of (key, episode, n, deadline, row_data): each row
 becomes an alert and one delivery per notifier, in the claim's transaction.
 ``{severity}`` and ``{notify}`` are the rule's (by notification number, for
-escalation: they may read ``c.n`` and ``a.n``).
+escalation: they may read ``c.n`` and ``a.n``). :data:`SEVERITIES` is an
+expression for the claim's final ``SELECT``: the alerts written, per severity.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from psycopg import sql
 
@@ -20,13 +23,42 @@ _OUTBOX = """\
     -- At most once, and a notification that exists already (tracking state restored
     -- from a backup, an upgrade cut short) is not an error that would stop the rule.
     ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
-    RETURNING id, n
+    RETURNING id, n, severity
 ), deliveries AS (
     INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
     SELECT a.id, x.notifier, %(now)s::timestamptz
       FROM alerts a, unnest({notify}) AS x(notifier)
     RETURNING 1
 )"""
+
+
+# The alerts this claim wrote, per severity, e.g. {"warning": 3, "critical": 1}; the
+# metrics count them by severity (escalation changes it by notification number).
+# Used as ``{severities}`` in a composed statement: as an argument it keeps its braces.
+SEVERITIES = """\
+(SELECT coalesce(jsonb_object_agg(s.severity, s.count), '{}'::jsonb)
+   FROM (SELECT severity, count(*) FROM alerts GROUP BY severity) s)"""
+
+
+def severities(value: object) -> dict[str, int]:
+    """:data:`SEVERITIES` as read back (a dict from psycopg's jsonb)."""
+    return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+@dataclass
+class Tally:
+    """What claims wrote: alerts, episodes they closed, alerts per severity."""
+
+    alerts: int = 0
+    closed: int = 0
+    severities: dict[str, int] = field(default_factory=dict)
+
+    def __iadd__(self, other: Tally) -> Tally:
+        self.alerts += other.alerts
+        self.closed += other.closed
+        for severity, count in other.severities.items():
+            self.severities[severity] = self.severities.get(severity, 0) + count
+        return self
 
 
 def outbox(severity: sql.Composable, notify: sql.Composable) -> sql.Composed:

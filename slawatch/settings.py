@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     notifiers_dir: Path = Path("notifiers")
     data_dir: Path = Path(".slawatch")
     log_level: str = "INFO"
+    # text, json, or auto: JSON when standard error is not a terminal (slawatch/logs.py).
+    log_format: Literal["auto", "text", "json"] = "auto"
     # How long alerts and their deliveries are kept (none with a delivery still pending
     # is removed); `slawatch run` prunes older history every 10 minutes.
     retention: Annotated[timedelta, BeforeValidator(_retention)] = DEFAULT_RETENTION

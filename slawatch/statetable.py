@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,7 +41,7 @@ from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.db import Connection, retry_conflicts, translate
-from slawatch.outbox import outbox
+from slawatch.outbox import SEVERITIES, Tally, outbox, severities
 from slawatch.rules import Rule
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,8 @@ SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
        (SELECT max(deadline) FILTER (WHERE isfinite(deadline)) FROM fresh),
        (SELECT count(*) FROM again),
        -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
-       (SELECT pg_notify('slawatch_delivery', '') WHERE EXISTS (SELECT 1 FROM deliveries))"""
+       (SELECT pg_notify('slawatch_delivery', '') WHERE EXISTS (SELECT 1 FROM deliveries)),
+       (SELECT count(*) FROM closed), {severities}"""
 
 # The sweep's first half: close every open episode whose row is no longer open with
 # the episode's deadline (completed, deleted, or the deadline moved).
@@ -219,6 +220,7 @@ def compose(
         again_interval=interval(sql.SQL("(s.sw_n + 1)")),
         seen_tz=seen_tz,
         outbox=outbox(severity, notify),
+        severities=sql.SQL(SEVERITIES),
     )
     close = sql.SQL(_CLOSE).format(
         state=state_table(rule), table=table, t_is_s=eq("t", "s"), d=d, open_when=open_when
@@ -234,6 +236,8 @@ class TableBatch:
     fresh: int  # rows read from the due index
     last_deadline: Any  # the latest deadline among them: where the next batch starts
     again: int  # state rows whose re-notification was due
+    closed: int = 0  # of those, episodes that had ended: closed
+    severities: dict[str, int] = field(default_factory=dict)  # alerts per severity
 
     def full(self, batch: int) -> bool:
         return self.fresh + self.again >= batch
@@ -246,8 +250,10 @@ def claim_table_batch(
     with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
         row = conn.execute(plan.claim, params | {"since": since}).fetchone()
         assert row is not None
-        alerts, _deliveries, fresh, last, again, _woken = row
-    return TableBatch(int(alerts), int(fresh), last, int(again))
+        alerts, _deliveries, fresh, last, again, _woken, closed, by_severity = row
+    return TableBatch(
+        int(alerts), int(fresh), last, int(again), int(closed), severities(by_severity)
+    )
 
 
 class TableScan:
@@ -269,6 +275,7 @@ class TableScan:
         self.plan, self.params_at, self.to_deadline = plan, params_at, to_deadline
         self.since: Any = "-infinity"
         self.swept = False
+        self.closed = 0  # episodes the sweep closed
 
     def begin(self, conn: Connection, now: datetime) -> None:
         rule = self.plan.rule
@@ -278,8 +285,9 @@ class TableScan:
         if scanned_to is None or swept_at is None or now - swept_at >= rule.sweep:
             with translate(f"sweep of rule {rule.name}"):
                 closed = conn.execute(self.plan.close).rowcount
+            self.closed += max(closed, 0)
             if closed:
-                log.info("rule %s: sweep closed %d ended episodes", rule.name, closed)
+                log.debug("rule %s: sweep closed %d ended episodes", rule.name, closed)
             self.since, self.swept = "-infinity", True
         else:
             self.since = self.to_deadline(scanned_to - rule.after - lookback(rule))
@@ -307,13 +315,18 @@ def drain_table(
     to_deadline: Callable[[datetime], Any],
     clock: Clock,
     budget: timedelta,
+    tally: Tally | None = None,
 ) -> tuple[int, int]:
-    """Drain a ``track: table`` rule within ``budget``: (alerts, batches)."""
+    """Drain a ``track: table`` rule within ``budget``: (alerts, batches).
+
+    ``tally``, if given, also gets the episodes closed and the alerts per severity."""
+    tally = tally if tally is not None else Tally()
     rule = plan.rule
     scan = TableScan(plan, params_at, to_deadline)
     now = clock.now()
     with connection() as conn:
         scan.begin(conn, now)
+    tally.closed += scan.closed
     started = time.monotonic()
     alerts = batches = 0
     while True:
@@ -323,6 +336,7 @@ def drain_table(
                 return scan.batch(conn, now)
 
         got = retry_conflicts(batch)
+        tally += Tally(got.alerts, got.closed, got.severities)
         alerts += got.alerts
         batches += 1
         if not got.full(rule.batch):

@@ -122,3 +122,21 @@ WITH RECURSIVE rules AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone_alerts), (SELECT count(*) FROM gone_deliveries);
+
+-- outbox_gauges --
+-- Per notifier: deliveries pending (due, leased or waiting to retry), when the alert of
+-- the oldest of them fired, and deliveries dead; read at each metrics scrape. Pending
+-- ones are read through delivery_due, dead ones through delivery_dead: the cost is the
+-- backlog's, not the history's. Alert ids follow claim order, so the least alert id is
+-- the oldest alert without joining every pending delivery to its alert.
+WITH pending AS (
+    SELECT notifier, count(*) AS pending, min(alert_id) AS oldest
+      FROM slawatch.delivery WHERE status = 'pending' GROUP BY notifier
+), dead AS (
+    SELECT notifier, count(*) AS dead
+      FROM slawatch.delivery WHERE status = 'dead' GROUP BY notifier
+)
+SELECT coalesce(p.notifier, d.notifier) AS notifier, coalesce(p.pending, 0) AS pending,
+       a.fired_at AS oldest_fired_at, coalesce(d.dead, 0) AS dead
+  FROM pending p FULL JOIN dead d ON d.notifier = p.notifier
+  LEFT JOIN slawatch.alert a ON a.id = p.oldest;

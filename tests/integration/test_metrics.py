@@ -1,0 +1,201 @@
+"""Metrics (slawatch/metrics.py) and Runner.health against a real database and receiver."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import yaml
+from prometheus_client import generate_latest
+
+from slawatch.clock import Clock
+from slawatch.db import Database
+from slawatch.deliver import deliver_notifier
+from slawatch.metrics import SCRAPE_BUDGET, Metrics
+from slawatch.migrate import migrate
+from slawatch.notifiers import WebhookConfig
+from slawatch.rules import Rule
+from slawatch.scheduler import Runner
+from tests.integration.helpers import Conn
+from tests.integration.test_outage import wait_for
+from tests.receivers import Reply, WebhookReceiver, receiver
+from tests.tcpproxy import TcpProxy
+
+__all__ = ["receiver"]
+
+T0 = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+RULE = """\
+table: public.orders
+key: id
+deadline: paid_at
+after: 1h
+every: 1s
+open_when: "status = 'paid'"
+renotify: {every: 1h, max: 3}
+severity: warning
+escalate: [{from: 2, severity: critical}]
+notify: [hook]
+"""
+
+
+class MovableClock(Clock):
+    def __init__(self, now: datetime) -> None:
+        self.at = now
+
+    def now(self) -> datetime:
+        return self.at
+
+
+def late_rule() -> Rule:
+    return Rule.model_validate(yaml.safe_load(RULE) | {"name": "late"})
+
+
+def hook(receiver: WebhookReceiver) -> WebhookConfig:
+    return WebhookConfig.model_validate(
+        {
+            "name": "hook",
+            "type": "webhook",
+            "url": receiver.url,
+            "timeout": "2s",
+            "retry": {"first": "1s", "max": "1s", "attempts": 5},
+        }
+    )
+
+
+def orders(conn: Conn, rows: int, paid_at: datetime) -> None:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS orders"
+        " (id bigint PRIMARY KEY, status text, paid_at timestamptz)"
+    )
+    migrate(conn, [late_rule()])
+    conn.execute(
+        "INSERT INTO orders SELECT g, 'paid', %s FROM generate_series(1, %s) g", (paid_at, rows)
+    )
+
+
+def value(runner: Runner, name: str, **labels: str) -> float | None:
+    return runner.registry.get_sample_value(name, labels)
+
+
+def test_counters_histograms_and_gauges_after_scans_and_deliveries(
+    conn: Conn, dsn: str, receiver: WebhookReceiver
+) -> None:
+    orders(conn, 3, T0 - timedelta(days=1))
+    clock = MovableClock(T0)
+    runner = Runner(dsn, [late_rule()], [hook(receiver)], clock=clock)
+    try:
+        notifier = runner.notifiers["hook"]
+        # Every outcome is there from the start, at 0.
+        assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome="dead") == 0
+
+        assert runner.scan("late") is not None  # 3 alerts, #1: warning
+        clock.at = T0 + HOUR + timedelta(seconds=1)
+        assert runner.scan("late") is not None  # 3 more, #2: critical (escalated)
+        claimed = "slawatch_alerts_claimed_total"
+        assert value(runner, claimed, rule="late", severity="warning") == 3
+        assert value(runner, claimed, rule="late", severity="critical") == 3
+        assert value(runner, "slawatch_scan_duration_seconds_count", rule="late") == 2
+        assert value(runner, "slawatch_outbox_up") == 1
+        assert value(runner, "slawatch_deliveries_pending", notifier="hook") == 6
+        age = value(runner, "slawatch_oldest_pending_delivery_age_seconds", notifier="hook")
+        assert age == 3601  # the first alerts fired at T0
+
+        receiver.replies = [Reply(status=500)]
+        deliver_notifier(runner.db, notifier, clock, metrics=runner.metrics)
+        assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome="retry") == 6
+        assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome="sent") == 0
+
+        clock.at = T0 + 2 * HOUR
+        deliver_notifier(runner.db, notifier, clock, metrics=runner.metrics)
+        assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome="sent") == 6
+        latency = "slawatch_delivery_latency_seconds"
+        assert value(runner, f"{latency}_count", notifier="hook") == 6
+        # From each alert's fired_at (T0, and T0 + 1h 1s) to the moment it was accepted.
+        assert value(runner, f"{latency}_sum", notifier="hook") == 3 * 7200 + 3 * 3599
+        assert value(runner, f"{latency}_bucket", notifier="hook", le="3600.0") == 3
+        assert value(runner, "slawatch_deliveries_pending", notifier="hook") == 0
+        assert value(runner, "slawatch_oldest_pending_delivery_age_seconds", notifier="hook") == 0
+
+        clock.at = T0 + 3 * HOUR
+        assert runner.scan("late") is not None  # #3, critical
+        receiver.replies = [Reply(status=410)]  # permanent: dead at once
+        deliver_notifier(runner.db, notifier, clock, metrics=runner.metrics)
+        assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome="dead") == 3
+        assert value(runner, "slawatch_deliveries_dead", notifier="hook") == 3
+        assert value(runner, claimed, rule="late", severity="critical") == 6
+        assert value(runner, "slawatch_database_outage") == 0
+        assert value(runner, "slawatch_database_outages_total") == 0
+        text = generate_latest(runner.registry).decode()
+        assert 'slawatch_deliveries_dead{notifier="hook"} 3.0' in text
+    finally:
+        runner.close()
+
+
+def test_serve_counts_and_reports_its_health(
+    conn: Conn, dsn: str, receiver: WebhookReceiver
+) -> None:
+    """The wiring: the scan job and the delivery workers count into the runner's registry."""
+    orders(conn, 2, datetime.now(UTC) - timedelta(days=1))
+    runner = Runner(dsn, [late_rule()], [hook(receiver)], poll=0.2)
+    assert runner.health()["ok"] is False  # not serving yet
+    serving = threading.Thread(target=runner.serve, name="serve", daemon=True)
+    serving.start()
+    try:
+        wait_for(
+            lambda: (
+                value(runner, "slawatch_deliveries_total", notifier="hook", outcome="sent") == 2
+            ),
+            "2 deliveries counted",
+        )
+        assert value(runner, "slawatch_alerts_claimed_total", rule="late", severity="warning") == 2
+        assert value(runner, "slawatch_delivery_latency_seconds_count", notifier="hook") == 2
+        wait_for(lambda: runner.health()["listener"] is True, "the listener")
+        assert runner.health() == {
+            "ok": True,
+            "scheduler": True,
+            "workers": {"hook": True},
+            "listener": True,
+            "database": True,
+        }
+    finally:
+        runner.stop()
+        serving.join(30)
+        runner.close()
+    health = runner.health()
+    assert (health["ok"], health["scheduler"], health["workers"]) == (False, False, {"hook": False})
+
+
+def test_a_scrape_while_the_database_is_away_answers_at_once(dsn: str) -> None:
+    """Through a proxy of our own: first it forwards nothing (a partitioned network:
+    no error, no answer), then its port closes (the server is gone)."""
+    from psycopg import connect
+
+    with connect(dsn, autocommit=True) as c:
+        migrate(c, [])
+    proxy, via = TcpProxy.for_dsn(dsn)
+    db = Database(via, size=2, timeout=5)
+    try:
+        registry = Metrics(db, Clock(), lambda: ["hook"]).registry
+        assert registry.get_sample_value("slawatch_outbox_up") == 1
+        assert registry.get_sample_value("slawatch_deliveries_pending", {"notifier": "hook"}) == 0
+
+        proxy.blackhole()
+        for _ in range(2):  # the second finds the first read still hanging
+            started = time.monotonic()
+            text = generate_latest(registry).decode()
+            assert time.monotonic() - started < SCRAPE_BUDGET + 1
+            assert "slawatch_outbox_up 0.0" in text
+            # No stale or made-up outbox numbers: none at all.
+            assert not any(ln.startswith("slawatch_deliveries_pending{") for ln in text.split("\n"))
+
+        proxy.close()
+        started = time.monotonic()
+        assert registry.get_sample_value("slawatch_outbox_up") == 0
+        assert time.monotonic() - started < SCRAPE_BUDGET + 1
+        assert registry.get_sample_value("slawatch_database_outage") is not None
+    finally:
+        proxy.close()
+        db.close()
