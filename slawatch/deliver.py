@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from slawatch.metrics import Metrics
 
 log = logging.getLogger(__name__)
+# The line per delivered batch, apart from the rest (``slawatch demo`` leaves it out).
+activity = logging.getLogger("slawatch.activity")
 
 CHANNEL = "slawatch_delivery"
 POLL = 1.0  # seconds: the fallback when no NOTIFY arrives
@@ -236,7 +238,7 @@ def _settled(
     line says it, and a line per attempt would drown the log."""
     ms = (time.monotonic() - started) * 1000
     level = logging.INFO if result.sent or result.dead else logging.DEBUG
-    log.log(
+    activity.log(
         level,
         "notifier %s: %d sent, %d retried, %d dead in %.0f ms",
         notifier.name,

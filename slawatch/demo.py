@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import random
 import sys
@@ -156,6 +157,11 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
         + "\n\n"
     )
     out.flush()
+    # The demo prints each alert and each webhook request: the log's line per scan and
+    # per delivered batch would say it all again (SLAWATCH_LOG_LEVEL=DEBUG shows them).
+    activity = logging.getLogger("slawatch.activity")
+    if not activity.isEnabledFor(logging.DEBUG):
+        activity.setLevel(logging.WARNING)
     runner = Runner(dsn, rules, notifiers)
     try:
         runner.serve(seconds)

@@ -40,6 +40,8 @@ from slawatch.rules import Rule
 from slawatch.settings import DEFAULT_RETENTION
 
 log = logging.getLogger(__name__)
+# The line per scan that did work, apart from the rest (``slawatch demo`` leaves it out).
+activity = logging.getLogger("slawatch.activity")
 
 
 @dataclass
@@ -222,7 +224,7 @@ class Runner:
         running.retry_at = 0.0
         self.metrics.scanned(rule, seconds, result.severities)
         if result.claimed or result.closed:
-            log.info(
+            activity.info(
                 "rule %s: %d claimed, %d closed in %.0f ms",
                 rule,
                 result.claimed,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -230,3 +231,78 @@ def test_replay(conn: Conn, dsn: str) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok: 0 dead deliveries back to pending\n"
     assert_one_line_error(slawatch("replay", "--rule", "nope", dsn=dsn), 2, "no rule named 'nope'")
+
+
+def test_run_once_ends_with_a_summary_per_rule_and_notifier(conn: Conn, dsn: str) -> None:
+    conn.execute(SHOP)
+    assert slawatch("migrate", dsn=dsn).returncode == 0
+    conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")
+    conn.execute("INSERT INTO orders VALUES (2, 7, 990, 'paid', now() - interval '3 days')")
+    result = slawatch("run", "--once", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(alert_lines(result.stdout)) == 2
+    assert lines[2:] == [
+        "rule job_hung: 0 claimed, 0 closed",
+        "rule order_unshipped: 2 claimed, 0 closed",
+        "rule receipt_unconfirmed: 0 claimed, 0 closed",
+        "rule refund_unprocessed: 0 claimed, 0 closed",
+        "notifier console: 2 sent, 0 retried, 0 dead",
+    ]
+    # Order 1 ships: its episode ends and the next scan closes it.
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
+    conn.execute("INSERT INTO jobs VALUES (9, 'sync', 'w1', 'running', now() - interval '1 hour')")
+    result = slawatch("run", "--once", "--json", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    # One JSON document on stdout; the console notifier's line went to stderr.
+    assert json.loads(result.stdout) == {
+        "ok": True,
+        "rules": {
+            "job_hung": {"claimed": 1, "closed": 0},
+            "order_unshipped": {"claimed": 0, "closed": 1},
+            "receipt_unconfirmed": {"claimed": 0, "closed": 0},
+            "refund_unprocessed": {"claimed": 0, "closed": 0},
+        },
+        "notifiers": {"console": {"sent": 1, "retried": 0, "dead": 0}},
+        "errors": [],
+    }
+    assert "[critical] job_hung #1 key=9" in result.stderr
+    assert_one_line_error(slawatch("run", "--json", dsn=dsn), 2, "--json goes with --once")
+
+
+def test_run_once_json_reports_a_failure_and_exits_1(conn: Conn, dsn: str) -> None:
+    conn.execute(SHOP)
+    assert slawatch("migrate", dsn=dsn).returncode == 0
+    conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")
+    conn.execute("INSERT INTO refunds VALUES (1, 1, 500, 'requested', now() - interval '4 days')")
+    # The refunds claim fails at run time; the other rules and the delivery go on.
+    conn.execute(
+        "CREATE FUNCTION frozen() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN RAISE EXCEPTION 'refunds are frozen'; END$$"
+    )
+    conn.execute(
+        "CREATE TRIGGER frozen BEFORE UPDATE ON refunds FOR EACH ROW EXECUTE FUNCTION frozen()"
+    )
+    result = slawatch("run", "--once", "--json", dsn=dsn)
+    assert_one_line_error(result, 1, "claim for rule refund_unprocessed: refunds are frozen")
+    summary = json.loads(result.stdout)
+    assert summary["ok"] is False
+    assert summary["rules"]["refund_unprocessed"] is None
+    assert summary["rules"]["order_unshipped"] == {"claimed": 1, "closed": 0}
+    assert summary["notifiers"] == {"console": {"sent": 1, "retried": 0, "dead": 0}}
+    assert len(summary["errors"]) == 1 and "refunds are frozen" in summary["errors"][0]
+    text = slawatch("run", "--once", dsn=dsn)
+    assert "rule refund_unprocessed: not scanned (see the error)" in text.stdout.splitlines()
+
+
+def test_a_bad_log_format_is_one_line(tmp_path: Path) -> None:
+    env_result = subprocess.run(
+        [sys.executable, "-m", "slawatch", "check"],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
+        | {"SLAWATCH_LOG_FORMAT": "xml"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_one_line_error(env_result, 2, "SLAWATCH_LOG_FORMAT: Input should be 'auto', 'text'")
