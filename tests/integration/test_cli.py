@@ -274,25 +274,25 @@ def test_run_once_json_reports_a_failure_and_exits_1(conn: Conn, dsn: str) -> No
     conn.execute(SHOP)
     assert slawatch("migrate", dsn=dsn).returncode == 0
     conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")
-    conn.execute("INSERT INTO refunds VALUES (1, 1, 500, 'requested', now() - interval '4 days')")
-    # The refunds claim fails at run time; the other rules and the delivery go on.
+    conn.execute("INSERT INTO jobs VALUES (9, 'sync', 'w1', 'running', now() - interval '1 hour')")
+    # The first rule's claim fails at run time; the other rules and the delivery go on.
     conn.execute(
         "CREATE FUNCTION frozen() RETURNS trigger LANGUAGE plpgsql AS"
-        " $$BEGIN RAISE EXCEPTION 'refunds are frozen'; END$$"
+        " $$BEGIN RAISE EXCEPTION 'jobs are frozen'; END$$"
     )
     conn.execute(
-        "CREATE TRIGGER frozen BEFORE UPDATE ON refunds FOR EACH ROW EXECUTE FUNCTION frozen()"
+        "CREATE TRIGGER frozen BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION frozen()"
     )
     result = slawatch("run", "--once", "--json", dsn=dsn)
-    assert_one_line_error(result, 1, "claim for rule refund_unprocessed: refunds are frozen")
+    assert_one_line_error(result, 1, "claim for rule job_hung: jobs are frozen")
     summary = json.loads(result.stdout)
     assert summary["ok"] is False
-    assert summary["rules"]["refund_unprocessed"] is None
+    assert summary["rules"]["job_hung"] is None
     assert summary["rules"]["order_unshipped"] == {"claimed": 1, "closed": 0}
     assert summary["notifiers"] == {"console": {"sent": 1, "retried": 0, "dead": 0}}
-    assert len(summary["errors"]) == 1 and "refunds are frozen" in summary["errors"][0]
+    assert len(summary["errors"]) == 1 and "jobs are frozen" in summary["errors"][0]
     text = slawatch("run", "--once", dsn=dsn)
-    assert "rule refund_unprocessed: not scanned (see the error)" in text.stdout.splitlines()
+    assert "rule job_hung: not scanned (see the error)" in text.stdout.splitlines()
 
 
 def test_a_bad_log_format_is_one_line(tmp_path: Path) -> None:
