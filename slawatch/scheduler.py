@@ -370,7 +370,15 @@ class Runner:
                             self._stop.set()
                     if self._reload_asked and not self._stop.is_set():
                         self._reload_asked = False
-                        self.reload()
+                        try:
+                            self.reload()
+                        except Exception as exc:  # a bug: log it, and keep serving
+                            log.error(
+                                "reload failed: unexpected %s: %s",
+                                type(exc).__name__,
+                                exc,
+                                exc_info=exc,
+                            )
             finally:
                 log.info("stopping: letting running scans and deliveries finish")
                 scheduler.shutdown(wait=True)
@@ -482,9 +490,10 @@ class Runner:
     def _apply_rules(
         self, rules: list[Rule], plans: dict[str, ClaimPlan], problems: dict[str, str]
     ) -> None:
+        """Switch the scans over to ``rules`` (``plans`` for the ready ones)."""
         old = self._running
         running: dict[str, _Running] = {}
-        added, changed, kept = [], [], []
+        added, changed = [], []
         for rule in rules:
             name = rule.name
             before = old.get(name)
@@ -495,7 +504,6 @@ class Runner:
                 # Never quiet by accident: the rule as it ran pages on until migrated.
                 log.error("reload: %s; rule %s goes on as it was until then", problems[name], name)
                 running[name] = before
-                kept.append(name)
             elif before is None:
                 running[name] = _Running.start(rule, plans[name], self.backoff_cap)
                 added.append(name)

@@ -19,6 +19,7 @@ class TcpProxy:
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._closed = False
         self._forward = threading.Event()
         self._forward.set()
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
@@ -42,6 +43,10 @@ class TcpProxy:
                 client.close()
                 continue
             with self._lock:
+                if self._closed:  # accepted just before the port closed: gone too
+                    client.close()
+                    server.close()
+                    return
                 self._sockets += [client, server]
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
@@ -67,6 +72,11 @@ class TcpProxy:
 
     def close(self) -> None:
         """Close the port and every connection through it."""
+        with self._lock:
+            self._closed = True
+        # close() alone leaves an accept() blocked in another thread accepting (Linux).
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
             for s in self._sockets:
