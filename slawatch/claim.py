@@ -42,7 +42,7 @@ from psycopg import sql
 
 from slawatch.catalog import TableInfo, inspect_table, key_columns, table_ident
 from slawatch.clock import Clock
-from slawatch.db import Connection, Database, retry_conflicts, translate
+from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.errors import ConfigError, DatabaseError
 from slawatch.migrate import pending, predicates, schema_current
 from slawatch.outbox import outbox
@@ -369,7 +369,15 @@ def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], in
         return lambda: claim_batch(conn, plan, now)
     scan = TableScan(plan.table, plan.params, plan.to_deadline)
     scan.begin(conn, now)
-    return lambda: scan.batch(conn, now).alerts
+    table = plan.table
+
+    def step() -> int:
+        got = scan.batch(conn, now)
+        if not got.full(table.rule.batch):
+            scan.finish(conn, now)  # as drain_table does: the next drain starts from here
+        return got.alerts
+
+    return step
 
 
 def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:
@@ -378,7 +386,8 @@ def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:
     Inline tracking; for either way, see :func:`batches` and :func:`drain`."""
     if plan.table is not None:
         raise ValueError(f"rule {plan.rule.name} is track: table: use batches() or drain()")
-    with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
+    # One statement, one round trip: it commits on its own (the NOTIFY inside with it).
+    with translate(f"claim for rule {plan.rule.name}"), one_statement(conn):
         row = conn.execute(plan.statement, plan.params(now)).fetchone()
         alerts = int(row[0]) if row else 0
     return alerts
