@@ -402,6 +402,20 @@ def measure_drain(
                 t = time.perf_counter()
                 empty()
                 probes.append((time.perf_counter() - t) * 1e6)
+        unprepared = []
+        if v.name in ("inline", "table"):
+            # SLAWATCH_POOLER=auto (the default) and transaction: no prepared statements,
+            # since a transaction pooler may sit in between; the column above is
+            # SLAWATCH_POOLER=none/session (psycopg prepares after 5 runs).
+            conn.prepare_threshold = None
+            empty = v.stepper(conn, batch, quiet)  # type: ignore[misc]
+            for _ in range(20):
+                empty()
+            for _ in range(100):
+                t = time.perf_counter()
+                empty()
+                unprepared.append((time.perf_counter() - t) * 1e6)
+            conn.prepare_threshold = 5
         auto = []
         if v.name == "raw":
             empty = v.stepper(conn, batch, quiet)  # type: ignore[misc]
@@ -434,6 +448,7 @@ def measure_drain(
         "idx_mb": (idx1 - idx0) / 1e6,
         "probe_us": med(probes) if probes else float("nan"),
         "probe_auto_us": med(auto) if auto else float("nan"),
+        "probe_unprepared_us": med(unprepared) if unprepared else float("nan"),
         "budget_hit": float(secs >= budget),
     }
 
@@ -1100,6 +1115,11 @@ def main() -> None:
         if "claim" not in skip:
             probes[args.rows] = {v.name: med([x["probe_us"] for x in v.runs]) for v in live}
             probes[args.rows]["raw_auto"] = med([x["probe_auto_us"] for x in by_name["raw"].runs])
+            for v in live:
+                if v.name in ("inline", "table"):
+                    probes[args.rows][f"{v.name}_unprep"] = med(
+                        [x["probe_unprepared_us"] for x in v.runs]
+                    )
         if "probe" not in skip and args.probe_rows and args.probe_rows != args.rows:
             scratch.create("probe")
             load_shop(scratch.dsn("probe"), args.probe_rows, max(args.probe_rows // 100, 1), now)
@@ -1115,6 +1135,8 @@ def main() -> None:
                 probes[args.probe_rows][v.name] = m["probe_us"]
                 if v.name == "raw":
                     probes[args.probe_rows]["raw_auto"] = m["probe_auto_us"]
+                if v.name in ("inline", "table"):
+                    probes[args.probe_rows][f"{v.name}_unprep"] = m["probe_unprepared_us"]
                 scratch.drop("run")
             scratch.drop("probe")
         if probes:
@@ -1122,14 +1144,23 @@ def main() -> None:
                 "EMPTY PROBE: one claim with nothing due (a clock before the earliest deadline, before"
                 " the drain);"
                 " median of 200, µs\n(raw: custom plans; 'raw, auto': PostgreSQL's default plan"
-                " cache, a generic plan after 5 runs)"
+                " cache, a generic plan after 5 runs; inline/table: prepared, as with"
+                " SLAWATCH_POOLER=none or session; '_unprep': not prepared, as with the default"
+                " SLAWATCH_POOLER=auto or transaction)"
             )
             names = [v.name for v in live if v.name != "naive"] + ["raw_auto"]
-            print(f"{'rows':>12} " + " ".join(f"{n:>10}" for n in names))
+            names += [f"{v.name}_unprep" for v in live if v.name in ("inline", "table")]
+            widths = [max(10, len(n)) for n in names]
+            print(
+                f"{'rows':>12} " + " ".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True))
+            )
             for size in sorted(probes):
                 print(
                     f"{size:>12,} "
-                    + " ".join(f"{probes[size].get(n, float('nan')):>10,.0f}" for n in names)
+                    + " ".join(
+                        f"{probes[size].get(n, float('nan')):>{w},.0f}"
+                        for n, w in zip(names, widths, strict=True)
+                    )
                 )
             print()
 
