@@ -251,7 +251,7 @@ def compose(
             )
         )
 
-    wake = sql.SQL("EXISTS (SELECT 1 FROM deliveries)")
+    wake: sql.Composable = sql.SQL("EXISTS (SELECT 1 FROM deliveries)")
     claim_resolved: sql.Composable = sql.SQL("")
     close_resolved: sql.Composable = sql.SQL("")
     close_wake: sql.Composable = sql.SQL("false")
