@@ -46,8 +46,8 @@ from slawatch.rules import IDENT, Rule
 # An alert's idempotency id: rule:key:eE:nN, or rule:key:eE:resolved. The rule name
 # has no ':', and the tail has a fixed form, so a key holding ':' reads back whole.
 _ALERT_NAME = re.compile(
-    r"(?P<rule>[a-z][a-z0-9_]{0,39}):(?P<key>.*):e(?P<episode>[0-9]{1,10}):"
-    r"(?:n(?P<n>[0-9]{1,10})|(?P<resolved>resolved))",
+    r"(?P<rule>[a-z][a-z0-9_]{0,39}):(?P<key>.*):e(?P<episode>[0-9]+):"
+    r"(?:n(?P<n>[0-9]+)|(?P<resolved>resolved))",
     re.DOTALL,
 )
 MAX_NAME = 2000  # characters in an alert's name (a composite key's text is long)
