@@ -261,7 +261,7 @@ def cmd_silence(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigError("silence: --list and --expire go alone")
     if (args.list or args.expire is not None) and creating:
         raise ConfigError(
-            f"silence: {', '.join(creating)} only add a silence, not with --list/--expire"
+            f"silence: {', '.join(creating)}: for adding a silence, not with --list or --expire"
         )
     if args.all and not args.list:
         raise ConfigError("silence: --all goes with --list")

@@ -178,11 +178,13 @@ def parse_until(text: str, now: datetime) -> datetime:
     text = _text("--until", text, 100, required=True).strip()
     try:
         return now + parse_duration(text)
-    except ValueError:
-        pass
+    except ValueError as exc:
+        not_a_duration = str(exc)
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
+        if re.fullmatch(r"[0-9 ]+[smhdw].*|P.*", text):  # meant as a duration: say why not
+            raise BadInput(f"--until: {not_a_duration}") from None
         raise BadInput(
             f"--until: {shorten(text)} is neither a time (2026-03-01T14:00Z) nor a duration"
             " (2h, 30m, 1d)"
