@@ -38,6 +38,17 @@ def two_orders(conn: Conn, track: str) -> ClaimPlan:
     return plan
 
 
+def next_time(conn: Conn, track: str, order: int) -> object:
+    """When order ``order``'s next re-notification is due (None: none is)."""
+    if track == "inline":
+        query = "SELECT sw_order_unshipped_next FROM orders WHERE id = %s"
+    else:
+        query = "SELECT sw_next FROM slawatch.order_unshipped_state WHERE id = %s"
+    row = conn.execute(query, (order,)).fetchone()
+    assert row is not None
+    return row[0]
+
+
 def test_an_acked_episode_stays_quiet_and_a_new_episode_pages_again(
     conn: Conn, db: Database, track: str
 ) -> None:
@@ -55,6 +66,8 @@ def test_an_acked_episode_stays_quiet_and_a_new_episode_pages_again(
         t += 6 * H + S
         claim_all(conn, plan, t)
     assert episodes(conn, "order_unshipped") == [("1", 1, 1)] + [("2", 1, n) for n in range(1, 6)]
+    # The acked row left the re-notify index (no next time), so it is not read again.
+    assert next_time(conn, track, 1) is None
     # Order 1 ships, then is paid again: a new episode, which pages from #1 and renotifies.
     conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
     t += 11 * M
@@ -169,3 +182,22 @@ def test_ack_never_waits_for_the_applications_lock_on_the_row(
         got = ack(db, "order_unshipped:1:e1:n1", by="alice", comment="", now=DUE + M)
         assert time.monotonic() - started < 5
     assert got.state == "acknowledged"
+
+
+def test_ack_of_a_resolved_episode_is_a_plain_answer(conn: Conn, db: Database, track: str) -> None:
+    """resolve: true: the row completed and its notice went out; nothing to acknowledge."""
+    from slawatch.claim import prepare
+    from slawatch.migrate import migrate
+
+    rule = shop(conn, track)["order_unshipped"].model_copy(update={"resolve": True})
+    migrate(conn, [rule])
+    plan = prepare(conn, rule)
+    conn.execute("INSERT INTO orders VALUES (1, 7, 100, 'paid', %s)", (T0,))
+    assert claim_all(conn, plan, DUE) == 1
+    conn.execute("UPDATE orders SET status = 'shipped'")
+    claim_all(conn, plan, DUE + 11 * M)
+    for name in ("order_unshipped:1:e1:n1", "order_unshipped:1:e1:resolved"):
+        got = ack(db, name, by="alice", comment="", now=DUE + 12 * M)
+        assert (got.state, got.current) == ("ended", None)
+        assert got.message() == "episode 1 of order_unshipped:1 has ended: nothing to acknowledge"
+    assert conn.execute("SELECT count(*) FROM slawatch.ack").fetchone() == (0,)
