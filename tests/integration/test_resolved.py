@@ -89,9 +89,9 @@ def test_a_moved_deadline_ends_the_episode(conn: Conn, track: str) -> None:
 
 
 def test_the_notice_goes_to_the_notifiers_that_were_paged(conn: Conn, track: str) -> None:
-    """From #3 the pager is paged too: a row resolved after #2 tells only the console, a
-    row resolved after #3 tells both, at the severity it ended at."""
-    tier = Tier.model_validate({"from": 3, "severity": "critical", "notify": ["pager", "console"]})
+    """From #3 the pager is paged instead: a row resolved after #2 tells only the console,
+    a row resolved after #3 tells both, at the severity it ended at."""
+    tier = Tier.model_validate({"from": 3, "severity": "critical", "notify": ["pager"]})
     plan = resolving(conn, track, escalate=[tier])
     conn.execute(
         "INSERT INTO orders VALUES (1, 7, 100, 'paid', %(t)s), (2, 7, 200, 'paid', %(t)s)",
@@ -176,3 +176,15 @@ def test_a_timestamp_deadline_in_a_zone(conn: Conn, track: str) -> None:
         "SELECT deadline, due_at FROM slawatch.alert WHERE kind = 'resolved'"
     ).fetchall()
     assert deadline == [(T0, T0 + 15 * M)]
+
+
+@pytest.mark.parametrize("track", ["table"])
+def test_table_an_end_seen_at_the_re_notification_time(conn: Conn, track: str) -> None:
+    """track: table notices an ended episode when its re-notification comes due (before
+    the next sweep, a day away here): resolved there, in the same statement."""
+    plan = resolving(conn, track, sweep=timedelta(days=1))
+    conn.execute("INSERT INTO orders VALUES (1, 7, 100, 'paid', %s)", (T0,))
+    assert claim_all(conn, plan, DUE) == 1
+    conn.execute("UPDATE orders SET status = 'shipped'")
+    assert claim_all(conn, plan, DUE + 6 * H + S) == 0
+    assert resolved(conn) == [("1", 1, "warning", ["console"])]
