@@ -139,12 +139,16 @@ _ENDED_EPISODES = """\
 # The sweep's first half: close every open episode whose row is no longer open with
 # the episode's deadline (completed, deleted, or the deadline moved). The UPDATE
 # re-checks the episode, so one that a concurrent claim or sweep changed is left.
+# The watched row is looked up by its key: `IS NOT DISTINCT FROM` (sw_seen is not
+# null here, so it means `=`) keeps the planner off the deadline index, which it
+# chose without statistics on the state table and which reads every row sharing a
+# deadline value per probe (measured: 3.6 s instead of 3 ms for 10,000 episodes).
 _CLOSE = """\
 WITH ended AS (
     SELECT {s_keys}, s.sw_ep, s.sw_n, s.sw_seen FROM {state} s
      WHERE s.sw_seen IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM {table} t
-                        WHERE {t_is_s} AND t.{d} = s.sw_seen AND ({open_when}
+                        WHERE {t_is_s} AND t.{d} IS NOT DISTINCT FROM s.sw_seen AND ({open_when}
                               ))
 ), closed AS (
     UPDATE {state} s SET sw_seen = NULL, sw_next = NULL, sw_n = 0
