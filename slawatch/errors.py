@@ -35,3 +35,11 @@ class DeliveryError(SlawatchError):
         super().__init__(message)
         self.permanent = permanent
         self.retry_after = retry_after
+
+
+class BadInput(ConfigError):
+    """A request or command-line value is not acceptable (HTTP 400, exit 2)."""
+
+
+class NotFound(SlawatchError):
+    """What a request named does not exist (HTTP 404, exit 1)."""

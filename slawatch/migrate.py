@@ -217,7 +217,9 @@ def schema_current(conn: Connection) -> bool:
     with translate("reading the catalog for slawatch's schema"):
         row = conn.execute(
             "SELECT to_regclass('slawatch.delivery') IS NOT NULL"
-            " AND to_regclass('slawatch.watermark') IS NOT NULL AND EXISTS ("
+            " AND to_regclass('slawatch.watermark') IS NOT NULL"
+            " AND to_regclass('slawatch.scan') IS NOT NULL"
+            " AND to_regclass('slawatch.delivery_dead') IS NOT NULL AND EXISTS ("
             " SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('slawatch.alert')"
             " AND attname = 'episode' AND NOT attisdropped)"
         ).fetchone()
