@@ -14,7 +14,7 @@ table read whole, or a plan that has no other way, fails.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg import sql
@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from slawatch.catalog import TableInfo, inspect_table
 from slawatch.claim import ClaimPlan, prepare
 from slawatch.db import Connection, translate
+from slawatch.durations import format_duration
 from slawatch.errors import ConfigError
 from slawatch.rules import Rule
 from slawatch.statetable import lookback
@@ -112,6 +113,17 @@ def _statements(plan: ClaimPlan, now: datetime) -> list[tuple[str, sql.Composed,
     ]
 
 
+def _shown(value: Any) -> str:
+    """A parameter as an operator would write it."""
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, list):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
 def _pages(conn: Connection, info: TableInfo) -> int:
     """The watched table's size in pages (its partitions' for a partitioned table)."""
     schemas, names = zip(*sorted(_watched(info)), strict=True)
@@ -145,7 +157,7 @@ def explain(conn: Connection, rule: Rule, now: datetime) -> Explained:
             StatementPlan(
                 name=name,
                 sql=statement.as_string(conn),
-                params={k: str(v) for k, v in sorted(params.items())},
+                params={k: _shown(v) for k, v in sorted(params.items())},
                 text=text,
                 plan=tree,
                 indexes=sorted(

@@ -25,8 +25,8 @@ from slawatch.config import shorten
 from slawatch.db import Connection, translate
 from slawatch.deliver import alert_id
 from slawatch.durations import parse_duration
-from slawatch.errors import BadInput, NotFound
-from slawatch.migrate import index_specs, predicates
+from slawatch.errors import BadInput, ConfigError, NotFound
+from slawatch.migrate import index_specs, predicates, schema_current
 from slawatch.queries import queries
 from slawatch.rules import Rule
 from slawatch.statetable import state_table
@@ -87,6 +87,13 @@ class RuleStatus(BaseModel):
     )
     last_scan: LastScan | None
     problem: str | None = Field(description="why the rule cannot be counted or scanned")
+
+
+class RulesReport(BaseModel):
+    """Every configured rule's status at one time."""
+
+    at: datetime
+    rules: list[RuleStatus]
 
 
 class Delivery(BaseModel):
@@ -296,6 +303,15 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
             )
         )
     return out
+
+
+def rules_report(conn: Connection, rules: Iterable[Rule], now: datetime) -> RulesReport:
+    """:func:`rule_status` of every rule; ConfigError before ``slawatch migrate``."""
+    if not schema_current(conn):
+        raise ConfigError(
+            "slawatch's schema is missing or out of date; run 'slawatch migrate' first"
+        )
+    return RulesReport(at=now, rules=rule_status(conn, rules, now))
 
 
 def _alerts(conn: Connection, rows: list[tuple[Any, ...]]) -> list[Alert]:
