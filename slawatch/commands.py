@@ -14,20 +14,19 @@ from slawatch.claim import count_due
 from slawatch.clock import Clock
 from slawatch.config import shorten
 from slawatch.db import (
-    Connection,
     Database,
     connect,
     embedded_dsn,
     redact,
     with_database,
 )
+from slawatch.deliver import replay
 from slawatch.durations import format_duration
 from slawatch.errors import ConfigError, DatabaseError, DeliveryError
 from slawatch.explain import explain
 from slawatch.inspect import list_alerts, parse_since, rules_report
 from slawatch.migrate import check, migrate, pending, plan, render, schema_current
 from slawatch.notifiers import NotifierConfig, load_notifiers
-from slawatch.queries import queries
 from slawatch.rules import Rule, check_notifier_names, load_rules
 from slawatch.settings import Settings
 
@@ -196,20 +195,10 @@ def cmd_replay(settings: Settings, rule: str | None, notifier: str | None) -> in
         raise ConfigError(f"--rule: no rule named {rule!r} in {settings.rules_dir}")
     if notifier is not None and notifier not in {n.name for n in notifiers}:
         raise ConfigError(f"--notifier: no notifier named {notifier!r} in {settings.notifiers_dir}")
-    q = queries()
-    params = {"now": Clock().now(), "rule": rule, "notifier": notifier}
-
-    def replay(conn: Connection) -> int:
-        with conn.transaction():
-            row = conn.execute(q["replay"], params).fetchone()
-            count = int(row[0]) if row else 0
-            if count:
-                conn.execute(q["wake_deliveries"])
-        return count
-
+    now = Clock().now()
     dsn = database_dsn(settings)
     with Database(dsn, size=1, timeout=settings.db_timeout, pooler=settings.pooler) as db:
-        count = db.run("replay", replay)
+        count = db.run("replay", lambda conn: replay(conn, now, rule, notifier))
     print(f"ok: {count} dead deliveries back to pending")
     return 0
 
