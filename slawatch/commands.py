@@ -28,7 +28,7 @@ from slawatch.inspect import list_alerts, parse_since, rules_report
 from slawatch.migrate import check, migrate, pending, plan, render, schema_current
 from slawatch.notifiers import NotifierConfig, load_notifiers
 from slawatch.rules import Rule, check_notifier_names, load_rules
-from slawatch.settings import Settings
+from slawatch.settings import Settings, parse_bind
 
 # The embedded server's database for `run`/`migrate` without a DSN (the demo's shop lives there).
 EMBEDDED_DATABASE = "slawatch"
@@ -159,23 +159,39 @@ def cmd_run(settings: Settings, once: bool) -> int:
 
     ``--once`` fails (exit 1) when a database error happened or a delivery went dead.
     """
+    from slawatch.admin import serve_admin
     from slawatch.scheduler import Runner
 
     rules, notifiers = load_config(settings)
+    dsn = database_dsn(settings)
     runner = Runner(
-        database_dsn(settings),
+        dsn,
         rules,
         notifiers,
         timeout=settings.db_timeout,
         pooler=settings.pooler,
         retention=settings.retention,
     )
+    admin = None
     try:
         if not once:
+            bind = parse_bind(settings.http or "")
+            if bind is not None:
+                admin = serve_admin(
+                    dsn,
+                    bind,
+                    rules,
+                    [n.name for n in notifiers],
+                    token=settings.api_token.get_secret_value() if settings.api_token else None,
+                    timeout=settings.db_timeout,
+                    pooler=settings.pooler,
+                )
             runner.serve()
             return 0
         result = runner.once()
     finally:
+        if admin is not None:
+            admin.stop()
         runner.close()
     if result.errors:
         more = f" (and {len(result.errors) - 1} more errors)" if len(result.errors) > 1 else ""
