@@ -353,10 +353,14 @@ def serve_in_thread(
     """
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ConfigError(f"SLAWATCH_HTTP: cannot resolve {host}: {exc.strerror or exc}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
     except OSError as exc:
+        sock.close()
         raise ConfigError(
             f"SLAWATCH_HTTP: cannot listen on {host}:{port}: {exc.strerror or exc}"
         ) from None
