@@ -1,5 +1,6 @@
 """The admin API (slawatch/admin.py) over a real database, served by uvicorn in a thread
-on a free port, called with httpx."""
+on a free port, called with httpx; and a property-based run against its own
+/openapi.json (schemathesis) that finds no 5xx."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
 from prometheus_client import CollectorRegistry, Counter
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
 
 from slawatch.admin import AdminServer, create_app, serve_admin, serve_in_thread
 from slawatch.db import Database
@@ -305,3 +310,32 @@ def test_openapi_document(rules: list[Rule], start: Start) -> None:
     assert alerts["responses"]["422"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/Error"
     }
+
+
+# ---------------------------------------------------------------- schemathesis
+# Its pytest plugin (``from_fixture``) does not run on pytest 9.2, so the cases come
+# from its Hypothesis strategy over every operation, called the same way.
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_no_request_gets_a_server_error(
+    rules: list[Rule], start: Start, mode: GenerationMode
+) -> None:
+    client = start(rules, token=None, allow_writes=True)
+    schema = schemathesis.openapi.from_url(f"{client.base_url}/openapi.json")
+    statuses: dict[int, int] = {}
+
+    @given(case=schema.as_strategy(mode))
+    @settings(
+        max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    def call(case: schemathesis.Case) -> None:
+        response = case.call_and_validate(checks=[not_a_server_error])
+        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+
+    call()
+    # Valid requests reached the handlers; invalid ones were refused with a 4xx.
+    if mode is GenerationMode.POSITIVE:
+        assert statuses.get(200, 0) > 50, statuses
+    else:
+        assert sum(n for s, n in statuses.items() if 400 <= s < 500) > 200, statuses
