@@ -41,6 +41,7 @@ from slawatch.inspect import (
     MAX_LIMIT,
     Alert,
     AlertPage,
+    DeliveryStatus,
     RulesReport,
     RuleStatus,
     Stats,
@@ -270,7 +271,7 @@ def create_app(
     def get_alerts(
         rule: Annotated[str | None, Query(max_length=100, description="only this rule")] = None,
         status: Annotated[
-            Literal["pending", "sent", "dead"] | None,
+            DeliveryStatus | None,
             Query(description="only alerts with a delivery in this status"),
         ] = None,
         since: Annotated[

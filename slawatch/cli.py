@@ -118,6 +118,39 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("explain", "the claim's plan for a rule; exit 1 if it would read the table whole")
     p.add_argument("rule", metavar="RULE", type=_checked(check_rule_name), help="a rule's name")
     _json_option(p)
+    p = command("ack", "acknowledge an alert: its episode is not notified again")
+    p.add_argument(
+        "alert",
+        metavar="ALERT_ID",
+        help="the alert's id (a number) or its idempotency id, e.g. order_unshipped:42:e1:n3",
+    )
+    p.add_argument("--by", metavar="NAME", help="who acknowledges (default: $USER)")
+    p.add_argument("--comment", metavar="TEXT", default="", help="why, for the record")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p = command(
+        "silence",
+        "stop delivering a rule's alerts until a time (they are still recorded); "
+        "--list shows silences, --expire ID ends one",
+    )
+    p.add_argument("--rule", metavar="R", help="the rule whose alerts to silence")
+    p.add_argument("--key", metavar="K", help="only the alerts of this key (the row's key)")
+    p.add_argument(
+        "--match",
+        metavar="FIELD=VALUE",
+        action="append",
+        default=[],
+        help="only alerts whose row has FIELD equal to VALUE (a JSON number, true, false,"
+        " null or a string); repeat for several",
+    )
+    p.add_argument(
+        "--until", metavar="T", help="an ISO 8601 time (no zone: UTC) or a duration from now: 2h"
+    )
+    p.add_argument("--comment", metavar="C", default="", help="why, for the record")
+    p.add_argument("--author", metavar="A", help="who silences (default: $USER)")
+    p.add_argument("--list", action="store_true", help="list the active silences")
+    p.add_argument("--all", action="store_true", help="with --list: the expired ones too")
+    p.add_argument("--expire", metavar="ID", type=_silence_id, help="end silence ID now")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p = command("demo", "embedded PostgreSQL + a sample shop; alerts printed as they fire")
     p.add_argument(
         "--seconds",
@@ -160,6 +193,12 @@ def _positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
     return value
+
+
+def _silence_id(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a silence id (a number)")
+    return int(text)
 
 
 def settings_from(args: argparse.Namespace) -> Settings:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import getpass
+import json
+import os
 import re
 import sys
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from psycopg import sql
 from pydantic import BaseModel
@@ -29,6 +33,9 @@ from slawatch.migrate import check, migrate, pending, plan, render, schema_curre
 from slawatch.notifiers import NotifierConfig, load_notifiers
 from slawatch.rules import Rule, check_notifier_names, load_rules
 from slawatch.settings import Settings, parse_bind
+
+if TYPE_CHECKING:
+    from slawatch.lifecycle import Silence
 
 # The embedded server's database for `run`/`migrate` without a DSN (the demo's shop lives there).
 EMBEDDED_DATABASE = "slawatch"
@@ -92,6 +99,10 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.command == "explain":
         return cmd_explain(settings, args.rule, args.json)
+    if args.command == "ack":
+        return cmd_ack(settings, args.alert, args.by, args.comment, args.json)
+    if args.command == "silence":
+        return cmd_silence(settings, args)
     if args.command == "demo":
         from slawatch.demo import run_demo
 
@@ -358,3 +369,135 @@ def cmd_explain(settings: Settings, name: str, as_json: bool) -> int:
         print(f"\n{step.text}")
     print(f"\n{result.verdict}")
     return 0 if result.ok else 1
+
+
+def default_author() -> str:
+    """Who runs the command, for the record of an ack or a silence."""
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (OSError, KeyError):  # no user name for this uid (a container)
+        return "cli"
+
+
+def _lifecycle_db(settings: Settings) -> Database:
+    """A one-connection pool to a database whose slawatch schema is current."""
+    db = Database(
+        database_dsn(settings), size=1, timeout=settings.db_timeout, pooler=settings.pooler
+    )
+    try:
+        if not db.run("reading slawatch's schema", schema_current):
+            raise ConfigError(
+                "slawatch's schema is missing or out of date; run 'slawatch migrate' first"
+            )
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def cmd_ack(settings: Settings, alert: str, by: str | None, comment: str, as_json: bool) -> int:
+    """Acknowledge an alert's episode; an episode already over is said, not an error."""
+    from slawatch.lifecycle import ack
+
+    with _lifecycle_db(settings) as db:
+        result = ack(db, alert, by=by or default_author(), comment=comment, now=Clock().now())
+    if as_json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(("ok: " if result.state != "ended" else "") + result.message())
+    return 0
+
+
+def _describe(s: Silence) -> str:
+    what = s.rule + (f" key {s.key}" if s.key is not None else "")
+    if s.matchers:
+        what += " where " + ", ".join(f"{k}={json.dumps(v)}" for k, v in s.matchers.items())
+    return what
+
+
+def cmd_silence(settings: Settings, args: argparse.Namespace) -> int:
+    """Add a silence, list them (--list) or end one (--expire ID)."""
+    from slawatch.lifecycle import add_silence, list_silences, parse_matchers, parse_until
+
+    creating = [
+        f"--{name}"
+        for name in ("rule", "key", "until", "author")
+        if getattr(args, name) is not None
+    ] + (["--match"] if args.match else [])
+    if args.list and args.expire is not None:
+        raise ConfigError("silence: --list and --expire go alone")
+    if (args.list or args.expire is not None) and creating:
+        raise ConfigError(
+            f"silence: {', '.join(creating)}: for adding a silence, not with --list or --expire"
+        )
+    if args.all and not args.list:
+        raise ConfigError("silence: --all goes with --list")
+    now = Clock().now()
+    if args.list:
+        with _lifecycle_db(settings) as db:
+            silences = list_silences(db, now=now, include_expired=args.all)
+        if args.json:
+            print(json.dumps([s.to_dict() for s in silences]))
+        else:
+            _print_silences(silences)
+        return 0
+    if args.expire is not None:
+        from slawatch.lifecycle import delete_silence
+
+        with _lifecycle_db(settings) as db:
+            ended = delete_silence(db, args.expire, now=now)
+        if args.json:
+            print(json.dumps(ended.to_dict()))
+        else:
+            print(f"ok: silence {ended.id} ({_describe(ended)}) ended {ended.to_dict()['ends_at']}")
+        return 0
+    if args.rule is None or args.until is None:
+        raise ConfigError("silence: --rule and --until are needed (or --list, or --expire ID)")
+    rules = {r.name: r for r in load_rules(settings.rules_dir)}
+    until = parse_until(args.until, now)
+    matchers = parse_matchers(args.match)
+    with _lifecycle_db(settings) as db:
+        added = add_silence(
+            db,
+            rule=args.rule,
+            key=args.key,
+            matchers=matchers,
+            until=until,
+            comment=args.comment,
+            author=args.author or default_author(),
+            now=now,
+            rules=rules,
+        )
+    if args.json:
+        print(json.dumps(added.to_dict()))
+    else:
+        print(
+            f"ok: silence {added.id}: deliveries of {_describe(added)} are not sent until "
+            f"{added.to_dict()['ends_at']} (alerts are still recorded)"
+        )
+    return 0
+
+
+def _print_silences(silences: list[Silence]) -> None:
+    if not silences:
+        print("no silences")
+        return
+    head = ("ID", "STATE", "RULE", "KEY", "MATCH", "UNTIL", "AUTHOR", "COMMENT")
+    rows = [
+        [
+            str(s.id),
+            "active" if s.active else "expired",
+            s.rule,
+            "" if s.key is None else s.key,
+            ", ".join(f"{k}={json.dumps(v)}" for k, v in s.matchers.items()),
+            str(s.to_dict()["ends_at"]),
+            s.author,
+            s.comment,
+        ]
+        for s in silences
+    ]
+    # One line per silence whatever a comment or key holds, and no column a screen wide.
+    rows = [[" ".join(c.split())[:60] for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in [list(head), *rows]) for i in range(len(head))]
+    for r in [list(head), *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

@@ -59,11 +59,13 @@ class PassResult:
     sent: int = 0
     retried: int = 0
     dead: int = 0
+    silenced: int = 0  # settled without sending: a silence matched (not in ``total``)
 
     def __iadd__(self, other: PassResult) -> PassResult:
         self.sent += other.sent
         self.retried += other.retried
         self.dead += other.dead
+        self.silenced += other.silenced
         return self
 
     @property
@@ -72,9 +74,12 @@ class PassResult:
 
 
 def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, Any]:
-    """The alert as receivers see it (DESIGN.md §6)."""
+    """The alert as receivers see it (DESIGN.md §6). ``status``: "firing" for a
+    notification, "resolved" for the notice that a notified episode ended (n is 0)."""
+    kind = row.get("kind", "firing")
     return {
-        "id": alert_id(row["rule"], row["key"], row["episode"], row["n"]),
+        "id": alert_id(row["rule"], row["key"], row["episode"], row["n"], kind),
+        "status": kind,
         "rule": row["rule"],
         "key": row["key"],
         "episode": row["episode"],
@@ -88,10 +93,13 @@ def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, An
     }
 
 
-def alert_id(rule: str, key: str, episode: int, n: int) -> str:
+def alert_id(rule: str, key: str, episode: int, n: int, kind: str = "firing") -> str:
     """The idempotency id: one readable string naming rule, key, episode and n, e.g.
-    ``order_unshipped:42:e1:n3``. The rule name has no ``:`` and the last two parts
-    are numbers, so the id reads back unambiguously whatever the key holds."""
+    ``order_unshipped:42:e1:n3``; a resolved notice ends in ``:resolved`` instead of
+    the number. The rule name has no ``:`` and the last two parts are fixed forms, so
+    the id reads back unambiguously whatever the key holds (lifecycle.parse_alert)."""
+    if kind == "resolved":
+        return f"{rule}:{key}:e{episode}:resolved"
     return f"{rule}:{key}:e{episode}:n{n}"
 
 
@@ -150,10 +158,16 @@ def receiver_outage(notifier: Notifier) -> Outage:
 
 @dataclass
 class _Batch:
-    """Deliveries claimed under one lease (``owner``), with their alerts."""
+    """Deliveries claimed under one lease (``owner``), with their alerts; and how many
+    more the claim settled as silenced (they count towards a full batch)."""
 
     owner: uuid.UUID
     rows: list[dict[str, Any]]
+    silenced: int = 0
+
+    @property
+    def claimed(self) -> int:
+        return len(self.rows) + self.silenced
 
 
 def _claim(db: Database, notifier: Notifier, now: datetime, sent: _Batch | None = None) -> _Batch:
@@ -175,7 +189,10 @@ def _claim(db: Database, notifier: Notifier, now: datetime, sent: _Batch | None 
         f"claiming deliveries for {notifier.name}",
         lambda conn: conn.cursor(row_factory=dict_row).execute(query, claim).fetchall(),
     )
-    return _Batch(owner, rows)
+    send = [r for r in rows if not r["silenced"]]
+    if len(send) < len(rows):
+        log.debug("notifier %s: %d deliveries silenced", notifier.name, len(rows) - len(send))
+    return _Batch(owner, send, len(rows) - len(send))
 
 
 def _send(
@@ -207,12 +224,18 @@ def _deliver(
 ) -> tuple[PassResult, _Batch]:
     """Send a claimed batch and settle it. With ``claim_next``, a full batch that was
     accepted is settled by the claim of the next one, which is returned."""
+    silenced = PassResult(silenced=batch.silenced)
+    if not batch.rows:  # all silenced: settled by the claim already
+        if claim_next and batch.claimed >= notifier.batch:
+            return silenced, _claim(db, notifier, clock.now())
+        return silenced, _Batch(batch.owner, [])
     error = _send(notifier, batch.rows, descriptions)
     if error is not None:
         failed = _settle_failure(db, notifier, clock.now(), batch.owner, batch.rows, error)
+        failed += silenced
         return failed, _Batch(batch.owner, [])
-    done = PassResult(sent=len(batch.rows))
-    if claim_next and len(batch.rows) >= notifier.batch:
+    done = PassResult(sent=len(batch.rows), silenced=batch.silenced)
+    if claim_next and batch.claimed >= notifier.batch:
         return done, _claim(db, notifier, clock.now(), sent=batch)
     # A short batch: nothing more was due, so no claim to ride on.
     sent = {"ids": [r["id"] for r in batch.rows], "owner": batch.owner, "now": clock.now()}
@@ -233,8 +256,6 @@ def deliver_batch(
     at their last attempt go dead, the others retry after their own backoff.
     """
     batch = _claim(db, notifier, clock.now())
-    if not batch.rows:
-        return PassResult()
     return _deliver(db, notifier, clock, batch, descriptions or {}, claim_next=False)[0]
 
 
@@ -303,7 +324,7 @@ def deliver_notifier(
     if stop is not None and stop.is_set():
         return total
     batch = _claim(db, notifier, clock.now())
-    while batch.rows:
+    while batch.claimed:
         more = stop is None or not stop.is_set()
         result, batch = _deliver(db, notifier, clock, batch, descriptions or {}, more)
         total += result

@@ -38,8 +38,10 @@ class DeliveryError(SlawatchError):
 
 
 class BadInput(ConfigError):
-    """A request or command-line value is not acceptable (HTTP 400, exit 2)."""
+    """A command's or a request's input is malformed or out of bounds (exit 2; HTTP 400)."""
 
 
 class NotFound(SlawatchError):
-    """What a request named does not exist (HTTP 404, exit 1)."""
+    """What a command or request names does not exist (exit 1; HTTP 404)."""
+
+    exit_code = 1

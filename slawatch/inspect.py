@@ -26,6 +26,7 @@ from slawatch.db import Connection, translate
 from slawatch.deliver import alert_id
 from slawatch.durations import parse_duration
 from slawatch.errors import BadInput, ConfigError, NotFound
+from slawatch.lifecycle import parse_alert
 from slawatch.migrate import index_specs, predicates, schema_current
 from slawatch.queries import queries
 from slawatch.rules import Rule
@@ -37,15 +38,11 @@ COUNT_LIMIT = 100_000
 # No read of the operator's surface may hold a connection longer than this.
 READ_TIMEOUT = "10s"
 MAX_LIMIT, DEFAULT_LIMIT = 1000, 50
-STATUSES = ("pending", "sent", "dead")
-DeliveryStatus = Literal["pending", "sent", "dead"]
+STATUSES = ("pending", "sent", "dead", "silenced")
+DeliveryStatus = Literal["pending", "sent", "dead", "silenced"]
 
 _RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
-# rule:key:eE:nN; the key may hold ':' (the rule cannot, and the tail is two numbers).
-_IDEMPOTENCY_ID = re.compile(
-    r"(?P<rule>[a-z][a-z0-9_]{0,39}):(?P<key>.*):e(?P<ep>\d{1,10}):n(?P<n>\d{1,10})", re.S
-)
-_INT4, _INT8 = 2**31 - 1, 2**63 - 1
+_INT8 = 2**63 - 1
 
 
 # ---------------------------------------------------------------- shapes
@@ -112,11 +109,15 @@ class Alert(BaseModel):
     """One notification of one watched row, with its deliveries."""
 
     id: int = Field(description="numeric id; the alerts list's cursor")
-    idempotency_id: str = Field(description="rule:key:eEPISODE:nN, as notifiers receive it")
+    idempotency_id: str = Field(
+        description="rule:key:eEPISODE:nN (rule:key:eEPISODE:resolved for a resolved notice), "
+        "as notifiers receive it"
+    )
     rule: str
     key: str
     episode: int
-    n: int
+    n: int = Field(description="notification number in the episode; 0 for a resolved notice")
+    kind: Literal["firing", "resolved"]
     severity: str
     deadline: datetime | None
     due_at: datetime | None
@@ -197,25 +198,6 @@ def parse_since(text: str, now: datetime) -> datetime:
             "before now (1h, 2d)"
         ) from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
-def parse_alert_ref(text: str) -> int | tuple[str, str, int, int]:
-    """An alert's numeric id, or its idempotency id's parts (rule, key, episode, n)."""
-    if "\x00" in text:
-        raise BadInput("alert: an alert id holds no NUL character")
-    if text.isascii() and text.isdigit():
-        if len(text) > 19 or int(text) > _INT8:
-            raise NotFound(f"no alert {shorten(text)}")
-        return int(text)
-    m = _IDEMPOTENCY_ID.fullmatch(text)
-    if m is None:
-        raise BadInput(
-            f"alert: {shorten(text)} is neither a number nor an idempotency id (rule:key:e1:n1)"
-        )
-    episode, n = int(m["ep"]), int(m["n"])
-    if episode > _INT4 or n > _INT4:
-        raise NotFound(f"no alert {shorten(text)}")
-    return m["rule"], m["key"], episode, n
 
 
 # ---------------------------------------------------------------- reads
@@ -336,11 +318,12 @@ def _alerts(conn: Connection, rows: list[tuple[Any, ...]]) -> list[Alert]:
     return [
         Alert(
             id=i,
-            idempotency_id=alert_id(rule, key, ep, n),
+            idempotency_id=alert_id(rule, key, ep, n, kind),
             rule=rule,
             key=key,
             episode=ep,
             n=n,
+            kind=kind,
             severity=severity,
             deadline=deadline,
             due_at=due_at,
@@ -348,7 +331,7 @@ def _alerts(conn: Connection, rows: list[tuple[Any, ...]]) -> list[Alert]:
             row=row,
             deliveries=deliveries[i],
         )
-        for i, rule, key, ep, n, severity, deadline, due_at, fired_at, row in rows
+        for i, rule, key, ep, n, kind, severity, deadline, due_at, fired_at, row in rows
     ]
 
 
@@ -379,8 +362,9 @@ def list_alerts(
 
 
 def get_alert(conn: Connection, ref: str) -> Alert:
-    """One alert by its numeric id or its idempotency id; NotFound when there is none."""
-    parsed = parse_alert_ref(ref)
+    """One alert by its numeric id or its idempotency id (``lifecycle.parse_alert``, as
+    ``slawatch ack`` reads it); NotFound when there is none, BadInput when malformed."""
+    parsed = parse_alert(ref)
     q = queries()
     if isinstance(parsed, int):
         rows = _read(conn, "reading an alert", q["alert_by_id"], {"id": parsed})

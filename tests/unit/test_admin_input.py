@@ -9,8 +9,8 @@ import pytest
 
 from slawatch.admin import refusal
 from slawatch.cli import main
-from slawatch.errors import BadInput, NotFound
-from slawatch.inspect import parse_alert_ref, parse_cursor, parse_since
+from slawatch.errors import BadInput
+from slawatch.inspect import parse_cursor, parse_since
 from slawatch.settings import Settings, is_loopback, parse_bind
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -120,17 +120,7 @@ def test_since() -> None:
             parse_since(bad, NOW)
 
 
-def test_alert_refs_and_cursors() -> None:
-    assert parse_alert_ref("42") == 42
-    assert parse_alert_ref("late:a:b:e2:n3") == ("late", "a:b", 2, 3)
-    assert parse_alert_ref("late::e1:n1") == ("late", "", 1, 1)
-    with pytest.raises(NotFound):
-        parse_alert_ref("9" * 30)  # a number no alert has
-    with pytest.raises(NotFound):
-        parse_alert_ref("late:k:e1:n2147483648")
-    for bad in ("", "-1", "4 2", "Late:k:e1:n1", "late:k:e1", "late:k:e:n1", "٣"):
-        with pytest.raises(BadInput):
-            parse_alert_ref(bad)
+def test_cursors() -> None:
     assert parse_cursor("17") == 17
     for bad in ("", "0", "-1", "1.5", "٣", "9" * 20, "9223372036854775808"):
         with pytest.raises(BadInput, match="cursor: "):
