@@ -1,4 +1,5 @@
-"""The admin HTTP API of ``slawatch run``: health, metrics, rules, alerts, stats, replay.
+"""The admin HTTP API of ``slawatch run``: health, metrics, rules, alerts, stats, replay,
+acknowledgements and silences.
 
 FastAPI gives the routes their OpenAPI document (``/openapi.json``) from the
 pydantic models of :mod:`slawatch.inspect`, the same shapes the CLI's ``--json``
@@ -54,6 +55,18 @@ from slawatch.inspect import (
     rules_report,
     stats,
 )
+from slawatch.lifecycle import (
+    MAX_NAME,
+    MAX_TEXT,
+    MAX_WHO,
+    Ack,
+    Silence,
+    ack,
+    add_silence,
+    delete_silence,
+    list_silences,
+    parse_until,
+)
 from slawatch.migrate import schema_current
 from slawatch.rules import Rule
 from slawatch.settings import is_loopback
@@ -99,6 +112,34 @@ class ReplayRequest(BaseModel):
 
 class Replayed(BaseModel):
     replayed: int = Field(description="dead deliveries now pending again")
+
+
+class AckRequest(BaseModel):
+    """Who acknowledges, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+    by: str = Field(min_length=1, max_length=MAX_WHO)
+    comment: str = Field(default="", max_length=MAX_TEXT)
+
+
+class SilenceRequest(BaseModel):
+    """Silence a rule's deliveries (one key's, those whose row matches) until a time."""
+
+    model_config = ConfigDict(extra="forbid")
+    rule: str = Field(max_length=100)
+    key: str | None = Field(default=None, max_length=MAX_TEXT)
+    matchers: dict[str, Any] | None = Field(
+        default=None, description="alert row fields that must be equal: {field: value}"
+    )
+    until: str = Field(
+        max_length=100, description="an ISO 8601 time (no zone: UTC) or a duration from now: 2h"
+    )
+    comment: str = Field(default="", max_length=MAX_TEXT)
+    author: str = Field(min_length=1, max_length=MAX_WHO)
+
+
+class Silences(BaseModel):
+    silences: list[Silence]
 
 
 def refusal(
@@ -317,6 +358,39 @@ def create_app(
         now = clock.now()
         count = read("replay", lambda c: replay(c, now, body.rule, body.notifier))
         return Replayed(replayed=count)
+
+    @app.post("/v1/alerts/{alert:path}/ack", response_model=Ack, tags=["lifecycle"])
+    def post_ack(alert: Annotated[str, Path(max_length=MAX_NAME)], body: AckRequest) -> Ack:
+        """Acknowledge the alert's episode: it is not notified again (a new episode pages)."""
+        return ack(db, alert, by=body.by, comment=body.comment, now=clock.now())
+
+    @app.post("/v1/silences", response_model=Silence, status_code=201, tags=["lifecycle"])
+    def post_silence(body: SilenceRequest) -> Silence:
+        """Stop delivering matching alerts until ``until``; they are still recorded."""
+        now = clock.now()
+        return add_silence(
+            db,
+            rule=body.rule,
+            key=body.key,
+            matchers=body.matchers,
+            until=parse_until(body.until, now),
+            comment=body.comment,
+            author=body.author,
+            now=now,
+            rules=by_name,
+        )
+
+    @app.get("/v1/silences", response_model=Silences, tags=["lifecycle"])
+    def get_silences(
+        expired: Annotated[bool, Query(alias="all", description="the expired ones too")] = False,
+    ) -> Silences:
+        """The active silences (every one with ``all``), oldest first."""
+        return Silences(silences=list_silences(db, now=clock.now(), include_expired=expired))
+
+    @app.delete("/v1/silences/{silence}", response_model=Silence, tags=["lifecycle"])
+    def delete_one_silence(silence: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> Silence:
+        """End a silence now (one already over keeps its end)."""
+        return delete_silence(db, silence, now=clock.now())
 
     return app
 
