@@ -140,6 +140,10 @@ def test_alerts_filters_and_pages(rules: list[Rule], start: Start) -> None:
         return [a["key"] for a in response.json()["alerts"]]
 
     assert keys_for(rule="job_hung", status="pending") == ["k10", "k4"]
+    # Only a pending delivery has a next attempt.
+    shown = {a["key"]: a["deliveries"][0] for a in everything["alerts"]}
+    assert shown["k10"]["next_attempt_at"] == "2026-03-01T22:00:00Z"
+    assert shown["k9"]["next_attempt_at"] is None and shown["k11"]["next_attempt_at"] is None
     assert keys_for(status="dead") == ["k11", "k8", "k5", "k2"]
     assert keys_for(since=(NOW + timedelta(hours=10)).isoformat()) == ["k11", "k10"]
     assert keys_for(since="2026-03-01T21:00:00Z", rule="order_unshipped") == ["k11", "k9"]

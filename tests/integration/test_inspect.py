@@ -80,9 +80,11 @@ def test_rule_status_counts_through_the_indexes(conn: Conn, track: str) -> None:
     )
     (after,) = rule_status(conn, [order], NOW)
     assert (after.overdue, after.notified, after.pending, after.dead) == (0, 3, 2, 1)
-    # Past the 6 h re-notify interval: all three are due again.
+    # Past the 6 h re-notify interval: all three are due again. A younger pending
+    # delivery leaves the age of the oldest as it was.
+    add_alert(conn, "order_unshipped", "9", NOW + 6 * HOUR, {"console": "pending"})
     (later,) = rule_status(conn, [order], NOW + 7 * HOUR)
-    assert (later.overdue, later.notified) == (3, 3)
+    assert (later.overdue, later.notified, later.pending) == (3, 3, 3)
     assert later.oldest_pending_seconds == pytest.approx(7 * 3600)
     conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
     (shipped,) = rule_status(conn, [order], NOW + 7 * HOUR)
