@@ -381,6 +381,7 @@ def test_silences(rules: list[Rule], conn: Conn, start: Start) -> None:
         "/v1/silences",
         json={"rule": "job_hung", "key": "7", "until": "2026-03-02T00:00:00Z", "author": "bo"},
     ).json()
+    assert (keyed["rule"], keyed["key"], keyed["matchers"]) == ("job_hung", "7", {})
     assert [s["id"] for s in api.get("/v1/silences").json()["silences"]] == [
         silence["id"],
         keyed["id"],
