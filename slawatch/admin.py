@@ -170,26 +170,45 @@ def _error(status: int, message: str, headers: Mapping[str, str] | None = None) 
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
+def _checks(report: Mapping[str, Any], prefix: str = "") -> dict[str, bool]:
+    """``{"scheduler": True, "workers": {"console": False}}`` as flat named checks
+    (``workers.console``)."""
+    out: dict[str, bool] = {}
+    for name, value in report.items():
+        if isinstance(value, Mapping):
+            out |= _checks(value, f"{prefix}{name}.")
+        else:
+            out[f"{prefix}{name}"] = bool(value)
+    return out
+
+
 def create_app(
     db: Database,
-    rules: list[Rule],
-    notifiers: list[str],
+    rules: list[Rule] | Callable[[], list[Rule]],
+    notifiers: list[str] | Callable[[], list[str]],
     *,
     token: str | None,
     allow_writes: bool,
-    health: Callable[[], Mapping[str, bool]] | None = None,
+    health: Callable[[], Mapping[str, Any]] | None = None,
     registry: CollectorRegistry | None = None,
     clock: Clock | None = None,
 ) -> FastAPI:
-    """The admin API over ``db`` for the configured ``rules`` and ``notifiers`` (names).
+    """The admin API over ``db`` for the configured ``rules`` and ``notifiers`` (names);
+    either may be a callable, read per request, so that a reload shows at once.
 
     ``health()``: the process's own parts (scheduler, each delivery worker) as
-    ``{name: alive}``, added to ``/readyz``; ``registry``: what ``/metrics`` exports
-    (default: prometheus_client's global registry).
+    ``{name: alive}`` (nested mappings allowed: ``{"workers": {"console": True}}``),
+    added to ``/readyz``; ``registry``: what ``/metrics`` exports (default:
+    prometheus_client's global registry).
     """
     clock = clock or Clock()
-    by_name = {r.name: r for r in rules}
-    known_notifiers = set(notifiers)
+
+    def configured() -> dict[str, Rule]:
+        return {r.name: r for r in (rules() if callable(rules) else rules)}
+
+    def notifier_names() -> set[str]:
+        return set(notifiers() if callable(notifiers) else notifiers)
+
     errors: dict[int | str, dict[str, Any]] = {
         code: {"model": Error} for code in (400, 401, 403, 404, 422, 503)
     }
@@ -274,8 +293,8 @@ def create_app(
             checks["database"] = False
             error = str(exc).splitlines()[0]
         if health is not None:
-            for name, alive in health().items():
-                checks[name] = bool(alive)
+            for name, alive in _checks(health()).items():
+                checks[name] = alive
                 if not alive and error is None:
                     error = f"{name} is not running"
         ready = all(checks.values())
@@ -295,13 +314,13 @@ def create_app(
     @app.get("/v1/rules", response_model=RulesReport, tags=["rules"])
     def get_rules() -> RulesReport:
         """Every configured rule: overdue now, open episodes, deliveries, last scan."""
-        now = clock.now()
-        return read("rules", lambda c: rules_report(c, rules, now))
+        now, current = clock.now(), list(configured().values())
+        return read("rules", lambda c: rules_report(c, current, now))
 
     @app.get("/v1/rules/{rule}", response_model=RuleStatus, tags=["rules"])
     def get_rule(rule: Annotated[str, Path(max_length=100)]) -> RuleStatus:
         """One configured rule's status."""
-        found = by_name.get(rule)
+        found = configured().get(rule)
         if found is None:
             raise NotFound(f"no rule named {check_rule_name(rule)!r}")
         now = clock.now()
@@ -351,9 +370,9 @@ def create_app(
     def post_replay(body: Annotated[ReplayRequest | None, Body()] = None) -> Replayed:
         """Dead deliveries back to pending; the delivery workers send them at once."""
         body = body or ReplayRequest()
-        if body.rule is not None and body.rule not in by_name:
+        if body.rule is not None and body.rule not in configured():
             raise BadInput(f"rule: no rule named {check_rule_name(body.rule)!r}")
-        if body.notifier is not None and body.notifier not in known_notifiers:
+        if body.notifier is not None and body.notifier not in notifier_names():
             raise BadInput("notifier: no notifier of that name")
         now = clock.now()
         count = read("replay", lambda c: replay(c, now, body.rule, body.notifier))
@@ -377,7 +396,7 @@ def create_app(
             comment=body.comment,
             author=body.author,
             now=now,
-            rules=by_name,
+            rules=configured(),
         )
 
     @app.get("/v1/silences", response_model=Silences, tags=["lifecycle"])
@@ -466,13 +485,13 @@ def serve_in_thread(
 def serve_admin(
     dsn: str,
     bind: tuple[str, int],
-    rules: list[Rule],
-    notifiers: list[str],
+    rules: list[Rule] | Callable[[], list[Rule]],
+    notifiers: list[str] | Callable[[], list[str]],
     *,
     token: str | None,
     timeout: float,
     pooler: Pooler,
-    health: Callable[[], Mapping[str, bool]] | None = None,
+    health: Callable[[], Mapping[str, Any]] | None = None,
     registry: CollectorRegistry | None = None,
 ) -> AdminServer:
     """``slawatch run``'s admin API on ``bind``, with a pool of its own; logs its address."""

@@ -74,20 +74,21 @@ def error(response: httpx.Response, status: int) -> str:
 def test_health_ready_and_metrics(rules: list[Rule], start: Start) -> None:
     registry = CollectorRegistry()
     Counter("slawatch_test_things", "things", registry=registry).inc(3)
-    parts = {"scheduler": True, "deliver:console": True}
+    workers = {"console": True}
+    parts = {"scheduler": True, "workers": workers}
     api = start(rules, health=lambda: parts, registry=registry)
     assert api.get("/healthz").json()["status"] == "ok"
     ready = api.get("/readyz")
     assert ready.status_code == 200, ready.text
     assert ready.json() == {
         "ready": True,
-        "checks": {"schema": True, "database": True, "scheduler": True, "deliver:console": True},
+        "checks": {"schema": True, "database": True, "scheduler": True, "workers.console": True},
         "error": None,
     }
-    parts["deliver:console"] = False
+    workers["console"] = False
     down = api.get("/readyz")
     assert down.status_code == 503
-    assert down.json()["error"] == "deliver:console is not running"
+    assert down.json()["error"] == "workers.console is not running"
     metrics = api.get("/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
     assert "slawatch_test_things_total 3.0" in metrics.text
@@ -105,12 +106,16 @@ def test_not_ready_before_migrate(conn: Conn, start: Start) -> None:
 
 
 def test_rules(rules: list[Rule], start: Start) -> None:
-    api = start(rules)
+    current = list(rules)
+    api = start(lambda: current)  # read per request: a reload shows at once
     report = api.get("/v1/rules").json()
     assert [r["name"] for r in report["rules"]] == [r.name for r in rules]
     one = api.get("/v1/rules/job_hung").json()
     assert (one["name"], one["pending"], one["dead"]) == ("job_hung", 2, 2)
     assert error(api.get("/v1/rules/nope"), 404) == "no rule named 'nope'"
+    current[:] = [r for r in rules if r.name != "job_hung"]
+    assert error(api.get("/v1/rules/job_hung"), 404) == "no rule named 'job_hung'"
+    assert len(api.get("/v1/rules").json()["rules"]) == len(rules) - 1
     assert "is not a rule name" in error(api.get("/v1/rules/Bad Name"), 400)
     assert error(api.get("/v1/rules/" + "x" * 101), 422).startswith("rule: String should have")
 
