@@ -398,11 +398,14 @@ def count_due(
             same = sql.SQL(" AND ").join(
                 sql.SQL("s.{c} = t.{c}").format(c=sql.Identifier(c)) for c in keys
             )
+            # A due re-notification counts only while its row is still open with the
+            # episode's deadline (the claim re-checks the same; the others close).
             statement = sql.SQL(
                 "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {d} < %(cutoff)s AND {ow}"
                 " AND NOT EXISTS (SELECT 1 FROM {s} s WHERE {same} AND s.sw_seen = t.{d})"
-                " LIMIT %(limit)s) f) + (SELECT count(*) FROM (SELECT 1 FROM {s}"
-                " WHERE sw_next < %(now)s::timestamptz LIMIT %(limit)s) a)"
+                " LIMIT %(limit)s) f) + (SELECT count(*) FROM (SELECT 1 FROM {s} s"
+                " WHERE s.sw_next < %(now)s::timestamptz AND EXISTS (SELECT 1 FROM {t} t"
+                " WHERE {same} AND t.{d} = s.sw_seen AND {ow}) LIMIT %(limit)s) a)"
             ).format(t=t, d=d, ow=open_when, s=state_table(rule), same=same)
     elif all(c in info.columns for c in rule.tracking_columns):
         first, again = (_text(p) for p in predicates(rule)[:2])

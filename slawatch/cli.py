@@ -8,13 +8,26 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 from pydantic import ValidationError
 
 from slawatch import __version__
-from slawatch.errors import ConfigError, SlawatchError
+from slawatch.config import shorten
+from slawatch.errors import BadInput, ConfigError, SlawatchError
+from slawatch.inspect import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    STATUSES,
+    check_limit,
+    check_rule_name,
+    parse_cursor,
+)
 from slawatch.settings import Settings
+
+T = TypeVar("T")
 
 
 def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
@@ -40,8 +53,15 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``slawatch: error: ...`` and exit 2, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"slawatch: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="slawatch",
         description="Alerts for things that did not happen in time, found in PostgreSQL.",
     )
@@ -69,6 +89,35 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("replay", "put dead deliveries back to pending")
     p.add_argument("--rule", help="only alerts of this rule")
     p.add_argument("--notifier", help="only deliveries to this notifier")
+    p = command("status", "per rule: overdue now, notified, deliveries pending/dead, last scan")
+    _json_option(p)
+    p = command("alerts", "the latest alerts and their deliveries, newest first")
+    p.add_argument("--rule", type=_checked(check_rule_name), help="only alerts of this rule")
+    p.add_argument(
+        "--status",
+        choices=STATUSES,
+        help="only alerts with a delivery in this status",
+    )
+    p.add_argument(
+        "--since", metavar="TIME", help="fired at or after TIME (2026-03-01T12:00Z, or 1h, 2d ago)"
+    )
+    p.add_argument(
+        "--limit",
+        type=_checked(lambda t: check_limit(_int(t))),
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"at most N alerts, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})",
+    )
+    p.add_argument(
+        "--cursor",
+        type=_checked(parse_cursor),
+        metavar="C",
+        help="the page after the one that printed this cursor",
+    )
+    _json_option(p)
+    p = command("explain", "the claim's plan for a rule; exit 1 if it would read the table whole")
+    p.add_argument("rule", metavar="RULE", type=_checked(check_rule_name), help="a rule's name")
+    _json_option(p)
     p = command("ack", "acknowledge an alert: its episode is not notified again")
     p.add_argument(
         "alert",
@@ -111,6 +160,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop after N seconds (default: until Ctrl-C)",
     )
     return parser
+
+
+def _json_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+
+
+def _int(text: str) -> int:
+    if not text.strip().lstrip("-").isdigit() or len(text) > 20:
+        raise BadInput(f"{shorten(text)} is not a whole number")
+    return int(text)
+
+
+def _checked(check: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from a check that raises BadInput: its message, one line."""
+
+    def parse(text: str) -> T:
+        try:
+            return check(text)
+        except BadInput as exc:
+            # argparse names the argument itself: drop the check's own "field: ".
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+    return parse
 
 
 def _positive_float(text: str) -> float:

@@ -107,6 +107,19 @@ def _iso(value: Any) -> str | None:
     return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
+def replay(conn: Connection, now: datetime, rule: str | None, notifier: str | None) -> int:
+    """Dead deliveries (of ``rule``'s alerts, to ``notifier``; None: any) back to pending,
+    in one transaction that wakes the delivery workers; returns how many."""
+    q = queries()
+    params = {"now": now, "rule": rule, "notifier": notifier}
+    with conn.transaction():
+        row = conn.execute(q["replay"], params).fetchone()
+        count = int(row[0]) if row else 0
+        if count:
+            conn.execute(q["wake_deliveries"])
+    return count
+
+
 def lease_for(notifier: Notifier) -> timedelta:
     """Long enough for one send to time out, with room to record the outcome."""
     return timedelta(seconds=2 * notifier.timeout + 2)

@@ -222,6 +222,8 @@ def schema_current(conn: Connection) -> bool:
             " AND to_regclass('slawatch.watermark') IS NOT NULL"
             " AND to_regclass('slawatch.ack') IS NOT NULL"
             " AND to_regclass('slawatch.silence') IS NOT NULL"
+            " AND to_regclass('slawatch.scan') IS NOT NULL"
+            " AND to_regclass('slawatch.delivery_dead') IS NOT NULL"
             " AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('slawatch.alert')"
             " AND attname IN ('episode', 'kind') AND NOT attisdropped) = 2"
             " AND EXISTS (SELECT 1 FROM pg_constraint"

@@ -22,6 +22,7 @@ from types import FrameType
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from slawatch import scans
 from slawatch.claim import ClaimPlan, DrainResult, drain, prepare_all
 from slawatch.clock import Clock
 from slawatch.db import Database, DatabaseUnavailable, Pooler, PreparedStatementLost
@@ -106,7 +107,7 @@ class Runner:
         if since < self._scan_retry_at[rule]:
             return None
         try:
-            result = self._drain(rule)
+            result = scans.recorded(self.db, rule, self.clock, self._drain)
         except DatabaseUnavailable:
             result = None  # the database's outage line says it
         except SlawatchError as exc:

@@ -142,11 +142,13 @@ WITH RECURSIVE rules AS (
 SELECT (SELECT count(*) FROM gone_alerts), (SELECT count(*) FROM gone_deliveries);
 
 -- alert_by_id --
-SELECT id, rule, key, episode, n, kind FROM slawatch.alert WHERE id = %(id)s;
+SELECT id, rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data
+  FROM slawatch.alert WHERE id = %(id)s;
 
 -- alert_by_name --
 -- The idempotency id's parts, through alert_once.
-SELECT id, rule, key, episode, n, kind FROM slawatch.alert
+SELECT id, rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data
+  FROM slawatch.alert
  WHERE rule = %(rule)s AND key = %(key)s AND episode = %(episode)s AND n = %(n)s;
 
 -- latest_alert --
@@ -192,3 +194,62 @@ SELECT id, rule, key, matchers, starts_at, ends_at, created_at, author, comment
 UPDATE slawatch.silence SET ends_at = LEAST(ends_at, %(now)s)
  WHERE id = %(id)s
 RETURNING id, rule, key, matchers, starts_at, ends_at, created_at, author, comment;
+
+-- record_scan --
+-- The last scan of a rule (slawatch/scans.py): one small row per rule, overwritten.
+INSERT INTO slawatch.scan AS s (rule, last_at, duration_ms, claimed, error)
+VALUES (%(rule)s, %(at)s, %(duration_ms)s, %(claimed)s, %(error)s)
+ON CONFLICT (rule) DO UPDATE
+   SET last_at = excluded.last_at, duration_ms = excluded.duration_ms,
+       claimed = excluded.claimed, error = excluded.error;
+
+-- last_scans --
+SELECT rule, last_at, duration_ms, claimed, error FROM slawatch.scan;
+
+-- delivery_backlog --
+-- Per rule: pending deliveries (through delivery_due) with the fired_at of the oldest
+-- one's alert, and dead deliveries (through delivery_dead); sent history is not read.
+WITH pending AS (
+    SELECT a.rule, count(*) AS pending, min(a.fired_at) AS oldest
+      FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
+     WHERE d.status = 'pending'
+     GROUP BY a.rule
+), dead AS (
+    SELECT a.rule, count(*) AS dead
+      FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
+     WHERE d.status = 'dead'
+     GROUP BY a.rule
+)
+SELECT rule, COALESCE(p.pending, 0), COALESCE(x.dead, 0), p.oldest
+  FROM pending p FULL JOIN dead x USING (rule);
+
+-- list_alerts --
+-- Newest first, a page at a time: `before` is the last id of the previous page (keyset
+-- pagination: a page costs the same however deep it is). A filter left NULL is off;
+-- the plan is made for the values given (no prepared statements), so a NULL filter
+-- costs nothing. `status`: alerts with at least one delivery in that status.
+SELECT a.id, a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.due_at,
+       a.fired_at, a.row_data
+  FROM slawatch.alert a
+ WHERE (%(rule)s::text IS NULL OR a.rule = %(rule)s::text)
+   AND (%(since)s::timestamptz IS NULL OR a.fired_at >= %(since)s::timestamptz)
+   AND (%(before)s::bigint IS NULL OR a.id < %(before)s::bigint)
+   AND (%(status)s::text IS NULL OR EXISTS (
+            SELECT 1 FROM slawatch.delivery d
+             WHERE d.alert_id = a.id AND d.status = %(status)s::text))
+ ORDER BY a.id DESC
+ LIMIT %(limit)s;
+
+-- deliveries_of --
+SELECT alert_id, id, notifier, status, attempts, next_attempt_at, last_error, sent_at
+  FROM slawatch.delivery
+ WHERE alert_id = ANY(%(ids)s::bigint[])
+ ORDER BY alert_id, notifier;
+
+-- stats_alerts --
+-- The whole kept history (SLAWATCH_RETENTION bounds it).
+SELECT rule, severity, count(*) FROM slawatch.alert GROUP BY rule, severity ORDER BY rule, severity;
+
+-- stats_deliveries --
+SELECT notifier, status, count(*) FROM slawatch.delivery
+ GROUP BY notifier, status ORDER BY notifier, status;

@@ -111,3 +111,18 @@ CREATE TABLE IF NOT EXISTS slawatch.silence (
 );
 -- The delivery claim probes this per due delivery: the rule's silences by end time.
 CREATE INDEX IF NOT EXISTS silence_rule_ends ON slawatch.silence (rule, ends_at);
+
+-- Dead deliveries are few and wait for a person: `slawatch status`, the alerts list
+-- and /v1/stats find them here instead of reading the whole delivery history.
+CREATE INDEX IF NOT EXISTS delivery_dead ON slawatch.delivery (alert_id)
+    WHERE status = 'dead';
+
+-- The last scan of each rule, written after every scan of `slawatch run`
+-- (slawatch/scans.py): what `slawatch status` and /v1/rules show as "last scan".
+CREATE TABLE IF NOT EXISTS slawatch.scan (
+    rule        text PRIMARY KEY,
+    last_at     timestamptz NOT NULL,
+    duration_ms bigint      NOT NULL,
+    claimed     bigint      NOT NULL,
+    error       text
+);
