@@ -42,10 +42,10 @@ from psycopg import sql
 
 from slawatch.catalog import TableInfo, inspect_table, key_columns, table_ident
 from slawatch.clock import Clock
-from slawatch.db import Connection, Database, retry_conflicts, translate
+from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.errors import ConfigError, DatabaseError
 from slawatch.migrate import pending, predicates, schema_current
-from slawatch.outbox import SEVERITIES, Tally, outbox, severities
+from slawatch.outbox import SEVERITIES, Tally, outbox, resolved, severities
 from slawatch.rules import Rule
 from slawatch.statetable import TablePlan, TableScan, compose, drain_table, state_table
 
@@ -53,19 +53,30 @@ log = logging.getLogger(__name__)
 
 _CLAIM = """\
 WITH first AS (
-    SELECT tableoid, ctid FROM {table}
+    SELECT tableoid, ctid{first_cols} FROM {table}
      WHERE {deadline} < %(cutoff)s AND {first}
      ORDER BY {deadline}
      LIMIT %(batch)s::integer
        FOR NO KEY UPDATE SKIP LOCKED
 ), again AS (
-    SELECT tableoid, ctid FROM {table}
+    SELECT tableoid, ctid, {key} AS sw_key, {ep} AS sw_episode FROM {table}
      WHERE {next} < %(now)s::timestamptz AND {again}
      ORDER BY {next}
      LIMIT %(batch)s::integer - (SELECT count(*) FROM first)
        FOR NO KEY UPDATE SKIP LOCKED
+), acked AS (
+    -- Episodes acknowledged since their last notification (slawatch.ack): their
+    -- re-notification is cleared instead of sent, so they leave the re-notify index.
+    SELECT g.tableoid, g.ctid FROM again g
+     WHERE EXISTS (SELECT 1 FROM slawatch.ack k
+                    WHERE k.rule = %(rule)s AND k.key = g.sw_key AND k.episode = g.sw_episode)
+), quieted AS (
+    UPDATE {table} SET {next} = NULL
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM acked)){acked_match}
+       AND {next} < %(now)s::timestamptz AND {again}
+    RETURNING 1
 ), ended AS (
-    SELECT tableoid, ctid FROM {table}
+    SELECT tableoid, ctid{ended_cols} FROM {table}
      WHERE {ended}
        AND (tableoid, ctid) NOT IN (SELECT tableoid, ctid FROM first)
      LIMIT %(batch)s::integer
@@ -74,11 +85,12 @@ WITH first AS (
     UPDATE {table} SET {seen} = NULL, {next} = NULL, {n} = 0
      WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)){ended_match}
        AND {ended}
-    RETURNING 1
+    RETURNING {key} AS sw_key
 ), targets AS (
     SELECT tableoid AS toid, ctid AS tid FROM first
     UNION ALL
     SELECT tableoid, ctid FROM again
+     WHERE (tableoid, ctid) NOT IN (SELECT tableoid, ctid FROM acked)
 ), claimed AS (
     UPDATE {table}
        SET {ep} = CASE WHEN {new_episode} THEN {ep} + 1 ELSE {ep} END,
@@ -91,11 +103,27 @@ WITH first AS (
     RETURNING {key} AS key, {ep} AS episode, {n} AS n,
               CASE WHEN isfinite({deadline}) THEN {deadline_tz} END AS deadline,
               {row} AS row_data
-{outbox}
+{outbox}{resolved}
 SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
        (SELECT count(*) FROM closed), {severities},
        -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
-       (SELECT pg_notify('slawatch_delivery', '') WHERE EXISTS (SELECT 1 FROM deliveries))"""
+       (SELECT pg_notify('slawatch_delivery', '') WHERE {wake})"""
+
+# rule `resolve: true`: the notified episodes this claim ends, for their resolved
+# notices (outbox.resolved). `ended` and `first` carry the values from before the
+# claim's updates: closed rows (completed, or the deadline moved to a time not yet
+# due), and rows whose deadline moved to a time already due, which start their next
+# episode at once (`first`) and so never pass through `closed`.
+_ENDED_EPISODES = """\
+    SELECT e.sw_key AS key, e.sw_episode AS episode, e.sw_n AS n,
+           CASE WHEN isfinite(e.sw_seen) THEN {e_seen_tz} END AS deadline, e.sw_row AS row_data
+      FROM ended e JOIN closed c ON c.sw_key = e.sw_key
+     WHERE e.sw_n > 0
+    UNION ALL
+    SELECT f.sw_key, f.sw_episode, f.sw_n, CASE WHEN isfinite(f.sw_seen) THEN {f_seen_tz} END,
+           c.row_data
+      FROM first f JOIN claimed c ON c.key = f.sw_key
+     WHERE f.sw_seen IS NOT NULL AND f.sw_n > 0"""
 
 
 @dataclass(frozen=True)
@@ -141,6 +169,10 @@ class ClaimPlan:
             params["doublings"] = renotify.backoff.doublings
         for i, tier in enumerate(rule.escalate):
             params[f"sev{i}"], params[f"notify{i}"] = rule.tier_for(tier.from_)
+        if rule.resolve:
+            params["paged"] = rule.paged_notifiers(1)
+            for i, tier in enumerate(rule.escalate):
+                params[f"paged{i}"] = rule.paged_notifiers(tier.from_)
         return params
 
 
@@ -188,7 +220,6 @@ def plan_claim(
         ).format(n=n)
 
     interval = wait_after(new_n)
-    deadline_tz = deadline if has_tz else sql.SQL("({} AT TIME ZONE %(tz)s)").format(deadline)
     row = sql.SQL("jsonb_build_object({})").format(
         sql.SQL(", ").join(
             sql.SQL("{}, {}").format(sql.Literal(c), sql.Identifier(c))
@@ -203,27 +234,34 @@ def plan_claim(
         key_text = sql.SQL("ROW({})::text").format(
             sql.SQL(", ").join(sql.Identifier(c) for c in key)
         )
-    severity: sql.Composable = sql.SQL("%(severity)s::text")
-    notify: sql.Composable = sql.SQL("%(notify)s::text[]")
-    if rule.escalate:
+
+    def by_tier(n: sql.Composable, base: str, placeholder: str, cast: str) -> sql.Composable:
+        """The value of notification number ``n`` (an SQL expression): the parameter
+        ``base``, or ``placeholder{i}`` of the last escalation tier reached."""
+        if not rule.escalate:
+            return sql.SQL("{}::{}").format(sql.Placeholder(base), sql.SQL(cast))
         # Highest tier first: the last tier reached wins.
         whens = [(i, t.from_) for i, t in enumerate(rule.escalate)][::-1]
-        severity = sql.SQL("CASE {} ELSE %(severity)s::text END").format(
+        return sql.SQL("CASE {} ELSE {}::{} END").format(
             sql.SQL(" ").join(
-                sql.SQL("WHEN c.n >= {} THEN {}::text").format(
-                    sql.Literal(f), sql.Placeholder(f"sev{i}")
+                sql.SQL("WHEN {} >= {} THEN {}::{}").format(
+                    n, sql.Literal(f), sql.Placeholder(f"{placeholder}{i}"), sql.SQL(cast)
                 )
                 for i, f in whens
-            )
+            ),
+            sql.Placeholder(base),
+            sql.SQL(cast),
         )
-        notify = sql.SQL("CASE {} ELSE %(notify)s::text[] END").format(
-            sql.SQL(" ").join(
-                sql.SQL("WHEN a.n >= {} THEN {}::text[]").format(
-                    sql.Literal(f), sql.Placeholder(f"notify{i}")
-                )
-                for i, f in whens
-            )
-        )
+
+    severity = by_tier(sql.SQL("c.n"), "severity", "sev", "text")
+    notify = by_tier(sql.SQL("a.n"), "notify", "notify", "text[]")
+    # Resolved notices: the severity the episode ended at, to every notifier it paged.
+    resolved_severity = by_tier(sql.SQL("e.n"), "severity", "sev", "text")
+    paged = by_tier(sql.SQL("e.n"), "paged", "paged", "text[]")
+
+    def as_tz(value: sql.Composable) -> sql.Composable:
+        """A deadline value as timestamptz (a `timestamp` is wall time in the rule's zone)."""
+        return value if has_tz else sql.SQL("({} AT TIME ZONE %(tz)s)").format(value)
 
     def match(toid: str, tid: str, source: str) -> sql.Composable:
         if not partitioned:
@@ -232,14 +270,40 @@ def plan_claim(
             sql.Identifier(toid), sql.Identifier(tid), sql.Identifier(source)
         )
 
+    if rule.resolve:
+        # Prefixed names: an ORDER BY of the deadline column must not read one of them.
+        before = sql.SQL(", {} AS sw_key, {} AS sw_episode, {} AS sw_n, {} AS sw_seen").format(
+            key_text, ep, n, seen
+        )
+        first_cols: sql.Composable = before
+        ended_cols: sql.Composable = sql.SQL("{}, {} AS sw_row").format(before, row)
+        resolved_ctes: sql.Composable = resolved(
+            sql.SQL(_ENDED_EPISODES).format(
+                e_seen_tz=as_tz(sql.Identifier("e", "sw_seen")),
+                f_seen_tz=as_tz(sql.Identifier("f", "sw_seen")),
+            ),
+            resolved_severity,
+            paged,
+        )
+        wake = sql.SQL(
+            "EXISTS (SELECT 1 FROM deliveries) OR EXISTS (SELECT 1 FROM resolved_deliveries)"
+        )
+    else:
+        first_cols = ended_cols = resolved_ctes = sql.SQL("")
+        wake = sql.SQL("EXISTS (SELECT 1 FROM deliveries)")
     statement = sql.SQL(_CLAIM).format(
+        first_cols=first_cols,
+        ended_cols=ended_cols,
+        resolved=resolved_ctes,
+        wake=wake,
+        acked_match=match("tableoid", "ctid", "acked"),
         table=table_ident(rule),
         n=n,
         next=nxt,
         seen=seen,
         ep=ep,
         deadline=deadline,
-        deadline_tz=deadline_tz,
+        deadline_tz=as_tz(deadline),
         first=first,
         again=again,
         ended=ended,
@@ -254,16 +318,17 @@ def plan_claim(
         ended_match=match("tableoid", "ctid", "ended"),
     )
     if rule.track == "table":
-        seen = sql.Identifier("c", "seen")
         table = compose(
             rule,
             key,
             open_when=_text(f"({rule.open_when})"),
             table=table_ident(rule),
-            seen_tz=seen if has_tz else sql.SQL("({} AT TIME ZONE %(tz)s)").format(seen),
+            as_tz=as_tz,
             interval=wait_after,
             severity=severity,
             notify=notify,
+            resolved_severity=resolved_severity,
+            paged=paged,
         )
         return ClaimPlan(rule, statement, has_tz, table)
     return ClaimPlan(rule, statement, has_tz)
@@ -347,11 +412,14 @@ def count_due(
             same = sql.SQL(" AND ").join(
                 sql.SQL("s.{c} = t.{c}").format(c=sql.Identifier(c)) for c in keys
             )
+            # A due re-notification counts only while its row is still open with the
+            # episode's deadline (the claim re-checks the same; the others close).
             statement = sql.SQL(
                 "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {d} < %(cutoff)s AND {ow}"
                 " AND NOT EXISTS (SELECT 1 FROM {s} s WHERE {same} AND s.sw_seen = t.{d})"
-                " LIMIT %(limit)s) f) + (SELECT count(*) FROM (SELECT 1 FROM {s}"
-                " WHERE sw_next < %(now)s::timestamptz LIMIT %(limit)s) a)"
+                " LIMIT %(limit)s) f) + (SELECT count(*) FROM (SELECT 1 FROM {s} s"
+                " WHERE s.sw_next < %(now)s::timestamptz AND EXISTS (SELECT 1 FROM {t} t"
+                " WHERE {same} AND t.{d} = s.sw_seen AND {ow}) LIMIT %(limit)s) a)"
             ).format(t=t, d=d, ow=open_when, s=state_table(rule), same=same)
     elif all(c in info.columns for c in rule.tracking_columns):
         first, again = (_text(p) for p in predicates(rule)[:2])
@@ -383,7 +451,15 @@ def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], in
         return lambda: claim_batch(conn, plan, now)
     scan = TableScan(plan.table, plan.params, plan.to_deadline)
     scan.begin(conn, now)
-    return lambda: scan.batch(conn, now).alerts
+    table = plan.table
+
+    def step() -> int:
+        got = scan.batch(conn, now)
+        if not got.full(table.rule.batch):
+            scan.finish(conn, now)  # as drain_table does: the next drain starts from here
+        return got.alerts
+
+    return step
 
 
 def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:
@@ -397,7 +473,8 @@ def claim_counted(conn: Connection, plan: ClaimPlan, now: datetime) -> Tally:
     """:func:`claim_batch`, with the episodes it closed and its alerts per severity."""
     if plan.table is not None:
         raise ValueError(f"rule {plan.rule.name} is track: table: use batches() or drain()")
-    with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
+    # One statement, one round trip: it commits on its own (the NOTIFY inside with it).
+    with translate(f"claim for rule {plan.rule.name}"), one_statement(conn):
         row = conn.execute(plan.statement, plan.params(now)).fetchone()
     if row is None:
         return Tally()

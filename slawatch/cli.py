@@ -7,14 +7,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 from pydantic import ValidationError
 
 from slawatch import __version__
-from slawatch.errors import ConfigError, SlawatchError
+from slawatch.config import shorten
+from slawatch.errors import BadInput, ConfigError, SlawatchError
+from slawatch.inspect import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    STATUSES,
+    check_limit,
+    check_rule_name,
+    parse_cursor,
+)
 from slawatch.logs import setup as setup_logging
 from slawatch.settings import Settings
+
+T = TypeVar("T")
 
 
 def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
@@ -40,8 +53,15 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``slawatch: error: ...`` and exit 2, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"slawatch: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="slawatch",
         description="Alerts for things that did not happen in time, found in PostgreSQL.",
     )
@@ -75,6 +95,68 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("replay", "put dead deliveries back to pending")
     p.add_argument("--rule", help="only alerts of this rule")
     p.add_argument("--notifier", help="only deliveries to this notifier")
+    p = command("status", "per rule: overdue now, notified, deliveries pending/dead, last scan")
+    _json_option(p)
+    p = command("alerts", "the latest alerts and their deliveries, newest first")
+    p.add_argument("--rule", type=_checked(check_rule_name), help="only alerts of this rule")
+    p.add_argument(
+        "--status",
+        choices=STATUSES,
+        help="only alerts with a delivery in this status",
+    )
+    p.add_argument(
+        "--since", metavar="TIME", help="fired at or after TIME (2026-03-01T12:00Z, or 1h, 2d ago)"
+    )
+    p.add_argument(
+        "--limit",
+        type=_checked(lambda t: check_limit(_int(t))),
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"at most N alerts, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})",
+    )
+    p.add_argument(
+        "--cursor",
+        type=_checked(parse_cursor),
+        metavar="C",
+        help="the page after the one that printed this cursor",
+    )
+    _json_option(p)
+    p = command("explain", "the claim's plan for a rule; exit 1 if it would read the table whole")
+    p.add_argument("rule", metavar="RULE", type=_checked(check_rule_name), help="a rule's name")
+    _json_option(p)
+    p = command("ack", "acknowledge an alert: its episode is not notified again")
+    p.add_argument(
+        "alert",
+        metavar="ALERT_ID",
+        help="the alert's id (a number) or its idempotency id, e.g. order_unshipped:42:e1:n3",
+    )
+    p.add_argument("--by", metavar="NAME", help="who acknowledges (default: $USER)")
+    p.add_argument("--comment", metavar="TEXT", default="", help="why, for the record")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p = command(
+        "silence",
+        "stop delivering a rule's alerts until a time (they are still recorded); "
+        "--list shows silences, --expire ID ends one",
+    )
+    p.add_argument("--rule", metavar="R", help="the rule whose alerts to silence")
+    p.add_argument("--key", metavar="K", help="only the alerts of this key (the row's key)")
+    p.add_argument(
+        "--match",
+        metavar="FIELD=VALUE",
+        action="append",
+        default=[],
+        help="only alerts whose row has FIELD equal to VALUE (a JSON number, true, false,"
+        " null or a string); repeat for several",
+    )
+    p.add_argument(
+        "--until", metavar="T", help="an ISO 8601 time (no zone: UTC) or a duration from now: 2h"
+    )
+    p.add_argument("--comment", metavar="C", default="", help="why, for the record")
+    p.add_argument("--author", metavar="A", help="who silences (default: $USER)")
+    p.add_argument("--list", action="store_true", help="list the active silences")
+    p.add_argument("--all", action="store_true", help="with --list: the expired ones too")
+    p.add_argument("--expire", metavar="ID", type=_silence_id, help="end silence ID now")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p = command("demo", "embedded PostgreSQL + a sample shop; alerts printed as they fire")
     p.add_argument(
         "--seconds",
@@ -86,6 +168,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _json_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+
+
+def _int(text: str) -> int:
+    if not text.strip().lstrip("-").isdigit() or len(text) > 20:
+        raise BadInput(f"{shorten(text)} is not a whole number")
+    return int(text)
+
+
+def _checked(check: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from a check that raises BadInput: its message, one line."""
+
+    def parse(text: str) -> T:
+        try:
+            return check(text)
+        except BadInput as exc:
+            # argparse names the argument itself: drop the check's own "field: ".
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+    return parse
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -94,6 +199,12 @@ def _positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
     return value
+
+
+def _silence_id(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a silence id (a number)")
+    return int(text)
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -115,7 +226,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "json", False) and not args.once:
+    if args.command == "run" and args.json and not args.once:
         parser.error("--json goes with --once")
     try:
         settings = settings_from(args)

@@ -4,27 +4,39 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import json
+import os
+import re
 import sys
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from psycopg import sql
+from pydantic import BaseModel
 
 from slawatch.claim import count_due
 from slawatch.clock import Clock
+from slawatch.config import shorten
 from slawatch.db import (
-    Connection,
     Database,
     connect,
     embedded_dsn,
     redact,
     with_database,
 )
+from slawatch.deliver import replay
+from slawatch.durations import format_duration
 from slawatch.errors import ConfigError, DatabaseError, DeliveryError
+from slawatch.explain import explain
+from slawatch.inspect import list_alerts, parse_since, rules_report
 from slawatch.migrate import check, migrate, pending, plan, render, schema_current
 from slawatch.notifiers import NotifierConfig, load_notifiers
-from slawatch.queries import queries
 from slawatch.rules import Rule, check_notifier_names, load_rules
-from slawatch.settings import Settings
+from slawatch.settings import Settings, parse_bind
+
+if TYPE_CHECKING:
+    from slawatch.lifecycle import Silence
 
 # The embedded server's database for `run`/`migrate` without a DSN (the demo's shop lives there).
 EMBEDDED_DATABASE = "slawatch"
@@ -74,6 +86,24 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return cmd_run(settings, args.once, args.json)
     if args.command == "replay":
         return cmd_replay(settings, args.rule, args.notifier)
+    if args.command == "status":
+        return cmd_status(settings, args.json)
+    if args.command == "alerts":
+        return cmd_alerts(
+            settings,
+            rule=args.rule,
+            status=args.status,
+            since=args.since,
+            limit=args.limit,
+            cursor=args.cursor,
+            as_json=args.json,
+        )
+    if args.command == "explain":
+        return cmd_explain(settings, args.rule, args.json)
+    if args.command == "ack":
+        return cmd_ack(settings, args.alert, args.by, args.comment, args.json)
+    if args.command == "silence":
+        return cmd_silence(settings, args)
     if args.command == "demo":
         from slawatch.demo import run_demo
 
@@ -142,11 +172,13 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
 
     ``--once`` fails (exit 1) when a database error happened or a delivery went dead.
     """
+    from slawatch.admin import serve_admin
     from slawatch.scheduler import Runner
 
     rules, notifiers = load_config(settings)
+    dsn = database_dsn(settings)
     runner = Runner(
-        database_dsn(settings),
+        dsn,
         rules,
         notifiers,
         timeout=settings.db_timeout,
@@ -154,10 +186,24 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
         retention=settings.retention,
         load=lambda: load_config(settings),
     )
+    admin = None
     try:
         if not once:
-            # SLAWATCH_HTTP (the admin API) is read where it is set, if at all.
-            runner.serve(http=getattr(settings, "http", None) or None)
+            bind = parse_bind(settings.http or "")
+            if bind is not None:
+                admin = serve_admin(
+                    dsn,
+                    bind,
+                    # Read per request: a reload (SIGHUP) shows at once.
+                    lambda: list(runner.rules.values()),
+                    lambda: list(runner.notifiers),
+                    token=settings.api_token.get_secret_value() if settings.api_token else None,
+                    timeout=settings.db_timeout,
+                    pooler=settings.pooler,
+                    health=runner.health,
+                    registry=runner.registry,
+                )
+            runner.serve(http=admin.url if admin is not None else None)
             return 0
         if as_json:
             # stdout carries the one JSON document: the console notifier writes to stderr.
@@ -166,6 +212,8 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
         else:
             result = runner.once()
     finally:
+        if admin is not None:
+            admin.stop()
         runner.close()
     if as_json:
         print(json.dumps(result.as_json()))
@@ -189,19 +237,282 @@ def cmd_replay(settings: Settings, rule: str | None, notifier: str | None) -> in
         raise ConfigError(f"--rule: no rule named {rule!r} in {settings.rules_dir}")
     if notifier is not None and notifier not in {n.name for n in notifiers}:
         raise ConfigError(f"--notifier: no notifier named {notifier!r} in {settings.notifiers_dir}")
-    q = queries()
-    params = {"now": Clock().now(), "rule": rule, "notifier": notifier}
-
-    def replay(conn: Connection) -> int:
-        with conn.transaction():
-            row = conn.execute(q["replay"], params).fetchone()
-            count = int(row[0]) if row else 0
-            if count:
-                conn.execute(q["wake_deliveries"])
-        return count
-
+    now = Clock().now()
     dsn = database_dsn(settings)
     with Database(dsn, size=1, timeout=settings.db_timeout, pooler=settings.pooler) as db:
-        count = db.run("replay", replay)
+        count = db.run("replay", lambda conn: replay(conn, now, rule, notifier))
     print(f"ok: {count} dead deliveries back to pending")
     return 0
+
+
+# ---------------------------------------------------------------- what an operator reads
+
+
+def _print_json(model: BaseModel) -> None:
+    print(model.model_dump_json(indent=2))
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> str:
+    """Columns padded to their widest cell; the columns in ``right`` right-aligned."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for r in [header, *rows]:
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _age(seconds: float) -> str:
+    """``1h5m``: a duration's two largest units, for a table cell."""
+    text = format_duration(timedelta(seconds=int(seconds)))
+    return "".join(re.findall(r"\d+[wdhms]", text)[:2])
+
+
+def _when(t: datetime | None) -> str:
+    return "-" if t is None else t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _count(value: int | None, capped: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,}+" if capped else f"{value:,}"
+
+
+def cmd_status(settings: Settings, as_json: bool) -> int:
+    """Per rule: overdue now, notified, deliveries pending/dead, the last scan."""
+    rules, _ = load_config(settings)
+    now = Clock().now()
+    with connect(database_dsn(settings)) as conn:
+        report = rules_report(conn, rules, now)
+    if as_json:
+        _print_json(report)
+        return 0
+    rows, notes = [], []
+    for r in report.rules:
+        scan = r.last_scan
+        rows.append(
+            [
+                r.name,
+                r.track,
+                _count(r.overdue, r.overdue_capped),
+                _count(r.notified),
+                _count(r.pending),
+                _count(r.dead),
+                "-" if r.oldest_pending_seconds is None else _age(r.oldest_pending_seconds),
+                "never" if scan is None else f"{_age((now - scan.at).total_seconds())} ago",
+                "-" if scan is None else f"{scan.duration_ms:,}ms",
+                "-" if scan is None else ("failed" if scan.error else f"{scan.claimed:,}"),
+            ]
+        )
+        if r.problem:
+            notes.append(f"{r.name}: {r.problem}")
+        if scan is not None and scan.error:
+            notes.append(f"{r.name}: last scan failed: {scan.error}")
+    header = ["RULE", "TRACK", "OVERDUE", "NOTIFIED", "PENDING", "DEAD", "OLDEST PENDING"]
+    header += ["LAST SCAN", "TOOK", "ALERTS"]
+    print(_table(header, rows, right={2, 3, 4, 5, 6, 7, 8, 9}))
+    for note in notes:
+        print(note)
+    return 0
+
+
+def cmd_alerts(
+    settings: Settings,
+    *,
+    rule: str | None,
+    status: str | None,
+    since: str | None,
+    limit: int,
+    cursor: int | None,
+    as_json: bool,
+) -> int:
+    """The latest alerts, newest first, with their deliveries."""
+    since_at = None if since is None else parse_since(since, Clock().now())
+    dsn = database_dsn(settings)
+    with connect(dsn) as conn:
+        page = list_alerts(
+            conn, rule=rule, status=status, since=since_at, cursor=cursor, limit=limit
+        )
+    if as_json:
+        _print_json(page)
+        return 0
+    if not page.alerts:
+        print("no alerts")
+        return 0
+    rows = [
+        [
+            str(a.id),
+            _when(a.fired_at),
+            a.rule,
+            shorten(a.key, 30) if len(a.key) > 28 else a.key,
+            str(a.episode),
+            str(a.n),
+            a.severity,
+            " ".join(
+                f"{d.notifier}:{d.status}" + (f"({d.attempts})" if d.status != "sent" else "")
+                for d in a.deliveries
+            ),
+        ]
+        for a in page.alerts
+    ]
+    header = ["ID", "FIRED", "RULE", "KEY", "EP", "N", "SEVERITY", "DELIVERIES"]
+    print(_table(header, rows, right={0, 4, 5}))
+    if page.next_cursor is not None:
+        print(f"more: add --cursor {page.next_cursor} for the next page")
+    return 0
+
+
+def cmd_explain(settings: Settings, name: str, as_json: bool) -> int:
+    """The claim's plan for rule ``name``; exit 1 when a scan would read its table whole."""
+    rules, _ = load_config(settings)
+    rule = next((r for r in rules if r.name == name), None)
+    if rule is None:
+        raise ConfigError(f"no rule named {name!r} in {settings.rules_dir}")
+    with connect(database_dsn(settings)) as conn:
+        result = explain(conn, rule, Clock().now())
+    if as_json:
+        _print_json(result)
+        return 0 if result.ok else 1
+    print(f"rule {result.rule} on {result.table} (track: {result.track}), at {_when(result.at)}")
+    for step in result.statements:
+        print(f"\n-- {step.name} --")
+        print(step.sql)
+        print("-- with " + ", ".join(f"{k} = {v}" for k, v in step.params.items()))
+        print(f"\n{step.text}")
+    print(f"\n{result.verdict}")
+    return 0 if result.ok else 1
+
+
+def default_author() -> str:
+    """Who runs the command, for the record of an ack or a silence."""
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (OSError, KeyError):  # no user name for this uid (a container)
+        return "cli"
+
+
+def _lifecycle_db(settings: Settings) -> Database:
+    """A one-connection pool to a database whose slawatch schema is current."""
+    db = Database(
+        database_dsn(settings), size=1, timeout=settings.db_timeout, pooler=settings.pooler
+    )
+    try:
+        if not db.run("reading slawatch's schema", schema_current):
+            raise ConfigError(
+                "slawatch's schema is missing or out of date; run 'slawatch migrate' first"
+            )
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def cmd_ack(settings: Settings, alert: str, by: str | None, comment: str, as_json: bool) -> int:
+    """Acknowledge an alert's episode; an episode already over is said, not an error."""
+    from slawatch.lifecycle import ack
+
+    with _lifecycle_db(settings) as db:
+        result = ack(db, alert, by=by or default_author(), comment=comment, now=Clock().now())
+    if as_json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(("ok: " if result.state != "ended" else "") + result.message())
+    return 0
+
+
+def _describe(s: Silence) -> str:
+    what = s.rule + (f" key {s.key}" if s.key is not None else "")
+    if s.matchers:
+        what += " where " + ", ".join(f"{k}={json.dumps(v)}" for k, v in s.matchers.items())
+    return what
+
+
+def cmd_silence(settings: Settings, args: argparse.Namespace) -> int:
+    """Add a silence, list them (--list) or end one (--expire ID)."""
+    from slawatch.lifecycle import add_silence, list_silences, parse_matchers, parse_until
+
+    creating = [
+        f"--{name}"
+        for name in ("rule", "key", "until", "author")
+        if getattr(args, name) is not None
+    ] + (["--match"] if args.match else [])
+    if args.list and args.expire is not None:
+        raise ConfigError("silence: --list and --expire go alone")
+    if (args.list or args.expire is not None) and creating:
+        raise ConfigError(
+            f"silence: {', '.join(creating)}: for adding a silence, not with --list or --expire"
+        )
+    if args.all and not args.list:
+        raise ConfigError("silence: --all goes with --list")
+    now = Clock().now()
+    if args.list:
+        with _lifecycle_db(settings) as db:
+            silences = list_silences(db, now=now, include_expired=args.all)
+        if args.json:
+            print(json.dumps([s.to_dict() for s in silences]))
+        else:
+            _print_silences(silences)
+        return 0
+    if args.expire is not None:
+        from slawatch.lifecycle import delete_silence
+
+        with _lifecycle_db(settings) as db:
+            ended = delete_silence(db, args.expire, now=now)
+        if args.json:
+            print(json.dumps(ended.to_dict()))
+        else:
+            print(f"ok: silence {ended.id} ({_describe(ended)}) ended {ended.to_dict()['ends_at']}")
+        return 0
+    if args.rule is None or args.until is None:
+        raise ConfigError("silence: --rule and --until are needed (or --list, or --expire ID)")
+    rules = {r.name: r for r in load_rules(settings.rules_dir)}
+    until = parse_until(args.until, now)
+    matchers = parse_matchers(args.match)
+    with _lifecycle_db(settings) as db:
+        added = add_silence(
+            db,
+            rule=args.rule,
+            key=args.key,
+            matchers=matchers,
+            until=until,
+            comment=args.comment,
+            author=args.author or default_author(),
+            now=now,
+            rules=rules,
+        )
+    if args.json:
+        print(json.dumps(added.to_dict()))
+    else:
+        print(
+            f"ok: silence {added.id}: deliveries of {_describe(added)} are not sent until "
+            f"{added.to_dict()['ends_at']} (alerts are still recorded)"
+        )
+    return 0
+
+
+def _print_silences(silences: list[Silence]) -> None:
+    if not silences:
+        print("no silences")
+        return
+    head = ("ID", "STATE", "RULE", "KEY", "MATCH", "UNTIL", "AUTHOR", "COMMENT")
+    rows = [
+        [
+            str(s.id),
+            "active" if s.active else "expired",
+            s.rule,
+            "" if s.key is None else s.key,
+            ", ".join(f"{k}={json.dumps(v)}" for k, v in s.matchers.items()),
+            str(s.to_dict()["ends_at"]),
+            s.author,
+            s.comment,
+        ]
+        for s in silences
+    ]
+    # One line per silence whatever a comment or key holds, and no column a screen wide.
+    rows = [[" ".join(c.split())[:60] for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in [list(head), *rows]) for i in range(len(head))]
+    for r in [list(head), *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

@@ -196,6 +196,13 @@ def translate(what: str) -> Iterator[None]:
         raise _translated(what, exc) from exc
 
 
+def one_statement(conn: Connection) -> contextlib.AbstractContextManager[Any]:
+    """The unit of work for one statement: on an autocommit connection (the pool's)
+    the statement is its own transaction, so no BEGIN and COMMIT round trips; a
+    connection already in manual mode gets a transaction (a savepoint inside one)."""
+    return contextlib.nullcontext() if conn.autocommit else conn.transaction()
+
+
 # A row moved to another partition, or a deadlock with the application: the batch
 # did nothing and may simply run again.
 _RETRY_STATES = {"40001", "40P01"}

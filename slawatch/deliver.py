@@ -64,11 +64,13 @@ class PassResult:
     sent: int = 0
     retried: int = 0
     dead: int = 0
+    silenced: int = 0  # settled without sending: a silence matched (not in ``total``)
 
     def __iadd__(self, other: PassResult) -> PassResult:
         self.sent += other.sent
         self.retried += other.retried
         self.dead += other.dead
+        self.silenced += other.silenced
         return self
 
     @property
@@ -77,9 +79,12 @@ class PassResult:
 
 
 def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, Any]:
-    """The alert as receivers see it (DESIGN.md §6)."""
+    """The alert as receivers see it (DESIGN.md §6). ``status``: "firing" for a
+    notification, "resolved" for the notice that a notified episode ended (n is 0)."""
+    kind = row.get("kind", "firing")
     return {
-        "id": alert_id(row["rule"], row["key"], row["episode"], row["n"]),
+        "id": alert_id(row["rule"], row["key"], row["episode"], row["n"], kind),
+        "status": kind,
         "rule": row["rule"],
         "key": row["key"],
         "episode": row["episode"],
@@ -93,15 +98,31 @@ def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, An
     }
 
 
-def alert_id(rule: str, key: str, episode: int, n: int) -> str:
+def alert_id(rule: str, key: str, episode: int, n: int, kind: str = "firing") -> str:
     """The idempotency id: one readable string naming rule, key, episode and n, e.g.
-    ``order_unshipped:42:e1:n3``. The rule name has no ``:`` and the last two parts
-    are numbers, so the id reads back unambiguously whatever the key holds."""
+    ``order_unshipped:42:e1:n3``; a resolved notice ends in ``:resolved`` instead of
+    the number. The rule name has no ``:`` and the last two parts are fixed forms, so
+    the id reads back unambiguously whatever the key holds (lifecycle.parse_alert)."""
+    if kind == "resolved":
+        return f"{rule}:{key}:e{episode}:resolved"
     return f"{rule}:{key}:e{episode}:n{n}"
 
 
 def _iso(value: Any) -> str | None:
     return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def replay(conn: Connection, now: datetime, rule: str | None, notifier: str | None) -> int:
+    """Dead deliveries (of ``rule``'s alerts, to ``notifier``; None: any) back to pending,
+    in one transaction that wakes the delivery workers; returns how many."""
+    q = queries()
+    params = {"now": now, "rule": rule, "notifier": notifier}
+    with conn.transaction():
+        row = conn.execute(q["replay"], params).fetchone()
+        count = int(row[0]) if row else 0
+        if count:
+            conn.execute(q["wake_deliveries"])
+    return count
 
 
 def lease_for(notifier: Notifier) -> timedelta:
@@ -142,10 +163,16 @@ def receiver_outage(notifier: Notifier) -> Outage:
 
 @dataclass
 class _Batch:
-    """Deliveries claimed under one lease (``owner``), with their alerts."""
+    """Deliveries claimed under one lease (``owner``), with their alerts; and how many
+    more the claim settled as silenced (they count towards a full batch)."""
 
     owner: uuid.UUID
     rows: list[dict[str, Any]]
+    silenced: int = 0
+
+    @property
+    def claimed(self) -> int:
+        return len(self.rows) + self.silenced
 
 
 def _claim(db: Database, notifier: Notifier, now: datetime, sent: _Batch | None = None) -> _Batch:
@@ -167,7 +194,10 @@ def _claim(db: Database, notifier: Notifier, now: datetime, sent: _Batch | None 
         f"claiming deliveries for {notifier.name}",
         lambda conn: conn.cursor(row_factory=dict_row).execute(query, claim).fetchall(),
     )
-    return _Batch(owner, rows)
+    send = [r for r in rows if not r["silenced"]]
+    if len(send) < len(rows):
+        log.debug("notifier %s: %d deliveries silenced", notifier.name, len(rows) - len(send))
+    return _Batch(owner, send, len(rows) - len(send))
 
 
 def _send(
@@ -204,15 +234,22 @@ def _deliver(
     Counted (metrics, the batch's log line) once settled: a batch whose outcome was
     not recorded is sent again, and counted then."""
     started = time.monotonic()
+    silenced = PassResult(silenced=batch.silenced)
+    if not batch.rows:  # all silenced: settled by the claim already
+        _settled(notifier, silenced, started, metrics, clock.now(), [])
+        if claim_next and batch.claimed >= notifier.batch:
+            return silenced, _claim(db, notifier, clock.now())
+        return silenced, _Batch(batch.owner, [])
     error = _send(notifier, batch.rows, descriptions)
     accepted = clock.now()
     if error is not None:
         failed = _settle_failure(db, notifier, clock.now(), batch.owner, batch.rows, error)
+        failed += silenced
         _settled(notifier, failed, started, metrics, accepted, [])
         return failed, _Batch(batch.owner, [])
-    done = PassResult(sent=len(batch.rows))
+    done = PassResult(sent=len(batch.rows), silenced=batch.silenced)
     fired = [r["fired_at"] for r in batch.rows]
-    if claim_next and len(batch.rows) >= notifier.batch:
+    if claim_next and batch.claimed >= notifier.batch:
         following = _claim(db, notifier, clock.now(), sent=batch)
         _settled(notifier, done, started, metrics, accepted, fired)
         return done, following
@@ -237,25 +274,30 @@ def _settled(
     A batch that only retried is a DEBUG line: while a receiver is down its outage
     line says it, and a line per attempt would drown the log."""
     ms = (time.monotonic() - started) * 1000
-    level = logging.INFO if result.sent or result.dead else logging.DEBUG
+    level = logging.INFO if result.sent or result.dead or result.silenced else logging.DEBUG
+    silenced = f", {result.silenced} silenced" if result.silenced else ""
     activity.log(
         level,
-        "notifier %s: %d sent, %d retried, %d dead in %.0f ms",
+        "notifier %s: %d sent, %d retried, %d dead%s in %.0f ms",
         notifier.name,
         result.sent,
         result.retried,
         result.dead,
+        silenced,
         ms,
         extra={
             "notifier": notifier.name,
             "sent": result.sent,
             "retried": result.retried,
             "dead": result.dead,
+            "silenced": result.silenced,
             "ms": round(ms, 1),
         },
     )
     if metrics is not None:
-        metrics.delivered(notifier.name, accepted, fired, result.retried, result.dead)
+        metrics.delivered(
+            notifier.name, accepted, fired, result.retried, result.dead, result.silenced
+        )
 
 
 def deliver_batch(
@@ -271,8 +313,6 @@ def deliver_batch(
     at their last attempt go dead, the others retry after their own backoff.
     """
     batch = _claim(db, notifier, clock.now())
-    if not batch.rows:
-        return PassResult()
     return _deliver(db, notifier, clock, batch, descriptions or {}, False, metrics)[0]
 
 
@@ -342,7 +382,7 @@ def deliver_notifier(
     if stop is not None and stop.is_set():
         return total
     batch = _claim(db, notifier, clock.now())
-    while batch.rows:
+    while batch.claimed:
         more = stop is None or not stop.is_set()
         result, batch = _deliver(db, notifier, clock, batch, descriptions or {}, more, metrics)
         total += result

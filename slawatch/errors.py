@@ -35,3 +35,13 @@ class DeliveryError(SlawatchError):
         super().__init__(message)
         self.permanent = permanent
         self.retry_after = retry_after
+
+
+class BadInput(ConfigError):
+    """A command's or a request's input is malformed or out of bounds (exit 2; HTTP 400)."""
+
+
+class NotFound(SlawatchError):
+    """What a command or request names does not exist (exit 1; HTTP 404)."""
+
+    exit_code = 1

@@ -41,7 +41,7 @@ SCRAPE_WAIT = 1.0
 SCRAPE_STATEMENT_TIMEOUT = "2s"
 SCRAPE_BUDGET = 3.0
 
-OUTCOMES = ("sent", "retry", "dead")
+OUTCOMES = ("sent", "retry", "dead", "silenced")
 
 
 class Metrics:
@@ -61,7 +61,7 @@ class Metrics:
         )
         self.deliveries = Counter(
             "slawatch_deliveries",
-            "Delivery attempts settled, per notifier and outcome (sent, retry, dead)",
+            "Deliveries settled, per notifier and outcome (sent, retry, dead, silenced)",
             ["notifier", "outcome"],
             registry=self.registry,
         )
@@ -100,16 +100,19 @@ class Metrics:
         fired: Iterable[datetime],
         retried: int = 0,
         dead: int = 0,
+        silenced: int = 0,
     ) -> None:
         """A batch of ``notifier`` settled: the alerts fired at ``fired`` were accepted at
-        ``now``; ``retried`` will be tried again, ``dead`` will not."""
+        ``now``; ``retried`` will be tried again, ``dead`` will not, ``silenced`` were
+        settled unsent (a silence matched)."""
         latency = self.latency.labels(notifier)
         sent = 0
         for at in fired:
             sent += 1
             # Several processes' clocks: a delivery may look accepted before it fired.
             latency.observe(max((now - at).total_seconds(), 0.0))
-        for outcome, count in (("sent", sent), ("retry", retried), ("dead", dead)):
+        outcomes = (("sent", sent), ("retry", retried), ("dead", dead), ("silenced", silenced))
+        for outcome, count in outcomes:
             if count:
                 self.deliveries.labels(notifier, outcome).inc(count)
 

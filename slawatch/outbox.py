@@ -5,6 +5,13 @@ becomes an alert and one delivery per notifier, in the claim's transaction.
 ``{severity}`` and ``{notify}`` are the rule's (by notification number, for
 escalation: they may read ``c.n`` and ``a.n``). :data:`SEVERITIES` is an
 expression for the claim's final ``SELECT``: the alerts written, per severity.
+
+:func:`resolved` is the outbox of resolved notices (rule ``resolve: true``): it
+follows the claim's CTEs with ``ended_episodes`` of (key, episode, n, deadline,
+row_data), the notified episodes that this statement ended, with ``n`` the
+notifications sent in each. Each becomes one alert of kind 'resolved' with n = 0,
+so ``alert_once`` makes it exactly one per episode whoever closes it, and one
+delivery per notifier that was paged in the episode.
 """
 
 from __future__ import annotations
@@ -59,6 +66,34 @@ class Tally:
         for severity, count in other.severities.items():
             self.severities[severity] = self.severities.get(severity, 0) + count
         return self
+
+
+_RESOLVED = """\
+, ended_episodes AS (
+{ended_episodes}
+), resolved AS (
+    INSERT INTO slawatch.alert (rule, key, episode, n, kind, severity, deadline, due_at,
+                                fired_at, row_data)
+    SELECT %(rule)s, e.key, e.episode, 0, 'resolved', {severity}, e.deadline,
+           e.deadline + %(after)s::interval, %(now)s::timestamptz, e.row_data
+      FROM ended_episodes e
+    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
+    RETURNING id, key, episode
+), resolved_deliveries AS (
+    INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
+    SELECT r.id, x.notifier, %(now)s::timestamptz
+      FROM resolved r JOIN ended_episodes e ON e.key = r.key AND e.episode = r.episode,
+           unnest({paged}) AS x(notifier)
+    RETURNING 1
+)"""
+
+
+def resolved(
+    ended_episodes: sql.Composable, severity: sql.Composable, paged: sql.Composable
+) -> sql.Composed:
+    """The CTEs writing resolved notices for ``ended_episodes`` (a SELECT); ``severity``
+    and ``paged`` (the notifiers paged in the episode) may read ``e.n``."""
+    return sql.SQL(_RESOLVED).format(ended_episodes=ended_episodes, severity=severity, paged=paged)
 
 
 def outbox(severity: sql.Composable, notify: sql.Composable) -> sql.Composed:

@@ -135,6 +135,8 @@ class Rule(FileModel):
     columns: list[Ident] | None = None
     notify: list[str] = Field(min_length=1)
     escalate: list[Tier] = Field(default_factory=list)
+    # One "resolved" notice when a notified episode ends, to the notifiers it paged.
+    resolve: bool = False
     # The zone that values of a `timestamp` (without time zone) deadline are in.
     timezone: str = "UTC"
 
@@ -271,6 +273,16 @@ class Rule(FileModel):
                 severity = tier.severity or severity
                 notify = tier.notify or notify
         return severity, list(notify)
+
+    def paged_notifiers(self, n: int) -> list[str]:
+        """Every notifier that notifications 1..``n`` of an episode went to, in order of
+        first use: a tier's notifiers only once its ``from`` was reached."""
+        out: list[str] = []
+        for k in [1, *(t.from_ for t in self.escalate if t.from_ <= n)]:
+            for name in self.tier_for(k)[1]:
+                if name not in out:
+                    out.append(name)
+        return out
 
 
 # Clauses of ``SELECT 1 WHERE <open_when>`` that must stay empty: anything there came

@@ -24,7 +24,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from slawatch import __version__
+from slawatch import __version__, scans
 from slawatch.claim import ClaimPlan, DrainResult, drain, prepare_all, prepare_ready
 from slawatch.clock import Clock
 from slawatch.db import Database, DatabaseUnavailable, Pooler, PreparedStatementLost, redact
@@ -205,8 +205,17 @@ class Runner:
         since = time.monotonic()
         if since < running.retry_at:
             return None
+        seconds = 0.0
+
+        def timed(plan: ClaimPlan) -> DrainResult:
+            nonlocal seconds
+            started = time.monotonic()
+            drained = self._drain(plan)
+            seconds = time.monotonic() - started
+            return drained
+
         try:
-            result = self._drain(running.plan)
+            result = scans.recorded(self.db, rule, self.clock, lambda _: timed(running.plan))
         except DatabaseUnavailable:
             result = None  # the database's outage line says it
         except SlawatchError as exc:
@@ -218,7 +227,6 @@ class Runner:
         if result is None:
             running.retry_at = time.monotonic() + running.backoff.next()
             return None
-        seconds = time.monotonic() - since
         running.trouble.ok()
         running.backoff.reset()
         running.retry_at = 0.0
@@ -604,12 +612,13 @@ class Runner:
         listener = alive.pop("listen", False)
         workers = {name: alive.get(name, False) for name in self.notifiers}
         database = not self.db.outage.down
+        # "ok" last: a reader that names the first failing check names the part.
         return {
-            "ok": scheduler and all(workers.values()) and listener and database,
             "scheduler": scheduler,
             "workers": workers,
             "listener": listener,
             "database": database,
+            "ok": scheduler and all(workers.values()) and listener and database,
         }
 
     def close(self) -> None:

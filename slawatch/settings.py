@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, SecretStr
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -18,6 +20,9 @@ DEFAULT_RETENTION = timedelta(days=30)
 # longer than ten years is a typo, and would still be added to "now" in SQL.
 MIN_RETENTION, MIN_RETENTION_TEXT = timedelta(hours=1), "1h"
 MAX_RETENTION, MAX_RETENTION_TEXT = timedelta(days=3650), "10 years"
+# A host name or an IPv4 address (an IPv6 address is written in brackets).
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+MIN_TOKEN = 16
 
 
 def _retention(value: Any) -> timedelta:
@@ -32,6 +37,65 @@ def _retention(value: Any) -> timedelta:
         )
         raise PydanticCustomError("retention", "{reason}", {"reason": reason})
     return retention
+
+
+def parse_bind(text: str) -> tuple[str, int] | None:
+    """``host:port`` (``[::1]:8181`` for IPv6) as (host, port); None for ``""`` (off).
+    ValueError with a one-line reason otherwise."""
+    text = text.strip()
+    if not text:
+        return None
+    problem = (
+        f"{shorten(text)} is not host:port (e.g. 127.0.0.1:8181, [::1]:8181; empty turns the "
+        "admin API off)"
+    )
+    host, colon, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(problem) from None
+    elif not _HOST.fullmatch(host):
+        raise ValueError(problem)
+    if not (
+        colon and port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536
+    ):
+        raise ValueError(problem)
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is only reachable from this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # another name: it may resolve anywhere
+
+
+def _http(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        bind = parse_bind(str(value))
+    except ValueError as exc:
+        raise PydanticCustomError("http", "{reason}", {"reason": str(exc)}) from None
+    return None if bind is None else str(value).strip()
+
+
+def _token(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if len(text) < MIN_TOKEN or not text.isascii() or not text.isprintable() or " " in text:
+        reason = (
+            f"must be at least {MIN_TOKEN} printable ASCII characters without spaces "
+            "(e.g. the output of 'openssl rand -hex 32')"
+        )
+        raise PydanticCustomError("token", "{reason}", {"reason": reason})
+    return text
 
 
 class Settings(BaseSettings):
@@ -56,3 +120,8 @@ class Settings(BaseSettings):
     # "none"/"session": direct to PostgreSQL (or a session pooler): prepared statements.
     # "auto" (default): none, since a transaction pooler may sit in between.
     pooler: Literal["auto", "none", "session", "transaction"] = "auto"
+    # The admin API's address (slawatch/admin.py); empty: no admin API.
+    http: Annotated[str | None, BeforeValidator(_http)] = "127.0.0.1:8181"
+    # With a token every admin request but /healthz needs "Authorization: Bearer <token>";
+    # without one, writes are refused unless the API listens on loopback only.
+    api_token: Annotated[SecretStr | None, BeforeValidator(_token)] = None

@@ -70,6 +70,12 @@ def tls_context(ca_file: Path | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
 
 
+def number(alert: dict[str, Any]) -> str:
+    """How a person reads the notification: ``#3``, or ``resolved`` for the notice that
+    a notified episode ended."""
+    return "resolved" if alert.get("status") == "resolved" else f"#{alert['n']}"
+
+
 def encode(alert: dict[str, Any]) -> bytes:
     """One alert as compact JSON."""
     return json.dumps(alert, separators=(",", ":"), default=str).encode()

@@ -7,14 +7,15 @@ import sys
 from typing import Any, TextIO
 
 from slawatch.notifiers import ConsoleConfig
-from slawatch.notifiers.base import BaseNotifier
+from slawatch.notifiers.base import BaseNotifier, number
 
 
 def format_alert(alert: dict[str, Any]) -> str:
-    """``[warning] order_unshipped #1 key=42 due 2026-11-20T10:00:00Z {"id": 42, ...}``."""
+    """``[warning] order_unshipped #1 key=42 due 2026-11-20T10:00:00Z {"id": 42, ...}``
+    (``resolved`` in place of ``#1`` for a resolved notice)."""
     row = json.dumps(alert["row"], default=str, separators=(", ", ": "))
     return (
-        f"[{alert['severity']}] {alert['rule']} #{alert['n']} key={alert['key']} "
+        f"[{alert['severity']}] {alert['rule']} {number(alert)} key={alert['key']} "
         f"due {alert['due_at']} {row}"
     )
 

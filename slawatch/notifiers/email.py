@@ -12,7 +12,7 @@ from typing import Any
 
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import EmailConfig
-from slawatch.notifiers.base import BaseNotifier, tls_context
+from slawatch.notifiers.base import BaseNotifier, number, tls_context
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,12 @@ def subject(prefix: str, alerts: list[dict[str, Any]]) -> str:
         rules = next(iter(by_rule))
     else:
         rules = ", ".join(f"{r} ({c})" for r, c in sorted(by_rule.items(), key=lambda x: -x[1]))
-    critical = any(a["severity"] == "critical" for a in alerts)
-    return f"{prefix} {'CRITICAL: ' if critical else ''}{len(alerts)} overdue: {rules}".strip()
+    firing = [a for a in alerts if a.get("status") != "resolved"]
+    critical = any(a["severity"] == "critical" for a in firing)
+    counts = [f"{len(firing)} overdue"] if firing else []
+    if len(firing) < len(alerts):
+        counts.append(f"{len(alerts) - len(firing)} resolved")
+    return f"{prefix} {'CRITICAL: ' if critical else ''}{', '.join(counts)}: {rules}".strip()
 
 
 def _groups(alerts: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -51,7 +55,7 @@ def plain_text(alerts: list[dict[str, Any]]) -> str:
         out.append(f"{rule}: {len(group)} overdue" + (f" - {desc}" if desc else ""))
         for a in group:
             row = ", ".join(f"{k}={v}" for k, v in a["row"].items())
-            out.append(f"  [{a['severity']}] key {a['key']} #{a['n']} due {a['due_at']}  {row}")
+            out.append(f"  [{a['severity']}] key {a['key']} {number(a)} due {a['due_at']}  {row}")
         out.append("")
     return "\n".join(out)
 
@@ -68,7 +72,13 @@ def html_body(alerts: list[dict[str, Any]]) -> str:
         head = "".join(f"<th>{e(c)}</th>" for c in ["key", "#", "severity", "due", *cols])
         parts.append(f"<table border='1' cellpadding='4' cellspacing='0'><tr>{head}</tr>")
         for a in group:
-            cells = [a["key"], a["n"], a["severity"], a["due_at"], *(a["row"].get(c) for c in cols)]
+            cells = [
+                a["key"],
+                number(a),
+                a["severity"],
+                a["due_at"],
+                *(a["row"].get(c) for c in cols),
+            ]
             parts.append("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in cells) + "</tr>")
         parts.append("</table>")
     parts.append("</body></html>")

@@ -12,18 +12,34 @@
 -- skips those ids: once their lease ran out mid-send they are due again, and one
 -- statement would then both settle and re-lease the same row (both CTEs see the
 -- same snapshot; of two updates of one row PostgreSQL keeps one, unpredictably).
+-- A due delivery whose alert matches a silence active at `now` (the rule, the key
+-- if the silence names one, and jsonb containment of its matchers in the alert's
+-- row) is settled 'silenced' instead: never sent, still recorded. Each due row costs
+-- one probe of silence_rule_ends. Silenced rows come back with `silenced` true, so
+-- the worker counts them towards a full batch and claims again.
 WITH sent AS (
     UPDATE slawatch.delivery
        SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
            last_error = NULL
      WHERE id = ANY(%(sent)s::bigint[]) AND lease_owner = %(sent_owner)s::uuid
 ), due AS (
-    SELECT id FROM slawatch.delivery
+    SELECT id, alert_id FROM slawatch.delivery
      WHERE status = 'pending' AND notifier = %(notifier)s AND next_attempt_at <= %(now)s
        AND id <> ALL(%(sent)s::bigint[])
      ORDER BY next_attempt_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), muted AS (
+    SELECT due.id FROM due JOIN slawatch.alert a ON a.id = due.alert_id
+     WHERE EXISTS (SELECT 1 FROM slawatch.silence s
+                    WHERE s.rule = a.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s
+                      AND (s.key IS NULL OR s.key = a.key) AND a.row_data @> s.matchers)
+), silenced AS (
+    UPDATE slawatch.delivery d
+       SET status = 'silenced', lease_owner = NULL, lease_expires_at = NULL
+      FROM muted
+     WHERE d.id = muted.id
+    RETURNING d.id, d.alert_id, d.notifier, d.attempts, true AS silenced
 ), leased AS (
     UPDATE slawatch.delivery d
        SET lease_owner = %(owner)s,
@@ -31,12 +47,14 @@ WITH sent AS (
            next_attempt_at = %(now)s + %(lease)s::interval,
            attempts = d.attempts + 1
       FROM due
-     WHERE d.id = due.id
-    RETURNING d.id, d.alert_id, d.notifier, d.attempts
+     WHERE d.id = due.id AND due.id NOT IN (SELECT id FROM muted)
+    RETURNING d.id, d.alert_id, d.notifier, d.attempts, false AS silenced
 )
-SELECT l.id, l.notifier, l.attempts,
-       a.rule, a.key, a.episode, a.n, a.severity, a.deadline, a.due_at, a.fired_at, a.row_data
-  FROM leased l JOIN slawatch.alert a ON a.id = l.alert_id
+SELECT l.id, l.notifier, l.attempts, l.silenced,
+       a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.due_at, a.fired_at,
+       a.row_data
+  FROM (SELECT * FROM leased UNION ALL SELECT * FROM silenced) l
+  JOIN slawatch.alert a ON a.id = l.alert_id
  ORDER BY l.notifier, l.id;
 
 -- mark_sent --
@@ -122,6 +140,119 @@ WITH RECURSIVE rules AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone_alerts), (SELECT count(*) FROM gone_deliveries);
+
+-- alert_by_id --
+SELECT id, rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data
+  FROM slawatch.alert WHERE id = %(id)s;
+
+-- alert_by_name --
+-- The idempotency id's parts, through alert_once.
+SELECT id, rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data
+  FROM slawatch.alert
+ WHERE rule = %(rule)s AND key = %(key)s AND episode = %(episode)s AND n = %(n)s;
+
+-- latest_alert --
+-- The row's latest notification (in its latest episode), and whether `episode` has a
+-- resolved notice; both through alert_once, a few index pages whatever the history.
+SELECT l.episode, l.n, l.kind,
+       EXISTS (SELECT 1 FROM slawatch.alert r
+                WHERE r.rule = %(rule)s AND r.key = %(key)s AND r.episode = %(episode)s
+                  AND r.n = 0) AS resolved
+  FROM (SELECT 1) one
+  LEFT JOIN LATERAL (
+       SELECT a.episode, a.n, a.kind FROM slawatch.alert a
+        WHERE a.rule = %(rule)s AND a.key = %(key)s
+        ORDER BY a.episode DESC, a.n DESC
+        LIMIT 1) l ON true;
+
+-- add_ack --
+-- The first ack of an episode is kept; a second one returns nothing (see get_ack).
+INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by, comment)
+VALUES (%(rule)s, %(key)s, %(episode)s, %(alert_id)s, %(now)s, %(by)s, %(comment)s)
+ON CONFLICT (rule, key, episode) DO NOTHING
+RETURNING acked_at, acked_by, comment;
+
+-- get_ack --
+SELECT acked_at, acked_by, comment FROM slawatch.ack
+ WHERE rule = %(rule)s AND key = %(key)s AND episode = %(episode)s;
+
+-- add_silence --
+INSERT INTO slawatch.silence (rule, key, matchers, starts_at, ends_at, created_at, author,
+                              comment)
+VALUES (%(rule)s, %(key)s, %(matchers)s, %(now)s, %(until)s, %(now)s, %(author)s, %(comment)s)
+RETURNING id, rule, key, matchers, starts_at, ends_at, created_at, author, comment;
+
+-- list_silences --
+-- Active at `now` (the application clock), or every one with `all`.
+SELECT id, rule, key, matchers, starts_at, ends_at, created_at, author, comment
+  FROM slawatch.silence
+ WHERE %(all)s OR (starts_at <= %(now)s AND ends_at > %(now)s)
+ ORDER BY id;
+
+-- end_silence --
+-- Deleting a silence ends it now; one that ended already keeps its end.
+UPDATE slawatch.silence SET ends_at = LEAST(ends_at, %(now)s)
+ WHERE id = %(id)s
+RETURNING id, rule, key, matchers, starts_at, ends_at, created_at, author, comment;
+
+-- record_scan --
+-- The last scan of a rule (slawatch/scans.py): one small row per rule, overwritten.
+INSERT INTO slawatch.scan AS s (rule, last_at, duration_ms, claimed, error)
+VALUES (%(rule)s, %(at)s, %(duration_ms)s, %(claimed)s, %(error)s)
+ON CONFLICT (rule) DO UPDATE
+   SET last_at = excluded.last_at, duration_ms = excluded.duration_ms,
+       claimed = excluded.claimed, error = excluded.error;
+
+-- last_scans --
+SELECT rule, last_at, duration_ms, claimed, error FROM slawatch.scan;
+
+-- delivery_backlog --
+-- Per rule: pending deliveries (through delivery_due) with the fired_at of the oldest
+-- one's alert, and dead deliveries (through delivery_dead); sent history is not read.
+WITH pending AS (
+    SELECT a.rule, count(*) AS pending, min(a.fired_at) AS oldest
+      FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
+     WHERE d.status = 'pending'
+     GROUP BY a.rule
+), dead AS (
+    SELECT a.rule, count(*) AS dead
+      FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
+     WHERE d.status = 'dead'
+     GROUP BY a.rule
+)
+SELECT rule, COALESCE(p.pending, 0), COALESCE(x.dead, 0), p.oldest
+  FROM pending p FULL JOIN dead x USING (rule);
+
+-- list_alerts --
+-- Newest first, a page at a time: `before` is the last id of the previous page (keyset
+-- pagination: a page costs the same however deep it is). A filter left NULL is off;
+-- the plan is made for the values given (no prepared statements), so a NULL filter
+-- costs nothing. `status`: alerts with at least one delivery in that status.
+SELECT a.id, a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.due_at,
+       a.fired_at, a.row_data
+  FROM slawatch.alert a
+ WHERE (%(rule)s::text IS NULL OR a.rule = %(rule)s::text)
+   AND (%(since)s::timestamptz IS NULL OR a.fired_at >= %(since)s::timestamptz)
+   AND (%(before)s::bigint IS NULL OR a.id < %(before)s::bigint)
+   AND (%(status)s::text IS NULL OR EXISTS (
+            SELECT 1 FROM slawatch.delivery d
+             WHERE d.alert_id = a.id AND d.status = %(status)s::text))
+ ORDER BY a.id DESC
+ LIMIT %(limit)s;
+
+-- deliveries_of --
+SELECT alert_id, id, notifier, status, attempts, next_attempt_at, last_error, sent_at
+  FROM slawatch.delivery
+ WHERE alert_id = ANY(%(ids)s::bigint[])
+ ORDER BY alert_id, notifier;
+
+-- stats_alerts --
+-- The whole kept history (SLAWATCH_RETENTION bounds it).
+SELECT rule, severity, count(*) FROM slawatch.alert GROUP BY rule, severity ORDER BY rule, severity;
+
+-- stats_deliveries --
+SELECT notifier, status, count(*) FROM slawatch.delivery
+ GROUP BY notifier, status ORDER BY notifier, status;
 
 -- outbox_gauges --
 -- Per notifier: deliveries pending (due, leased or waiting to retry), when the alert of

@@ -29,8 +29,14 @@ BEGIN
     END IF;
 END $$;
 CREATE INDEX IF NOT EXISTS alert_rule_fired ON slawatch.alert (rule, fired_at);
+-- 'firing': notification n (1, 2, ...) of an episode; 'resolved': the one notice that a
+-- notified episode ended (rule `resolve: true`), stored as n = 0 so alert_once keeps
+-- it to one per episode. Adding a column with a constant default rewrites nothing.
+ALTER TABLE slawatch.alert ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'firing'
+    CONSTRAINT alert_kind CHECK (kind IN ('firing', 'resolved'));
 
--- One row per (alert, notifier): the delivery state machine pending -> sent | dead.
+-- One row per (alert, notifier): the delivery state machine pending -> sent | dead |
+-- silenced (a silence matched the alert when it was due to be sent: never sent).
 -- alert_id has no foreign key on purpose: the claim writes an alert and its
 -- deliveries in one statement, and a per-row FK check cost a quarter of the
 -- claim's time in bench/claim.py.
@@ -39,7 +45,8 @@ CREATE TABLE IF NOT EXISTS slawatch.delivery (
     alert_id         bigint      NOT NULL,
     notifier         text        NOT NULL,
     status           text        NOT NULL DEFAULT 'pending'
-                                 CHECK (status IN ('pending', 'sent', 'dead')),
+                                 CONSTRAINT delivery_status
+                                 CHECK (status IN ('pending', 'sent', 'dead', 'silenced')),
     attempts         integer     NOT NULL DEFAULT 0,
     next_attempt_at  timestamptz NOT NULL,
     lease_owner      uuid,
@@ -48,12 +55,22 @@ CREATE TABLE IF NOT EXISTS slawatch.delivery (
     sent_at          timestamptz,
     CONSTRAINT delivery_once UNIQUE (alert_id, notifier)
 );
+-- Upgrade from before silences: the unnamed CHECK allowed three states. The wider one
+-- is added NOT VALID: every existing row satisfies it, so no scan of the outbox under
+-- an exclusive lock is needed (new rows are checked all the same).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                    WHERE conrelid = 'slawatch.delivery'::regclass
+                      AND conname = 'delivery_status') THEN
+        ALTER TABLE slawatch.delivery DROP CONSTRAINT IF EXISTS delivery_status_check;
+        ALTER TABLE slawatch.delivery ADD CONSTRAINT delivery_status
+            CHECK (status IN ('pending', 'sent', 'dead', 'silenced')) NOT VALID;
+    END IF;
+END $$;
 -- Only deliveries still to do are indexed, like the watched tables.
 CREATE INDEX IF NOT EXISTS delivery_due ON slawatch.delivery (notifier, next_attempt_at)
     WHERE status = 'pending';
--- Dead deliveries are few but kept among all the sent history: the metrics count
--- them per notifier at every scrape, from this index alone.
-CREATE INDEX IF NOT EXISTS delivery_dead ON slawatch.delivery (notifier) WHERE status = 'dead';
 
 -- track: table: per rule, up to where the last complete scan read the deadlines,
 -- and when the last sweep ran (see slawatch/statetable.py).
@@ -61,4 +78,51 @@ CREATE TABLE IF NOT EXISTS slawatch.watermark (
     rule        text PRIMARY KEY,
     scanned_to  timestamptz NOT NULL,
     swept_at    timestamptz
+);
+
+-- Acknowledgements: an acked episode is not notified again (the claim reads this when
+-- a re-notification of the episode comes due, and clears it instead); a new episode
+-- of the same row pages again. One per episode: the first ack is kept.
+CREATE TABLE IF NOT EXISTS slawatch.ack (
+    rule      text        NOT NULL,
+    key       text        NOT NULL,
+    episode   integer     NOT NULL,
+    alert_id  bigint      NOT NULL,  -- the alert that was acknowledged
+    acked_at  timestamptz NOT NULL,
+    acked_by  text        NOT NULL,
+    comment   text        NOT NULL DEFAULT '',
+    PRIMARY KEY (rule, key, episode)
+);
+
+-- Silences: deliveries of matching alerts are settled 'silenced' instead of sent while
+-- starts_at <= now < ends_at (the application's clock). `key` NULL: every key;
+-- `matchers`: a JSON object of alert row fields that must be equal (jsonb containment,
+-- '{}' matches every alert). Deleting a silence ends it (ends_at = the time of deletion).
+CREATE TABLE IF NOT EXISTS slawatch.silence (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    rule        text        NOT NULL,
+    key         text,
+    matchers    jsonb       NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(matchers) = 'object'),
+    starts_at   timestamptz NOT NULL,
+    ends_at     timestamptz NOT NULL,
+    created_at  timestamptz NOT NULL,
+    author      text        NOT NULL,
+    comment     text        NOT NULL DEFAULT ''
+);
+-- The delivery claim probes this per due delivery: the rule's silences by end time.
+CREATE INDEX IF NOT EXISTS silence_rule_ends ON slawatch.silence (rule, ends_at);
+
+-- Dead deliveries are few and wait for a person: `slawatch status`, the alerts list,
+-- /v1/stats and the metrics find them here instead of reading the whole delivery history.
+CREATE INDEX IF NOT EXISTS delivery_dead ON slawatch.delivery (alert_id)
+    WHERE status = 'dead';
+
+-- The last scan of each rule, written after every scan of `slawatch run`
+-- (slawatch/scans.py): what `slawatch status` and /v1/rules show as "last scan".
+CREATE TABLE IF NOT EXISTS slawatch.scan (
+    rule        text PRIMARY KEY,
+    last_at     timestamptz NOT NULL,
+    duration_ms bigint      NOT NULL,
+    claimed     bigint      NOT NULL,
+    error       text
 );

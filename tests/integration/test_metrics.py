@@ -14,6 +14,7 @@ from slawatch.claim import drain, prepare_all
 from slawatch.clock import Clock
 from slawatch.db import Database
 from slawatch.deliver import deliver_notifier
+from slawatch.lifecycle import add_silence
 from slawatch.metrics import SCRAPE_BUDGET, Metrics
 from slawatch.migrate import migrate
 from slawatch.notifiers import WebhookConfig
@@ -132,6 +133,24 @@ def test_counters_histograms_and_gauges_after_scans_and_deliveries(
         assert value(runner, "slawatch_database_outages_total") == 0
         text = generate_latest(runner.registry).decode()
         assert 'slawatch_deliveries_dead{notifier="hook"} 3.0' in text
+
+        # A silenced delivery is settled unsent: its own outcome.
+        conn.execute("INSERT INTO orders VALUES (4, 'paid', %s)", (T0 - timedelta(days=1),))
+        add_silence(
+            runner.db,
+            rule="late",
+            key="4",
+            matchers=None,
+            until=T0 + 5 * HOUR,
+            comment="known",
+            author="test",
+            now=clock.at,
+            rules=runner.rules,
+        )
+        assert runner.scan("late") is not None
+        deliver_notifier(runner.db, notifier, clock, metrics=runner.metrics)
+        assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome="silenced") == 1
+        assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome="sent") == 6
     finally:
         runner.close()
 
@@ -156,7 +175,7 @@ def test_serve_counts_and_reports_its_health(
         assert value(runner, "slawatch_delivery_latency_seconds_count", notifier="hook") == 2
         wait_for(lambda: runner.health()["listener"] is True, "the listener")
         assert runner.health() == {
-            "ok": True,
+            "ok": True,  # last in order (see Runner.health)
             "scheduler": True,
             "workers": {"hook": True},
             "listener": True,

@@ -212,6 +212,7 @@ def test_sighup_reloads_a_running_slawatch_which_logs_json(
     password = "pw-Zq81x"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
     env["SLAWATCH_DSN"] = make_conninfo(dsn, password=password)
+    env["SLAWATCH_HTTP"] = ""  # no admin API: its default port may be taken
     with psycopg.connect(env["SLAWATCH_DSN"]):
         pass  # the server takes it (trust): the password is only there to be hidden
     with subprocess.Popen(
@@ -239,7 +240,7 @@ def test_sighup_reloads_a_running_slawatch_which_logs_json(
     records = [json.loads(line) for line in err.lines]  # every line is one JSON object
     for record in records:
         assert {"time", "level", "logger", "message"} <= record.keys(), record
-    started = records[0]
+    (started,) = [r for r in records if r["message"].startswith("slawatch 0.1.0 running")]
     assert started["message"].startswith("slawatch 0.1.0 running: 1 rules (order_unshipped)")
     assert started["rules"] == ["order_unshipped"] and started["notifiers"] == ["console"]
     assert "***" in started["database"]

@@ -158,6 +158,49 @@ def test_a_scan_reads_what_fell_due_since_the_last_one_not_the_whole_backlog(
     assert read() - before <= 5  # the window, not the 2,000 rows already notified
 
 
+def _due_index_reads(conn: Conn) -> int:
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'sw_late_due'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_row_committed_after_its_scan_is_found_within_the_look_back(conn: Conn) -> None:
+    """A transaction that wrote a deadline and committed a few seconds after the scan
+    that would have seen it: the next scan's window reaches back for it."""
+    conn.execute(TABLE)
+    late = rule(every="30s")
+    migrate(conn, [late])
+    plan = prepare(conn, late)
+    assert claim_all(conn, plan, T0) == 0  # the first scan (a sweep); watermark T0
+    # Due at T0 - 5 s, committed after the scan at T0.
+    conn.execute("INSERT INTO orders VALUES (1, 7, 'paid', %s, '')", (T0 - H - 5 * S,))
+    assert claim_all(conn, plan, T0 + 30 * S) == 1
+    assert episodes(conn, "late") == [("1", 1, 1)]
+
+
+def test_a_scan_re_reads_one_scan_interval_not_minutes_of_notified_rows(conn: Conn) -> None:
+    """The look-back is one scan interval (at least 10 s): rows notified by the last
+    scan two minutes ago are not read again by the next one."""
+    conn.execute(TABLE)
+    late = rule(every="30s")
+    migrate(conn, [late])
+    plan = prepare(conn, late)
+    conn.execute(
+        "INSERT INTO orders SELECT g, 7, 'paid', %s + g * interval '100 milliseconds', ''"
+        " FROM generate_series(1, 300) g",
+        (T0 - H - 2 * M,),  # due from two minutes before T0 on
+    )
+    assert claim_all(conn, plan, T0 - M) == 300  # sweeps, and notifies all 300
+    conn.execute("INSERT INTO orders VALUES (5000, 7, 'paid', %s, '')", (T0 - H - 10 * S,))
+    before = _due_index_reads(conn)
+    assert claim_all(conn, plan, T0) == 1
+    assert _due_index_reads(conn) - before <= 5
+
+
 def test_four_scanners_without_row_locks_page_each_row_once(conn: Conn, dsn: str) -> None:
     conn.execute(TABLE)
     late = rule(renotify={"every": "1m", "max": 3}, batch=50)

@@ -1,0 +1,288 @@
+"""What an operator reads (slawatch/inspect.py, scans.py): rule status, the alerts
+list and its pages, one alert, stats, and the record of each scan."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from slawatch import scans
+from slawatch.claim import DrainResult
+from slawatch.db import Database, DatabaseUnavailable
+from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
+from slawatch.inspect import (
+    COUNT_LIMIT,
+    get_alert,
+    list_alerts,
+    notified_statement,
+    rule_status,
+    rules_report,
+    stats,
+)
+from slawatch.migrate import migrate
+from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+def orders(conn: Conn, rows: list[tuple[int, str, datetime]]) -> None:
+    conn.cursor().executemany(
+        "INSERT INTO orders VALUES (%s, 1, 100, %s, %s)", [(i, s, t) for i, s, t in rows]
+    )
+
+
+def add_alert(
+    conn: Conn, rule: str, key: str, fired_at: datetime, deliveries: dict[str, str], n: int = 1
+) -> int:
+    """One alert with a delivery per notifier in the given status; its id."""
+    row = conn.execute(
+        "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
+        " VALUES (%s, %s, 1, %s, 'warning', %s, '{}') RETURNING id",
+        (rule, key, n, fired_at),
+    ).fetchone()
+    assert row is not None
+    for notifier, status in deliveries.items():
+        conn.execute(
+            "INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)"
+            " VALUES (%s, %s, %s, %s)",
+            (row[0], notifier, status, fired_at),
+        )
+    return int(row[0])
+
+
+def test_rule_status_counts_through_the_indexes(conn: Conn, track: str) -> None:
+    rules = shop(conn, track)
+    due = NOW - timedelta(hours=49)  # order_unshipped: due 48 h after paid_at
+    orders(
+        conn,
+        [
+            (1, "paid", due),
+            (2, "paid", due - HOUR),
+            (3, "paid", due - 2 * HOUR),
+            (4, "paid", NOW),  # not due yet
+            (5, "shipped", due),  # completed
+        ],
+    )
+    order, receipt = rules["order_unshipped"], rules["receipt_unconfirmed"]
+    (before, no_renotify) = rule_status(conn, [order, receipt], NOW)
+    assert (before.overdue, before.notified, before.pending, before.dead) == (3, 0, 0, 0)
+    assert before.oldest_pending_seconds is None and before.last_scan is None
+    assert before.problem is None and not before.overdue_capped
+    assert no_renotify.notified is None  # notified once: no index holds its open episodes
+
+    assert claim_all(conn, plans(conn, {"o": order})["o"], NOW) == 3
+    conn.execute(
+        "UPDATE slawatch.delivery SET status = 'dead' WHERE id = (SELECT min(id)"
+        " FROM slawatch.delivery)"
+    )
+    (after,) = rule_status(conn, [order], NOW)
+    assert (after.overdue, after.notified, after.pending, after.dead) == (0, 3, 2, 1)
+    # Past the 6 h re-notify interval: all three are due again. A younger pending
+    # delivery leaves the age of the oldest as it was.
+    add_alert(conn, "order_unshipped", "9", NOW + 6 * HOUR, {"console": "pending"})
+    (later,) = rule_status(conn, [order], NOW + 7 * HOUR)
+    assert (later.overdue, later.notified, later.pending) == (3, 3, 3)
+    assert later.oldest_pending_seconds == pytest.approx(7 * 3600)
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
+    (shipped,) = rule_status(conn, [order], NOW + 7 * HOUR)
+    assert shipped.overdue == 2
+
+
+def test_rule_status_names_a_missing_table_or_migration(conn: Conn) -> None:
+    rules = shop(conn)
+    conn.execute("DROP INDEX sw_order_unshipped_again")
+    conn.execute("DROP TABLE refunds")
+    order, refund = rule_status(conn, [rules["order_unshipped"], rules["refund_unprocessed"]], NOW)
+    assert order.problem is not None and "sw_order_unshipped_again" in order.problem
+    assert "slawatch migrate" in order.problem and order.overdue is None
+    assert refund.problem == "table public.refunds does not exist"
+
+
+def test_status_before_migrate_says_so(conn: Conn) -> None:
+    rules = shop(conn)
+    conn.execute("DROP TABLE slawatch.scan")
+    with pytest.raises(ConfigError, match="run 'slawatch migrate' first"):
+        rules_report(conn, rules.values(), NOW)
+    migrate(conn, list(rules.values()))  # the upgrade adds what was missing
+    assert rules_report(conn, rules.values(), NOW).rules
+
+
+def test_counting_open_episodes_reads_the_renotify_index(conn: Conn, track: str) -> None:
+    rules = shop(conn, track)
+    rule = rules["order_unshipped"]
+    conn.execute(
+        "INSERT INTO orders SELECT g, 1, 1, CASE WHEN mod(g, 100) = 0 THEN 'paid' ELSE 'shipped'"
+        " END, %s - g * interval '1 minute' FROM generate_series(1, 50000) g",
+        (NOW - timedelta(days=3),),
+    )
+    claim_all(conn, plans(conn, {"o": rule})["o"], NOW)
+    conn.execute("ANALYZE orders")
+    if track == "table":
+        # Rows notified once and completed long ago stay in the state table, closed.
+        conn.execute(
+            "INSERT INTO slawatch.order_unshipped_state (id, sw_ep, sw_n)"
+            " SELECT g, 1, 0 FROM generate_series(100001, 150000) g"
+        )
+        conn.execute("ANALYZE slawatch.order_unshipped_state")
+    (plan,) = conn.execute(
+        b"EXPLAIN (FORMAT JSON) " + notified_statement(rule).as_bytes(conn)
+    ).fetchone()  # type: ignore[misc]
+    text = str(plan)
+    assert "Seq Scan" not in text, text
+    wanted = rule.again_index if track == "inline" else "order_unshipped_state_again"
+    assert wanted in text
+    (status,) = rule_status(conn, [rule], NOW)
+    assert status.notified == 500
+
+
+def test_overdue_count_stops_at_the_limit(conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    rules = shop(conn)
+    monkeypatch.setattr("slawatch.inspect.COUNT_LIMIT", 3)
+    orders(conn, [(i, "paid", NOW - timedelta(days=3)) for i in range(1, 6)])
+    (status,) = rule_status(conn, [rules["order_unshipped"]], NOW)
+    assert (status.overdue, status.overdue_capped) == (3, True)
+    assert COUNT_LIMIT == 100_000
+
+
+def test_alerts_filters_and_keyset_pages(conn: Conn) -> None:
+    shop(conn)
+    ids = []
+    for i in range(12):
+        rule = "order_unshipped" if i % 2 else "job_hung"
+        status = ("sent", "pending", "dead")[i % 3]
+        ids.append(add_alert(conn, rule, f"k{i}", NOW + i * HOUR, {"console": status}))
+    everything = list_alerts(conn, limit=1000)
+    assert [a.id for a in everything.alerts] == ids[::-1]  # newest first
+    assert everything.next_cursor is None
+
+    # Pages of 5: each alert exactly once, in order, and the last page says so.
+    seen, cursor = [], None
+    for _ in range(10):
+        page = list_alerts(conn, limit=5, cursor=cursor)
+        seen += [a.id for a in page.alerts]
+        cursor = int(page.next_cursor) if page.next_cursor else None
+        if cursor is None:
+            break
+    assert seen == ids[::-1]
+
+    odd = list_alerts(conn, rule="order_unshipped").alerts
+    assert {a.key for a in odd} == {f"k{i}" for i in range(1, 12, 2)}
+    dead = list_alerts(conn, status="dead").alerts
+    assert {a.key for a in dead} == {"k2", "k5", "k8", "k11"}
+    assert all(a.deliveries[0].status == "dead" for a in dead)
+    recent = list_alerts(conn, since=NOW + 9 * HOUR).alerts
+    assert [a.key for a in recent] == ["k11", "k10", "k9"]
+    pending = list_alerts(conn, rule="job_hung", status="pending").alerts
+    assert [a.key for a in pending] == ["k10", "k4"]
+    all_three = list_alerts(conn, rule="job_hung", status="pending", since=NOW + 5 * HOUR)
+    assert [a.key for a in all_three.alerts] == ["k10"]
+    assert [a.key for a in list_alerts(conn, rule="job_hung", status="sent").alerts] == [
+        "k6",
+        "k0",
+    ]
+    assert list_alerts(conn, rule="no_such_rule").alerts == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"limit": 0}, "limit: 0 is not from 1 to 1000"),
+        ({"limit": 1001}, "limit: 1001"),
+        ({"status": "gone"}, "status: 'gone' is not one of pending, sent, dead, silenced"),
+        ({"rule": "Robert'); DROP TABLE"}, "is not a rule name"),
+        ({"rule": "x" * 10_000}, "(10,000 characters)"),
+    ],
+)
+def test_alerts_refuse_bad_filters(conn: Conn, kwargs: dict[str, Any], says: str) -> None:
+    shop(conn)
+    with pytest.raises(BadInput, match=None) as caught:
+        list_alerts(conn, **kwargs)
+    assert says in str(caught.value)
+
+
+def test_one_alert_by_number_or_idempotency_id(conn: Conn) -> None:
+    shop(conn)
+    key = '(42,"2026-03-01 00:00:00+00")'  # a composite key's text holds ':'
+    number = add_alert(conn, "order_unshipped", key, NOW, {"console": "sent", "pager": "dead"}, 3)
+    by_number = get_alert(conn, str(number))
+    assert by_number.idempotency_id == f"order_unshipped:{key}:e1:n3"
+    assert [(d.notifier, d.status) for d in by_number.deliveries] == [
+        ("console", "sent"),
+        ("pager", "dead"),
+    ]
+    assert get_alert(conn, by_number.idempotency_id) == by_number
+    for missing in (
+        str(number + 1),
+        f"order_unshipped:{key}:e1:n4",
+        "9" * 19,
+        "x:1:e9999999999:n1",
+    ):
+        with pytest.raises(NotFound):
+            get_alert(conn, missing)
+    for bad in ("-1", "order_unshipped:42", "a\x00b", "Rule:1:e1:n1"):
+        with pytest.raises(BadInput):
+            get_alert(conn, bad)
+
+
+def test_stats_count_by_rule_severity_and_notifier_status(conn: Conn) -> None:
+    shop(conn)
+    add_alert(conn, "job_hung", "1", NOW, {"console": "sent", "pager": "pending"})
+    add_alert(conn, "job_hung", "2", NOW, {"console": "dead"})
+    add_alert(conn, "order_unshipped", "1", NOW, {"console": "sent"})
+    got = stats(conn)
+    assert [(c.rule, c.severity, c.alerts) for c in got.alerts] == [
+        ("job_hung", "warning", 2),
+        ("order_unshipped", "warning", 1),
+    ]
+    assert [(c.notifier, c.status, c.deliveries) for c in got.deliveries] == [
+        ("console", "dead", 1),
+        ("console", "sent", 2),
+        ("pager", "pending", 1),
+    ]
+
+
+def test_each_scan_is_recorded_and_a_failure_with_its_error(conn: Conn, dsn: str) -> None:
+    rules = shop(conn)
+    rule = rules["order_unshipped"]
+    clock = FixedClock(NOW)
+    with Database(dsn, size=1) as db:
+        assert scans.recorded(db, rule.name, clock, lambda r: DrainResult(7, 1)).claimed == 7
+        (status,) = rule_status(conn, [rule], NOW + timedelta(seconds=5))
+        assert status.last_scan is not None
+        assert (status.last_scan.at, status.last_scan.claimed) == (NOW, 7)
+        assert status.last_scan.error is None and status.last_scan.duration_ms >= 0
+
+        def failing(name: str) -> DrainResult:
+            raise SlawatchError("claim for rule order_unshipped: permission denied")
+
+        with pytest.raises(SlawatchError):
+            scans.recorded(db, rule.name, FixedClock(NOW + HOUR), failing)
+        (status,) = rule_status(conn, [rule], NOW)
+        assert status.last_scan is not None and status.last_scan.at == NOW + HOUR
+        assert status.last_scan.error == "claim for rule order_unshipped: permission denied"
+
+        def unreachable(name: str) -> DrainResult:
+            raise DatabaseUnavailable("database down")
+
+        # Not recorded: writing would wait for the same unreachable database.
+        with pytest.raises(DatabaseUnavailable):
+            scans.recorded(db, rule.name, FixedClock(NOW + 2 * HOUR), unreachable)
+        (status,) = rule_status(conn, [rule], NOW)
+        assert status.last_scan is not None and status.last_scan.at == NOW + HOUR
+
+
+def test_the_runner_records_its_scans(conn: Conn, dsn: str) -> None:
+    from slawatch.scheduler import Runner
+
+    rules = shop(conn)
+    orders(conn, [(1, "paid", NOW - timedelta(days=3))])
+    runner = Runner(dsn, [rules["order_unshipped"]], [], clock=FixedClock(NOW))
+    try:
+        assert runner.scan("order_unshipped") is not None
+    finally:
+        runner.close()
+    (status,) = rule_status(conn, [rules["order_unshipped"]], NOW)
+    assert status.last_scan is not None and status.last_scan.claimed == 1

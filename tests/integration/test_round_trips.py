@@ -1,0 +1,48 @@
+"""A claim batch is one statement and one round trip: it commits on its own, with
+the NOTIFY that wakes the delivery workers inside it (issue 7: the empty probe
+paid for BEGIN and COMMIT besides the statement)."""
+
+from __future__ import annotations
+
+import tempfile
+from datetime import UTC, datetime
+
+import pytest
+
+from slawatch.claim import batches, prepare
+from tests.integration.helpers import Conn, shop
+
+NOW = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def round_trips(conn: Conn, work: object) -> int:
+    """Messages that end a request to the server (a simple Query, or the Sync after
+    Parse/Bind/Execute), read from libpq's own protocol trace of ``work()``."""
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        try:
+            work()  # type: ignore[operator]
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        sent = [line.split("\t") for line in trace.read().splitlines()]
+    return sum(1 for f in sent if len(f) > 3 and f[1] == "F" and f[3] in ("Query", "Sync"))
+
+
+@pytest.mark.parametrize("track", ["inline", "table"])
+def test_a_claim_batch_is_one_round_trip(conn: Conn, track: str) -> None:
+    rules = shop(conn, track)
+    rule = rules["order_unshipped"]
+    conn.execute(
+        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+        " VALUES (1, 7, 100, 'paid', %s)",
+        (datetime(2026, 2, 1, tzinfo=UTC),),
+    )
+    plan = prepare(conn, rule)
+    step = batches(conn, plan, NOW)  # the table's watermark and sweep are read here
+    assert conn.autocommit
+    if track == "table":  # a short batch also records the watermark: one more
+        assert round_trips(conn, step) == 2
+    else:
+        assert round_trips(conn, step) == 1
+    assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (1,)

@@ -1,0 +1,127 @@
+"""What the operator's surface accepts: SLAWATCH_HTTP, SLAWATCH_API_TOKEN, the admin
+API's auth decision, and the alert filters' parsing (no database)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from slawatch.admin import refusal
+from slawatch.cli import main
+from slawatch.errors import BadInput
+from slawatch.inspect import parse_cursor, parse_since
+from slawatch.settings import Settings, is_loopback, parse_bind
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+TOKEN = "0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("text", "bind"),
+    [
+        ("127.0.0.1:8181", ("127.0.0.1", 8181)),
+        (" localhost:1 ", ("localhost", 1)),
+        ("[::1]:65535", ("::1", 65535)),
+        ("0.0.0.0:80", ("0.0.0.0", 80)),
+        ("", None),
+        ("   ", None),
+    ],
+)
+def test_http_binds(text: str, bind: tuple[str, int] | None) -> None:
+    assert parse_bind(text) == bind
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "8181",
+        ":8181",
+        "host:",
+        "host:0",
+        "host:65536",
+        "host:00008181",
+        "host:-1",
+        "host:8e3",
+        "[zz]:80",
+        "[::1]",
+        "::1:80",
+        "a b:80",
+        "-host:80",
+        "x" * 10_000 + ":80",
+        "h\x00:80",
+    ],
+)
+def test_bad_http_binds(text: str) -> None:
+    with pytest.raises(ValueError, match="is not host:port"):
+        parse_bind(text)
+
+
+def test_http_settings_are_one_line_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("SLAWATCH_HTTP", raising=False)
+    monkeypatch.delenv("SLAWATCH_API_TOKEN", raising=False)
+    assert (Settings().http, Settings().api_token) == ("127.0.0.1:8181", None)
+    monkeypatch.setenv("SLAWATCH_HTTP", "")
+    assert Settings().http is None
+    monkeypatch.setenv("SLAWATCH_API_TOKEN", TOKEN)
+    token = Settings().api_token
+    assert token is not None and token.get_secret_value() == TOKEN
+    assert TOKEN not in repr(Settings())  # a secret: never printed
+
+    for variable, value, says in (
+        ("SLAWATCH_HTTP", "localhost", "SLAWATCH_HTTP: 'localhost' is not host:port"),
+        ("SLAWATCH_API_TOKEN", "short", "SLAWATCH_API_TOKEN: must be at least 16"),
+        ("SLAWATCH_API_TOKEN", "with spaces in the token", "without spaces"),
+    ):
+        monkeypatch.setenv(variable, value)
+        assert main(["check"]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith("slawatch: error: ") and says in line, line
+        monkeypatch.delenv(variable)
+
+
+def test_loopback() -> None:
+    assert all(map(is_loopback, ["127.0.0.1", "127.9.9.9", "::1", "localhost", "LOCALHOST"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "10.0.0.1", "example.org", "localhost.x"]))
+
+
+def test_the_auth_decision() -> None:
+    bearer = f"Bearer {TOKEN}"
+    # A token: every request but /healthz needs it, reads and writes alike.
+    assert refusal("GET", "/healthz", None, TOKEN, False) is None
+    assert refusal("GET", "/v1/stats", bearer, TOKEN, False) is None
+    assert refusal("GET", "/v1/stats", f"bearer  {TOKEN}", TOKEN, False) is None
+    assert refusal("POST", "/v1/replay", bearer, TOKEN, False) is None
+    for header in (None, "", TOKEN, f"Basic {TOKEN}", f"Bearer {TOKEN}0", "Bearer é"):
+        assert refusal("GET", "/v1/stats", header, TOKEN, True) == (401, refusal_text(header))
+    assert refusal("GET", "/healthz/", None, TOKEN, True) is not None  # exactly /healthz
+    # No token: reads are open; writes only where only this machine can connect.
+    assert refusal("GET", "/v1/stats", None, None, False) is None
+    for method in ("POST", "DELETE", "PUT", "PATCH"):
+        refused = refusal(method, "/v1/replay", None, None, False)
+        assert refused is not None and refused[0] == 403
+        assert refusal(method, "/v1/replay", None, None, True) is None
+
+
+def refusal_text(header: str | None) -> str:
+    return "a valid 'Authorization: Bearer <token>' header is required"
+
+
+def test_since() -> None:
+    assert parse_since("1h", NOW) == NOW - timedelta(hours=1)
+    assert parse_since("PT30M", NOW) == NOW - timedelta(minutes=30)
+    assert parse_since("2026-02-01", NOW) == datetime(2026, 2, 1, tzinfo=UTC)
+    assert parse_since("2026-02-01T10:00:00+02:00", NOW) == datetime(2026, 2, 1, 8, tzinfo=UTC)
+    assert parse_since("2026-02-01T10:00Z", NOW) == datetime(2026, 2, 1, 10, tzinfo=UTC)
+    for bad in ("", "soon", "-1h", "2026-02-30", "101y", "9" * 5000, "1h\x00"):
+        with pytest.raises(BadInput, match="since: "):
+            parse_since(bad, NOW)
+
+
+def test_cursors() -> None:
+    assert parse_cursor("17") == 17
+    for bad in ("", "0", "-1", "1.5", "٣", "9" * 20, "9223372036854775808"):
+        with pytest.raises(BadInput, match="cursor: "):
+            parse_cursor(bad)
