@@ -229,6 +229,12 @@ def test_a_scrape_while_the_database_is_away_answers_at_once(dsn: str) -> None:
             assert not any(ln.startswith("slawatch_deliveries_pending{") for ln in text.split("\n"))
 
         proxy.close()
+        # The hung read ends with its connection; the next scrapes ask the pool again.
+        wait_for(
+            lambda: not [t for t in threading.enumerate() if t.name == "metrics-read"],
+            "the hung read to end",
+            timeout=10,
+        )
         assert "slawatch_outbox_up 0.0" in scrape(registry)
         # Not getting a connection within a scrape's short wait is no outage (the pool
         # may only be busy): the workers, which wait the full timeout, say when it is.

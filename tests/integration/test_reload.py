@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import httpx
 import psycopg
 import pytest
 import yaml
@@ -32,6 +33,7 @@ from slawatch.settings import Settings
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, shop
 from tests.integration.test_outage import logged, wait_for
+from tests.pgcluster import free_port
 from tests.receivers import WebhookReceiver, receiver
 
 __all__ = ["receiver"]
@@ -212,7 +214,8 @@ def test_sighup_reloads_a_running_slawatch_which_logs_json(
     password = "pw-Zq81x"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
     env["SLAWATCH_DSN"] = make_conninfo(dsn, password=password)
-    env["SLAWATCH_HTTP"] = ""  # no admin API: its default port may be taken
+    api = f"http://127.0.0.1:{free_port()}"  # the admin API (its default port may be taken)
+    env["SLAWATCH_HTTP"] = api.removeprefix("http://")
     with psycopg.connect(env["SLAWATCH_DSN"]):
         pass  # the server takes it (trust): the password is only there to be hidden
     with subprocess.Popen(
@@ -227,9 +230,21 @@ def test_sighup_reloads_a_running_slawatch_which_logs_json(
         out, err = Lines(proc.stdout), Lines(proc.stderr)
         try:
             wait_for(lambda: out.has("[warning] order_unshipped #1 key=1"), "the first alert")
+            # The admin API serves this runner's health, metrics and rules.
+            ready = httpx.get(f"{api}/readyz").json()
+            assert ready["ready"] is True and ready["checks"]["workers.console"] is True
+            wait_for(
+                lambda: (
+                    'slawatch_deliveries_total{notifier="console",outcome="sent"} 1.0'
+                    in httpx.get(f"{api}/metrics").text
+                ),
+                "the delivery in /metrics",
+            )
+            assert httpx.get(f"{api}/v1/rules/job_hung").status_code == 404
             shutil.copy(ROOT / "rules" / "job_hung.yaml", tmp_path)
             proc.send_signal(signal.SIGHUP)
             wait_for(lambda: out.has("[critical] job_hung #1 key=9"), "the added rule's alert")
+            assert httpx.get(f"{api}/v1/rules/job_hung").status_code == 200
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0
         finally:
