@@ -62,6 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
         dest="print_only",
         help="print the DDL and GRANTs instead of running them",
     )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="then mark every row overdue now as seen: the first run pages only for what"
+        " falls due from then on",
+    )
+    p.add_argument(
+        "--rule",
+        metavar="R",
+        action="append",
+        default=[],
+        help="with --baseline: only this rule (repeat for several; default: all)",
+    )
     p = command("run", "scan rules and deliver alerts until stopped")
     p.add_argument(
         "--once", action="store_true", help="drain every rule once, make one delivery pass, exit"

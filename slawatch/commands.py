@@ -7,10 +7,15 @@ import getpass
 import json
 import os
 import sys
+import time
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from psycopg import sql
 
+from slawatch.baseline import render_all as render_baselines
+from slawatch.baseline import select
+from slawatch.catalog import TableInfo
 from slawatch.claim import count_due
 from slawatch.clock import Clock
 from slawatch.db import (
@@ -74,7 +79,7 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "check":
         return cmd_check(settings)
     if args.command == "migrate":
-        return cmd_migrate(settings, args.print_only)
+        return cmd_migrate(settings, args.print_only, args.baseline, args.rule)
     if args.command == "run":
         return cmd_run(settings, args.once)
     if args.command == "replay":
@@ -127,22 +132,66 @@ def cmd_check(settings: Settings) -> int:
     return 0
 
 
-def cmd_migrate(settings: Settings, print_only: bool) -> int:
+def cmd_migrate(
+    settings: Settings, print_only: bool, baseline: bool = False, only: list[str] | None = None
+) -> int:
+    """Migrate; with ``baseline``, then mark what is overdue now as seen (``only``: those rules)."""
     rules, _ = load_config(settings)
+    if only and not baseline:
+        raise ConfigError("migrate: --rule goes with --baseline")
+    chosen = select(rules, only or [], str(settings.rules_dir)) if baseline else []
     if print_only:
         if not settings.dsn:
+            if baseline:
+                raise ConfigError(
+                    "migrate --print --baseline needs a database (SLAWATCH_DSN or --dsn): the"
+                    " script is made from the tables' keys and deadline types"
+                )
             sys.stdout.write(render(rules))
             return 0
         with connect(settings.dsn) as conn:
+            tables = check(conn, rules)
             sys.stdout.write(render(rules, plan(conn, rules)))
+        if baseline:
+            sys.stdout.write("\n" + render_baselines(chosen, tables, Clock().now()))
         return 0
     dsn = database_dsn(settings)
     with connect(dsn) as conn:
         done = migrate(conn, rules)
-    for line in done:
-        print(line)
-    print(f"ok: {len(rules)} rules migrated" + ("" if done else " (nothing to change)"))
+        for line in done:
+            print(line)
+        print(f"ok: {len(rules)} rules migrated" + ("" if done else " (nothing to change)"))
+        if baseline:
+            run_baselines(conn, chosen, check(conn, chosen), Clock().now())
     return 0
+
+
+def run_baselines(
+    conn: Connection, rules: list[Rule], tables: dict[str, TableInfo], now: datetime
+) -> None:
+    """Baseline each rule, printing progress (at most a line a second) and the totals."""
+    from slawatch.baseline import Progress, baseline_rule
+
+    shown = [0.0]
+
+    def progress(p: Progress) -> None:
+        if p.finished:
+            print(
+                f"baseline: {p.rule}: {p.rows:,} rows marked as seen"
+                f" ({p.batches} batch{'es' if p.batches != 1 else ''}, {p.seconds:.1f} s)",
+                flush=True,
+            )
+        elif time.monotonic() - shown[0] >= 1.0:
+            shown[0] = time.monotonic()
+            print(f"baseline: {p.rule}: {p.rows:,} rows so far...", flush=True)
+
+    total = 0
+    for rule in rules:
+        total += baseline_rule(conn, rule, tables[rule.name], now, progress=progress)
+    print(
+        f"ok: baseline of {len(rules)} rules: {total:,} rows overdue at {now:%Y-%m-%d %H:%M:%S%z}"
+        " marked as seen; the next scans page only for what falls due from now on"
+    )
 
 
 def cmd_run(settings: Settings, once: bool) -> int:

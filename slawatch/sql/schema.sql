@@ -111,3 +111,12 @@ CREATE TABLE IF NOT EXISTS slawatch.silence (
 );
 -- The delivery claim probes this per due delivery: the rule's silences by end time.
 CREATE INDEX IF NOT EXISTS silence_rule_ends ON slawatch.silence (rule, ends_at);
+
+-- First deployment (slawatch migrate --baseline, slawatch/baseline.py): per rule, the
+-- rows baselines marked as seen (all runs, each batch adding its count in its own
+-- transaction) and when the last one ran.
+CREATE TABLE IF NOT EXISTS slawatch.baseline (
+    rule          text PRIMARY KEY,
+    rows          bigint      NOT NULL,
+    baselined_at  timestamptz NOT NULL
+);
