@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--once", action="store_true", help="drain every rule once, make one delivery pass, exit"
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="per rule, how many alerts the next scan would send and to which notifiers;"
+        " nothing is sent or written",
+    )
+    p.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
     p = command("replay", "put dead deliveries back to pending")
     p.add_argument("--rule", help="only alerts of this rule")
     p.add_argument("--notifier", help="only deliveries to this notifier")

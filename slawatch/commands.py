@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql
 
+from slawatch.baseline import recorded, select
 from slawatch.baseline import render_all as render_baselines
-from slawatch.baseline import select
 from slawatch.catalog import TableInfo
 from slawatch.claim import count_due
 from slawatch.clock import Clock
@@ -81,6 +81,10 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "migrate":
         return cmd_migrate(settings, args.print_only, args.baseline, args.rule)
     if args.command == "run":
+        if args.dry_run:
+            return cmd_dry_run(settings, args.json)
+        if args.json:
+            raise ConfigError("run: --json goes with --dry-run")
         return cmd_run(settings, args.once)
     if args.command == "replay":
         return cmd_replay(settings, args.rule, args.notifier)
@@ -110,6 +114,7 @@ def cmd_check(settings: Settings) -> int:
         tables = check(conn, rules)
         lines, unready = [], []
         schema = schema_current(conn)
+        baselined = recorded(conn)
         for rule in rules:
             info = tables[rule.name]
             todo = pending(conn, rule, info)
@@ -117,7 +122,11 @@ def cmd_check(settings: Settings) -> int:
             count = "could not count in 30 s" if due is None else f"{due:,}"
             if due is not None and due >= 1_000_000:
                 count = "1,000,000 or more"
-            lines.append(f"  {rule.name}: {count} rows would be notified on the next scan")
+            line = f"  {rule.name}: {count} rows would be notified on the next scan"
+            if rule.name in baselined:
+                b = baselined[rule.name]
+                line += f" (baseline: {b.rows:,} rows marked as seen, {b.at:%Y-%m-%d %H:%M %Z})"
+            lines.append(line)
             if todo:
                 unready.append(rule.name)
                 lines.append(f"    not migrated: {'; '.join(todo)}")
@@ -225,6 +234,55 @@ def cmd_run(settings: Settings, once: bool) -> int:
             f"{result.delivered.dead} deliveries went dead (see the log above; "
             "'slawatch replay' sends them again)"
         )
+    return 0
+
+
+def _many(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
+def cmd_dry_run(settings: Settings, as_json: bool) -> int:
+    """Per rule, what ``run --once`` would send now, and to which notifiers: counted
+    in a read-only transaction, so nothing is sent or written (slawatch/due.py)."""
+    from slawatch.claim import prepare_all
+    from slawatch.due import dry_run
+
+    rules, _ = load_config(settings)
+    now = Clock().now()
+    with connect(database_dsn(settings)) as conn:
+        prepare_all(conn, rules)  # refuses what 'run' would refuse (not migrated, ...)
+        counts = dry_run(conn, rules, now)
+    total = sum(c.due.alerts for c in counts if c.due is not None)
+    per_notifier: dict[str, int] = {}
+    for c in counts:
+        for name, n in (c.due.deliveries(c.rule) if c.due is not None else {}).items():
+            per_notifier[name] = per_notifier.get(name, 0) + n
+    if as_json:
+        report = {
+            "at": now.isoformat(),
+            "rules": [c.to_dict() for c in counts],
+            "alerts": total,
+            "deliveries": dict(sorted(per_notifier.items())),
+        }
+        print(json.dumps(report))
+        return 0
+
+    def to(deliveries: dict[str, int]) -> str:
+        sent = ", ".join(f"{name} {n:,}" for name, n in sorted(deliveries.items()) if n)
+        return f" -> {sent}" if sent else ""
+
+    print(f"dry run at {now:%Y-%m-%d %H:%M:%S %Z}: nothing sent, nothing written")
+    for c in counts:
+        if c.due is None:
+            print(f"  {c.rule.name}: could not count in 30 s")
+            continue
+        d = c.due
+        renotify = sum(d.again.values())
+        kinds = f"{d.first:,} first, {renotify:,} re-notifications"
+        if c.rule.resolve:
+            kinds += f", {sum(d.resolved.values()):,} resolved"
+        print(f"  {c.rule.name}: {d.alerts:,} alerts ({kinds}){to(d.deliveries(c.rule))}")
+    print(f"total: {total:,} alerts, {sum(per_notifier.values()):,} deliveries{to(per_notifier)}")
     return 0
 
 

@@ -80,9 +80,7 @@ def test_a_baseline_pages_nothing_and_a_row_due_afterwards_pages(conn: Conn, tra
     assert due(conn, rule, NOW + M) == 0
     assert claim_all(conn, plan, NOW + M) == 0
     # An order that falls due after the baseline pages, once.
-    conn.execute(
-        "INSERT INTO orders VALUES (0, 1, 100, 'paid', %s)", (NOW - 48 * H + 30 * S,)
-    )
+    conn.execute("INSERT INTO orders VALUES (0, 1, 100, 'paid', %s)", (NOW - 48 * H + 30 * S,))
     assert due(conn, rule, NOW + 2 * M) == 1
     assert claim_all(conn, plan, NOW + 2 * M) == 1
     assert episodes(conn, "order_unshipped") == [("0", 1, 1)]
@@ -226,7 +224,9 @@ def test_the_printed_baseline_does_what_migrate_does(conn: Conn, track: str) -> 
     info = inspect_table(conn, rule.schema_name, rule.table_name)
     assert info is not None
     script = render(rule, info, NOW, batch=1_000)
-    (block,) = re.findall(r"^DO \$slawatch_baseline\$.*?\$slawatch_baseline\$;", script, re.S | re.M)
+    (block,) = re.findall(
+        r"^DO \$slawatch_baseline\$.*?\$slawatch_baseline\$;", script, re.S | re.M
+    )
     notices: list[str] = []
     conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
     conn.execute(block.encode())
