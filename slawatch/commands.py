@@ -281,8 +281,9 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
         kinds = f"{d.first:,} first, {renotify:,} re-notifications"
         if c.rule.resolve:
             kinds += f", {sum(d.resolved.values()):,} resolved"
-        print(f"  {c.rule.name}: {d.alerts:,} alerts ({kinds}){to(d.deliveries(c.rule))}")
-    print(f"total: {total:,} alerts, {sum(per_notifier.values()):,} deliveries{to(per_notifier)}")
+        print(f"  {c.rule.name}: {_many(d.alerts, 'alert')} ({kinds}){to(d.deliveries(c.rule))}")
+    deliveries = _many(sum(per_notifier.values()), "delivery", "deliveries")
+    print(f"total: {_many(total, 'alert')}, {deliveries}{to(per_notifier)}")
     return 0
 
 
