@@ -3,9 +3,11 @@ at the baseline is never paged; what falls due afterwards is, on both tracks."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -18,6 +20,7 @@ from slawatch.claim import ClaimPlan, count_due, prepare
 from slawatch.errors import DatabaseError
 from slawatch.migrate import migrate
 from slawatch.rules import Rule
+from tests.conftest import ROOT
 from tests.integration.helpers import Conn, claim_all, episodes, shop
 from tests.integration.lifecycle_helpers import resolved
 
@@ -259,3 +262,187 @@ def test_a_million_overdue_rows(conn: Conn, track: str, rows: int) -> None:
         f"\n{track}: baseline of {rows:,} rows {took:.1f} s; first scan after it"
         f" {first_scan:.2f} s; the next {time.monotonic() - started:.3f} s"
     )
+
+
+# --- What the next scan would send: check's count and run --dry-run ---------------------
+
+
+def outbox(conn: Conn) -> tuple[dict[str, int], dict[str, int]]:
+    """(alerts by kind, deliveries by notifier) written so far."""
+    kinds = dict(conn.execute("SELECT kind, count(*) FROM slawatch.alert GROUP BY 1").fetchall())
+    sent = dict(conn.execute("SELECT notifier, count(*) FROM slawatch.delivery GROUP BY 1"))
+    return kinds, sent
+
+
+def predicted(conn: Conn, rule: Rule, now: datetime) -> tuple[dict[str, int], dict[str, int]]:
+    from slawatch.due import count
+
+    info = inspect_table(conn, rule.schema_name, rule.table_name)
+    assert info is not None
+    d = count(conn, rule, info, now)
+    assert d is not None
+    return {"firing": d.notices, "resolved": sum(d.resolved.values())}, d.deliveries(rule)
+
+
+def grew(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in sorted(set(before) | set(after))}
+
+
+def test_the_count_is_what_the_scan_then_sends(conn: Conn, track: str) -> None:
+    """First notices, re-notifications (one acked), a tier that adds a notifier,
+    resolved notices (a completed row, a moved deadline), baselined rows: at each
+    scan the count made just before equals what the scan writes."""
+    from slawatch.rules import Tier
+
+    rule = shop(conn, track)["order_unshipped"].model_copy(
+        update={
+            "resolve": True,
+            "notify": ["ops"],
+            "escalate": [Tier(from_=2, notify=["ops", "pager"])],
+        }
+    )
+    migrate(conn, [rule])
+    plan = prepare(conn, rule)
+    overdue(conn, 3, first_id=100)
+    assert baseline(conn, rule, T0 + 48 * H) == 3  # orders 100..102: never counted
+    conn.execute(
+        "INSERT INTO orders SELECT g, 1, 100, 'paid', %s FROM generate_series(1, 5) g", (T0,)
+    )
+    due_at = T0 + 48 * H + S
+    steps = [
+        (due_at, None),
+        (due_at + 6 * H + SWEPT, "change"),  # re-notifications, sweep, resolved notices
+        (due_at + 6 * H + SWEPT + M, None),  # nothing due
+        (due_at + 12 * H + 2 * SWEPT, None),
+    ]
+    for at, what in steps:
+        if what == "change":
+            first_alert = conn.execute(
+                "SELECT id FROM slawatch.alert WHERE key = '2' AND n = 1"
+            ).fetchone()
+            assert first_alert is not None
+            conn.execute(
+                "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+                " VALUES ('order_unshipped', '2', 1, %s, %s, 'test')",
+                (first_alert[0], at),
+            )
+            conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 3")
+            conn.execute("UPDATE orders SET paid_at = %s WHERE id = 4", (T0 - H,))
+        before = outbox(conn)
+        alerts, deliveries = predicted(conn, rule, at)
+        claim_all(conn, plan, at)
+        after = outbox(conn)
+        assert {k: v for k, v in grew(before[0], after[0]).items()} == {
+            k: v for k, v in alerts.items() if v or k in after[0]
+        }, at
+        assert {k: v for k, v in grew(before[1], after[1]).items() if v} == {
+            k: v for k, v in deliveries.items() if v
+        }, at
+    # The walk met every kind: firing to both tiers, resolved notices, acks, baselines.
+    kinds, sent = outbox(conn)
+    assert kinds == {"firing": 5 + 3 + 3, "resolved": 2}, kinds
+    assert sent["pager"] > 0
+
+
+def test_a_dry_run_writes_nothing(conn: Conn, dsn: str, track: str, tmp_path: Path) -> None:
+    from tests.integration.test_cli import slawatch
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    text = (ROOT / "rules" / "order_unshipped.yaml").read_text()
+    (rules / "order_unshipped.yaml").write_text(f"{text}\ntrack: {track}\nresolve: true\n")
+
+    rule, plan = orders(conn, track, resolve=True)
+    overdue(conn, 4)
+    claim_all(conn, plan, NOW)  # 4 open episodes, tracked, a watermark (table)
+    overdue(conn, 2, first_id=10)
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
+
+    def snapshot() -> tuple[Any, ...]:
+        counts = tuple(
+            conn.execute(sql.SQL("SELECT count(*), max(xmin::text) FROM {}").format(t)).fetchone()
+            for t in (
+                sql.Identifier("slawatch", "alert"),
+                sql.Identifier("slawatch", "delivery"),
+                sql.Identifier("slawatch", "watermark"),
+                sql.Identifier("slawatch", "baseline"),
+            )
+        )
+        return counts, state(conn, rule, track)
+
+    listener = psycopg.connect(dsn, autocommit=True)
+    with listener:
+        listener.execute("LISTEN slawatch_delivery")
+        before = snapshot()
+        result = slawatch("--rules", str(rules), "run", "--dry-run", dsn=dsn)
+        assert result.returncode == 0, result.stderr
+        assert snapshot() == before
+        assert list(listener.notifies(timeout=0.2, stop_after=1)) == []
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("nothing sent, nothing written")
+    # At the real clock: orders 10 and 11 are due, 2..4 re-notify, 1's episode ended.
+    assert lines[1:] == [
+        "  order_unshipped: 6 alerts (2 first, 3 re-notifications, 1 resolved) -> console 6",
+        "total: 6 alerts, 6 deliveries -> console 6",
+    ]
+
+
+def test_the_first_deployment_from_the_command_line(conn: Conn, dsn: str) -> None:
+    from slawatch.demo import SHOP
+    from tests.integration.test_cli import slawatch
+
+    conn.execute(SHOP)
+    conn.execute(
+        "INSERT INTO orders SELECT g, 1, 100, 'paid', now() - interval '3 days'"
+        " FROM generate_series(1, 25) g"
+    )
+    result = slawatch("check", dsn=dsn)
+    assert "  order_unshipped: 25 rows would be notified on the next scan" in result.stdout
+    result = slawatch("migrate", "--baseline", "--rule", "order_unshipped", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-2].startswith("baseline: order_unshipped: 25 rows marked as seen (1 batch, ")
+    assert lines[-1].startswith("ok: baseline of 1 rules: 25 rows overdue at ")
+    result = slawatch("check", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    assert (
+        "  order_unshipped: 0 rows would be notified on the next scan"
+        " (baseline: 25 rows marked as seen, " in result.stdout
+    )
+    result = slawatch("run", "--dry-run", "--json", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["alerts"] == 0 and report["deliveries"] == {"console": 0}
+    assert {r["rule"] for r in report["rules"]} == {
+        "job_hung",
+        "order_unshipped",
+        "receipt_unconfirmed",
+        "refund_unprocessed",
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "text"),
+    [
+        (["migrate", "--rule", "order_unshipped"], 2, "migrate: --rule goes with --baseline"),
+        (["migrate", "--baseline", "--rule", "nope"], 2, "--rule: no rule named 'nope' in"),
+        (["migrate", "--baseline", "--rule", "x" * 10_000], 2, "--rule: no rule named 'xxx"),
+        (["migrate", "--print", "--baseline"], 2, "--print --baseline needs a database"),
+        (["run", "--json"], 2, "run: --json goes with --dry-run"),
+    ],
+)
+def test_bad_baseline_and_dry_run_usage(args: list[str], code: int, text: str) -> None:
+    from tests.integration.test_cli import assert_one_line_error, slawatch
+
+    result = slawatch(*args)
+    assert_one_line_error(result, code, text)
+    assert len(result.stderr) < 300
+
+
+def test_a_dry_run_refuses_what_run_refuses(conn: Conn, dsn: str) -> None:
+    from slawatch.demo import SHOP
+    from tests.integration.test_cli import assert_one_line_error, slawatch
+
+    conn.execute(SHOP)
+    result = slawatch("run", "--dry-run", dsn=dsn)
+    assert_one_line_error(result, 2, "run 'slawatch migrate' first")
