@@ -58,7 +58,11 @@ WITH picked AS (
 ), done AS (
     UPDATE {table} SET {seen} = {d}, {next} = NULL
      WHERE ctid = ANY (ARRAY(SELECT ctid FROM picked)){partition_match}
-       AND {d} < {cutoff} AND {first} AND {n} = 0
+       -- The re-check, for rows changed since `picked` read them. IS TRUE keeps it out
+       -- of the planner's reach: as plain conditions they match the first-notice index,
+       -- and without statistics (a table just migrated) the planner read that index's
+       -- whole due range for every batch instead of fetching the picked rows by ctid.
+       AND ({d} < {cutoff} AND {first} AND {n} = 0) IS TRUE
     RETURNING 1
 ){record}"""
 

@@ -98,10 +98,33 @@ def test_a_baseline_is_idempotent(conn: Conn, track: str) -> None:
     assert baseline(conn, rule, batch=100) == 300
     before = state(conn, rule, track)
     assert len(before) == 300
-    assert baseline(conn, rule, NOW + M, batch=100) == 0
+    again: list[Progress] = []
+    assert baseline(conn, rule, NOW + M, batch=100, progress=again.append) == 0
+    assert [p.batches for p in again] == [1]  # nothing even picked
     assert state(conn, rule, track) == before  # nothing written, not even the same values
     assert recorded(conn)["order_unshipped"].rows == 300
     assert claim_all(conn, plan, NOW + M) == 0
+
+
+def test_a_batch_reads_on_from_where_the_last_ended(conn: Conn, track: str) -> None:
+    """The index entries the baseline reads grow with the rows, not with rows x batches."""
+    rule, _ = orders(conn, track)
+    overdue(conn, 5_000)
+    index = rule.first_index if track == "inline" else rule.due_index
+
+    def entries_read() -> int:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = %s", (index,)
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    before = entries_read()
+    assert baseline(conn, rule, batch=500) == 5_000
+    # From the start each time, it would be 500 + 1,000 + ... + 5,000 = 27,500.
+    assert entries_read() - before < 2 * 5_000
 
 
 def test_an_interrupted_baseline_resumes(conn: Conn, dsn: str, track: str) -> None:
@@ -446,3 +469,28 @@ def test_a_dry_run_refuses_what_run_refuses(conn: Conn, dsn: str) -> None:
     conn.execute(SHOP)
     result = slawatch("run", "--dry-run", dsn=dsn)
     assert_one_line_error(result, 2, "run 'slawatch migrate' first")
+
+
+def test_a_partitioned_table_is_baselined_batch_by_batch(conn: Conn, track: str) -> None:
+    """A ctid names a slot in every partition: each batch must change only the rows it
+    picked, not those at the same slots in other partitions."""
+    from slawatch.claim import claim_batch
+    from tests.integration.test_partitioned import partitioned_orders
+    from tests.integration.test_partitioned import rule as late_rule
+
+    partitioned_orders(conn)
+    conn.execute("CREATE SCHEMA slawatch")
+    conn.execute(
+        "INSERT INTO orders SELECT g, 'paid', m + g * interval '1 hour'"
+        " FROM generate_series(1, 3) g, unnest(%s::timestamptz[]) m",
+        (["2026-01-05", "2026-02-05"],),
+    )
+    rule = late_rule(track=track)
+    migrate(conn, [rule])
+    seen: list[Progress] = []
+    assert baseline(conn, rule, T0, batch=2, progress=seen.append) == 6
+    assert [p.rows for p in seen] == [2, 4, 6, 6]
+    plan = prepare(conn, rule)
+    assert (
+        claim_all(conn, plan, T0 + M) if track == "table" else claim_batch(conn, plan, T0 + M)
+    ) == 0
