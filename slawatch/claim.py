@@ -37,17 +37,16 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import psycopg
 from psycopg import sql
 
 from slawatch.catalog import TableInfo, inspect_table, key_columns, table_ident
 from slawatch.clock import Clock
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
-from slawatch.errors import ConfigError, DatabaseError
+from slawatch.errors import ConfigError
 from slawatch.migrate import pending, predicates, schema_current
 from slawatch.outbox import SEVERITIES, Tally, outbox, resolved, severities
 from slawatch.rules import Rule
-from slawatch.statetable import TablePlan, TableScan, compose, drain_table, state_table
+from slawatch.statetable import TablePlan, TableScan, compose, drain_table
 
 log = logging.getLogger(__name__)
 
@@ -393,55 +392,12 @@ def count_due(
     re-notifications), counted up to ``limit``; None when counting took too long.
 
     Without tracking columns (not migrated yet) every due open row counts as a first
-    notice. Nothing is written.
+    notice. Nothing is written (see slawatch/due.py).
     """
-    # Only the parameters are needed: no statement to compose.
-    has_tz = info.columns[rule.deadline] == "timestamp with time zone"
-    params = ClaimPlan(rule, sql.Composed([]), has_tz).params(now) | {"limit": limit}
-    t, d = table_ident(rule), sql.Identifier(rule.deadline)
-    open_when = _text(f"({rule.open_when})")
-    if rule.track == "table":
-        state = inspect_table(conn, "slawatch", f"{rule.name}_state")
-        if state is None:
-            statement: sql.Composed = sql.SQL(
-                "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {ow}"
-                " LIMIT %(limit)s) f"
-            ).format(t=t, d=d, ow=open_when)
-        else:
-            keys = key_columns(rule, info)
-            same = sql.SQL(" AND ").join(
-                sql.SQL("s.{c} = t.{c}").format(c=sql.Identifier(c)) for c in keys
-            )
-            # A due re-notification counts only while its row is still open with the
-            # episode's deadline (the claim re-checks the same; the others close).
-            statement = sql.SQL(
-                "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {d} < %(cutoff)s AND {ow}"
-                " AND NOT EXISTS (SELECT 1 FROM {s} s WHERE {same} AND s.sw_seen = t.{d})"
-                " LIMIT %(limit)s) f) + (SELECT count(*) FROM (SELECT 1 FROM {s} s"
-                " WHERE s.sw_next < %(now)s::timestamptz AND EXISTS (SELECT 1 FROM {t} t"
-                " WHERE {same} AND t.{d} = s.sw_seen AND {ow}) LIMIT %(limit)s) a)"
-            ).format(t=t, d=d, ow=open_when, s=state_table(rule), same=same)
-    elif all(c in info.columns for c in rule.tracking_columns):
-        first, again = (_text(p) for p in predicates(rule)[:2])
-        statement = sql.SQL(
-            "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {first}"
-            " LIMIT %(limit)s) f) + (SELECT count(*) FROM (SELECT 1 FROM {t}"
-            " WHERE {next} < %(now)s::timestamptz AND {again} LIMIT %(limit)s) a)"
-        ).format(t=t, d=d, next=sql.Identifier(rule.next_column), first=first, again=again)
-    else:
-        statement = sql.SQL(
-            "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {ow}"
-            " LIMIT %(limit)s) f"
-        ).format(t=t, d=d, ow=open_when)
-    try:
-        with translate(f"counting due rows for rule {rule.name}"), conn.transaction():
-            conn.execute("SET LOCAL statement_timeout = '30s'")
-            row = conn.execute(statement, params).fetchone()
-    except DatabaseError as exc:
-        if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
-            return None
-        raise
-    return min(int(row[0]), limit) if row else 0
+    from slawatch.due import count
+
+    due = count(conn, rule, info, now, limit)
+    return None if due is None else min(due.notices, limit)
 
 
 def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], int]:

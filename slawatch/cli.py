@@ -82,15 +82,34 @@ def build_parser() -> argparse.ArgumentParser:
         dest="print_only",
         help="print the DDL and GRANTs instead of running them",
     )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="then mark every row overdue now as seen: the first run pages only for what"
+        " falls due from then on",
+    )
+    p.add_argument(
+        "--rule",
+        metavar="R",
+        action="append",
+        default=[],
+        help="with --baseline: only this rule (repeat for several; default: all)",
+    )
     p = command("run", "scan rules and deliver alerts until stopped")
     p.add_argument(
         "--once", action="store_true", help="drain every rule once, make one delivery pass, exit"
     )
     p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="per rule, how many alerts the next scan would send and to which notifiers;"
+        " nothing is sent or written",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
-        help="with --once: the summary as one JSON document on stdout "
-        "(the console notifier's lines go to stderr)",
+        help="with --once: the summary as one JSON document on stdout (the console"
+        " notifier's lines go to stderr); with --dry-run: the counts as JSON",
     )
     p = command("replay", "put dead deliveries back to pending")
     p.add_argument("--rule", help="only alerts of this rule")
@@ -226,8 +245,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "run" and args.json and not args.once:
-        parser.error("--json goes with --once")
+    if args.command == "run" and args.json and not (args.once or args.dry_run):
+        parser.error("--json goes with --once or --dry-run")
+    if args.command == "run" and args.once and args.dry_run:
+        parser.error("--dry-run sends nothing: it does not go with --once")
     try:
         settings = settings_from(args)
         setup_logging(settings.log_level, settings.log_format)

@@ -9,16 +9,21 @@ import json
 import os
 import re
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from psycopg import sql
 from pydantic import BaseModel
 
+from slawatch.baseline import recorded, select
+from slawatch.baseline import render_all as render_baselines
+from slawatch.catalog import TableInfo
 from slawatch.claim import count_due
 from slawatch.clock import Clock
 from slawatch.config import shorten
 from slawatch.db import (
+    Connection,
     Database,
     connect,
     embedded_dsn,
@@ -81,8 +86,10 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "check":
         return cmd_check(settings)
     if args.command == "migrate":
-        return cmd_migrate(settings, args.print_only)
+        return cmd_migrate(settings, args.print_only, args.baseline, args.rule)
     if args.command == "run":
+        if args.dry_run:
+            return cmd_dry_run(settings, args.json)
         return cmd_run(settings, args.once, args.json)
     if args.command == "replay":
         return cmd_replay(settings, args.rule, args.notifier)
@@ -126,6 +133,7 @@ def cmd_check(settings: Settings) -> int:
         tables = check(conn, rules)
         lines, unready = [], []
         schema = schema_current(conn)
+        baselined = recorded(conn)
         for rule in rules:
             info = tables[rule.name]
             todo = pending(conn, rule, info)
@@ -133,7 +141,11 @@ def cmd_check(settings: Settings) -> int:
             count = "could not count in 30 s" if due is None else f"{due:,}"
             if due is not None and due >= 1_000_000:
                 count = "1,000,000 or more"
-            lines.append(f"  {rule.name}: {count} rows would be notified on the next scan")
+            line = f"  {rule.name}: {count} rows would be notified on the next scan"
+            if rule.name in baselined:
+                b = baselined[rule.name]
+                line += f" (baseline: {b.rows:,} rows marked as seen, {b.at:%Y-%m-%d %H:%M %Z})"
+            lines.append(line)
             if todo:
                 unready.append(rule.name)
                 lines.append(f"    not migrated: {'; '.join(todo)}")
@@ -148,22 +160,66 @@ def cmd_check(settings: Settings) -> int:
     return 0
 
 
-def cmd_migrate(settings: Settings, print_only: bool) -> int:
+def cmd_migrate(
+    settings: Settings, print_only: bool, baseline: bool = False, only: list[str] | None = None
+) -> int:
+    """Migrate; with ``baseline``, then mark what is overdue now as seen (``only``: those rules)."""
     rules, _ = load_config(settings)
+    if only and not baseline:
+        raise ConfigError("migrate: --rule goes with --baseline")
+    chosen = select(rules, only or [], str(settings.rules_dir)) if baseline else []
     if print_only:
         if not settings.dsn:
+            if baseline:
+                raise ConfigError(
+                    "migrate --print --baseline needs a database (SLAWATCH_DSN or --dsn): the"
+                    " script is made from the tables' keys and deadline types"
+                )
             sys.stdout.write(render(rules))
             return 0
         with connect(settings.dsn) as conn:
+            tables = check(conn, rules)
             sys.stdout.write(render(rules, plan(conn, rules)))
+        if baseline:
+            sys.stdout.write("\n" + render_baselines(chosen, tables, Clock().now()))
         return 0
     dsn = database_dsn(settings)
     with connect(dsn) as conn:
         done = migrate(conn, rules)
-    for line in done:
-        print(line)
-    print(f"ok: {len(rules)} rules migrated" + ("" if done else " (nothing to change)"))
+        for line in done:
+            print(line)
+        print(f"ok: {len(rules)} rules migrated" + ("" if done else " (nothing to change)"))
+        if baseline:
+            run_baselines(conn, chosen, check(conn, chosen), Clock().now())
     return 0
+
+
+def run_baselines(
+    conn: Connection, rules: list[Rule], tables: dict[str, TableInfo], now: datetime
+) -> None:
+    """Baseline each rule, printing progress (at most a line a second) and the totals."""
+    from slawatch.baseline import Progress, baseline_rule
+
+    shown = [0.0]
+
+    def progress(p: Progress) -> None:
+        if p.finished:
+            print(
+                f"baseline: {p.rule}: {p.rows:,} rows marked as seen"
+                f" ({p.batches} batch{'es' if p.batches != 1 else ''}, {p.seconds:.1f} s)",
+                flush=True,
+            )
+        elif time.monotonic() - shown[0] >= 1.0:
+            shown[0] = time.monotonic()
+            print(f"baseline: {p.rule}: {p.rows:,} rows so far...", flush=True)
+
+    total = 0
+    for rule in rules:
+        total += baseline_rule(conn, rule, tables[rule.name], now, progress=progress)
+    print(
+        f"ok: baseline of {len(rules)} rules: {total:,} rows overdue at {now:%Y-%m-%d %H:%M:%S%z}"
+        " marked as seen; the next scans page only for what falls due from now on"
+    )
 
 
 def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
@@ -227,6 +283,56 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
             f"{result.delivered.dead} deliveries went dead (see the log above; "
             "'slawatch replay' sends them again)"
         )
+    return 0
+
+
+def _many(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
+def cmd_dry_run(settings: Settings, as_json: bool) -> int:
+    """Per rule, what ``run --once`` would send now, and to which notifiers: counted
+    in a read-only transaction, so nothing is sent or written (slawatch/due.py)."""
+    from slawatch.claim import prepare_all
+    from slawatch.due import dry_run
+
+    rules, _ = load_config(settings)
+    now = Clock().now()
+    with connect(database_dsn(settings)) as conn:
+        prepare_all(conn, rules)  # refuses what 'run' would refuse (not migrated, ...)
+        counts = dry_run(conn, rules, now)
+    total = sum(c.due.alerts for c in counts if c.due is not None)
+    per_notifier: dict[str, int] = {}
+    for c in counts:
+        for name, n in (c.due.deliveries(c.rule) if c.due is not None else {}).items():
+            per_notifier[name] = per_notifier.get(name, 0) + n
+    if as_json:
+        report = {
+            "at": now.isoformat(),
+            "rules": [c.to_dict() for c in counts],
+            "alerts": total,
+            "deliveries": dict(sorted(per_notifier.items())),
+        }
+        print(json.dumps(report))
+        return 0
+
+    def to(deliveries: dict[str, int]) -> str:
+        sent = ", ".join(f"{name} {n:,}" for name, n in sorted(deliveries.items()) if n)
+        return f" -> {sent}" if sent else ""
+
+    print(f"dry run at {now:%Y-%m-%d %H:%M:%S %Z}: nothing sent, nothing written")
+    for c in counts:
+        if c.due is None:
+            print(f"  {c.rule.name}: could not count in 30 s")
+            continue
+        d = c.due
+        renotify = sum(d.again.values())
+        kinds = f"{d.first:,} first, {renotify:,} re-notifications"
+        if c.rule.resolve:
+            kinds += f", {sum(d.resolved.values()):,} resolved"
+        print(f"  {c.rule.name}: {_many(d.alerts, 'alert')} ({kinds}){to(d.deliveries(c.rule))}")
+    deliveries = _many(sum(per_notifier.values()), "delivery", "deliveries")
+    print(f"total: {_many(total, 'alert')}, {deliveries}{to(per_notifier)}")
     return 0
 
 

@@ -43,6 +43,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.basetemp = str(_private_basetemp)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``big`` (minutes, gigabytes) run only when selected: ``-m big``."""
+    if "big" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="full-size case: run with -m big")
+    for item in items:
+        if "big" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the session's temporary root when all passed (kept to inspect otherwise)."""
     if _private_basetemp is not None and exitstatus == 0:

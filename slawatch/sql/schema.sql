@@ -126,3 +126,12 @@ CREATE TABLE IF NOT EXISTS slawatch.scan (
     claimed     bigint      NOT NULL,
     error       text
 );
+
+-- First deployment (slawatch migrate --baseline, slawatch/baseline.py): per rule, the
+-- rows baselines marked as seen (all runs, each batch adding its count in its own
+-- transaction) and when the last one ran.
+CREATE TABLE IF NOT EXISTS slawatch.baseline (
+    rule          text PRIMARY KEY,
+    rows          bigint      NOT NULL,
+    baselined_at  timestamptz NOT NULL
+);

@@ -68,7 +68,15 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
     tables = conn.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'slawatch'"
     ).fetchall()
-    assert {t[0] for t in tables} == {"alert", "delivery", "watermark", "ack", "silence", "scan"}
+    assert {t[0] for t in tables} == {
+        "alert",
+        "delivery",
+        "watermark",
+        "ack",
+        "silence",
+        "scan",
+        "baseline",
+    }
 
 
 def test_migrate_is_idempotent(conn: Conn) -> None:
