@@ -323,7 +323,9 @@ class PagerDutyConfig(_Base):
     type: Literal["pagerduty"]
     routing_key: SecretStr
     base_url: str = "https://events.pagerduty.com"
-    source: str = Field(default="slawatch", min_length=1, max_length=255)
+    # payload.source, "the unique location of the affected system" (``source`` is
+    # every config's file name, hence the alias).
+    source_: str = Field(default="slawatch", alias="source", min_length=1, max_length=255)
     # PagerDuty takes about 120 events a minute per routing key: small batches.
     batch: int = Field(default=20, ge=1, le=10_000)
     ca_file: FilePath | None = None

@@ -91,7 +91,7 @@ class PagerDutyNotifier(HttpNotifier):
         deadline = time.monotonic() + self.timeout
         for i, alert in enumerate(ordered, 1):
             body = json.dumps(
-                event(alert, self._routing_key, self.config.source),
+                event(alert, self._routing_key, self.config.source_),
                 separators=(",", ":"),
                 default=str,
             )

@@ -76,10 +76,10 @@ def section(alert: dict[str, Any]) -> str:
         lines.append(cut(escape(alert["description"]), 500))
     head = "\n".join(lines)
     row = json.dumps(alert.get("row"), default=str, ensure_ascii=False)
+    # The head is at most about 900 characters (key 200, description 500): the row
+    # gets the rest of the 3000.
     room = TEXT_LIMIT - len(head) - len("\n``````")
-    if room > 20:
-        head += "\n```" + cut(escape(row.replace("```", "'''")), room) + "```"
-    return cut(head, TEXT_LIMIT)
+    return head + "\n```" + cut(escape(row.replace("```", "'''")), room) + "```"
 
 
 def message(alerts: list[dict[str, Any]], listed: int) -> dict[str, Any]:
