@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,6 +50,7 @@ class Service:
                 with service.lock:
                     service.requests.append(request)
                     reply = service.replies.pop(0) if service.replies else service.answer(request)
+                time.sleep(reply.delay)
                 try:
                     self.send_response(reply.status)
                     for k, v in reply.headers.items():

@@ -171,7 +171,9 @@ def test_the_service_refuses_what_slack_refuses(slack: SlackService) -> None:
     """The stand-in's checks are real: a message over Slack's limits is refused."""
     hook = notifier(slack.url)
     too_many = {"text": "x", "blocks": [{"type": "divider"}] * 51}
-    long_header = {"blocks": [{"type": "header", "text": {"type": "plain_text", "text": "h" * 151}}]}
+    long_header = {
+        "blocks": [{"type": "header", "text": {"type": "plain_text", "text": "h" * 151}}]
+    }
     long_section = {"blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "s" * 3001}}]}
     import json
 
