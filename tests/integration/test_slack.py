@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -171,12 +172,9 @@ def test_the_service_refuses_what_slack_refuses(slack: SlackService) -> None:
     """The stand-in's checks are real: a message over Slack's limits is refused."""
     hook = notifier(slack.url)
     too_many = {"text": "x", "blocks": [{"type": "divider"}] * 51}
-    long_header = {
-        "blocks": [{"type": "header", "text": {"type": "plain_text", "text": "h" * 151}}]
-    }
-    long_section = {"blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "s" * 3001}}]}
-    import json
-
+    header = {"type": "header", "text": {"type": "plain_text", "text": "h" * 151}}
+    section = {"type": "section", "text": {"type": "mrkdwn", "text": "s" * 3001}}
+    long_header, long_section = {"blocks": [header]}, {"blocks": [section]}
     for body in (too_many, long_header, long_section, {"blocks": []}, {}):
         with pytest.raises(DeliveryError, match="HTTP 400") as exc:
             hook.post(hook.url, json.dumps(body).encode())
