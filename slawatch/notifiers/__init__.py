@@ -343,7 +343,7 @@ class PagerDutyConfig(_Base):
     @field_validator("base_url")
     @classmethod
     def _base_url(cls, v: str) -> str:
-        return _plain_url(v).rstrip("/")
+        return _plain_url(v)
 
 
 # Alertmanager's own labels: slawatch sets them, so a configured label may not.

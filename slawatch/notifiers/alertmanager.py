@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from slawatch.notifiers import AlertmanagerConfig
 from slawatch.notifiers.base import is_resolved
-from slawatch.notifiers.http import HttpNotifier
+from slawatch.notifiers.http import HttpNotifier, endpoint
 
 # A row is an annotation for people to read, not a store: a huge one is cut.
 ROW_LIMIT = 8192
@@ -90,7 +90,7 @@ class AlertmanagerNotifier(HttpNotifier):
     def __init__(self, config: AlertmanagerConfig) -> None:
         super().__init__(config, config.ca_file, config.headers)
         self.config = config
-        self.url = config.url.rstrip("/") + "/api/v2/alerts"
+        self.url = endpoint(config.url, "/api/v2/alerts")
         self.keep_target_secrets(config.url, config.headers)
         self.keep_target_secrets(self.url)
 

@@ -14,7 +14,7 @@ import email.utils
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -43,6 +43,12 @@ def public_url(url: str) -> str:
     except ValueError:
         port = ""
     return f"{parts.scheme}://{host}{port}/…"
+
+
+def endpoint(base: str, path: str) -> str:
+    """``{base}{path}``, under the base's own path (a route prefix) and before its query."""
+    parts = urlsplit(base)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
 
 
 def retry_after(value: str | None) -> float | None:

@@ -17,7 +17,7 @@ from typing import Any
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import PagerDutyConfig
 from slawatch.notifiers.base import is_resolved
-from slawatch.notifiers.http import HttpNotifier
+from slawatch.notifiers.http import HttpNotifier, endpoint
 
 SUMMARY_LIMIT = 1024
 DEDUP_LIMIT = 255
@@ -80,7 +80,7 @@ class PagerDutyNotifier(HttpNotifier):
     def __init__(self, config: PagerDutyConfig) -> None:
         super().__init__(config, config.ca_file)
         self.config = config
-        self.url = f"{config.base_url}/v2/enqueue"
+        self.url = endpoint(config.base_url, "/v2/enqueue")
         self._routing_key = config.routing_key.get_secret_value()
 
     def send(self, alerts: list[dict[str, Any]]) -> None:
