@@ -298,6 +298,9 @@ class NatsConfig(_Base):
 def _http_parse(url: str) -> object:
     if not urlsplit(url).hostname:
         raise ValueError("no host")
+    if re.search(r"\s", url):
+        # httpx would encode it and every send would fail.
+        raise ValueError("a space in the URL (percent-encode it as %20)")
     try:
         return httpx.URL(url)
     except httpx.InvalidURL as exc:
