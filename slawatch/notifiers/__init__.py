@@ -6,8 +6,8 @@ below (chosen by ``type``); :func:`build` turns a config into a sender whose
 raises :class:`~slawatch.errors.DeliveryError` otherwise.
 
 ``${VAR}`` in any string value is replaced by the environment variable VAR
-before validation; secrets (webhook ``secret``, SMTP ``password``, broker
-URLs) are kept as ``SecretStr`` and never printed.
+before validation; secrets (webhook ``secret``, SMTP ``password``, broker and Slack
+URLs, PagerDuty ``routing_key``) are kept as ``SecretStr`` and never printed.
 
 Every number and duration is bounded (``timeout`` at most 1 hour, ``retry``
 intervals at most 30 days): a value that passes ``check`` must also work when
@@ -126,12 +126,10 @@ class ConsoleConfig(_Base):
     type: Literal["console"]
 
 
-class WebhookConfig(_Base):
-    """``POST {"alerts": [...]}`` as JSON, signed per Standard Webhooks when a secret is set."""
+class _HttpTarget(_Base):
+    """A service reached at ``url``, with optional extra headers and a private CA."""
 
-    type: Literal["webhook"]
     url: str
-    secret: SecretStr | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     ca_file: FilePath | None = None  # PEM bundle to trust for https (default: the system's)
 
@@ -164,6 +162,13 @@ class WebhookConfig(_Base):
                     "at most 8192 characters"
                 )
         return v
+
+
+class WebhookConfig(_HttpTarget):
+    """``POST {"alerts": [...]}`` as JSON, signed per Standard Webhooks when a secret is set."""
+
+    type: Literal["webhook"]
+    secret: SecretStr | None = None
 
     @field_validator("secret")
     @classmethod
@@ -290,7 +295,125 @@ class NatsConfig(_Base):
     stream: str | None = None  # created (subjects: the subject's prefix + ".>") if missing
 
 
-NotifierConfig = ConsoleConfig | WebhookConfig | EmailConfig | AmqpConfig | RedisConfig | NatsConfig
+def _http_parse(url: str) -> object:
+    if not urlsplit(url).hostname:
+        raise ValueError("no host")
+    if re.search(r"\s", url):
+        # httpx would encode it and every send would fail.
+        raise ValueError("a space in the URL (percent-encode it as %20)")
+    try:
+        return httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(str(exc)) from exc
+
+
+class SlackConfig(_Base):
+    """Slack incoming webhook: one Block Kit message per batch."""
+
+    type: Literal["slack"]
+    # The hook URL is the credential (https://hooks.slack.com/services/T…/B…/<token>).
+    url: Annotated[SecretStr, _broker_url(("https", "http"), _http_parse)]
+    batch: int = Field(default=20, ge=1, le=10_000)
+    # Alerts shown in one message, each a section block; the rest of the batch is
+    # counted in a last line. Slack takes at most 50 blocks per message.
+    listed: int = Field(default=10, ge=1, le=45)
+    ca_file: FilePath | None = None
+
+
+class PagerDutyConfig(_Base):
+    """PagerDuty Events API v2: one event per alert, an incident per episode."""
+
+    type: Literal["pagerduty"]
+    routing_key: SecretStr
+    base_url: str = "https://events.pagerduty.com"
+    # payload.source, "the unique location of the affected system" (``source`` is
+    # every config's file name, hence the alias).
+    source_: str = Field(default="slawatch", alias="source", min_length=1, max_length=255)
+    # PagerDuty takes about 120 events a minute per routing key: small batches.
+    batch: int = Field(default=20, ge=1, le=10_000)
+    ca_file: FilePath | None = None
+
+    @field_validator("routing_key")
+    @classmethod
+    def _routing_key(cls, v: SecretStr) -> SecretStr:
+        # Checked now (PagerDuty refuses any other with a 400, every time); never quoted.
+        if not re.fullmatch(r"[A-Za-z0-9]{32}", v.get_secret_value()):
+            raise ValueError(
+                "must be the 32-character integration key of an Events API v2 integration"
+            )
+        return v
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str) -> str:
+        return _plain_url(v)
+
+
+# Alertmanager's own labels: slawatch sets them, so a configured label may not.
+ALERTMANAGER_LABELS = ("alertname", "rule", "key", "episode", "severity")
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+class AlertmanagerConfig(_HttpTarget):
+    """Alertmanager (or a compatible receiver): ``POST {url}/api/v2/alerts``."""
+
+    type: Literal["alertmanager"]
+    # How long a firing notice keeps its alert active in Alertmanager: clients are
+    # expected to re-send active alerts, slawatch sends one notice per notification.
+    firing_for: Annotated[
+        timedelta,
+        duration_validator(positive=True, limit=timedelta(days=30), limit_text="30 days"),
+    ] = timedelta(hours=24)
+    labels: dict[str, str] = Field(default_factory=dict)  # added to every alert
+    generator_url: Template | None = None  # a link back, e.g. to slawatch's page
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not _LABEL_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{shorten(name)} is not a label name (letters, digits and _, "
+                    "not starting with a digit)"
+                )
+            if name in ALERTMANAGER_LABELS:
+                raise ValueError(f"{name} is set by slawatch ({', '.join(ALERTMANAGER_LABELS)})")
+            if not value or len(value) > 1024:
+                # Alertmanager drops a label with an empty value.
+                raise ValueError(f"{name}: the value must be 1 to 1024 characters")
+        return v
+
+    @field_validator("generator_url")
+    @classmethod
+    def _generator_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"{shorten(v)} is not an http:// or https:// URL")
+        return v
+
+
+def _plain_url(v: str) -> str:
+    """An http(s) URL that is no secret (a service's base URL)."""
+    if not re.match(r"^https?://[^/\s]+", v):
+        raise ValueError(f"{shorten(v)} is not an http:// or https:// URL")
+    try:
+        _http_parse(v)
+        urlsplit(v).port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL: {_url_problem(exc)}") from exc
+    return v
+
+
+NotifierConfig = (
+    ConsoleConfig
+    | WebhookConfig
+    | EmailConfig
+    | AmqpConfig
+    | RedisConfig
+    | NatsConfig
+    | SlackConfig
+    | PagerDutyConfig
+    | AlertmanagerConfig
+)
 _BY_TYPE: dict[str, type[FileModel]] = {
     "console": ConsoleConfig,
     "webhook": WebhookConfig,
@@ -298,6 +421,9 @@ _BY_TYPE: dict[str, type[FileModel]] = {
     "amqp": AmqpConfig,
     "redis": RedisConfig,
     "nats": NatsConfig,
+    "slack": SlackConfig,
+    "pagerduty": PagerDutyConfig,
+    "alertmanager": AlertmanagerConfig,
 }
 
 
@@ -375,6 +501,18 @@ def build(config: NotifierConfig) -> Notifier:
         from slawatch.notifiers.redis import RedisNotifier
 
         return RedisNotifier(config)
-    from slawatch.notifiers.nats import NatsNotifier
+    if isinstance(config, NatsConfig):
+        from slawatch.notifiers.nats import NatsNotifier
 
-    return NatsNotifier(config)
+        return NatsNotifier(config)
+    if isinstance(config, SlackConfig):
+        from slawatch.notifiers.slack import SlackNotifier
+
+        return SlackNotifier(config)
+    if isinstance(config, PagerDutyConfig):
+        from slawatch.notifiers.pagerduty import PagerDutyNotifier
+
+        return PagerDutyNotifier(config)
+    from slawatch.notifiers.alertmanager import AlertmanagerNotifier
+
+    return AlertmanagerNotifier(config)

@@ -86,3 +86,9 @@ def render(template: str, alert: dict[str, Any]) -> str:
     return template.format(
         rule=alert["rule"], severity=alert["severity"], key=alert["key"], n=alert["n"]
     )
+
+
+def is_resolved(alert: dict[str, Any]) -> bool:
+    """A resolved notice (the episode ended), not a notification of an overdue row.
+    Alerts from before the ``status`` field are notifications."""
+    return bool(alert.get("status", "firing") == "resolved")

@@ -21,9 +21,11 @@ import yaml
 from slawatch.config import shorten
 from slawatch.errors import ConfigError
 from slawatch.notifiers import (
+    AlertmanagerConfig,
     EmailConfig,
     NotifierConfig,
     RedisConfig,
+    SlackConfig,
     WebhookConfig,
     build,
     load_notifiers,
@@ -40,6 +42,8 @@ RULE: dict[str, Any] = {
 WEBHOOK: dict[str, Any] = {"type": "webhook", "url": "http://127.0.0.1:9/hook"}
 REDIS: dict[str, Any] = {"type": "redis"}
 EMAIL: dict[str, Any] = {"type": "email", "host": "h", "from": "a@b", "to": ["c@d"]}
+SLACK: dict[str, Any] = {"type": "slack", "url": "https://hooks.slack.com/services/T/B/X"}
+ALERTMANAGER: dict[str, Any] = {"type": "alertmanager", "url": "http://127.0.0.1:9093"}
 
 RULE_FIELDS = [
     ("after",),
@@ -58,6 +62,8 @@ NOTIFIER_FIELDS: list[tuple[dict[str, Any], tuple[str, ...]]] = [
     (WEBHOOK, ("retry", "attempts")),
     (REDIS, ("maxlen",)),
     (EMAIL, ("port",)),
+    (SLACK, ("listed",)),
+    (ALERTMANAGER, ("firing_for",)),
 ]
 YEARS_100 = timedelta(days=36500)
 # The cases of the issue, then the usual suspects.
@@ -186,6 +192,10 @@ def assert_within_bounds(item: Rule | NotifierConfig) -> None:
         assert item.retry.delay(attempt) <= item.retry.max
     if isinstance(item, RedisConfig):
         assert item.maxlen <= 1_000_000_000
+    if isinstance(item, SlackConfig):
+        assert 1 <= item.listed <= 45  # Slack's 50 blocks: header, 45 alerts, the rest
+    if isinstance(item, AlertmanagerConfig):
+        assert timedelta(0) < item.firing_for <= timedelta(days=30)
 
 
 def test_every_absurd_value_is_a_clean_error_or_within_bounds(tmp_path: Path) -> None:

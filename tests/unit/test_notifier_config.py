@@ -8,6 +8,7 @@ from slawatch.errors import ConfigError
 from slawatch.notifiers import (
     EmailConfig,
     NatsConfig,
+    SlackConfig,
     WebhookConfig,
     build,
     load_notifiers,
@@ -34,9 +35,22 @@ def test_shipped_examples_cover_every_type_but_only_console_is_live(
 ) -> None:
     monkeypatch.setenv("OPS_WEBHOOK_SECRET", SECRET)
     monkeypatch.setenv("SMTP_PASSWORD", "pw")
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", "https://hooks.slack.com/services/T0/B0/x")
+    monkeypatch.setenv("PAGERDUTY_ROUTING_KEY", "0123456789abcdef0123456789ABCDEF")
     configs = load_notifiers(ROOT / "notifiers" / "examples")
     assert [c.type for c in load_notifiers(ROOT / "notifiers")] == ["console"]
-    assert {c.type for c in configs} == {"webhook", "email", "amqp", "redis", "nats"}
+    assert {c.type for c in configs} == {
+        "webhook",
+        "email",
+        "amqp",
+        "redis",
+        "nats",
+        "slack",
+        "pagerduty",
+        "alertmanager",
+    }
+    for config in configs:
+        build(config).close()
 
 
 def test_env_interpolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,3 +187,72 @@ def test_scrub_covers_every_form_of_a_url_secret() -> None:
         assert token.scrub("bad token tok-en") == "bad token ***"  # type: ignore[attr-defined]
     finally:
         token.close()
+
+
+SLACK_TOKEN = "zzSlackS3cretTokenzz"
+ROUTING_KEY = "0123456789abcdef0123456789ABCDEF"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("type: slack\n", "url: is required"),
+        ("type: slack\nurl: hooks.slack.com/x\n", "url: must start with https:// or http://"),
+        (
+            f"type: slack\nurl: 'https://h:99x/services/T/B/{SLACK_TOKEN}'\n",
+            "url: not a valid URL: the port is not a number",
+        ),
+        ("type: slack\nurl: 'https:///services'\n", "url: not a valid URL: no host"),
+        ("type: slack\nurl: 'https://ho st/x'\n", "a space in the URL (percent-encode it as %20)"),
+        ("type: slack\nurl: https://h/x\nlisted: 46\n", "listed: 46: Input should be less"),
+        ("type: pagerduty\n", "routing_key: is required"),
+        (
+            f"type: pagerduty\nrouting_key: {ROUTING_KEY}x\n",
+            "routing_key: must be the 32-character integration key of an Events API v2",
+        ),
+        (
+            f"type: pagerduty\nrouting_key: {ROUTING_KEY}\nbase_url: events.pagerduty.com\n",
+            "base_url: 'events.pagerduty.com' is not an http:// or https:// URL",
+        ),
+        (f"type: pagerduty\nrouting_key: {ROUTING_KEY}\nsource: ''\n", "source: '': String"),
+        ("type: alertmanager\nurl: http://am\nlabels: {severity: x}\n", "labels: severity is set"),
+        ("type: alertmanager\nurl: http://am\nlabels: {a-b: x}\n", "labels: 'a-b' is not a label"),
+        ("type: alertmanager\nurl: http://am\nlabels: {team: ''}\n", "labels: team: the value"),
+        ("type: alertmanager\nurl: http://am\nfiring_for: 31d\n", "firing_for: '31d' is longer"),
+        (
+            "type: alertmanager\nurl: http://am\ngenerator_url: 'http://s/{colour}'\n",
+            "generator_url: unknown placeholder {colour}",
+        ),
+        (
+            "type: alertmanager\nurl: http://am\ngenerator_url: '/alerts?rule={rule}'\n",
+            "generator_url: '/alerts?rule={rule}' is not an http:// or https:// URL",
+        ),
+        ("type: alertmanager\nurl: am:9093\n", "url: 'am:9093' is not an http:// or https://"),
+    ],
+)
+def test_bad_paging_notifiers(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_of(tmp_path, text)
+    assert message.startswith(f"{tmp_path}/hook.yaml: "), message
+    assert expected in message, message
+    assert "\n" not in message
+    # The hook URL's token and the routing key are secrets: never quoted.
+    assert SLACK_TOKEN not in message and ROUTING_KEY not in message
+
+
+def test_paging_secrets_never_print(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    (tmp_path / "p").mkdir()
+    (slack,) = load(
+        tmp_path / "s", f"type: slack\nurl: https://hooks.slack.com/services/T/B/{SLACK_TOKEN}\n"
+    )
+    (pagerduty,) = load(tmp_path / "p", f"type: pagerduty\nrouting_key: {ROUTING_KEY}\n")
+    for config in (slack, pagerduty):
+        assert SLACK_TOKEN not in repr(config) and ROUTING_KEY not in repr(config)
+    assert isinstance(slack, SlackConfig)
+    notifier = build(slack)
+    try:
+        assert notifier.scrub(f"POST https://hooks.slack.com/services/T/B/{SLACK_TOKEN}") == (
+            "POST https://hooks.slack.com/…"
+        )
+    finally:
+        notifier.close()

@@ -1,0 +1,109 @@
+"""The PagerDuty notifier: Events API v2, one event per alert, an incident per episode.
+
+``dedup_key`` is the episode, ``{rule}:{key}:e{episode}``, not the notification's
+id: PagerDuty keeps one open incident per dedup_key, so a re-notification of the
+episode adds an alert to the incident already open (instead of paging again for
+the same row), and the episode's resolved notice (``event_action: resolve``)
+closes it. Repeats of the same event are harmless for the same reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+from slawatch.errors import DeliveryError
+from slawatch.notifiers import PagerDutyConfig
+from slawatch.notifiers.base import is_resolved
+from slawatch.notifiers.http import HttpNotifier, endpoint
+
+SUMMARY_LIMIT = 1024
+DEDUP_LIMIT = 255
+# slawatch's severities are PagerDuty's, less "error".
+SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
+
+
+def dedup_key(alert: dict[str, Any]) -> str:
+    """``order_unshipped:1042:e1``: the same for every notification of an episode and
+    for its resolved notice. A key too long for PagerDuty's 255 characters is hashed."""
+    key = f"{alert['rule']}:{alert['key']}:e{alert['episode']}"
+    if len(key) <= DEDUP_LIMIT:
+        return key
+    digest = hashlib.sha256(alert["key"].encode()).hexdigest()
+    return f"{alert['rule']}:sha256-{digest}:e{alert['episode']}"
+
+
+def summary(alert: dict[str, Any]) -> str:
+    """What the incident's title says, at most 1024 characters."""
+    key = alert["key"] if len(alert["key"]) <= 200 else alert["key"][:199] + "…"
+    since = alert["due_at"] or alert["fired_at"]
+    text = f"{alert['rule']}: key {key} overdue since {since}"
+    if alert.get("description"):
+        text += f" ({alert['description']})"
+    return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
+
+
+def event(alert: dict[str, Any], routing_key: str, source: str) -> dict[str, Any]:
+    """The Events API v2 body for one alert: a trigger, or a resolve for a resolved notice."""
+    if is_resolved(alert):
+        return {
+            "routing_key": routing_key,
+            "event_action": "resolve",
+            "dedup_key": dedup_key(alert),
+        }
+    details = {
+        k: alert.get(k)
+        for k in ("id", "rule", "key", "episode", "n", "deadline", "due_at", "description", "row")
+    }
+    return {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": dedup_key(alert),
+        "client": "slawatch",
+        "payload": {
+            "summary": summary(alert),
+            "source": source,
+            "severity": SEVERITY.get(alert["severity"], "error"),
+            "timestamp": alert["fired_at"],
+            "component": alert["rule"],
+            "class": "overdue",
+            "custom_details": details,
+        },
+    }
+
+
+class PagerDutyNotifier(HttpNotifier):
+    """POSTs each alert of a batch to ``{base_url}/v2/enqueue``; PagerDuty answers 202."""
+
+    def __init__(self, config: PagerDutyConfig) -> None:
+        super().__init__(config, config.ca_file)
+        self.config = config
+        self.url = endpoint(config.base_url, "/v2/enqueue")
+        self._routing_key = config.routing_key.get_secret_value()
+
+    def send(self, alerts: list[dict[str, Any]]) -> None:
+        # Triggers before resolves: a resolve sent first would leave the trigger
+        # after it to open the episode's incident again.
+        ordered = sorted(alerts, key=is_resolved)
+        # One deadline for the batch: its lease covers one send, not one per event.
+        deadline = time.monotonic() + self.timeout
+        for i, alert in enumerate(ordered, 1):
+            body = json.dumps(
+                event(alert, self._routing_key, self.config.source_),
+                separators=(",", ":"),
+                default=str,
+            )
+            try:
+                self.post(self.url, body.encode(), deadline=deadline)
+            except DeliveryError as exc:
+                # Events before this one were accepted; sent again they only repeat
+                # (same dedup_key), so the batch as a whole is retried or dead.
+                shown = alert["id"] if len(alert["id"]) <= 120 else alert["id"][:119] + "…"
+                where = f"event {i} of {len(ordered)}, {shown}" if len(ordered) > 1 else ""
+                raise DeliveryError(
+                    f"{exc} [{where}]" if where else str(exc),
+                    permanent=exc.permanent,
+                    retry_after=exc.retry_after,
+                ) from exc
