@@ -41,7 +41,9 @@ from slawatch.rules import Rule, check_notifier_names, load_rules
 from slawatch.settings import Settings, parse_bind
 
 if TYPE_CHECKING:
+    from slawatch.admin import AdminServer
     from slawatch.lifecycle import Silence
+    from slawatch.scheduler import Runner
 
 # The embedded server's database for `run`/`migrate` without a DSN (the demo's shop lives there).
 EMBEDDED_DATABASE = "slawatch"
@@ -222,13 +224,48 @@ def run_baselines(
     )
 
 
+def start_admin(
+    settings: Settings, dsn: str, runner: Runner, *, any_port: bool = False
+) -> AdminServer | None:
+    """The admin API and page beside ``runner`` on ``SLAWATCH_HTTP`` (None: turned off).
+
+    ``any_port``: when that port is taken, take a free one on the same host instead of
+    failing (the demo, which may run beside a ``slawatch run``).
+    """
+    from slawatch.admin import serve_admin
+
+    bind = parse_bind(settings.http or "")
+    if bind is None:
+        return None
+
+    def serve(at: tuple[str, int]) -> AdminServer:
+        return serve_admin(
+            dsn,
+            at,
+            # Read per request: a reload (SIGHUP) shows at once.
+            lambda: list(runner.rules.values()),
+            lambda: list(runner.notifiers),
+            token=settings.api_token.get_secret_value() if settings.api_token else None,
+            timeout=settings.db_timeout,
+            pooler=settings.pooler,
+            health=runner.health,
+            registry=runner.registry,
+        )
+
+    try:
+        return serve(bind)
+    except ConfigError:
+        if not any_port:
+            raise
+        return serve((bind[0], 0))
+
+
 def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
     """Scan and deliver until stopped (SIGHUP reloads); ``--once``: one drain and one
     delivery pass, then a summary per rule and notifier (``--json``: one JSON document).
 
     ``--once`` fails (exit 1) when a database error happened or a delivery went dead.
     """
-    from slawatch.admin import serve_admin
     from slawatch.scheduler import Runner
 
     rules, notifiers = load_config(settings)
@@ -245,20 +282,7 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
     admin = None
     try:
         if not once:
-            bind = parse_bind(settings.http or "")
-            if bind is not None:
-                admin = serve_admin(
-                    dsn,
-                    bind,
-                    # Read per request: a reload (SIGHUP) shows at once.
-                    lambda: list(runner.rules.values()),
-                    lambda: list(runner.notifiers),
-                    token=settings.api_token.get_secret_value() if settings.api_token else None,
-                    timeout=settings.db_timeout,
-                    pooler=settings.pooler,
-                    health=runner.health,
-                    registry=runner.registry,
-                )
+            admin = start_admin(settings, dsn, runner)
             runner.serve(http=admin.url if admin is not None else None)
             return 0
         if as_json:

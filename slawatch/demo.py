@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from pydantic import SecretStr
 
-from slawatch.commands import EMBEDDED_DATABASE, embedded_database, load_config
+from slawatch.commands import EMBEDDED_DATABASE, embedded_database, load_config, start_admin
 from slawatch.db import Connection, connect, translate
 from slawatch.migrate import migrate
 from slawatch.notifiers import WebhookConfig
@@ -163,9 +163,19 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
     if not activity.isEnabledFor(logging.DEBUG):
         activity.setLevel(logging.WARNING)
     runner = Runner(dsn, rules, notifiers)
+    admin = None
     try:
-        runner.serve(seconds)
+        admin = start_admin(settings, dsn, runner, any_port=True)
+        if admin is not None:
+            out.write(
+                f"on-call page and admin API: {admin.url}/  (JSON under {admin.url}/v1,"
+                f" OpenAPI at {admin.url}/docs, metrics at {admin.url}/metrics)\n\n"
+            )
+            out.flush()
+        runner.serve(seconds, http=admin.url if admin is not None else None)
     finally:
+        if admin is not None:
+            admin.stop()
         runner.close()
         receiver.close()
     with connect(dsn) as conn:
