@@ -224,6 +224,49 @@ def test_demo_twice_in_a_row(tmp_path: Path) -> None:
             ), summary
 
 
+def test_the_demo_says_where_its_admin_api_is_and_serves_it(tmp_path: Path) -> None:
+    """On SLAWATCH_HTTP's address, or, when that port is taken (a `slawatch run`
+    beside it), on a free one: the address it prints is the one that answers."""
+    import re
+    import socket
+
+    import httpx
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slawatch", "demo", "--seconds", "8"],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
+        | {"SLAWATCH_DATA_DIR": str(tmp_path / "data"), "SLAWATCH_HTTP": f"127.0.0.1:{port}"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = None
+        for line in proc.stdout:
+            found = re.match(r"on-call page and admin API: (http://127\.0\.0\.1:\d+)/", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url is not None, "the demo did not print its admin address"
+        assert url != f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/readyz", timeout=10).json()["ready"] is True
+        assert "slawatch_alerts_claimed_total" in httpx.get(f"{url}/metrics", timeout=10).text
+        proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        taken.close()
+
+
 def test_replay(conn: Conn, dsn: str) -> None:
     conn.execute(SHOP)
     assert slawatch("migrate", dsn=dsn).returncode == 0
