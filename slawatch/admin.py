@@ -521,6 +521,7 @@ def create_app(
                 alerts=alerts.alerts,
                 next_cursor=alerts.next_cursor,
                 acks=acks,
+                columns={r.name: r.columns or [] for r in current},
                 silences=[],
                 rule=rule,
                 writes=token is not None or allow_writes,

@@ -57,7 +57,7 @@ HEADERS = {
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
@@ -179,9 +179,17 @@ def _rule_row(status: RuleStatus, hourly: HourlyAlerts | None, writes: bool, now
 </tr>"""
 
 
-def _alert(alert: Alert, acked: EpisodeAck | None, writes: bool, now: datetime) -> str:
+def _alert(
+    alert: Alert,
+    acked: EpisodeAck | None,
+    columns: Sequence[str],
+    writes: bool,
+    now: datetime,
+) -> str:
+    # The rule's columns in its order (jsonb keeps its own), then any the rule no longer has.
+    names = [c for c in columns if c in alert.row] + [c for c in alert.row if c not in columns]
     fields = "".join(
-        f"<dt>{esc(name)}</dt><dd>{esc(_value(value))}</dd>" for name, value in alert.row.items()
+        f"<dt>{esc(name)}</dt><dd>{esc(_value(alert.row[name]))}</dd>" for name in names
     )
     deliveries = (
         "".join(
@@ -270,6 +278,7 @@ class View:
     alerts: list[Alert]
     next_cursor: str | None
     acks: Mapping[tuple[str, str, int], EpisodeAck]
+    columns: Mapping[str, Sequence[str]]  # each rule's columns, in its order
     silences: list[Silence]
     rule: str | None  # the alerts list shows this rule only
     writes: bool  # the buttons work (a token, or a loopback server)
@@ -282,7 +291,7 @@ def _document(title: str, body: str) -> str:
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="referrer" content="no-referrer">
+<meta name="referrer" content="same-origin">
 <title>{esc(title)}</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="/static/page.css">
@@ -304,7 +313,13 @@ def render_page(view: View) -> str:
     )
     alerts = (
         "".join(
-            _alert(a, view.acks.get((a.rule, a.key, a.episode)), view.writes, now)
+            _alert(
+                a,
+                view.acks.get((a.rule, a.key, a.episode)),
+                view.columns.get(a.rule, ()),
+                view.writes,
+                now,
+            )
             for a in view.alerts
         )
         or '<p class="muted">no alerts</p>'

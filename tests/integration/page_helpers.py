@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -16,6 +18,9 @@ from slawatch.claim import ClaimPlan
 from slawatch.db import Database
 from slawatch.rules import Rule
 from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, BrowserContext, Page
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -108,3 +113,63 @@ def chart_counts(html: str, rule: str) -> list[int]:
     )
     assert match, f"no chart of {rule}"
     return [int(c) for c in match.group(1).split(",")]
+
+
+# ---------------------------------------------------------------- the browser
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's package; Playwright never downloads a browser here
+
+
+def require_chromium() -> None:
+    """Skip without Debian's chromium or Playwright, or fail under
+    SLAWATCH_REQUIRE_SERVICES=1 (CI installs both)."""
+    problem = None
+    if not os.access(CHROMIUM, os.X_OK):
+        problem = f"{CHROMIUM} is missing (apt-get install chromium)"
+    elif importlib.util.find_spec("playwright") is None:
+        problem = "the playwright package is missing (pip install -e '.[test]')"
+    if problem is None:
+        return
+    if os.environ.get("SLAWATCH_REQUIRE_SERVICES") == "1":
+        pytest.fail(problem + " and SLAWATCH_REQUIRE_SERVICES=1")
+    pytest.skip(problem)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Headless Chromium for a module's tests."""
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, timeout=20_000)
+        yield launched
+        launched.close()
+
+
+Open = Callable[..., "Page"]
+
+
+@pytest.fixture
+def open_tab(browser: Browser) -> Iterator[Open]:
+    """A tab in a fresh context (new_context's keywords: viewport, is_mobile, ...) that
+    fails the test on a JavaScript error or a dialog (an alert() a value could run)."""
+    contexts: list[BrowserContext] = []
+    problems: list[str] = []
+
+    def make(**kw: Any) -> Page:
+        context = browser.new_context(**({"viewport": {"width": 1280, "height": 900}} | kw))
+        contexts.append(context)
+        tab = context.new_page()
+        tab.set_default_timeout(10_000)
+        tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+        tab.on(
+            "dialog",
+            lambda dialog: (problems.append(f"dialog: {dialog.message}"), dialog.dismiss()),
+        )
+        return tab
+
+    yield make
+    for context in contexts:
+        context.close()
+    assert problems == []
