@@ -157,7 +157,7 @@ def test_a_silence_made_on_the_page_keeps_the_next_alert_from_the_receiver(
 def test_a_script_in_a_row_value_is_shown_as_text(
     conn: Conn, servers: Servers, open_tab: Open
 ) -> None:
-    from playwright.sync_api import expect
+    from playwright.sync_api import Error, expect
 
     found = seeded(conn, users=(7,))
     hung_job(conn, found, worker=XSS)
@@ -170,6 +170,11 @@ def test_a_script_in_a_row_value_is_shown_as_text(
     assert tab.evaluate("window.pwned") is None  # neither the script nor the onerror ran
     assert tab.locator("script").count() == 1  # the page's own
     assert tab.locator("article img").count() == 0
+    # Were a value ever written unescaped, the Content-Security-Policy would still keep an
+    # inline script from running.
+    with pytest.raises(Error, match="Content Security Policy"):
+        tab.add_script_tag(content="window.pwned = 3")
+    assert tab.evaluate("window.pwned") is None
 
 
 def test_a_phone_shows_the_page_without_sideways_scrolling(
