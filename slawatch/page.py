@@ -79,7 +79,10 @@ def cookie_ok(cookie: str | None, token: str) -> bool:
 
 def login_token(body: bytes) -> str | None:
     """The ``token`` field of an url-encoded login form (None: none given)."""
-    fields = parse_qs(body.decode("utf-8", errors="replace"), max_num_fields=4)
+    try:
+        fields = parse_qs(body.decode("utf-8", errors="replace"), max_num_fields=4)
+    except ValueError:  # more fields than a login form has
+        return None
     values = fields.get("token")
     return values[0] if values else None
 

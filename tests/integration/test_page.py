@@ -266,7 +266,9 @@ def test_with_a_token_a_browser_logs_in_for_a_cookie(conn: Conn, servers: Server
     wrong = client.post("/login", data={"token": TOKEN + "x"})
     assert wrong.status_code == 401 and "not this server&#x27;s token" in wrong.text
     assert COOKIE not in wrong.cookies and COOKIE not in client.cookies
-    assert client.post("/login", data={"other": TOKEN}).status_code == 401
+    for form in ({"other": TOKEN}, {"token": ""}, {f"f{i}": "x" for i in range(50)}):
+        assert client.post("/login", data=form).status_code == 401, form
+    assert client.post("/login", content=b"\xff\x00token=\x00").status_code == 401
     assert (
         client.post(
             "/login",
