@@ -222,7 +222,7 @@ def _alert(
             f'data-key="{esc(alert.key)}">Silence key…</button>'
         )
     number = "resolved" if alert.kind == "resolved" else f"#{alert.n}"
-    return f"""<article class="alert sev-{esc(alert.severity)}" data-alert="{alert.id}" \
+    return f"""<article class="alert alert-{esc(alert.severity)}" data-alert="{alert.id}" \
 data-id="{esc(alert.idempotency_id)}">
 <header><strong>{esc(alert.rule)}</strong> <code class="key">{esc(alert.key)}</code>
 <span>episode {alert.episode} · {esc(number)}</span>
