@@ -8,9 +8,12 @@ requests at once (``limit_concurrency``: more are answered 503 at once), and the
 requests use a small pool of their own, so looking never takes a connection
 from the claim.
 
-Auth: with a token, every request but ``/healthz`` needs ``Authorization:
-Bearer <token>`` (compared in constant time); without one, writes are refused
-unless the server listens on loopback only. Bad input is a 4xx with
+Auth: with a token, every request but ``/healthz`` (and the page's login and
+static files) needs ``Authorization: Bearer <token>`` (compared in constant time)
+or the on-call page's login cookie (:mod:`slawatch.page`); without one, writes
+are refused unless the server listens on loopback only. A write from a browser
+must come from this server's own page: its ``Origin`` must be this server, and
+one carried by the cookie needs the page's header. Bad input is a 4xx with
 ``{"error": "..."}``; values reach SQL only as parameters.
 """
 
@@ -22,12 +25,14 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -43,9 +48,12 @@ from slawatch.inspect import (
     Alert,
     AlertPage,
     DeliveryStatus,
+    EpisodeAck,
     RulesReport,
     RuleStatus,
     Stats,
+    acks_of,
+    alerts_per_hour,
     check_rule_name,
     get_alert,
     list_alerts,
@@ -68,6 +76,23 @@ from slawatch.lifecycle import (
     parse_until,
 )
 from slawatch.migrate import schema_current
+from slawatch.page import (
+    COOKIE,
+    COOKIE_AGE,
+    HEADERS,
+    MAX_LOGIN_BODY,
+    PAGE_ALERTS,
+    PAGE_HEADER,
+    STATIC,
+    STATIC_PATHS,
+    View,
+    cookie_ok,
+    cookie_value,
+    login_token,
+    render_error,
+    render_login,
+    render_page,
+)
 from slawatch.rules import Rule
 from slawatch.settings import is_loopback
 
@@ -79,7 +104,8 @@ LIMIT_CONCURRENCY = 16
 # The admin API's own connections: reads are bounded (inspect.READ_TIMEOUT), so two
 # are plenty for a person and a scraper, and the claim's pool is never touched.
 POOL_SIZE = 2
-_OPEN = {"/healthz"}  # needs no token: a liveness probe carries none
+# Need no token: a liveness probe carries none; the login form and its style must show.
+_OPEN = {"/healthz", "/login", "/logout"} | STATIC_PATHS
 _WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 
 
@@ -143,31 +169,79 @@ class Silences(BaseModel):
 
 
 def refusal(
-    method: str, path: str, authorization: str | None, token: str | None, allow_writes: bool
+    method: str,
+    path: str,
+    authorization: str | None,
+    token: str | None,
+    allow_writes: bool,
+    *,
+    cookie: str | None = None,
+    page: bool = False,
+    origin: str | None = None,
+    host: str | None = None,
 ) -> tuple[int, str] | None:
     """Why a request may not go on ((status, error); None: it may).
 
-    With a token, everything but ``/healthz`` needs it; without one, writes need a
-    server that only this machine can reach (``allow_writes``).
+    With a token, everything but the open paths needs it: as a Bearer header, or as
+    the on-call page's login ``cookie`` (a write so carried also needs the page's
+    header, ``page``). Without one, writes need a server that only this machine can
+    reach (``allow_writes``) and a loopback ``host`` (a name of another site that
+    resolves to 127.0.0.1, DNS rebinding, does not get to write). Any write whose
+    ``origin`` (sent by browsers) is not this server is refused: a form on another
+    site must not act for the person on call.
     """
+    write = method in _WRITES
+    if write and origin is not None and not _same_origin(origin, host):
+        return 403, "cross-origin writes are refused"
     if token is not None:
         if path in _OPEN:
             return None
         scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
+        if scheme.lower() == "bearer" and hmac.compare_digest(
             given.strip().encode(), token.encode()
         ):
-            return 401, "a valid 'Authorization: Bearer <token>' header is required"
-        return None
-    if method in _WRITES and not allow_writes:
+            return None
+        if authorization is None and cookie_ok(cookie, token):
+            if write and not page:
+                return 403, f"a write with the login cookie needs the {PAGE_HEADER} header"
+            return None
+        return 401, "a valid 'Authorization: Bearer <token>' header is required"
+    if write and not allow_writes:
         return 403, (
             "writes are refused: set SLAWATCH_API_TOKEN, or bind SLAWATCH_HTTP to loopback"
         )
+    if write and host is not None and not is_loopback(_hostname(host)):
+        return 403, "writes without a token need a loopback Host (localhost, 127.0.0.1, [::1])"
     return None
+
+
+def _hostname(host: str) -> str:
+    """The name in a Host header (``[::1]:8181`` → ``::1``)."""
+    try:
+        return urlsplit(f"//{host}").hostname or ""
+    except ValueError:
+        return ""
+
+
+def _same_origin(origin: str, host: str | None) -> bool:
+    """Whether an ``Origin`` header names the server the request was sent to."""
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return False
+    return (
+        host is not None
+        and parts.scheme in ("http", "https")
+        and parts.netloc.lower() == host.lower()
+    )
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _html(body: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(body, status_code=status, headers=HEADERS)
 
 
 def _checks(report: Mapping[str, Any], prefix: str = "") -> dict[str, bool]:
@@ -230,9 +304,15 @@ def create_app(
             request.headers.get("authorization"),
             token,
             allow_writes,
+            cookie=request.cookies.get(COOKIE),
+            page=PAGE_HEADER.lower() in request.headers,
+            origin=request.headers.get("origin"),
+            host=request.headers.get("host"),
         )
         if refused is not None:
             status, message = refused
+            if status == 401 and request.url.path == "/" and request.method == "GET":
+                return _html(render_login(), 401)  # a browser: ask for the token
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
             return _error(status, message, headers)
         return await call_next(request)
@@ -410,6 +490,95 @@ def create_app(
     def delete_one_silence(silence: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> Silence:
         """End a silence now (one already over keeps its end)."""
         return delete_silence(db, silence, now=clock.now())
+
+    # ------------------------------------------------------------ the on-call page
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page(
+        request: Request,
+        rule: Annotated[str | None, Query(max_length=100)] = None,
+        cursor: Annotated[str | None, Query(max_length=100)] = None,
+    ) -> HTMLResponse:
+        """The on-call page (slawatch/page.py)."""
+        now, current = clock.now(), list(configured().values())
+
+        def gather(c: Connection) -> View:
+            report = rules_report(c, current, now)
+            hourly = alerts_per_hour(c, [r.name for r in current], now)
+            alerts = list_alerts(
+                c,
+                rule=None if rule is None else check_rule_name(rule),
+                cursor=None if cursor is None else parse_cursor(cursor),
+                limit=PAGE_ALERTS,
+            )
+            acks: dict[tuple[str, str, int], EpisodeAck] = acks_of(
+                c, [(a.rule, a.key, a.episode) for a in alerts.alerts]
+            )
+            return View(
+                now=now,
+                rules=report.rules,
+                hourly={h.rule: h for h in hourly},
+                alerts=alerts.alerts,
+                next_cursor=alerts.next_cursor,
+                acks=acks,
+                columns={r.name: r.columns or [] for r in current},
+                silences=[],
+                rule=rule,
+                writes=token is not None or allow_writes,
+                logout=token is not None and request.headers.get("authorization") is None,
+            )
+
+        try:
+            view = read("page", gather)
+            view = replace(view, silences=list_silences(db, now=now))
+        except BadInput as exc:
+            return _html(render_error(str(exc)), 400)
+        except SlawatchError as exc:
+            return _html(render_error(str(exc).splitlines()[0]), 503)
+        return _html(render_page(view))
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def static(name: Annotated[str, Path(max_length=20)]) -> Response:
+        """The page's style and script (files of the package, nothing from elsewhere)."""
+        if name not in STATIC:
+            raise NotFound(f"no file {name!r}")
+        body, media = STATIC[name]
+        return Response(body, media_type=media, headers={"Cache-Control": "no-cache"})
+
+    @app.get("/login", include_in_schema=False)
+    def login_form() -> Response:
+        return RedirectResponse("/", status_code=303)
+
+    @app.post("/login", include_in_schema=False)
+    async def login(request: Request) -> Response:
+        """Check the token a person typed; a session cookie for the page if it is right."""
+        if token is None:
+            return RedirectResponse("/", status_code=303)
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_LOGIN_BODY:
+                return _error(413, f"a login form is at most {MAX_LOGIN_BODY} bytes")
+        given = login_token(body)
+        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
+            return _html(render_login("That is not this server's token."), 401)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(
+            COOKIE,
+            cookie_value(token),
+            max_age=int(COOKIE_AGE.total_seconds()),
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    @app.post("/logout", include_in_schema=False)
+    def logout() -> Response:
+        response = RedirectResponse("/", status_code=303)
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        return response
 
     return app
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from psycopg import sql
@@ -40,6 +40,11 @@ READ_TIMEOUT = "10s"
 MAX_LIMIT, DEFAULT_LIMIT = 1000, 50
 STATUSES = ("pending", "sent", "dead", "silenced")
 DeliveryStatus = Literal["pending", "sent", "dead", "silenced"]
+
+# The on-call page's chart: alerts per hour over the last day, at most this many read
+# per rule (a storm of 20 k alerts in an hour is drawn as "capped", not counted on).
+HOURS = 24
+HOURLY_CAP = 100_000
 
 _RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _INT8 = 2**63 - 1
@@ -152,6 +157,23 @@ class Stats(BaseModel):
 
     alerts: list[RuleSeverityCount]
     deliveries: list[NotifierStatusCount]
+
+
+class HourlyAlerts(BaseModel):
+    """A rule's firing alerts per hour: ``counts[i]`` fired in the hour beginning at
+    ``start + i hours``; the last hour is the current one, so far."""
+
+    rule: str
+    start: datetime
+    counts: list[int]
+    capped: bool = Field(description=f"{HOURLY_CAP} alerts were read: there were more")
+
+
+class EpisodeAck(BaseModel):
+    """Who acknowledged an episode, and when."""
+
+    acked_by: str
+    acked_at: datetime
 
 
 # ---------------------------------------------------------------- input
@@ -390,3 +412,44 @@ def stats(conn: Connection) -> Stats:
             for nt, s, c in _read(conn, "counting deliveries", q["stats_deliveries"])
         ],
     )
+
+
+def alerts_per_hour(
+    conn: Connection, rules: Iterable[str], now: datetime, hours: int = HOURS
+) -> list[HourlyAlerts]:
+    """Firing alerts per hour of each of ``rules`` over the ``hours`` UTC clock hours
+    that end with the current one (a rule without alerts: all zeros)."""
+    names = list(rules)
+    start = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(
+        hours=hours - 1
+    )
+    counts = {name: [0] * hours for name in names}
+    params = {
+        "rules": names,
+        "start": start,
+        "end": start + timedelta(hours=hours),
+        "cap": HOURLY_CAP,
+    }
+    for rule, hour, count in _read(
+        conn, "counting alerts per hour", queries()["alerts_per_hour"], params
+    ):
+        counts[rule][hour] = count
+    return [
+        HourlyAlerts(rule=n, start=start, counts=c, capped=sum(c) >= HOURLY_CAP)
+        for n, c in counts.items()
+    ]
+
+
+def acks_of(
+    conn: Connection, episodes: Iterable[tuple[str, str, int]]
+) -> dict[tuple[str, str, int], EpisodeAck]:
+    """The acks of the given (rule, key, episode)s that have one."""
+    wanted = sorted(set(episodes))
+    if not wanted:
+        return {}
+    rules, keys, numbers = (list(column) for column in zip(*wanted, strict=True))
+    params = {"rules": rules, "keys": keys, "episodes": numbers}
+    return {
+        (rule, key, episode): EpisodeAck(acked_by=by, acked_at=at)
+        for rule, key, episode, by, at in _read(conn, "reading acks", queries()["acks_of"], params)
+    }

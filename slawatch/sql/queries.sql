@@ -271,3 +271,24 @@ SELECT coalesce(p.notifier, d.notifier) AS notifier, coalesce(p.pending, 0) AS p
        a.fired_at AS oldest_fired_at, coalesce(d.dead, 0) AS dead
   FROM pending p FULL JOIN dead d ON d.notifier = p.notifier
   LEFT JOIN slawatch.alert a ON a.id = p.oldest;
+
+-- alerts_per_hour --
+-- The on-call page's chart: per rule, firing alerts by hour from `start` (on the hour)
+-- to `end`, read through alert_rule_fired (one range per rule: the last day's alerts,
+-- not the history). Each rule stops at `cap` alerts, so a storm costs a bounded read;
+-- the caller sees a rule that reached it. `hour` is 0 for the hour beginning at `start`.
+SELECT r.rule, h.hour, count(*)
+  FROM unnest(%(rules)s::text[]) AS r(rule)
+ CROSS JOIN LATERAL (
+       SELECT floor(extract(epoch FROM a.fired_at - %(start)s::timestamptz) / 3600)::int AS hour
+         FROM slawatch.alert a
+        WHERE a.rule = r.rule AND a.fired_at >= %(start)s::timestamptz
+          AND a.fired_at < %(end)s::timestamptz AND a.kind = 'firing'
+        LIMIT %(cap)s) h
+ GROUP BY r.rule, h.hour;
+
+-- acks_of --
+-- The acks of the episodes given as parallel arrays, through ack's primary key.
+SELECT k.rule, k.key, k.episode, k.acked_by, k.acked_at
+  FROM unnest(%(rules)s::text[], %(keys)s::text[], %(episodes)s::int[]) AS w(rule, key, episode)
+  JOIN slawatch.ack k ON k.rule = w.rule AND k.key = w.key AND k.episode = w.episode;

@@ -125,3 +125,57 @@ def test_cursors() -> None:
     for bad in ("", "0", "-1", "1.5", "٣", "9" * 20, "9223372036854775808"):
         with pytest.raises(BadInput, match="cursor: "):
             parse_cursor(bad)
+
+
+def test_the_auth_decision_for_the_page() -> None:
+    from slawatch.page import cookie_value
+
+    cookie = cookie_value(TOKEN)
+    host = "127.0.0.1:8181"
+    # The login cookie reads; a write with it needs the page's header.
+    assert refusal("GET", "/", None, TOKEN, True, cookie=cookie) is None
+    assert refusal("GET", "/v1/stats", None, TOKEN, True, cookie=cookie) is None
+    refused = refusal("POST", "/v1/silences", None, TOKEN, True, cookie=cookie)
+    assert refused == (403, "a write with the login cookie needs the X-Slawatch-Page header")
+    assert refusal("POST", "/v1/silences", None, TOKEN, True, cookie=cookie, page=True) is None
+    for wrong in ("", cookie[:-1], cookie_value(TOKEN + "x"), TOKEN):
+        assert refusal("GET", "/", None, TOKEN, True, cookie=wrong) is not None, wrong
+    # A wrong Bearer header is not rescued by a good cookie.
+    assert refusal("GET", "/", "Bearer x", TOKEN, True, cookie=cookie) is not None
+    # The login form and the page's files need no token.
+    for path in ("/login", "/logout", "/static/page.css", "/static/page.js"):
+        assert refusal("POST" if "log" in path else "GET", path, None, TOKEN, True) is None
+    assert refusal("GET", "/static/other.js", None, TOKEN, True) is not None
+    # Writes from another origin: refused, with or without a token, before anything else.
+    for origin in ("http://evil.example", "null", "http://127.0.0.1:8182", "ftp://127.0.0.1:8181"):
+        assert refusal(
+            "POST", "/v1/replay", f"Bearer {TOKEN}", TOKEN, True, origin=origin, host=host
+        ) == (403, "cross-origin writes are refused"), origin
+        assert (
+            refusal("DELETE", "/v1/silences/1", None, None, True, origin=origin, host=host)
+            is not None
+        )
+    assert (
+        refusal("GET", "/v1/stats", None, None, True, origin="http://evil.example", host=host)
+        is None
+    )  # reads are not refused for it (CORS keeps the answer)
+    assert (
+        refusal("POST", "/login", None, TOKEN, True, origin="http://evil.example", host=host)
+        is not None
+    )
+    same = {"origin": f"http://{host}", "host": host}
+    assert (
+        refusal("POST", "/v1/replay", None, TOKEN, True, cookie=cookie, page=True, **same) is None
+    )
+    assert refusal("POST", "/v1/replay", None, None, True, **same) is None
+    assert (
+        refusal("POST", "/v1/replay", None, None, True, origin="HTTP://127.0.0.1:8181", host=host)
+        is None
+    )
+    # No token: a write's Host must be loopback (a rebound name is not).
+    for good in ("localhost:8181", "127.0.0.1", "[::1]:8181", "LOCALHOST"):
+        assert refusal("POST", "/v1/replay", None, None, True, host=good) is None, good
+    for bad in ("evil.example:8181", "10.0.0.1", "[::1", "localhost.evil.example"):
+        refused = refusal("POST", "/v1/replay", None, None, True, host=bad)
+        assert refused is not None and "loopback Host" in refused[1], bad
+    assert refusal("GET", "/v1/stats", None, None, True, host="evil.example") is None

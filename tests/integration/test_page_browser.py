@@ -1,0 +1,196 @@
+"""The on-call page in headless Chromium (Debian's chromium, driven by Playwright):
+it loads, shows a seeded alert, an ack click stops the episode's re-notifications,
+a silence made on the page keeps the next alert from a real webhook receiver, a
+script in a row value stays text, and a phone shows it without sideways scrolling."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from slawatch.claim import prepare
+from slawatch.db import Database
+from slawatch.deliver import deliver_due
+from slawatch.notifiers import WebhookConfig
+from slawatch.notifiers.webhook import WebhookNotifier
+from tests.integration.helpers import Conn, FixedClock, claim_all, episodes, shop
+from tests.integration.page_helpers import (
+    DUE,
+    T0,
+    TOKEN,
+    XSS,
+    H,
+    M,
+    Open,
+    S,
+    Servers,
+    browser,
+    hung_job,
+    open_tab,
+    seeded,
+    servers,
+)
+from tests.receivers import WebhookReceiver, receiver
+
+__all__ = ["browser", "open_tab", "receiver", "servers"]
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[Database]:
+    with Database(dsn, size=2, timeout=10) as d:
+        yield d
+
+
+def no_overflow(tab: object) -> None:
+    """The document is no wider than the window: nothing scrolls sideways."""
+    widths = tab.evaluate(  # type: ignore[attr-defined]
+        "[document.documentElement.scrollWidth, document.body.scrollWidth, window.innerWidth]"
+    )
+    assert max(widths[:2]) <= widths[2], widths
+
+
+def test_the_page_loads_and_shows_a_seeded_alert(
+    conn: Conn, servers: Servers, open_tab: Open
+) -> None:
+    from playwright.sync_api import expect
+
+    found = seeded(conn, users=(7, 8))
+    server = servers.start(found.listed)
+    tab = open_tab()
+    tab.goto(server.url)
+    expect(tab).to_have_title("slawatch — on call")
+    card = tab.locator('article[data-id="order_unshipped:1:e1:n1"]')
+    expect(card).to_be_visible()
+    assert card.locator("dl.row dt").all_inner_texts() == [
+        "id",
+        "user_id",
+        "total_cents",
+        "paid_at",
+    ]
+    values = card.locator("dl.row dd").all_inner_texts()
+    assert values[:3] == ["1", "7", "1001"] and values[3].startswith("2026-03-01T12:00:00")
+    expect(card.locator("ul.deliveries")).to_contain_text("console pending")
+    row = tab.locator('tr[data-rule="order_unshipped"]')
+    expect(row.locator("td.episodes")).to_have_text("2")
+    expect(row.locator("td.pending")).to_have_text("2")
+    assert row.locator("svg.chart rect:not(.axis)").count() == 24
+    assert tab.locator("article.alert").count() == 2
+    no_overflow(tab)
+
+
+def test_an_ack_click_stops_the_episodes_renotification(
+    conn: Conn, servers: Servers, open_tab: Open, track: str
+) -> None:
+    """Logged in with the token (the cookie, and the page's header on the write)."""
+    from playwright.sync_api import expect
+
+    found = seeded(conn, track)
+    server = servers.start(found.listed, token=TOKEN, now=DUE + M)
+    tab = open_tab()
+    tab.goto(server.url)
+    tab.fill('input[name="token"]', TOKEN)
+    tab.click('button:has-text("Log in")')
+    card = tab.locator('article[data-id="order_unshipped:1:e1:n1"]')
+    expect(card).to_be_visible()
+    tab.fill("#who", "ana")
+    card.locator('button[data-action="ack"]').click()
+    expect(card.locator(".acked")).to_contain_text("acknowledged by ana")
+    assert conn.execute("SELECT key, episode, acked_by FROM slawatch.ack").fetchall() == [
+        ("1", 1, "ana")
+    ]
+    # Walk the claim past every re-notification: order 2 gets #2..#5, order 1 nothing more.
+    t = DUE
+    for _ in range(6):
+        t += 6 * H + S
+        claim_all(conn, found.plans["order_unshipped"], t)
+    assert episodes(conn, "order_unshipped") == [("1", 1, 1)] + [("2", 1, n) for n in range(1, 6)]
+
+
+def test_a_silence_made_on_the_page_keeps_the_next_alert_from_the_receiver(
+    conn: Conn, servers: Servers, open_tab: Open, receiver: WebhookReceiver, db: Database
+) -> None:
+    from playwright.sync_api import expect
+
+    rules = shop(conn)
+    rules["order_unshipped"] = rules["order_unshipped"].model_copy(update={"notify": ["hook"]})
+    plan = prepare(conn, rules["order_unshipped"])
+    conn.execute(
+        "INSERT INTO orders VALUES (1, 7, 100, 'paid', %(t)s), (2, 8, 200, 'paid', %(t)s)",
+        {"t": T0},
+    )
+    hook = {"hook": WebhookNotifier(WebhookConfig(name="hook", type="webhook", url=receiver.url))}
+    server = servers.start(list(rules.values()), now=DUE - M)  # loopback, no token
+    tab = open_tab()
+    tab.goto(server.url)
+    tab.fill("#who", "bo")
+    tab.locator('tr[data-rule="order_unshipped"] button[data-action="silence"]').click()
+    form = tab.locator("#silence-form")
+    expect(form).to_be_visible()
+    assert form.locator('select[name="rule"]').input_value() == "order_unshipped"
+    form.locator('input[name="matchers"]').fill(json.dumps({"user_id": 7}))
+    form.locator('input[name="comment"]').fill("customer 7 moved")
+    form.locator('button[type="submit"]').click()
+    silence = tab.locator("ul.silences li[data-silence]")
+    expect(silence).to_contain_text("customer 7 moved")
+    expect(silence).to_contain_text('{"user_id": 7}')
+
+    assert claim_all(conn, plan, DUE) == 2
+    deliver_due(db, hook, FixedClock(DUE))
+    assert receiver.alert_ids == ["order_unshipped:2:e1:n1"]  # order 1 (user 7): silenced
+    assert conn.execute(
+        "SELECT a.key, d.status FROM slawatch.delivery d JOIN slawatch.alert a"
+        " ON a.id = d.alert_id ORDER BY a.key"
+    ).fetchall() == [("1", "silenced"), ("2", "sent")]
+
+    # Expired from the page: the next re-notification of order 1 is sent.
+    silence.locator('button[data-action="expire"]').click()
+    expect(tab.locator("ul.silences")).to_contain_text("none active")
+    assert claim_all(conn, plan, DUE + 6 * H + S) == 2
+    deliver_due(db, hook, FixedClock(DUE + 6 * H + S))
+    assert receiver.alert_ids[1:] == ["order_unshipped:1:e1:n2", "order_unshipped:2:e1:n2"]
+
+
+def test_a_script_in_a_row_value_is_shown_as_text(
+    conn: Conn, servers: Servers, open_tab: Open
+) -> None:
+    from playwright.sync_api import Error, expect
+
+    found = seeded(conn, users=(7,))
+    hung_job(conn, found, worker=XSS)
+    tab = open_tab()
+    tab.goto(servers.start(found.listed).url)
+    card = tab.locator('article[data-id="job_hung:1:e1:n1"]')
+    expect(card).to_be_visible()
+    worker = card.locator("dl.row dd").nth(2)
+    expect(worker).to_have_text(XSS)  # the characters, as written
+    assert tab.evaluate("window.pwned") is None  # neither the script nor the onerror ran
+    assert tab.locator("script").count() == 1  # the page's own
+    assert tab.locator("article img").count() == 0
+    # Were a value ever written unescaped, the Content-Security-Policy would still keep an
+    # inline script from running.
+    with pytest.raises(Error, match="Content Security Policy"):
+        tab.add_script_tag(content="window.pwned = 3")
+    assert tab.evaluate("window.pwned") is None
+
+
+def test_a_phone_shows_the_page_without_sideways_scrolling(
+    conn: Conn, servers: Servers, open_tab: Open
+) -> None:
+    from playwright.sync_api import expect
+
+    found = seeded(conn, users=(7, 8))
+    hung_job(conn, found, worker="w" * 300, kind="k-" * 80)  # long words wrap
+    tab = open_tab(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    tab.goto(servers.start(found.listed).url)
+    expect(tab.locator('article[data-id="job_hung:1:e1:n1"]')).to_be_visible()
+    assert tab.evaluate("window.innerWidth") == 390
+    no_overflow(tab)
+    # The silence form, opened from an alert, fits too.
+    tab.locator('article[data-id="job_hung:1:e1:n1"] button[data-action="silence"]').click()
+    expect(tab.locator("#silence-form")).to_be_visible()
+    assert tab.locator('#silence-form input[name="key"]').input_value() == "1"
+    no_overflow(tab)
