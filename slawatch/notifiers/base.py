@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import SecretStr
 
-from slawatch.notifiers import RetrySettings, _Base
+from slawatch.notifiers import RetrySettings, StormSettings, _Base
 
 
 class BaseNotifier:
@@ -21,6 +21,7 @@ class BaseNotifier:
         self.batch = config.batch
         self.timeout = config.timeout.total_seconds()
         self.retry: RetrySettings = config.retry
+        self.storm: StormSettings | None = config.storm
         # Every secret of the config, scrubbed from any error text we keep or log:
         # SecretStr values, and the passwords and query values of URLs in them.
         self._secrets: dict[str, str] = {}
