@@ -378,7 +378,7 @@ class PagerDutyConfig(_Base):
 
 
 # Alertmanager's own labels: slawatch sets them, so a configured label may not.
-ALERTMANAGER_LABELS = ("alertname", "rule", "key", "episode", "severity")
+ALERTMANAGER_LABELS = ("alertname", "rule", "key", "episode", "severity", "storm")
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
