@@ -105,9 +105,14 @@ class StormSettings(FileModel):
 def _storm(value: Any) -> Any:
     # `storm: 100` is short for `storm: {threshold: 100}`; YAML's `true` is an int to
     # Python and would pass as a threshold of 1.
-    if isinstance(value, bool):
-        raise ValueError("must be a threshold (storm: 100) or a mapping with threshold")
-    return {"threshold": value} if isinstance(value, int) else value
+    if value is None or isinstance(value, dict | StormSettings):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"threshold": value}
+    raise ValueError(
+        f"{shorten(value)} is neither a threshold (storm: 100) nor a mapping "
+        "(storm: {threshold: 100, listed: 20, wait: 10s})"
+    )
 
 
 class _Base(FileModel):
