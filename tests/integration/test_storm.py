@@ -7,12 +7,15 @@ services that check bodies as those services do)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from slawatch.claim import claim_batch, plan_claim
@@ -22,8 +25,10 @@ from slawatch.errors import ConfigError
 from slawatch.lifecycle import add_silence
 from slawatch.metrics import Metrics
 from slawatch.migrate import migrate, schema_current
-from slawatch.notifiers import WebhookConfig, build, load_notifiers
+from slawatch.notifiers import ConsoleConfig, WebhookConfig, build, load_notifiers
+from slawatch.notifiers.base import BaseNotifier
 from slawatch.notifiers.webhook import WebhookNotifier
+from slawatch.queries import queries
 from slawatch.rules import Rule
 from tests.integration.helpers import Conn, FixedClock, claim_all, shop
 from tests.integration.test_admin import Start, start
@@ -213,6 +218,45 @@ def test_re_notifications_storm_again_and_a_sent_summary_is_not_grown(
     assert len(singles(hook_a)) == 5
 
 
+class Inbox(BaseNotifier):
+    """Keeps what it is sent; ``during`` runs inside the first send of a summary."""
+
+    def __init__(self, storm: Any, during: Any = None) -> None:
+        super().__init__(ConsoleConfig(name="hook", type="console", storm=storm))
+        self.got: list[dict[str, Any]] = []
+        self.during = during
+
+    def send(self, alerts: list[dict[str, Any]]) -> None:
+        if self.during is not None and any(a["status"] == "summary" for a in alerts):
+            during, self.during = self.during, None
+            during()
+        self.got.extend(alerts)
+
+
+def test_what_comes_due_while_a_summary_is_in_flight_is_not_folded_into_it(
+    conn: Conn, db: Database
+) -> None:
+    """The summary is leased and being sent; five more alerts come due and another
+    worker claims: they go one by one (folded, they would be in no message)."""
+    rule = orders(conn, 150, ["hook"])
+    other = Inbox({"threshold": 100, "wait": "0s"})
+
+    def more() -> None:
+        conn.execute(
+            "INSERT INTO orders SELECT g, 7, 990, 'paid', %s FROM generate_series(151, 155) g",
+            (T0,),
+        )
+        assert claim(conn, rule) == 5
+        assert deliver_notifier(db, other, FixedClock(CLAIMED)).sent == 5
+
+    first = Inbox({"threshold": 100, "wait": "0s"}, during=more)
+    assert claim(conn, rule) == 150
+    assert deliver_notifier(db, first, FixedClock(CLAIMED)).sent == 1
+    ((summary,), singles_) = (first.got, other.got)
+    assert summary["count"] == 150 and len(singles_) == 5
+    assert statuses(conn) == {"summarized": 150, "sent": 6}
+
+
 def test_a_receiver_failing_the_summary_retries_it_then_dead_letters_it(
     conn: Conn, db: Database, hook_a: WebhookReceiver
 ) -> None:
@@ -248,11 +292,17 @@ def test_a_receiver_failing_the_summary_retries_it_then_dead_letters_it(
     ).fetchall()
     assert dead[:2] == ("dead", 3) and dead[2].startswith("HTTP 503")
     assert statuses(conn)["summarized"] == 300
-    # Replayed, it is sent (once), still standing for the same 300.
+    # Replayed, it is sent (once), still standing for the same 300: what came due since
+    # is not folded into a summary that was tried already.
     assert replay(conn, at, None, "hook-a") == 1
+    conn.execute(
+        "INSERT INTO orders SELECT g, 7, 990, 'paid', %s FROM generate_series(311, 315) g", (T0,)
+    )
+    assert claim(conn, rule, at) == 5
     hook_a.default = Reply()
     deliver_notifier(db, a, FixedClock(at + timedelta(minutes=1)))
     assert summaries(hook_a)[-1]["count"] == 300
+    assert statuses(conn) == {"summarized": 300, "sent": 16}
     assert statuses(conn).get("dead") is None
 
 
@@ -289,6 +339,66 @@ def test_concurrent_workers_in_two_dispatchers_make_exactly_one_summary(
     assert singles(hook_a) == []
     assert [s["count"] for s in summaries(hook_a)] == [2_000]
     assert statuses(conn) == {"summarized": 2_000, "sent": 1}
+
+
+def test_a_summary_counts_exactly_what_it_replaces_while_another_claim_runs(
+    conn: Conn, db: Database, dsn: str, hook_a: WebhookReceiver
+) -> None:
+    """Another worker (any process) is in the middle of a claim: it holds the storm lock
+    and has leased 100 of the storm's deliveries. A claim here waits for it, and then
+    its summary stands for exactly the 1,900 it replaces (without the lock it would
+    count the 100 the other sends one by one)."""
+    rule = orders(conn, 2_000, ["hook-a"])
+    assert claim(conn, rule) == 2_000
+    lease = {"now": CLAIMED, "owner": uuid.uuid4(), "lease": timedelta(minutes=1)}
+    lease |= {"limit": 100, "notifier": "hook-a", "sent": [], "sent_owner": None}
+    with psycopg.connect(dsn) as other:
+        other.execute(queries()["storm_lock"], {"notifier": "hook-a"})
+        assert len(other.execute(queries()["claim_deliveries"], lease).fetchall()) == 100
+        a = hook("hook-a", hook_a, {"threshold": 50, "wait": "0s"})
+        done: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: done.append(deliver_notifier(db, a, FixedClock(CLAIMED)))
+        )
+        worker.start()
+        time.sleep(0.5)
+        other.commit()
+    worker.join(30)
+    assert (done[0].summarized, done[0].sent) == (1_900, 1)
+    (summary,) = summaries(hook_a)
+    assert summary["count"] == 1_900
+    pointing = conn.execute("SELECT count(*) FROM slawatch.delivery WHERE summary_id IS NOT NULL")
+    assert pointing.fetchone() == (1_900,)
+
+
+def test_a_summary_takes_the_highest_severity_of_what_it_stands_for(
+    conn: Conn, db: Database, hook_a: WebhookReceiver
+) -> None:
+    shop(conn)
+
+    def due(severities: list[str]) -> None:
+        for severity in severities:
+            conn.execute(
+                "WITH a AS (INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at,"
+                " row_data) VALUES ('order_unshipped', gen_random_uuid()::text, 1, 1, %s, %s,"
+                " '{}') RETURNING id) INSERT INTO slawatch.delivery (alert_id, notifier,"
+                " next_attempt_at) SELECT id, 'hook-a', %s FROM a",
+                (severity, CLAIMED, CLAIMED),
+            )
+
+    a = hook("hook-a", hook_a, {"threshold": 2})
+    due(["info", "critical", "warning"])
+    deliver_notifier(db, a, FixedClock(CLAIMED))
+    due(["info"])  # folded: stays critical
+    deliver_notifier(db, a, FixedClock(CLAIMED))
+    deliver_notifier(db, a, FixedClock(SENT_AT))
+    due(["info", "info", "info"])
+    deliver_notifier(db, a, FixedClock(SENT_AT))
+    due(["warning"])  # folded: raises it
+    deliver_notifier(db, a, FixedClock(SENT_AT))
+    deliver_notifier(db, a, FixedClock(SENT_AT + WAIT))
+    got = [(x["severity"], x["count"]) for x in summaries(hook_a)]
+    assert got == [("critical", 4), ("warning", 4)]
 
 
 def test_silences_win_over_storms(conn: Conn, db: Database, hook_a: WebhookReceiver) -> None:
