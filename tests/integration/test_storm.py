@@ -474,6 +474,9 @@ def test_summarized_deliveries_are_visible_in_the_cli_the_api_and_the_metrics(
         f"order_unshipped:storm:hook-a:{page['alerts'][-1]['id']}",
     )
     assert [(d["notifier"], d["status"]) for d in one["deliveries"]] == [("hook-a", "sent")]
+    refused = client.post(f"/v1/alerts/{summary_id}/ack", json={"by": "alice"})
+    assert refused.status_code == 400
+    assert refused.json()["error"].startswith(f"alert {summary_id} is a storm summary: ack the")
     bad = client.get("/v1/alerts", params={"status": "summarised"})
     assert bad.status_code == 422 or bad.status_code == 400
 
