@@ -6,6 +6,7 @@ services that check bodies as those services do)."""
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -27,16 +28,19 @@ from slawatch.metrics import Metrics
 from slawatch.migrate import migrate, schema_current
 from slawatch.notifiers import ConsoleConfig, WebhookConfig, build, load_notifiers
 from slawatch.notifiers.base import BaseNotifier
+from slawatch.notifiers.console import ConsoleNotifier
 from slawatch.notifiers.webhook import WebhookNotifier
 from slawatch.queries import queries
 from slawatch.rules import Rule
 from tests.integration.helpers import Conn, FixedClock, claim_all, shop
 from tests.integration.test_admin import Start, start
 from tests.integration.test_cli import slawatch
+from tests.integration.test_email import notifier as mail_notifier
+from tests.integration.test_email import smtp
 from tests.receivers import Reply, WebhookReceiver
 from tests.services import AlertmanagerService, PagerDutyService, SlackService
 
-__all__ = ["start"]
+__all__ = ["smtp", "start"]
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CLAIMED = T0 + timedelta(days=3)  # every order paid at T0 is overdue here
@@ -589,3 +593,35 @@ def test_storm_config(tmp_path: Any) -> None:
     assert (full.threshold, full.listed, full.wait) == (5, 0, timedelta(minutes=1))
     assert load("null") is None
     assert (load("{threshold: 7}").listed, load("7").wait) == (20, WAIT)
+
+
+def test_email_and_console_show_the_storm(conn: Conn, db: Database, smtp: tuple[Any, int]) -> None:
+    """A storm of 150 to an e-mail digest (a real SMTP server) and to the console."""
+    rule = orders(conn, 150, ["ops-mail", "console"])
+    storm = {"threshold": 100, "listed": 2, "wait": "0s"}
+    inbox, port = smtp
+    mail = mail_notifier(port, storm=storm)
+    out = io.StringIO()
+    console = ConsoleNotifier(ConsoleConfig(name="console", type="console", storm=storm), out)
+    assert claim(conn, rule) == 150
+    about = {"order_unshipped": "late"}
+    assert (
+        deliver_due(
+            db, {"ops-mail": mail, "console": console}, FixedClock(CLAIMED), about, ADMIN
+        ).sent
+        == 2
+    )
+    ((_, _, message),) = inbox.envelopes
+    assert message["Subject"] == "[slawatch] 150 overdue (storm): order_unshipped"
+    text = message.get_body(("plain",)).get_content()
+    assert text.startswith(
+        "STORM: 150 rows overdue for order_unshipped (late), first 2 listed, see "
+    )
+    assert "  [warning] key 1 #1 due 2026-03-03T12:00:00Z" in text
+    html = message.get_body(("html",)).get_content()
+    assert f"<a href='{ADMIN}/v1/alerts?rule=order_unshipped&amp;status=summarized" in html
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith(
+        "[warning] order_unshipped storm: 150 rows overdue for order_unshipped"
+    )
+    assert [line.split()[3] for line in lines[1:]] == ["key=1", "key=2"]
