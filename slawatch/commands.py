@@ -278,6 +278,7 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
         pooler=settings.pooler,
         retention=settings.retention,
         load=lambda: load_config(settings),
+        admin_url=settings.admin_url,
     )
     admin = None
     try:
@@ -482,7 +483,14 @@ def cmd_alerts(
             str(a.n),
             a.severity,
             " ".join(
-                f"{d.notifier}:{d.status}" + (f"({d.attempts})" if d.status != "sent" else "")
+                f"{d.notifier}:{d.status}"
+                + (
+                    f"(in {d.summary_id})"  # the storm summary sent in its place
+                    if d.summary_id is not None
+                    else f"({d.attempts})"
+                    if d.status != "sent"
+                    else ""
+                )
                 for d in a.deliveries
             ),
         ]

@@ -31,7 +31,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,8 @@ from slawatch.errors import DeliveryError, SlawatchError
 from slawatch.notifiers import Notifier
 from slawatch.outage import Backoff, Outage
 from slawatch.queries import queries
+from slawatch.storm import Folded, listings, summary_payload
+from slawatch.storm import summarize as storm_summarize
 
 if TYPE_CHECKING:
     from slawatch.metrics import Metrics
@@ -55,6 +57,7 @@ CHANNEL = "slawatch_delivery"
 POLL = 1.0  # seconds: the fallback when no NOTIFY arrives
 PROBE_WAIT = 3.0  # seconds for our own NOTIFY to come back after LISTEN
 BACKOFF_CAP = 30.0  # seconds: the longest wait of a worker after a failure
+DEFAULT_LISTED = 20  # alerts listed in a storm summary when the notifier says nothing
 
 
 @dataclass
@@ -65,12 +68,16 @@ class PassResult:
     retried: int = 0
     dead: int = 0
     silenced: int = 0  # settled without sending: a silence matched (not in ``total``)
+    summarized: int = 0  # settled without sending: a storm summary stands for them
+    summaries: int = 0  # storm summaries made (each sent as one more delivery)
 
     def __iadd__(self, other: PassResult) -> PassResult:
         self.sent += other.sent
         self.retried += other.retried
         self.dead += other.dead
         self.silenced += other.silenced
+        self.summarized += other.summarized
+        self.summaries += other.summaries
         return self
 
     @property
@@ -102,9 +109,12 @@ def alert_id(rule: str, key: str, episode: int, n: int, kind: str = "firing") ->
     """The idempotency id: one readable string naming rule, key, episode and n, e.g.
     ``order_unshipped:42:e1:n3``; a resolved notice ends in ``:resolved`` instead of
     the number. The rule name has no ``:`` and the last two parts are fixed forms, so
-    the id reads back unambiguously whatever the key holds (lifecycle.parse_alert)."""
+    the id reads back unambiguously whatever the key holds (lifecycle.parse_alert).
+    A storm summary's is ``order_unshipped:storm:<notifier>:<first alert id>``."""
     if kind == "resolved":
         return f"{rule}:{key}:e{episode}:resolved"
+    if kind == "summary":  # the key is storm:<notifier>:<first alert id> (slawatch/storm.py)
+        return f"{rule}:{key}"
     return f"{rule}:{key}:e{episode}:n{n}"
 
 
@@ -164,21 +174,41 @@ def receiver_outage(notifier: Notifier) -> Outage:
 @dataclass
 class _Batch:
     """Deliveries claimed under one lease (``owner``), with their alerts; and how many
-    more the claim settled as silenced (they count towards a full batch)."""
+    more the claim settled as silenced (they count towards a full batch). With a storm
+    notifier: the deliveries folded into summaries before the claim (``folded``), and
+    the listed alerts of each summary in ``rows`` (by the summary's alert id)."""
 
     owner: uuid.UUID
     rows: list[dict[str, Any]]
     silenced: int = 0
+    folded: list[Folded] = field(default_factory=list)
+    listings: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def claimed(self) -> int:
         return len(self.rows) + self.silenced
 
+    @property
+    def summarized(self) -> int:
+        return sum(f.folded for f in self.folded)
+
+    @property
+    def summaries(self) -> int:
+        return sum(1 for f in self.folded if f.made)
+
+
+def _listed(notifier: Notifier) -> int:
+    """Alerts a summary lists (also for a summary made before ``storm`` was turned off)."""
+    return notifier.storm.listed if notifier.storm is not None else DEFAULT_LISTED
+
 
 def _claim(db: Database, notifier: Notifier, now: datetime, sent: _Batch | None = None) -> _Batch:
     """Lease up to a batch of due deliveries to a fresh owner; settle ``sent`` (a batch
     the receiver accepted) as sent in the same statement. If the statement fails, both
-    stay undone: ``sent`` is sent again once its lease expires (at least once)."""
+    stay undone: ``sent`` is sent again once its lease expires (at least once).
+
+    For a notifier with ``storm``, the same transaction first folds storms into
+    summaries under the notifier's storm lock (slawatch/storm.py)."""
     owner = uuid.uuid4()
     claim = {
         "now": now,
@@ -190,24 +220,56 @@ def _claim(db: Database, notifier: Notifier, now: datetime, sent: _Batch | None 
         "sent_owner": sent.owner if sent else None,
     }
     query = queries()["claim_deliveries"]
-    rows = db.run(
-        f"claiming deliveries for {notifier.name}",
-        lambda conn: conn.cursor(row_factory=dict_row).execute(query, claim).fetchall(),
-    )
-    send = [r for r in rows if not r["silenced"]]
-    if len(send) < len(rows):
-        log.debug("notifier %s: %d deliveries silenced", notifier.name, len(rows) - len(send))
-    return _Batch(owner, send, len(rows) - len(send))
+    storm = notifier.storm
+
+    def run(conn: Connection) -> _Batch:
+        with conn.transaction():  # one unit, so Database.run may run it again
+            folded = storm_summarize(conn, notifier.name, storm, now) if storm else []
+            rows = conn.cursor(row_factory=dict_row).execute(query, claim).fetchall()
+            send = [r for r in rows if not r["silenced"]]
+            summaries = [r["alert_id"] for r in send if r["kind"] == "summary"]
+            listed = listings(conn, summaries, _listed(notifier))
+        return _Batch(owner, send, len(rows) - len(send), folded, listed)
+
+    batch = db.run(f"claiming deliveries for {notifier.name}", run)
+    if batch.silenced:
+        log.debug("notifier %s: %d deliveries silenced", notifier.name, batch.silenced)
+    for f in batch.folded:
+        log.log(
+            logging.WARNING if f.made else logging.INFO,
+            "notifier %s: %s of rule %s: %d deliveries summarized (summary alert %d)",
+            notifier.name,
+            "storm" if f.made else "storm goes on",
+            f.rule,
+            f.folded,
+            f.summary_id,
+        )
+    return batch
+
+
+def _payloads(
+    notifier: Notifier, batch: _Batch, descriptions: Mapping[str, str], admin_url: str | None
+) -> list[dict[str, Any]]:
+    listed = _listed(notifier)
+    return [
+        summary_payload(r, batch.listings.get(r["alert_id"], []), listed, descriptions, admin_url)
+        if r["kind"] == "summary"
+        else alert_payload(r, descriptions.get(r["rule"], ""))
+        for r in batch.rows
+    ]
 
 
 def _send(
-    notifier: Notifier, rows: list[dict[str, Any]], descriptions: Mapping[str, str]
+    notifier: Notifier,
+    batch: _Batch,
+    descriptions: Mapping[str, str],
+    admin_url: str | None = None,
 ) -> DeliveryError | None:
     """Send one batch; the error if the receiver did not take it (its outage recorded)."""
     receiver = receiver_outage(notifier)
     started = time.monotonic()
     try:
-        notifier.send([alert_payload(r, descriptions.get(r["rule"], "")) for r in rows])
+        notifier.send(_payloads(notifier, batch, descriptions, admin_url))
     except DeliveryError as exc:
         error = exc
     except Exception as exc:  # a notifier bug must not stop the loop; keep its words
@@ -227,27 +289,32 @@ def _deliver(
     descriptions: Mapping[str, str],
     claim_next: bool,
     metrics: Metrics | None = None,
+    admin_url: str | None = None,
 ) -> tuple[PassResult, _Batch]:
     """Send a claimed batch and settle it. With ``claim_next``, a full batch that was
     accepted is settled by the claim of the next one, which is returned.
 
     Counted (metrics, the batch's log line) once settled: a batch whose outcome was
-    not recorded is sent again, and counted then."""
+    not recorded is sent again, and counted then. Silenced and summarized deliveries
+    were settled by the claim and are counted with the batch whatever becomes of it."""
     started = time.monotonic()
-    silenced = PassResult(silenced=batch.silenced)
-    if not batch.rows:  # all silenced: settled by the claim already
-        _settled(notifier, silenced, started, metrics, clock.now(), [])
+    unsent = PassResult(
+        silenced=batch.silenced, summarized=batch.summarized, summaries=batch.summaries
+    )
+    if not batch.rows:  # all silenced or summarized: settled by the claim already
+        _settled(notifier, unsent, started, metrics, clock.now(), [])
         if claim_next and batch.claimed >= notifier.batch:
-            return silenced, _claim(db, notifier, clock.now())
-        return silenced, _Batch(batch.owner, [])
-    error = _send(notifier, batch.rows, descriptions)
+            return unsent, _claim(db, notifier, clock.now())
+        return unsent, _Batch(batch.owner, [])
+    error = _send(notifier, batch, descriptions, admin_url)
     accepted = clock.now()
     if error is not None:
         failed = _settle_failure(db, notifier, clock.now(), batch.owner, batch.rows, error)
-        failed += silenced
+        failed += unsent
         _settled(notifier, failed, started, metrics, accepted, [])
         return failed, _Batch(batch.owner, [])
-    done = PassResult(sent=len(batch.rows), silenced=batch.silenced)
+    done = PassResult(sent=len(batch.rows))
+    done += unsent
     fired = [r["fired_at"] for r in batch.rows]
     if claim_next and batch.claimed >= notifier.batch:
         following = _claim(db, notifier, clock.now(), sent=batch)
@@ -274,16 +341,19 @@ def _settled(
     A batch that only retried is a DEBUG line: while a receiver is down its outage
     line says it, and a line per attempt would drown the log."""
     ms = (time.monotonic() - started) * 1000
-    level = logging.INFO if result.sent or result.dead or result.silenced else logging.DEBUG
+    unsent = result.silenced or result.summarized
+    level = logging.INFO if result.sent or result.dead or unsent else logging.DEBUG
     silenced = f", {result.silenced} silenced" if result.silenced else ""
+    summarized = f", {result.summarized} summarized" if result.summarized else ""
     activity.log(
         level,
-        "notifier %s: %d sent, %d retried, %d dead%s in %.0f ms",
+        "notifier %s: %d sent, %d retried, %d dead%s%s in %.0f ms",
         notifier.name,
         result.sent,
         result.retried,
         result.dead,
         silenced,
+        summarized,
         ms,
         extra={
             "notifier": notifier.name,
@@ -291,12 +361,20 @@ def _settled(
             "retried": result.retried,
             "dead": result.dead,
             "silenced": result.silenced,
+            "summarized": result.summarized,
             "ms": round(ms, 1),
         },
     )
     if metrics is not None:
         metrics.delivered(
-            notifier.name, accepted, fired, result.retried, result.dead, result.silenced
+            notifier.name,
+            accepted,
+            fired,
+            result.retried,
+            result.dead,
+            result.silenced,
+            result.summarized,
+            result.summaries,
         )
 
 
@@ -306,6 +384,7 @@ def deliver_batch(
     clock: Clock,
     descriptions: Mapping[str, str] | None = None,
     metrics: Metrics | None = None,
+    admin_url: str | None = None,
 ) -> PassResult:
     """Claim, send and settle at most one batch of ``notifier``'s due deliveries.
 
@@ -313,7 +392,7 @@ def deliver_batch(
     at their last attempt go dead, the others retry after their own backoff.
     """
     batch = _claim(db, notifier, clock.now())
-    return _deliver(db, notifier, clock, batch, descriptions or {}, False, metrics)[0]
+    return _deliver(db, notifier, clock, batch, descriptions or {}, False, metrics, admin_url)[0]
 
 
 def _settle_failure(
@@ -372,19 +451,23 @@ def deliver_notifier(
     descriptions: Mapping[str, str] | None = None,
     stop: threading.Event | None = None,
     metrics: Metrics | None = None,
+    admin_url: str | None = None,
 ) -> PassResult:
     """Batches one after the other until none is due; stops early when the receiver
     fails (it is down), or after the batch in hand once ``stop`` is set.
 
     Each accepted full batch is settled by the statement that claims the next.
+    ``admin_url``: the admin API's address, for the link in storm summaries.
     """
     total = PassResult()
     if stop is not None and stop.is_set():
         return total
     batch = _claim(db, notifier, clock.now())
-    while batch.claimed:
+    while batch.claimed or batch.folded:
         more = stop is None or not stop.is_set()
-        result, batch = _deliver(db, notifier, clock, batch, descriptions or {}, more, metrics)
+        result, batch = _deliver(
+            db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url
+        )
         total += result
     return total
 
@@ -394,11 +477,12 @@ def deliver_due(
     notifiers: Mapping[str, Notifier],
     clock: Clock,
     descriptions: Mapping[str, str] | None = None,
+    admin_url: str | None = None,
 ) -> PassResult:
     """One pass over every notifier (``run --once``)."""
     total = PassResult()
     for notifier in notifiers.values():
-        total += deliver_notifier(db, notifier, clock, descriptions)
+        total += deliver_notifier(db, notifier, clock, descriptions, admin_url=admin_url)
     return total
 
 
@@ -436,9 +520,10 @@ class Dispatcher:
         backoff_cap: float = BACKOFF_CAP,
         concurrency: Mapping[str, int] | None = None,
         metrics: Metrics | None = None,
+        admin_url: str | None = None,
     ) -> None:
         self.db, self.clock, self.descriptions, self.poll = db, clock, descriptions, poll
-        self.backoff_cap, self.metrics = backoff_cap, metrics
+        self.backoff_cap, self.metrics, self.admin_url = backoff_cap, metrics, admin_url
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._groups = {
@@ -540,7 +625,13 @@ class Dispatcher:
             since = time.monotonic()
             try:
                 deliver_notifier(
-                    self.db, notifier, self.clock, self.descriptions, group.stop, self.metrics
+                    self.db,
+                    notifier,
+                    self.clock,
+                    self.descriptions,
+                    group.stop,
+                    self.metrics,
+                    self.admin_url,
                 )
             except DatabaseUnavailable:
                 wait = backoff.next()

@@ -38,8 +38,8 @@ COUNT_LIMIT = 100_000
 # No read of the operator's surface may hold a connection longer than this.
 READ_TIMEOUT = "10s"
 MAX_LIMIT, DEFAULT_LIMIT = 1000, 50
-STATUSES = ("pending", "sent", "dead", "silenced")
-DeliveryStatus = Literal["pending", "sent", "dead", "silenced"]
+STATUSES = ("pending", "sent", "dead", "silenced", "summarized")
+DeliveryStatus = Literal["pending", "sent", "dead", "silenced", "summarized"]
 
 # The on-call page's chart: alerts per hour over the last day, at most this many read
 # per rule (a storm of 20 k alerts in an hour is drawn as "capped", not counted on).
@@ -108,6 +108,10 @@ class Delivery(BaseModel):
     next_attempt_at: datetime | None = Field(description="when a pending delivery is tried next")
     last_error: str | None
     sent_at: datetime | None
+    summary_id: int | None = Field(
+        default=None,
+        description="the storm summary (an alert of kind summary) sent in place of this one",
+    )
 
 
 class Alert(BaseModel):
@@ -115,14 +119,17 @@ class Alert(BaseModel):
 
     id: int = Field(description="numeric id; the alerts list's cursor")
     idempotency_id: str = Field(
-        description="rule:key:eEPISODE:nN (rule:key:eEPISODE:resolved for a resolved notice), "
+        description="rule:key:eEPISODE:nN (rule:key:eEPISODE:resolved for a resolved notice, "
+        "rule:storm:NOTIFIER:FIRST for a storm summary), "
         "as notifiers receive it"
     )
     rule: str
     key: str
     episode: int
-    n: int = Field(description="notification number in the episode; 0 for a resolved notice")
-    kind: Literal["firing", "resolved"]
+    n: int = Field(
+        description="notification number in the episode; 0 for a resolved notice or a summary"
+    )
+    kind: Literal["firing", "resolved", "summary"]
     severity: str
     deadline: datetime | None
     due_at: datetime | None
@@ -335,6 +342,7 @@ def _alerts(conn: Connection, rows: list[tuple[Any, ...]]) -> list[Alert]:
                     next_attempt_at=d[4] if d[2] == "pending" else None,
                     last_error=d[5],
                     sent_at=d[6],
+                    summary_id=d[7],
                 )
             )
     return [

@@ -276,6 +276,11 @@ def ack(db: Database, alert: str, *, by: str, comment: str, now: datetime) -> Ac
     def work(conn: Connection) -> Ack:
         with conn.transaction():
             row = _find_alert(conn, name, alert)
+            if row["kind"] == "summary":  # it stands for many episodes (slawatch/storm.py)
+                raise BadInput(
+                    f"alert {row['id']} is a storm summary: ack the alerts it stands for "
+                    f"(slawatch alerts --status summarized --rule {row['rule']})"
+                )
             rule, key, episode = row["rule"], row["key"], row["episode"]
             base = {
                 "alert": alert_id(rule, key, episode, row["n"], row["kind"]),

@@ -41,7 +41,7 @@ SCRAPE_WAIT = 1.0
 SCRAPE_STATEMENT_TIMEOUT = "2s"
 SCRAPE_BUDGET = 3.0
 
-OUTCOMES = ("sent", "retry", "dead", "silenced")
+OUTCOMES = ("sent", "retry", "dead", "silenced", "summarized")
 
 
 class Metrics:
@@ -61,8 +61,15 @@ class Metrics:
         )
         self.deliveries = Counter(
             "slawatch_deliveries",
-            "Deliveries settled, per notifier and outcome (sent, retry, dead, silenced)",
+            "Deliveries settled, per notifier and outcome (sent, retry, dead, silenced, "
+            "summarized: a storm summary was sent instead)",
             ["notifier", "outcome"],
+            registry=self.registry,
+        )
+        self.summaries = Counter(
+            "slawatch_storm_summaries",
+            "Storm summaries made, per notifier (each is then delivered like an alert)",
+            ["notifier"],
             registry=self.registry,
         )
         self.latency = Histogram(
@@ -85,6 +92,7 @@ class Metrics:
         """Show every outcome of ``name`` as 0 before its first delivery (rate() needs it)."""
         for outcome in OUTCOMES:
             self.deliveries.labels(name, outcome)
+        self.summaries.labels(name)
 
     def scanned(self, rule: str, seconds: float, severities: Mapping[str, int]) -> None:
         """A scan of ``rule`` took ``seconds`` and wrote these alerts per severity."""
@@ -101,20 +109,31 @@ class Metrics:
         retried: int = 0,
         dead: int = 0,
         silenced: int = 0,
+        summarized: int = 0,
+        summaries: int = 0,
     ) -> None:
         """A batch of ``notifier`` settled: the alerts fired at ``fired`` were accepted at
         ``now``; ``retried`` will be tried again, ``dead`` will not, ``silenced`` were
-        settled unsent (a silence matched)."""
+        settled unsent (a silence matched), ``summarized`` were settled unsent into the
+        ``summaries`` storm summaries made."""
         latency = self.latency.labels(notifier)
         sent = 0
         for at in fired:
             sent += 1
             # Several processes' clocks: a delivery may look accepted before it fired.
             latency.observe(max((now - at).total_seconds(), 0.0))
-        outcomes = (("sent", sent), ("retry", retried), ("dead", dead), ("silenced", silenced))
+        outcomes = (
+            ("sent", sent),
+            ("retry", retried),
+            ("dead", dead),
+            ("silenced", silenced),
+            ("summarized", summarized),
+        )
         for outcome, count in outcomes:
             if count:
                 self.deliveries.labels(notifier, outcome).inc(count)
+        if summaries:
+            self.summaries.labels(notifier).inc(summaries)
 
 
 class OutboxCollector:

@@ -216,7 +216,7 @@ def schema_current(conn: Connection) -> bool:
     """slawatch's own tables exist in their current shape."""
     with translate("reading the catalog for slawatch's schema"):
         # The newest piece of each upgrade: episodes, watermarks, acks and silences
-        # (the alert's kind, the delivery's 'silenced' state), baselines.
+        # (the alert's kind, the delivery's 'silenced' state), baselines, storms.
         row = conn.execute(
             "SELECT to_regclass('slawatch.delivery') IS NOT NULL"
             " AND to_regclass('slawatch.watermark') IS NOT NULL"
@@ -225,6 +225,8 @@ def schema_current(conn: Connection) -> bool:
             " AND to_regclass('slawatch.scan') IS NOT NULL"
             " AND to_regclass('slawatch.delivery_dead') IS NOT NULL"
             " AND to_regclass('slawatch.baseline') IS NOT NULL"
+            # storms: the summary index comes after the wider CHECKs in schema.sql
+            " AND to_regclass('slawatch.delivery_summary') IS NOT NULL"
             " AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('slawatch.alert')"
             " AND attname IN ('episode', 'kind') AND NOT attisdropped) = 2"
             " AND EXISTS (SELECT 1 FROM pg_constraint"

@@ -86,6 +86,7 @@ class OnceResult:
                 "no delivery pass (see the error)"
                 if sent is None
                 else (f"{sent.sent} sent, {sent.retried} retried, {sent.dead} dead")
+                + (f", {sent.summarized} summarized" if sent and sent.summarized else "")
             )
             lines.append(f"notifier {name}: {done}")
         return lines
@@ -136,7 +137,8 @@ class Runner:
     (``SLAWATCH_POOLER``); ``poll``: seconds between delivery polls when no NOTIFY
     comes; ``backoff_cap``: the longest wait after a failure; ``retention``: how
     long alert history is kept (``SLAWATCH_RETENTION``), pruned every ``maintain_every``;
-    ``load``: re-reads rules and notifiers for :meth:`reload` (SIGHUP).
+    ``load``: re-reads rules and notifiers for :meth:`reload` (SIGHUP); ``admin_url``:
+    where people reach the admin API, for the link in storm summaries.
 
     ``registry`` is the Prometheus registry of this runner (``GET /metrics``);
     :meth:`health` says whether every part of :meth:`serve` is running.
@@ -156,8 +158,10 @@ class Runner:
         retention: timedelta = DEFAULT_RETENTION,
         maintain_every: timedelta = MAINTAIN_EVERY,
         load: Loader | None = None,
+        admin_url: str | None = None,
     ) -> None:
         self.clock = clock or Clock()
+        self.admin_url = admin_url  # for the link in storm summaries
         self.poll, self.backoff_cap = poll, backoff_cap
         self.retention, self.maintain_every = retention, maintain_every
         self._load = load
@@ -304,7 +308,7 @@ class Runner:
             for name, notifier in self.notifiers.items():
                 try:
                     result.notifiers[name] = deliver_notifier(
-                        self.db, notifier, self.clock, self.descriptions
+                        self.db, notifier, self.clock, self.descriptions, admin_url=self.admin_url
                     )
                 except DatabaseUnavailable:
                     raise
@@ -358,6 +362,7 @@ class Runner:
             backoff_cap=self.backoff_cap,
             concurrency={name: c.concurrency for name, c in self._configs.items()},
             metrics=self.metrics,
+            admin_url=self.admin_url,
         )
         deadline = None if seconds is None else time.monotonic() + seconds
         with _signals(on_signal):

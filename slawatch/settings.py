@@ -85,6 +85,19 @@ def _http(value: Any) -> str | None:
     return None if bind is None else str(value).strip()
 
 
+def _public_url(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", text) or len(text) > 2000:
+        reason = (
+            f"{shorten(text)} is not an http:// or https:// URL without query "
+            "(e.g. https://slawatch.example.com)"
+        )
+        raise PydanticCustomError("public_url", "{reason}", {"reason": reason})
+    return text.rstrip("/")
+
+
 def _token(value: Any) -> str | None:
     if value is None or value == "":
         return None
@@ -125,3 +138,17 @@ class Settings(BaseSettings):
     # With a token every admin request but /healthz needs "Authorization: Bearer <token>";
     # without one, writes are refused unless the API listens on loopback only.
     api_token: Annotated[SecretStr | None, BeforeValidator(_token)] = None
+    # The admin API's address as people reach it (a DNS name, a proxy), for the link in
+    # storm summaries; unset: http://<SLAWATCH_HTTP> unless that binds every interface.
+    public_url: Annotated[str | None, BeforeValidator(_public_url)] = None
+
+    @property
+    def admin_url(self) -> str | None:
+        """Where the admin API is reached, for links; None when unknown or off."""
+        if self.public_url:
+            return self.public_url
+        bind = parse_bind(self.http or "")
+        if bind is None or bind[0] in ("0.0.0.0", "::"):
+            return None
+        host = f"[{bind[0]}]" if ":" in bind[0] else bind[0]
+        return f"http://{host}:{bind[1]}"

@@ -59,6 +59,7 @@ class Notifier(Protocol):
     batch: int  # alerts per send
     timeout: float  # seconds one send may take
     retry: RetrySettings
+    storm: StormSettings | None  # None: every alert is sent, however many
 
     def send(self, alerts: list[dict[str, Any]]) -> None:
         """Deliver all ``alerts`` or raise DeliveryError."""
@@ -84,6 +85,36 @@ class RetrySettings(FileModel):
         return min(timedelta(seconds=min(seconds, self.max.total_seconds())), self.max)
 
 
+# Storms (slawatch/storm.py): how long a new summary waits for the rest of its storm.
+StormWait = Annotated[
+    timedelta, duration_validator(positive=False, limit=timedelta(minutes=10), limit_text="10m")
+]
+
+
+class StormSettings(FileModel):
+    """More than ``threshold`` alerts of one rule due at once for this notifier are sent
+    as one summary listing the first ``listed``; the summary waits ``wait`` before it is
+    sent, and what of the storm comes due meanwhile is folded into it."""
+
+    threshold: int = Field(ge=1, le=1_000_000)
+    # The summary carries these alerts whole: kept small (a Slack message shows fewer).
+    listed: int = Field(default=20, ge=0, le=100)
+    wait: StormWait = timedelta(seconds=10)
+
+
+def _storm(value: Any) -> Any:
+    # `storm: 100` is short for `storm: {threshold: 100}`; YAML's `true` is an int to
+    # Python and would pass as a threshold of 1.
+    if value is None or isinstance(value, dict | StormSettings):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"threshold": value}
+    raise ValueError(
+        f"{shorten(value)} is neither a threshold (storm: 100) nor a mapping "
+        "(storm: {threshold: 100, listed: 20, wait: 10s})"
+    )
+
+
 class _Base(FileModel):
     name: str = Field(pattern=NAME_PATTERN)
     batch: int = Field(default=100, ge=1, le=10_000)
@@ -93,6 +124,8 @@ class _Base(FileModel):
     concurrency: int = Field(default=4, ge=1, le=16)
     timeout: Timeout = timedelta(seconds=10)
     retry: RetrySettings = RetrySettings()
+    # Off unless set: a consumer of a queue or webhook may want every alert.
+    storm: Annotated[StormSettings | None, BeforeValidator(_storm)] = None
 
 
 def _template(value: Any) -> Any:
@@ -350,7 +383,7 @@ class PagerDutyConfig(_Base):
 
 
 # Alertmanager's own labels: slawatch sets them, so a configured label may not.
-ALERTMANAGER_LABELS = ("alertname", "rule", "key", "episode", "severity")
+ALERTMANAGER_LABELS = ("alertname", "rule", "key", "episode", "severity", "storm")
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 from slawatch.notifiers import AlertmanagerConfig
-from slawatch.notifiers.base import is_resolved
+from slawatch.notifiers.base import is_resolved, is_summary
 from slawatch.notifiers.http import HttpNotifier, endpoint
 
 # A row is an annotation for people to read, not a store: a huge one is cut.
@@ -44,6 +44,8 @@ def postable(
     generator_url: str | None = None,
 ) -> dict[str, Any]:
     """One slawatch alert as an Alertmanager ``postableAlert``."""
+    if is_summary(alert):
+        return _storm(alert, now, firing_for, extra_labels, generator_url)
     labels = {
         **(extra_labels or {}),
         "alertname": alert["rule"],
@@ -81,6 +83,51 @@ def postable(
         body["generatorURL"] = generator_url.format(
             **{f: quote(str(alert[f]), safe="") for f in ("rule", "severity", "key", "n")}
         )
+    return body
+
+
+def _storm(
+    alert: dict[str, Any],
+    now: datetime,
+    firing_for: timedelta,
+    extra_labels: dict[str, str] | None,
+    generator_url: str | None,
+) -> dict[str, Any]:
+    """A storm summary as one alert of its own: labelled by rule and ``storm`` (its
+    key, ``storm:<notifier>:<first alert id>``), not by row; the keys it stands for are
+    an annotation."""
+    labels = {
+        **(extra_labels or {}),
+        "alertname": alert["rule"],
+        "rule": alert["rule"],
+        "storm": alert["key"],
+        "severity": alert["severity"],
+    }
+    keys = json.dumps([a["key"] for a in alert["first"]], ensure_ascii=False)
+    annotations = {
+        "summary": f"{alert['rule']}: {alert['count']:,} overdue (storm)",
+        "description": alert["description"],
+        "id": alert["id"],
+        "count": str(alert["count"]),
+        "first": keys if len(keys) <= ROW_LIMIT else keys[: ROW_LIMIT - 1] + "…",
+    }
+    ends = now + firing_for
+    body: dict[str, Any] = {
+        "labels": labels,
+        "annotations": annotations,
+        "startsAt": _iso(min(_parse(alert["since"]), ends)),
+        "endsAt": _iso(ends),
+    }
+    # The list of its alerts is where a person goes from it; else the configured link.
+    link = alert.get("link") or (
+        generator_url.format(
+            **{f: quote(str(alert[f]), safe="") for f in ("rule", "severity", "key", "n")}
+        )
+        if generator_url
+        else None
+    )
+    if link:
+        body["generatorURL"] = link
     return body
 
 

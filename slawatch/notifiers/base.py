@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import SecretStr
 
-from slawatch.notifiers import RetrySettings, _Base
+from slawatch.notifiers import RetrySettings, StormSettings, _Base
 
 
 class BaseNotifier:
@@ -21,6 +21,7 @@ class BaseNotifier:
         self.batch = config.batch
         self.timeout = config.timeout.total_seconds()
         self.retry: RetrySettings = config.retry
+        self.storm: StormSettings | None = config.storm
         # Every secret of the config, scrubbed from any error text we keep or log:
         # SecretStr values, and the passwords and query values of URLs in them.
         self._secrets: dict[str, str] = {}
@@ -71,9 +72,11 @@ def tls_context(ca_file: Path | None) -> ssl.SSLContext:
 
 
 def number(alert: dict[str, Any]) -> str:
-    """How a person reads the notification: ``#3``, or ``resolved`` for the notice that
-    a notified episode ended."""
-    return "resolved" if alert.get("status") == "resolved" else f"#{alert['n']}"
+    """How a person reads the notification: ``#3``, ``resolved`` for the notice that
+    a notified episode ended, ``storm`` for a storm summary."""
+    if alert.get("status") in ("resolved", "summary"):
+        return "storm" if is_summary(alert) else "resolved"
+    return f"#{alert['n']}"
 
 
 def encode(alert: dict[str, Any]) -> bytes:
@@ -86,6 +89,12 @@ def render(template: str, alert: dict[str, Any]) -> str:
     return template.format(
         rule=alert["rule"], severity=alert["severity"], key=alert["key"], n=alert["n"]
     )
+
+
+def is_summary(alert: dict[str, Any]) -> bool:
+    """A storm summary (slawatch/storm.py): ``count`` alerts of one rule sent as one;
+    ``first`` holds the first ``listed`` of them, ``description`` says it in words."""
+    return bool(alert.get("status") == "summary")
 
 
 def is_resolved(alert: dict[str, Any]) -> bool:

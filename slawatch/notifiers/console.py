@@ -7,12 +7,16 @@ import sys
 from typing import Any, TextIO
 
 from slawatch.notifiers import ConsoleConfig
-from slawatch.notifiers.base import BaseNotifier, number
+from slawatch.notifiers.base import BaseNotifier, is_summary, number
 
 
 def format_alert(alert: dict[str, Any]) -> str:
     """``[warning] order_unshipped #1 key=42 due 2026-11-20T10:00:00Z {"id": 42, ...}``
-    (``resolved`` in place of ``#1`` for a resolved notice)."""
+    (``resolved`` in place of ``#1`` for a resolved notice). A storm summary is
+    ``[warning] order_unshipped storm: <its description>``, its listed alerts below it."""
+    if is_summary(alert):
+        lines = [f"[{alert['severity']}] {alert['rule']} storm: {alert['description']}"]
+        return "\n".join(lines + ["  " + format_alert(a) for a in alert["first"]])
     row = json.dumps(alert["row"], default=str, separators=(", ", ": "))
     return (
         f"[{alert['severity']}] {alert['rule']} {number(alert)} key={alert['key']} "

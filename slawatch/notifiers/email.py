@@ -12,7 +12,7 @@ from typing import Any
 
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import EmailConfig
-from slawatch.notifiers.base import BaseNotifier, number, tls_context
+from slawatch.notifiers.base import BaseNotifier, is_summary, number, tls_context
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,10 @@ def subject(prefix: str, alerts: list[dict[str, Any]]) -> str:
         rules = ", ".join(f"{r} ({c})" for r, c in sorted(by_rule.items(), key=lambda x: -x[1]))
     firing = [a for a in alerts if a.get("status") != "resolved"]
     critical = any(a["severity"] == "critical" for a in firing)
-    counts = [f"{len(firing)} overdue"] if firing else []
+    # A storm summary stands for `count` overdue rows.
+    overdue = sum(a["count"] if is_summary(a) else 1 for a in firing)
+    storm = " (storm)" if any(is_summary(a) for a in firing) else ""
+    counts = [f"{overdue:,} overdue{storm}"] if firing else []
     if len(firing) < len(alerts):
         counts.append(f"{len(alerts) - len(firing)} resolved")
     return f"{prefix} {'CRITICAL: ' if critical else ''}{', '.join(counts)}: {rules}".strip()
@@ -48,8 +51,17 @@ def _columns(group: list[dict[str, Any]]) -> list[str]:
     return cols
 
 
+def _storms(alerts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The storm summaries and the other alerts: a summary's listed alerts join the
+    others (shown in its rule's table) and its description goes above them."""
+    storms = [a for a in alerts if is_summary(a)]
+    rest = [a for a in alerts if not is_summary(a)]
+    return storms, rest + [f for s in storms for f in s["first"]]
+
+
 def plain_text(alerts: list[dict[str, Any]]) -> str:
-    out = []
+    storms, alerts = _storms(alerts)
+    out = [f"STORM: {s['description']}\n" for s in storms]
     for rule, group in _groups(alerts).items():
         desc = group[0].get("description") or ""
         out.append(f"{rule}: {len(group)} overdue" + (f" - {desc}" if desc else ""))
@@ -63,6 +75,10 @@ def plain_text(alerts: list[dict[str, Any]]) -> str:
 def html_body(alerts: list[dict[str, Any]]) -> str:
     e = html.escape
     parts = ["<html><body style='font-family:sans-serif'>"]
+    storms, alerts = _storms(alerts)
+    for s in storms:
+        link = f" <a href='{e(s['link'])}'>All of them</a>" if s.get("link") else ""
+        parts.append(f"<p><b>Storm:</b> {e(s['description'])}{link}</p>")
     for rule, group in _groups(alerts).items():
         desc = group[0].get("description") or ""
         parts.append(f"<h3>{e(rule)}: {len(group)} overdue</h3>")

@@ -16,7 +16,7 @@ from typing import Any
 
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import PagerDutyConfig
-from slawatch.notifiers.base import is_resolved
+from slawatch.notifiers.base import is_resolved, is_summary
 from slawatch.notifiers.http import HttpNotifier, endpoint
 
 SUMMARY_LIMIT = 1024
@@ -27,7 +27,10 @@ SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 
 def dedup_key(alert: dict[str, Any]) -> str:
     """``order_unshipped:1042:e1``: the same for every notification of an episode and
-    for its resolved notice. A key too long for PagerDuty's 255 characters is hashed."""
+    for its resolved notice. A key too long for PagerDuty's 255 characters is hashed.
+    A storm summary is an incident of its own: its id (``rule:storm:notifier:first``)."""
+    if is_summary(alert):
+        return str(alert["id"])  # at most 40 + 6 + 63 + 20 characters
     key = f"{alert['rule']}:{alert['key']}:e{alert['episode']}"
     if len(key) <= DEDUP_LIMIT:
         return key
@@ -37,6 +40,9 @@ def dedup_key(alert: dict[str, Any]) -> str:
 
 def summary(alert: dict[str, Any]) -> str:
     """What the incident's title says, at most 1024 characters."""
+    if is_summary(alert):
+        text = str(alert["description"])
+        return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
     key = alert["key"] if len(alert["key"]) <= 200 else alert["key"][:199] + "…"
     since = alert["due_at"] or alert["fired_at"]
     text = f"{alert['rule']}: key {key} overdue since {since}"
@@ -57,7 +63,14 @@ def event(alert: dict[str, Any], routing_key: str, source: str) -> dict[str, Any
         k: alert.get(k)
         for k in ("id", "rule", "key", "episode", "n", "deadline", "due_at", "description", "row")
     }
-    return {
+    links = []
+    if is_summary(alert):
+        # PagerDuty keeps 512 KB of details: the listed alerts by id, not whole.
+        details = {k: alert.get(k) for k in ("id", "rule", "count", "since", "description")}
+        details["first"] = [a["id"] for a in alert["first"]]
+        if alert.get("link"):
+            links = [{"href": alert["link"], "text": f"All {alert['count']:,} alerts"}]
+    body: dict[str, Any] = {
         "routing_key": routing_key,
         "event_action": "trigger",
         "dedup_key": dedup_key(alert),
@@ -68,10 +81,13 @@ def event(alert: dict[str, Any], routing_key: str, source: str) -> dict[str, Any
             "severity": SEVERITY.get(alert["severity"], "error"),
             "timestamp": alert["fired_at"],
             "component": alert["rule"],
-            "class": "overdue",
+            "class": "storm" if is_summary(alert) else "overdue",
             "custom_details": details,
         },
     }
+    if links:
+        body["links"] = links
+    return body
 
 
 class PagerDutyNotifier(HttpNotifier):

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from slawatch.notifiers import SlackConfig
-from slawatch.notifiers.base import is_resolved
+from slawatch.notifiers.base import is_resolved, is_summary
 from slawatch.notifiers.http import HttpNotifier
 
 HEADER_LIMIT = 150
@@ -24,6 +24,7 @@ ICONS = {
     "info": ":large_blue_circle:",
 }
 RESOLVED_ICON = ":white_check_mark:"
+STORM_ICON = ":rotating_light:"
 
 
 def escape(text: str) -> str:
@@ -43,19 +44,39 @@ def _code(text: str, limit: int) -> str:
 def headline(alerts: list[dict[str, Any]]) -> str:
     """``order_unshipped: key 1042 overdue (critical)`` for one alert, ``12 overdue,
     2 resolved: order_unshipped, invoice_unpaid`` for a batch."""
+    if len(alerts) == 1 and is_summary(alerts[0]):
+        a = alerts[0]
+        return cut(f"{a['rule']}: {a['count']:,} overdue (storm, {a['severity']})", HEADER_LIMIT)
     if len(alerts) == 1:
         a = alerts[0]
         state = "resolved" if is_resolved(a) else f"overdue ({a['severity']})"
         return cut(f"{a['rule']}: key {a['key']} {state}", HEADER_LIMIT)
     resolved = sum(1 for a in alerts if is_resolved(a))
-    counts = [f"{len(alerts) - resolved} overdue"] if resolved < len(alerts) else []
+    # A storm summary stands for `count` overdue rows.
+    overdue = sum(a["count"] if is_summary(a) else 1 for a in alerts if not is_resolved(a))
+    counts = [f"{overdue:,} overdue"] if resolved < len(alerts) else []
     counts += [f"{resolved} resolved"] if resolved else []
     rules = list(dict.fromkeys(a["rule"] for a in alerts))
     return cut(f"{', '.join(counts)}: {', '.join(rules)}", HEADER_LIMIT)
 
 
+def storm_section(alert: dict[str, Any]) -> str:
+    """A storm summary as mrkdwn: what it stands for, a link to all of them, and the
+    keys of the listed alerts, at most 3000 characters."""
+    head = f"{STORM_ICON} *storm* · *{escape(alert['rule'])}* · {alert['count']:,} overdue"
+    lines = [head, cut(escape(alert["description"]), 1000)]
+    if alert.get("link"):
+        lines.append(f"<{alert['link']}|All of them>")
+    keys = ", ".join(a["key"] for a in alert["first"])
+    if keys:
+        lines.append(f"First {alert['listed']}: `{_code(keys, TEXT_LIMIT)}`")
+    return cut("\n".join(lines), TEXT_LIMIT)
+
+
 def section(alert: dict[str, Any]) -> str:
     """One alert as mrkdwn, at most 3000 characters."""
+    if is_summary(alert):
+        return storm_section(alert)
     episode = f"episode {alert['episode']}"
     if is_resolved(alert):
         first = (
@@ -92,7 +113,10 @@ def message(alerts: list[dict[str, Any]], listed: int) -> dict[str, Any]:
     blocks += [{"type": "section", "text": {"type": "mrkdwn", "text": section(a)}} for a in shown]
     rest = len(alerts) - len(shown)
     lines = [
-        f"[{'resolved' if is_resolved(a) else a['severity']}] {a['rule']} key {cut(a['key'], 200)}"
+        f"[storm] {a['rule']}: {a['count']:,} overdue"
+        if is_summary(a)
+        else f"[{'resolved' if is_resolved(a) else a['severity']}] {a['rule']} "
+        f"key {cut(a['key'], 200)}"
         for a in shown
     ]
     if rest:

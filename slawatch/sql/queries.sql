@@ -50,12 +50,117 @@ WITH sent AS (
      WHERE d.id = due.id AND due.id NOT IN (SELECT id FROM muted)
     RETURNING d.id, d.alert_id, d.notifier, d.attempts, false AS silenced
 )
-SELECT l.id, l.notifier, l.attempts, l.silenced,
+SELECT l.id, l.notifier, l.attempts, l.silenced, l.alert_id,
        a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.due_at, a.fired_at,
        a.row_data
   FROM (SELECT * FROM leased UNION ALL SELECT * FROM silenced) l
   JOIN slawatch.alert a ON a.id = l.alert_id
  ORDER BY l.notifier, l.id;
+
+-- storm_lock --
+-- Every claim of a notifier with `storm` set holds this lock, in its own statement
+-- first (a lock taken inside the claim's statement would come after its snapshot), so
+-- that one claim at a time, in any process, counts and folds a storm: two workers
+-- never each send a summary for the same alerts. Claims are milliseconds; the sends
+-- between them still overlap. A hash collision only makes two notifiers take turns.
+SELECT pg_advisory_xact_lock(hashtextextended('slawatch.storm:' || %(notifier)s, 0));
+
+-- summarize_storms --
+-- Under storm_lock, before the claim (slawatch/storm.py). The candidates are the
+-- notifier's due first attempts of notifications ('firing': first notices and
+-- re-notifications; never resolved notices or summaries), not matched by an active
+-- silence (silences win: the claim that follows settles those 'silenced', uncounted).
+-- Per rule: when a summary of the rule for this notifier is still open (pending and
+-- never attempted, so every attempt of it carries the same content), every candidate
+-- is folded into it, however few; otherwise, more than `threshold` candidates make a
+-- new summary alert (kind 'summary', the highest severity among them, `severities`
+-- naming them from the lowest up) with its own
+-- delivery, due after `wait` so that the rest of the storm (the next claim batches of
+-- the same drain) folds into it too. A folded delivery is settled 'summarized' and
+-- points at its summary. No FOR UPDATE: under the lock no other claim of this
+-- notifier runs, and the fold's UPDATE re-checks each row (a replay or a process
+-- without the lock may have changed it since).
+WITH candidates AS (
+    SELECT d.id, d.alert_id, a.rule, a.severity
+      FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
+     WHERE d.status = 'pending' AND d.notifier = %(notifier)s
+       AND d.next_attempt_at <= %(now)s AND d.attempts = 0 AND a.kind = 'firing'
+       AND NOT EXISTS (
+            SELECT 1 FROM slawatch.silence s
+             WHERE s.rule = a.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s
+               AND (s.key IS NULL OR s.key = a.key) AND a.row_data @> s.matchers)
+), per_rule AS (
+    SELECT rule, count(*) AS count, min(alert_id) AS first_alert,
+           (array_agg(severity ORDER BY array_position(%(severities)s::text[], severity)
+                                           DESC NULLS LAST))[1] AS severity
+      FROM candidates GROUP BY rule
+), open AS (
+    -- At most one per rule is ever open (all are made under the lock); min() for sure.
+    SELECT a.rule, min(a.id) AS summary_id
+      FROM slawatch.delivery sd JOIN slawatch.alert a ON a.id = sd.alert_id
+     WHERE sd.status = 'pending' AND sd.notifier = %(notifier)s AND sd.attempts = 0
+       AND sd.last_error IS NULL AND a.kind = 'summary'
+       AND a.rule IN (SELECT rule FROM per_rule)
+     GROUP BY a.rule
+), made AS (
+    INSERT INTO slawatch.alert (rule, key, episode, n, kind, severity, fired_at, row_data)
+    SELECT p.rule, 'storm:' || %(notifier)s || ':' || p.first_alert, 0, 0, 'summary',
+           p.severity, %(now)s::timestamptz,
+           jsonb_build_object('notifier', %(notifier)s::text, 'count', p.count)
+      FROM per_rule p
+     WHERE p.count > %(threshold)s AND p.rule NOT IN (SELECT rule FROM open)
+    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
+    RETURNING id, rule
+), made_deliveries AS (
+    INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
+    SELECT id, %(notifier)s, %(now)s::timestamptz + %(wait)s::interval FROM made
+    RETURNING 1
+), target AS (
+    SELECT rule, summary_id, false AS made FROM open
+    UNION ALL
+    SELECT rule, id, true FROM made
+), folded AS (
+    UPDATE slawatch.delivery d
+       SET status = 'summarized', summary_id = t.summary_id
+      FROM candidates c JOIN target t ON t.rule = c.rule
+     WHERE d.id = c.id AND d.status = 'pending' AND d.attempts = 0
+    RETURNING t.summary_id, c.severity
+), folded_per AS (
+    SELECT summary_id, count(*) AS count,
+           (array_agg(severity ORDER BY array_position(%(severities)s::text[], severity)
+                                           DESC NULLS LAST))[1] AS severity
+      FROM folded GROUP BY summary_id
+), grown AS (
+    -- An open summary counts what was folded into it now; a new one was written with
+    -- its count (a row inserted by this statement cannot be updated by it).
+    UPDATE slawatch.alert s
+       SET row_data = jsonb_set(s.row_data, '{count}',
+                                to_jsonb((s.row_data->>'count')::bigint + f.count)),
+           severity = CASE WHEN array_position(%(severities)s::text[], f.severity)
+                              > array_position(%(severities)s::text[], s.severity)
+                           THEN f.severity ELSE s.severity END
+      FROM folded_per f
+     WHERE s.id = f.summary_id AND s.id IN (SELECT summary_id FROM open)
+    RETURNING 1
+)
+-- (made_deliveries and grown run whether read or not, as every data-modifying CTE.)
+SELECT t.rule, t.summary_id, t.made, coalesce(f.count, 0) AS folded
+  FROM target t LEFT JOIN folded_per f ON f.summary_id = t.summary_id
+ ORDER BY t.rule;
+
+-- storm_listing --
+-- What a summary's message lists: per summary alert, its first `listed` folded alerts
+-- (claim order), through delivery_summary; and, for the link, when the first fired.
+SELECT s.id AS summary_id, l.*
+  FROM unnest(%(ids)s::bigint[]) AS s(id)
+  CROSS JOIN LATERAL (
+       SELECT a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.due_at,
+              a.fired_at, a.row_data
+         FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
+        WHERE d.summary_id = s.id
+        ORDER BY d.alert_id
+        LIMIT %(limit)s) l
+ ORDER BY s.id;
 
 -- mark_sent --
 -- Fenced: only the owner of the current lease may finish a delivery. One statement
@@ -241,7 +346,8 @@ SELECT a.id, a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.du
  LIMIT %(limit)s;
 
 -- deliveries_of --
-SELECT alert_id, id, notifier, status, attempts, next_attempt_at, last_error, sent_at
+SELECT alert_id, id, notifier, status, attempts, next_attempt_at, last_error, sent_at,
+       summary_id
   FROM slawatch.delivery
  WHERE alert_id = ANY(%(ids)s::bigint[])
  ORDER BY alert_id, notifier;

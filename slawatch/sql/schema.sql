@@ -32,11 +32,26 @@ CREATE INDEX IF NOT EXISTS alert_rule_fired ON slawatch.alert (rule, fired_at);
 -- 'firing': notification n (1, 2, ...) of an episode; 'resolved': the one notice that a
 -- notified episode ended (rule `resolve: true`), stored as n = 0 so alert_once keeps
 -- it to one per episode. Adding a column with a constant default rewrites nothing.
+-- 'summary': one storm summary (slawatch/storm.py) for one notifier, standing in for
+-- the deliveries it replaced (delivery.summary_id); episode and n are 0, and the key
+-- 'storm:<notifier>:<first alert id>' keeps alert_once unique.
 ALTER TABLE slawatch.alert ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'firing'
-    CONSTRAINT alert_kind CHECK (kind IN ('firing', 'resolved'));
+    CONSTRAINT alert_kind CHECK (kind IN ('firing', 'resolved', 'summary'));
+-- Upgrade from before storms: the CHECK allowed two kinds. NOT VALID, as below.
+DO $$
+BEGIN
+    IF (SELECT pg_get_constraintdef(oid) FROM pg_constraint
+         WHERE conrelid = 'slawatch.alert'::regclass AND conname = 'alert_kind')
+       NOT LIKE '%summary%' THEN
+        ALTER TABLE slawatch.alert DROP CONSTRAINT alert_kind;
+        ALTER TABLE slawatch.alert ADD CONSTRAINT alert_kind
+            CHECK (kind IN ('firing', 'resolved', 'summary')) NOT VALID;
+    END IF;
+END $$;
 
 -- One row per (alert, notifier): the delivery state machine pending -> sent | dead |
--- silenced (a silence matched the alert when it was due to be sent: never sent).
+-- silenced (a silence matched the alert when it was due to be sent: never sent) |
+-- summarized (a storm summary was sent in its place: summary_id names that alert).
 -- alert_id has no foreign key on purpose: the claim writes an alert and its
 -- deliveries in one statement, and a per-row FK check cost a quarter of the
 -- claim's time in bench/claim.py.
@@ -46,7 +61,8 @@ CREATE TABLE IF NOT EXISTS slawatch.delivery (
     notifier         text        NOT NULL,
     status           text        NOT NULL DEFAULT 'pending'
                                  CONSTRAINT delivery_status
-                                 CHECK (status IN ('pending', 'sent', 'dead', 'silenced')),
+                                 CHECK (status IN ('pending', 'sent', 'dead', 'silenced',
+                                                   'summarized')),
     attempts         integer     NOT NULL DEFAULT 0,
     next_attempt_at  timestamptz NOT NULL,
     lease_owner      uuid,
@@ -68,6 +84,22 @@ BEGIN
             CHECK (status IN ('pending', 'sent', 'dead', 'silenced')) NOT VALID;
     END IF;
 END $$;
+-- Upgrade from before storms: the fifth state, the same way.
+DO $$
+BEGIN
+    IF (SELECT pg_get_constraintdef(oid) FROM pg_constraint
+         WHERE conrelid = 'slawatch.delivery'::regclass AND conname = 'delivery_status')
+       NOT LIKE '%summarized%' THEN
+        ALTER TABLE slawatch.delivery DROP CONSTRAINT delivery_status;
+        ALTER TABLE slawatch.delivery ADD CONSTRAINT delivery_status
+            CHECK (status IN ('pending', 'sent', 'dead', 'silenced', 'summarized')) NOT VALID;
+    END IF;
+END $$;
+-- The storm summary (an alert of kind 'summary') a 'summarized' delivery was folded into.
+ALTER TABLE slawatch.delivery ADD COLUMN IF NOT EXISTS summary_id bigint;
+-- A summary's deliveries in alert order: its first ones are listed in the message.
+CREATE INDEX IF NOT EXISTS delivery_summary ON slawatch.delivery (summary_id, alert_id)
+    WHERE summary_id IS NOT NULL;
 -- Only deliveries still to do are indexed, like the watched tables.
 CREATE INDEX IF NOT EXISTS delivery_due ON slawatch.delivery (notifier, next_attempt_at)
     WHERE status = 'pending';

@@ -162,7 +162,7 @@ BAD_ALERT_QUERIES: list[tuple[dict[str, Any], int, str]] = [
     ({"limit": 1001}, 422, "limit: Input should be less than or equal to 1000"),
     ({"limit": "ten"}, 422, "limit: Input should be a valid integer"),
     ({"limit": "9" * 400}, 422, "limit: "),
-    ({"status": "late"}, 422, "status: Input should be 'pending', 'sent', 'dead' or 'silenced'"),
+    ({"status": "late"}, 422, "status: Input should be 'pending', 'sent', 'dead', 'silenced' or "),
     ({"cursor": "garbage"}, 400, "cursor: 'garbage' is not a cursor from a previous page"),
     ({"cursor": "0"}, 400, "cursor: '0' is not a cursor"),
     ({"cursor": "99999999999999999999"}, 400, "is not a cursor"),

@@ -191,7 +191,7 @@ def test_alerts_filters_and_keyset_pages(conn: Conn) -> None:
     [
         ({"limit": 0}, "limit: 0 is not from 1 to 1000"),
         ({"limit": 1001}, "limit: 1001"),
-        ({"status": "gone"}, "status: 'gone' is not one of pending, sent, dead, silenced"),
+        ({"status": "gone"}, "status: 'gone' is not one of pending, sent, dead, silenced, summ"),
         ({"rule": "Robert'); DROP TABLE"}, "is not a rule name"),
         ({"rule": "x" * 10_000}, "(10,000 characters)"),
     ],
