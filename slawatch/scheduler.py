@@ -287,6 +287,9 @@ class Runner:
             # The failed batch rolled back and prepared statements are off now.
             return drain(self.db, plan, self.clock)
 
+    def _drain_running(self, rule: str) -> DrainResult:
+        return self._drain(self._running[rule].plan)
+
     def once(self) -> OnceResult:
         """Drain every rule once, then one delivery pass (``run --once``).
 
@@ -298,9 +301,12 @@ class Runner:
             rules=dict.fromkeys(self._running), notifiers=dict.fromkeys(self.notifiers)
         )
         try:
-            for name, running in self._running.items():
+            for name in self._running:
                 try:
-                    result.rules[name] = self._drain(running.plan)
+                    # Recorded like a scan of `run`: `status` shows it as the last scan.
+                    result.rules[name] = scans.recorded(
+                        self.db, name, self.clock, self._drain_running
+                    )
                 except DatabaseUnavailable:
                     raise
                 except SlawatchError as exc:

@@ -93,7 +93,10 @@ class WebhookReceiver:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         scheme = "https" if tls else "http"
         self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}/hook"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll: shutdown() waits for it (the default 0.5 s, every test's teardown).
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     def __enter__(self) -> WebhookReceiver:
         self._thread.start()

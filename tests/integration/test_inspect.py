@@ -286,3 +286,18 @@ def test_the_runner_records_its_scans(conn: Conn, dsn: str) -> None:
         runner.close()
     (status,) = rule_status(conn, [rules["order_unshipped"]], NOW)
     assert status.last_scan is not None and status.last_scan.claimed == 1
+
+
+def test_run_once_records_its_scans(conn: Conn, dsn: str) -> None:
+    """`slawatch status` after `run --once` shows that scan, not "never"."""
+    from slawatch.scheduler import Runner
+
+    rules = shop(conn)
+    orders(conn, [(1, "paid", NOW - timedelta(days=3)), (2, "paid", NOW - timedelta(days=3))])
+    runner = Runner(dsn, [rules["order_unshipped"]], [], clock=FixedClock(NOW))
+    try:
+        assert not runner.once().failed
+    finally:
+        runner.close()
+    (status,) = rule_status(conn, [rules["order_unshipped"]], NOW)
+    assert status.last_scan is not None and status.last_scan.claimed == 2
