@@ -15,10 +15,17 @@ from tests.conftest import ROOT
 from tests.integration.helpers import Conn
 
 
+def clean_env() -> dict[str, str]:
+    """The environment without SLAWATCH_ settings, and no admin API: a test's
+    `slawatch run` must not take port 8181 from a demo or another test run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
+    return env | {"SLAWATCH_HTTP": ""}
+
+
 def slawatch(
     *args: str, dsn: str | None = None, cwd: Path = ROOT, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
+    env = clean_env()
     if dsn:
         env["SLAWATCH_DSN"] = dsn
     return subprocess.run(
@@ -177,7 +184,7 @@ def test_run_stops_cleanly_on_sigterm(conn: Conn, dsn: str) -> None:
     conn.execute(SHOP)
     assert slawatch("migrate", dsn=dsn).returncode == 0
     conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
+    env = clean_env()
     with subprocess.Popen(
         [sys.executable, "-m", "slawatch", "run"],
         cwd=ROOT,

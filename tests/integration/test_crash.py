@@ -59,6 +59,7 @@ def test_sigkill_mid_delivery_loses_nothing(
         f"type: webhook\nurl: {receiver.url}\nbatch: 100\ntimeout: 1s\nconcurrency: 1\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")} | {
+        "SLAWATCH_HTTP": "",  # no admin port to take from a demo or another test run
         "SLAWATCH_DSN": dsn,
         "SLAWATCH_RULES_DIR": str(tmp_path / "rules"),
         "SLAWATCH_NOTIFIERS_DIR": str(tmp_path / "notifiers"),
