@@ -37,7 +37,8 @@ def test_status_table_and_json(ready: str) -> None:
     assert header.split()[:6] == ["RULE", "TRACK", "OVERDUE", "NOTIFIED", "PENDING", "DEAD"]
     order = next(r.split() for r in rows if r.startswith("order_unshipped "))
     assert order[:6] == ["order_unshipped", "inline", "1", "2", "0", "0"]
-    assert order[-3:-1] == ["never", "-"]  # `run --once` does not record scans
+    # `run --once` records its scan: "<n>s ago", how long it took, then the alerts.
+    assert order[-3] == "ago" and order[-2].endswith("ms"), order
 
     result = slawatch("status", "--json", dsn=ready)
     assert result.returncode == 0, result.stderr
@@ -51,6 +52,7 @@ def test_status_table_and_json(ready: str) -> None:
     }
     assert (by_name["order_unshipped"]["overdue"], by_name["order_unshipped"]["notified"]) == (1, 2)
     assert by_name["receipt_unconfirmed"]["notified"] is None
+    assert by_name["order_unshipped"]["last_scan"]["claimed"] == 2
 
 
 def test_status_before_migrate(conn: Conn, dsn: str) -> None:
