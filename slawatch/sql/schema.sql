@@ -71,26 +71,17 @@ CREATE TABLE IF NOT EXISTS slawatch.delivery (
     sent_at          timestamptz,
     CONSTRAINT delivery_once UNIQUE (alert_id, notifier)
 );
--- Upgrade from before silences: the unnamed CHECK allowed three states. The wider one
--- is added NOT VALID: every existing row satisfies it, so no scan of the outbox under
--- an exclusive lock is needed (new rows are checked all the same).
+-- Upgrade from before silences (an unnamed CHECK of three states) or from before
+-- storms (delivery_status without 'summarized'): the current CHECK replaces either,
+-- added NOT VALID: every existing row satisfies it, so no scan of the outbox under an
+-- exclusive lock is needed (new rows are checked all the same).
 DO $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_constraint
-                    WHERE conrelid = 'slawatch.delivery'::regclass
-                      AND conname = 'delivery_status') THEN
+    IF coalesce((SELECT pg_get_constraintdef(oid) FROM pg_constraint
+                  WHERE conrelid = 'slawatch.delivery'::regclass
+                    AND conname = 'delivery_status'), '') NOT LIKE '%summarized%' THEN
         ALTER TABLE slawatch.delivery DROP CONSTRAINT IF EXISTS delivery_status_check;
-        ALTER TABLE slawatch.delivery ADD CONSTRAINT delivery_status
-            CHECK (status IN ('pending', 'sent', 'dead', 'silenced')) NOT VALID;
-    END IF;
-END $$;
--- Upgrade from before storms: the fifth state, the same way.
-DO $$
-BEGIN
-    IF (SELECT pg_get_constraintdef(oid) FROM pg_constraint
-         WHERE conrelid = 'slawatch.delivery'::regclass AND conname = 'delivery_status')
-       NOT LIKE '%summarized%' THEN
-        ALTER TABLE slawatch.delivery DROP CONSTRAINT delivery_status;
+        ALTER TABLE slawatch.delivery DROP CONSTRAINT IF EXISTS delivery_status;
         ALTER TABLE slawatch.delivery ADD CONSTRAINT delivery_status
             CHECK (status IN ('pending', 'sent', 'dead', 'silenced', 'summarized')) NOT VALID;
     END IF;
