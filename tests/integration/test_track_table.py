@@ -46,6 +46,16 @@ def rule(**fields: object) -> Rule:
     return Rule.model_validate(base | fields)
 
 
+def _due_index_reads(conn: Conn) -> int:
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'sw_late_due'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def test_migrate_leaves_the_watched_table_alone_but_for_one_index(conn: Conn) -> None:
     conn.execute(TABLE)
     done = migrate(conn, [rule()])
@@ -143,29 +153,9 @@ def test_a_scan_reads_what_fell_due_since_the_last_one_not_the_whole_backlog(
     )
     conn.execute("INSERT INTO orders VALUES (5000, 7, 'paid', %s, '')", (T0 - 58 * M,))
     assert claim_all(conn, plan, T0) == 2000  # sweeps: the whole backlog once
-
-    def read() -> int:
-        conn.execute("SELECT pg_stat_force_next_flush()")
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute(
-            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'sw_late_due'"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
-    before = read()
+    before = _due_index_reads(conn)
     assert claim_all(conn, plan, T0 + 3 * M) == 1  # order 5000, due a minute ago
-    assert read() - before <= 5  # the window, not the 2,000 rows already notified
-
-
-def _due_index_reads(conn: Conn) -> int:
-    conn.execute("SELECT pg_stat_force_next_flush()")
-    conn.execute("SELECT pg_stat_clear_snapshot()")
-    row = conn.execute(
-        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'sw_late_due'"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+    assert _due_index_reads(conn) - before <= 5  # the window, not the 2,000 notified
 
 
 def test_a_row_committed_after_its_scan_is_found_within_the_look_back(conn: Conn) -> None:
