@@ -64,6 +64,7 @@ from slawatch.inspect import (
     stats,
 )
 from slawatch.lifecycle import (
+    INT8,
     MAX_NAME,
     MAX_TEXT,
     MAX_WHO,
@@ -487,7 +488,7 @@ def create_app(
         return Silences(silences=list_silences(db, now=clock.now(), include_expired=expired))
 
     @app.delete("/v1/silences/{silence}", response_model=Silence, tags=["lifecycle"])
-    def delete_one_silence(silence: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> Silence:
+    def delete_one_silence(silence: Annotated[int, Path(ge=1, le=INT8)]) -> Silence:
         """End a silence now (one already over keeps its end)."""
         return delete_silence(db, silence, now=clock.now())
 

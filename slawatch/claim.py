@@ -43,7 +43,7 @@ from slawatch.catalog import TableInfo, inspect_table, key_columns, table_ident
 from slawatch.clock import Clock
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.errors import ConfigError
-from slawatch.migrate import pending, predicates, schema_current
+from slawatch.migrate import pending, predicates, require_schema
 from slawatch.outbox import SEVERITIES, Tally, outbox, resolved, severities
 from slawatch.rules import Rule
 from slawatch.statetable import TablePlan, TableScan, compose, drain_table
@@ -180,7 +180,7 @@ class ClaimPlan:
 _PARTITION_MATCH = "\n       AND (tableoid, ctid) IN (SELECT {}, {} FROM {})"
 
 
-def _text(fragment: str) -> sql.SQL:
+def sql_text(fragment: str) -> sql.SQL:
     """SQL text for a statement with parameters: a literal ``%`` (a LIKE pattern in
     open_when) must not be taken for a placeholder."""
     return sql.SQL(fragment.replace("%", "%%"))
@@ -200,7 +200,7 @@ def plan_claim(
     n, nxt = sql.Identifier(rule.n_column), sql.Identifier(rule.next_column)
     seen, ep = sql.Identifier(rule.seen_column), sql.Identifier(rule.episode_column)
     deadline = sql.Identifier(rule.deadline)
-    first, again, ended = (_text(p) for p in predicates(rule))
+    first, again, ended = (sql_text(p) for p in predicates(rule))
     new_episode = sql.SQL("{} IS DISTINCT FROM {}").format(seen, deadline)
     # The notification number this claim writes: 1 in a new episode, else one more.
     new_n = sql.SQL("(CASE WHEN {} THEN 1 ELSE {} + 1 END)").format(new_episode, n)
@@ -320,7 +320,7 @@ def plan_claim(
         table = compose(
             rule,
             key,
-            open_when=_text(f"({rule.open_when})"),
+            open_when=sql_text(f"({rule.open_when})"),
             table=table_ident(rule),
             as_tz=as_tz,
             interval=wait_after,
@@ -354,10 +354,7 @@ def prepare_ready(
     Raises ConfigError when slawatch's own schema is not there: no rule can run.
     """
     plans, problems = {}, {}
-    if not schema_current(conn):
-        raise ConfigError(
-            "slawatch's schema is missing or out of date; run 'slawatch migrate' first"
-        )
+    require_schema(conn)
     for rule in rules:
         info = inspect_table(conn, rule.schema_name, rule.table_name)
         if info is None:

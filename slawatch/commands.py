@@ -35,7 +35,7 @@ from slawatch.durations import format_duration
 from slawatch.errors import ConfigError, DatabaseError, DeliveryError
 from slawatch.explain import explain
 from slawatch.inspect import list_alerts, parse_since, rules_report
-from slawatch.migrate import check, migrate, pending, plan, render, schema_current
+from slawatch.migrate import check, migrate, pending, plan, render, require_schema, schema_current
 from slawatch.notifiers import NotifierConfig, load_notifiers
 from slawatch.rules import Rule, check_notifier_names, load_rules
 from slawatch.settings import Settings, parse_bind
@@ -538,10 +538,7 @@ def _lifecycle_db(settings: Settings) -> Database:
         database_dsn(settings), size=1, timeout=settings.db_timeout, pooler=settings.pooler
     )
     try:
-        if not db.run("reading slawatch's schema", schema_current):
-            raise ConfigError(
-                "slawatch's schema is missing or out of date; run 'slawatch migrate' first"
-            )
+        db.run("reading slawatch's schema", require_schema)
     except BaseException:
         db.close()
         raise

@@ -30,6 +30,7 @@ import psycopg
 from psycopg import sql
 
 from slawatch.catalog import TableInfo, inspect_table, key_columns, table_ident
+from slawatch.claim import ClaimPlan, sql_text
 from slawatch.db import Connection, translate
 from slawatch.errors import DatabaseError
 from slawatch.migrate import predicates
@@ -71,10 +72,6 @@ class Due:
         return {k: v for k, v in sorted(out.items())}
 
 
-def _text(fragment: str) -> sql.SQL:
-    return sql.SQL(fragment.replace("%", "%%"))  # a LIKE pattern is not a placeholder
-
-
 def _key_text(alias: str | None, key: list[str]) -> sql.Composable:
     """The key as the alert's text (claim.py's, so that ack rows match)."""
     cols = [sql.Identifier(alias, c) if alias else sql.Identifier(c) for c in key]
@@ -95,13 +92,12 @@ def count(
     Without tracking (not migrated yet) every due open row counts as a first notice.
     Runs in a READ ONLY transaction of its own on ``conn``.
     """
-    from slawatch.claim import ClaimPlan  # claim.py uses this module
 
     has_tz = info.columns[rule.deadline] == "timestamp with time zone"
     plan = ClaimPlan(rule, sql.Composed([]), has_tz)
     params = plan.params(now) | {"limit": limit, "since": "-infinity", "sweep_due": True}
     t, d = table_ident(rule), sql.Identifier(rule.deadline)
-    open_when = _text(f"({rule.open_when}\n)")
+    open_when = sql_text(f"({rule.open_when}\n)")
     untracked = sql.SQL(
         "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {ow} LIMIT %(limit)s) f"
     ).format(t=t, d=d, ow=open_when)
@@ -138,7 +134,7 @@ def count(
 def _inline(rule: Rule, info: TableInfo) -> Counts:
     t, d = table_ident(rule), sql.Identifier(rule.deadline)
     n, nxt = sql.Identifier(rule.n_column), sql.Identifier(rule.next_column)
-    first, again, ended = (_text(p) for p in predicates(rule))
+    first, again, ended = (sql_text(p) for p in predicates(rule))
     acked = sql.SQL(
         "EXISTS (SELECT 1 FROM slawatch.ack k WHERE k.rule = %(rule)s AND k.key = {key}"
         " AND k.episode = {ep})"

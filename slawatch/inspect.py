@@ -11,7 +11,6 @@ key, and every statement runs under a statement timeout.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -25,11 +24,11 @@ from slawatch.config import shorten
 from slawatch.db import Connection, translate
 from slawatch.deliver import alert_id
 from slawatch.durations import parse_duration
-from slawatch.errors import BadInput, ConfigError, NotFound
-from slawatch.lifecycle import parse_alert
-from slawatch.migrate import index_specs, predicates, schema_current
+from slawatch.errors import BadInput, NotFound
+from slawatch.lifecycle import INT8, parse_alert
+from slawatch.migrate import index_specs, predicates, require_schema
 from slawatch.queries import queries
-from slawatch.rules import Rule
+from slawatch.rules import RULE_NAME, Rule
 from slawatch.statetable import state_table
 
 # Counts of watched rows stop here: past it an operator needs no exact number, and
@@ -45,9 +44,6 @@ DeliveryStatus = Literal["pending", "sent", "dead", "silenced", "summarized"]
 # per rule (a storm of 20 k alerts in an hour is drawn as "capped", not counted on).
 HOURS = 24
 HOURLY_CAP = 100_000
-
-_RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
-_INT8 = 2**63 - 1
 
 
 # ---------------------------------------------------------------- shapes
@@ -188,7 +184,7 @@ class EpisodeAck(BaseModel):
 
 def check_rule_name(text: str) -> str:
     """``text`` if it can be a rule's name, else BadInput."""
-    if not _RULE_NAME.fullmatch(text):
+    if not RULE_NAME.fullmatch(text):
         raise BadInput(f"rule: {shorten(text)} is not a rule name ([a-z][a-z0-9_]{{0,39}})")
     return text
 
@@ -207,7 +203,7 @@ def check_limit(value: int) -> int:
 
 def parse_cursor(text: str) -> int:
     """A cursor (an alert id) from the previous page's ``next_cursor``."""
-    if not text.isascii() or not text.isdigit() or len(text) > 19 or not 0 < int(text) <= _INT8:
+    if not text.isascii() or not text.isdigit() or len(text) > 19 or not 0 < int(text) <= INT8:
         raise BadInput(f"cursor: {shorten(text)} is not a cursor from a previous page")
     return int(text)
 
@@ -318,10 +314,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
 
 def rules_report(conn: Connection, rules: Iterable[Rule], now: datetime) -> RulesReport:
     """:func:`rule_status` of every rule; ConfigError before ``slawatch migrate``."""
-    if not schema_current(conn):
-        raise ConfigError(
-            "slawatch's schema is missing or out of date; run 'slawatch migrate' first"
-        )
+    require_schema(conn)
     return RulesReport(at=now, rules=rule_status(conn, rules, now))
 
 

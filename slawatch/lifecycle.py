@@ -56,7 +56,7 @@ MAX_WHO = 200  # characters in an author's name
 MAX_MATCHERS = 32
 MAX_SILENCE = timedelta(days=365)
 _INT4 = 2**31 - 1
-_INT8 = 2**63 - 1
+INT8 = 2**63 - 1  # the largest bigint: ids beyond it cannot exist
 
 
 AckState = Literal["acknowledged", "already acknowledged", "ended"]
@@ -158,7 +158,7 @@ def parse_alert(text: object) -> AlertName:
     text = _text("alert", text, MAX_NAME, required=True).strip()
     if text.isascii() and text.isdigit():
         value = int(text)
-        if not 0 < value <= _INT8:
+        if not 0 < value <= INT8:
             raise NotFound(f"no alert with id {text}")
         return value
     m = _ALERT_NAME.fullmatch(text)
@@ -389,7 +389,7 @@ def delete_silence(db: Database, silence_id: int, *, now: datetime) -> Silence:
     now = _aware("now", now)
     if isinstance(silence_id, bool) or not isinstance(silence_id, int):
         raise BadInput(f"silence id: {shorten(silence_id)} is not a number")
-    if not 0 < silence_id <= _INT8:
+    if not 0 < silence_id <= INT8:
         raise NotFound(f"no silence with id {silence_id}")
     query = queries()["end_silence"]
 

@@ -212,6 +212,14 @@ def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> tuple[list[str], s
     return probe_indexes(conn, rule, info.columns, types, [(s.column, s.predicate) for s in specs])
 
 
+def require_schema(conn: Connection) -> None:
+    """ConfigError unless slawatch's own tables are there in their current shape."""
+    if not schema_current(conn):
+        raise ConfigError(
+            "slawatch's schema is missing or out of date; run 'slawatch migrate' first"
+        )
+
+
 def schema_current(conn: Connection) -> bool:
     """slawatch's own tables exist in their current shape."""
     with translate("reading the catalog for slawatch's schema"):
