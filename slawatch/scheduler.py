@@ -539,7 +539,7 @@ class Runner:
         for name in removed:
             self.descriptions.pop(name, None)
         if self._scheduler is not None:
-            self._reschedule(old, added, changed, removed)
+            self._reschedule()
         log.info(
             "reload: %d rules (added: %s; changed: %s; removed: %s; not migrated: %s)",
             len(running),
@@ -556,12 +556,17 @@ class Runner:
             },
         )
 
-    def _reschedule(
-        self, old: dict[str, _Running], added: list[str], changed: list[str], removed: list[str]
-    ) -> None:
+    def _reschedule(self) -> None:
+        """Make the scheduler's scan jobs match the running rules: one job per rule at
+        its `every`, none for a rule gone.
+
+        Derived from ``self._running`` and the jobs themselves, not from what a reload
+        changed: a reload that failed halfway (and logged it) is mended by the next.
+        """
         scheduler = self._scheduler
         assert scheduler is not None
         now = datetime.now(UTC)
+        jobs = {j.id: j for j in scheduler.get_jobs() if j.id.startswith("scan:")}
         if len(self._running) + 1 > self._scan_threads:
             # A thread per rule: a new, larger executor, and every scan job moves to it.
             # The old one finishes what it runs now, then its threads end.
@@ -569,18 +574,18 @@ class Runner:
             self._scan_threads = len(self._running) + 1
             self._scans = f"scans-{self._scan_threads}"
             scheduler.add_executor(ThreadPoolExecutor(self._scan_threads), self._scans)
-            for name in self._running:
-                if name not in added and scheduler.get_job(f"scan:{name}") is not None:
-                    scheduler.modify_job(f"scan:{name}", executor=self._scans)
+            for job_id in jobs:
+                scheduler.modify_job(job_id, executor=self._scans)
             scheduler.remove_executor(previous, shutdown=False)
-        for name in removed:
-            scheduler.remove_job(f"scan:{name}")
-        for name in changed:
-            if old[name].rule.every != self._running[name].rule.every:
-                scheduler.remove_job(f"scan:{name}")
-                self._add_scan(scheduler, name, self._running[name].rule, now)
-        for name in added:
-            self._add_scan(scheduler, name, self._running[name].rule, now)
+        for job_id in jobs.keys() - {f"scan:{name}" for name in self._running}:
+            scheduler.remove_job(job_id)
+        for name, running in self._running.items():
+            job = jobs.get(f"scan:{name}")
+            if job is not None and job.trigger.interval == running.rule.every:
+                continue
+            if job is not None:
+                scheduler.remove_job(job.id)
+            self._add_scan(scheduler, name, running.rule, now)
 
     def _apply_notifiers(
         self, configs: dict[str, NotifierConfig], built: dict[str, Notifier]

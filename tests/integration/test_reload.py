@@ -124,6 +124,24 @@ def test_an_invalid_set_is_refused_and_the_running_rules_go_on(
     assert runner.health()["ok"] is True
 
 
+def test_the_scan_jobs_follow_the_rules_even_after_a_reload_that_failed_halfway(
+    runner: Runner, config: Settings
+) -> None:
+    """A changed `every` reschedules the rule's job; a job lost by a reload that failed
+    halfway (here: removed behind the runner's back) is back after the next reload."""
+    wait_for(lambda: runner._scheduler is not None, "the scheduler")
+    scheduler = runner._scheduler
+    assert scheduler is not None
+    (config.rules_dir / "late.yaml").write_text(LATE.replace("every: 1s", "every: 2s"))
+    assert runner.reload() is True
+    job = scheduler.get_job("scan:late")
+    assert job is not None and job.trigger.interval.total_seconds() == 2
+    scheduler.remove_job("scan:late")
+    assert runner.reload() is True  # nothing changed in the files
+    job = scheduler.get_job("scan:late")
+    assert job is not None and job.trigger.interval.total_seconds() == 2
+
+
 def test_a_good_change_takes_effect(
     runner: Runner, config: Settings, conn: Conn, receiver: WebhookReceiver, caplog: Any
 ) -> None:
