@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import dict_row
 
 from slawatch.clock import Clock
-from slawatch.db import Connection, Database, DatabaseUnavailable
+from slawatch.db import Connection, Database, DatabaseUnavailable, one_statement
 from slawatch.errors import DeliveryError, SlawatchError
 from slawatch.notifiers import Notifier
 from slawatch.outage import Backoff, Outage
@@ -223,7 +223,11 @@ def _claim(db: Database, notifier: Notifier, now: datetime, sent: _Batch | None 
     storm = notifier.storm
 
     def run(conn: Connection) -> _Batch:
-        with conn.transaction():  # one unit, so Database.run may run it again
+        # One unit, so Database.run may run it again. Without storm it is the one claim
+        # statement, its own transaction: no BEGIN and COMMIT round trips per batch (a
+        # listing is read only for a summary made before storm was turned off). With
+        # storm the lock must be held from the fold to the end of the claim.
+        with conn.transaction() if storm else one_statement(conn):
             folded = storm_summarize(conn, notifier.name, storm, now) if storm else []
             rows = conn.cursor(row_factory=dict_row).execute(query, claim).fetchall()
             send = [r for r in rows if not r["silenced"]]

@@ -17,7 +17,8 @@ NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
 def round_trips(conn: Conn, work: object) -> int:
     """Messages that end a request to the server (a simple Query, or the Sync after
-    Parse/Bind/Execute), read from libpq's own protocol trace of ``work()``."""
+    Parse/Bind/Execute), read from libpq's own protocol trace of ``work()``; the pool's
+    empty liveness query on checkout is not counted."""
     with tempfile.TemporaryFile("w+") as trace:
         conn.pgconn.trace(trace.fileno())
         try:
@@ -26,7 +27,13 @@ def round_trips(conn: Conn, work: object) -> int:
             conn.pgconn.untrace()
         trace.seek(0)
         sent = [line.split("\t") for line in trace.read().splitlines()]
-    return sum(1 for f in sent if len(f) > 3 and f[1] == "F" and f[3] in ("Query", "Sync"))
+    return sum(
+        1
+        for f in sent
+        if len(f) > 3
+        and f[1] == "F"
+        and (f[3] == "Sync" or (f[3] == "Query" and f[-1].strip() != '""'))
+    )
 
 
 @pytest.mark.parametrize("track", ["inline", "table"])
@@ -46,3 +53,29 @@ def test_a_claim_batch_is_one_round_trip(conn: Conn, track: str) -> None:
     else:
         assert round_trips(conn, step) == 1
     assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (1,)
+
+
+def test_a_delivery_claim_without_storm_is_one_round_trip(conn: Conn, dsn: str) -> None:
+    """The delivery loop's claim (leases, and the settling of the batch just sent) is one
+    statement in its own transaction unless the notifier folds storms."""
+    from slawatch.db import Database
+    from slawatch.deliver import _claim
+    from slawatch.notifiers import ConsoleConfig, build
+
+    rules = shop(conn)
+    conn.execute(
+        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+        " VALUES (1, 7, 100, 'paid', %s)",
+        (datetime(2026, 2, 1, tzinfo=UTC),),
+    )
+    step = batches(conn, prepare(conn, rules["order_unshipped"]), NOW)
+    assert step() == 1
+    notifier = build(ConsoleConfig(name="console", type="console"))
+    db = Database(dsn, size=1, timeout=10)
+    try:
+        with db.connection("tracing") as pooled:
+            traced = pooled  # the pool's one connection: the one _claim will get
+        count = round_trips(traced, lambda: _claim(db, notifier, NOW))
+        assert count == 1
+    finally:
+        db.close()
