@@ -97,6 +97,8 @@ class PagerDutyNotifier(HttpNotifier):
         super().__init__(config, config.ca_file)
         self.config = config
         self.url = endpoint(config.base_url, "/v2/enqueue")
+        # A base URL may carry a proxy's credentials: errors must not show them.
+        self.keep_url_secrets(config.base_url)
         self._routing_key = config.routing_key.get_secret_value()
 
     def send(self, alerts: list[dict[str, Any]]) -> None:

@@ -216,3 +216,19 @@ def test_the_service_refuses_what_pagerduty_refuses(pd: PagerDutyService) -> Non
     pager.post(pager.url, json.dumps(good).encode())
     assert len(pd.events) == 1
     pager.close()
+
+
+def test_a_password_in_the_base_url_never_shows() -> None:
+    """A base URL through a proxy with credentials: an error names the host, not them."""
+    import socket
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    pager = notifier(f"http://relay:s3cr3tpass@127.0.0.1:{port}", timeout="2s")
+    with pytest.raises(DeliveryError) as exc:
+        pager.send([make_alert()])
+    pager.close()
+    assert "s3cr3tpass" not in pager.scrub(str(exc.value))
+    assert "s3cr3tpass" not in str(exc.value)
