@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 from slawatch.notifiers import AlertmanagerConfig
-from slawatch.notifiers.base import is_resolved, is_summary
+from slawatch.notifiers.base import cut, encode, is_resolved, is_summary
 from slawatch.notifiers.http import HttpNotifier, endpoint
 
 # A row is an annotation for people to read, not a store: a huge one is cut.
@@ -61,7 +61,7 @@ def postable(
         "description": alert.get("description") or f"{alert['rule']} is overdue",
         "id": alert["id"],
         "n": str(alert["n"]),
-        "row": row if len(row) <= ROW_LIMIT else row[: ROW_LIMIT - 1] + "…",
+        "row": cut(row, ROW_LIMIT),
     }
     # Annotations are strings; a deadline of -infinity has none.
     annotations |= {k: alert[k] for k in ("deadline", "due_at") if alert.get(k)}
@@ -109,7 +109,7 @@ def _storm(
         "description": alert["description"],
         "id": alert["id"],
         "count": str(alert["count"]),
-        "first": keys if len(keys) <= ROW_LIMIT else keys[: ROW_LIMIT - 1] + "…",
+        "first": cut(keys, ROW_LIMIT),
     }
     ends = now + firing_for
     body: dict[str, Any] = {
@@ -150,4 +150,4 @@ class AlertmanagerNotifier(HttpNotifier):
             postable(a, now, self.config.firing_for, self.config.labels, self.config.generator_url)
             for a in ordered
         ]
-        self.post(self.url, json.dumps(body, separators=(",", ":"), default=str).encode())
+        self.post(self.url, encode(body))

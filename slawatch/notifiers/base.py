@@ -79,9 +79,14 @@ def number(alert: dict[str, Any]) -> str:
     return f"#{alert['n']}"
 
 
-def encode(alert: dict[str, Any]) -> bytes:
-    """One alert as compact JSON."""
-    return json.dumps(alert, separators=(",", ":"), default=str).encode()
+def encode(value: Any) -> bytes:
+    """An alert (or a message of alerts) as compact JSON."""
+    return json.dumps(value, separators=(",", ":"), default=str).encode()
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, an ellipsis ending what was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def render(template: str, alert: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ import httpx
 from slawatch import __version__
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import _Base
-from slawatch.notifiers.base import BaseNotifier, tls_context
+from slawatch.notifiers.base import BaseNotifier, cut, tls_context
 
 RETRYABLE = {408, 425, 429}
 # Of an error answer we keep what fits in an error line; reading more only costs time.
@@ -154,7 +154,7 @@ class HttpNotifier(BaseNotifier):
             raise DeliveryError(self.scrub(f"{type(exc).__name__}: {exc} (POST {url})")) from exc
         # Scrubbed before it is cut: a cut through a secret would keep its head.
         text = self.scrub(answer.decode("utf-8", "replace")).strip().replace("\n", " ")
-        text = text if len(text) <= 200 else text[:199] + "…"
+        text = cut(text, 200)
         message = self.scrub(f"HTTP {status} {reason}: {text}".rstrip(": "))
         permanent = 400 <= status < 500 and status not in RETRYABLE
         raise DeliveryError(

@@ -10,13 +10,12 @@ closes it. Repeats of the same event are harmless for the same reason.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from typing import Any
 
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import PagerDutyConfig
-from slawatch.notifiers.base import is_resolved, is_summary
+from slawatch.notifiers.base import cut, encode, is_resolved, is_summary
 from slawatch.notifiers.http import HttpNotifier, endpoint
 
 SUMMARY_LIMIT = 1024
@@ -42,13 +41,13 @@ def summary(alert: dict[str, Any]) -> str:
     """What the incident's title says, at most 1024 characters."""
     if is_summary(alert):
         text = str(alert["description"])
-        return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
-    key = alert["key"] if len(alert["key"]) <= 200 else alert["key"][:199] + "…"
+        return cut(text, SUMMARY_LIMIT)
+    key = cut(alert["key"], 200)
     since = alert["due_at"] or alert["fired_at"]
     text = f"{alert['rule']}: key {key} overdue since {since}"
     if alert.get("description"):
         text += f" ({alert['description']})"
-    return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
+    return cut(text, SUMMARY_LIMIT)
 
 
 def event(alert: dict[str, Any], routing_key: str, source: str) -> dict[str, Any]:
@@ -108,17 +107,13 @@ class PagerDutyNotifier(HttpNotifier):
         # One deadline for the batch: its lease covers one send, not one per event.
         deadline = time.monotonic() + self.timeout
         for i, alert in enumerate(ordered, 1):
-            body = json.dumps(
-                event(alert, self._routing_key, self.config.source_),
-                separators=(",", ":"),
-                default=str,
-            )
+            body = encode(event(alert, self._routing_key, self.config.source_))
             try:
-                self.post(self.url, body.encode(), deadline=deadline)
+                self.post(self.url, body, deadline=deadline)
             except DeliveryError as exc:
                 # Events before this one were accepted; sent again they only repeat
                 # (same dedup_key), so the batch as a whole is retried or dead.
-                shown = alert["id"] if len(alert["id"]) <= 120 else alert["id"][:119] + "…"
+                shown = cut(alert["id"], 120)
                 where = f"event {i} of {len(ordered)}, {shown}" if len(ordered) > 1 else ""
                 raise DeliveryError(
                     f"{exc} [{where}]" if where else str(exc),

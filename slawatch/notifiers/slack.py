@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from slawatch.notifiers import SlackConfig
-from slawatch.notifiers.base import is_resolved, is_summary
+from slawatch.notifiers.base import cut, encode, is_resolved, is_summary
 from slawatch.notifiers.http import HttpNotifier
 
 HEADER_LIMIT = 150
@@ -30,10 +30,6 @@ STORM_ICON = ":rotating_light:"
 def escape(text: str) -> str:
     """Text as Slack's mrkdwn shows it literally: &, < and > are its markup."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _code(text: str, limit: int) -> str:
@@ -139,5 +135,4 @@ class SlackNotifier(HttpNotifier):
         self.keep_target_secrets(self.url)
 
     def send(self, alerts: list[dict[str, Any]]) -> None:
-        body = json.dumps(message(alerts, self.config.listed), separators=(",", ":"))
-        self.post(self.url, body.encode())
+        self.post(self.url, encode(message(alerts, self.config.listed)))

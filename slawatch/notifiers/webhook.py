@@ -9,11 +9,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 import time
 from typing import Any
 
 from slawatch.notifiers import WebhookConfig
+from slawatch.notifiers.base import encode
 from slawatch.notifiers.http import HttpNotifier
 
 
@@ -58,7 +58,7 @@ class WebhookNotifier(HttpNotifier):
         self.keep_target_secrets(config.url, config.headers)
 
     def send(self, alerts: list[dict[str, Any]]) -> None:
-        body = json.dumps({"alerts": alerts}, separators=(",", ":"), default=str).encode()
+        body = encode({"alerts": alerts})
         ids = ",".join(sorted(a["id"] for a in alerts))
         msg_id = "msg_" + hashlib.sha256(ids.encode()).hexdigest()[:32]
         headers = {"webhook-id": msg_id}
