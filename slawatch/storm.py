@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import urlencode
 
 from psycopg.rows import dict_row
@@ -43,9 +43,11 @@ from psycopg.rows import dict_row
 from slawatch.db import Connection
 from slawatch.notifiers import StormSettings
 from slawatch.queries import queries
+from slawatch.rules import Severity
 
-# Lowest first: a summary takes the highest severity of what it stands for.
-SEVERITIES = ["info", "warning", "critical"]
+# Lowest first (as rules.Severity lists them): a summary takes the highest severity
+# of what it stands for. Named apart from outbox.SEVERITIES, an SQL fragment.
+SEVERITY_ORDER = list(get_args(Severity))
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def summarize(conn: Connection, notifier: str, storm: StormSettings, now: dateti
         "now": now,
         "threshold": storm.threshold,
         "wait": storm.wait,
-        "severities": SEVERITIES,
+        "severities": SEVERITY_ORDER,
     }
     rows = conn.execute(q["summarize_storms"], params).fetchall()
     return [Folded(str(r), int(s), bool(m), int(f)) for r, s, m, f in rows if f]

@@ -12,7 +12,7 @@ from typing import Any
 
 from slawatch.errors import DeliveryError
 from slawatch.notifiers import EmailConfig
-from slawatch.notifiers.base import BaseNotifier, is_summary, number, tls_context
+from slawatch.notifiers.base import BaseNotifier, is_resolved, is_summary, number, tls_context
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def subject(prefix: str, alerts: list[dict[str, Any]]) -> str:
         rules = next(iter(by_rule))
     else:
         rules = ", ".join(f"{r} ({c})" for r, c in sorted(by_rule.items(), key=lambda x: -x[1]))
-    firing = [a for a in alerts if a.get("status") != "resolved"]
+    firing = [a for a in alerts if not is_resolved(a)]
     critical = any(a["severity"] == "critical" for a in firing)
     # A storm summary stands for `count` overdue rows.
     overdue = sum(a["count"] if is_summary(a) else 1 for a in firing)
