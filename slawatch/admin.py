@@ -25,7 +25,6 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -75,6 +74,7 @@ from slawatch.lifecycle import (
     delete_silence,
     list_silences,
     parse_until,
+    silences_on,
 )
 from slawatch.migrate import schema_current
 from slawatch.page import (
@@ -523,7 +523,7 @@ def create_app(
                 next_cursor=alerts.next_cursor,
                 acks=acks,
                 columns={r.name: r.columns or [] for r in current},
-                silences=[],
+                silences=silences_on(c, now=now),
                 rule=rule,
                 writes=token is not None or allow_writes,
                 logout=token is not None and request.headers.get("authorization") is None,
@@ -531,7 +531,6 @@ def create_app(
 
         try:
             view = read("page", gather)
-            view = replace(view, silences=list_silences(db, now=now))
         except BadInput as exc:
             return _html(render_error(str(exc)), 400)
         except SlawatchError as exc:

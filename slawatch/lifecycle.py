@@ -36,7 +36,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from slawatch.config import shorten
-from slawatch.db import Connection, Database
+from slawatch.db import Connection, Database, translate
 from slawatch.deliver import alert_id
 from slawatch.durations import parse_duration
 from slawatch.errors import BadInput, NotFound
@@ -373,14 +373,19 @@ def add_silence(
 
 def list_silences(db: Database, *, now: datetime, include_expired: bool = False) -> list[Silence]:
     """The silences active at ``now`` (every one with ``include_expired``), oldest first."""
+    return db.run(
+        "listing silences", lambda conn: silences_on(conn, now=now, include_expired=include_expired)
+    )
+
+
+def silences_on(conn: Connection, *, now: datetime, include_expired: bool = False) -> list[Silence]:
+    """:func:`list_silences` on a connection the caller holds."""
     now = _aware("now", now)
-    query, params = queries()["list_silences"], {"now": now, "all": bool(include_expired)}
-
-    def work(conn: Connection) -> list[Silence]:
-        rows = conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
-        return [_silence(r, now) for r in rows]
-
-    return db.run("listing silences", work)
+    params = {"now": now, "all": bool(include_expired)}
+    with translate("listing silences"):
+        cur = conn.cursor(row_factory=dict_row)
+        rows = cur.execute(queries()["list_silences"], params).fetchall()
+    return [_silence(r, now) for r in rows]
 
 
 def delete_silence(db: Database, silence_id: int, *, now: datetime) -> Silence:
