@@ -26,9 +26,9 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from benchdb import scratch_database
 
-from slawatch.claim import claim_batch, plan_claim
-from slawatch.migrate import migrate
-from slawatch.rules import Rule
+from slawatch.config.rules import Rule
+from slawatch.engine.claim import claim_batch, plan_claim
+from slawatch.engine.migrate import migrate
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 

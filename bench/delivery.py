@@ -39,14 +39,14 @@ import httpx
 import psycopg
 from benchdb import scratch_database
 
-from slawatch.claim import claim_batch, plan_claim
 from slawatch.clock import Clock
+from slawatch.config.notifiers import WebhookConfig
+from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.deliver import Dispatcher
-from slawatch.migrate import migrate
-from slawatch.notifiers import WebhookConfig
-from slawatch.notifiers.webhook import WebhookNotifier
-from slawatch.rules import Rule
+from slawatch.delivery.dispatcher import Dispatcher
+from slawatch.delivery.notifiers.webhook import WebhookNotifier
+from slawatch.engine.claim import claim_batch, plan_claim
+from slawatch.engine.migrate import migrate
 
 DESCRIPTION = "Paid orders not shipped within 48 hours"
 

@@ -51,11 +51,11 @@ from pydantic import ValidationError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchdb import Scratch
 
-from slawatch.claim import batches, prepare
-from slawatch.maintain import BATCH as PRUNE_BATCH
-from slawatch.maintain import prune_batch
-from slawatch.migrate import migrate
-from slawatch.rules import Rule
+from slawatch.config.rules import Rule
+from slawatch.engine.claim import batches, prepare
+from slawatch.engine.migrate import migrate
+from slawatch.runtime.maintain import BATCH as PRUNE_BATCH
+from slawatch.runtime.maintain import prune_batch
 
 RULE = "order_unshipped"
 COLUMNS = ["id", "user_id", "total_cents", "email"]  # 4 row columns: a ~360-byte alert
@@ -1179,7 +1179,7 @@ def main() -> None:
                 scratch.drop("run")
             print(
                 f"LONG RUN: 10 drains a minute apart, each of {long_due:,} orders that fell due since the last, outbox kept"
-                " (deliveries marked sent between drains); retention: slawatch.maintain"
+                " (deliveries marked sent between drains); retention: slawatch.runtime.maintain"
                 " keeps two drains of history, the outbox (and for inline orders, as autovacuum"
                 " would with the README's setting) vacuumed between drains"
             )

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchdb import Scratch
 from run import RULE, load_shop, rule_dict
 
-from slawatch.migrate import migrate
-from slawatch.rules import Rule
+from slawatch.config.rules import Rule
+from slawatch.engine.migrate import migrate
 
 # The trigger way: every write that leaves an order open with a deadline upserts its
 # (key, deadline) into a queue slawatch owns; the claim would read the queue instead

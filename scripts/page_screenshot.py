@@ -18,14 +18,14 @@ import psycopg
 from playwright.sync_api import sync_playwright
 from psycopg import sql
 
-from slawatch.admin import create_app, serve_in_thread
-from slawatch.claim import claim_batch, prepare_all
 from slawatch.clock import Clock
+from slawatch.config.rules import load_rules
 from slawatch.db import Database, with_database
 from slawatch.demo import seed
-from slawatch.lifecycle import ack, add_silence
-from slawatch.migrate import migrate
-from slawatch.rules import load_rules
+from slawatch.engine.claim import claim_batch, prepare_all
+from slawatch.engine.migrate import migrate
+from slawatch.operate.admin import create_app, serve_in_thread
+from slawatch.operate.lifecycle import ack, add_silence
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "slawatch_page_screenshot"

@@ -14,9 +14,11 @@ from typing import NoReturn, TypeVar
 from pydantic import ValidationError
 
 from slawatch import __version__
-from slawatch.config import shorten
+from slawatch.config.files import shorten
+from slawatch.config.settings import Settings
 from slawatch.errors import BadInput, ConfigError, SlawatchError
-from slawatch.inspect import (
+from slawatch.logs import setup as setup_logging
+from slawatch.operate.inspect import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
     STATUSES,
@@ -24,8 +26,6 @@ from slawatch.inspect import (
     check_rule_name,
     parse_cursor,
 )
-from slawatch.logs import setup as setup_logging
-from slawatch.settings import Settings
 
 T = TypeVar("T")
 

@@ -13,75 +13,41 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from psycopg import sql
 from pydantic import BaseModel
 
-from slawatch.baseline import recorded, select
-from slawatch.baseline import render_all as render_baselines
-from slawatch.catalog import TableInfo
-from slawatch.claim import count_due
 from slawatch.clock import Clock
-from slawatch.config import shorten
+from slawatch.config.durations import format_duration
+from slawatch.config.files import shorten
+from slawatch.config.rules import Rule, load_rules
+from slawatch.config.settings import Settings
 from slawatch.db import (
     Connection,
     Database,
     connect,
-    embedded_dsn,
     redact,
-    with_database,
 )
-from slawatch.deliver import replay
-from slawatch.durations import format_duration
+from slawatch.delivery.dispatcher import replay
+from slawatch.demo import run_demo
+from slawatch.engine.baseline import recorded, select
+from slawatch.engine.baseline import render_all as render_baselines
+from slawatch.engine.catalog import TableInfo
+from slawatch.engine.due import count_due
+from slawatch.engine.migrate import (
+    check,
+    migrate,
+    pending,
+    plan,
+    render,
+    require_schema,
+    schema_current,
+)
 from slawatch.errors import ConfigError, DatabaseError, DeliveryError
-from slawatch.explain import explain
-from slawatch.inspect import list_alerts, parse_since, rules_report
-from slawatch.migrate import check, migrate, pending, plan, render, require_schema, schema_current
-from slawatch.notifiers import NotifierConfig, load_notifiers
-from slawatch.rules import Rule, check_notifier_names, load_rules
-from slawatch.settings import Settings, parse_bind
+from slawatch.operate.explain import explain
+from slawatch.operate.inspect import list_alerts, parse_since, rules_report
+from slawatch.runtime.boot import database_dsn, load_config, start_admin
 
 if TYPE_CHECKING:
-    from slawatch.admin import AdminServer
-    from slawatch.lifecycle import Silence
-    from slawatch.scheduler import Runner
-
-# The embedded server's database for `run`/`migrate` without a DSN (the demo's shop lives there).
-EMBEDDED_DATABASE = "slawatch"
-
-
-def load_config(settings: Settings) -> tuple[list[Rule], list[NotifierConfig]]:
-    """Rules and notifiers from their folders, cross-checked; ConfigError otherwise."""
-    notifiers = load_notifiers(settings.notifiers_dir)
-    rules = load_rules(settings.rules_dir)
-    check_notifier_names(rules, {n.name for n in notifiers})
-    return rules, notifiers
-
-
-def database_dsn(settings: Settings) -> str:
-    """The DSN to use: the configured one, or the embedded server's (started if needed)."""
-    if settings.dsn:
-        return settings.dsn
-    print(
-        f"slawatch: no SLAWATCH_DSN: using the embedded PostgreSQL in {settings.data_dir}/pgdata, "
-        f"database {EMBEDDED_DATABASE!r} (where 'slawatch demo' keeps its shop)",
-        file=sys.stderr,
-    )
-    return embedded_database(settings)
-
-
-def embedded_database(settings: Settings) -> str:
-    """The DSN of slawatch's database on the embedded server, both started/created if needed."""
-    server = embedded_dsn(settings.data_dir)
-    ensure_database(server, EMBEDDED_DATABASE)
-    return with_database(server, EMBEDDED_DATABASE)
-
-
-def ensure_database(server_dsn: str, name: str) -> None:
-    """Create database ``name`` on the server unless it exists."""
-    with connect(server_dsn) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if not exists:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    from slawatch.operate.lifecycle import Silence
 
 
 def dispatch(args: argparse.Namespace, settings: Settings) -> int:
@@ -114,8 +80,6 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "silence":
         return cmd_silence(settings, args)
     if args.command == "demo":
-        from slawatch.demo import run_demo
-
         return run_demo(settings, args.seconds)
     raise ConfigError(f"unknown command {args.command!r}")  # argparse stops this earlier
 
@@ -200,7 +164,7 @@ def run_baselines(
     conn: Connection, rules: list[Rule], tables: dict[str, TableInfo], now: datetime
 ) -> None:
     """Baseline each rule, printing progress (at most a line a second) and the totals."""
-    from slawatch.baseline import Progress, baseline_rule
+    from slawatch.engine.baseline import Progress, baseline_rule
 
     shown = [0.0]
 
@@ -224,49 +188,13 @@ def run_baselines(
     )
 
 
-def start_admin(
-    settings: Settings, dsn: str, runner: Runner, *, any_port: bool = False
-) -> AdminServer | None:
-    """The admin API and page beside ``runner`` on ``SLAWATCH_HTTP`` (None: turned off).
-
-    ``any_port``: when that port is taken, take a free one on the same host instead of
-    failing (the demo, which may run beside a ``slawatch run``).
-    """
-    from slawatch.admin import serve_admin
-
-    bind = parse_bind(settings.http or "")
-    if bind is None:
-        return None
-
-    def serve(at: tuple[str, int]) -> AdminServer:
-        return serve_admin(
-            dsn,
-            at,
-            # Read per request: a reload (SIGHUP) shows at once.
-            lambda: list(runner.rules.values()),
-            lambda: list(runner.notifiers),
-            token=settings.api_token.get_secret_value() if settings.api_token else None,
-            timeout=settings.db_timeout,
-            pooler=settings.pooler,
-            health=runner.health,
-            registry=runner.registry,
-        )
-
-    try:
-        return serve(bind)
-    except ConfigError:
-        if not any_port:
-            raise
-        return serve((bind[0], 0))
-
-
 def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
     """Scan and deliver until stopped (SIGHUP reloads); ``--once``: one drain and one
     delivery pass, then a summary per rule and notifier (``--json``: one JSON document).
 
     ``--once`` fails (exit 1) when a database error happened or a delivery went dead.
     """
-    from slawatch.scheduler import Runner
+    from slawatch.runtime.scheduler import Runner
 
     rules, notifiers = load_config(settings)
     dsn = database_dsn(settings)
@@ -317,9 +245,9 @@ def _many(n: int, one: str, many: str | None = None) -> str:
 
 def cmd_dry_run(settings: Settings, as_json: bool) -> int:
     """Per rule, what ``run --once`` would send now, and to which notifiers: counted
-    in a read-only transaction, so nothing is sent or written (slawatch/due.py)."""
-    from slawatch.claim import prepare_all
-    from slawatch.due import dry_run
+    in a read-only transaction, so nothing is sent or written (slawatch/engine/due.py)."""
+    from slawatch.engine.claim import prepare_all
+    from slawatch.engine.due import dry_run
 
     rules, _ = load_config(settings)
     now = Clock().now()
@@ -547,7 +475,7 @@ def _lifecycle_db(settings: Settings) -> Database:
 
 def cmd_ack(settings: Settings, alert: str, by: str | None, comment: str, as_json: bool) -> int:
     """Acknowledge an alert's episode; an episode already over is said, not an error."""
-    from slawatch.lifecycle import ack
+    from slawatch.operate.lifecycle import ack
 
     with _lifecycle_db(settings) as db:
         result = ack(db, alert, by=by or default_author(), comment=comment, now=Clock().now())
@@ -567,7 +495,7 @@ def _describe(s: Silence) -> str:
 
 def cmd_silence(settings: Settings, args: argparse.Namespace) -> int:
     """Add a silence, list them (--list) or end one (--expire ID)."""
-    from slawatch.lifecycle import add_silence, list_silences, parse_matchers, parse_until
+    from slawatch.operate.lifecycle import add_silence, list_silences, parse_matchers, parse_until
 
     creating = [
         f"--{name}"
@@ -592,7 +520,7 @@ def cmd_silence(settings: Settings, args: argparse.Namespace) -> int:
             _print_silences(silences)
         return 0
     if args.expire is not None:
-        from slawatch.lifecycle import delete_silence
+        from slawatch.operate.lifecycle import delete_silence
 
         with _lifecycle_db(settings) as db:
             ended = delete_silence(db, args.expire, now=now)

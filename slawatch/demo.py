@@ -21,13 +21,13 @@ from typing import Any, TextIO
 
 from pydantic import SecretStr
 
-from slawatch.commands import EMBEDDED_DATABASE, embedded_database, load_config, start_admin
+from slawatch.config.notifiers import WebhookConfig
+from slawatch.config.rules import Rule
+from slawatch.config.settings import Settings
 from slawatch.db import Connection, connect, translate
-from slawatch.migrate import migrate
-from slawatch.notifiers import WebhookConfig
-from slawatch.notifiers.webhook import verify
-from slawatch.rules import Rule
-from slawatch.settings import Settings
+from slawatch.delivery.notifiers.webhook import verify
+from slawatch.engine.migrate import migrate
+from slawatch.runtime.boot import EMBEDDED_DATABASE, embedded_database, load_config, start_admin
 
 SHOP = resources.files("slawatch").joinpath("sql/shop.sql").read_text()
 
@@ -126,7 +126,7 @@ class DemoReceiver:
 
 def run_demo(settings: Settings, seconds: float | None) -> int:
     """Reset and seed the shop, migrate, run the scheduler, print a summary."""
-    from slawatch.scheduler import Runner
+    from slawatch.runtime.scheduler import Runner
 
     rules, notifiers = load_config(settings)
     out = sys.stdout

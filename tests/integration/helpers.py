@@ -8,12 +8,12 @@ from typing import Any
 
 import psycopg
 
-from slawatch.claim import ClaimPlan, claim_batch, prepare
 from slawatch.clock import Clock
+from slawatch.config.rules import Rule, load_rules
 from slawatch.demo import SHOP
-from slawatch.migrate import migrate
-from slawatch.rules import Rule, load_rules
-from slawatch.statetable import drain_table
+from slawatch.engine.claim import ClaimPlan, claim_batch, prepare
+from slawatch.engine.migrate import migrate
+from slawatch.engine.statetable import drain_table
 from tests.conftest import ROOT
 
 Conn = psycopg.Connection[Any]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from slawatch.notifiers import ConsoleConfig
-from slawatch.notifiers.base import BaseNotifier
+from slawatch.config.notifiers import ConsoleConfig
+from slawatch.delivery.notifiers.base import BaseNotifier
 from tests.integration.helpers import Conn
 
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from slawatch.admin import AdminServer, create_app, serve_in_thread
-from slawatch.claim import ClaimPlan
+from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.rules import Rule
+from slawatch.engine.claim import ClaimPlan
+from slawatch.operate.admin import AdminServer, create_app, serve_in_thread
 from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop
 
 if TYPE_CHECKING:

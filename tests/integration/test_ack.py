@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from slawatch.claim import ClaimPlan
 from slawatch.db import Database
+from slawatch.engine.claim import ClaimPlan
 from slawatch.errors import BadInput, NotFound
-from slawatch.lifecycle import ack
+from slawatch.operate.lifecycle import ack
 from tests.integration.helpers import Conn, claim_all, episodes, plans, shop
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -186,8 +186,8 @@ def test_ack_never_waits_for_the_applications_lock_on_the_row(
 
 def test_ack_of_a_resolved_episode_is_a_plain_answer(conn: Conn, db: Database, track: str) -> None:
     """resolve: true: the row completed and its notice went out; nothing to acknowledge."""
-    from slawatch.claim import prepare
-    from slawatch.migrate import migrate
+    from slawatch.engine.claim import prepare
+    from slawatch.engine.migrate import migrate
 
     rule = shop(conn, track)["order_unshipped"].model_copy(update={"resolve": True})
     migrate(conn, [rule])

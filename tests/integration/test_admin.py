@@ -1,4 +1,4 @@
-"""The admin API (slawatch/admin.py) over a real database, served by uvicorn in a thread
+"""The admin API (slawatch/operate/admin.py) over a real database, served by uvicorn in a thread
 on a free port, called with httpx; and a property-based run against its own
 /openapi.json (schemathesis) that finds no 5xx."""
 
@@ -18,10 +18,10 @@ from prometheus_client import CollectorRegistry, Counter
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from slawatch.admin import AdminServer, create_app, serve_admin, serve_in_thread
+from slawatch.config.rules import Rule
 from slawatch.db import Database
 from slawatch.errors import ConfigError
-from slawatch.rules import Rule
+from slawatch.operate.admin import AdminServer, create_app, serve_admin, serve_in_thread
 from tests.integration.helpers import Conn, FixedClock, shop
 from tests.integration.test_inspect import add_alert
 

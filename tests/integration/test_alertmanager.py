@@ -12,11 +12,11 @@ import pytest
 from freezegun import freeze_time
 
 from slawatch.clock import Clock
+from slawatch.config.notifiers import AlertmanagerConfig
 from slawatch.db import Database
-from slawatch.deliver import deliver_batch, deliver_due
+from slawatch.delivery.dispatcher import deliver_batch, deliver_due
+from slawatch.delivery.notifiers.alertmanager import AlertmanagerNotifier
 from slawatch.errors import DeliveryError
-from slawatch.notifiers import AlertmanagerConfig
-from slawatch.notifiers.alertmanager import AlertmanagerNotifier
 from tests.integration.helpers import Conn
 from tests.integration.test_deliver import CLAIMED, db, overdue_orders, statuses
 from tests.receivers import Reply

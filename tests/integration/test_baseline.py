@@ -14,12 +14,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from slawatch.baseline import Progress, baseline_rule, recorded, render
-from slawatch.catalog import inspect_table
-from slawatch.claim import ClaimPlan, count_due, prepare
+from slawatch.config.rules import Rule
+from slawatch.engine.baseline import Progress, baseline_rule, recorded, render
+from slawatch.engine.catalog import inspect_table
+from slawatch.engine.claim import ClaimPlan, prepare
+from slawatch.engine.due import count_due
+from slawatch.engine.migrate import migrate
 from slawatch.errors import DatabaseError
-from slawatch.migrate import migrate
-from slawatch.rules import Rule
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, claim_all, episodes, shop
 from tests.integration.lifecycle_helpers import resolved
@@ -298,7 +299,7 @@ def outbox(conn: Conn) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def predicted(conn: Conn, rule: Rule, now: datetime) -> tuple[dict[str, int], dict[str, int]]:
-    from slawatch.due import count
+    from slawatch.engine.due import count
 
     info = inspect_table(conn, rule.schema_name, rule.table_name)
     assert info is not None
@@ -315,7 +316,7 @@ def test_the_count_is_what_the_scan_then_sends(conn: Conn, track: str) -> None:
     """First notices, re-notifications (one acked), a tier that adds a notifier,
     resolved notices (a completed row, a moved deadline), baselined rows: at each
     scan the count made just before equals what the scan writes."""
-    from slawatch.rules import Tier
+    from slawatch.config.rules import Tier
 
     rule = shop(conn, track)["order_unshipped"].model_copy(
         update={
@@ -475,7 +476,7 @@ def test_a_dry_run_refuses_what_run_refuses(conn: Conn, dsn: str) -> None:
 def test_a_partitioned_table_is_baselined_batch_by_batch(conn: Conn, track: str) -> None:
     """A ctid names a slot in every partition: each batch must change only the rows it
     picked, not those at the same slots in other partitions."""
-    from slawatch.claim import claim_batch
+    from slawatch.engine.claim import claim_batch
     from tests.integration.test_partitioned import partitioned_orders
     from tests.integration.test_partitioned import rule as late_rule
 

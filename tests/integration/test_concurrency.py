@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from slawatch.claim import ClaimPlan, claim_batch, plan_claim
-from slawatch.migrate import migrate
-from slawatch.rules import Rule
+from slawatch.config.rules import Rule
+from slawatch.engine.claim import ClaimPlan, claim_batch, plan_claim
+from slawatch.engine.migrate import migrate
 from tests.integration.helpers import Conn
 
 N = 10_000

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import yaml
 
-from slawatch.claim import claim_batch, plan_claim
 from slawatch.clock import Clock
+from slawatch.config.notifiers import WebhookConfig
+from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.deliver import Dispatcher
-from slawatch.migrate import migrate
-from slawatch.notifiers import WebhookConfig
-from slawatch.notifiers.webhook import WebhookNotifier
-from slawatch.rules import Rule
+from slawatch.delivery.dispatcher import Dispatcher
+from slawatch.delivery.notifiers.webhook import WebhookNotifier
+from slawatch.engine.claim import claim_batch, plan_claim
+from slawatch.engine.migrate import migrate
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn
 from tests.receivers import Reply, WebhookReceiver, receiver

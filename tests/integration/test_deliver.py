@@ -14,15 +14,15 @@ import psycopg
 import pytest
 from freezegun import freeze_time
 
-from slawatch.claim import plan_claim
 from slawatch.clock import Clock
+from slawatch.config.notifiers import ConsoleConfig, RetrySettings
 from slawatch.db import Database
-from slawatch.deliver import deliver_batch, deliver_due, deliver_notifier
+from slawatch.delivery.dispatcher import deliver_batch, deliver_due, deliver_notifier
+from slawatch.delivery.notifiers.base import BaseNotifier
+from slawatch.delivery.notifiers.console import ConsoleNotifier
+from slawatch.engine.claim import plan_claim
+from slawatch.engine.queries import queries
 from slawatch.errors import DeliveryError
-from slawatch.notifiers import ConsoleConfig, RetrySettings
-from slawatch.notifiers.base import BaseNotifier
-from slawatch.notifiers.console import ConsoleNotifier
-from slawatch.queries import queries
 from tests.integration.helpers import Conn, claim_all, shop
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -268,7 +268,7 @@ def test_a_receiver_outage_is_one_warning_and_one_line_when_it_ends(
     lines = [
         (r.levelno, r.getMessage())
         for r in caplog.records
-        if r.name == "slawatch.deliver" and r.levelno >= logging.INFO
+        if r.name == "slawatch.delivery.dispatcher" and r.levelno >= logging.INFO
     ]
     assert lines == [
         (logging.WARNING, "notifier console: receiver failing: ConnectionError: receiver down"),

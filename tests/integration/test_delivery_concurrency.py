@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from slawatch.clock import Clock
+from slawatch.config.notifiers import WebhookConfig
+from slawatch.config.rules import load_rules
 from slawatch.db import Database
-from slawatch.deliver import Dispatcher
-from slawatch.notifiers import WebhookConfig
-from slawatch.notifiers.webhook import WebhookNotifier
-from slawatch.rules import load_rules
-from slawatch.scheduler import Runner
+from slawatch.delivery.dispatcher import Dispatcher
+from slawatch.delivery.notifiers.webhook import WebhookNotifier
+from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn
 from tests.integration.test_deliver import overdue_orders, statuses
@@ -180,7 +180,7 @@ def test_the_workers_of_a_notifier_report_a_failure_once(
     conn: Conn, db: Database, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A broken outbox fails all four workers: one error line, one line when it works again."""
-    caplog.set_level(logging.DEBUG, logger="slawatch.deliver")
+    caplog.set_level(logging.DEBUG, logger="slawatch.delivery.dispatcher")
     overdue_orders(conn, 10, notify="hook")
     conn.execute("ALTER TABLE slawatch.delivery RENAME TO delivery_moved")
 

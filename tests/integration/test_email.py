@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from aiosmtpd.controller import Controller
 
+from slawatch.config.notifiers import EmailConfig
+from slawatch.delivery.notifiers.email import EmailNotifier
 from slawatch.errors import DeliveryError
-from slawatch.notifiers import EmailConfig
-from slawatch.notifiers.email import EmailNotifier
 from tests.receivers import closed_port
 
 

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from freezegun import freeze_time
 
-from slawatch.claim import plan_claim
-from slawatch.migrate import migrate
-from slawatch.rules import Backoff, Renotify
+from slawatch.config.rules import Backoff, Renotify
+from slawatch.engine.claim import plan_claim
+from slawatch.engine.migrate import migrate
 from tests.integration.helpers import Conn, claim_all, episodes, plans, shop, tracking
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

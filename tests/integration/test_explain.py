@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from slawatch.claim import plan_claim
+from slawatch.engine.claim import plan_claim
 from slawatch.errors import ConfigError
-from slawatch.explain import SMALL_PAGES, explain
+from slawatch.operate.explain import SMALL_PAGES, explain
 from tests.integration.helpers import Conn, shop
 
 

@@ -1,4 +1,4 @@
-"""What an operator reads (slawatch/inspect.py, scans.py): rule status, the alerts
+"""What an operator reads (slawatch/operate/inspect.py, scans.py): rule status, the alerts
 list and its pages, one alert, stats, and the record of each scan."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from slawatch import scans
-from slawatch.claim import DrainResult
 from slawatch.db import Database, DatabaseUnavailable
+from slawatch.engine.claim import DrainResult
+from slawatch.engine.migrate import migrate
 from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
-from slawatch.inspect import (
+from slawatch.operate.inspect import (
     COUNT_LIMIT,
     get_alert,
     list_alerts,
@@ -21,7 +22,6 @@ from slawatch.inspect import (
     rules_report,
     stats,
 )
-from slawatch.migrate import migrate
 from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -140,7 +140,7 @@ def test_counting_open_episodes_reads_the_renotify_index(conn: Conn, track: str)
 
 def test_overdue_count_stops_at_the_limit(conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
     rules = shop(conn)
-    monkeypatch.setattr("slawatch.inspect.COUNT_LIMIT", 3)
+    monkeypatch.setattr("slawatch.operate.inspect.COUNT_LIMIT", 3)
     orders(conn, [(i, "paid", NOW - timedelta(days=3)) for i in range(1, 6)])
     (status,) = rule_status(conn, [rules["order_unshipped"]], NOW)
     assert (status.overdue, status.overdue_capped) == (3, True)
@@ -275,7 +275,7 @@ def test_each_scan_is_recorded_and_a_failure_with_its_error(conn: Conn, dsn: str
 
 
 def test_the_runner_records_its_scans(conn: Conn, dsn: str) -> None:
-    from slawatch.scheduler import Runner
+    from slawatch.runtime.scheduler import Runner
 
     rules = shop(conn)
     orders(conn, [(1, "paid", NOW - timedelta(days=3))])
@@ -290,7 +290,7 @@ def test_the_runner_records_its_scans(conn: Conn, dsn: str) -> None:
 
 def test_run_once_records_its_scans(conn: Conn, dsn: str) -> None:
     """`slawatch status` after `run --once` shows that scan, not "never"."""
-    from slawatch.scheduler import Runner
+    from slawatch.runtime.scheduler import Runner
 
     rules = shop(conn)
     orders(conn, [(1, "paid", NOW - timedelta(days=3)), (2, "paid", NOW - timedelta(days=3))])

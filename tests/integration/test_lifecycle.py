@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 from freezegun import freeze_time
 
-from slawatch.claim import plan_claim
-from slawatch.migrate import migrate
-from slawatch.rules import Tier
+from slawatch.config.rules import Tier
+from slawatch.engine.claim import plan_claim
+from slawatch.engine.migrate import migrate
 from tests.integration.helpers import Conn, alerts, claim_all, plans, shop
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -158,7 +158,7 @@ def test_escalation_switches_notifiers(conn: Conn, track: str) -> None:
 def test_an_infinite_deadline_is_paged_without_breaking_delivery(conn: Conn, track: str) -> None:
     """'-infinity' is a valid timestamp (always due) that Python cannot hold: the alert
     keeps it in its row and leaves deadline/due_at empty, so the delivery can read it."""
-    from slawatch.deliver import alert_payload
+    from slawatch.engine.outbox import alert_payload
 
     rules = shop(conn, track)
     plan = plans(conn, rules)["order_unshipped"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from slawatch.migrate import migrate
+from slawatch.engine.migrate import migrate
 from tests.integration.helpers import Conn, shop
 from tests.integration.test_cli import assert_one_line_error, slawatch
 

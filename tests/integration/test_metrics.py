@@ -1,4 +1,4 @@
-"""Metrics (slawatch/metrics.py) and Runner.health against a real database and receiver."""
+"""Metrics (slawatch/operate/metrics.py) and Runner.health against a real database and receiver."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import yaml
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, generate_latest
 
-from slawatch.claim import drain, prepare_all
 from slawatch.clock import Clock
+from slawatch.config.notifiers import WebhookConfig
+from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.deliver import deliver_notifier
-from slawatch.lifecycle import add_silence
-from slawatch.metrics import SCRAPE_BUDGET, Metrics
-from slawatch.migrate import migrate
-from slawatch.notifiers import WebhookConfig
-from slawatch.rules import Rule
-from slawatch.scheduler import Runner
+from slawatch.delivery.dispatcher import deliver_notifier
+from slawatch.engine.claim import drain, prepare_all
+from slawatch.engine.migrate import migrate
+from slawatch.operate.lifecycle import add_silence
+from slawatch.operate.metrics import SCRAPE_BUDGET, Metrics
+from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn
 from tests.integration.test_outage import wait_for
 from tests.receivers import Reply, WebhookReceiver, receiver

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from slawatch.config.rules import Rule
+from slawatch.engine.migrate import migrate, render
 from slawatch.errors import ConfigError
-from slawatch.migrate import migrate, render
-from slawatch.rules import Rule
 from tests.integration.helpers import Conn, shop
 
 TABLE = """
@@ -186,8 +186,8 @@ def test_printed_migration_runs_as_is(conn: Conn) -> None:
 def test_printed_against_the_database_is_only_the_change(conn: Conn) -> None:
     """The DBA path after a rule change: the plan drops and rebuilds what changed, and
     after it is applied by hand, migrate and run agree that all is well."""
-    from slawatch.claim import prepare
-    from slawatch.migrate import plan
+    from slawatch.engine.claim import prepare
+    from slawatch.engine.migrate import plan
 
     conn.execute(TABLE)
     migrate(conn, [rule()])
@@ -239,7 +239,7 @@ def test_upgrade_from_before_episodes_keeps_notified_rows_quiet(conn: Conn) -> N
     of their deadline, so the upgrade pages nobody again."""
     from datetime import timedelta
 
-    from slawatch.claim import prepare
+    from slawatch.engine.claim import prepare
     from tests.integration.helpers import claim_all
 
     conn.execute(TABLE)
@@ -268,7 +268,7 @@ def test_percent_sign_in_condition_is_literal(conn: Conn) -> None:
     """open_when is SQL text: a LIKE pattern's % must not be taken for a parameter."""
     from datetime import UTC, datetime, timedelta
 
-    from slawatch.claim import plan_claim
+    from slawatch.engine.claim import plan_claim
     from tests.integration.helpers import claim_all
 
     conn.execute(TABLE)
@@ -288,8 +288,8 @@ def test_the_printed_grants_are_enough_and_no_more(conn: Conn, dsn: str) -> None
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from slawatch.claim import claim_batch, prepare
-    from slawatch.migrate import grants
+    from slawatch.engine.claim import claim_batch, prepare
+    from slawatch.engine.migrate import grants
 
     conn.execute(TABLE)
     late = rule()
@@ -316,7 +316,7 @@ def test_the_printed_grants_are_enough_and_no_more(conn: Conn, dsn: str) -> None
 
 
 def test_a_rule_changed_since_migrate_is_refused_until_migrated(conn: Conn) -> None:
-    from slawatch.claim import prepare
+    from slawatch.engine.claim import prepare
 
     conn.execute(TABLE)
     migrate(conn, [rule()])

@@ -10,7 +10,7 @@ import pytest
 
 from slawatch.cli import main
 from slawatch.demo import SHOP
-from slawatch.migrate import migrate
+from slawatch.engine.migrate import migrate
 from tests.integration.helpers import Conn, shop
 from tests.integration.test_cli import assert_one_line_error, slawatch
 

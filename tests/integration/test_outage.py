@@ -22,10 +22,10 @@ import yaml
 from psycopg.conninfo import make_conninfo
 
 from slawatch.clock import Clock
-from slawatch.migrate import migrate
-from slawatch.notifiers import WebhookConfig
-from slawatch.rules import Rule
-from slawatch.scheduler import Runner
+from slawatch.config.notifiers import WebhookConfig
+from slawatch.config.rules import Rule
+from slawatch.engine.migrate import migrate
+from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn
 from tests.integration.test_cli import assert_one_line_error, slawatch
 from tests.pgcluster import PgCluster

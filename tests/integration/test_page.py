@@ -1,4 +1,4 @@
-"""The on-call page (slawatch/page.py) over HTTP, without a browser: what it shows,
+"""The on-call page (slawatch/operate/page.py) over HTTP, without a browser: what it shows,
 that database values are escaped, the chart's numbers, the keyset pages, and how
 a browser authenticates (the login cookie, the page header, the same-origin rule)."""
 
@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from slawatch import inspect
-from slawatch.page import COOKIE, PAGE_HEADER, cookie_value
+from slawatch.operate.page import COOKIE, PAGE_HEADER, cookie_value
 from tests.integration.helpers import Conn
 from tests.integration.page_helpers import (
     DUE,

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from slawatch.claim import prepare
+from slawatch.config.notifiers import WebhookConfig
 from slawatch.db import Database
-from slawatch.deliver import deliver_due
-from slawatch.notifiers import WebhookConfig
-from slawatch.notifiers.webhook import WebhookNotifier
+from slawatch.delivery.dispatcher import deliver_due
+from slawatch.delivery.notifiers.webhook import WebhookNotifier
+from slawatch.engine.claim import prepare
 from tests.integration.helpers import Conn, FixedClock, claim_all, episodes, shop
 from tests.integration.page_helpers import (
     DUE,

@@ -13,10 +13,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from slawatch.claim import claim_batch, prepare
+from slawatch.config.rules import Rule
+from slawatch.engine.claim import claim_batch, prepare
+from slawatch.engine.migrate import migrate
 from slawatch.errors import ConfigError
-from slawatch.migrate import migrate
-from slawatch.rules import Rule
 from tests.integration.helpers import Conn, alerts
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -215,7 +215,7 @@ def test_the_claim_rechecks_each_row_it_updates(conn: Conn) -> None:
     """The claim's UPDATE re-checks the due predicate on every row it reaches. Shown by
     taking the partition match away: the TID scan then reaches the same slot in every
     partition, and only the re-check keeps the rows there that are not due unclaimed."""
-    from slawatch.claim import plan_claim
+    from slawatch.engine.claim import plan_claim
 
     partitioned_orders(conn)
     migrate(conn, [rule()])

@@ -28,9 +28,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from slawatch.config.notifiers import WebhookConfig
 from slawatch.db import Database, Pooler
-from slawatch.notifiers import WebhookConfig
-from slawatch.scheduler import Runner
+from slawatch.runtime.scheduler import Runner
 from tests.integration.test_outage import late_rule, logged, orders, overdue, wait_for
 from tests.pgcluster import PgCluster, free_port
 from tests.receivers import WebhookReceiver, receiver

@@ -23,11 +23,11 @@ import pika
 import pytest
 import redis
 
+from slawatch.config.notifiers import AmqpConfig, NatsConfig, RedisConfig
+from slawatch.delivery.notifiers.amqp import AmqpNotifier
+from slawatch.delivery.notifiers.nats import NatsNotifier
+from slawatch.delivery.notifiers.redis import RedisNotifier
 from slawatch.errors import DeliveryError
-from slawatch.notifiers import AmqpConfig, NatsConfig, RedisConfig
-from slawatch.notifiers.amqp import AmqpNotifier
-from slawatch.notifiers.nats import NatsNotifier
-from slawatch.notifiers.redis import RedisNotifier
 from tests.receivers import closed_port, require_service
 
 

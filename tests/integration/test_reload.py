@@ -26,10 +26,10 @@ import yaml
 from psycopg.conninfo import make_conninfo
 
 from slawatch.commands import load_config
-from slawatch.migrate import migrate
-from slawatch.rules import Rule
-from slawatch.scheduler import Runner
-from slawatch.settings import Settings
+from slawatch.config.rules import Rule
+from slawatch.config.settings import Settings
+from slawatch.engine.migrate import migrate
+from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, shop
 from tests.integration.test_outage import logged, wait_for

@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from slawatch.claim import ClaimPlan, plan_claim, prepare
+from slawatch.config.rules import Rule, Tier
 from slawatch.db import Database
-from slawatch.deliver import deliver_due
-from slawatch.migrate import migrate
-from slawatch.rules import Rule, Tier
+from slawatch.delivery.dispatcher import deliver_due
+from slawatch.engine.claim import ClaimPlan, plan_claim, prepare
+from slawatch.engine.migrate import migrate
 from tests.integration.helpers import Conn, FixedClock, claim_all, episodes, shop
 from tests.integration.lifecycle_helpers import Inbox, resolved
 

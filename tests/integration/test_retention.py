@@ -19,13 +19,13 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from slawatch.claim import prepare
 from slawatch.clock import Clock
 from slawatch.db import Database
-from slawatch.maintain import prune
-from slawatch.migrate import migrate
-from slawatch.queries import queries
-from slawatch.scheduler import Runner
+from slawatch.engine.claim import prepare
+from slawatch.engine.migrate import migrate
+from slawatch.engine.queries import queries
+from slawatch.runtime.maintain import prune
+from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, claim_all
 from tests.integration.test_explain import nodes
 from tests.integration.test_outage import FaultyClock, late_rule, orders

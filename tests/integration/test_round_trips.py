@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from slawatch.claim import batches, prepare
+from slawatch.engine.claim import batches, prepare
 from tests.integration.helpers import Conn, shop
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -58,9 +58,10 @@ def test_a_claim_batch_is_one_round_trip(conn: Conn, track: str) -> None:
 def test_a_delivery_claim_without_storm_is_one_round_trip(conn: Conn, dsn: str) -> None:
     """The delivery loop's claim (leases, and the settling of the batch just sent) is one
     statement in its own transaction unless the notifier folds storms."""
+    from slawatch.config.notifiers import ConsoleConfig
     from slawatch.db import Database
-    from slawatch.deliver import _claim
-    from slawatch.notifiers import ConsoleConfig, build
+    from slawatch.delivery.dispatcher import claim_deliveries
+    from slawatch.delivery.notifiers import build
 
     rules = shop(conn)
     conn.execute(
@@ -74,8 +75,8 @@ def test_a_delivery_claim_without_storm_is_one_round_trip(conn: Conn, dsn: str) 
     db = Database(dsn, size=1, timeout=10)
     try:
         with db.connection("tracing") as pooled:
-            traced = pooled  # the pool's one connection: the one _claim will get
-        count = round_trips(traced, lambda: _claim(db, notifier, NOW))
+            traced = pooled  # the pool's one connection: the one claim_deliveries will get
+        count = round_trips(traced, lambda: claim_deliveries(db, notifier, NOW))
         assert count == 1
     finally:
         db.close()

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from slawatch.claim import ClaimPlan
+from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.deliver import deliver_due, deliver_notifier
+from slawatch.delivery.dispatcher import deliver_due, deliver_notifier
+from slawatch.engine.claim import ClaimPlan
+from slawatch.engine.migrate import migrate, schema_current
 from slawatch.errors import BadInput, NotFound
-from slawatch.lifecycle import add_silence, delete_silence, list_silences
-from slawatch.migrate import migrate, schema_current
-from slawatch.rules import Rule
+from slawatch.operate.lifecycle import add_silence, delete_silence, list_silences
 from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop
 from tests.integration.lifecycle_helpers import Inbox, statuses
 
@@ -209,7 +209,7 @@ def test_an_outbox_from_before_silences_is_upgraded(conn: Conn) -> None:
         "ALTER TABLE slawatch.delivery DROP CONSTRAINT delivery_status",
         "DROP TABLE slawatch.ack",
         "DROP TABLE slawatch.silence",
-        "DROP TABLE slawatch.baseline",
+        "DROP TABLE slawatch.engine.baseline",
     ):
         conn.execute(undo)
         assert not schema_current(conn), undo

@@ -10,11 +10,11 @@ import pytest
 from freezegun import freeze_time
 
 from slawatch.clock import Clock
+from slawatch.config.notifiers import SlackConfig
 from slawatch.db import Database
-from slawatch.deliver import deliver_batch, deliver_due
+from slawatch.delivery.dispatcher import deliver_batch, deliver_due
+from slawatch.delivery.notifiers.slack import SlackNotifier
 from slawatch.errors import DeliveryError
-from slawatch.notifiers import SlackConfig
-from slawatch.notifiers.slack import SlackNotifier
 from tests.integration.helpers import Conn
 from tests.integration.test_deliver import CLAIMED, db, overdue_orders, statuses
 from tests.receivers import Reply, closed_port

@@ -1,5 +1,5 @@
 """Storms: more than a notifier's ``storm.threshold`` notifications of one rule due at
-once go to it as one summary, while every alert is recorded (slawatch/storm.py).
+once go to it as one summary, while every alert is recorded (slawatch/delivery/storm.py).
 
 Real PostgreSQL, real HTTP receivers (and the local Slack / PagerDuty / Alertmanager
 services that check bodies as those services do)."""
@@ -19,19 +19,20 @@ import httpx
 import psycopg
 import pytest
 
-from slawatch.claim import claim_batch, plan_claim
+from slawatch.config.notifiers import BY_TYPE, ConsoleConfig, WebhookConfig, load_notifiers
+from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.deliver import Dispatcher, deliver_due, deliver_notifier, replay
+from slawatch.delivery.dispatcher import Dispatcher, deliver_due, deliver_notifier, replay
+from slawatch.delivery.notifiers import build
+from slawatch.delivery.notifiers.base import BaseNotifier
+from slawatch.delivery.notifiers.console import ConsoleNotifier
+from slawatch.delivery.notifiers.webhook import WebhookNotifier
+from slawatch.engine.claim import claim_batch, plan_claim
+from slawatch.engine.migrate import migrate, schema_current
+from slawatch.engine.queries import queries
 from slawatch.errors import ConfigError
-from slawatch.lifecycle import add_silence
-from slawatch.metrics import Metrics
-from slawatch.migrate import migrate, schema_current
-from slawatch.notifiers import ConsoleConfig, WebhookConfig, build, load_notifiers
-from slawatch.notifiers.base import BaseNotifier
-from slawatch.notifiers.console import ConsoleNotifier
-from slawatch.notifiers.webhook import WebhookNotifier
-from slawatch.queries import queries
-from slawatch.rules import Rule
+from slawatch.operate.lifecycle import add_silence
+from slawatch.operate.metrics import Metrics
 from tests.integration.helpers import Conn, FixedClock, claim_all, shop
 from tests.integration.test_admin import Start, start
 from tests.integration.test_cli import slawatch
@@ -528,9 +529,8 @@ def test_summaries_pass_the_services_checks(conn: Conn, db: Database, service: s
 
 
 def _config(data: dict[str, Any]) -> Any:
-    from slawatch.notifiers import _BY_TYPE
 
-    return _BY_TYPE[data["type"]].model_validate(data)
+    return BY_TYPE[data["type"]].model_validate(data)
 
 
 def test_an_outbox_from_before_storms_is_upgraded(conn: Conn) -> None:

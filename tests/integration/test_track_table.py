@@ -15,9 +15,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from slawatch.claim import prepare
-from slawatch.migrate import grants, migrate
-from slawatch.rules import Rule
+from slawatch.config.rules import Rule
+from slawatch.engine.claim import prepare
+from slawatch.engine.migrate import grants, migrate
 from tests.integration.helpers import Conn, claim_all, episodes
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -12,11 +12,11 @@ from freezegun import freeze_time
 from standardwebhooks import Webhook
 
 from slawatch.clock import Clock
+from slawatch.config.notifiers import WebhookConfig
 from slawatch.db import Database
-from slawatch.deliver import deliver_batch, deliver_due
+from slawatch.delivery.dispatcher import deliver_batch, deliver_due
+from slawatch.delivery.notifiers.webhook import WebhookNotifier, verify
 from slawatch.errors import DeliveryError
-from slawatch.notifiers import WebhookConfig
-from slawatch.notifiers.webhook import WebhookNotifier, verify
 from tests.integration.helpers import Conn
 from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
 from tests.receivers import Reply, WebhookReceiver, closed_port, receiver
@@ -298,9 +298,9 @@ def test_an_answer_sent_a_byte_at_a_time_is_cut_at_the_timeout() -> None:
     import threading
     import time
 
+    from slawatch.config.notifiers import WebhookConfig
+    from slawatch.delivery.notifiers.webhook import WebhookNotifier
     from slawatch.errors import DeliveryError
-    from slawatch.notifiers import WebhookConfig
-    from slawatch.notifiers.webhook import WebhookNotifier
 
     server = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()

@@ -18,19 +18,19 @@ from typing import Any
 import pytest
 import yaml
 
-from slawatch.config import shorten
-from slawatch.errors import ConfigError
-from slawatch.notifiers import (
+from slawatch.config.files import shorten
+from slawatch.config.notifiers import (
     AlertmanagerConfig,
     EmailConfig,
     NotifierConfig,
     RedisConfig,
     SlackConfig,
     WebhookConfig,
-    build,
     load_notifiers,
 )
-from slawatch.rules import Rule, load_rules
+from slawatch.config.rules import Rule, load_rules
+from slawatch.delivery.notifiers import build
+from slawatch.errors import ConfigError
 
 RULE: dict[str, Any] = {
     "table": "orders",
@@ -397,7 +397,8 @@ def test_an_alias_bomb_is_a_quick_clean_error(tmp_path: Path) -> None:
     )
     # In a child process: were the bomb expanded, it would run for hours, not fail.
     code = (
-        "import sys; from pathlib import Path; from slawatch.notifiers import load_notifiers\n"
+        "import sys; from pathlib import Path\n"
+        "from slawatch.config.notifiers import load_notifiers\n"
         "from slawatch.errors import ConfigError\n"
         "try: load_notifiers(Path(sys.argv[1]))\n"
         "except ConfigError as exc: print(exc)\n"

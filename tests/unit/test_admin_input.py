@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from slawatch.admin import refusal
 from slawatch.cli import main
+from slawatch.config.settings import Settings, is_loopback, parse_bind
 from slawatch.errors import BadInput
-from slawatch.inspect import parse_cursor, parse_since
-from slawatch.settings import Settings, is_loopback, parse_bind
+from slawatch.operate.admin import refusal
+from slawatch.operate.inspect import parse_cursor, parse_since
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TOKEN = "0123456789abcdef"
@@ -128,7 +128,7 @@ def test_cursors() -> None:
 
 
 def test_the_auth_decision_for_the_page() -> None:
-    from slawatch.page import cookie_value
+    from slawatch.operate.page import cookie_value
 
     cookie = cookie_value(TOKEN)
     host = "127.0.0.1:8181"

@@ -4,8 +4,8 @@ from datetime import timedelta
 
 import pytest
 
-from slawatch.config import shorten
-from slawatch.durations import MAX_DURATION, format_duration, parse_duration
+from slawatch.config.durations import MAX_DURATION, format_duration, parse_duration
+from slawatch.config.files import shorten
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
-"""The verdict of `slawatch explain` on a scan's plans (slawatch/explain.py)."""
+"""The verdict of `slawatch explain` on a scan's plans (slawatch/operate/explain.py)."""
 
 from __future__ import annotations
 
-from slawatch.explain import SMALL_PAGES, StatementPlan, _verdict
-from slawatch.rules import Rule
+from slawatch.config.rules import Rule
+from slawatch.operate.explain import SMALL_PAGES, StatementPlan, judge
 
 
 def rule() -> Rule:
@@ -30,7 +30,7 @@ def plan(seq: list[str], unavoidable: list[str], indexes: tuple[str, ...] = ()) 
 
 
 def test_no_sequential_scan_is_ok_and_names_the_indexes() -> None:
-    ok, verdict = _verdict(rule(), [plan([], [], ["sw_late_first", "sw_late_again"])], 10_000)
+    ok, verdict = judge(rule(), [plan([], [], ["sw_late_first", "sw_late_again"])], 10_000)
     assert ok and verdict == (
         "ok: no sequential scan of public.orders; indexes used: sw_late_again, sw_late_first"
     )
@@ -38,19 +38,19 @@ def test_no_sequential_scan_is_ok_and_names_the_indexes() -> None:
 
 def test_a_scan_no_index_can_serve_fails_whatever_the_size() -> None:
     for pages in (0, SMALL_PAGES, 10_000):
-        ok, verdict = _verdict(rule(), [plan(["public.orders"], ["public.orders"])], pages)
+        ok, verdict = judge(rule(), [plan(["public.orders"], ["public.orders"])], pages)
         assert not ok
         assert verdict.startswith("a scan would read public.orders whole: no index can serve it")
 
 
 def test_a_small_table_read_whole_is_ok_up_to_the_limit() -> None:
     seq = [plan(["public.orders"], [])]
-    ok, verdict = _verdict(rule(), seq, SMALL_PAGES)
+    ok, verdict = judge(rule(), seq, SMALL_PAGES)
     assert ok and "because it is small now (128 pages)" in verdict
-    ok, verdict = _verdict(rule(), seq, SMALL_PAGES + 1)
+    ok, verdict = judge(rule(), seq, SMALL_PAGES + 1)
     assert not ok and "(129 pages), though the partial indexes could serve it" in verdict
 
 
 def test_any_statement_of_the_scan_counts() -> None:
     plans = [plan([], []), plan(["public.orders"], ["public.orders"])]
-    assert _verdict(rule(), plans, 0)[0] is False
+    assert judge(rule(), plans, 0)[0] is False

@@ -14,7 +14,13 @@ from slawatch.logs import JsonFormatter, setup
 
 def record(**extra: object) -> logging.LogRecord:
     rec = logging.LogRecord(
-        "slawatch.scheduler", logging.INFO, __file__, 1, "rule %s: %d claimed", ("late", 3), None
+        "slawatch.runtime.scheduler",
+        logging.INFO,
+        __file__,
+        1,
+        "rule %s: %d claimed",
+        ("late", 3),
+        None,
     )
     rec.__dict__.update(extra)
     return rec
@@ -24,7 +30,7 @@ def test_a_json_line_has_the_fields_and_the_extras() -> None:
     line = JsonFormatter().format(record(rule="late", claimed=3, where=Path("/x")))
     assert "\n" not in line
     doc = json.loads(line)
-    assert doc["level"] == "INFO" and doc["logger"] == "slawatch.scheduler"
+    assert doc["level"] == "INFO" and doc["logger"] == "slawatch.runtime.scheduler"
     assert doc["message"] == "rule late: 3 claimed"
     assert doc["time"].endswith("Z") and doc["time"][10] == "T"
     assert (doc["rule"], doc["claimed"], doc["where"]) == ("late", 3, "/x")

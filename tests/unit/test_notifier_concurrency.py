@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slawatch.notifiers import WebhookConfig
+from slawatch.config.notifiers import WebhookConfig
 from tests.unit.test_notifier_config import error_of, load
 
 HOOK = "type: webhook\nurl: http://127.0.0.1:9/hook\n"

@@ -4,16 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from slawatch.errors import ConfigError
-from slawatch.notifiers import (
+from slawatch.config.notifiers import (
     EmailConfig,
     NatsConfig,
     SlackConfig,
     WebhookConfig,
-    build,
     load_notifiers,
 )
-from slawatch.notifiers.nats import stream_subjects
+from slawatch.delivery.notifiers import build
+from slawatch.delivery.notifiers.nats import stream_subjects
+from slawatch.errors import ConfigError
 from tests.conftest import ROOT
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from slawatch.claim import plan_claim
-from slawatch.queries import queries
-from slawatch.rules import load_rules
+from slawatch.config.rules import load_rules
+from slawatch.engine.claim import plan_claim
+from slawatch.engine.queries import queries
 from tests.conftest import ROOT
 
 CLOCK = re.compile(

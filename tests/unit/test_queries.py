@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from slawatch.queries import parse_queries, queries
+from slawatch.engine.queries import parse_queries, queries
 
 
 def test_parses_named_blocks_and_drops_comments() -> None:

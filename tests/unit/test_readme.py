@@ -8,7 +8,7 @@ import re
 import time
 from typing import Any
 
-from slawatch.notifiers.webhook import sign, signing_key
+from slawatch.delivery.notifiers.webhook import sign, signing_key
 from tests.conftest import ROOT
 
 

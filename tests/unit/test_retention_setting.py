@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from slawatch.cli import main
-from slawatch.settings import Settings
+from slawatch.config.settings import Settings
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from slawatch.config.notifiers import load_notifiers
+from slawatch.config.rules import Rule, check_notifier_names, load_rules
 from slawatch.errors import ConfigError
-from slawatch.notifiers import load_notifiers
-from slawatch.rules import Rule, check_notifier_names, load_rules
 from tests.conftest import ROOT
 
 GOOD = """\

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slawatch.cli import main
-from slawatch.settings import Settings
+from slawatch.config.settings import Settings
 
 
 def test_db_timeout_and_pooler_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,138 @@
+"""Durations as operators write them: ``30s``, ``1h30m``, ``1d``, ``2w`` or ISO 8601 ``PT48H``.
+
+Every duration slawatch accepts is bounded. A rule's durations are added to
+"now" by PostgreSQL (``now + after``, ``now + renotify.every``) on every claim;
+a value PostgreSQL cannot add (``timestamp out of range``) would pass ``check``
+and then fail every claim for good, and a value Python cannot hold
+(``1e300`` seconds) is an ``OverflowError``. So the bound is checked here,
+at load time, on the number before any ``timedelta`` is made.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+
+from slawatch.config.files import shorten
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_SHORT = re.compile(r"(?:(\d+)([smhdw]))+")
+_SHORT_PART = re.compile(r"(\d+)([smhdw])")
+_ISO = re.compile(
+    r"P(?:(?P<w>\d+)W)?(?:(?P<d>\d+)D)?"
+    r"(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?"
+)
+_HINT = "try 30s, 15m, 6h, 1d, 1h30m or PT48H"
+
+# 100 years: PostgreSQL's timestamps reach the year 294276, so any "now" plus
+# this (or a sum of a few of these) stays in range, and no rule needs more.
+MAX_DURATION = timedelta(days=36500)
+MAX_DURATION_TEXT = "100 years"
+
+
+def parse_duration(
+    text: object, limit: timedelta = MAX_DURATION, limit_text: str = MAX_DURATION_TEXT
+) -> timedelta:
+    """Parse a duration of at most ``limit``; raise ``ValueError`` with a hint otherwise.
+
+    A bare number is seconds, so YAML's ``every: 30`` means 30 seconds. The
+    message quotes at most about 80 characters of a bad value.
+    """
+    if isinstance(text, timedelta):
+        return _bounded(text.total_seconds(), text, limit, limit_text, lambda: text)
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise ValueError(f"{shorten(text)} is not a duration ({_HINT})")
+    if isinstance(text, int | float):
+        if isinstance(text, float) and math.isnan(text):
+            raise ValueError(f"{shorten(text)} is not a duration ({_HINT})")
+        number = text
+        return _bounded(number, text, limit, limit_text, lambda: timedelta(seconds=number))
+    s = text.strip()
+    compact = s.replace(" ", "").lower()
+    if compact and _SHORT.fullmatch(compact):
+        parts = _SHORT_PART.findall(compact)
+        # float() reads any number of digits; int() refuses more than 4300.
+        approx = sum(float(n) * _UNITS[u] for n, u in parts)
+        return _bounded(
+            approx,
+            text,
+            limit,
+            limit_text,
+            lambda: timedelta(seconds=sum(int(n.lstrip("0") or "0") * _UNITS[u] for n, u in parts)),
+        )
+    upper = s.upper()
+    iso = _ISO.fullmatch(upper)
+    if iso and upper not in ("P", "PT") and not upper.endswith("T"):
+        values = {k: float(v) for k, v in iso.groupdict().items() if v}
+        approx = sum(values.get(u, 0.0) * _UNITS[u.lower()] for u in "wdhms")
+        return _bounded(
+            approx,
+            text,
+            limit,
+            limit_text,
+            lambda: timedelta(
+                weeks=values.get("w", 0),
+                days=values.get("d", 0),
+                hours=values.get("h", 0),
+                minutes=values.get("m", 0),
+                seconds=values.get("s", 0),
+            ),
+        )
+    raise ValueError(f"{shorten(s)} is not a duration ({_HINT})")
+
+
+def _bounded(
+    seconds: float,
+    original: object,
+    limit: timedelta,
+    limit_text: str,
+    make: Callable[[], timedelta],
+) -> timedelta:
+    """``make()`` once ``seconds`` is known to be in [0, limit]; the check comes first
+    because making the timedelta of an absurd value raises OverflowError."""
+    if seconds < 0:
+        raise ValueError(f"{shorten(original)} is negative; a duration must be 0 or more")
+    if seconds > limit.total_seconds():
+        raise ValueError(
+            f"{shorten(original)} is longer than {limit_text}, the most slawatch accepts"
+        )
+    return make()
+
+
+def format_duration(value: timedelta) -> str:
+    """The short form of a duration, e.g. ``1d6h``; ``0s`` for zero."""
+    total = int(value.total_seconds())
+    if total == 0:
+        return "0s"
+    out = []
+    for unit in ("w", "d", "h", "m", "s"):
+        size = _UNITS[unit]
+        if total >= size:
+            out.append(f"{total // size}{unit}")
+            total %= size
+    return "".join(out)
+
+
+def duration_validator(
+    *, positive: bool, limit: timedelta = MAX_DURATION, limit_text: str = MAX_DURATION_TEXT
+) -> BeforeValidator:
+    """A pydantic validator for a duration field of at most ``limit`` (named ``limit_text``
+    in errors), and longer than zero when ``positive``."""
+
+    def validate(value: Any) -> timedelta:
+        d = parse_duration(value, limit, limit_text)
+        if positive and d <= timedelta(0):
+            raise ValueError(f"{shorten(value)} must be longer than 0s")
+        return d
+
+    return BeforeValidator(validate)
+
+
+# Pydantic field types for config models: 0 (or more than 0) up to 100 years.
+Duration = Annotated[timedelta, duration_validator(positive=False)]
+PositiveDuration = Annotated[timedelta, duration_validator(positive=True)]

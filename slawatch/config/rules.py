@@ -1,0 +1,403 @@
+"""Rules as operators write them (``rules/<name>.yaml``), validated into models.
+
+A rule watches one table: a row is *due* when ``deadline + after < now`` while
+``open_when`` holds, and is notified again on the ``renotify`` schedule until
+``renotify.max`` notifications were sent or the row completes.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
+
+from slawatch.config.durations import Duration, PositiveDuration
+from slawatch.config.files import FileModel, load_dir, shorten
+from slawatch.errors import ConfigError
+
+RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+# An identifier exactly as it is in the catalog (quoted in SQL, so case matters).
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+
+Severity = Literal["info", "warning", "critical"]
+
+
+def _ident(value: str) -> str:
+    if not isinstance(value, str) or not IDENT.fullmatch(value):
+        raise ValueError(f"{shorten(value)} is not a column name (letters, digits, _ and $)")
+    return value
+
+
+Ident = Annotated[str, BeforeValidator(_ident)]
+
+
+def _key(value: object) -> object:
+    """``key: id`` or ``key: [id, created]``: always a list of names."""
+    if isinstance(value, str):
+        return [value]
+    return value
+
+
+def _key_columns(value: list[str]) -> list[str]:
+    if not 1 <= len(value) <= 8:
+        raise ValueError("must name 1 to 8 columns, e.g. key: id or key: [id, created]")
+    if len(set(value)) != len(value):
+        raise ValueError("names a column twice")
+    return value
+
+
+KeyColumns = Annotated[list[Ident], BeforeValidator(_key), AfterValidator(_key_columns)]
+
+
+class Backoff(FileModel):
+    """Doubling intervals: ``first``, ``2*first``, ``4*first`` ... capped at ``max``."""
+
+    first: PositiveDuration
+    max: PositiveDuration
+
+    @model_validator(mode="after")
+    def _max_not_below_first(self) -> Backoff:
+        if self.max < self.first:
+            raise ValueError("backoff.max must not be shorter than backoff.first")
+        return self
+
+    @property
+    def doublings(self) -> int:
+        """How many doublings of ``first`` reach ``max``: past it the wait stays at ``max``,
+        and computing ``first * 2^n`` for a large n would overflow (n has no bound when
+        ``renotify.max`` is unset)."""
+        k = 0
+        while self.first * (1 << k) < self.max:
+            k += 1
+        return k
+
+
+class Renotify(FileModel):
+    """When to notify again while a row stays overdue."""
+
+    every: PositiveDuration | None = None
+    backoff: Backoff | None = None
+    max: int | None = Field(default=None, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> Renotify:
+        if (self.every is None) == (self.backoff is None):
+            raise ValueError("renotify needs exactly one of 'every' or 'backoff'")
+        return self
+
+    def interval_after(self, n: int) -> timedelta:
+        """The wait after notification number ``n`` (1-based) before the next one."""
+        if self.every is not None:
+            return self.every
+        assert self.backoff is not None
+        doublings = min(n - 1, self.backoff.doublings)
+        return min(self.backoff.first * (1 << doublings), self.backoff.max)
+
+
+class Tier(FileModel):
+    """From notification number ``from`` on, alerts use this severity and/or notifiers."""
+
+    from_: int = Field(alias="from", ge=1)
+    severity: Severity | None = None
+    notify: list[str] | None = Field(default=None, min_length=1)
+
+    @field_validator("notify")
+    @classmethod
+    def _notify(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("lists a notifier twice")
+        return v
+
+
+class Rule(FileModel):
+    """One rule file."""
+
+    name: str
+    description: str = ""
+    table: str
+    # Column(s) that identify a row: one name or a list; None: the table's primary key.
+    key: KeyColumns | None = None
+    # Where the rule's state lives: columns on the watched table, or a table of slawatch's.
+    track: Literal["inline", "table"] = "inline"
+    # track: table: how often a scan also reads every open overdue row (see statetable.py).
+    sweep: PositiveDuration = timedelta(minutes=10)
+    deadline: Ident
+    after: Duration = timedelta(0)
+    open_when: str
+    every: PositiveDuration = timedelta(seconds=30)
+    batch: int = Field(default=10_000, ge=1, le=1_000_000)
+    renotify: Renotify | None = None
+    severity: Severity = "warning"
+    columns: list[Ident] | None = None
+    notify: list[str] = Field(min_length=1)
+    escalate: list[Tier] = Field(default_factory=list)
+    # One "resolved" notice when a notified episode ends, to the notifiers it paged.
+    resolve: bool = False
+    # The zone that values of a `timestamp` (without time zone) deadline are in.
+    timezone: str = "UTC"
+
+    @model_validator(mode="after")
+    def _sweep_is_for_table(self) -> Rule:
+        if "sweep" in self.model_fields_set and self.track != "table":
+            raise ValueError("sweep: applies to track: table only")
+        return self
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not RULE_NAME.fullmatch(v):
+            raise ValueError(
+                f"{shorten(v)} is not a rule name: lower-case letters, digits and _, "
+                "starting with a letter, at most 40 characters"
+            )
+        return v
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, v: str) -> str:
+        parts = v.split(".")
+        if len(parts) > 2 or not all(IDENT.fullmatch(p) for p in parts):
+            raise ValueError(f"{shorten(v)} is not a table name (table or schema.table)")
+        return v
+
+    @field_validator("open_when")
+    @classmethod
+    def _open_when(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("must be an SQL condition, e.g. status = 'paid'")
+        problem = predicate_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+            raise ValueError(f"{shorten(v)} is not a time zone (try UTC or Europe/Berlin)") from exc
+        return v
+
+    @field_validator("notify")
+    @classmethod
+    def _notify(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("lists a notifier twice")
+        return v
+
+    @field_validator("escalate")
+    @classmethod
+    def _tiers(cls, v: list[Tier]) -> list[Tier]:
+        froms = [t.from_ for t in v]
+        if len(set(froms)) != len(froms):
+            raise ValueError("two tiers have the same 'from'")
+        return sorted(v, key=lambda t: t.from_)
+
+    @property
+    def schema_name(self) -> str:
+        return self.table.split(".")[0] if "." in self.table else "public"
+
+    @property
+    def table_name(self) -> str:
+        return self.table.split(".")[-1]
+
+    def alert_columns(self, key: list[str]) -> list[str]:
+        """Columns copied into each alert's ``row``: ``columns``, else the key and deadline."""
+        if self.columns is not None:
+            return list(self.columns)
+        return [*key, *([] if self.deadline in key else [self.deadline])]
+
+    @property
+    def max_notifications(self) -> int | None:
+        """Cap on notifications per row; None means no cap."""
+        return 1 if self.renotify is None else self.renotify.max
+
+    @property
+    def n_column(self) -> str:
+        """Notifications sent in the current episode (0: none)."""
+        return f"sw_{self.name}_n"
+
+    @property
+    def next_column(self) -> str:
+        """When the next re-notification is due; NULL when none is (capped, or no episode)."""
+        return f"sw_{self.name}_next"
+
+    @property
+    def seen_column(self) -> str:
+        """The deadline value the current episode is for; NULL when no episode is open."""
+        return f"sw_{self.name}_seen"
+
+    @property
+    def episode_column(self) -> str:
+        """The number of the row's current (or last) episode: 1, 2, ...; 0 before the first."""
+        return f"sw_{self.name}_ep"
+
+    @property
+    def tracking_columns(self) -> list[str]:
+        return [self.n_column, self.next_column, self.seen_column, self.episode_column]
+
+    @property
+    def due_index(self) -> str:
+        """track: table: the watched table's index on the deadline of open rows."""
+        return f"sw_{self.name}_due"
+
+    @property
+    def first_index(self) -> str:
+        return f"sw_{self.name}_first"
+
+    @property
+    def again_index(self) -> str:
+        return f"sw_{self.name}_again"
+
+    @property
+    def ended_index(self) -> str:
+        return f"sw_{self.name}_ended"
+
+    def all_notifiers(self) -> set[str]:
+        names = set(self.notify)
+        for tier in self.escalate:
+            names.update(tier.notify or ())
+        return names
+
+    def tier_for(self, n: int) -> tuple[Severity, list[str]]:
+        """Severity and notifiers of notification number ``n``; the last tier reached wins."""
+        severity, notify = self.severity, self.notify
+        for tier in self.escalate:
+            if n >= tier.from_:
+                severity = tier.severity or severity
+                notify = tier.notify or notify
+        return severity, list(notify)
+
+    def paged_notifiers(self, n: int) -> list[str]:
+        """Every notifier that notifications 1..``n`` of an episode went to, in order of
+        first use: a tier's notifiers only once its ``from`` was reached."""
+        out: list[str] = []
+        for k in [1, *(t.from_ for t in self.escalate if t.from_ <= n)]:
+            for name in self.tier_for(k)[1]:
+                if name not in out:
+                    out.append(name)
+        return out
+
+
+# Clauses of ``SELECT 1 WHERE <open_when>`` that must stay empty: anything there came
+# from the condition's text and would change the statement it is put into.
+_SELECT_EXTRAS = (
+    "distinctClause",
+    "intoClause",
+    "fromClause",
+    "groupClause",
+    "havingClause",
+    "windowClause",
+    "valuesLists",
+    "sortClause",
+    "limitOffset",
+    "limitCount",
+    "lockingClause",
+    "withClause",
+    "larg",
+    "rarg",
+)
+
+
+def predicate_problem(text: str) -> str | None:
+    """Why ``text`` is not exactly one SQL expression, or None.
+
+    PostgreSQL's own parser (pglast) reads it as the WHERE clause of a SELECT; it
+    must be the whole clause and nothing else, so no text in it (a stray ``)``,
+    ``;``, ``UNION``, a comment) can reach beyond the ``AND (...)`` slawatch
+    puts it in. Whether it is boolean, immutable and names real columns is for
+    the database to say at ``check``/``migrate`` time.
+    """
+    # Imported here: parsing rules is the only use, and the module is large.
+    import pglast
+    from pglast import ast, parser
+
+    if "\x00" in text:  # the parser and libpq would both stop reading there
+        return "must not contain a NUL character"
+    try:
+        tokens = parser.scan(text)
+    except pglast.parser.ParseError as exc:
+        return f"not one SQL condition: {exc.args[0]}"
+    if any(t.name in ("SQL_COMMENT", "C_COMMENT") for t in tokens):
+        return "must not contain SQL comments"
+    try:
+        statements = pglast.parse_sql("SELECT 1 WHERE " + text)
+    except pglast.parser.ParseError as exc:
+        return f"not one SQL condition: {exc.args[0]}"
+    if len(statements) != 1:
+        return "must be one SQL condition, without ';'"
+    select = statements[0].stmt
+    if (
+        not isinstance(select, ast.SelectStmt)
+        or select.op != pglast.enums.SetOperation.SETOP_NONE
+        or any(getattr(select, f) for f in _SELECT_EXTRAS)
+        or len(select.targetList or ()) != 1
+        or select.whereClause is None
+    ):
+        return "must be one SQL condition, not a query (no UNION, ORDER BY, LIMIT, ...)"
+    for node in _walk(select.whereClause):
+        if isinstance(node, ast.SubLink):
+            return "must not contain a subquery (a partial index cannot use one)"
+        if isinstance(node, ast.ParamRef):
+            return "must not contain parameters ($1); write the value"
+    return None
+
+
+def condition_columns(text: str) -> set[str]:
+    """The column names ``open_when`` reads (its last name part: ``t.status`` is status)."""
+    import pglast
+    from pglast import ast
+
+    where = pglast.parse_sql("SELECT 1 WHERE " + text)[0].stmt.whereClause  # type: ignore[union-attr]
+    names: set[str] = set()
+    for node in _walk(where):
+        if isinstance(node, ast.ColumnRef) and node.fields:
+            last = node.fields[-1]
+            if isinstance(last, ast.String) and last.sval:
+                names.add(last.sval)
+    return names
+
+
+def _walk(node: object) -> list[object]:
+    """Every AST node below ``node``, itself included."""
+    from pglast import ast
+
+    out: list[object] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple | list):
+            stack.extend(item)
+        elif isinstance(item, ast.Node):
+            out.append(item)
+            stack.extend(getattr(item, slot) for slot in getattr(item, "__slots__", ()))
+    return out
+
+
+def load_rules(directory: Path) -> list[Rule]:
+    """Load ``directory/*.yaml``; at least one rule."""
+    rules = load_dir(directory, lambda _data, _path: Rule, "rules")
+    if not rules:
+        raise ConfigError(f"{directory}: no rules (*.yaml) found")
+    return rules
+
+
+def check_notifier_names(rules: list[Rule], known: set[str]) -> None:
+    """Every notifier a rule names must be defined."""
+    errors = []
+    for rule in rules:
+        unknown = sorted(rule.all_notifiers() - known)
+        if unknown:
+            have = ", ".join(sorted(known)) or "none"
+            errors.append(
+                f"{rule.source}: notify: unknown notifier "
+                f"{', '.join(map(shorten, unknown))} (defined: {have})"
+            )
+    if errors:
+        raise ConfigError("\n".join(errors))

@@ -1,0 +1,154 @@
+"""Settings from the environment (prefix ``SLAWATCH_``); command-line flags win."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, SecretStr
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from slawatch.config.durations import parse_duration
+from slawatch.config.files import shorten
+
+DEFAULT_RETENTION = timedelta(days=30)
+# Shorter than an hour would prune what a receiver outage of a lunch break left dead;
+# longer than ten years is a typo, and would still be added to "now" in SQL.
+MIN_RETENTION, MIN_RETENTION_TEXT = timedelta(hours=1), "1h"
+MAX_RETENTION, MAX_RETENTION_TEXT = timedelta(days=3650), "10 years"
+# A host name or an IPv4 address (an IPv6 address is written in brackets).
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+MIN_TOKEN = 16
+
+
+def _retention(value: Any) -> timedelta:
+    """A duration from 1h to 10 years; the error is the reason alone (no pydantic prefix)."""
+    try:
+        retention = parse_duration(value, MAX_RETENTION, MAX_RETENTION_TEXT)
+    except ValueError as exc:
+        raise PydanticCustomError("retention", "{reason}", {"reason": str(exc)}) from None
+    if retention < MIN_RETENTION:
+        reason = (
+            f"{shorten(value)} is shorter than {MIN_RETENTION_TEXT}, the least slawatch accepts"
+        )
+        raise PydanticCustomError("retention", "{reason}", {"reason": reason})
+    return retention
+
+
+def parse_bind(text: str) -> tuple[str, int] | None:
+    """``host:port`` (``[::1]:8181`` for IPv6) as (host, port); None for ``""`` (off).
+    ValueError with a one-line reason otherwise."""
+    text = text.strip()
+    if not text:
+        return None
+    problem = (
+        f"{shorten(text)} is not host:port (e.g. 127.0.0.1:8181, [::1]:8181; empty turns the "
+        "admin API off)"
+    )
+    host, colon, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(problem) from None
+    elif not _HOST.fullmatch(host):
+        raise ValueError(problem)
+    if not (
+        colon and port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536
+    ):
+        raise ValueError(problem)
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is only reachable from this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # another name: it may resolve anywhere
+
+
+def _http(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        bind = parse_bind(str(value))
+    except ValueError as exc:
+        raise PydanticCustomError("http", "{reason}", {"reason": str(exc)}) from None
+    return None if bind is None else str(value).strip()
+
+
+def _public_url(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", text) or len(text) > 2000:
+        reason = (
+            f"{shorten(text)} is not an http:// or https:// URL without query "
+            "(e.g. https://slawatch.example.com)"
+        )
+        raise PydanticCustomError("public_url", "{reason}", {"reason": reason})
+    return text.rstrip("/")
+
+
+def _token(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if len(text) < MIN_TOKEN or not text.isascii() or not text.isprintable() or " " in text:
+        reason = (
+            f"must be at least {MIN_TOKEN} printable ASCII characters without spaces "
+            "(e.g. the output of 'openssl rand -hex 32')"
+        )
+        raise PydanticCustomError("token", "{reason}", {"reason": reason})
+    return text
+
+
+class Settings(BaseSettings):
+    """Where the rules, notifiers, database and data live."""
+
+    model_config = SettingsConfigDict(env_prefix="SLAWATCH_", extra="ignore")
+
+    dsn: str | None = None
+    rules_dir: Path = Path("rules")
+    notifiers_dir: Path = Path("notifiers")
+    data_dir: Path = Path(".slawatch")
+    log_level: str = "INFO"
+    # text, json, or auto: JSON when standard error is not a terminal (slawatch/logs.py).
+    log_format: Literal["auto", "text", "json"] = "auto"
+    # How long alerts and their deliveries are kept (none with a delivery still pending
+    # is removed); `slawatch run` prunes older history every 10 minutes.
+    retention: Annotated[timedelta, BeforeValidator(_retention)] = DEFAULT_RETENTION
+    # Seconds to wait for a database connection before counting the database as down.
+    db_timeout: float = Field(default=30.0, gt=0, le=3600)
+    # "transaction": PgBouncer (or another pooler) in transaction mode: no prepared
+    # statements, and no LISTEN (deliveries are polled).
+    # "none"/"session": direct to PostgreSQL (or a session pooler): prepared statements.
+    # "auto" (default): none, since a transaction pooler may sit in between.
+    pooler: Literal["auto", "none", "session", "transaction"] = "auto"
+    # The admin API's address (slawatch/operate/admin.py); empty: no admin API.
+    http: Annotated[str | None, BeforeValidator(_http)] = "127.0.0.1:8181"
+    # With a token every admin request but /healthz needs "Authorization: Bearer <token>";
+    # without one, writes are refused unless the API listens on loopback only.
+    api_token: Annotated[SecretStr | None, BeforeValidator(_token)] = None
+    # The admin API's address as people reach it (a DNS name, a proxy), for the link in
+    # storm summaries; unset: http://<SLAWATCH_HTTP> unless that binds every interface.
+    public_url: Annotated[str | None, BeforeValidator(_public_url)] = None
+
+    @property
+    def admin_url(self) -> str | None:
+        """Where the admin API is reached, for links; None when unknown or off."""
+        if self.public_url:
+            return self.public_url
+        bind = parse_bind(self.http or "")
+        if bind is None or bind[0] in ("0.0.0.0", "::"):
+            return None
+        host = f"[{bind[0]}]" if ":" in bind[0] else bind[0]
+        return f"http://{host}:{bind[1]}"

@@ -1,0 +1,696 @@
+"""The delivery loop: due deliveries out of the outbox, to their notifiers.
+
+Per notifier, a pass claims up to ``batch`` due deliveries under a lease (a
+fresh owner id per claim, an expiry), sends them in one request/message
+group/e-mail, and settles them: sent; or a retry at ``min(first *
+2^(attempt-1), max)`` with jitter, or when the receiver said so (Retry-After);
+or dead, with the error text, after the last attempt or at once when the
+failure is permanent. Every write after the claim re-checks the lease owner,
+so a process that stalled past its lease changes nothing; a claimed delivery's
+next attempt is its lease expiry, so the deliveries of a process that died
+become due again by themselves.
+
+:class:`Dispatcher` runs ``concurrency`` worker threads per notifier (a slow
+receiver holds up only its own deliveries) and a listener that wakes them on
+the claim's ``NOTIFY``, polling as the fallback. Each worker claims, sends and
+settles its own batches, so a notifier has up to ``concurrency`` batches in
+flight: one batch's round trip to the receiver overlaps the others' claims and
+commits. Their leases keep them apart (SKIP LOCKED at the claim, a delivery
+leased to one owner is not due until the lease expires). Workers never die: a
+database outage, a receiver outage or an unexpected error is logged once when
+it starts and once when it ends (one record per notifier, shared by its
+workers), and the worker backs off (woken early by stop) and goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from psycopg.rows import dict_row
+
+from slawatch.clock import Clock
+from slawatch.db import Connection, Database, DatabaseUnavailable, one_statement
+from slawatch.delivery.notifiers import Notifier
+from slawatch.delivery.storm import Folded, listings, summary_payload
+from slawatch.delivery.storm import summarize as storm_summarize
+from slawatch.engine.outbox import alert_payload
+from slawatch.engine.queries import queries
+from slawatch.errors import DeliveryError, SlawatchError
+from slawatch.outage import Backoff, Outage
+
+log = logging.getLogger(__name__)
+# The line per delivered batch, apart from the rest (``slawatch demo`` leaves it out).
+activity = logging.getLogger("slawatch.activity")
+
+
+class Metrics(Protocol):
+    """What the dispatcher reports to (slawatch.operate.metrics.Metrics implements it)."""
+
+    def delivered(
+        self,
+        notifier: str,
+        now: datetime,
+        fired: Iterable[datetime],
+        retried: int = 0,
+        dead: int = 0,
+        silenced: int = 0,
+        summarized: int = 0,
+        summaries: int = 0,
+    ) -> None:
+        """A batch of ``notifier`` settled (see Metrics.delivered)."""
+
+
+CHANNEL = "slawatch_delivery"
+POLL = 1.0  # seconds: the fallback when no NOTIFY arrives
+PROBE_WAIT = 3.0  # seconds for our own NOTIFY to come back after LISTEN
+BACKOFF_CAP = 30.0  # seconds: the longest wait of a worker after a failure
+DEFAULT_LISTED = 20  # alerts listed in a storm summary when the notifier says nothing
+
+
+@dataclass
+class PassResult:
+    """What a delivery pass did."""
+
+    sent: int = 0
+    retried: int = 0
+    dead: int = 0
+    silenced: int = 0  # settled without sending: a silence matched (not in ``total``)
+    summarized: int = 0  # settled without sending: a storm summary stands for them
+    summaries: int = 0  # storm summaries made (each sent as one more delivery)
+
+    def __iadd__(self, other: PassResult) -> PassResult:
+        self.sent += other.sent
+        self.retried += other.retried
+        self.dead += other.dead
+        self.silenced += other.silenced
+        self.summarized += other.summarized
+        self.summaries += other.summaries
+        return self
+
+    @property
+    def total(self) -> int:
+        return self.sent + self.retried + self.dead
+
+
+def replay(conn: Connection, now: datetime, rule: str | None, notifier: str | None) -> int:
+    """Dead deliveries (of ``rule``'s alerts, to ``notifier``; None: any) back to pending,
+    in one transaction that wakes the delivery workers; returns how many."""
+    q = queries()
+    params = {"now": now, "rule": rule, "notifier": notifier}
+    with conn.transaction():
+        row = conn.execute(q["replay"], params).fetchone()
+        count = int(row[0]) if row else 0
+        if count:
+            conn.execute(q["wake_deliveries"])
+    return count
+
+
+def lease_for(notifier: Notifier) -> timedelta:
+    """Long enough for one send to time out, with room to record the outcome."""
+    return timedelta(seconds=2 * notifier.timeout + 2)
+
+
+def retry_delay(
+    notifier: Notifier, attempt: int, error: DeliveryError, jitter: float = 1.0
+) -> timedelta:
+    """When to try again after failed attempt ``attempt``: the receiver's Retry-After,
+    else the notifier's backoff times ``jitter``."""
+    if error.retry_after is not None:
+        return timedelta(seconds=error.retry_after)
+    return notifier.retry.delay(attempt) * jitter
+
+
+# One record per notifier (instance) in the process: a receiver that is down is
+# one warning when it starts failing and one line when it accepts again.
+_receivers: weakref.WeakKeyDictionary[Notifier, Outage] = weakref.WeakKeyDictionary()
+_receivers_lock = threading.Lock()
+
+
+def receiver_outage(notifier: Notifier) -> Outage:
+    """The outage record of ``notifier``'s receiver."""
+    with _receivers_lock:
+        outage = _receivers.get(notifier)
+        if outage is None:
+            outage = _receivers[notifier] = Outage(
+                f"notifier {notifier.name}:",
+                log,
+                down="receiver failing",
+                up="receiver accepting again",
+                level=logging.WARNING,
+            )
+        return outage
+
+
+@dataclass
+class _Batch:
+    """Deliveries claimed under one lease (``owner``), with their alerts; and how many
+    more the claim settled as silenced (they count towards a full batch). With a storm
+    notifier: the deliveries folded into summaries before the claim (``folded``), and
+    the listed alerts of each summary in ``rows`` (by the summary's alert id)."""
+
+    owner: uuid.UUID
+    rows: list[dict[str, Any]]
+    silenced: int = 0
+    folded: list[Folded] = field(default_factory=list)
+    listings: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def claimed(self) -> int:
+        return len(self.rows) + self.silenced
+
+    @property
+    def summarized(self) -> int:
+        return sum(f.folded for f in self.folded)
+
+    @property
+    def summaries(self) -> int:
+        return sum(1 for f in self.folded if f.made)
+
+
+def _listed(notifier: Notifier) -> int:
+    """Alerts a summary lists (also for a summary made before ``storm`` was turned off)."""
+    return notifier.storm.listed if notifier.storm is not None else DEFAULT_LISTED
+
+
+def claim_deliveries(
+    db: Database, notifier: Notifier, now: datetime, sent: _Batch | None = None
+) -> _Batch:
+    """Lease up to a batch of due deliveries to a fresh owner; settle ``sent`` (a batch
+    the receiver accepted) as sent in the same statement. If the statement fails, both
+    stay undone: ``sent`` is sent again once its lease expires (at least once).
+
+    For a notifier with ``storm``, the same transaction first folds storms into
+    summaries under the notifier's storm lock (slawatch/delivery/storm.py)."""
+    owner = uuid.uuid4()
+    claim = {
+        "now": now,
+        "owner": owner,
+        "lease": lease_for(notifier),
+        "limit": notifier.batch,
+        "notifier": notifier.name,
+        "sent": [r["id"] for r in sent.rows] if sent else [],
+        "sent_owner": sent.owner if sent else None,
+    }
+    query = queries()["claim_deliveries"]
+    storm = notifier.storm
+
+    def run(conn: Connection) -> _Batch:
+        # One unit, so Database.run may run it again. Without storm it is the one claim
+        # statement, its own transaction: no BEGIN and COMMIT round trips per batch (a
+        # listing is read only for a summary made before storm was turned off). With
+        # storm the lock must be held from the fold to the end of the claim.
+        with conn.transaction() if storm else one_statement(conn):
+            folded = storm_summarize(conn, notifier.name, storm, now) if storm else []
+            rows = conn.cursor(row_factory=dict_row).execute(query, claim).fetchall()
+            send = [r for r in rows if not r["silenced"]]
+            summaries = [r["alert_id"] for r in send if r["kind"] == "summary"]
+            listed = listings(conn, summaries, _listed(notifier))
+        return _Batch(owner, send, len(rows) - len(send), folded, listed)
+
+    batch = db.run(f"claiming deliveries for {notifier.name}", run)
+    if batch.silenced:
+        log.debug("notifier %s: %d deliveries silenced", notifier.name, batch.silenced)
+    for f in batch.folded:
+        log.log(
+            logging.WARNING if f.made else logging.INFO,
+            "notifier %s: %s of rule %s: %d deliveries summarized (summary alert %d)",
+            notifier.name,
+            "storm" if f.made else "storm goes on",
+            f.rule,
+            f.folded,
+            f.summary_id,
+        )
+    return batch
+
+
+def _payloads(
+    notifier: Notifier, batch: _Batch, descriptions: Mapping[str, str], admin_url: str | None
+) -> list[dict[str, Any]]:
+    listed = _listed(notifier)
+    return [
+        summary_payload(r, batch.listings.get(r["alert_id"], []), listed, descriptions, admin_url)
+        if r["kind"] == "summary"
+        else alert_payload(r, descriptions.get(r["rule"], ""))
+        for r in batch.rows
+    ]
+
+
+def _send(
+    notifier: Notifier,
+    batch: _Batch,
+    descriptions: Mapping[str, str],
+    admin_url: str | None = None,
+) -> DeliveryError | None:
+    """Send one batch; the error if the receiver did not take it (its outage recorded)."""
+    receiver = receiver_outage(notifier)
+    started = time.monotonic()
+    try:
+        notifier.send(_payloads(notifier, batch, descriptions, admin_url))
+    except DeliveryError as exc:
+        error = exc
+    except Exception as exc:  # a notifier bug must not stop the loop; keep its words
+        error = DeliveryError(notifier.scrub(f"{type(exc).__name__}: {exc}"))
+    else:
+        receiver.ok()
+        return None
+    receiver.failed(str(error), started)
+    return error
+
+
+def _deliver(
+    db: Database,
+    notifier: Notifier,
+    clock: Clock,
+    batch: _Batch,
+    descriptions: Mapping[str, str],
+    claim_next: bool,
+    metrics: Metrics | None = None,
+    admin_url: str | None = None,
+) -> tuple[PassResult, _Batch]:
+    """Send a claimed batch and settle it. With ``claim_next``, a full batch that was
+    accepted is settled by the claim of the next one, which is returned.
+
+    Counted (metrics, the batch's log line) once settled: a batch whose outcome was
+    not recorded is sent again, and counted then. Silenced and summarized deliveries
+    were settled by the claim and are counted with the batch whatever becomes of it."""
+    started = time.monotonic()
+    unsent = PassResult(
+        silenced=batch.silenced, summarized=batch.summarized, summaries=batch.summaries
+    )
+    if not batch.rows:  # all silenced or summarized: settled by the claim already
+        _settled(notifier, unsent, started, metrics, clock.now(), [])
+        if claim_next and batch.claimed >= notifier.batch:
+            return unsent, claim_deliveries(db, notifier, clock.now())
+        return unsent, _Batch(batch.owner, [])
+    error = _send(notifier, batch, descriptions, admin_url)
+    accepted = clock.now()
+    if error is not None:
+        failed = _settle_failure(db, notifier, clock.now(), batch.owner, batch.rows, error)
+        failed += unsent
+        _settled(notifier, failed, started, metrics, accepted, [])
+        return failed, _Batch(batch.owner, [])
+    done = PassResult(sent=len(batch.rows))
+    done += unsent
+    fired = [r["fired_at"] for r in batch.rows]
+    if claim_next and batch.claimed >= notifier.batch:
+        following = claim_deliveries(db, notifier, clock.now(), sent=batch)
+        _settled(notifier, done, started, metrics, accepted, fired)
+        return done, following
+    # A short batch: nothing more was due, so no claim to ride on.
+    sent = {"ids": [r["id"] for r in batch.rows], "owner": batch.owner, "now": clock.now()}
+    query = queries()["mark_sent"]
+    db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, sent))
+    _settled(notifier, done, started, metrics, accepted, fired)
+    return done, _Batch(batch.owner, [])
+
+
+def _settled(
+    notifier: Notifier,
+    result: PassResult,
+    started: float,
+    metrics: Metrics | None,
+    accepted: datetime,
+    fired: list[datetime],
+) -> None:
+    """One log line for a settled batch, and its metrics.
+
+    A batch that only retried is a DEBUG line: while a receiver is down its outage
+    line says it, and a line per attempt would drown the log."""
+    ms = (time.monotonic() - started) * 1000
+    unsent = result.silenced or result.summarized
+    level = logging.INFO if result.sent or result.dead or unsent else logging.DEBUG
+    silenced = f", {result.silenced} silenced" if result.silenced else ""
+    summarized = f", {result.summarized} summarized" if result.summarized else ""
+    activity.log(
+        level,
+        "notifier %s: %d sent, %d retried, %d dead%s%s in %.0f ms",
+        notifier.name,
+        result.sent,
+        result.retried,
+        result.dead,
+        silenced,
+        summarized,
+        ms,
+        extra={
+            "notifier": notifier.name,
+            "sent": result.sent,
+            "retried": result.retried,
+            "dead": result.dead,
+            "silenced": result.silenced,
+            "summarized": result.summarized,
+            "ms": round(ms, 1),
+        },
+    )
+    if metrics is not None:
+        metrics.delivered(
+            notifier.name,
+            accepted,
+            fired,
+            result.retried,
+            result.dead,
+            result.silenced,
+            result.summarized,
+            result.summaries,
+        )
+
+
+def deliver_batch(
+    db: Database,
+    notifier: Notifier,
+    clock: Clock,
+    descriptions: Mapping[str, str] | None = None,
+    metrics: Metrics | None = None,
+    admin_url: str | None = None,
+) -> PassResult:
+    """Claim, send and settle at most one batch of ``notifier``'s due deliveries.
+
+    Each delivery is settled by its own attempt count: in a failed batch, those
+    at their last attempt go dead, the others retry after their own backoff.
+    """
+    batch = claim_deliveries(db, notifier, clock.now())
+    return _deliver(db, notifier, clock, batch, descriptions or {}, False, metrics, admin_url)[0]
+
+
+def _settle_failure(
+    db: Database,
+    notifier: Notifier,
+    now: datetime,
+    owner: uuid.UUID,
+    rows: list[dict[str, Any]],
+    error: DeliveryError,
+) -> PassResult:
+    q = queries()
+    last = notifier.retry.attempts
+    dead = [r for r in rows if error.permanent or r["attempts"] >= last]
+    retry = [r for r in rows if not (error.permanent or r["attempts"] >= last)]
+    # One jitter for the batch: deliveries at the same attempt stay together.
+    jitter = random.uniform(0.8, 1.0)
+    nexts = [now + retry_delay(notifier, r["attempts"], error, jitter) for r in retry]
+
+    def settle(conn: Connection) -> None:
+        with conn.transaction():  # one unit, so Database.run may run it again
+            if dead:
+                conn.execute(
+                    q["mark_dead"],
+                    {"ids": [r["id"] for r in dead], "owner": owner, "error": str(error)},
+                )
+            if retry:
+                conn.execute(
+                    q["mark_retry"],
+                    {
+                        "ids": [r["id"] for r in retry],
+                        "nexts": nexts,
+                        "owner": owner,
+                        "error": str(error),
+                    },
+                )
+
+    db.run(f"recording deliveries for {notifier.name}", settle)
+    if dead:
+        why = "permanent failure" if error.permanent else f"attempt {last} was the last"
+        log.error("notifier %s: %d deliveries dead (%s): %s", notifier.name, len(dead), why, error)
+    if retry:
+        log.debug(
+            "notifier %s: %d deliveries will retry from %s: %s",
+            notifier.name,
+            len(retry),
+            min(nexts).isoformat(timespec="seconds"),
+            error,
+        )
+    return PassResult(retried=len(retry), dead=len(dead))
+
+
+def deliver_notifier(
+    db: Database,
+    notifier: Notifier,
+    clock: Clock,
+    descriptions: Mapping[str, str] | None = None,
+    stop: threading.Event | None = None,
+    metrics: Metrics | None = None,
+    admin_url: str | None = None,
+) -> PassResult:
+    """Batches one after the other until none is due; stops early when the receiver
+    fails (it is down), or after the batch in hand once ``stop`` is set.
+
+    Each accepted full batch is settled by the statement that claims the next.
+    ``admin_url``: the admin API's address, for the link in storm summaries.
+    """
+    total = PassResult()
+    if stop is not None and stop.is_set():
+        return total
+    batch = claim_deliveries(db, notifier, clock.now())
+    while batch.claimed or batch.folded:
+        more = stop is None or not stop.is_set()
+        result, batch = _deliver(
+            db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url
+        )
+        total += result
+    return total
+
+
+def deliver_due(
+    db: Database,
+    notifiers: Mapping[str, Notifier],
+    clock: Clock,
+    descriptions: Mapping[str, str] | None = None,
+    admin_url: str | None = None,
+) -> PassResult:
+    """One pass over every notifier (``run --once``)."""
+    total = PassResult()
+    for notifier in notifiers.values():
+        total += deliver_notifier(db, notifier, clock, descriptions, admin_url=admin_url)
+    return total
+
+
+class _Workers:
+    """The worker threads of one notifier, with a stop of their own (a reload may
+    remove the notifier while the others go on)."""
+
+    def __init__(self, notifier: Notifier, concurrency: int) -> None:
+        self.notifier = notifier
+        self.stop = threading.Event()
+        # One event per worker: a worker busy when a NOTIFY came must still see it.
+        self.wake = [threading.Event() for _ in range(max(concurrency, 1))]
+        self.threads: list[threading.Thread] = []
+        # Failures other than an unreachable database (which the database logs): a broken
+        # schema, a bug. One record per notifier, so N workers failing alike are one line.
+        self.trouble = Outage(f"delivery worker for {notifier.name}", log)
+
+
+class Dispatcher:
+    """Delivery worker threads, ``concurrency[name]`` per notifier (1 if not
+    given), woken by NOTIFY or by the poll.
+
+    No failure ends a thread: each waits with a capped backoff (``backoff_cap``
+    seconds, cut short by :meth:`stop`) and tries again. :meth:`add` and
+    :meth:`remove` start and stop one notifier's workers while the others run.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        notifiers: Mapping[str, Notifier],
+        clock: Clock,
+        descriptions: Mapping[str, str] | None = None,
+        poll: float = POLL,
+        backoff_cap: float = BACKOFF_CAP,
+        concurrency: Mapping[str, int] | None = None,
+        metrics: Metrics | None = None,
+        admin_url: str | None = None,
+    ) -> None:
+        self.db, self.clock, self.descriptions, self.poll = db, clock, descriptions, poll
+        self.backoff_cap, self.metrics, self.admin_url = backoff_cap, metrics, admin_url
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._groups = {
+            name: _Workers(n, (concurrency or {}).get(name, 1)) for name, n in notifiers.items()
+        }
+        self._listener: threading.Thread | None = None
+        self._started = False
+        self.polling = False  # LISTEN is not used here: the workers poll
+
+    @property
+    def notifiers(self) -> dict[str, Notifier]:
+        """The notifiers whose workers run (or will run at :meth:`start`)."""
+        with self._lock:
+            return {name: g.notifier for name, g in self._groups.items()}
+
+    def start(self) -> None:
+        """Start the workers of every notifier and the listener."""
+        with self._lock:
+            self._started = True
+            groups = list(self._groups.values())
+        for group in groups:
+            self._start(group)
+        self._listener = threading.Thread(target=self._listen, name="listen", daemon=True)
+        self._listener.start()
+
+    def _start(self, group: _Workers) -> None:
+        name = group.notifier.name
+        for i, wake in enumerate(group.wake):
+            suffix = f"-{i + 1}" if len(group.wake) > 1 else ""
+            t = threading.Thread(
+                target=self._work, args=(group, wake), name=f"deliver-{name}{suffix}", daemon=True
+            )
+            group.threads.append(t)
+            t.start()
+
+    def add(self, notifier: Notifier, concurrency: int = 1) -> None:
+        """Start workers for ``notifier`` (a name not running now)."""
+        group = _Workers(notifier, concurrency)
+        with self._lock:
+            if notifier.name in self._groups:
+                raise ValueError(f"notifier {notifier.name!r} has workers already")
+            self._groups[notifier.name] = group
+            started = self._started
+        if started:
+            self._start(group)
+
+    def remove(self, name: str) -> Notifier | None:
+        """Stop ``name``'s workers, each after the batch in hand; return its notifier."""
+        with self._lock:
+            group = self._groups.pop(name, None)
+        if group is None:
+            return None
+        group.stop.set()
+        for event in group.wake:
+            event.set()
+        for t in group.threads:
+            t.join()
+        return group.notifier
+
+    def stop(self) -> None:
+        """Let each worker finish the batch in hand, then return."""
+        self._stop.set()
+        with self._lock:
+            groups = list(self._groups.values())
+        for group in groups:
+            group.stop.set()
+        self.wake()
+        for group in groups:
+            for t in group.threads:
+                t.join()
+        if self._listener is not None:
+            self._listener.join()
+
+    def wake(self) -> None:
+        """Make every worker look for due deliveries now."""
+        with self._lock:
+            groups = list(self._groups.values())
+        for group in groups:
+            for event in group.wake:
+                event.set()
+
+    def alive(self) -> dict[str, bool]:
+        """Per notifier: whether every one of its worker threads is running; and
+        ``"listen"``: the listener (or True when the workers poll instead, by design)."""
+        with self._lock:
+            groups = dict(self._groups)
+        alive = {
+            name: bool(g.threads) and all(t.is_alive() for t in g.threads)
+            for name, g in groups.items()
+        }
+        listener = self._listener is not None and self._listener.is_alive()
+        alive["listen"] = listener or self.polling
+        return alive
+
+    def _work(self, group: _Workers, wake: threading.Event) -> None:
+        backoff = Backoff(cap=self.backoff_cap)
+        notifier, trouble = group.notifier, group.trouble
+        while not group.stop.is_set():
+            since = time.monotonic()
+            try:
+                deliver_notifier(
+                    self.db,
+                    notifier,
+                    self.clock,
+                    self.descriptions,
+                    group.stop,
+                    self.metrics,
+                    self.admin_url,
+                )
+            except DatabaseUnavailable:
+                wait = backoff.next()
+            except SlawatchError as exc:
+                trouble.failed(str(exc), since)
+                wait = backoff.next()
+            except Exception as exc:
+                trouble.failed(f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc)
+                wait = backoff.next()
+            else:
+                trouble.ok()
+                backoff.reset()
+                wait = self.poll
+            wake.wait(wait)
+            wake.clear()
+
+    def _listen(self) -> None:
+        if self.db.pooler == "transaction":
+            log.info("SLAWATCH_POOLER=transaction: no LISTEN; polling every %gs", self.poll)
+            self.polling = True
+            return
+        backoff = Backoff(cap=self.backoff_cap)
+        trouble = Outage("delivery listener", log, level=logging.WARNING)
+        while not self._stop.is_set():
+            since = time.monotonic()
+            try:
+                if not self._listen_until_stopped(backoff, trouble):
+                    return
+            except DatabaseUnavailable:
+                pass  # the database's outage line says it
+            except SlawatchError as exc:
+                trouble.failed(str(exc), since)
+            except Exception as exc:
+                trouble.failed(f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc)
+            self._stop.wait(backoff.next())
+
+    def _listen_until_stopped(self, backoff: Backoff, trouble: Outage) -> bool:
+        """LISTEN and wake the workers on each NOTIFY until stopped.
+
+        Returns False when LISTEN does not work here (the workers poll instead).
+        """
+        with self.db.dedicated("listening for new deliveries") as conn:
+            conn.execute(f"LISTEN {CHANNEL}")
+            if not self._notify_arrives(conn):
+                # Through a transaction pooler LISTEN runs on a server session that is
+                # handed to other clients next: it is accepted, and nothing ever comes.
+                log.warning(
+                    "LISTEN does not reach this connection (transaction pooler?); "
+                    "polling every %gs",
+                    self.poll,
+                )
+                self.polling = True
+                return False
+            backoff.reset()
+            trouble.ok()
+            while not self._stop.is_set():
+                # A short timeout only to notice stop(); a NOTIFY returns at once.
+                for _ in conn.notifies(timeout=0.5, stop_after=1):
+                    self.wake()
+        return True
+
+    def _notify_arrives(self, conn: Connection) -> bool:
+        """Whether a NOTIFY sent from another (pooled) connection reaches ``conn``."""
+        token = uuid.uuid4().hex
+        self.db.run(
+            "probing LISTEN",
+            lambda c: c.execute("SELECT pg_notify(%s, %s)", (CHANNEL, token)),
+        )
+        deadline = time.monotonic() + PROBE_WAIT
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stop.is_set():
+                return True
+            for notify in conn.notifies(timeout=min(left, 0.5), stop_after=1):
+                if notify.payload == token:
+                    return True
+                self.wake()  # a claim's NOTIFY arrived meanwhile
+        return False

@@ -1,0 +1,277 @@
+"""What the database says about a watched table: kind, column types, unique keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from slawatch.config.rules import Rule
+from slawatch.db import Connection, DatabaseUnavailable, describe, translate
+from slawatch.errors import DatabaseError
+
+TIMESTAMP_TYPES = {"timestamp without time zone", "timestamp with time zone"}
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One partition of a partitioned table."""
+
+    schema: str
+    name: str
+    is_leaf: bool
+    level: int
+    unique_keys: frozenset[frozenset[str]]
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """A table as the catalog describes it."""
+
+    schema: str
+    name: str
+    relkind: str
+    columns: dict[str, str]  # name -> type, as format_type() prints it
+    # Column sets of the plain unique indexes (no predicate, no expression).
+    unique_keys: frozenset[frozenset[str]]
+    not_null: frozenset[str]
+    primary_key: tuple[str, ...] = ()
+    partitions: tuple[Partition, ...] = ()  # of a partitioned table, all levels
+
+
+# The column sets of a relation's plain unique indexes.
+_UNIQUE_KEYS = (
+    "SELECT ARRAY(SELECT a.attname FROM unnest(i.indkey[0:i.indnkeyatts - 1]) AS k(attnum)"
+    "             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum)"
+    " FROM pg_index i WHERE i.indrelid = %s AND i.indisunique"
+    " AND i.indpred IS NULL AND i.indexprs IS NULL"
+)
+
+
+def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
+    """The table ``schema.name``, or None when there is no such relation."""
+    with translate(f"reading the catalog for {schema}.{name}"):
+        row = conn.execute(
+            "SELECT c.oid, c.relkind FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s",
+            (schema, name),
+        ).fetchone()
+        if row is None:
+            return None
+        oid, relkind = row
+        attributes = conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (oid,),
+        ).fetchall()
+        columns = {name: type_ for name, type_, _ in attributes}
+        not_null = frozenset(name for name, _, notnull in attributes if notnull)
+        unique = frozenset(frozenset(r[0]) for r in conn.execute(_UNIQUE_KEYS, (oid,)))
+        pk_row = conn.execute(
+            "SELECT ARRAY(SELECT a.attname FROM unnest(i.indkey[0:i.indnkeyatts - 1])"
+            "   WITH ORDINALITY AS k(attnum, ord)"
+            "   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+            "   ORDER BY k.ord)"
+            " FROM pg_index i WHERE i.indrelid = %s AND i.indisprimary",
+            (oid,),
+        ).fetchone()
+        partitions: tuple[Partition, ...] = ()
+        if relkind == "p":
+            rows = conn.execute(
+                "SELECT t.relid::oid, n.nspname, c.relname, t.isleaf, t.level"
+                " FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE t.level > 0 ORDER BY c.relname",
+                (oid,),
+            ).fetchall()
+            partitions = tuple(
+                Partition(
+                    s,
+                    n,
+                    leaf,
+                    level,
+                    frozenset(frozenset(r[0]) for r in conn.execute(_UNIQUE_KEYS, (relid,))),
+                )
+                for relid, s, n, leaf, level in rows
+            )
+    primary_key = tuple(pk_row[0]) if pk_row else ()
+    return TableInfo(schema, name, relkind, columns, unique, not_null, primary_key, partitions)
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """An index as the catalog has it."""
+
+    valid: bool
+    table: tuple[str, str]  # (schema, name) of the table it is on
+    definition: str  # pg_get_indexdef from "USING" on: method, columns, predicate
+
+
+def index_state(conn: Connection, schema: str, name: str) -> IndexState | None:
+    """Index ``schema.name`` as it is, or None when there is none."""
+    with translate(f"reading the catalog for index {schema}.{name}"):
+        row = conn.execute(
+            "SELECT i.indisvalid, tn.nspname, t.relname, pg_get_indexdef(c.oid)"
+            " FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_index i ON i.indexrelid = c.oid"
+            " JOIN pg_class t ON t.oid = i.indrelid"
+            " JOIN pg_namespace tn ON tn.oid = t.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s",
+            (schema, name),
+        ).fetchone()
+    if row is None:
+        return None
+    return IndexState(bool(row[0]), (row[1], row[2]), definition_tail(row[3]))
+
+
+def definition_tail(indexdef: str) -> str:
+    """What defines an index, without its name and table: ``USING btree (...) WHERE ...``."""
+    at = indexdef.find(" USING ")
+    return indexdef[at + 1 :] if at >= 0 else indexdef
+
+
+def condition(rule: Rule) -> sql.SQL:
+    """``open_when`` for a statement that has parameters: operator-authored SQL, checked
+    by PostgreSQL; a literal ``%`` (a LIKE pattern) must not be taken for a placeholder."""
+    return sql.SQL(rule.open_when.replace("%", "%%"))
+
+
+def table_ident(rule: Rule) -> sql.Identifier:
+    return sql.Identifier(rule.schema_name, rule.table_name)
+
+
+def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str]]:
+    """Check a rule against the database; returns the table and error lines."""
+    where = rule.source
+    info = inspect_table(conn, rule.schema_name, rule.table_name)
+    if info is None:
+        return None, [f"{where}: table: {rule.schema_name}.{rule.table_name} does not exist"]
+    if info.relkind == "p" and any(not p.is_leaf or p.level > 1 for p in info.partitions):
+        return info, [
+            f"{where}: table: {rule.table} has sub-partitions; slawatch watches a table "
+            "partitioned one level deep (or watch each sub-partitioned part with its own rule)"
+        ]
+    if info.relkind not in ("r", "p"):
+        return info, [f"{where}: table: {rule.table} is not a table (a view or similar)"]
+    errors = []
+
+    def missing(field: str, column: str) -> None:
+        known = ", ".join(c for c in info.columns if not c.startswith("sw_"))
+        errors.append(f"{where}: {field}: column {column!r} not in {rule.table} ({known})")
+
+    key = key_columns(rule, info)
+    absent = [c for c in key if c not in info.columns]
+    for column in absent:
+        missing("key", column)
+    named = ", ".join(key)
+    if not key:
+        errors.append(
+            f"{where}: key: {rule.table} has no primary key; "
+            "name the column(s) that identify a row (key: id, or key: [id, created])"
+        )
+    elif not absent and not _key_is_unique(key, info):
+        hint = ""
+        if info.partitions:
+            hint = " (on a partitioned table, a unique index of the parent: add the partition key)"
+        errors.append(
+            f"{where}: key: ({named}) of {rule.table} has no unique index on those "
+            f"columns; the key must identify one row{hint}"
+        )
+    elif not absent and any(c not in info.not_null for c in key):
+        nullable = next(c for c in key if c not in info.not_null)
+        errors.append(
+            f"{where}: key: column {nullable!r} of {rule.table} may be NULL; "
+            "the key must be NOT NULL to identify a row"
+        )
+    if rule.deadline not in info.columns:
+        missing("deadline", rule.deadline)
+    elif info.columns[rule.deadline] not in TIMESTAMP_TYPES:
+        errors.append(
+            f"{where}: deadline: column {rule.deadline!r} is {info.columns[rule.deadline]}; "
+            "it must be timestamp or timestamptz"
+        )
+    for column in rule.alert_columns(key):
+        if column not in info.columns:
+            missing("columns", column)
+    return info, errors
+
+
+def key_columns(rule: Rule, info: TableInfo) -> list[str]:
+    """The columns that identify a row: the rule's ``key``, else the primary key."""
+    return list(rule.key) if rule.key is not None else list(info.primary_key)
+
+
+def _key_is_unique(key: list[str], info: TableInfo) -> bool:
+    """A unique index on the key's columns (or some of them) on the table itself. On a
+    partitioned table that is an index of the parent, so it includes the partition key:
+    a key unique only within each partition (per-tenant ids) could name two rows."""
+    columns = frozenset(key)
+    return any(u <= columns for u in info.unique_keys)
+
+
+def probe_indexes(
+    conn: Connection,
+    rule: Rule,
+    columns: dict[str, str],
+    tracking: dict[str, str],
+    indexes: list[tuple[str, str]],
+) -> tuple[list[str], str | None]:
+    """Build the rule's partial indexes on an empty copy of its table; PostgreSQL's
+    canonical definitions of them, or why it refused.
+
+    ``columns`` are the table's columns with their types (from the catalog, so a role
+    that may read only some columns can probe too); ``tracking`` is the tracking
+    columns with their types, added to the copy where the table lacks them;
+    ``indexes`` is (column, predicate) of each index. The copy is a temporary table
+    of the same name (so qualified references resolve) in a transaction that is
+    always rolled back; comparing these definitions with those in the catalog tells
+    whether an index is the one the rule needs.
+    """
+    tmp = sql.Identifier("pg_temp", rule.table_name)
+    definitions = []
+    try:
+        with translate("probing open_when"), conn.transaction(force_rollback=True):
+            conn.execute(
+                sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(
+                    sql.Identifier(rule.table_name),
+                    sql.SQL(", ").join(
+                        sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))
+                        for c, t in columns.items()
+                    ),
+                )
+            )
+            for column, type_ in tracking.items():
+                # The copy is empty: (re)adding a column gives it the wanted type.
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS {}, ADD COLUMN {} {}").format(
+                        tmp, sql.Identifier(column), sql.Identifier(column), sql.SQL(type_)
+                    )
+                )
+            # Parameters force the extended protocol, which refuses several statements,
+            # and prove that a literal % in the condition survives parameter substitution.
+            conn.execute(
+                sql.SQL("SELECT %s FROM {} WHERE ({}\n)").format(tmp, condition(rule)), (1,)
+            )
+            for i, (column, predicate) in enumerate(indexes):
+                probe = f"slawatch_probe_{i}"
+                conn.execute(
+                    sql.SQL("CREATE INDEX {} ON {} ({})\nWHERE {}").format(
+                        sql.Identifier(probe), tmp, sql.Identifier(column), sql.SQL(predicate)
+                    )
+                )
+                found = conn.execute(
+                    "SELECT pg_get_indexdef(c.oid) FROM pg_class c"
+                    " WHERE c.relname = %s AND c.relnamespace = pg_my_temp_schema()",
+                    (probe,),
+                ).fetchone()
+                definitions.append(definition_tail(found[0]) if found else "")
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError as exc:  # the database's verdict is the answer we are after
+        msg = describe(exc.__cause__ or exc)
+        if "IMMUTABLE" in msg:
+            msg += " (open_when must not call now(), random() or other volatile functions)"
+        return [], msg
+    return definitions, None

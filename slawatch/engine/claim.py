@@ -1,0 +1,472 @@
+"""The batch claim: one statement finds due rows through the partial indexes,
+opens or continues their episodes, schedules the next notification and writes
+the alerts and their deliveries into the outbox, all in one transaction.
+
+An episode (DESIGN.md §1) is one stretch of a row being overdue: it starts when
+the deadline passes while ``open_when`` holds and ends when ``open_when`` turns
+false or the deadline value changes. The row keeps the deadline value its
+episode is for (``sw_<rule>_seen``) and the episode's number (``sw_<rule>_ep``):
+
+- *first*: due rows whose deadline value has no episode yet (never notified,
+  or the deadline moved) start episode ep+1 at notification #1;
+- *again*: rows of an open episode whose re-notification is due get n+1, until
+  the cap (then ``next`` is NULL and the row leaves every index);
+- *ended*: rows whose episode ended are closed (``seen``, ``next`` cleared), so
+  they leave the index that found them; a later overdue stretch is a new episode.
+
+On a partitioned table rows are addressed by (tableoid, ctid): a ctid alone
+names a slot in every partition.
+
+Correctness under concurrency: the index scans lock the rows they pick
+(``FOR NO KEY UPDATE SKIP LOCKED``: the weakest lock an update of non-key columns
+needs, so the application's inserts of child rows, which take KEY SHARE on this
+row, neither block nor hide it), so concurrent scanners take disjoint batches and
+a row the application is updating right now is left for the next scan; rows
+are then addressed by ``ctid`` (a TID scan, no second index lookup), and each
+UPDATE re-checks its predicate, so a row completed or already notified in the
+meantime is never claimed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from psycopg import sql
+
+from slawatch.clock import Clock
+from slawatch.config.rules import Rule
+from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
+from slawatch.engine.catalog import inspect_table, key_columns, table_ident
+from slawatch.engine.migrate import pending, predicates, require_schema
+from slawatch.engine.outbox import SEVERITIES, Tally, outbox, resolved, severities
+from slawatch.engine.statetable import TablePlan, TableScan, compose, drain_table
+from slawatch.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_CLAIM = """\
+WITH first AS (
+    SELECT tableoid, ctid{first_cols} FROM {table}
+     WHERE {deadline} < %(cutoff)s AND {first}
+     ORDER BY {deadline}
+     LIMIT %(batch)s::integer
+       FOR NO KEY UPDATE SKIP LOCKED
+), again AS (
+    SELECT tableoid, ctid, {key} AS sw_key, {ep} AS sw_episode FROM {table}
+     WHERE {next} < %(now)s::timestamptz AND {again}
+     ORDER BY {next}
+     LIMIT %(batch)s::integer - (SELECT count(*) FROM first)
+       FOR NO KEY UPDATE SKIP LOCKED
+), acked AS (
+    -- Episodes acknowledged since their last notification (slawatch.ack): their
+    -- re-notification is cleared instead of sent, so they leave the re-notify index.
+    SELECT g.tableoid, g.ctid FROM again g
+     WHERE EXISTS (SELECT 1 FROM slawatch.ack k
+                    WHERE k.rule = %(rule)s AND k.key = g.sw_key AND k.episode = g.sw_episode)
+), quieted AS (
+    UPDATE {table} SET {next} = NULL
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM acked)){acked_match}
+       AND {next} < %(now)s::timestamptz AND {again}
+    RETURNING 1
+), ended AS (
+    SELECT tableoid, ctid{ended_cols} FROM {table}
+     WHERE {ended}
+       AND (tableoid, ctid) NOT IN (SELECT tableoid, ctid FROM first)
+     LIMIT %(batch)s::integer
+       FOR NO KEY UPDATE SKIP LOCKED
+), closed AS (
+    UPDATE {table} SET {seen} = NULL, {next} = NULL, {n} = 0
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)){ended_match}
+       AND {ended}
+    RETURNING {key} AS sw_key
+), targets AS (
+    SELECT tableoid AS toid, ctid AS tid FROM first
+    UNION ALL
+    SELECT tableoid, ctid FROM again
+     WHERE (tableoid, ctid) NOT IN (SELECT tableoid, ctid FROM acked)
+), claimed AS (
+    UPDATE {table}
+       SET {ep} = CASE WHEN {new_episode} THEN {ep} + 1 ELSE {ep} END,
+           {n} = {new_n},
+           {seen} = {deadline},
+           {next} = CASE WHEN {new_n} >= %(max)s::integer THEN NULL
+                         ELSE %(now)s::timestamptz + {interval} END
+     WHERE ctid = ANY (ARRAY(SELECT tid FROM targets)){partition_match}
+       AND ({deadline} < %(cutoff)s AND {first} OR {next} < %(now)s::timestamptz AND {again})
+    RETURNING {key} AS key, {ep} AS episode, {n} AS n,
+              CASE WHEN isfinite({deadline}) THEN {deadline_tz} END AS deadline,
+              {row} AS row_data
+{outbox}{resolved}
+SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
+       (SELECT count(*) FROM closed), {severities},
+       -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
+       (SELECT pg_notify('slawatch_delivery', '') WHERE {wake})"""
+
+# rule `resolve: true`: the notified episodes this claim ends, for their resolved
+# notices (outbox.resolved). `ended` and `first` carry the values from before the
+# claim's updates: closed rows (completed, or the deadline moved to a time not yet
+# due), and rows whose deadline moved to a time already due, which start their next
+# episode at once (`first`) and so never pass through `closed`.
+_ENDED_EPISODES = """\
+    SELECT e.sw_key AS key, e.sw_episode AS episode, e.sw_n AS n,
+           CASE WHEN isfinite(e.sw_seen) THEN {e_seen_tz} END AS deadline, e.sw_row AS row_data
+      FROM ended e JOIN closed c ON c.sw_key = e.sw_key
+     WHERE e.sw_n > 0
+    UNION ALL
+    SELECT f.sw_key, f.sw_episode, f.sw_n, CASE WHEN isfinite(f.sw_seen) THEN {f_seen_tz} END,
+           c.row_data
+      FROM first f JOIN claimed c ON c.key = f.sw_key
+     WHERE f.sw_seen IS NOT NULL AND f.sw_n > 0"""
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """A rule's claim statement, composed once, and how to fill its parameters."""
+
+    rule: Rule
+    statement: sql.Composed  # inline: the claim; track: table: see ``table``
+    deadline_has_tz: bool
+    table: TablePlan | None = None  # track: table
+
+    def to_deadline(self, t: datetime) -> datetime:
+        """An aware time as a value of the deadline column's type.
+
+        A `timestamp` deadline is wall time in the rule's zone: compare like with like
+        so the index on the column is usable and the session TimeZone plays no part.
+        """
+        if self.deadline_has_tz:
+            return t
+        return t.astimezone(ZoneInfo(self.rule.timezone)).replace(tzinfo=None)
+
+    def params(self, now: datetime) -> dict[str, Any]:
+        """The parameters for a claim at ``now`` (an aware datetime)."""
+        rule = self.rule
+        cutoff = self.to_deadline(now - rule.after)
+        params: dict[str, Any] = {
+            "now": now,
+            "cutoff": cutoff,
+            "max": rule.max_notifications,
+            "batch": rule.batch,
+            "rule": rule.name,
+            "after": rule.after,
+            "tz": rule.timezone,
+            "severity": rule.severity,
+            "notify": list(rule.notify),
+        }
+        renotify = rule.renotify
+        if renotify is not None and renotify.every is not None:
+            params["every"] = renotify.every
+        elif renotify is not None and renotify.backoff is not None:
+            params["first"] = renotify.backoff.first
+            params["cap"] = renotify.backoff.max
+            params["doublings"] = renotify.backoff.doublings
+        for i, tier in enumerate(rule.escalate):
+            params[f"sev{i}"], params[f"notify{i}"] = rule.tier_for(tier.from_)
+        if rule.resolve:
+            params["paged"] = rule.paged_notifiers(1)
+            for i, tier in enumerate(rule.escalate):
+                params[f"paged{i}"] = rule.paged_notifiers(tier.from_)
+        return params
+
+
+# On a partitioned table a ctid names a slot in every partition: the TID scans
+# probe each partition, and this keeps only the (partition, slot) pairs picked.
+_PARTITION_MATCH = "\n       AND (tableoid, ctid) IN (SELECT {}, {} FROM {})"
+
+
+def sql_text(fragment: str) -> sql.SQL:
+    """SQL text for a statement with parameters: a literal ``%`` (a LIKE pattern in
+    open_when) must not be taken for a placeholder."""
+    return sql.SQL(fragment.replace("%", "%%"))
+
+
+def plan_claim(
+    rule: Rule, deadline_type: str, partitioned: bool = False, key: list[str] | None = None
+) -> ClaimPlan:
+    """Compose the claim for ``rule`` whose deadline column has ``deadline_type``.
+
+    ``key``: the columns that identify a row (default: the rule's ``key``).
+    """
+    key = key or list(rule.key or ())
+    if not key:
+        raise ConfigError(f"{rule.source}: key: no key columns for rule {rule.name!r}")
+    has_tz = deadline_type == "timestamp with time zone"
+    n, nxt = sql.Identifier(rule.n_column), sql.Identifier(rule.next_column)
+    seen, ep = sql.Identifier(rule.seen_column), sql.Identifier(rule.episode_column)
+    deadline = sql.Identifier(rule.deadline)
+    first, again, ended = (sql_text(p) for p in predicates(rule))
+    new_episode = sql.SQL("{} IS DISTINCT FROM {}").format(seen, deadline)
+    # The notification number this claim writes: 1 in a new episode, else one more.
+    new_n = sql.SQL("(CASE WHEN {} THEN 1 ELSE {} + 1 END)").format(new_episode, n)
+
+    def wait_after(n: sql.Composable) -> sql.Composable:
+        """The wait after notification number ``n`` (an SQL expression)."""
+        if rule.renotify is None:
+            return sql.SQL("NULL::interval")
+        if rule.renotify.every is not None:
+            return sql.SQL("%(every)s::interval")
+        # first * 2^(n-1), capped; the exponent stops where the cap is reached, so a
+        # row notified forever never overflows the interval.
+        return sql.SQL(
+            "LEAST(%(first)s::interval * power(2, LEAST({n} - 1, %(doublings)s::integer))::float8,"
+            " %(cap)s::interval)"
+        ).format(n=n)
+
+    interval = wait_after(new_n)
+    row = sql.SQL("jsonb_build_object({})").format(
+        sql.SQL(", ").join(
+            sql.SQL("{}, {}").format(sql.Literal(c), sql.Identifier(c))
+            for c in rule.alert_columns(key)
+        )
+    )
+    if len(key) == 1:
+        key_text: sql.Composable = sql.SQL("{}::text").format(sql.Identifier(key[0]))
+    else:
+        # PostgreSQL's record text, e.g. (42,"2026-03-01 00:00:00+00"): one readable,
+        # unambiguous string.
+        key_text = sql.SQL("ROW({})::text").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in key)
+        )
+
+    def by_tier(n: sql.Composable, base: str, placeholder: str, cast: str) -> sql.Composable:
+        """The value of notification number ``n`` (an SQL expression): the parameter
+        ``base``, or ``placeholder{i}`` of the last escalation tier reached."""
+        if not rule.escalate:
+            return sql.SQL("{}::{}").format(sql.Placeholder(base), sql.SQL(cast))
+        # Highest tier first: the last tier reached wins.
+        whens = [(i, t.from_) for i, t in enumerate(rule.escalate)][::-1]
+        return sql.SQL("CASE {} ELSE {}::{} END").format(
+            sql.SQL(" ").join(
+                sql.SQL("WHEN {} >= {} THEN {}::{}").format(
+                    n, sql.Literal(f), sql.Placeholder(f"{placeholder}{i}"), sql.SQL(cast)
+                )
+                for i, f in whens
+            ),
+            sql.Placeholder(base),
+            sql.SQL(cast),
+        )
+
+    severity = by_tier(sql.SQL("c.n"), "severity", "sev", "text")
+    notify = by_tier(sql.SQL("a.n"), "notify", "notify", "text[]")
+    # Resolved notices: the severity the episode ended at, to every notifier it paged.
+    resolved_severity = by_tier(sql.SQL("e.n"), "severity", "sev", "text")
+    paged = by_tier(sql.SQL("e.n"), "paged", "paged", "text[]")
+
+    def as_tz(value: sql.Composable) -> sql.Composable:
+        """A deadline value as timestamptz (a `timestamp` is wall time in the rule's zone)."""
+        return value if has_tz else sql.SQL("({} AT TIME ZONE %(tz)s)").format(value)
+
+    def match(toid: str, tid: str, source: str) -> sql.Composable:
+        if not partitioned:
+            return sql.SQL("")
+        return sql.SQL(_PARTITION_MATCH).format(
+            sql.Identifier(toid), sql.Identifier(tid), sql.Identifier(source)
+        )
+
+    if rule.resolve:
+        # Prefixed names: an ORDER BY of the deadline column must not read one of them.
+        before = sql.SQL(", {} AS sw_key, {} AS sw_episode, {} AS sw_n, {} AS sw_seen").format(
+            key_text, ep, n, seen
+        )
+        first_cols: sql.Composable = before
+        ended_cols: sql.Composable = sql.SQL("{}, {} AS sw_row").format(before, row)
+        resolved_ctes: sql.Composable = resolved(
+            sql.SQL(_ENDED_EPISODES).format(
+                e_seen_tz=as_tz(sql.Identifier("e", "sw_seen")),
+                f_seen_tz=as_tz(sql.Identifier("f", "sw_seen")),
+            ),
+            resolved_severity,
+            paged,
+        )
+        wake = sql.SQL(
+            "EXISTS (SELECT 1 FROM deliveries) OR EXISTS (SELECT 1 FROM resolved_deliveries)"
+        )
+    else:
+        first_cols = ended_cols = resolved_ctes = sql.SQL("")
+        wake = sql.SQL("EXISTS (SELECT 1 FROM deliveries)")
+    statement = sql.SQL(_CLAIM).format(
+        first_cols=first_cols,
+        ended_cols=ended_cols,
+        resolved=resolved_ctes,
+        wake=wake,
+        acked_match=match("tableoid", "ctid", "acked"),
+        table=table_ident(rule),
+        n=n,
+        next=nxt,
+        seen=seen,
+        ep=ep,
+        deadline=deadline,
+        deadline_tz=as_tz(deadline),
+        first=first,
+        again=again,
+        ended=ended,
+        new_episode=new_episode,
+        new_n=new_n,
+        key=key_text,
+        interval=interval,
+        row=row,
+        outbox=outbox(severity, notify),
+        severities=sql.SQL(SEVERITIES),
+        partition_match=match("toid", "tid", "targets"),
+        ended_match=match("tableoid", "ctid", "ended"),
+    )
+    if rule.track == "table":
+        table = compose(
+            rule,
+            key,
+            open_when=sql_text(f"({rule.open_when})"),
+            table=table_ident(rule),
+            as_tz=as_tz,
+            interval=wait_after,
+            severity=severity,
+            notify=notify,
+            resolved_severity=resolved_severity,
+            paged=paged,
+        )
+        return ClaimPlan(rule, statement, has_tz, table)
+    return ClaimPlan(rule, statement, has_tz)
+
+
+def prepare(conn: Connection, rule: Rule) -> ClaimPlan:
+    """Read the table's catalog entry and compose the claim; the table must be migrated."""
+    return prepare_all(conn, [rule])[rule.name]
+
+
+def prepare_all(conn: Connection, rules: list[Rule]) -> dict[str, ClaimPlan]:
+    """Claim plans for every rule; one ConfigError naming every rule not ready to run."""
+    plans, problems = prepare_ready(conn, rules)
+    if problems:
+        raise ConfigError("\n".join(problems.values()))
+    return plans
+
+
+def prepare_ready(
+    conn: Connection, rules: list[Rule]
+) -> tuple[dict[str, ClaimPlan], dict[str, str]]:
+    """Claim plans for the rules ready to run, and why each other rule is not (by name).
+
+    Raises ConfigError when slawatch's own schema is not there: no rule can run.
+    """
+    plans, problems = {}, {}
+    require_schema(conn)
+    for rule in rules:
+        info = inspect_table(conn, rule.schema_name, rule.table_name)
+        if info is None:
+            problems[rule.name] = f"{rule.source}: table: {rule.table} does not exist"
+            continue
+        if rule.deadline not in info.columns:
+            problems[rule.name] = (
+                f"{rule.source}: deadline: column {rule.deadline!r} not in {rule.table}"
+            )
+            continue
+        todo = pending(conn, rule, info)
+        if todo:
+            # Claiming now could be wrong (no tracking columns) or slow (no usable index).
+            problems[rule.name] = (
+                f"{rule.source}: rule {rule.name!r} is not migrated or changed since the "
+                f"last migrate ({'; '.join(todo)}); run 'slawatch migrate'"
+            )
+            continue
+        plans[rule.name] = plan_claim(
+            rule,
+            info.columns[rule.deadline],
+            partitioned=info.relkind == "p",
+            key=key_columns(rule, info),
+        )
+    return plans, problems
+
+
+def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], int]:
+    """One drain at ``now`` on ``conn``, a batch per call: the alerts each call wrote
+    (both ways to track; a benchmark's view of the claim)."""
+    if plan.table is None:
+        return lambda: claim_batch(conn, plan, now)
+    scan = TableScan(plan.table, plan.params, plan.to_deadline)
+    scan.begin(conn, now)
+    table = plan.table
+
+    def step() -> int:
+        got = scan.batch(conn, now)
+        if not got.full(table.rule.batch):
+            scan.finish(conn, now)  # as drain_table does: the next drain starts from here
+        return got.alerts
+
+    return step
+
+
+def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:
+    """Claim at most one batch at ``now`` in one transaction; return the alerts written.
+
+    Inline tracking; for either way, see :func:`batches` and :func:`drain`."""
+    return claim_counted(conn, plan, now).alerts
+
+
+def claim_counted(conn: Connection, plan: ClaimPlan, now: datetime) -> Tally:
+    """:func:`claim_batch`, with the episodes it closed and its alerts per severity."""
+    if plan.table is not None:
+        raise ValueError(f"rule {plan.rule.name} is track: table: use batches() or drain()")
+    # One statement, one round trip: it commits on its own (the NOTIFY inside with it).
+    with translate(f"claim for rule {plan.rule.name}"), one_statement(conn):
+        row = conn.execute(plan.statement, plan.params(now)).fetchone()
+    if row is None:
+        return Tally()
+    return Tally(int(row[0]), int(row[2]), severities(row[3]))
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """What one drain of a rule did: alerts written, batches, episodes closed, and the
+    alerts per severity."""
+
+    claimed: int
+    batches: int
+    closed: int = 0
+    severities: dict[str, int] = field(default_factory=dict)
+
+
+def _claim_on(db: Database, plan: ClaimPlan, clock: Clock) -> Tally:
+    with db.connection(f"claim for rule {plan.rule.name}") as conn:
+        return claim_counted(conn, plan, clock.now())
+
+
+def drain(
+    db: Database,
+    plan: ClaimPlan,
+    clock: Clock,
+    budget: timedelta | None = None,
+) -> DrainResult:
+    """Claim batch after batch while batches come back full, within ``budget``."""
+    tally = Tally()
+    if plan.table is not None:
+        alerts, batches = drain_table(
+            lambda: db.connection(f"claim for rule {plan.rule.name}"),
+            plan.table,
+            plan.params,
+            plan.to_deadline,
+            clock,
+            budget or plan.rule.every,
+            tally,
+        )
+        return DrainResult(alerts, batches, tally.closed, tally.severities)
+    budget_s = (budget or plan.rule.every).total_seconds()
+    started = time.monotonic()
+    batches = 0
+    while True:
+        got = retry_conflicts(lambda: _claim_on(db, plan, clock))
+        tally += got
+        batches += 1
+        if got.alerts < plan.rule.batch:
+            return DrainResult(tally.alerts, batches, tally.closed, tally.severities)
+        if time.monotonic() - started >= budget_s:
+            log.warning(
+                "rule %s: time budget of %.0fs spent with rows still due; the next scan goes on",
+                plan.rule.name,
+                budget_s,
+            )
+            return DrainResult(tally.alerts, batches, tally.closed, tally.severities)

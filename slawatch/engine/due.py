@@ -1,0 +1,254 @@
+"""What the next scan of a rule would send, counted without writing anything.
+
+``check`` and ``run --dry-run`` read these counts. They follow the claim
+(claim.py, statetable.py) case by case, reading the same partial indexes:
+
+- *first* notices: due open rows whose deadline value has no episode yet (a
+  baselined row has one: it is not counted);
+- *re-notifications* due, by the number they would carry (escalation tiers pick
+  their notifiers), leaving out acknowledged episodes (the claim clears those)
+  and, for ``track: table``, episodes whose row is no longer open with that
+  deadline (the claim closes those);
+- *resolved* notices (``resolve: true``): notified episodes the scan would end.
+
+Why counting and not the claim itself in a rolled-back transaction: before a
+baseline the due rows can be a million; the claim would lock and rewrite every one
+of them (on ``track: inline`` a new version in every index of the shop's table)
+and keep the locks until the rollback, blocking the application's updates of
+those rows, then leave as many dead tuples behind. Counting takes no lock, writes
+nothing (a READ ONLY transaction makes sure), and is bounded (``limit`` rows per
+kind, 30 s). Tests compare these counts with what the claim then sends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from slawatch.config.rules import Rule
+from slawatch.db import Connection, translate
+from slawatch.engine.catalog import TableInfo, inspect_table, key_columns, table_ident
+from slawatch.engine.claim import ClaimPlan, sql_text
+from slawatch.engine.migrate import predicates
+from slawatch.engine.statetable import lookback, state_table
+from slawatch.errors import DatabaseError
+
+LIMIT = 1_000_000
+Counts = tuple[sql.Composed, sql.Composed, sql.Composed]  # first, again, resolved
+TIMEOUT = "30s"
+
+
+@dataclass(frozen=True)
+class Due:
+    """What the next scan of a rule would write, by kind (each at most the limit)."""
+
+    first: int = 0
+    again: dict[int, int] = field(default_factory=dict)  # notification number -> rows
+    resolved: dict[int, int] = field(default_factory=dict)  # notifications sent -> episodes
+
+    @property
+    def notices(self) -> int:
+        """Rows that would be notified: first notices and re-notifications."""
+        return self.first + sum(self.again.values())
+
+    @property
+    def alerts(self) -> int:
+        return self.notices + sum(self.resolved.values())
+
+    def deliveries(self, rule: Rule) -> dict[str, int]:
+        """Deliveries per notifier: each notice to its tier's notifiers, each resolved
+        notice to every notifier its episode paged."""
+        out: dict[str, int] = dict.fromkeys(rule.all_notifiers(), 0)
+        for n, rows in [(1, self.first), *self.again.items()]:
+            for name in rule.tier_for(n)[1]:
+                out[name] += rows
+        for n, rows in self.resolved.items():
+            for name in rule.paged_notifiers(n):
+                out[name] += rows
+        return {k: v for k, v in sorted(out.items())}
+
+
+def _key_text(alias: str | None, key: list[str]) -> sql.Composable:
+    """The key as the alert's text (claim.py's, so that ack rows match)."""
+    cols = [sql.Identifier(alias, c) if alias else sql.Identifier(c) for c in key]
+    if len(cols) == 1:
+        return sql.SQL("{}::text").format(cols[0])
+    return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(cols))
+
+
+def _by_n(rows: list[tuple[Any, ...]]) -> dict[int, int]:
+    return {int(n): int(c) for n, c in rows if c}
+
+
+def count(
+    conn: Connection, rule: Rule, info: TableInfo, now: datetime, limit: int = LIMIT
+) -> Due | None:
+    """What the next scan at ``now`` would write; None when counting took over 30 s.
+
+    Without tracking (not migrated yet) every due open row counts as a first notice.
+    Runs in a READ ONLY transaction of its own on ``conn``.
+    """
+
+    has_tz = info.columns[rule.deadline] == "timestamp with time zone"
+    plan = ClaimPlan(rule, sql.Composed([]), has_tz)
+    params = plan.params(now) | {"limit": limit, "since": "-infinity", "sweep_due": True}
+    t, d = table_ident(rule), sql.Identifier(rule.deadline)
+    open_when = sql_text(f"({rule.open_when}\n)")
+    untracked = sql.SQL(
+        "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {ow} LIMIT %(limit)s) f"
+    ).format(t=t, d=d, ow=open_when)
+    again: sql.Composed | None = None
+    resolved: sql.Composed | None = None
+    try:
+        with translate(f"counting due rows for rule {rule.name}"), conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(TIMEOUT)))
+            if rule.track == "table":
+                state = inspect_table(conn, "slawatch", f"{rule.name}_state")
+                if state is None:
+                    first: sql.Composed = untracked
+                else:
+                    _table_window(conn, rule, plan, now, params)
+                    first, again, resolved = _table(rule, info, open_when)
+            elif all(c in info.columns for c in rule.tracking_columns):
+                first, again, resolved = _inline(rule, info)
+            else:
+                first = untracked
+            row = conn.execute(first, params).fetchone()
+            due = Due(first=min(int(row[0]) if row else 0, limit))
+            if again is not None:
+                due.again.update(_by_n(conn.execute(again, params).fetchall()))
+            if resolved is not None and rule.resolve:
+                due.resolved.update(_by_n(conn.execute(resolved, params).fetchall()))
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+            return None
+        raise
+    return due
+
+
+def count_due(
+    conn: Connection, rule: Rule, info: TableInfo, now: datetime, limit: int = 1_000_000
+) -> int | None:
+    """How many rows the next scans at ``now`` would notify (first notices and due
+    re-notifications), counted up to ``limit``; None when counting took too long.
+
+    Without tracking columns (not migrated yet) every due open row counts as a first
+    notice. Nothing is written.
+    """
+    due = count(conn, rule, info, now, limit)
+    return None if due is None else min(due.notices, limit)
+
+
+def _inline(rule: Rule, info: TableInfo) -> Counts:
+    t, d = table_ident(rule), sql.Identifier(rule.deadline)
+    n, nxt = sql.Identifier(rule.n_column), sql.Identifier(rule.next_column)
+    first, again, ended = (sql_text(p) for p in predicates(rule))
+    acked = sql.SQL(
+        "EXISTS (SELECT 1 FROM slawatch.ack k WHERE k.rule = %(rule)s AND k.key = {key}"
+        " AND k.episode = {ep})"
+    ).format(key=_key_text(None, key_columns(rule, info)), ep=sql.Identifier(rule.episode_column))
+    return (
+        sql.SQL(
+            "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {first}"
+            " LIMIT %(limit)s) f"
+        ).format(t=t, d=d, first=first),
+        sql.SQL(
+            "SELECT n + 1, count(*) FROM (SELECT {n} AS n FROM {t}"
+            " WHERE {next} < %(now)s::timestamptz AND {again} AND NOT {acked}"
+            " LIMIT %(limit)s) a GROUP BY 1"
+        ).format(t=t, n=n, next=nxt, again=again, acked=acked),
+        sql.SQL(
+            "SELECT n, count(*) FROM (SELECT {n} AS n FROM {t} WHERE {ended} AND {n} > 0"
+            " LIMIT %(limit)s) e GROUP BY 1"
+        ).format(t=t, n=n, ended=ended),
+    )
+
+
+def _table_window(
+    conn: Connection, rule: Rule, plan: Any, now: datetime, params: dict[str, Any]
+) -> None:
+    """Where the next ``track: table`` scan reads fresh rows from, and whether it sweeps
+    (TableScan.begin: the watermark less the look-back, or everything)."""
+    row = conn.execute(
+        "SELECT scanned_to, swept_at FROM slawatch.watermark WHERE rule = %s", (rule.name,)
+    ).fetchone()
+    scanned_to, swept_at = row if row else (None, None)
+    if scanned_to is None or swept_at is None or now - swept_at >= rule.sweep:
+        return
+    params["sweep_due"] = False
+    params["since"] = plan.to_deadline(scanned_to - rule.after - lookback(rule))
+
+
+def _table(rule: Rule, info: TableInfo, open_when: sql.SQL) -> Counts:
+    t, d, s = table_ident(rule), sql.Identifier(rule.deadline), state_table(rule)
+    key = key_columns(rule, info)
+    s_is_t = sql.SQL(" AND ").join(
+        sql.SQL("s.{c} = t.{c}").format(c=sql.Identifier(c)) for c in key
+    )
+    still = sql.SQL(
+        "EXISTS (SELECT 1 FROM {t} t WHERE {s_is_t} AND t.{d} = s.sw_seen AND {ow})"
+    ).format(t=t, s_is_t=s_is_t, d=d, ow=open_when)
+    fresh_over = sql.SQL(
+        "EXISTS (SELECT 1 FROM {t} t WHERE {s_is_t} AND t.{d} >= %(since)s"
+        " AND t.{d} < %(cutoff)s AND {ow})"
+    ).format(t=t, s_is_t=s_is_t, d=d, ow=open_when)
+    return (
+        sql.SQL(
+            "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE t.{d} >= %(since)s"
+            " AND t.{d} < %(cutoff)s AND {ow}"
+            " AND NOT EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = t.{d})"
+            " LIMIT %(limit)s) f"
+        ).format(t=t, d=d, ow=open_when, s=s, s_is_t=s_is_t),
+        sql.SQL(
+            "SELECT n + 1, count(*) FROM (SELECT s.sw_n AS n FROM {s} s"
+            " WHERE s.sw_next < %(now)s::timestamptz AND {still}"
+            " AND NOT EXISTS (SELECT 1 FROM slawatch.ack k WHERE k.rule = %(rule)s"
+            " AND k.key = {key} AND k.episode = s.sw_ep)"
+            " LIMIT %(limit)s) a GROUP BY 1"
+        ).format(s=s, still=still, key=_key_text("s", key)),
+        # Ended notified episodes the next scan reaches: all of them when it sweeps,
+        # else those whose re-notification is due or whose row opens a new episode.
+        sql.SQL(
+            "SELECT n, count(*) FROM (SELECT s.sw_n AS n FROM {s} s"
+            " WHERE s.sw_seen IS NOT NULL AND s.sw_n > 0 AND NOT {still}"
+            " AND (%(sweep_due)s OR s.sw_next < %(now)s::timestamptz OR {fresh_over})"
+            " LIMIT %(limit)s) e GROUP BY 1"
+        ).format(s=s, still=still, fresh_over=fresh_over),
+    )
+
+
+@dataclass(frozen=True)
+class RuleDue:
+    """One rule's line of ``run --dry-run``."""
+
+    rule: Rule
+    due: Due | None  # None: could not count in 30 s
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.due is None:
+            return {"rule": self.rule.name, "counted": False}
+        return {
+            "rule": self.rule.name,
+            "counted": True,
+            "alerts": self.due.alerts,
+            "first": self.due.first,
+            "renotify": sum(self.due.again.values()),
+            "resolved": sum(self.due.resolved.values()),
+            "deliveries": self.due.deliveries(self.rule),
+        }
+
+
+def dry_run(conn: Connection, rules: list[Rule], now: datetime) -> list[RuleDue]:
+    """Each rule's count at ``now``: what ``run --once`` would send, nothing written."""
+    out = []
+    for rule in rules:
+        info = inspect_table(conn, rule.schema_name, rule.table_name)
+        if info is None:  # prepare_all said it exists; dropped since
+            raise DatabaseError(f"rule {rule.name}: table {rule.table} does not exist")
+        out.append(RuleDue(rule, count(conn, rule, info, now)))
+    return out

@@ -1,0 +1,146 @@
+"""The outbox half of a claim statement, the same for both ways to track.
+
+It follows a CTE ``claimed`` of (key, episode, n, deadline, row_data): each row
+becomes an alert and one delivery per notifier, in the claim's transaction.
+``{severity}`` and ``{notify}`` are the rule's (by notification number, for
+escalation: they may read ``c.n`` and ``a.n``). :data:`SEVERITIES` is an
+expression for the claim's final ``SELECT``: the alerts written, per severity.
+
+:func:`resolved` is the outbox of resolved notices (rule ``resolve: true``): it
+follows the claim's CTEs with ``ended_episodes`` of (key, episode, n, deadline,
+row_data), the notified episodes that this statement ended, with ``n`` the
+notifications sent in each. Each becomes one alert of kind 'resolved' with n = 0,
+so ``alert_once`` makes it exactly one per episode whoever closes it, and one
+delivery per notifier that was paged in the episode.
+
+:func:`alert_payload` and :func:`alert_id` are the one place that shapes an alert
+as receivers, the API and the CLI see it (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import sql
+
+_OUTBOX = """\
+), alerts AS (
+    INSERT INTO slawatch.alert (rule, key, episode, n, severity, deadline, due_at, fired_at,
+                                row_data)
+    SELECT %(rule)s, c.key, c.episode, c.n, {severity}, c.deadline,
+           c.deadline + %(after)s::interval, %(now)s::timestamptz, c.row_data
+      FROM claimed c
+    -- At most once, and a notification that exists already (tracking state restored
+    -- from a backup, an upgrade cut short) is not an error that would stop the rule.
+    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
+    RETURNING id, n, severity
+), deliveries AS (
+    INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
+    SELECT a.id, x.notifier, %(now)s::timestamptz
+      FROM alerts a, unnest({notify}) AS x(notifier)
+    RETURNING 1
+)"""
+
+
+# The alerts this claim wrote, per severity, e.g. {"warning": 3, "critical": 1}; the
+# metrics count them by severity (escalation changes it by notification number).
+# Used as ``{severities}`` in a composed statement: as an argument it keeps its braces.
+SEVERITIES = """\
+(SELECT coalesce(jsonb_object_agg(s.severity, s.count), '{}'::jsonb)
+   FROM (SELECT severity, count(*) FROM alerts GROUP BY severity) s)"""
+
+
+def severities(value: object) -> dict[str, int]:
+    """:data:`SEVERITIES` as read back (a dict from psycopg's jsonb)."""
+    return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+@dataclass
+class Tally:
+    """What claims wrote: alerts, episodes they closed, alerts per severity."""
+
+    alerts: int = 0
+    closed: int = 0
+    severities: dict[str, int] = field(default_factory=dict)
+
+    def __iadd__(self, other: Tally) -> Tally:
+        self.alerts += other.alerts
+        self.closed += other.closed
+        for severity, count in other.severities.items():
+            self.severities[severity] = self.severities.get(severity, 0) + count
+        return self
+
+
+_RESOLVED = """\
+, ended_episodes AS (
+{ended_episodes}
+), resolved AS (
+    INSERT INTO slawatch.alert (rule, key, episode, n, kind, severity, deadline, due_at,
+                                fired_at, row_data)
+    SELECT %(rule)s, e.key, e.episode, 0, 'resolved', {severity}, e.deadline,
+           e.deadline + %(after)s::interval, %(now)s::timestamptz, e.row_data
+      FROM ended_episodes e
+    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
+    RETURNING id, key, episode
+), resolved_deliveries AS (
+    INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
+    SELECT r.id, x.notifier, %(now)s::timestamptz
+      FROM resolved r JOIN ended_episodes e ON e.key = r.key AND e.episode = r.episode,
+           unnest({paged}) AS x(notifier)
+    RETURNING 1
+)"""
+
+
+def resolved(
+    ended_episodes: sql.Composable, severity: sql.Composable, paged: sql.Composable
+) -> sql.Composed:
+    """The CTEs writing resolved notices for ``ended_episodes`` (a SELECT); ``severity``
+    and ``paged`` (the notifiers paged in the episode) may read ``e.n``."""
+    return sql.SQL(_RESOLVED).format(ended_episodes=ended_episodes, severity=severity, paged=paged)
+
+
+def outbox(severity: sql.Composable, notify: sql.Composable) -> sql.Composed:
+    """The ``alerts`` and ``deliveries`` CTEs for a rule's severity and notifiers."""
+    return sql.SQL(_OUTBOX).format(severity=severity, notify=notify)
+
+
+def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, Any]:
+    """The alert as receivers see it (DESIGN.md §6). ``status``: "firing" for a
+    notification, "resolved" for the notice that a notified episode ended (n is 0)."""
+    kind = row.get("kind", "firing")
+    return {
+        "id": alert_id(row["rule"], row["key"], row["episode"], row["n"], kind),
+        "status": kind,
+        "rule": row["rule"],
+        "key": row["key"],
+        "episode": row["episode"],
+        "n": row["n"],
+        "severity": row["severity"],
+        "deadline": iso(row["deadline"]),
+        "due_at": iso(row["due_at"]),
+        "fired_at": iso(row["fired_at"]),
+        "row": row["row_data"],
+        "description": description,
+    }
+
+
+def alert_id(rule: str, key: str, episode: int, n: int, kind: str = "firing") -> str:
+    """The idempotency id: one readable string naming rule, key, episode and n, e.g.
+    ``order_unshipped:42:e1:n3``; a resolved notice ends in ``:resolved`` instead of
+    the number. The rule name has no ``:`` and the last two parts are fixed forms, so
+    the id reads back unambiguously whatever the key holds (lifecycle.parse_alert).
+    A storm summary's is ``order_unshipped:storm:<notifier>:<first alert id>``."""
+    if kind == "resolved":
+        return f"{rule}:{key}:e{episode}:resolved"
+    if (
+        kind == "summary"
+    ):  # the key is storm:<notifier>:<first alert id> (slawatch/delivery/storm.py)
+        return f"{rule}:{key}"
+    return f"{rule}:{key}:e{episode}:n{n}"
+
+
+def iso(value: Any) -> str | None:
+    """A timestamp as alerts carry it: ISO 8601, UTC written as ``Z``."""
+    return None if value is None else value.isoformat().replace("+00:00", "Z")

@@ -1,0 +1,692 @@
+"""The admin HTTP API of ``slawatch run``: health, metrics, rules, alerts, stats, replay,
+acknowledgements and silences.
+
+FastAPI gives the routes their OpenAPI document (``/openapi.json``) from the
+pydantic models of :mod:`slawatch.operate.inspect`, the same shapes the CLI's ``--json``
+prints. uvicorn serves it in a thread of its own with a bounded number of
+requests at once (``limit_concurrency``: more are answered 503 at once), and the
+requests use a small pool of their own, so looking never takes a connection
+from the claim.
+
+Auth: with a token, every request but ``/healthz`` (and the page's login and
+static files) needs ``Authorization: Bearer <token>`` (compared in constant time)
+or the on-call page's login cookie (:mod:`slawatch.operate.page`); without one, writes
+are refused unless the server listens on loopback only. A write from a browser
+must come from this server's own page: its ``Origin`` must be this server, and
+one carried by the cookie needs the page's header. Bad input is a 4xx with
+``{"error": "..."}``; values reach SQL only as parameters.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+import uvicorn
+from fastapi import Body, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from slawatch import __version__
+from slawatch.clock import Clock
+from slawatch.config.rules import Rule
+from slawatch.config.settings import is_loopback
+from slawatch.db import Connection, Database, Pooler
+from slawatch.delivery.dispatcher import replay
+from slawatch.engine.migrate import schema_current
+from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
+from slawatch.operate.inspect import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    Alert,
+    AlertPage,
+    DeliveryStatus,
+    EpisodeAck,
+    RulesReport,
+    RuleStatus,
+    Stats,
+    acks_of,
+    alerts_per_hour,
+    check_rule_name,
+    get_alert,
+    list_alerts,
+    parse_cursor,
+    parse_since,
+    rule_status,
+    rules_report,
+    stats,
+)
+from slawatch.operate.lifecycle import (
+    INT8,
+    MAX_NAME,
+    MAX_TEXT,
+    MAX_WHO,
+    Ack,
+    Silence,
+    ack,
+    add_silence,
+    delete_silence,
+    list_silences,
+    parse_until,
+    silences_on,
+)
+from slawatch.operate.page import (
+    COOKIE,
+    COOKIE_AGE,
+    HEADERS,
+    MAX_LOGIN_BODY,
+    PAGE_ALERTS,
+    PAGE_HEADER,
+    STATIC,
+    STATIC_PATHS,
+    View,
+    cookie_ok,
+    cookie_value,
+    login_token,
+    render_error,
+    render_login,
+    render_page,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Requests served at once; past this uvicorn answers 503 without queueing.
+LIMIT_CONCURRENCY = 16
+# The admin API's own connections: reads are bounded (inspect.READ_TIMEOUT), so two
+# are plenty for a person and a scraper, and the claim's pool is never touched.
+POOL_SIZE = 2
+# Need no token: a liveness probe carries none; the login form and its style must show.
+_OPEN = {"/healthz", "/login", "/logout"} | STATIC_PATHS
+_WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+class Error(BaseModel):
+    """Every error response."""
+
+    error: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+
+
+class Ready(BaseModel):
+    """Whether this process can do its work; ``checks`` says what failed."""
+
+    ready: bool
+    checks: dict[str, bool]
+    error: str | None = None
+
+
+class ReplayRequest(BaseModel):
+    """Which dead deliveries go back to pending (none given: all of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rule: str | None = Field(default=None, max_length=40)
+    notifier: str | None = Field(default=None, max_length=200)
+
+
+class Replayed(BaseModel):
+    replayed: int = Field(description="dead deliveries now pending again")
+
+
+class AckRequest(BaseModel):
+    """Who acknowledges, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+    by: str = Field(min_length=1, max_length=MAX_WHO)
+    comment: str = Field(default="", max_length=MAX_TEXT)
+
+
+class SilenceRequest(BaseModel):
+    """Silence a rule's deliveries (one key's, those whose row matches) until a time."""
+
+    model_config = ConfigDict(extra="forbid")
+    rule: str = Field(max_length=100)
+    key: str | None = Field(default=None, max_length=MAX_TEXT)
+    matchers: dict[str, Any] | None = Field(
+        default=None, description="alert row fields that must be equal: {field: value}"
+    )
+    until: str = Field(
+        max_length=100, description="an ISO 8601 time (no zone: UTC) or a duration from now: 2h"
+    )
+    comment: str = Field(default="", max_length=MAX_TEXT)
+    author: str = Field(min_length=1, max_length=MAX_WHO)
+
+
+class Silences(BaseModel):
+    silences: list[Silence]
+
+
+def refusal(
+    method: str,
+    path: str,
+    authorization: str | None,
+    token: str | None,
+    allow_writes: bool,
+    *,
+    cookie: str | None = None,
+    page: bool = False,
+    origin: str | None = None,
+    host: str | None = None,
+) -> tuple[int, str] | None:
+    """Why a request may not go on ((status, error); None: it may).
+
+    With a token, everything but the open paths needs it: as a Bearer header, or as
+    the on-call page's login ``cookie`` (a write so carried also needs the page's
+    header, ``page``). Without one, writes need a server that only this machine can
+    reach (``allow_writes``) and a loopback ``host`` (a name of another site that
+    resolves to 127.0.0.1, DNS rebinding, does not get to write). Any write whose
+    ``origin`` (sent by browsers) is not this server is refused: a form on another
+    site must not act for the person on call.
+    """
+    write = method in _WRITES
+    if write and origin is not None and not _same_origin(origin, host):
+        return 403, "cross-origin writes are refused"
+    if token is not None:
+        if path in _OPEN:
+            return None
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
+            return None
+        if authorization is None and cookie_ok(cookie, token):
+            if write and not page:
+                return 403, f"a write with the login cookie needs the {PAGE_HEADER} header"
+            return None
+        return 401, "a valid 'Authorization: Bearer <token>' header is required"
+    if write and not allow_writes:
+        return 403, (
+            "writes are refused: set SLAWATCH_API_TOKEN, or bind SLAWATCH_HTTP to loopback"
+        )
+    if write and host is not None and not is_loopback(_hostname(host)):
+        return 403, "writes without a token need a loopback Host (localhost, 127.0.0.1, [::1])"
+    return None
+
+
+def _hostname(host: str) -> str:
+    """The name in a Host header (``[::1]:8181`` → ``::1``)."""
+    try:
+        return urlsplit(f"//{host}").hostname or ""
+    except ValueError:
+        return ""
+
+
+def _same_origin(origin: str, host: str | None) -> bool:
+    """Whether an ``Origin`` header names the server the request was sent to."""
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return False
+    return (
+        host is not None
+        and parts.scheme in ("http", "https")
+        and parts.netloc.lower() == host.lower()
+    )
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _html(body: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(body, status_code=status, headers=HEADERS)
+
+
+def _checks(report: Mapping[str, Any], prefix: str = "") -> dict[str, bool]:
+    """``{"scheduler": True, "workers": {"console": False}}`` as flat named checks
+    (``workers.console``)."""
+    out: dict[str, bool] = {}
+    for name, value in report.items():
+        if isinstance(value, Mapping):
+            out |= _checks(value, f"{prefix}{name}.")
+        else:
+            out[f"{prefix}{name}"] = bool(value)
+    return out
+
+
+def create_app(
+    db: Database,
+    rules: list[Rule] | Callable[[], list[Rule]],
+    notifiers: list[str] | Callable[[], list[str]],
+    *,
+    token: str | None,
+    allow_writes: bool,
+    health: Callable[[], Mapping[str, Any]] | None = None,
+    registry: CollectorRegistry | None = None,
+    clock: Clock | None = None,
+) -> FastAPI:
+    """The admin API over ``db`` for the configured ``rules`` and ``notifiers`` (names);
+    either may be a callable, read per request, so that a reload shows at once.
+
+    ``health()``: the process's own parts (scheduler, each delivery worker) as
+    ``{name: alive}`` (nested mappings allowed: ``{"workers": {"console": True}}``),
+    added to ``/readyz``; ``registry``: what ``/metrics`` exports (default:
+    prometheus_client's global registry).
+    """
+    clock = clock or Clock()
+
+    def configured() -> dict[str, Rule]:
+        return {r.name: r for r in (rules() if callable(rules) else rules)}
+
+    def notifier_names() -> set[str]:
+        return set(notifiers() if callable(notifiers) else notifiers)
+
+    errors: dict[int | str, dict[str, Any]] = {
+        code: {"model": Error} for code in (400, 401, 403, 404, 422, 503)
+    }
+    app = FastAPI(
+        title="slawatch admin API",
+        version=__version__,
+        docs_url=None,  # the interactive docs load scripts from a CDN
+        redoc_url=None,
+        responses=errors,
+    )
+
+    @app.middleware("http")
+    async def auth(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        refused = refusal(
+            request.method,
+            request.url.path,
+            request.headers.get("authorization"),
+            token,
+            allow_writes,
+            cookie=request.cookies.get(COOKIE),
+            page=PAGE_HEADER.lower() in request.headers,
+            origin=request.headers.get("origin"),
+            host=request.headers.get("host"),
+        )
+        if refused is not None:
+            status, message = refused
+            if status == 401 and request.url.path == "/" and request.method == "GET":
+                return _html(render_login(), 401)  # a browser: ask for the token
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+            return _error(status, message, headers)
+        return await call_next(request)
+
+    @app.exception_handler(BadInput)
+    async def bad_input(request: Request, exc: BadInput) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(SlawatchError)
+    async def unavailable(request: Request, exc: SlawatchError) -> JSONResponse:
+        # The database is down or not migrated: the request may work later.
+        return _error(503, str(exc).splitlines()[0])
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "path"))
+        return _error(422, f"{where}: {first.get('msg')}" if where else str(first.get("msg")))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        # The last resort: a bug. Logged with its traceback; the client learns nothing more.
+        log.error("admin API: %s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(500, "internal error (logged)")
+
+    def read(what: str, work: Callable[[Connection], T]) -> T:
+        return db.run(f"admin API: {what}", work)
+
+    @app.get("/healthz", response_model=Health, tags=["health"])
+    def healthz() -> Health:
+        """The process is alive (no database involved)."""
+        return Health(status="ok", version=__version__)
+
+    @app.get(
+        "/readyz",
+        response_model=Ready,
+        tags=["health"],
+        responses={503: {"model": Ready}},
+    )
+    def readyz() -> JSONResponse:
+        """The database is reachable and migrated, and every part of the process is alive."""
+        checks: dict[str, bool] = {}
+        error = None
+        try:
+            checks["schema"] = bool(read("readiness", schema_current))
+            checks["database"] = True
+            if not checks["schema"]:
+                error = "slawatch's schema is missing or out of date; run 'slawatch migrate'"
+        except SlawatchError as exc:
+            checks["database"] = False
+            error = str(exc).splitlines()[0]
+        if health is not None:
+            for name, alive in _checks(health()).items():
+                checks[name] = alive
+                if not alive and error is None:
+                    error = f"{name} is not running"
+        ready = all(checks.values())
+        body = Ready(ready=ready, checks=checks, error=error)
+        return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    )
+    def metrics() -> Response:
+        """Prometheus metrics."""
+        return Response(generate_latest(registry or REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/rules", response_model=RulesReport, tags=["rules"])
+    def get_rules() -> RulesReport:
+        """Every configured rule: overdue now, open episodes, deliveries, last scan."""
+        now, current = clock.now(), list(configured().values())
+        return read("rules", lambda c: rules_report(c, current, now))
+
+    @app.get("/v1/rules/{rule}", response_model=RuleStatus, tags=["rules"])
+    def get_rule(rule: Annotated[str, Path(max_length=100)]) -> RuleStatus:
+        """One configured rule's status."""
+        found = configured().get(rule)
+        if found is None:
+            raise NotFound(f"no rule named {check_rule_name(rule)!r}")
+        now = clock.now()
+        (status,) = read("rule", lambda c: rule_status(c, [found], now))
+        return status
+
+    @app.get("/v1/alerts", response_model=AlertPage, tags=["alerts"])
+    def get_alerts(
+        rule: Annotated[str | None, Query(max_length=100, description="only this rule")] = None,
+        status: Annotated[
+            DeliveryStatus | None,
+            Query(description="only alerts with a delivery in this status"),
+        ] = None,
+        since: Annotated[
+            str | None,
+            Query(
+                max_length=100,
+                description="fired at or after: ISO 8601 (UTC unless it says), or a duration ago",
+            ),
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+        cursor: Annotated[
+            str | None, Query(max_length=100, description="next_cursor of the previous page")
+        ] = None,
+    ) -> AlertPage:
+        """Alerts, newest first, a page at a time."""
+        since_at = None if since is None else parse_since(since, clock.now())
+        after = None if cursor is None else parse_cursor(cursor)
+        return read(
+            "alerts",
+            lambda c: list_alerts(
+                c, rule=rule, status=status, since=since_at, cursor=after, limit=limit
+            ),
+        )
+
+    @app.get("/v1/alerts/{alert:path}", response_model=Alert, tags=["alerts"])
+    def get_one_alert(alert: Annotated[str, Path(max_length=2000)]) -> Alert:
+        """One alert, by numeric id or idempotency id (rule:key:eE:nN), with its deliveries."""
+        return read("alert", lambda c: get_alert(c, alert))
+
+    @app.get("/v1/stats", response_model=Stats, tags=["alerts"])
+    def get_stats() -> Stats:
+        """Alerts by rule and severity, deliveries by notifier and status."""
+        return read("stats", stats)
+
+    @app.post("/v1/replay", response_model=Replayed, tags=["alerts"])
+    def post_replay(body: Annotated[ReplayRequest | None, Body()] = None) -> Replayed:
+        """Dead deliveries back to pending; the delivery workers send them at once."""
+        body = body or ReplayRequest()
+        if body.rule is not None and body.rule not in configured():
+            raise BadInput(f"rule: no rule named {check_rule_name(body.rule)!r}")
+        if body.notifier is not None and body.notifier not in notifier_names():
+            raise BadInput("notifier: no notifier of that name")
+        now = clock.now()
+        count = read("replay", lambda c: replay(c, now, body.rule, body.notifier))
+        return Replayed(replayed=count)
+
+    @app.post("/v1/alerts/{alert:path}/ack", response_model=Ack, tags=["lifecycle"])
+    def post_ack(alert: Annotated[str, Path(max_length=MAX_NAME)], body: AckRequest) -> Ack:
+        """Acknowledge the alert's episode: it is not notified again (a new episode pages)."""
+        return ack(db, alert, by=body.by, comment=body.comment, now=clock.now())
+
+    @app.post("/v1/silences", response_model=Silence, status_code=201, tags=["lifecycle"])
+    def post_silence(body: SilenceRequest) -> Silence:
+        """Stop delivering matching alerts until ``until``; they are still recorded."""
+        now = clock.now()
+        return add_silence(
+            db,
+            rule=body.rule,
+            key=body.key,
+            matchers=body.matchers,
+            until=parse_until(body.until, now),
+            comment=body.comment,
+            author=body.author,
+            now=now,
+            rules=configured(),
+        )
+
+    @app.get("/v1/silences", response_model=Silences, tags=["lifecycle"])
+    def get_silences(
+        expired: Annotated[bool, Query(alias="all", description="the expired ones too")] = False,
+    ) -> Silences:
+        """The active silences (every one with ``all``), oldest first."""
+        return Silences(silences=list_silences(db, now=clock.now(), include_expired=expired))
+
+    @app.delete("/v1/silences/{silence}", response_model=Silence, tags=["lifecycle"])
+    def delete_one_silence(silence: Annotated[int, Path(ge=1, le=INT8)]) -> Silence:
+        """End a silence now (one already over keeps its end)."""
+        return delete_silence(db, silence, now=clock.now())
+
+    # ------------------------------------------------------------ the on-call page
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page(
+        request: Request,
+        rule: Annotated[str | None, Query(max_length=100)] = None,
+        cursor: Annotated[str | None, Query(max_length=100)] = None,
+    ) -> HTMLResponse:
+        """The on-call page (slawatch/operate/page.py)."""
+        now, current = clock.now(), list(configured().values())
+
+        def gather(c: Connection) -> View:
+            report = rules_report(c, current, now)
+            hourly = alerts_per_hour(c, [r.name for r in current], now)
+            alerts = list_alerts(
+                c,
+                rule=None if rule is None else check_rule_name(rule),
+                cursor=None if cursor is None else parse_cursor(cursor),
+                limit=PAGE_ALERTS,
+            )
+            acks: dict[tuple[str, str, int], EpisodeAck] = acks_of(
+                c, [(a.rule, a.key, a.episode) for a in alerts.alerts]
+            )
+            return View(
+                now=now,
+                rules=report.rules,
+                hourly={h.rule: h for h in hourly},
+                alerts=alerts.alerts,
+                next_cursor=alerts.next_cursor,
+                acks=acks,
+                columns={r.name: r.columns or [] for r in current},
+                silences=silences_on(c, now=now),
+                rule=rule,
+                writes=token is not None or allow_writes,
+                logout=token is not None and request.headers.get("authorization") is None,
+            )
+
+        try:
+            view = read("page", gather)
+        except BadInput as exc:
+            return _html(render_error(str(exc)), 400)
+        except SlawatchError as exc:
+            return _html(render_error(str(exc).splitlines()[0]), 503)
+        return _html(render_page(view))
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def static(name: Annotated[str, Path(max_length=20)]) -> Response:
+        """The page's style and script (files of the package, nothing from elsewhere)."""
+        if name not in STATIC:
+            raise NotFound(f"no file {name!r}")
+        body, media = STATIC[name]
+        return Response(body, media_type=media, headers={"Cache-Control": "no-cache"})
+
+    @app.get("/login", include_in_schema=False)
+    def login_form() -> Response:
+        return RedirectResponse("/", status_code=303)
+
+    @app.post("/login", include_in_schema=False)
+    async def login(request: Request) -> Response:
+        """Check the token a person typed; a session cookie for the page if it is right."""
+        if token is None:
+            return RedirectResponse("/", status_code=303)
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_LOGIN_BODY:
+                return _error(413, f"a login form is at most {MAX_LOGIN_BODY} bytes")
+        given = login_token(body)
+        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
+            return _html(render_login("That is not this server's token."), 401)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(
+            COOKIE,
+            cookie_value(token),
+            max_age=int(COOKIE_AGE.total_seconds()),
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    @app.post("/logout", include_in_schema=False)
+    def logout() -> Response:
+        response = RedirectResponse("/", status_code=303)
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        return response
+
+    return app
+
+
+class AdminServer:
+    """The admin API served by uvicorn in a thread; :meth:`stop` ends it."""
+
+    def __init__(
+        self, server: uvicorn.Server, thread: threading.Thread, address: tuple[str, int]
+    ) -> None:
+        self._server, self._thread = server, thread
+        self.host, self.port = address
+        self.on_stop: Callable[[], None] | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop accepting, let running requests finish (up to ``timeout``), end the thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        if self.on_stop is not None:
+            self.on_stop()
+
+
+def serve_in_thread(
+    app: FastAPI, host: str, port: int, *, limit_concurrency: int = LIMIT_CONCURRENCY
+) -> AdminServer:
+    """Serve ``app`` on ``host:port`` (port 0: any free port) from a daemon thread.
+
+    The socket is bound here, so a port in use is a ConfigError now, not a log line
+    from a thread that quietly ended.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError as exc:
+        raise ConfigError(f"SLAWATCH_HTTP: cannot resolve {host}: {exc.strerror or exc}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"SLAWATCH_HTTP: cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+    config = uvicorn.Config(
+        app,
+        limit_concurrency=limit_concurrency,
+        log_config=None,  # slawatch's logging stays as it is
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=3,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="slawatch-admin", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise SlawatchError(f"the admin API did not start on {host}:{port} (see the log)")
+        time.sleep(0.01)
+    bound = sock.getsockname()
+    return AdminServer(server, thread, (bound[0], bound[1]))
+
+
+def serve_admin(
+    dsn: str,
+    bind: tuple[str, int],
+    rules: list[Rule] | Callable[[], list[Rule]],
+    notifiers: list[str] | Callable[[], list[str]],
+    *,
+    token: str | None,
+    timeout: float,
+    pooler: Pooler,
+    health: Callable[[], Mapping[str, Any]] | None = None,
+    registry: CollectorRegistry | None = None,
+) -> AdminServer:
+    """``slawatch run``'s admin API on ``bind``, with a pool of its own; logs its address."""
+    host, port = bind
+    # A request waits at most a few seconds for one of the admin pool's connections.
+    db = Database(dsn, size=POOL_SIZE, timeout=min(timeout, 5.0), pooler=pooler, name="admin")
+    try:
+        app = create_app(
+            db,
+            rules,
+            notifiers,
+            token=token,
+            allow_writes=token is not None or is_loopback(host),
+            health=health,
+            registry=registry,
+        )
+        server = serve_in_thread(app, host, port)
+    except BaseException:
+        db.close()
+        raise
+    server.on_stop = db.close
+    if token is not None:
+        access = "a bearer token required"
+    elif is_loopback(host):
+        access = "no token: open to this machine"
+    else:
+        access = "no token: read-only (set SLAWATCH_API_TOKEN for writes)"
+    log.info("admin API on %s (%s); metrics at %s/metrics", server.url, access, server.url)
+    return server

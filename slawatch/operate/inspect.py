@@ -1,0 +1,456 @@
+"""What an operator reads: each rule's status, the alerts with their deliveries,
+and counts. ``slawatch status`` / ``alerts`` and the admin API (``admin.py``) both
+call these, so the terminal and ``/v1`` show the same numbers in the same shapes
+(the pydantic models below are the API's response models and the CLI's ``--json``).
+
+Looking must not slow the claim: counts of watched rows go through the rules'
+partial indexes and stop at :data:`COUNT_LIMIT`, the delivery backlog is read
+through the partial indexes of pending and dead deliveries, lists are paged by
+key, and every statement runs under a statement timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from psycopg import sql
+from pydantic import BaseModel, Field
+
+from slawatch.config.durations import parse_duration
+from slawatch.config.files import shorten
+from slawatch.config.rules import RULE_NAME, Rule
+from slawatch.db import Connection, translate
+from slawatch.engine.catalog import TableInfo, index_state, inspect_table, table_ident
+from slawatch.engine.due import count_due
+from slawatch.engine.migrate import index_specs, predicates, require_schema
+from slawatch.engine.outbox import alert_id
+from slawatch.engine.queries import queries
+from slawatch.engine.statetable import state_table
+from slawatch.errors import BadInput, NotFound
+from slawatch.operate.lifecycle import INT8, parse_alert
+
+# Counts of watched rows stop here: past it an operator needs no exact number, and
+# counting on would read more of the index for nothing.
+COUNT_LIMIT = 100_000
+# No read of the operator's surface may hold a connection longer than this.
+READ_TIMEOUT = "10s"
+MAX_LIMIT, DEFAULT_LIMIT = 1000, 50
+STATUSES = ("pending", "sent", "dead", "silenced", "summarized")
+DeliveryStatus = Literal["pending", "sent", "dead", "silenced", "summarized"]
+
+# The on-call page's chart: alerts per hour over the last day, at most this many read
+# per rule (a storm of 20 k alerts in an hour is drawn as "capped", not counted on).
+HOURS = 24
+HOURLY_CAP = 100_000
+
+
+# ---------------------------------------------------------------- shapes
+
+
+class LastScan(BaseModel):
+    """A rule's last scan by ``slawatch run``."""
+
+    at: datetime
+    duration_ms: int
+    claimed: int = Field(description="alerts the scan wrote")
+    error: str | None = Field(description="why the scan failed; null when it worked")
+
+
+class RuleStatus(BaseModel):
+    """One rule: what is due, what is waiting to be sent, and its last scan."""
+
+    name: str
+    description: str
+    table: str
+    track: Literal["inline", "table"]
+    severity: str
+    notify: list[str]
+    every_seconds: float
+    overdue: int | None = Field(
+        description="rows the next scan would notify (first notices and due re-notifications), "
+        f"counted up to {COUNT_LIMIT}; null when not counted (see problem, or a 30 s timeout)"
+    )
+    overdue_capped: bool = Field(description=f"overdue reached {COUNT_LIMIT}: there are more")
+    notified: int | None = Field(
+        description="open episodes with a re-notification scheduled (read from the re-notify "
+        "partial index, counted up to the same limit); null for a rule without renotify. "
+        "An episode that reached its cap is in no index and not counted."
+    )
+    pending: int = Field(description="deliveries of this rule's alerts still to send")
+    dead: int = Field(description="deliveries given up on ('slawatch replay' sends them again)")
+    oldest_pending_seconds: float | None = Field(
+        description="age of the alert behind the oldest pending delivery"
+    )
+    last_scan: LastScan | None
+    problem: str | None = Field(description="why the rule cannot be counted or scanned")
+
+
+class RulesReport(BaseModel):
+    """Every configured rule's status at one time."""
+
+    at: datetime
+    rules: list[RuleStatus]
+
+
+class Delivery(BaseModel):
+    """One alert's delivery to one notifier."""
+
+    id: int
+    notifier: str
+    status: DeliveryStatus
+    attempts: int
+    next_attempt_at: datetime | None = Field(description="when a pending delivery is tried next")
+    last_error: str | None
+    sent_at: datetime | None
+    summary_id: int | None = Field(
+        default=None,
+        description="the storm summary (an alert of kind summary) sent in place of this one",
+    )
+
+
+class Alert(BaseModel):
+    """One notification of one watched row, with its deliveries."""
+
+    id: int = Field(description="numeric id; the alerts list's cursor")
+    idempotency_id: str = Field(
+        description="rule:key:eEPISODE:nN (rule:key:eEPISODE:resolved for a resolved notice, "
+        "rule:storm:NOTIFIER:FIRST for a storm summary), "
+        "as notifiers receive it"
+    )
+    rule: str
+    key: str
+    episode: int
+    n: int = Field(
+        description="notification number in the episode; 0 for a resolved notice or a summary"
+    )
+    kind: Literal["firing", "resolved", "summary"]
+    severity: str
+    deadline: datetime | None
+    due_at: datetime | None
+    fired_at: datetime
+    row: dict[str, Any]
+    deliveries: list[Delivery]
+
+
+class AlertPage(BaseModel):
+    """A page of alerts, newest first."""
+
+    alerts: list[Alert]
+    next_cursor: str | None = Field(
+        description="pass as cursor for the next page; null on the last page"
+    )
+
+
+class RuleSeverityCount(BaseModel):
+    rule: str
+    severity: str
+    alerts: int
+
+
+class NotifierStatusCount(BaseModel):
+    notifier: str
+    status: str
+    deliveries: int
+
+
+class Stats(BaseModel):
+    """Counts over the kept history (``SLAWATCH_RETENTION``)."""
+
+    alerts: list[RuleSeverityCount]
+    deliveries: list[NotifierStatusCount]
+
+
+class HourlyAlerts(BaseModel):
+    """A rule's firing alerts per hour: ``counts[i]`` fired in the hour beginning at
+    ``start + i hours``; the last hour is the current one, so far."""
+
+    rule: str
+    start: datetime
+    counts: list[int]
+    capped: bool = Field(description=f"{HOURLY_CAP} alerts were read: there were more")
+
+
+class EpisodeAck(BaseModel):
+    """Who acknowledged an episode, and when."""
+
+    acked_by: str
+    acked_at: datetime
+
+
+# ---------------------------------------------------------------- input
+
+
+def check_rule_name(text: str) -> str:
+    """``text`` if it can be a rule's name, else BadInput."""
+    if not RULE_NAME.fullmatch(text):
+        raise BadInput(f"rule: {shorten(text)} is not a rule name ([a-z][a-z0-9_]{{0,39}})")
+    return text
+
+
+def check_status(text: str) -> DeliveryStatus:
+    if text not in STATUSES:
+        raise BadInput(f"status: {shorten(text)} is not one of {', '.join(STATUSES)}")
+    return text  # type: ignore[return-value]
+
+
+def check_limit(value: int) -> int:
+    if not 1 <= value <= MAX_LIMIT:
+        raise BadInput(f"limit: {value} is not from 1 to {MAX_LIMIT}")
+    return value
+
+
+def parse_cursor(text: str) -> int:
+    """A cursor (an alert id) from the previous page's ``next_cursor``."""
+    if not text.isascii() or not text.isdigit() or len(text) > 19 or not 0 < int(text) <= INT8:
+        raise BadInput(f"cursor: {shorten(text)} is not a cursor from a previous page")
+    return int(text)
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """A point in time: ISO 8601 (``2026-03-01``, ``2026-03-01T12:00:00Z``; UTC unless
+    it says otherwise), or a duration before ``now`` (``1h``, ``2d``, ``PT30M``)."""
+    try:
+        return now - parse_duration(text.strip())
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise BadInput(
+            f"since: {shorten(text)} is neither a time (2026-03-01T12:00:00Z) nor a duration "
+            "before now (1h, 2d)"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+# ---------------------------------------------------------------- reads
+
+
+def _read(conn: Connection, what: str, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
+    """Run one bounded read: its own transaction with the statement timeout."""
+    with translate(what), conn.transaction():
+        conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(READ_TIMEOUT)))
+        return conn.execute(statement, params).fetchall()
+
+
+def _problem(conn: Connection, rule: Rule, info: TableInfo | None) -> str | None:
+    """Why the rule's rows cannot be counted: no table, or not migrated (a catalog
+    look-up only; whether each index is still the right one is for ``check``)."""
+    if info is None:
+        return f"table {rule.table} does not exist"
+    if rule.deadline not in info.columns:
+        return f"column {rule.deadline!r} is not in {rule.table}"
+    if rule.track == "inline":
+        missing = [c for c in rule.tracking_columns if c not in info.columns]
+    else:
+        state = inspect_table(conn, "slawatch", f"{rule.name}_state")
+        missing = [] if state is not None else [f"slawatch.{rule.name}_state"]
+    missing += [s.name for s in index_specs(rule) if index_state(conn, s.schema, s.name) is None]
+    if missing:
+        return f"not migrated (missing {', '.join(missing)}); run 'slawatch migrate'"
+    return None
+
+
+def notified_statement(rule: Rule) -> sql.Composed:
+    """Open episodes awaiting a re-notification, counted through the re-notify partial
+    index (the watched table's ``_again`` index, or the state table's)."""
+    if rule.track == "table":
+        source: sql.Composable = sql.SQL("{} WHERE sw_next IS NOT NULL").format(state_table(rule))
+    else:
+        # The predicate word for word as the index has it, so the planner matches them.
+        source = sql.SQL("{} WHERE {}").format(table_ident(rule), sql.SQL(predicates(rule)[1]))
+    return sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT {}) a").format(
+        source, sql.Literal(COUNT_LIMIT)
+    )
+
+
+def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[RuleStatus]:
+    """The status of each of ``rules`` at ``now``."""
+    q = queries()
+    backlog = {
+        r[0]: r[1:] for r in _read(conn, "reading the delivery backlog", q["delivery_backlog"])
+    }
+    scans = {
+        r[0]: LastScan(at=r[1], duration_ms=r[2], claimed=r[3], error=r[4])
+        for r in _read(conn, "reading the last scans", q["last_scans"])
+    }
+    out = []
+    for rule in rules:
+        info = inspect_table(conn, rule.schema_name, rule.table_name)
+        problem = _problem(conn, rule, info)
+        overdue = notified = None
+        if info is not None and problem is None:
+            overdue = count_due(conn, rule, info, now, COUNT_LIMIT)
+            if rule.renotify is not None:
+                (notified,) = _read(
+                    conn, f"counting open episodes of rule {rule.name}", notified_statement(rule)
+                )[0]
+        pending, dead, oldest = backlog.get(rule.name, (0, 0, None))
+        out.append(
+            RuleStatus(
+                name=rule.name,
+                description=rule.description,
+                table=rule.table,
+                track=rule.track,
+                severity=rule.severity,
+                notify=list(rule.notify),
+                every_seconds=rule.every.total_seconds(),
+                overdue=overdue,
+                overdue_capped=overdue is not None and overdue >= COUNT_LIMIT,
+                notified=notified,
+                pending=pending,
+                dead=dead,
+                oldest_pending_seconds=None
+                if oldest is None
+                else max((now - oldest).total_seconds(), 0.0),
+                last_scan=scans.get(rule.name),
+                problem=problem,
+            )
+        )
+    return out
+
+
+def rules_report(conn: Connection, rules: Iterable[Rule], now: datetime) -> RulesReport:
+    """:func:`rule_status` of every rule; ConfigError before ``slawatch migrate``."""
+    require_schema(conn)
+    return RulesReport(at=now, rules=rule_status(conn, rules, now))
+
+
+def _alerts(conn: Connection, rows: list[tuple[Any, ...]]) -> list[Alert]:
+    """Alerts from ``alert`` rows, each with its deliveries (one more statement)."""
+    ids = [r[0] for r in rows]
+    deliveries: dict[int, list[Delivery]] = {i: [] for i in ids}
+    if ids:
+        for alert, *d in _read(
+            conn, "reading deliveries", queries()["deliveries_of"], {"ids": ids}
+        ):
+            deliveries[alert].append(
+                Delivery(
+                    id=d[0],
+                    notifier=d[1],
+                    status=d[2],
+                    attempts=d[3],
+                    next_attempt_at=d[4] if d[2] == "pending" else None,
+                    last_error=d[5],
+                    sent_at=d[6],
+                    summary_id=d[7],
+                )
+            )
+    return [
+        Alert(
+            id=i,
+            idempotency_id=alert_id(rule, key, ep, n, kind),
+            rule=rule,
+            key=key,
+            episode=ep,
+            n=n,
+            kind=kind,
+            severity=severity,
+            deadline=deadline,
+            due_at=due_at,
+            fired_at=fired_at,
+            row=row,
+            deliveries=deliveries[i],
+        )
+        for i, rule, key, ep, n, kind, severity, deadline, due_at, fired_at, row in rows
+    ]
+
+
+def list_alerts(
+    conn: Connection,
+    *,
+    rule: str | None = None,
+    status: str | None = None,
+    since: datetime | None = None,
+    cursor: int | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> AlertPage:
+    """A page of alerts, newest first; ``cursor``: the previous page's ``next_cursor``.
+
+    ``status``: alerts with at least one delivery in that status.
+    """
+    params = {
+        "rule": None if rule is None else check_rule_name(rule),
+        "status": None if status is None else check_status(status),
+        "since": since,
+        "before": cursor,
+        "limit": check_limit(limit),
+    }
+    rows = _read(conn, "listing alerts", queries()["list_alerts"], params)
+    alerts = _alerts(conn, rows)
+    more = len(alerts) == limit
+    return AlertPage(alerts=alerts, next_cursor=str(alerts[-1].id) if more else None)
+
+
+def get_alert(conn: Connection, ref: str) -> Alert:
+    """One alert by its numeric id or its idempotency id (``lifecycle.parse_alert``, as
+    ``slawatch ack`` reads it); NotFound when there is none, BadInput when malformed."""
+    parsed = parse_alert(ref)
+    q = queries()
+    if isinstance(parsed, int):
+        rows = _read(conn, "reading an alert", q["alert_by_id"], {"id": parsed})
+    else:
+        rule, key, episode, n = parsed
+        params = {"rule": rule, "key": key, "episode": episode, "n": n}
+        rows = _read(conn, "reading an alert", q["alert_by_name"], params)
+    if not rows:
+        raise NotFound(f"no alert {shorten(ref)}")
+    return _alerts(conn, rows)[0]
+
+
+def stats(conn: Connection) -> Stats:
+    """Alerts by rule and severity, deliveries by notifier and status."""
+    q = queries()
+    return Stats(
+        alerts=[
+            RuleSeverityCount(rule=r, severity=s, alerts=c)
+            for r, s, c in _read(conn, "counting alerts", q["stats_alerts"])
+        ],
+        deliveries=[
+            NotifierStatusCount(notifier=nt, status=s, deliveries=c)
+            for nt, s, c in _read(conn, "counting deliveries", q["stats_deliveries"])
+        ],
+    )
+
+
+def alerts_per_hour(
+    conn: Connection, rules: Iterable[str], now: datetime, hours: int = HOURS
+) -> list[HourlyAlerts]:
+    """Firing alerts per hour of each of ``rules`` over the ``hours`` UTC clock hours
+    that end with the current one (a rule without alerts: all zeros)."""
+    names = list(rules)
+    start = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(
+        hours=hours - 1
+    )
+    counts = {name: [0] * hours for name in names}
+    params = {
+        "rules": names,
+        "start": start,
+        "end": start + timedelta(hours=hours),
+        "cap": HOURLY_CAP,
+    }
+    for rule, hour, count in _read(
+        conn, "counting alerts per hour", queries()["alerts_per_hour"], params
+    ):
+        counts[rule][hour] = count
+    return [
+        HourlyAlerts(rule=n, start=start, counts=c, capped=sum(c) >= HOURLY_CAP)
+        for n, c in counts.items()
+    ]
+
+
+def acks_of(
+    conn: Connection, episodes: Iterable[tuple[str, str, int]]
+) -> dict[tuple[str, str, int], EpisodeAck]:
+    """The acks of the given (rule, key, episode)s that have one."""
+    wanted = sorted(set(episodes))
+    if not wanted:
+        return {}
+    rules, keys, numbers = (list(column) for column in zip(*wanted, strict=True))
+    params = {"rules": rules, "keys": keys, "episodes": numbers}
+    return {
+        (rule, key, episode): EpisodeAck(acked_by=by, acked_at=at)
+        for rule, key, episode, by, at in _read(conn, "reading acks", queries()["acks_of"], params)
+    }

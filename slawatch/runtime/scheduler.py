@@ -1,0 +1,666 @@
+"""``slawatch run``: one APScheduler interval job per rule; delivery workers beside it.
+
+A scan job never raises. APScheduler 3.11 would catch an exception from a job,
+log it with its traceback and keep the job scheduled; we do not rely on that:
+:meth:`Runner.scan` handles every failure itself, so that a database outage is
+the database's one line, a rule that keeps failing is one line when it starts
+and one when it ends, and a failing rule backs off instead of retrying every tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from types import FrameType
+from typing import Any
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CollectorRegistry
+
+from slawatch import __version__
+from slawatch.clock import Clock
+from slawatch.config.durations import format_duration
+from slawatch.config.notifiers import NotifierConfig
+from slawatch.config.rules import Rule
+from slawatch.config.settings import DEFAULT_RETENTION
+from slawatch.db import Database, DatabaseUnavailable, Pooler, PreparedStatementLost, redact
+from slawatch.delivery.dispatcher import BACKOFF_CAP, POLL, Dispatcher, PassResult, deliver_notifier
+from slawatch.delivery.notifiers import Notifier, build
+from slawatch.engine.claim import ClaimPlan, DrainResult, drain, prepare_all, prepare_ready
+from slawatch.errors import ConfigError, SlawatchError
+from slawatch.operate.metrics import Metrics
+from slawatch.outage import Backoff, Outage
+from slawatch.runtime import scans
+from slawatch.runtime.maintain import EVERY as MAINTAIN_EVERY
+from slawatch.runtime.maintain import PruneResult, prune
+
+log = logging.getLogger(__name__)
+# The line per scan that did work, apart from the rest (``slawatch demo`` leaves it out).
+activity = logging.getLogger("slawatch.activity")
+
+
+@dataclass
+class OnceResult:
+    """What ``run --once`` did, per rule and per notifier; ``errors`` are the one-line
+    failures it met. A rule or notifier whose turn failed (or never came, the database
+    being down) is None."""
+
+    rules: dict[str, DrainResult | None] = field(default_factory=dict)
+    notifiers: dict[str, PassResult | None] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def claimed(self) -> int:
+        return sum(r.claimed for r in self.rules.values() if r is not None)
+
+    @property
+    def delivered(self) -> PassResult:
+        total = PassResult()
+        for result in self.notifiers.values():
+            if result is not None:
+                total += result
+        return total
+
+    @property
+    def failed(self) -> bool:
+        """A database error happened or a delivery went dead: exit 1."""
+        return bool(self.errors) or self.delivered.dead > 0
+
+    def lines(self) -> list[str]:
+        """One line per rule and per notifier, for people."""
+        lines = []
+        for name, rule in self.rules.items():
+            done = (
+                "not scanned (see the error)"
+                if rule is None
+                else (f"{rule.claimed} claimed, {rule.closed} closed")
+            )
+            lines.append(f"rule {name}: {done}")
+        for name, sent in self.notifiers.items():
+            done = (
+                "no delivery pass (see the error)"
+                if sent is None
+                else (f"{sent.sent} sent, {sent.retried} retried, {sent.dead} dead")
+                + (f", {sent.summarized} summarized" if sent and sent.summarized else "")
+            )
+            lines.append(f"notifier {name}: {done}")
+        return lines
+
+    def as_json(self) -> dict[str, Any]:
+        """The same, for scripts (``run --once --json``)."""
+        return {
+            "ok": not self.failed,
+            "rules": {
+                name: None if r is None else {"claimed": r.claimed, "closed": r.closed}
+                for name, r in self.rules.items()
+            },
+            "notifiers": {
+                name: None if p is None else {"sent": p.sent, "retried": p.retried, "dead": p.dead}
+                for name, p in self.notifiers.items()
+            },
+            "errors": self.errors,
+        }
+
+
+@dataclass
+class _Running:
+    """A rule being scanned: its claim plan, and how its scans are failing."""
+
+    rule: Rule
+    plan: ClaimPlan
+    trouble: Outage
+    backoff: Backoff
+    retry_at: float = 0.0  # time.monotonic() before which a failing rule waits
+
+    @classmethod
+    def start(cls, rule: Rule, plan: ClaimPlan, backoff_cap: float) -> _Running:
+        return cls(rule, plan, Outage(f"rule {rule.name}: scans", log), Backoff(cap=backoff_cap))
+
+
+# Re-reads the rules and notifiers (from their folders) for a reload.
+Loader = Callable[[], tuple[list[Rule], list[NotifierConfig]]]
+
+# Seconds between looks at signals received (their handlers only set a flag).
+_SIGNAL_LOOK = 0.2
+
+
+class Runner:
+    """Owns the database, the rules' claim plans, the notifiers and the metrics.
+
+    ``timeout``: seconds to wait for a database connection (``SLAWATCH_DB_TIMEOUT``);
+    ``pooler``: ``"transaction"`` behind PgBouncer in transaction mode
+    (``SLAWATCH_POOLER``); ``poll``: seconds between delivery polls when no NOTIFY
+    comes; ``backoff_cap``: the longest wait after a failure; ``retention``: how
+    long alert history is kept (``SLAWATCH_RETENTION``), pruned every ``maintain_every``;
+    ``load``: re-reads rules and notifiers for :meth:`reload` (SIGHUP); ``admin_url``:
+    where people reach the admin API, for the link in storm summaries.
+
+    ``registry`` is the Prometheus registry of this runner (``GET /metrics``);
+    :meth:`health` says whether every part of :meth:`serve` is running.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        rules: list[Rule],
+        notifiers: list[NotifierConfig],
+        clock: Clock | None = None,
+        *,
+        timeout: float = 30.0,
+        pooler: Pooler = "auto",
+        poll: float = POLL,
+        backoff_cap: float = BACKOFF_CAP,
+        retention: timedelta = DEFAULT_RETENTION,
+        maintain_every: timedelta = MAINTAIN_EVERY,
+        load: Loader | None = None,
+        admin_url: str | None = None,
+    ) -> None:
+        self.clock = clock or Clock()
+        self.admin_url = admin_url  # for the link in storm summaries
+        self.poll, self.backoff_cap = poll, backoff_cap
+        self.retention, self.maintain_every = retention, maintain_every
+        self._load = load
+        self._configs = {c.name: c for c in notifiers}
+        self.db = Database(dsn, size=_pool_size(rules, notifiers), timeout=timeout, pooler=pooler)
+        try:
+            with self.db.connection("reading the watched tables") as conn:
+                # Every rule not ready to run is named at once.
+                plans = prepare_all(conn, rules)
+        except BaseException:
+            self.db.close()
+            raise
+        self._running = {r.name: _Running.start(r, plans[r.name], backoff_cap) for r in rules}
+        self.notifiers: dict[str, Notifier] = {c.name: build(c) for c in notifiers}
+        # Shared with the delivery workers, so changed in place on reload.
+        self.descriptions = {r.name: r.description for r in rules}
+        self._maintain_trouble = Outage("pruning history", log)
+        self.metrics = Metrics(self.db, self.clock, lambda: list(self.notifiers))
+        self.registry: CollectorRegistry = self.metrics.registry
+        for name in self.notifiers:
+            self.metrics.notifier_added(name)
+        self._stop = threading.Event()
+        self._reload_lock = threading.Lock()
+        self._reload_asked = False  # set by SIGHUP or request_reload(); serve() reloads
+        self._scheduler: BackgroundScheduler | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._scans = "scans"  # the executor the scan jobs run on
+        self._scan_threads = 0
+
+    @property
+    def rules(self) -> dict[str, Rule]:
+        """The rules being scanned now."""
+        return {name: r.rule for name, r in self._running.items()}
+
+    @property
+    def plans(self) -> dict[str, ClaimPlan]:
+        """Their claim plans."""
+        return {name: r.plan for name, r in self._running.items()}
+
+    def scan(self, rule: str) -> DrainResult | None:
+        """Drain one rule; never raises. After a failure the rule's scans back off."""
+        running = self._running.get(rule)
+        if running is None:
+            return None  # removed by a reload since this run was scheduled
+        since = time.monotonic()
+        if since < running.retry_at:
+            return None
+        seconds = 0.0
+
+        def timed(plan: ClaimPlan) -> DrainResult:
+            nonlocal seconds
+            started = time.monotonic()
+            drained = self._drain(plan)
+            seconds = time.monotonic() - started
+            return drained
+
+        try:
+            result = scans.recorded(self.db, rule, self.clock, lambda _: timed(running.plan))
+        except DatabaseUnavailable:
+            result = None  # the database's outage line says it
+        except SlawatchError as exc:
+            running.trouble.failed(str(exc), since)
+            result = None
+        except Exception as exc:  # a bug: keep scanning the other rules, and this one later
+            running.trouble.failed(f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc)
+            result = None
+        if result is None:
+            running.retry_at = time.monotonic() + running.backoff.next()
+            return None
+        running.trouble.ok()
+        running.backoff.reset()
+        running.retry_at = 0.0
+        self.metrics.scanned(rule, seconds, result.severities)
+        if result.claimed or result.closed:
+            activity.info(
+                "rule %s: %d claimed, %d closed in %.0f ms",
+                rule,
+                result.claimed,
+                result.closed,
+                seconds * 1000,
+                extra={
+                    "rule": rule,
+                    "claimed": result.claimed,
+                    "closed": result.closed,
+                    "batches": result.batches,
+                    "ms": round(seconds * 1000, 1),
+                },
+            )
+        return result
+
+    def maintain(self) -> PruneResult | None:
+        """Prune history older than the retention; never raises.
+
+        It runs every ``maintain_every``, so a failure simply waits for the next run.
+        """
+        since = time.monotonic()
+        try:
+            result = prune(self.db, self.clock, self.retention)
+        except DatabaseUnavailable:
+            return None  # the database's outage line says it
+        except SlawatchError as exc:
+            self._maintain_trouble.failed(str(exc), since)
+            return None
+        except Exception as exc:  # a bug: scans and deliveries go on, and so does this job
+            self._maintain_trouble.failed(
+                f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc
+            )
+            return None
+        self._maintain_trouble.ok()
+        if result.alerts or result.deliveries:
+            log.info(
+                "pruned %d alerts and %d deliveries older than %s",
+                result.alerts,
+                result.deliveries,
+                format_duration(self.retention),
+            )
+        return result
+
+    def _drain(self, plan: ClaimPlan) -> DrainResult:
+        try:
+            return drain(self.db, plan, self.clock)
+        except PreparedStatementLost:
+            # The failed batch rolled back and prepared statements are off now.
+            return drain(self.db, plan, self.clock)
+
+    def _drain_running(self, rule: str) -> DrainResult:
+        return self._drain(self._running[rule].plan)
+
+    def once(self) -> OnceResult:
+        """Drain every rule once, then one delivery pass (``run --once``).
+
+        Every rule and notifier gets its turn even when another failed (the
+        failures are in the result), unless the database is unreachable: then
+        waiting for it once more per rule would only delay the exit.
+        """
+        result = OnceResult(
+            rules=dict.fromkeys(self._running), notifiers=dict.fromkeys(self.notifiers)
+        )
+        try:
+            for name in self._running:
+                try:
+                    # Recorded like a scan of `run`: `status` shows it as the last scan.
+                    result.rules[name] = scans.recorded(
+                        self.db, name, self.clock, self._drain_running
+                    )
+                except DatabaseUnavailable:
+                    raise
+                except SlawatchError as exc:
+                    result.errors.append(str(exc))
+            for name, notifier in self.notifiers.items():
+                try:
+                    result.notifiers[name] = deliver_notifier(
+                        self.db, notifier, self.clock, self.descriptions, admin_url=self.admin_url
+                    )
+                except DatabaseUnavailable:
+                    raise
+                except SlawatchError as exc:
+                    result.errors.append(str(exc))
+        except DatabaseUnavailable as exc:
+            result.errors.append(str(exc))
+        return result
+
+    def serve(self, seconds: float | None = None, *, http: str | None = None) -> None:
+        """Scan and deliver until SIGINT/SIGTERM, :meth:`stop`, or ``seconds`` passed;
+        SIGHUP (or :meth:`request_reload`) re-reads rules and notifiers.
+
+        ``http``: the admin API's address, for the startup line.
+        """
+        self._scan_threads = len(self._running) + 1
+        scheduler = BackgroundScheduler(
+            executors={
+                "default": ThreadPoolExecutor(2),  # pruning
+                self._scans: ThreadPoolExecutor(self._scan_threads),
+            },
+            timezone=UTC,
+        )
+        now = datetime.now(UTC)
+        for name, running in self._running.items():
+            self._add_scan(scheduler, name, running.rule, now)
+        every = self.maintain_every.total_seconds()
+        scheduler.add_job(
+            self.maintain,
+            "interval",
+            seconds=every,
+            id="maintain",
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=max(int(every), 1),
+            # After the first scans: a restart catches up on pruning without delaying alerts.
+            next_run_time=now + timedelta(seconds=min(every, 30)),
+        )
+        signalled: list[int] = []
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            # No lock may be taken here (the main thread may hold it): a flag only.
+            signalled.append(signum)
+
+        dispatcher = Dispatcher(
+            self.db,
+            self.notifiers,
+            self.clock,
+            self.descriptions,
+            poll=self.poll,
+            backoff_cap=self.backoff_cap,
+            concurrency={name: c.concurrency for name, c in self._configs.items()},
+            metrics=self.metrics,
+            admin_url=self.admin_url,
+        )
+        deadline = None if seconds is None else time.monotonic() + seconds
+        with _signals(on_signal):
+            self._dispatcher, self._scheduler = dispatcher, scheduler
+            dispatcher.start()
+            scheduler.start()
+            self._started(http)
+            try:
+                while not self._stop.is_set():
+                    left = _SIGNAL_LOOK if deadline is None else deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._stop.wait(min(left, _SIGNAL_LOOK))
+                    while signalled:
+                        if signalled.pop(0) == signal.SIGHUP:
+                            self._reload_asked = True
+                        else:
+                            self._stop.set()
+                    if self._reload_asked and not self._stop.is_set():
+                        self._reload_asked = False
+                        try:
+                            self.reload()
+                        except Exception as exc:  # a bug: log it, and keep serving
+                            log.error(
+                                "reload failed: unexpected %s: %s",
+                                type(exc).__name__,
+                                exc,
+                                exc_info=exc,
+                            )
+            finally:
+                log.info("stopping: letting running scans and deliveries finish")
+                scheduler.shutdown(wait=True)
+                dispatcher.stop()
+
+    def _add_scan(
+        self, scheduler: BackgroundScheduler, name: str, rule: Rule, when: datetime
+    ) -> None:
+        every = rule.every.total_seconds()
+        scheduler.add_job(
+            self.scan,
+            "interval",
+            seconds=every,
+            args=[name],
+            id=f"scan:{name}",
+            executor=self._scans,
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=max(int(every), 1),
+            next_run_time=when,
+        )
+
+    def _started(self, http: str | None) -> None:
+        """The startup line: what runs, against which database (no password), where."""
+        rules, notifiers = sorted(self._running), sorted(self.notifiers)
+        database = redact(self.db.dsn)
+        log.info(
+            "slawatch %s running: %d rules (%s), %d notifiers (%s), database %s%s",
+            __version__,
+            len(rules),
+            ", ".join(rules) or "none",
+            len(notifiers),
+            ", ".join(notifiers) or "none",
+            database,
+            f", admin HTTP on {http}" if http else "",
+            extra={
+                "version": __version__,
+                "rules": rules,
+                "notifiers": notifiers,
+                "database": database,
+                "http": http,
+            },
+        )
+
+    def stop(self) -> None:
+        """Make :meth:`serve` return (from any thread)."""
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        """Make :meth:`serve` re-read rules and notifiers soon (what SIGHUP does)."""
+        self._reload_asked = True
+
+    def reload(self) -> bool:
+        """Re-read rules and notifiers and apply them; False when the new set was refused
+        (then everything goes on as it was, and the log says why)."""
+        if self._load is None:
+            log.warning("reload: this runner was not given a way to read its rules again")
+            return False
+        try:
+            rules, notifiers = self._load()
+        except ConfigError as exc:
+            lines = str(exc).splitlines()
+            log.error(
+                "reload refused, the running rules and notifiers go on: %d errors",
+                len(lines),
+                extra={"errors": lines},
+            )
+            for line in lines:
+                log.error("reload: %s", line)
+            return False
+        return self.apply(rules, notifiers)
+
+    def apply(self, rules: list[Rule], notifiers: list[NotifierConfig]) -> bool:
+        """Run ``rules`` and ``notifiers`` from now on, validated as a set (see
+        :func:`slawatch.commands.load_config`).
+
+        A rule not ready to run (needs a migrate, its table is gone) is reported and
+        left out, or, when it was running, goes on as it was. Scans and deliveries
+        in flight finish first. False (nothing changed) when the database cannot be
+        read or a notifier cannot be built.
+        """
+        with self._reload_lock:
+            try:
+                with self.db.connection("reading the watched tables for a reload") as conn:
+                    plans, problems = prepare_ready(conn, rules)
+            except SlawatchError as exc:
+                log.error("reload refused, the running rules and notifiers go on: %s", exc)
+                return False
+            configs = {c.name: c for c in notifiers}
+            renewed = [n for n, c in configs.items() if self._configs.get(n) != c]
+            built: dict[str, Notifier] = {}
+            try:
+                for name in renewed:
+                    built[name] = build(configs[name])
+            except Exception as exc:
+                for notifier in built.values():
+                    notifier.close()
+                log.error(
+                    "reload refused, the running rules and notifiers go on: notifier %s: %s",
+                    name,
+                    exc,
+                )
+                return False
+            self._apply_rules(rules, plans, problems)
+            self._apply_notifiers(configs, built)
+            self.db.resize(_pool_size([r.rule for r in self._running.values()], notifiers))
+            return True
+
+    def _apply_rules(
+        self, rules: list[Rule], plans: dict[str, ClaimPlan], problems: dict[str, str]
+    ) -> None:
+        """Switch the scans over to ``rules`` (``plans`` for the ready ones)."""
+        old = self._running
+        running: dict[str, _Running] = {}
+        added, changed = [], []
+        for rule in rules:
+            name = rule.name
+            before = old.get(name)
+            if name in problems:
+                if before is None:
+                    log.error("reload: %s; rule %s left out until then", problems[name], name)
+                    continue
+                # Never quiet by accident: the rule as it ran pages on until migrated.
+                log.error("reload: %s; rule %s goes on as it was until then", problems[name], name)
+                running[name] = before
+            elif before is None:
+                running[name] = _Running.start(rule, plans[name], self.backoff_cap)
+                added.append(name)
+            elif before.rule != rule:
+                running[name] = replace(before, rule=rule, plan=plans[name])
+                changed.append(name)
+            else:
+                running[name] = before
+        removed = [name for name in old if name not in running]
+        # Scans look their rule up when they start: one assignment switches them over.
+        self._running = running
+        for name, r in running.items():
+            self.descriptions[name] = r.rule.description
+        for name in removed:
+            self.descriptions.pop(name, None)
+        if self._scheduler is not None:
+            self._reschedule()
+        log.info(
+            "reload: %d rules (added: %s; changed: %s; removed: %s; not migrated: %s)",
+            len(running),
+            ", ".join(added) or "none",
+            ", ".join(changed) or "none",
+            ", ".join(removed) or "none",
+            ", ".join(sorted(problems)) or "none",
+            extra={
+                "rules": sorted(running),
+                "added": added,
+                "changed": changed,
+                "removed": removed,
+                "not_migrated": sorted(problems),
+            },
+        )
+
+    def _reschedule(self) -> None:
+        """Make the scheduler's scan jobs match the running rules: one job per rule at
+        its `every`, none for a rule gone.
+
+        Derived from ``self._running`` and the jobs themselves, not from what a reload
+        changed: a reload that failed halfway (and logged it) is mended by the next.
+        """
+        scheduler = self._scheduler
+        assert scheduler is not None
+        now = datetime.now(UTC)
+        jobs = {j.id: j for j in scheduler.get_jobs() if j.id.startswith("scan:")}
+        if len(self._running) + 1 > self._scan_threads:
+            # A thread per rule: a new, larger executor, and every scan job moves to it.
+            # The old one finishes what it runs now, then its threads end.
+            previous = self._scans
+            self._scan_threads = len(self._running) + 1
+            self._scans = f"scans-{self._scan_threads}"
+            scheduler.add_executor(ThreadPoolExecutor(self._scan_threads), self._scans)
+            for job_id in jobs:
+                scheduler.modify_job(job_id, executor=self._scans)
+            scheduler.remove_executor(previous, shutdown=False)
+        for job_id in jobs.keys() - {f"scan:{name}" for name in self._running}:
+            scheduler.remove_job(job_id)
+        for name, running in self._running.items():
+            job = jobs.get(f"scan:{name}")
+            if job is not None and job.trigger.interval == running.rule.every:
+                continue
+            if job is not None:
+                scheduler.remove_job(job.id)
+            self._add_scan(scheduler, name, running.rule, now)
+
+    def _apply_notifiers(
+        self, configs: dict[str, NotifierConfig], built: dict[str, Notifier]
+    ) -> None:
+        removed = [n for n in self._configs if n not in configs]
+        added = [n for n in built if n not in self._configs]
+        changed = [n for n in built if n in self._configs]
+        notifiers = {n: built.get(n) or self.notifiers[n] for n in configs}
+        for name in [*removed, *changed]:
+            # Its workers finish the batch in hand first.
+            if self._dispatcher is not None:
+                self._dispatcher.remove(name)
+            self.notifiers[name].close()
+        self.notifiers, self._configs = notifiers, configs
+        for name in [*added, *changed]:
+            if self._dispatcher is not None:
+                self._dispatcher.add(notifiers[name], configs[name].concurrency)
+            self.metrics.notifier_added(name)
+        if removed or built:
+            log.info(
+                "reload: %d notifiers (added: %s; changed: %s; removed: %s)",
+                len(notifiers),
+                ", ".join(added) or "none",
+                ", ".join(changed) or "none",
+                ", ".join(removed) or "none",
+                extra={
+                    "notifiers": sorted(notifiers),
+                    "added": added,
+                    "changed": changed,
+                    "removed": removed,
+                },
+            )
+
+    def health(self) -> dict[str, Any]:
+        """Whether :meth:`serve` is running whole (``/readyz``): the scheduler, every
+        delivery worker, the NOTIFY listener (or polling instead, by design), and the
+        database as last seen (not in an outage). ``ok`` is all of them."""
+        scheduler = self._scheduler is not None and bool(self._scheduler.running)
+        alive = self._dispatcher.alive() if self._dispatcher is not None else {}
+        listener = alive.pop("listen", False)
+        workers = {name: alive.get(name, False) for name in self.notifiers}
+        database = not self.db.outage.down
+        # "ok" last: a reader that names the first failing check names the part.
+        return {
+            "scheduler": scheduler,
+            "workers": workers,
+            "listener": listener,
+            "database": database,
+            "ok": scheduler and all(workers.values()) and listener and database,
+        }
+
+    def close(self) -> None:
+        """Close the notifiers and the database pool."""
+        for notifier in self.notifiers.values():
+            notifier.close()
+        self.db.close()
+
+
+def _pool_size(rules: list[Rule], notifiers: list[NotifierConfig]) -> int:
+    """Scans, the delivery workers (``concurrency`` per notifier), the listener's probe,
+    pruning, a metrics scrape, and one to spare."""
+    return len(rules) + sum(c.concurrency for c in notifiers) + 4
+
+
+@contextmanager
+def _signals(handler: signal._HANDLER) -> Iterator[None]:
+    """Install ``handler`` for SIGINT, SIGTERM and SIGHUP while inside (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
