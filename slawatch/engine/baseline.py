@@ -24,7 +24,7 @@ are owed to the people who were paged.
 
 The work goes in batches (``batch`` rows, one transaction each) in deadline
 order, from where the last batch ended, so no batch re-reads what an earlier one
-did. Each batch adds its count to ``slawatch.engine.baseline`` in the same transaction:
+did. Each batch adds its count to ``slawatch.baseline`` in the same transaction:
 an interrupted baseline loses nothing, and running it again finishes the rest
 (the rows themselves say what is done) and changes nothing already done.
 """
@@ -87,7 +87,7 @@ WITH picked AS (
 
 _RECORD = """\
 , recorded AS (
-    INSERT INTO slawatch.engine.baseline AS b (rule, rows, baselined_at)
+    INSERT INTO slawatch.baseline AS b (rule, rows, baselined_at)
     SELECT {rule}, count(*), {now} FROM done
     ON CONFLICT (rule) DO UPDATE SET rows = b.rows + excluded.rows,
                                      baselined_at = excluded.baselined_at
@@ -250,12 +250,12 @@ def recorded(conn: Connection) -> dict[str, Baselined]:
     """Each rule's baseline record (none before the first baseline or migrate)."""
     with translate("reading the baseline records"):
         exists = conn.execute(
-            "SELECT to_regclass('slawatch.engine.baseline') IS NOT NULL"
+            "SELECT to_regclass('slawatch.baseline') IS NOT NULL"
         ).fetchone()
         if not (exists and exists[0]):
             return {}
         rows = conn.execute(
-            "SELECT rule, rows, baselined_at FROM slawatch.engine.baseline"
+            "SELECT rule, rows, baselined_at FROM slawatch.baseline"
         ).fetchall()
     return {rule: Baselined(int(n), at) for rule, n, at in rows}
 

@@ -232,7 +232,7 @@ def schema_current(conn: Connection) -> bool:
             " AND to_regclass('slawatch.silence') IS NOT NULL"
             " AND to_regclass('slawatch.scan') IS NOT NULL"
             " AND to_regclass('slawatch.delivery_dead') IS NOT NULL"
-            " AND to_regclass('slawatch.engine.baseline') IS NOT NULL"
+            " AND to_regclass('slawatch.baseline') IS NOT NULL"
             # storms: the summary index comes after the wider CHECKs in schema.sql
             " AND to_regclass('slawatch.delivery_summary') IS NOT NULL"
             " AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('slawatch.alert')"

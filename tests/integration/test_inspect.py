@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from slawatch import scans
+from slawatch.runtime import scans
 from slawatch.db import Database, DatabaseUnavailable
 from slawatch.engine.claim import DrainResult
 from slawatch.engine.migrate import migrate

@@ -12,7 +12,7 @@ from html import escape as html_escape
 import httpx
 import pytest
 
-from slawatch import inspect
+from slawatch.operate import inspect
 from slawatch.operate.page import COOKIE, PAGE_HEADER, cookie_value
 from tests.integration.helpers import Conn
 from tests.integration.page_helpers import (

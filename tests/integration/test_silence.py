@@ -209,7 +209,7 @@ def test_an_outbox_from_before_silences_is_upgraded(conn: Conn) -> None:
         "ALTER TABLE slawatch.delivery DROP CONSTRAINT delivery_status",
         "DROP TABLE slawatch.ack",
         "DROP TABLE slawatch.silence",
-        "DROP TABLE slawatch.engine.baseline",
+        "DROP TABLE slawatch.baseline",
     ):
         conn.execute(undo)
         assert not schema_current(conn), undo
