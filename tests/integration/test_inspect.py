@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from slawatch.runtime import scans
 from slawatch.db import Database, DatabaseUnavailable
 from slawatch.engine.claim import DrainResult
 from slawatch.engine.migrate import migrate
@@ -22,6 +21,7 @@ from slawatch.operate.inspect import (
     rules_report,
     stats,
 )
+from slawatch.runtime import scans
 from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
