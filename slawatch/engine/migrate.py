@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from dataclasses import dataclass, replace
 
 from psycopg import sql
@@ -34,7 +33,7 @@ from slawatch.engine.catalog import (
     probe_indexes,
     table_ident,
 )
-from slawatch.engine.schema import MIGRATE_LOCK, Change
+from slawatch.engine.schema import Change
 from slawatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -42,7 +41,6 @@ log = logging.getLogger(__name__)
 # ALTER TABLE needs a brief exclusive lock; never queue behind a long transaction
 # (and block the application's queries behind us) for longer than this.
 LOCK_TIMEOUT = "5s"
-LOCK_RETRY = 0.2  # seconds between tries of the migrate lock held by another migrate
 
 
 def _q(*names: str) -> str:
@@ -451,8 +449,7 @@ def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
     Nothing is changed when any rule fails its check. Concurrent migrates take turns
     (an advisory lock): the second finds done what the first did.
     """
-    _take_migrate_lock(conn)
-    try:
+    with schema.migrate_lock(conn):
         done = []
         for step in plan(conn, rules):
             if step.change is not None:
@@ -467,26 +464,6 @@ def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
             if not step.detail:
                 done.append(step.done)
         return done
-    finally:
-        with translate("migrate"):
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
-
-
-def _take_migrate_lock(conn: Connection) -> None:
-    """The session's migrate lock, waited for between tries rather than in
-    pg_advisory_lock: a statement waiting there holds a snapshot, and the running
-    migrate's CREATE INDEX CONCURRENTLY waits for every older snapshot to go, so each
-    would wait for the other (PostgreSQL then ends one: 'deadlock detected')."""
-    waiting = False
-    while True:
-        with translate("migrate"):
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (MIGRATE_LOCK,)).fetchone()
-        if row and row[0]:
-            return
-        if not waiting:
-            log.info("another slawatch migrate is running; waiting for it to finish")
-            waiting = True
-        time.sleep(LOCK_RETRY)
 
 
 def _locked(conn: Connection, statement: str) -> None:

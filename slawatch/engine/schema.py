@@ -17,8 +17,11 @@ check the same record, so a DBA's script can be run on a database in any state.
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -30,7 +33,10 @@ from slawatch.db import Connection, translate
 from slawatch.engine.queries import legacy_upgrade_sql, migration_files, queries
 from slawatch.errors import SlawatchError
 
+log = logging.getLogger(__name__)
+
 MIGRATE_LOCK = 0x534C4157  # advisory lock key: one migrate at a time
+LOCK_RETRY = 0.2  # seconds between tries of the migrate lock while another migrate holds it
 FOLDER = "slawatch/sql/migrations"
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9]+(?:_[a-z0-9]+)*)\.sql$")
 _TAG = "$migration$"  # the printed DO blocks' quote: a migration must not contain it
@@ -159,6 +165,38 @@ def current(conn: Connection) -> bool:
         )
 
 
+@contextmanager
+def migrate_lock(conn: Connection) -> Iterator[None]:
+    """One migrator at a time: the session's advisory lock MIGRATE_LOCK, held inside
+    (re-entrant: ``migrate`` holds it throughout, and each change takes it again).
+
+    Taken outside a transaction, and waited for between tries, not in
+    pg_advisory_lock: a statement waiting there holds a snapshot, and the running
+    migrate's CREATE INDEX CONCURRENTLY waits for every older snapshot to go, so each
+    would wait for the other (PostgreSQL ends one: 'deadlock detected'). And a
+    transaction begun once the lock is granted sees the catalog as the last holder
+    left it, whereas one that waited for an advisory lock inside itself may still
+    take a schema made meanwhile for absent (seen on PostgreSQL 15 in a session with
+    temporary tables, which check() leaves: CREATE SCHEMA IF NOT EXISTS then fails).
+    """
+    q = queries()
+    waiting = False
+    while True:
+        with translate("migrate: taking the migrate lock"):
+            row = conn.execute(q["migrate_lock_try"], {"key": MIGRATE_LOCK}).fetchone()
+        if row and row[0]:
+            break
+        if not waiting:
+            log.info("another slawatch migrate is running; waiting for it to finish")
+            waiting = True
+        time.sleep(LOCK_RETRY)
+    try:
+        yield
+    finally:
+        with translate("migrate: releasing the migrate lock"):
+            conn.execute(q["migrate_unlock"], {"key": MIGRATE_LOCK})
+
+
 def apply(conn: Connection, change: Change, now: datetime) -> bool:
     """Apply one change and record it, in one transaction under the migrate lock.
 
@@ -166,8 +204,7 @@ def apply(conn: Connection, change: Change, now: datetime) -> bool:
     """
     q = queries()
     m = change.migration
-    with translate(f"migrate: {change.done}"), conn.transaction():
-        conn.execute(q["migrate_lock_xact"], {"key": MIGRATE_LOCK})
+    with migrate_lock(conn), translate(f"migrate: {change.done}"), conn.transaction():
         conn.execute(q["schema_version_create"])
         # Read again under the lock: what was planned may have been done since.
         if change not in changes(read_state(conn)):

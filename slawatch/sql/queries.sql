@@ -430,6 +430,9 @@ SELECT EXISTS (SELECT 1 FROM slawatch.schema_version WHERE version = %(version)s
 INSERT INTO slawatch.schema_version (version, name, applied_at)
 VALUES (%(version)s, %(name)s, %(at)s)
 
--- migrate_lock_xact --
--- One migrator at a time (the key is schema.MIGRATE_LOCK); held until the transaction ends.
-SELECT pg_advisory_xact_lock(%(key)s)
+-- migrate_lock_try --
+-- One migrator at a time (schema.migrate_lock; the key is schema.MIGRATE_LOCK).
+SELECT pg_try_advisory_lock(%(key)s)
+
+-- migrate_unlock --
+SELECT pg_advisory_unlock(%(key)s)

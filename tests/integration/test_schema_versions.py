@@ -229,9 +229,10 @@ def test_a_change_planned_by_two_migrators_is_applied_by_one(conn: Conn) -> None
 TABLE = "CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, paid_at timestamptz)"
 
 
-def _race(dsn: str, work: Any, n: int = 4) -> list[Any]:
-    """``work(conn)`` in ``n`` threads, each on its own connection, started together;
-    every result, or the test fails with the errors."""
+def _race(dsn: str, work: Any, n: int = 4, plan: Any = lambda c: None) -> list[Any]:
+    """``work(conn, plan(conn))`` in ``n`` threads, each on its own connection, the
+    plans made first and the work started together; every result, or the test fails
+    with the errors."""
     barrier = threading.Barrier(n)
     results: list[Any] = []
     errors: list[BaseException] = []
@@ -239,8 +240,9 @@ def _race(dsn: str, work: Any, n: int = 4) -> list[Any]:
     def one() -> None:
         try:
             with connect(dsn) as c:
+                planned = plan(c)
                 barrier.wait(timeout=30)
-                results.append(work(c))
+                results.append(work(c, planned))
         except BaseException as exc:
             errors.append(exc)
 
@@ -254,11 +256,10 @@ def _race(dsn: str, work: Any, n: int = 4) -> list[Any]:
     return results
 
 
-def test_concurrent_migrates_apply_each_migration_exactly_once(conn: Conn, dsn: str) -> None:
+def late_rule() -> Any:
     from slawatch.config.rules import Rule
 
-    conn.execute(TABLE)
-    late = Rule.model_validate(
+    return Rule.model_validate(
         {
             "name": "late",
             "table": "public.orders",
@@ -269,7 +270,12 @@ def test_concurrent_migrates_apply_each_migration_exactly_once(conn: Conn, dsn: 
             "notify": ["console"],
         }
     )
-    results = _race(dsn, lambda c: migrate(c, [late]))
+
+
+def test_concurrent_migrates_apply_each_migration_exactly_once(conn: Conn, dsn: str) -> None:
+    conn.execute(TABLE)
+    late = late_rule()
+    results = _race(dsn, lambda c, _: migrate(c, [late]))
     done = sorted(results, key=len)
     assert done[:-1] == [[]] * (len(done) - 1)  # the others waited, then found it done
     assert done[-1][0] == "slawatch's schema: applied 0001_initial.sql"
@@ -278,10 +284,20 @@ def test_concurrent_migrates_apply_each_migration_exactly_once(conn: Conn, dsn: 
 
 
 def test_concurrent_schema_changes_apply_once(conn: Conn, dsn: str) -> None:
-    """The change itself takes the lock: migrators that all planned 0001 (no migrate's
-    session lock around them) apply it once; the others find it recorded."""
-    (change,) = schema.pending(conn)
-    results = _race(dsn, lambda c: schema.apply(c, change, NOW))
+    """A change takes the lock itself: migrators that all checked their rules (which
+    leaves temporary tables in the session) and planned 0001, without migrate's hold of
+    the lock around them, apply it once; the others find it recorded, and none takes
+    the schema made meanwhile for absent."""
+    from slawatch.engine.migrate import check
+
+    conn.execute(TABLE)
+    late = late_rule()
+
+    def plan(c: Conn) -> list[Change]:
+        check(c, [late])
+        return schema.pending(c)
+
+    results = _race(dsn, lambda c, planned: schema.apply(c, planned[0], NOW), plan=plan)
     assert sorted(results) == [False, False, False, True]
     assert versions(conn) == [(1, "initial")]
 
