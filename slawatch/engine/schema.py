@@ -93,6 +93,8 @@ def parse_migrations(files: Mapping[str, LiteralString]) -> tuple[Migration, ...
                 " (NNNN_name.sql: four digits, lower-case words, e.g. 0002_add_session.sql)"
             )
         version = int(match[1])
+        if version == 0:
+            raise SlawatchError(f"{FOLDER}/{filename}: numbers start at 0001")
         if version in found:
             raise SlawatchError(
                 f"{FOLDER}: {found[version].filename} and {filename} have the same number"
@@ -137,6 +139,7 @@ def read_state(conn: Connection) -> State:
 def _one(
     conn: Connection, query: LiteralString, params: Mapping[str, object] | None = None
 ) -> object:
+    """The first column of the query's one row."""
     row = conn.execute(query, params).fetchone()
     return row[0] if row else None
 

@@ -37,7 +37,7 @@ def test_files_are_ordered_by_number() -> None:
         ({"0001_initial.sql": SQL, "002_short.sql": SQL}, "002_short.sql: not a migration's name"),
         ({"0001_initial.sql": SQL, "0002-dash.sql": SQL}, "0002-dash.sql: not a migration's name"),
         ({"0001_Initial.sql": SQL}, "0001_Initial.sql: not a migration's name"),
-        ({"0000_zero.sql": SQL, "0001_initial.sql": SQL}, "0000_zero.sql follows a gap"),
+        ({"0000_zero.sql": SQL, "0001_initial.sql": SQL}, "0000_zero.sql: numbers start at 0001"),
         ({}, "no migrations"),
         ({"0001_initial.sql": "SELECT '$migration$';"}, "contains $migration$"),
     ],
