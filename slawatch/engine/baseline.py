@@ -249,14 +249,10 @@ class Baselined:
 def recorded(conn: Connection) -> dict[str, Baselined]:
     """Each rule's baseline record (none before the first baseline or migrate)."""
     with translate("reading the baseline records"):
-        exists = conn.execute(
-            "SELECT to_regclass('slawatch.baseline') IS NOT NULL"
-        ).fetchone()
+        exists = conn.execute("SELECT to_regclass('slawatch.baseline') IS NOT NULL").fetchone()
         if not (exists and exists[0]):
             return {}
-        rows = conn.execute(
-            "SELECT rule, rows, baselined_at FROM slawatch.baseline"
-        ).fetchall()
+        rows = conn.execute("SELECT rule, rows, baselined_at FROM slawatch.baseline").fetchall()
     return {rule: Baselined(int(n), at) for rule, n, at in rows}
 
 

@@ -1,5 +1,8 @@
 """DDL from rules: slawatch's schema, tracking columns, partial indexes, GRANTs.
 
+slawatch's own tables come from numbered migrations (schema.py); what rules need
+(tracking columns, state tables, partial indexes) is generated here from each rule.
+
 One plan serves both ``migrate`` and ``migrate --print``: it compares what the
 catalog has with what the rules need and lists the statements that close the
 gap, so a DBA who applies the printed script ends where ``migrate`` would.
@@ -17,8 +20,10 @@ from dataclasses import dataclass, replace
 
 from psycopg import sql
 
+from slawatch.clock import Clock
 from slawatch.config.rules import Rule, condition_columns
 from slawatch.db import Connection, translate
+from slawatch.engine import schema
 from slawatch.engine.catalog import (
     IndexState,
     Partition,
@@ -28,7 +33,7 @@ from slawatch.engine.catalog import (
     probe_indexes,
     table_ident,
 )
-from slawatch.engine.queries import schema_sql
+from slawatch.engine.schema import Change
 from slawatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -36,7 +41,6 @@ log = logging.getLogger(__name__)
 # ALTER TABLE needs a brief exclusive lock; never queue behind a long transaction
 # (and block the application's queries behind us) for longer than this.
 LOCK_TIMEOUT = "5s"
-MIGRATE_LOCK = 0x534C4157  # advisory lock key: one migrate at a time
 
 
 def _q(*names: str) -> str:
@@ -133,6 +137,7 @@ class Step:
     done: str
     locked: bool = False  # takes a strong lock: run with lock_timeout, in a transaction
     detail: bool = False  # one of many similar steps: printed, not reported by migrate
+    change: Change | None = None  # a schema migration: applied and recorded by schema.apply
 
 
 def grants(
@@ -148,8 +153,8 @@ def grants(
             "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA slawatch TO {}"
         ).format(r),
     ]
-    for schema in sorted({rule.schema_name for rule in rules}):
-        out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), r))
+    for name in sorted({rule.schema_name for rule in rules}):
+        out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(name), r))
     for rule in rules:
         key = (keys or {}).get(rule.name) or rule.key
         if rule.track == "table" and key:
@@ -213,7 +218,7 @@ def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> tuple[list[str], s
 
 
 def require_schema(conn: Connection) -> None:
-    """ConfigError unless slawatch's own tables are there in their current shape."""
+    """ConfigError unless slawatch's latest migration is recorded."""
     if not schema_current(conn):
         raise ConfigError(
             "slawatch's schema is missing or out of date; run 'slawatch migrate' first"
@@ -221,26 +226,8 @@ def require_schema(conn: Connection) -> None:
 
 
 def schema_current(conn: Connection) -> bool:
-    """slawatch's own tables exist in their current shape."""
-    with translate("reading the catalog for slawatch's schema"):
-        # The newest piece of each upgrade: episodes, watermarks, acks and silences
-        # (the alert's kind, the delivery's 'silenced' state), baselines, storms.
-        row = conn.execute(
-            "SELECT to_regclass('slawatch.delivery') IS NOT NULL"
-            " AND to_regclass('slawatch.watermark') IS NOT NULL"
-            " AND to_regclass('slawatch.ack') IS NOT NULL"
-            " AND to_regclass('slawatch.silence') IS NOT NULL"
-            " AND to_regclass('slawatch.scan') IS NOT NULL"
-            " AND to_regclass('slawatch.delivery_dead') IS NOT NULL"
-            " AND to_regclass('slawatch.baseline') IS NOT NULL"
-            # storms: the summary index comes after the wider CHECKs in schema.sql
-            " AND to_regclass('slawatch.delivery_summary') IS NOT NULL"
-            " AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('slawatch.alert')"
-            " AND attname IN ('episode', 'kind') AND NOT attisdropped) = 2"
-            " AND EXISTS (SELECT 1 FROM pg_constraint"
-            " WHERE conrelid = to_regclass('slawatch.delivery') AND conname = 'delivery_status')"
-        ).fetchone()
-    return bool(row and row[0])
+    """slawatch's own tables are current: the latest migration is recorded."""
+    return schema.current(conn)
 
 
 def plan(conn: Connection, rules: list[Rule]) -> list[Step]:
@@ -250,10 +237,8 @@ def plan(conn: Connection, rules: list[Rule]) -> list[Step]:
     """
     tables = check(conn, rules)
     steps = []
-    if not schema_current(conn):
-        steps.append(
-            Step(schema_sql().strip().rstrip(";"), "created or upgraded slawatch's schema")
-        )
+    for change in schema.pending(conn):
+        steps.append(Step(change.sql, change.done, change=change))
     for rule in rules:
         steps.extend(plan_rule(conn, rule, tables[rule.name]))
     return steps
@@ -461,13 +446,16 @@ def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
     """Check, then bring the database in line with ``rules``; returns what was done.
 
     ``conn`` must be in autocommit mode (CREATE INDEX CONCURRENTLY needs it).
-    Nothing is changed when any rule fails its check.
+    Nothing is changed when any rule fails its check. Concurrent migrates take turns
+    (an advisory lock): the second finds done what the first did.
     """
-    with translate("migrate"):
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
-    try:
+    with schema.migrate_lock(conn):
         done = []
         for step in plan(conn, rules):
+            if step.change is not None:
+                if schema.apply(conn, step.change, Clock().now()):
+                    done.append(step.done)
+                continue
             with translate(f"migrate: {step.done}"):
                 if step.locked:
                     _locked(conn, step.statement)
@@ -476,9 +464,6 @@ def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
             if not step.detail:
                 done.append(step.done)
         return done
-    finally:
-        with translate("migrate"):
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
 
 
 def _locked(conn: Connection, statement: str) -> None:
@@ -498,6 +483,8 @@ _PRINT_HEAD = """\
 
 def _printed(step: Step) -> str:
     """A step as psql runs it; a locking one bounded by lock_timeout, as migrate runs it."""
+    if step.change is not None:
+        return schema.printed(step.change)
     if not step.locked:
         return step.statement + ";"
     return f"SET lock_timeout = '{LOCK_TIMEOUT}';\n{step.statement};\nRESET lock_timeout;"
@@ -515,8 +502,7 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
         out.append("-- Made without a database: every index is rebuilt. With SLAWATCH_DSN")
         out.append("-- (or --dsn) set, --print shows only what that database needs.")
         out.append("")
-        out.append(schema_sql().strip().rstrip(";") + ";")
-        out.append("")
+        out.extend(_printed_schema(schema.every_change()))
         for rule in rules:
             out.append(f"-- rule {rule.name} ({rule.source}) on {rule.table}")
             if rule.track == "table":
@@ -548,9 +534,13 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
     elif not steps:
         out.append("-- The database is up to date: nothing to change.")
     else:
+        changes = [step.change for step in steps if step.change is not None]
+        if changes:
+            out.extend(_printed_schema(changes))
         for step in steps:
-            out.append(f"-- {step.done}")
-            out.append(_printed(step))
+            if step.change is None:
+                out.append(f"-- {step.done}")
+                out.append(_printed(step))
     out.append("")
     out.append("-- Least privilege: what the role slawatch runs as needs (name yours; create")
     out.append("-- it first, e.g. CREATE ROLE slawatch_app LOGIN). slawatch also needs TEMP on")
@@ -558,3 +548,15 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
     out.append("-- rules' indexes on empty temporary copies of the tables.")
     out.extend(g.as_string(None) + ";" for g in grants(rules))
     return "\n".join(out) + "\n"
+
+
+def _printed_schema(changes: list[Change]) -> list[str]:
+    """slawatch's schema changes as script lines: the record's table, then each change."""
+    out = [
+        "-- slawatch's schema: numbered migrations, each recorded in slawatch.schema_version.",
+        schema.printed_bootstrap(),
+        "",
+    ]
+    for change in changes:
+        out += [schema.printed(change), ""]
+    return out

@@ -1,4 +1,5 @@
-"""Fixed SQL, loaded once from ``sql/queries.sql`` (named ``-- name --`` blocks)."""
+"""Fixed SQL, loaded once: ``sql/queries.sql`` (named ``-- name --`` blocks), and the
+schema's migration files."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def queries() -> dict[str, LiteralString]:
 
 
 @cache
-def schema_sql() -> LiteralString:
-    """The DDL of slawatch's own schema."""
-    return resources.files("slawatch").joinpath("sql/schema.sql").read_text()
+def migration_files() -> dict[str, LiteralString]:
+    """The text of each ``.sql`` file in ``sql/migrations/``, by file name."""
+    folder = resources.files("slawatch").joinpath("sql/migrations")
+    return {f.name: f.read_text() for f in folder.iterdir() if f.name.endswith(".sql")}
+
+
+@cache
+def legacy_upgrade_sql() -> LiteralString:
+    """The previous release's self-upgrading schema script, frozen (see schema.py)."""
+    return resources.files("slawatch").joinpath("sql/legacy_upgrade.sql").read_text()

@@ -398,3 +398,41 @@ SELECT r.rule, h.hour, count(*)
 SELECT k.rule, k.key, k.episode, k.acked_by, k.acked_at
   FROM unnest(%(rules)s::text[], %(keys)s::text[], %(episodes)s::int[]) AS w(rule, key, episode)
   JOIN slawatch.ack k ON k.rule = w.rule AND k.key = w.key AND k.episode = w.episode;
+
+-- schema_version_create --
+-- Versioned migrations (slawatch/engine/schema.py): where each one applied is recorded.
+-- The migrator makes it, under its lock, in the transaction of the first migration it
+-- applies; it is the migrator's own record, not part of any migration.
+CREATE SCHEMA IF NOT EXISTS slawatch;
+CREATE TABLE IF NOT EXISTS slawatch.schema_version (
+    version     integer     PRIMARY KEY,
+    name        text        NOT NULL,
+    applied_at  timestamptz NOT NULL
+);
+
+-- schema_versioned --
+SELECT to_regclass('slawatch.schema_version') IS NOT NULL
+
+-- schema_has_tables --
+-- Tables of a release from before versioning: any table its schema.sql made.
+SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = 'slawatch' AND c.relkind IN ('r', 'p')
+                  AND c.relname IN ('alert', 'delivery', 'watermark', 'ack', 'silence',
+                                    'scan', 'baseline'))
+
+-- schema_versions --
+SELECT version FROM slawatch.schema_version ORDER BY version
+
+-- schema_version_recorded --
+SELECT EXISTS (SELECT 1 FROM slawatch.schema_version WHERE version = %(version)s)
+
+-- schema_version_record --
+INSERT INTO slawatch.schema_version (version, name, applied_at)
+VALUES (%(version)s, %(name)s, %(at)s)
+
+-- migrate_lock_try --
+-- One migrator at a time (schema.migrate_lock; the key is schema.MIGRATE_LOCK).
+SELECT pg_try_advisory_lock(%(key)s)
+
+-- migrate_unlock --
+SELECT pg_advisory_unlock(%(key)s)

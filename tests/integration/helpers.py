@@ -91,3 +91,11 @@ def tracking(conn: Conn, rule: str, table: str, key: int) -> tuple[Any, ...]:
     ).fetchone()
     assert row is not None
     return tuple(row)
+
+
+def unversioned(conn: Conn) -> None:
+    """Forget the applied migrations: the database then looks like one made before
+    versioned migrations (those releases had no slawatch.schema_version), so a test
+    that reshapes slawatch's tables into an older release's sees the next migrate
+    take that path (schema.py: the legacy upgrade)."""
+    conn.execute("DROP TABLE slawatch.schema_version")

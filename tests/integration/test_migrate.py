@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -76,6 +77,7 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
         "silence",
         "scan",
         "baseline",
+        "schema_version",  # issue 14: the record of applied migrations
     }
 
 
@@ -144,17 +146,26 @@ def test_bad_rules_change_nothing(conn: Conn, fields: dict[str, Any], expected: 
     assert indexes(conn) == {}
 
 
+DOLLAR_QUOTE = re.compile(r"\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$")
+
+
 def run_script(conn: Conn, script: str) -> None:
     """Run a printed migration as psql would: statement by statement (CONCURRENTLY
-    cannot run inside a transaction), a $$-quoted block being one statement."""
+    cannot run inside a transaction), a dollar-quoted block ($$ or $tag$, which may
+    hold $$ blocks) being one statement."""
     statement: list[str] = []
+    quote: str | None = None  # the dollar quote open at the end of the line
     for line in script.splitlines():
         if line.startswith("--") and not statement:
             continue
         statement.append(line)
-        text = "\n".join(statement)
-        if line.rstrip().endswith(";") and text.count("$$") % 2 == 0:
-            conn.execute(text.encode())
+        for tag in DOLLAR_QUOTE.findall(line):
+            if quote is None:
+                quote = tag
+            elif tag == quote:
+                quote = None
+        if line.rstrip().endswith(";") and quote is None:
+            conn.execute("\n".join(statement).encode())
             statement = []
     assert not "\n".join(statement).strip()
 

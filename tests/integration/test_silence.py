@@ -16,7 +16,7 @@ from slawatch.engine.claim import ClaimPlan
 from slawatch.engine.migrate import migrate, schema_current
 from slawatch.errors import BadInput, NotFound
 from slawatch.operate.lifecycle import add_silence, delete_silence, list_silences
-from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop
+from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop, unversioned
 from tests.integration.lifecycle_helpers import Inbox, statuses
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -212,6 +212,7 @@ def test_an_outbox_from_before_silences_is_upgraded(conn: Conn) -> None:
         "DROP TABLE slawatch.baseline",
     ):
         conn.execute(undo)
+        unversioned(conn)  # an older release's shape, as that release left it
         assert not schema_current(conn), undo
         migrate(conn, list(rules.values()))
         assert schema_current(conn)

@@ -1,3 +1,14 @@
+-- FROZEN: do not edit. Schema changes go in migrations/NNNN_name.sql (README,
+-- "How to change the schema"); tests/unit/test_schema.py pins this file's hash.
+--
+-- This is the last release's schema.sql from before versioned migrations, kept as it
+-- was. Databases made before versioning may be at any of the older shapes it
+-- upgrades (before episodes, silences, storms, ...), and this script was their one
+-- upgrade path: it inspects the catalog and brings any of them to the shape of
+-- migrations/0001_initial.sql. slawatch runs it once, on a database with slawatch's
+-- tables but no recorded version, and records 0001 as applied in the same transaction.
+-- Below: the file as it shipped.
+--
 -- slawatch's own tables: the outbox of alerts and their deliveries.
 -- Idempotent: safe to run on every `slawatch migrate`.
 CREATE SCHEMA IF NOT EXISTS slawatch;
