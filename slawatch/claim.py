@@ -385,8 +385,9 @@ def prepare_ready(
 def count_due(
     conn: Connection, rule: Rule, info: TableInfo, now: datetime, limit: int = 1_000_000
 ) -> int | None:
-    """How many rows the next scans at ``now`` would notify (first notices and due
-    re-notifications), counted up to ``limit``; None when counting took too long.
+    """How many rows a drain at ``now`` would notify (first notices and due
+    re-notifications; ``track: table`` backfills too, as ``run --once`` sweeps), counted
+    up to ``limit``; None when counting took too long.
 
     Without tracking columns (not migrated yet) every due open row counts as a first
     notice. Nothing is written (see slawatch/due.py).
@@ -455,8 +456,15 @@ def drain(
     plan: ClaimPlan,
     clock: Clock,
     budget: timedelta | None = None,
+    *,
+    sweep: bool = False,
 ) -> DrainResult:
-    """Claim batch after batch while batches come back full, within ``budget``."""
+    """Claim batch after batch while batches come back full, within ``budget``.
+
+    ``sweep``: a ``track: table`` rule sweeps even when its sweep is not due, so the
+    drain also finds rows that became overdue before the watermark's look-back
+    (backfills): ``run --once`` drains every due row. An inline drain always does.
+    """
     tally = Tally()
     if plan.table is not None:
         alerts, batches = drain_table(
@@ -467,6 +475,7 @@ def drain(
             clock,
             budget or plan.rule.every,
             tally,
+            sweep,
         )
         return DrainResult(alerts, batches, tally.closed, tally.severities)
     budget_s = (budget or plan.rule.every).total_seconds()

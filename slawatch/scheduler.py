@@ -280,18 +280,21 @@ class Runner:
             )
         return result
 
-    def _drain(self, plan: ClaimPlan) -> DrainResult:
+    def _drain(self, plan: ClaimPlan, sweep: bool = False) -> DrainResult:
         try:
-            return drain(self.db, plan, self.clock)
+            return drain(self.db, plan, self.clock, sweep=sweep)
         except PreparedStatementLost:
             # The failed batch rolled back and prepared statements are off now.
-            return drain(self.db, plan, self.clock)
+            return drain(self.db, plan, self.clock, sweep=sweep)
 
     def _drain_running(self, rule: str) -> DrainResult:
-        return self._drain(self._running[rule].plan)
+        # run --once sweeps `track: table` rules too: it drains every due row, backfills
+        # with deadlines older than the watermark's look-back included.
+        return self._drain(self._running[rule].plan, sweep=True)
 
     def once(self) -> OnceResult:
-        """Drain every rule once, then one delivery pass (``run --once``).
+        """Drain every rule once (``track: table`` rules with a sweep, so backfilled rows
+        are sent too), then one delivery pass (``run --once``).
 
         Every rule and notifier gets its turn even when another failed (the
         failures are in the result), unless the database is unreachable: then
