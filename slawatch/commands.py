@@ -413,7 +413,8 @@ def _count(value: int | None, capped: bool = False) -> str:
 
 
 def cmd_status(settings: Settings, as_json: bool) -> int:
-    """Per rule: overdue now, notified, deliveries pending/dead, the last scan."""
+    """Per rule: overdue now (and of those, not yet notified), open episodes awaiting a
+    re-notification, deliveries pending/dead, the last scan."""
     rules, _ = load_config(settings)
     now = Clock().now()
     with connect(database_dsn(settings)) as conn:
@@ -429,6 +430,7 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
                 r.name,
                 r.track,
                 _count(r.overdue, r.overdue_capped),
+                _count(r.not_notified, r.not_notified_capped),
                 _count(r.notified),
                 _count(r.pending),
                 _count(r.dead),
@@ -442,9 +444,9 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
             notes.append(f"{r.name}: {r.problem}")
         if scan is not None and scan.error:
             notes.append(f"{r.name}: last scan failed: {scan.error}")
-    header = ["RULE", "TRACK", "OVERDUE", "NOTIFIED", "PENDING", "DEAD", "OLDEST PENDING"]
-    header += ["LAST SCAN", "TOOK", "ALERTS"]
-    print(_table(header, rows, right={2, 3, 4, 5, 6, 7, 8, 9}))
+    header = ["RULE", "TRACK", "OVERDUE", "UNNOTIFIED", "NOTIFIED", "PENDING", "DEAD"]
+    header += ["OLDEST PENDING", "LAST SCAN", "TOOK", "ALERTS"]
+    print(_table(header, rows, right=set(range(2, 11))))
     for note in notes:
         print(note)
     return 0

@@ -7,6 +7,15 @@ Looking must not slow the claim: counts of watched rows go through the rules'
 partial indexes and stop at :data:`COUNT_LIMIT`, the delivery backlog is read
 through the partial indexes of pending and dead deliveries, lists are paged by
 key, and every statement runs under a statement timeout.
+
+What is overdue is counted where each way to track keeps it: ``track: table``
+reads the range of the due index (the deadline of open rows) that is past, and
+probes the state table's primary key per row for whether its episode was
+notified; ``inline`` adds the rows not yet notified (the first-notice index's
+past range) to the open episodes (the whole re-notify index, which holds every
+open episode: one entry per overdue notified row). Each part stops at
+:data:`COUNT_LIMIT` rows read, so a count costs at most that many index entries
+(and their heap rows), however large the table or the backlog.
 """
 
 from __future__ import annotations
@@ -15,16 +24,17 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+import psycopg
 from psycopg import sql
 from pydantic import BaseModel, Field
 
-from slawatch.catalog import TableInfo, index_state, inspect_table, table_ident
-from slawatch.claim import count_due
+from slawatch.catalog import TableInfo, index_state, inspect_table, key_columns, table_ident
+from slawatch.claim import ClaimPlan, sql_text
 from slawatch.config import shorten
 from slawatch.db import Connection, translate
 from slawatch.deliver import alert_id
 from slawatch.durations import parse_duration
-from slawatch.errors import BadInput, NotFound
+from slawatch.errors import BadInput, DatabaseError, NotFound
 from slawatch.lifecycle import INT8, parse_alert
 from slawatch.migrate import index_specs, predicates, require_schema
 from slawatch.queries import queries
@@ -69,10 +79,19 @@ class RuleStatus(BaseModel):
     notify: list[str]
     every_seconds: float
     overdue: int | None = Field(
-        description="rows the next scan would notify (first notices and due re-notifications), "
-        f"counted up to {COUNT_LIMIT}; null when not counted (see problem, or a 30 s timeout)"
+        description="rows overdue now (open, deadline + after passed), notified or not "
+        "(baselined rows too), counted up to "
+        f"{COUNT_LIMIT}; null when not counted (see problem, or a timeout)"
     )
     overdue_capped: bool = Field(description=f"overdue reached {COUNT_LIMIT}: there are more")
+    not_notified: int | None = Field(
+        default=None,
+        description="of the overdue rows, those not yet notified in their current episode "
+        "(the next scan's first notices), counted up to the same limit; null when not counted",
+    )
+    not_notified_capped: bool = Field(
+        default=False, description=f"not_notified reached {COUNT_LIMIT}, or overdue did first"
+    )
     notified: int | None = Field(
         description="open episodes with a re-notification scheduled (read from the re-notify "
         "partial index, counted up to the same limit); null for a rule without renotify. "
@@ -259,11 +278,73 @@ def notified_statement(rule: Rule) -> sql.Composed:
     if rule.track == "table":
         source: sql.Composable = sql.SQL("{} WHERE sw_next IS NOT NULL").format(state_table(rule))
     else:
-        # The predicate word for word as the index has it, so the planner matches them.
-        source = sql.SQL("{} WHERE {}").format(table_ident(rule), sql.SQL(predicates(rule)[1]))
+        # The predicate word for word as the index has it, so the planner matches them;
+        # `next IS NOT NULL` is then a condition on the index's key (its non-null part).
+        source = sql.SQL("{} WHERE {} IS NOT NULL AND {}").format(
+            table_ident(rule), sql.Identifier(rule.next_column), sql_text(predicates(rule)[1])
+        )
     return sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT {}) a").format(
         source, sql.Literal(COUNT_LIMIT)
     )
+
+
+def overdue_statement(rule: Rule, info: TableInfo) -> sql.Composed:
+    """Rows overdue now, and of them those not yet notified: one row ``(overdue,
+    not_notified, overdue_capped, not_notified_capped)``; parameter ``cutoff`` (now less
+    ``after``, as a value of the deadline's type). Reads at most :data:`COUNT_LIMIT`
+    entries of each index it uses, and never the watched table without one."""
+    t, d = table_ident(rule), sql.Identifier(rule.deadline)
+    cap = sql.Literal(COUNT_LIMIT)
+    if rule.track == "table":
+        # The past range of the due index; per row, one probe of the state table's
+        # primary key for an episode of this deadline value (notified, or baselined).
+        s_is_t = sql.SQL(" AND ").join(
+            sql.SQL("s.{c} = t.{c}").format(c=sql.Identifier(c)) for c in key_columns(rule, info)
+        )
+        return sql.SQL(
+            "SELECT count(*), count(*) FILTER (WHERE o.fresh), count(*) >= {cap},"
+            " count(*) >= {cap}"
+            " FROM (SELECT NOT EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = t.{d})"
+            " AS fresh FROM {t} t WHERE t.{d} < %(cutoff)s AND {ow} LIMIT {cap}) o"
+        ).format(
+            cap=cap,
+            s=state_table(rule),
+            s_is_t=s_is_t,
+            d=d,
+            t=t,
+            ow=sql_text(f"({rule.open_when}\n)"),
+        )
+    # Inline: rows not yet notified for their deadline value (the first-notice index's
+    # past range), and open episodes (the whole re-notify index: its predicate, word for
+    # word, so the planner matches it). The two are disjoint: seen = deadline or not.
+    first, again, _ = (sql_text(p) for p in predicates(rule))
+    return sql.SQL(
+        "SELECT least(f.n + e.n, {cap}), f.n, f.n + e.n >= {cap}, f.n >= {cap}"
+        " FROM (SELECT count(*) AS n FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {first}"
+        " LIMIT {cap}) x) f,"
+        " (SELECT count(*) AS n FROM (SELECT 1 FROM {t} WHERE {again} AND {d} < %(cutoff)s"
+        " LIMIT {cap}) y) e"
+    ).format(cap=cap, t=t, d=d, first=first, again=again)
+
+
+def count_overdue(
+    conn: Connection, rule: Rule, info: TableInfo, now: datetime
+) -> tuple[int, int, bool, bool] | None:
+    """:func:`overdue_statement` at ``now``; None when it ran out of time."""
+    has_tz = info.columns[rule.deadline] == "timestamp with time zone"
+    cutoff = ClaimPlan(rule, sql.Composed([]), has_tz).to_deadline(now - rule.after)
+    try:
+        ((overdue, fresh, capped, fresh_capped),) = _read(
+            conn,
+            f"counting overdue rows of rule {rule.name}",
+            overdue_statement(rule, info),
+            {"cutoff": cutoff},
+        )
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+            return None
+        raise
+    return int(overdue), int(fresh), bool(capped), bool(fresh_capped)
 
 
 def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[RuleStatus]:
@@ -282,7 +363,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
         problem = _problem(conn, rule, info)
         overdue = notified = None
         if info is not None and problem is None:
-            overdue = count_due(conn, rule, info, now, COUNT_LIMIT)
+            overdue = count_overdue(conn, rule, info, now)
             if rule.renotify is not None:
                 (notified,) = _read(
                     conn, f"counting open episodes of rule {rule.name}", notified_statement(rule)
@@ -297,8 +378,10 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
                 severity=rule.severity,
                 notify=list(rule.notify),
                 every_seconds=rule.every.total_seconds(),
-                overdue=overdue,
-                overdue_capped=overdue is not None and overdue >= COUNT_LIMIT,
+                overdue=None if overdue is None else overdue[0],
+                overdue_capped=overdue is not None and overdue[2],
+                not_notified=None if overdue is None else overdue[1],
+                not_notified_capped=overdue is not None and overdue[3],
                 notified=notified,
                 pending=pending,
                 dead=dead,

@@ -169,11 +169,13 @@ def _rule_row(status: RuleStatus, hourly: HourlyAlerts | None, writes: bool, now
     )
     link = f"/?{urlencode({'rule': status.name})}#alerts"
     overdue = _count(status.overdue, status.overdue_capped)
+    unnotified = _count(status.not_notified, status.not_notified_capped)
     return f"""<tr data-rule="{esc(status.name)}">
 <td data-label="Rule"><a href="{esc(link)}"><strong>{esc(status.name)}</strong></a>
 <span class="sev sev-{esc(status.severity)}">{esc(status.severity)}</span>
 <small>{esc(status.description)}<br>{esc(status.table)} · {last}</small>{problem}</td>
 <td data-label="Overdue now" class="num overdue">{overdue}</td>
+<td data-label="Not yet notified" class="num unnotified">{unnotified}</td>
 <td data-label="Open episodes" class="num episodes">{_count(status.notified)}</td>
 <td data-label="Pending" class="num pending">{_count(status.pending)}</td>
 <td data-label="Dead" class="num dead{" bad" if status.dead else ""}">{_count(status.dead)}</td>
@@ -365,8 +367,8 @@ def render_page(view: View) -> str:
 <main>
 <section id="rules"><h2>Rules</h2>
 <table class="rules">
-<thead><tr><th>Rule</th><th>Overdue now</th><th>Open episodes</th><th>Pending</th><th>Dead</th>
-<th>Alerts per hour, last 24 h</th><th></th></tr></thead>
+<thead><tr><th>Rule</th><th>Overdue now</th><th>Not yet notified</th><th>Open episodes</th>
+<th>Pending</th><th>Dead</th><th>Alerts per hour, last 24 h</th><th></th></tr></thead>
 <tbody>{rows}</tbody>
 </table>
 </section>

@@ -57,9 +57,10 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
     assert idx["sw_late_first"].endswith(
         "(paid_at) WHERE ((sw_late_seen IS DISTINCT FROM paid_at) AND (status = 'paid'::text))"
     )
+    # Every open episode, whether a re-notification is scheduled or not (issue 13: so
+    # that `status` counts notified rows still overdue through an index).
     assert idx["sw_late_again"].endswith(
-        "(sw_late_next) WHERE ((sw_late_next IS NOT NULL) AND (sw_late_seen = paid_at)"
-        " AND (status = 'paid'::text))"
+        "(sw_late_next) WHERE ((sw_late_seen = paid_at) AND (status = 'paid'::text))"
     )
     assert idx["sw_late_ended"].endswith(
         "(sw_late_seen) WHERE ((sw_late_seen IS NOT NULL) AND ((sw_late_seen IS DISTINCT FROM"

@@ -71,16 +71,19 @@ def test_the_page_shows_rules_alerts_and_silences(conn: Conn, servers: Servers, 
     assert response.headers["x-frame-options"] == "DENY"
     assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in html
     assert "http://" not in html and "https://" not in html  # nothing from elsewhere
-    # The rules: order_unshipped's three alerts were claimed: 3 open episodes, none
-    # overdue now (each awaits its re-notification), 2 deliveries pending, 1 dead.
+    # The rules: order_unshipped's three alerts were claimed: 3 open episodes, all
+    # three overdue now though none is left to notify first (each awaits its
+    # re-notification), 2 deliveries pending, 1 dead.
     assert rule_row(html, "order_unshipped") == {
-        "overdue": "0",
+        "overdue": "3",
+        "unnotified": "0",
         "episodes": "3",
         "pending": "2",
         "dead": "1",
     }
     assert rule_row(html, "job_hung") == {
         "overdue": "0",
+        "unnotified": "0",
         "episodes": "0",
         "pending": "0",
         "dead": "0",
