@@ -228,7 +228,8 @@ def schema_current(conn: Connection) -> bool:
     """slawatch's own tables exist in their current shape."""
     with translate("reading the catalog for slawatch's schema"):
         # The newest piece of each upgrade: episodes, watermarks, acks and silences
-        # (the alert's kind, the delivery's 'silenced' state), baselines, storms.
+        # (the alert's kind, the delivery's 'silenced' state), baselines, storms,
+        # retention of acks.
         row = conn.execute(
             "SELECT to_regclass('slawatch.delivery') IS NOT NULL"
             " AND to_regclass('slawatch.watermark') IS NOT NULL"
@@ -237,6 +238,7 @@ def schema_current(conn: Connection) -> bool:
             " AND to_regclass('slawatch.scan') IS NOT NULL"
             " AND to_regclass('slawatch.delivery_dead') IS NOT NULL"
             " AND to_regclass('slawatch.baseline') IS NOT NULL"
+            " AND to_regclass('slawatch.ack_acked_at') IS NOT NULL"  # retention of acks
             # storms: the summary index comes after the wider CHECKs in schema.sql
             " AND to_regclass('slawatch.delivery_summary') IS NOT NULL"
             " AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('slawatch.alert')"

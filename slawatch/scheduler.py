@@ -271,11 +271,13 @@ class Runner:
             )
             return None
         self._maintain_trouble.ok()
-        if result.alerts or result.deliveries:
+        if result.alerts or result.deliveries or result.acks or result.silences:
             log.info(
-                "pruned %d alerts and %d deliveries older than %s",
+                "pruned %d alerts, %d deliveries, %d acks and %d silences older than %s",
                 result.alerts,
                 result.deliveries,
+                result.acks,
+                result.silences,
                 format_duration(self.retention),
             )
         return result

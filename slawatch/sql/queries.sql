@@ -216,6 +216,15 @@ SELECT pg_notify('slawatch_delivery', '');
 -- an anti join reading every pending delivery (delivery_due) for each batch.
 -- A dead delivery replayed to pending while this runs: its DELETE re-checks the
 -- status and skips it, and its alert is kept (not all of its deliveries went).
+-- Acks: an ack goes with the alert it names, in the same statement, so it never
+-- names a removed alert; an alert named by an ack younger than the window stays
+-- until the ack is old too (one probe of ack_pkey per old alert), so an episode
+-- acked late keeps its ack, which the claim reads at its next re-notification, a
+-- whole window. Acks whose alert is gone already (removed before retention covered
+-- acks, or by hand) go once older than the window, through ack_acked_at.
+-- Silences: those that ended before the cutoff, per rule through silence_rule_ends
+-- (the rules by a skip scan of it, as for alerts). Nothing refers to a silence.
+-- The three parts share the batch size: each removes at most `batch` rows.
 WITH RECURSIVE rules AS (
     SELECT min(rule) AS rule FROM slawatch.alert
     UNION ALL
@@ -229,6 +238,9 @@ WITH RECURSIVE rules AS (
              WHERE a.rule = r.rule AND a.fired_at < %(cutoff)s
                AND (SELECT bool_or(p.status = 'pending') FROM slawatch.delivery p
                      WHERE p.alert_id = a.id) IS NOT TRUE
+               AND (SELECT bool_or(k.acked_at >= %(cutoff)s) FROM slawatch.ack k
+                     WHERE k.rule = a.rule AND k.key = a.key AND k.episode = a.episode
+                       AND k.alert_id = a.id) IS NOT TRUE
              ORDER BY a.fired_at
              LIMIT %(batch)s) o
      LIMIT %(batch)s
@@ -242,9 +254,45 @@ WITH RECURSIVE rules AS (
        AND (SELECT bool_and(k.id IN (SELECT g.id FROM gone_deliveries g))
               FROM slawatch.delivery k
              WHERE k.alert_id = a.id) IS NOT FALSE
+    RETURNING a.id, a.rule, a.key, a.episode
+), gone_acks AS (
+    DELETE FROM slawatch.ack k
+     USING gone_alerts g
+     WHERE k.rule = g.rule AND k.key = g.key AND k.episode = g.episode AND k.alert_id = g.id
+    RETURNING 1
+), orphans AS (
+    SELECT k.rule, k.key, k.episode FROM slawatch.ack k
+     WHERE k.acked_at < %(cutoff)s
+       AND NOT EXISTS (SELECT 1 FROM slawatch.alert a WHERE a.id = k.alert_id)
+     ORDER BY k.acked_at
+     LIMIT %(batch)s
+), gone_orphans AS (
+    DELETE FROM slawatch.ack k
+     USING orphans o
+     WHERE k.rule = o.rule AND k.key = o.key AND k.episode = o.episode
+    RETURNING 1
+), silence_rules AS (
+    SELECT min(rule) AS rule FROM slawatch.silence
+    UNION ALL
+    SELECT (SELECT min(s.rule) FROM slawatch.silence s WHERE s.rule > r.rule)
+      FROM silence_rules r
+     WHERE r.rule IS NOT NULL
+), ended AS (
+    SELECT e.id
+      FROM silence_rules r CROSS JOIN LATERAL (
+            SELECT s.id FROM slawatch.silence s
+             WHERE s.rule = r.rule AND s.ends_at < %(cutoff)s
+             ORDER BY s.ends_at
+             LIMIT %(batch)s) e
+     LIMIT %(batch)s
+), gone_silences AS (
+    DELETE FROM slawatch.silence s
+     WHERE s.id = ANY (ARRAY(SELECT id FROM ended)) AND s.ends_at < %(cutoff)s
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone_alerts), (SELECT count(*) FROM gone_deliveries);
+SELECT (SELECT count(*) FROM gone_alerts), (SELECT count(*) FROM gone_deliveries),
+       (SELECT count(*) FROM gone_acks), (SELECT count(*) FROM gone_orphans),
+       (SELECT count(*) FROM gone_silences);
 
 -- alert_by_id --
 SELECT id, rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data

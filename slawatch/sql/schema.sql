@@ -116,6 +116,8 @@ CREATE TABLE IF NOT EXISTS slawatch.ack (
     comment   text        NOT NULL DEFAULT '',
     PRIMARY KEY (rule, key, episode)
 );
+-- Retention (maintain.py) finds acks older than its window by this.
+CREATE INDEX IF NOT EXISTS ack_acked_at ON slawatch.ack (acked_at);
 
 -- Silences: deliveries of matching alerts are settled 'silenced' instead of sent while
 -- starts_at <= now < ends_at (the application's clock). `key` NULL: every key;
