@@ -278,10 +278,11 @@ def notified_statement(rule: Rule) -> sql.Composed:
     if rule.track == "table":
         source: sql.Composable = sql.SQL("{} WHERE sw_next IS NOT NULL").format(state_table(rule))
     else:
-        # The predicate word for word as the index has it, so the planner matches them;
-        # `next IS NOT NULL` is then a condition on the index's key (its non-null part).
+        # The predicate word for word as the index has it, so the planner matches them
+        # (run without parameters: a `%` in it stays as it is); `next IS NOT NULL` is
+        # then a condition on the index's key (its non-null part).
         source = sql.SQL("{} WHERE {} IS NOT NULL AND {}").format(
-            table_ident(rule), sql.Identifier(rule.next_column), sql_text(predicates(rule)[1])
+            table_ident(rule), sql.Identifier(rule.next_column), sql.SQL(predicates(rule)[1])
         )
     return sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT {}) a").format(
         source, sql.Literal(COUNT_LIMIT)

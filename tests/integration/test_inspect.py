@@ -217,6 +217,36 @@ def test_counting_open_episodes_reads_the_renotify_index(conn: Conn, track: str)
     assert status.notified == 500
 
 
+def test_a_like_pattern_in_open_when_is_counted_through_the_indexes(conn: Conn, track: str) -> None:
+    """open_when's `%` stays a LIKE wildcard in every count, with or without parameters,
+    so each statement's predicate is the index's, word for word."""
+    rule = shop(conn, track)["order_unshipped"].model_copy(
+        update={"open_when": "status LIKE 'pai%'"}
+    )
+    migrate(conn, [rule])
+    conn.execute(
+        "INSERT INTO orders SELECT g, 1, 1, CASE WHEN mod(g, 100) = 0 THEN 'paid' ELSE 'shipped'"
+        " END, %s - g * interval '1 minute' FROM generate_series(1, 20000) g",
+        (NOW - timedelta(days=3),),
+    )
+    claim_all(conn, plans(conn, {"o": rule})["o"], NOW)
+    orders(conn, [(30000, "paid", NOW - timedelta(days=3))])
+    conn.execute("ANALYZE orders")
+    info = inspect_table(conn, "public", "orders")
+    assert info is not None
+    for statement, params in (
+        (overdue_statement(rule, info), {"cutoff": NOW - rule.after}),
+        (notified_statement(rule), None),
+    ):
+        (plan,) = conn.execute(
+            b"EXPLAIN (FORMAT JSON) " + statement.as_bytes(conn), params
+        ).fetchone()  # type: ignore[misc]
+        scans = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "orders"]
+        assert not [n for n in scans if "Seq Scan" in n["Node Type"]], scans
+    (status,) = rule_status(conn, [rule], NOW)
+    assert (status.overdue, status.not_notified, status.notified) == (201, 1, 200)
+
+
 def test_overdue_count_stops_at_the_limit(conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
     rules = shop(conn)
     monkeypatch.setattr("slawatch.inspect.COUNT_LIMIT", 3)
