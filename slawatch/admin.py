@@ -52,7 +52,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slawatch import __version__
 from slawatch.clock import Clock
-from slawatch.db import Connection, Database, Pooler
+from slawatch.db import Connection, Database, DatabaseUnavailable, Pooler
 from slawatch.deliver import replay
 from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
 from slawatch.guard import (
@@ -481,8 +481,10 @@ class Readiness:
                         self._record(True, current, None if current else _MIGRATE)
                         self._trouble.ok()
                         self._stop.wait(self.every())
+            except DatabaseUnavailable as exc:
+                # The database's own outage line (db.py) says it in the log.
+                self._record(False, False, f"database unreachable: {str(exc).splitlines()[0]}")
             except SlawatchError as exc:
-                # The database's own outage line (db.py) says it when it is unreachable.
                 self._record(False, False, str(exc).splitlines()[0])
             except Exception as exc:  # a bug: not ready, said once, and probing goes on
                 self._record(False, False, f"readiness probe: unexpected {type(exc).__name__}")
