@@ -160,9 +160,7 @@ def test_the_auth_decision_for_the_page() -> None:
         is not None
     )
     same = {"origin": f"http://{host}", "host": host}
-    assert (
-        refusal("POST", "/v1/replay", None, TOKEN, True, session=True, page=True, **same) is None
-    )
+    assert refusal("POST", "/v1/replay", None, TOKEN, True, session=True, page=True, **same) is None
     assert refusal("POST", "/v1/replay", None, None, True, **same) is None
     assert (
         refusal("POST", "/v1/replay", None, None, True, origin="HTTP://127.0.0.1:8181", host=host)
