@@ -319,21 +319,29 @@ def test_idle_and_slow_connections_neither_starve_the_server_nor_stay_open(
     idle = [socket.create_connection(served.address) for _ in range(100)]
     slow = socket.create_connection(served.address)
     slow.sendall(b"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # never ends
+    # One request answered, then the next one's headers begun and never ended.
+    kept = socket.create_connection(served.address)
+    kept.sendall(request_head("GET", "/healthz"))
+    assert head_of(kept, 5)[0] == 200
+    kept.sendall(b"GET /v1/stats HTTP/1.1\r\nX-Slow: ")
+    slow_ones = [slow, kept]
     try:
         assert served.api.get("/healthz").status_code == 200
         assert served.api.get("/readyz").status_code == 200
         assert served.api.get("/v1/stats").status_code == 200  # idle sockets hold no slot
         # The answers came while every one of them was open.
-        assert all(still_open(s) for s in [*idle, slow])
+        assert all(still_open(s) for s in [*idle, *slow_ones])
         assert time.monotonic() - opened < deadline
         # A byte now and then does not keep a request's headers waiting forever.
-        while not closed_by_server(slow, time.monotonic() + 0.5):
-            assert time.monotonic() - opened < deadline + MARGIN, "the slow one is still open"
-            slow.sendall(b"x")
+        while slow_ones:
+            assert time.monotonic() - opened < deadline + MARGIN, "a slow one is still open"
+            for sock in slow_ones:
+                sock.sendall(b"x")
+            slow_ones = [s for s in slow_ones if not closed_by_server(s, time.monotonic() + 0.25)]
         limit = opened + deadline + MARGIN
         assert all(closed_by_server(s, limit) for s in idle), "idle sockets left open"
     finally:
-        for s in [*idle, slow]:
+        for s in [*idle, slow, kept]:
             s.close()
 
 
