@@ -76,6 +76,7 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
         "silence",
         "scan",
         "baseline",
+        "session",
     }
 
 
