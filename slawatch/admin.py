@@ -37,6 +37,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -134,8 +135,8 @@ _ANY_HOST = {"/healthz"}
 # Need no request slot: they read no database, and must answer when the rest is busy.
 _UNCOUNTED = {"/healthz", "/readyz"}
 _WRITES = {"POST", "PUT", "PATCH", "DELETE"}
-# The bounds of `slawatch run`'s admin server; a login form is small.
-LIMITS = Limits(bodies={"/login": MAX_LOGIN_BODY})
+# The bounds of `slawatch run`'s admin server.
+LIMITS = Limits()
 # /readyz's database probe: every scan interval of the fastest rule, within these.
 PROBE_EVERY = (1.0, 5.0)
 _MIGRATE = "slawatch's schema is missing or out of date; run 'slawatch migrate'"
@@ -540,6 +541,8 @@ def create_app(
     )
 
     readiness = Readiness(db, probe_every)
+    # A login form is small, whatever else the limits allow.
+    limits = replace(limits, bodies={"/login": MAX_LOGIN_BODY, **limits.bodies})
     app.state.readiness, app.state.limits = readiness, limits
     app.add_middleware(
         _Gate, token=token, allow_writes=allow_writes, db=db, clock=clock, limits=limits
