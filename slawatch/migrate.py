@@ -239,6 +239,7 @@ def schema_current(conn: Connection) -> bool:
             " AND to_regclass('slawatch.delivery_dead') IS NOT NULL"
             " AND to_regclass('slawatch.baseline') IS NOT NULL"
             " AND to_regclass('slawatch.ack_acked_at') IS NOT NULL"  # retention of acks
+            " AND to_regclass('slawatch.session') IS NOT NULL"  # the page's logins
             # storms: the summary index comes after the wider CHECKs in schema.sql
             " AND to_regclass('slawatch.delivery_summary') IS NOT NULL"
             " AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('slawatch.alert')"

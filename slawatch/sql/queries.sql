@@ -446,3 +446,21 @@ SELECT r.rule, h.hour, count(*)
 SELECT k.rule, k.key, k.episode, k.acked_by, k.acked_at
   FROM unnest(%(rules)s::text[], %(keys)s::text[], %(episodes)s::int[]) AS w(rule, key, episode)
   JOIN slawatch.ack k ON k.rule = w.rule AND k.key = w.key AND k.episode = w.episode;
+
+-- open_session --
+-- A page login (slawatch/session.py): the new session, and at most `prune` expired
+-- ones removed on the way (oldest first, through session_expires), so the table
+-- holds about the live sessions without a job of its own.
+WITH expired AS (
+    DELETE FROM slawatch.session
+     WHERE id_hash IN (SELECT id_hash FROM slawatch.session
+                        WHERE expires_at <= %(now)s ORDER BY expires_at LIMIT %(prune)s)
+)
+INSERT INTO slawatch.session (id_hash, created_at, expires_at)
+VALUES (%(id)s, %(now)s, %(expires)s);
+
+-- session_valid --
+SELECT EXISTS (SELECT 1 FROM slawatch.session WHERE id_hash = %(id)s AND expires_at > %(now)s);
+
+-- close_session --
+DELETE FROM slawatch.session WHERE id_hash = %(id)s;

@@ -160,3 +160,15 @@ CREATE TABLE IF NOT EXISTS slawatch.baseline (
     rows          bigint      NOT NULL,
     baselined_at  timestamptz NOT NULL
 );
+
+-- The on-call page's logins (slawatch/session.py): one row per session, named by an
+-- HMAC, keyed with SLAWATCH_API_TOKEN, of the random id in the browser's cookie (the id
+-- itself is never stored; a new token ends every session). Every slawatch instance on
+-- the database accepts every session; logging out deletes the row; a login prunes a
+-- bounded number of expired ones through session_expires.
+CREATE TABLE IF NOT EXISTS slawatch.session (
+    id_hash     bytea       PRIMARY KEY,
+    created_at  timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS session_expires ON slawatch.session (expires_at);

@@ -179,7 +179,6 @@ def test_serve_counts_and_reports_its_health(
             "scheduler": True,
             "workers": {"hook": True},
             "listener": True,
-            "database": True,
         }
         serving_scheduler = runner._scheduler
         runner._scheduler = BackgroundScheduler()  # never started: as if it had died

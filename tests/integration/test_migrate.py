@@ -77,6 +77,7 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
         "silence",
         "scan",
         "baseline",
+        "session",
     }
 
 
