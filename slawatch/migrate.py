@@ -25,6 +25,7 @@ from slawatch.catalog import (
     index_state,
     probe_indexes,
     table_ident,
+    update_side_effects,
 )
 from slawatch.db import Connection, translate
 from slawatch.errors import ConfigError
@@ -197,12 +198,36 @@ def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
             _, problem = _wanted(conn, rule, info)
             if problem:
                 problems = [f"{rule.source}: open_when: {problem}"]
+            refused = inline_refusal(conn, rule)
+            if refused:
+                problems.append(refused)
         errors.extend(problems)
         if info is not None:
             tables[rule.name] = info
     if errors:
         raise ConfigError("\n".join(errors))
     return tables
+
+
+def inline_refusal(conn: Connection, rule: Rule) -> str | None:
+    """Why ``rule`` may not track inline on its table, in one line; None when it may.
+
+    Every claim (and ``migrate --baseline``, and a switch from ``track: table``) is an
+    UPDATE of the watched rows. Where the table's triggers, rewrite rules or
+    publications would act on that UPDATE, watching would change the shop's data or
+    set off its machinery (an ``updated_at`` trigger, an audit table, logical
+    replication), unless the rule says ``inline_triggers: fire``.
+    """
+    if rule.track != "inline" or rule.inline_triggers == "fire":
+        return None
+    found = update_side_effects(conn, rule.schema_name, rule.table_name, rule.tracking_columns)
+    if not found:
+        return None
+    return (
+        f"{rule.source}: track: inline: each claim UPDATEs the rows of {rule.table}, which"
+        f" would set off {', '.join(found)}; use track: table (slawatch then never writes"
+        f" {rule.table}), or set inline_triggers: fire to accept that"
+    )
 
 
 def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> tuple[list[str], str | None]:

@@ -398,3 +398,46 @@ SELECT r.rule, h.hour, count(*)
 SELECT k.rule, k.key, k.episode, k.acked_by, k.acked_at
   FROM unnest(%(rules)s::text[], %(keys)s::text[], %(episodes)s::int[]) AS w(rule, key, episode)
   JOIN slawatch.ack k ON k.rule = w.rule AND k.key = w.key AND k.episode = w.episode;
+
+-- update_triggers --
+-- What an UPDATE of the table `oid` (and of its partitions, through it) that sets only
+-- the `tracking` columns fires (catalog.update_side_effects): enabled triggers on UPDATE,
+-- per row or per statement; an `UPDATE OF` trigger only when it lists one of `tracking`.
+-- Not the internal ones: foreign keys' checks skip an update that leaves the key as it
+-- was. A partition's clone of its parent's trigger has the parent's name (internal
+-- before PostgreSQL 15): one row per name, the table's own first.
+WITH rels AS (
+    SELECT %(oid)s::oid AS oid UNION SELECT relid::oid FROM pg_partition_tree(%(oid)s::oid)
+)
+SELECT DISTINCT ON (t.tgname) t.tgname, n.nspname, c.relname, c.oid = %(oid)s::oid,
+       t.tgtype::integer, t.tgconstraint <> 0
+  FROM pg_trigger t
+  JOIN rels r ON r.oid = t.tgrelid
+  JOIN pg_class c ON c.oid = t.tgrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE NOT t.tgisinternal AND t.tgenabled <> 'D' AND t.tgtype & 16 <> 0
+   AND (cardinality(t.tgattr::int2[]) = 0
+        OR EXISTS (SELECT 1 FROM unnest(t.tgattr::int2[]) AS k(attnum)
+                     JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = k.attnum
+                    WHERE a.attname = ANY (%(tracking)s::text[])))
+ ORDER BY t.tgname, c.oid = %(oid)s::oid DESC, n.nspname, c.relname;
+
+-- update_rules --
+-- Rewrite rules ON UPDATE of the table `oid` (ev_type 2); they apply to the statement's
+-- target only, so a partition's rules do not run for an UPDATE of its parent.
+SELECT rulename, is_instead FROM pg_rewrite
+ WHERE ev_class = %(oid)s::oid AND ev_type = '2' AND ev_enabled <> 'D'
+ ORDER BY rulename;
+
+-- update_publications --
+-- Publications of the updates of the table `oid` or of a partition of it (a partition
+-- is listed itself unless publish_via_partition_root): logical replication would ship
+-- every claimed row to their subscribers.
+SELECT DISTINCT p.pubname FROM pg_publication p
+  JOIN pg_publication_tables pt ON pt.pubname = p.pubname
+  JOIN pg_namespace n ON n.nspname = pt.schemaname
+  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+ WHERE p.pubupdate
+   AND (c.oid = %(oid)s::oid
+        OR c.oid IN (SELECT relid::oid FROM pg_partition_tree(%(oid)s::oid)))
+ ORDER BY p.pubname;
