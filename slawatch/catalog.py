@@ -310,3 +310,21 @@ def update_side_effects(conn: Connection, schema: str, name: str, tracking: list
         for (pubname,) in conn.execute(queries()["update_publications"], params):
             found.append(f"publication {pubname} (logical replication ships each claimed row)")
     return found
+
+
+def without_statistics(conn: Connection, schema: str, name: str) -> list[tuple[str, str]]:
+    """The table ``schema.name`` (or each partition of it) that holds rows the planner
+    has no statistics for: a table just loaded from a dump, not yet analyzed."""
+    with translate(f"reading the statistics of {schema}.{name}"):
+        rels = conn.execute(queries()["no_statistics"], {"schema": schema, "name": name}).fetchall()
+        out = []
+        for rel_schema, rel_name in rels:
+            # An empty table has nothing to count: ANALYZE would find nothing either.
+            row = conn.execute(
+                sql.SQL("SELECT EXISTS (SELECT 1 FROM ONLY {})").format(
+                    sql.Identifier(rel_schema, rel_name)
+                )
+            ).fetchone()
+            if row and row[0]:
+                out.append((rel_schema, rel_name))
+    return out

@@ -26,6 +26,7 @@ from slawatch.catalog import (
     probe_indexes,
     table_ident,
     update_side_effects,
+    without_statistics,
 )
 from slawatch.db import Connection, translate
 from slawatch.errors import ConfigError
@@ -294,12 +295,37 @@ def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     wanted, problem = _wanted(conn, rule, info)
     if problem:  # check() ran the same probe; only a concurrent change gets here
         raise ConfigError(f"{rule.source}: open_when: {problem}")
+    built = []
     for spec, definition in zip(index_specs(rule), wanted, strict=True):
         if info.relkind == "p":
-            steps.extend(_partitioned_index(conn, spec, definition, info.partitions))
+            built.extend(_partitioned_index(conn, spec, definition, info.partitions))
         else:
-            steps.extend(_index(conn, spec, definition))
+            built.extend(_index(conn, spec, definition))
+    steps.extend(built)
+    if any(step.statement.startswith("CREATE INDEX") for step in built):
+        steps.extend(_analyze(conn, rule))
     return steps
+
+
+def _analyze(conn: Connection, rule: Rule) -> list[Step]:
+    """ANALYZE of a table that holds rows but has no statistics (just loaded from a dump):
+    without them the planner prices the new partial indexes blind, and ``explain`` (or
+    the first scans) would read the table whole until autovacuum came by."""
+    tables = without_statistics(conn, rule.schema_name, rule.table_name)
+    if not tables:
+        return []
+    where = f"{rule.schema_name}.{rule.table_name}"
+    what = (
+        ""
+        if tables == [(rule.schema_name, rule.table_name)]
+        else f" ({len(tables)} partition{'s' if len(tables) > 1 else ''})"
+    )
+    return [
+        Step(
+            f"ANALYZE {', '.join(_q(*t) for t in tables)}",
+            f"{where}: analyzed{what}: it had no statistics, which the claim's plan needs",
+        )
+    ]
 
 
 def _leftovers(conn: Connection, rule: Rule) -> list[Step]:
@@ -521,6 +547,12 @@ _PRINT_HEAD = """\
 """
 
 
+_ANALYZE_NOTE = (
+    "-- (statistics for the claim's plan; against a database, migrate analyzes only a"
+    " table\n-- that holds rows but has none)"
+)
+
+
 def _printed(step: Step) -> str:
     """A step as psql runs it; a locking one bounded by lock_timeout, as migrate runs it."""
     if not step.locked:
@@ -552,6 +584,8 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
                 for spec in index_specs(rule):
                     out.append(spec.drop() + ";")
                     out.append(spec.create() + ";")
+                out.append(_ANALYZE_NOTE)
+                out.append(f"ANALYZE {_q(rule.schema_name, rule.table_name)};")
                 out.append("")
                 continue
             out.append(
@@ -565,6 +599,8 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
             for spec in index_specs(rule):
                 out.append(spec.drop() + ";")
                 out.append(spec.create() + ";")
+            out.append(_ANALYZE_NOTE)
+            out.append(f"ANALYZE {_q(rule.schema_name, rule.table_name)};")
             out.append("")
         out.append(
             "-- A partitioned table needs each index ON ONLY the parent, built CONCURRENTLY\n"

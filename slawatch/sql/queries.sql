@@ -441,3 +441,22 @@ SELECT DISTINCT p.pubname FROM pg_publication p
    AND (c.oid = %(oid)s::oid
         OR c.oid IN (SELECT relid::oid FROM pg_partition_tree(%(oid)s::oid)))
  ORDER BY p.pubname;
+
+-- no_statistics --
+-- The table `schema`.`name`, or each partition of it, that the planner has no statistics
+-- for: never analyzed nor vacuumed (reltuples < 0, PostgreSQL 14 on), or no column
+-- statistics (pg_stats: what ANALYZE writes; an index build counts rows but writes
+-- none). migrate ANALYZEs the ones that hold rows once it built an index on them.
+WITH rels AS (
+    SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = %(schema)s AND c.relname = %(name)s
+)
+SELECT n.nspname, c.relname
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relkind = 'r'
+   AND (c.oid IN (SELECT oid FROM rels)
+        OR c.oid IN (SELECT relid::oid FROM rels, pg_partition_tree(rels.oid)))
+   AND (c.reltuples < 0
+        OR NOT EXISTS (SELECT 1 FROM pg_stats s
+                        WHERE s.schemaname = n.nspname AND s.tablename = c.relname))
+ ORDER BY n.nspname, c.relname;
