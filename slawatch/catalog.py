@@ -328,3 +328,12 @@ def without_statistics(conn: Connection, schema: str, name: str) -> list[tuple[s
             if row and row[0]:
                 out.append((rel_schema, rel_name))
     return out
+
+
+def indexes_on(conn: Connection, schema: str, name: str, columns: list[str]) -> list[str]:
+    """The names of the indexes of ``schema.name`` that read any of ``columns``."""
+    with translate(f"reading the indexes of {schema}.{name}"):
+        rows = conn.execute(
+            queries()["indexes_on_columns"], {"schema": schema, "name": name, "columns": columns}
+        ).fetchall()
+    return [r[0] for r in rows]

@@ -460,3 +460,18 @@ SELECT n.nspname, c.relname
         OR NOT EXISTS (SELECT 1 FROM pg_stats s
                         WHERE s.schemaname = n.nspname AND s.tablename = c.relname))
  ORDER BY n.nspname, c.relname;
+
+-- indexes_on_columns --
+-- The indexes of the table `schema`.`name` that read one of `columns` (as a key, in an
+-- expression or in the predicate: PostgreSQL records each as a dependency); they go
+-- when the columns are dropped.
+SELECT DISTINCT i.relname
+  FROM pg_index x
+  JOIN pg_class i ON i.oid = x.indexrelid
+  JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = x.indexrelid
+                  AND d.refclassid = 'pg_class'::regclass AND d.refobjid = x.indrelid
+  JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = d.refobjsubid
+ WHERE x.indrelid = (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                      WHERE n.nspname = %(schema)s AND c.relname = %(name)s)
+   AND a.attname = ANY (%(columns)s::text[])
+ ORDER BY i.relname;
