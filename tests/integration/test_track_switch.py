@@ -311,3 +311,21 @@ def test_a_state_table_left_by_an_abandoned_switch_is_made_to_match(conn: Conn) 
     migrate(conn, [table])
     with freeze_time(T0 + H + S):
         assert claim(conn, table) == 1
+
+
+def test_a_state_table_not_carried_over_is_named_and_left_alone(conn: Conn) -> None:
+    """An older slawatch switched to inline without carrying the state over (it dropped
+    the due index, kept the state table): that state is stale, so it is not copied into
+    the columns; migrate names the table and how to drop it."""
+    conn.execute(TABLE)
+    table, inline = rule(track="table"), rule(track="inline")
+    migrate(conn, [table])
+    conn.execute("INSERT INTO orders VALUES (1, 'paid', %s)", (T0,))
+    with freeze_time(T0 + H + S):
+        assert claim(conn, table) == 1
+    conn.execute("DROP INDEX sw_late_due")
+    assert not [d for d in migrate(conn, [inline]) if "carried over" in d]
+    assert conn.execute("SELECT sw_late_ep FROM orders").fetchone() == (0,)
+    (left,) = leftovers(conn, [inline])
+    assert left.what.startswith("slawatch.late_state: left by rule late's track: table, unused")
+    assert left.statement == 'DROP TABLE "slawatch"."late_state";'
