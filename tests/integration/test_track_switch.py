@@ -231,8 +231,12 @@ def test_what_a_switch_to_table_left_is_named_with_its_drop(conn: Conn) -> None:
     migrate(conn, [rule(track="inline")])
     conn.execute("CREATE INDEX by_hand ON orders (sw_late_next)")
     late = rule(track="table")
+    # Before migrate (what --print shows), inline's own indexes are there still: they
+    # are not named, migrate drops them.
+    before = leftovers(conn, [late])
     migrate(conn, [late])
     (left,) = leftovers(conn, [late])
+    assert before == [left]
     assert left.what == (
         "public.orders: left by rule late's track: inline, unused by track: table: columns"
         " sw_late_n, sw_late_next, sw_late_seen, sw_late_ep; index by_hand on them goes with"
