@@ -301,7 +301,7 @@ def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     else:
         steps = _tracking_columns(rule, info)
     steps.extend(_switch(conn, rule, info))
-    steps.extend(_leftovers(conn, rule))
+    steps.extend(_leftovers(conn, rule, info))
     wanted, problem = _wanted(conn, rule, info)
     if problem:  # check() ran the same probe; only a concurrent change gets here
         raise ConfigError(f"{rule.source}: open_when: {problem}")
@@ -343,16 +343,24 @@ def _other(rule: Rule) -> Rule:
     return rule.model_copy(update={"track": "inline" if rule.track == "table" else "table"})
 
 
-def _leftovers(conn: Connection, rule: Rule) -> list[Step]:
+def _leftovers(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     """Indexes of the other way to track, left by a rule that changed its ``track``: they
     would only cost the application's writes. Dropped after the state was carried over
     (:func:`_switch`): as long as they exist, a switch is unfinished. (Inline's columns
     stay: dropping them takes a strong lock; :func:`leftovers` says how.)"""
     steps = []
+    # DROP INDEX CONCURRENTLY cannot drop a partitioned index; this drops its children too.
+    partitioned = info.relkind == "p"
     for spec in index_specs(_other(rule)):
         if index_state(conn, spec.schema, spec.name) is not None:
             where = f"{spec.schema}.{spec.table}"
-            steps.append(Step(spec.drop(), f"{where}: dropped index {spec.name} (track changed)"))
+            steps.append(
+                Step(
+                    spec.drop(concurrently=not partitioned),
+                    f"{where}: dropped index {spec.name} (track changed)",
+                    locked=partitioned,
+                )
+            )
     return steps
 
 

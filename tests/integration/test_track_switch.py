@@ -333,3 +333,33 @@ def test_a_state_table_not_carried_over_is_named_and_left_alone(conn: Conn) -> N
     (left,) = leftovers(conn, [inline])
     assert left.what.startswith("slawatch.late_state: left by rule late's track: table, unused")
     assert left.statement == 'DROP TABLE "slawatch"."late_state";'
+
+
+def test_a_partitioned_table_switches_both_ways(conn: Conn) -> None:
+    """Rows are found by the whole key (id, paid_at) in every partition."""
+    conn.execute(
+        "CREATE TABLE orders (id bigint, status text NOT NULL, paid_at timestamptz NOT NULL,"
+        " PRIMARY KEY (id, paid_at)) PARTITION BY RANGE (paid_at);"
+        " CREATE TABLE orders_a PARTITION OF orders"
+        " FOR VALUES FROM ('2026-01-01') TO ('2026-03-01');"
+        " CREATE TABLE orders_b PARTITION OF orders"
+        " FOR VALUES FROM ('2026-03-01') TO ('2026-05-01')"
+    )
+    inline, table = rule(track="inline"), rule(track="table")
+    migrate(conn, [inline])
+    # The same id in both partitions: two rows.
+    conn.execute(
+        "INSERT INTO orders VALUES (1, 'paid', %s), (1, 'paid', %s), (2, 'paid', %s)",
+        (T0 - 24 * H, T0, T0),
+    )
+    with freeze_time(T0 + H + S) as clock:
+        assert claim(conn, inline) == 3
+        assert any("(3 rows)" in d for d in migrate(conn, [table]))
+        assert claim(conn, table) == 0
+        clock.move_to(T0 + 7 * H + 2 * S)
+        assert claim(conn, table) == 3  # #2 of each, on schedule
+        assert any("(3 rows)" in d for d in migrate(conn, [inline]))
+        assert claim(conn, inline) == 0
+        clock.move_to(T0 + 13 * H + 3 * S)
+        assert claim(conn, inline) == 3  # #3
+    assert sorted(n for _, _, n in episodes(conn, "late")) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
