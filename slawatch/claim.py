@@ -43,7 +43,7 @@ from slawatch.catalog import TableInfo, inspect_table, key_columns, table_ident
 from slawatch.clock import Clock
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.errors import ConfigError
-from slawatch.migrate import pending, predicates, require_schema
+from slawatch.migrate import inline_refusal, pending, predicates, require_schema
 from slawatch.outbox import SEVERITIES, Tally, outbox, resolved, severities
 from slawatch.rules import Rule
 from slawatch.statetable import TablePlan, TableScan, compose, drain_table
@@ -364,6 +364,11 @@ def prepare_ready(
             problems[rule.name] = (
                 f"{rule.source}: deadline: column {rule.deadline!r} not in {rule.table}"
             )
+            continue
+        # A trigger created since migrate: refused here too, never claimed through.
+        refused = inline_refusal(conn, rule)
+        if refused:
+            problems[rule.name] = refused
             continue
         todo = pending(conn, rule, info)
         if todo:

@@ -35,7 +35,16 @@ from slawatch.durations import format_duration
 from slawatch.errors import ConfigError, DatabaseError, DeliveryError
 from slawatch.explain import explain
 from slawatch.inspect import list_alerts, parse_since, rules_report
-from slawatch.migrate import check, migrate, pending, plan, render, require_schema, schema_current
+from slawatch.migrate import (
+    check,
+    leftovers,
+    migrate,
+    pending,
+    plan,
+    render,
+    require_schema,
+    schema_current,
+)
 from slawatch.notifiers import NotifierConfig, load_notifiers
 from slawatch.rules import Rule, check_notifier_names, load_rules
 from slawatch.settings import Settings, parse_bind
@@ -181,7 +190,7 @@ def cmd_migrate(
             return 0
         with connect(settings.dsn) as conn:
             tables = check(conn, rules)
-            sys.stdout.write(render(rules, plan(conn, rules)))
+            sys.stdout.write(render(rules, plan(conn, rules), leftovers(conn, rules)))
         if baseline:
             sys.stdout.write("\n" + render_baselines(chosen, tables, Clock().now()))
         return 0
@@ -191,6 +200,8 @@ def cmd_migrate(
         for line in done:
             print(line)
         print(f"ok: {len(rules)} rules migrated" + ("" if done else " (nothing to change)"))
+        for left in leftovers(conn, rules):
+            print(f"{left.what}\n  {left.statement}")
         if baseline:
             run_baselines(conn, chosen, check(conn, chosen), Clock().now())
     return 0

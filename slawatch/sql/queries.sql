@@ -464,3 +464,80 @@ SELECT EXISTS (SELECT 1 FROM slawatch.session WHERE id_hash = %(id)s AND expires
 
 -- close_session --
 DELETE FROM slawatch.session WHERE id_hash = %(id)s;
+
+-- update_triggers --
+-- What an UPDATE of the table `oid` (and of its partitions, through it) that sets only
+-- the `tracking` columns fires (catalog.update_side_effects): enabled triggers on UPDATE,
+-- per row or per statement; an `UPDATE OF` trigger only when it lists one of `tracking`.
+-- Not the internal ones: foreign keys' checks skip an update that leaves the key as it
+-- was. A partition's clone of its parent's trigger has the parent's name (internal
+-- before PostgreSQL 15): one row per name, the table's own first.
+WITH rels AS (
+    SELECT %(oid)s::oid AS oid UNION SELECT relid::oid FROM pg_partition_tree(%(oid)s::oid)
+)
+SELECT DISTINCT ON (t.tgname) t.tgname, n.nspname, c.relname, c.oid = %(oid)s::oid,
+       t.tgtype::integer, t.tgconstraint <> 0
+  FROM pg_trigger t
+  JOIN rels r ON r.oid = t.tgrelid
+  JOIN pg_class c ON c.oid = t.tgrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE NOT t.tgisinternal AND t.tgenabled <> 'D' AND t.tgtype & 16 <> 0
+   AND (cardinality(t.tgattr::int2[]) = 0
+        OR EXISTS (SELECT 1 FROM unnest(t.tgattr::int2[]) AS k(attnum)
+                     JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = k.attnum
+                    WHERE a.attname = ANY (%(tracking)s::text[])))
+ ORDER BY t.tgname, c.oid = %(oid)s::oid DESC, n.nspname, c.relname;
+
+-- update_rules --
+-- Rewrite rules ON UPDATE of the table `oid` (ev_type 2); they apply to the statement's
+-- target only, so a partition's rules do not run for an UPDATE of its parent.
+SELECT rulename, is_instead FROM pg_rewrite
+ WHERE ev_class = %(oid)s::oid AND ev_type = '2' AND ev_enabled <> 'D'
+ ORDER BY rulename;
+
+-- update_publications --
+-- Publications of the updates of the table `oid` or of a partition of it (a partition
+-- is listed itself unless publish_via_partition_root): logical replication would ship
+-- every claimed row to their subscribers.
+SELECT DISTINCT p.pubname FROM pg_publication p
+  JOIN pg_publication_tables pt ON pt.pubname = p.pubname
+  JOIN pg_namespace n ON n.nspname = pt.schemaname
+  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+ WHERE p.pubupdate
+   AND (c.oid = %(oid)s::oid
+        OR c.oid IN (SELECT relid::oid FROM pg_partition_tree(%(oid)s::oid)))
+ ORDER BY p.pubname;
+
+-- no_statistics --
+-- The table `schema`.`name`, or each partition of it, that the planner has no statistics
+-- for: never analyzed nor vacuumed (reltuples < 0, PostgreSQL 14 on), or no column
+-- statistics (pg_stats: what ANALYZE writes; an index build counts rows but writes
+-- none). migrate ANALYZEs the ones that hold rows once it built an index on them.
+WITH rels AS (
+    SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = %(schema)s AND c.relname = %(name)s
+)
+SELECT n.nspname, c.relname
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relkind = 'r'
+   AND (c.oid IN (SELECT oid FROM rels)
+        OR c.oid IN (SELECT relid::oid FROM rels, pg_partition_tree(rels.oid)))
+   AND (c.reltuples < 0
+        OR NOT EXISTS (SELECT 1 FROM pg_stats s
+                        WHERE s.schemaname = n.nspname AND s.tablename = c.relname))
+ ORDER BY n.nspname, c.relname;
+
+-- indexes_on_columns --
+-- The indexes of the table `schema`.`name` that read one of `columns` (as a key, in an
+-- expression or in the predicate: PostgreSQL records each as a dependency); they go
+-- when the columns are dropped.
+SELECT DISTINCT i.relname
+  FROM pg_index x
+  JOIN pg_class i ON i.oid = x.indexrelid
+  JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = x.indexrelid
+                  AND d.refclassid = 'pg_class'::regclass AND d.refobjid = x.indrelid
+  JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = d.refobjsubid
+ WHERE x.indrelid = (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                      WHERE n.nspname = %(schema)s AND c.relname = %(name)s)
+   AND a.attname = ANY (%(columns)s::text[])
+ ORDER BY i.relname;

@@ -376,3 +376,61 @@ def test_printed_locks_are_bounded_but_concurrent_builds_are_not() -> None:
             assert not bounded, line
         elif line.startswith('ALTER TABLE "public"'):  # the watched table
             assert bounded, line
+
+
+def test_a_table_loaded_from_a_dump_is_analyzed_so_explain_passes(conn: Conn, track: str) -> None:
+    """A dump restored, then migrate: the rows are there but no statistics. migrate
+    ANALYZEs the table it indexed, so `explain` (and the first scans) plan with them."""
+    from slawatch.explain import explain
+    from slawatch.migrate import plan
+
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    conn.execute(TABLE)
+    # Only migrate may analyze it here: autovacuum could come by during the test.
+    conn.execute("ALTER TABLE orders SET (autovacuum_enabled = false)")
+    conn.execute(
+        "INSERT INTO orders (id, status, paid_at) SELECT g, CASE WHEN mod(g, 100) = 0"
+        " THEN 'paid' ELSE 'shipped' END, %s - g * interval '1 minute'"
+        " FROM generate_series(1, 50000) g",
+        (now,),
+    )
+    # As pg_restore does, an index built after the data: it counts the rows (reltuples),
+    # but writes no column statistics.
+    conn.execute("CREATE INDEX orders_ref ON orders (ref)")
+    late = rule(track=track)
+    printed = render([late], plan(conn, [late]))
+    assert 'ANALYZE "public"."orders";' in printed
+    done = migrate(conn, [late])
+    assert "public.orders: analyzed: it had no statistics, which the claim's plan needs" in done
+    result = explain(conn, late, now)
+    assert result.ok, result.verdict
+    # Statistics there: a later rebuild of an index does not analyze again.
+    changed = rule(track=track, open_when="status IN ('paid', 'packed')")
+    assert not [d for d in migrate(conn, [changed]) if "analyzed" in d]
+
+
+def test_the_partitions_that_hold_rows_without_statistics_are_analyzed(conn: Conn) -> None:
+    conn.execute(
+        "CREATE TABLE orders (id bigint, status text NOT NULL, paid_at timestamptz NOT NULL,"
+        " PRIMARY KEY (id, paid_at)) PARTITION BY RANGE (paid_at);"
+        " CREATE TABLE orders_2025 PARTITION OF orders"
+        " FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');"
+        " CREATE TABLE orders_2026 PARTITION OF orders"
+        " FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');"
+        " CREATE TABLE orders_2027 PARTITION OF orders"
+        " FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')"
+    )
+    conn.execute(
+        "INSERT INTO orders SELECT g, 'paid', '2025-06-01'::timestamptz + g * interval '1 hour'"
+        " FROM generate_series(1, 10000) g"
+    )
+    conn.execute("ANALYZE orders_2025")  # analyzed already: left alone
+    done = migrate(conn, [rule(key=["id", "paid_at"])])
+    # 2026 got rows from the load, 2027 is empty (nothing to analyze).
+    assert "public.orders: analyzed (1 partition): it had no statistics, which the claim's" in (
+        " ".join(done)
+    )
+    analyzed = conn.execute(
+        "SELECT DISTINCT tablename FROM pg_stats WHERE tablename LIKE 'orders_%' ORDER BY tablename"
+    ).fetchall()
+    assert analyzed == [("orders_2025",), ("orders_2026",)]
