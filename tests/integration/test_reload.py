@@ -156,7 +156,8 @@ def test_a_good_change_takes_effect(
         wait_for(
             lambda: logged(caplog, "reload: 2 rules (added: big; changed: late;") == 1, "reload"
         )
-        assert logged(caplog, "reload: 2 notifiers (added: hook2;") == 1
+        # The reload thread logs the notifiers' line just after the rules' line.
+        wait_for(lambda: logged(caplog, "reload: 2 notifiers (added: hook2;") == 1, "notifiers")
         overdue(conn, 101)
         wait_for(lambda: "big:101:e1:n1" in ids(second), "the added rule's alert, to hook2")
         wait_for(lambda: "late:101:e1:n1" in ids(receiver), "the changed rule's alert")
