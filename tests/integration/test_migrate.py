@@ -6,6 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 
 from slawatch.errors import ConfigError
@@ -374,3 +375,32 @@ def test_printed_locks_are_bounded_but_concurrent_builds_are_not() -> None:
             assert not bounded, line
         elif line.startswith('ALTER TABLE "public"'):  # the watched table
             assert bounded, line
+
+
+def test_an_outbox_from_before_acknowledged_and_orphaned_deliveries_is_upgraded(
+    conn: Conn,
+) -> None:
+    """Issue 13: delivery_status gains 'acknowledged' and 'orphaned' (replaced NOT VALID,
+    as before), and the orphaned deliveries get their partial index."""
+    from slawatch.migrate import schema_current
+
+    rules = list(shop(conn).values())
+    conn.execute("""
+        DROP INDEX slawatch.delivery_orphaned;
+        ALTER TABLE slawatch.delivery DROP CONSTRAINT delivery_status;
+        ALTER TABLE slawatch.delivery ADD CONSTRAINT delivery_status
+            CHECK (status IN ('pending', 'sent', 'dead', 'silenced', 'summarized'));
+        INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)
+        VALUES ('order_unshipped', '1', 1, 1, 'warning', now(), '{}');
+        INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)
+        VALUES (1, 'a', 'sent', now()), (1, 'b', 'pending', now());
+    """)
+    assert not schema_current(conn)  # `run` asks for a migrate instead of failing later
+    migrate(conn, rules)
+    assert schema_current(conn)
+    conn.execute("UPDATE slawatch.delivery SET status = 'acknowledged' WHERE notifier = 'a'")
+    conn.execute("UPDATE slawatch.delivery SET status = 'orphaned' WHERE notifier = 'b'")
+    migrate(conn, rules)  # idempotent
+    assert schema_current(conn)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE slawatch.delivery SET status = 'lost'")
