@@ -94,6 +94,7 @@ class OnceResult:
                 if sent is None
                 else (f"{sent.sent} sent, {sent.retried} retried, {sent.dead} dead")
                 + (f", {sent.summarized} summarized" if sent and sent.summarized else "")
+                + (f", {sent.acknowledged} acknowledged" if sent and sent.acknowledged else "")
             )
             lines.append(f"notifier {name}: {done}")
         return lines

@@ -29,8 +29,8 @@
 -- one probe of silence_rule_ends. A firing notification of an acknowledged episode is
 -- settled 'acknowledged' (one probe of ack's primary key): an ack settles what waits
 -- at once (lifecycle.ack), this catches one that was in flight then and failed, and a
--- replayed one. Acks and silences are two semi-joins, not one OR of two EXISTS, which
--- the planner took for most of the batch and answered by hashing the alert table.
+-- replayed one. Acks and silences are two semi-joins, not one OR of two EXISTS: the
+-- planner estimates those as the few rows they are.
 -- Settled rows come back with `settled` set, so the worker counts them towards a full
 -- batch and claims again.
 -- `holds`: a firing notification whose episode's resolved notice to this notifier
