@@ -183,6 +183,8 @@ def test_the_admin_api_replays_to_another_notifier(conn: Conn, dsn: str, db: Dat
             assert refused.status_code == 400
             assert refused.json()["error"] == "to: no notifier named 'pager' is configured"
             assert api.post("/v1/replay").json() == {"replayed": 0, "left": 2}
+            # The page shows them as what they are.
+            assert api.get("/").text.count('<li class="st-orphaned"><b>old</b> orphaned') == 2
             moved = api.post("/v1/replay", json={"notifier": "old", "to": "console"})
             assert moved.json() == {"replayed": 2, "orphaned": 2}
             page = api.get("/v1/alerts", params={"status": "orphaned"}).json()
