@@ -10,6 +10,15 @@ so a process that stalled past its lease changes nothing; a claimed delivery's
 next attempt is its lease expiry, so the deliveries of a process that died
 become due again by themselves.
 
+Per episode and notifier, a resolved notice waits until the episode's firing
+notifications to that notifier are settled (``claim_deliveries``): a receiver is
+never told "resolved" before "firing". A batch that holds such a notice back is
+settled by the claim of the next one, short or not, so the notice follows it in
+the same pass. The claim also settles, unsent, what an active silence matches and
+a firing notification of an acknowledged episode. Deliveries to a notifier no
+longer configured are settled 'orphaned' (:func:`settle_orphans`); :func:`replay_deliveries`
+puts dead and orphaned ones back, to their own notifier or another.
+
 :class:`Dispatcher` runs ``concurrency`` worker threads per notifier (a slow
 receiver holds up only its own deliveries) and a listener that wakes them on
 the claim's ``NOTIFY``, polling as the fallback. Each worker claims, sends and

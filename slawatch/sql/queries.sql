@@ -114,7 +114,8 @@ SELECT pg_advisory_xact_lock(hashtextextended('slawatch.storm:' || %(notifier)s,
 -- Under storm_lock, before the claim (slawatch/storm.py). The candidates are the
 -- notifier's due first attempts of notifications ('firing': first notices and
 -- re-notifications; never resolved notices or summaries), not matched by an active
--- silence (silences win: the claim that follows settles those 'silenced', uncounted).
+-- silence or of an acknowledged episode (they win: the claim that follows settles those
+-- 'silenced' or 'acknowledged', uncounted).
 -- Per rule: when a summary of the rule for this notifier is still open (pending and
 -- never attempted, so every attempt of it carries the same content), every candidate
 -- is folded into it, however few; otherwise, more than `threshold` candidates make a
@@ -134,6 +135,9 @@ WITH candidates AS (
             SELECT 1 FROM slawatch.silence s
              WHERE s.rule = a.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s
                AND (s.key IS NULL OR s.key = a.key) AND a.row_data @> s.matchers)
+       AND NOT EXISTS (
+            SELECT 1 FROM slawatch.ack k
+             WHERE k.rule = a.rule AND k.key = a.key AND k.episode = a.episode)
 ), per_rule AS (
     SELECT rule, count(*) AS count, min(alert_id) AS first_alert,
            (array_agg(severity ORDER BY array_position(%(severities)s::text[], severity)
