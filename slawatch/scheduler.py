@@ -274,6 +274,11 @@ class Runner:
         except SlawatchError as exc:
             self._orphan_trouble.failed(str(exc), since)
             return {}
+        except Exception as exc:  # a bug: scans and deliveries go on, and so does this
+            self._orphan_trouble.failed(
+                f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc
+            )
+            return {}
         self._orphan_trouble.ok()
         if counts:
             names = ", ".join(f"{name} ({count})" for name, count in counts.items())
