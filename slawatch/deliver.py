@@ -218,14 +218,23 @@ def replay_problem(
     return None
 
 
-def settle_orphans(db: Database, configured: Collection[str], now: datetime) -> dict[str, int]:
+def settle_orphans(db: Database, configured: Collection[str], clock: Clock) -> dict[str, int]:
     """Settle as 'orphaned' the pending deliveries to notifiers not in ``configured``
     (removed from the configuration); how many, per such notifier. One in flight in
-    another process (its lease not run out at ``now``) is left to that process."""
-    params = {"configured": sorted(configured), "now": now}
-    query = queries()["orphan_deliveries"]
-    rows = db.run("settling orphaned deliveries", lambda c: c.execute(query, params).fetchall())
-    return {str(name): int(count) for name, count in rows}
+    another process (its lease not run out by ``clock``) is left to that process. The
+    clock is read only when there is something to settle."""
+    names = sorted(configured)
+    q = queries()
+
+    def work(conn: Connection) -> dict[str, int]:
+        row = conn.execute(q["orphans_pending"], {"configured": names}).fetchone()
+        if not (row and row[0]):
+            return {}
+        params = {"configured": names, "now": clock.now()}
+        rows = conn.execute(q["orphan_deliveries"], params).fetchall()
+        return {str(name): int(count) for name, count in rows}
+
+    return db.run("settling orphaned deliveries", work)
 
 
 def lease_for(notifier: Notifier) -> timedelta:

@@ -268,7 +268,7 @@ class Runner:
         raises: a failure is logged and the next look tries again."""
         since = time.monotonic()
         try:
-            counts = settle_orphans(self.db, list(self.notifiers), self.clock.now())
+            counts = settle_orphans(self.db, list(self.notifiers), self.clock)
         except DatabaseUnavailable:
             return {}  # the database's outage line says it
         except SlawatchError as exc:

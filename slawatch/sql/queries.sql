@@ -296,6 +296,12 @@ SELECT EXISTS (SELECT 1 FROM slawatch.delivery
     OR EXISTS (SELECT 1 FROM slawatch.delivery
                 WHERE status = 'orphaned' AND notifier = %(notifier)s);
 
+-- orphans_pending --
+-- Whether any pending delivery goes to a notifier not in `configured` (through
+-- delivery_due): orphan_deliveries runs only then.
+SELECT EXISTS (SELECT 1 FROM slawatch.delivery
+                WHERE status = 'pending' AND notifier <> ALL(%(configured)s::text[]));
+
 -- orphan_deliveries --
 -- Pending deliveries to notifiers not in `configured` (removed from notifiers/) are
 -- settled 'orphaned': nothing would ever send them, and a pending delivery keeps its

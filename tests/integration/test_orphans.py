@@ -19,7 +19,7 @@ from slawatch.demo import SHOP
 from slawatch.maintain import prune_batch
 from slawatch.rules import Rule, load_rules
 from tests.conftest import ROOT
-from tests.integration.helpers import Conn, claim_all, plans, shop
+from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop
 from tests.integration.lifecycle_helpers import statuses
 from tests.integration.test_cli import assert_one_line_error, slawatch
 from tests.receivers import WebhookReceiver, closed_port, receiver
@@ -125,9 +125,9 @@ def test_one_in_flight_is_left_to_its_sender_until_its_lease_runs_out(
         " next_attempt_at = %s WHERE id = (SELECT min(id) FROM slawatch.delivery)",
         (uuid.uuid4(), lease, lease),
     )
-    assert settle_orphans(db, ["console"], DUE + timedelta(seconds=1)) == {"old": 1}
+    assert settle_orphans(db, ["console"], FixedClock(DUE + timedelta(seconds=1))) == {"old": 1}
     assert statuses(conn) == {"orphaned": 1, "pending": 1}
-    assert settle_orphans(db, ["console"], lease) == {"old": 1}  # the next look
+    assert settle_orphans(db, ["console"], FixedClock(lease)) == {"old": 1}  # the next look
     assert statuses(conn) == {"orphaned": 2}
     rows = conn.execute("SELECT DISTINCT lease_owner FROM slawatch.delivery").fetchall()
     assert rows == [(None,)]  # fenced: the old sender can no longer settle it
@@ -139,7 +139,7 @@ def test_orphaned_history_is_pruned_and_configured_notifiers_are_untouched(
     pending_to(conn, ["old", "console"])
     cutoff = DUE + timedelta(days=1)
     assert prune_batch(conn, cutoff) == (0, 0)  # pending deliveries keep their alerts
-    assert settle_orphans(db, ["console"], DUE) == {"old": 2}
+    assert settle_orphans(db, ["console"], FixedClock(DUE)) == {"old": 2}
     assert statuses(conn) == {"orphaned": 2, "pending": 2}
     conn.execute("UPDATE slawatch.delivery SET status = 'sent' WHERE notifier = 'console'")
     assert prune_batch(conn, cutoff) == (2, 4)
@@ -149,7 +149,7 @@ def test_replay_to_another_notifier_skips_an_alert_that_went_there_already(
     conn: Conn, db: Database
 ) -> None:
     pending_to(conn, ["old", "console"])
-    settle_orphans(db, ["console"], DUE)
+    settle_orphans(db, ["console"], FixedClock(DUE))
     conn.execute(
         "UPDATE slawatch.delivery SET status = 'dead' WHERE notifier = 'console'"
         " AND alert_id = (SELECT min(alert_id) FROM slawatch.delivery)"
@@ -168,7 +168,7 @@ def test_replay_to_another_notifier_skips_an_alert_that_went_there_already(
 def test_the_admin_api_replays_to_another_notifier(conn: Conn, dsn: str, db: Database) -> None:
     rules = load_rules(ROOT / "rules")
     pending_to(conn, ["old"])
-    settle_orphans(db, ["console"], DUE)
+    settle_orphans(db, ["console"], FixedClock(DUE))
     server = serve_admin(
         dsn, ("127.0.0.1", 0), rules, ["console"], token=None, timeout=5, pooler="auto"
     )
