@@ -54,7 +54,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from slawatch import __version__
 from slawatch.clock import Clock
 from slawatch.db import Connection, Database, DatabaseUnavailable, Pooler
-from slawatch.deliver import replay
+from slawatch.deliver import Replayed as ReplayCount
+from slawatch.deliver import replay_deliveries, replay_problem
 from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
 from slawatch.guard import (
     Disconnected,
@@ -162,15 +163,26 @@ class Ready(BaseModel):
 
 
 class ReplayRequest(BaseModel):
-    """Which dead deliveries go back to pending (none given: all of them)."""
+    """Which dead and orphaned deliveries go back to pending (none given: all of them),
+    and with ``to`` to which notifier instead of ``notifier`` (one no longer configured
+    may be named then)."""
 
     model_config = ConfigDict(extra="forbid")
     rule: str | None = Field(default=None, max_length=40)
     notifier: str | None = Field(default=None, max_length=200)
+    to: str | None = Field(default=None, max_length=200)
 
 
 class Replayed(BaseModel):
-    replayed: int = Field(description="dead deliveries now pending again")
+    """Shown only when not 0: ``orphaned``, ``taken``, ``left``, ``resolved``."""
+
+    replayed: int = Field(description="dead and orphaned deliveries now pending again")
+    orphaned: int = Field(default=0, description="of them, orphaned ones")
+    taken: int = Field(default=0, description="left as they were: the alert went to `to` already")
+    left: int = Field(default=0, description="left as they were: their notifier is not configured")
+    resolved: int = Field(
+        default=0, description="resolved notices sent again after their replayed notification"
+    )
 
 
 class AckRequest(BaseModel):
@@ -672,17 +684,31 @@ def create_app(
         """Alerts by rule and severity, deliveries by notifier and status."""
         return read("stats", stats)
 
-    @app.post("/v1/replay", response_model=Replayed, tags=["alerts"])
+    @app.post(
+        "/v1/replay", response_model=Replayed, response_model_exclude_defaults=True, tags=["alerts"]
+    )
     def post_replay(body: Annotated[ReplayRequest | None, Body()] = None) -> Replayed:
-        """Dead deliveries back to pending; the delivery workers send them at once."""
+        """Dead and orphaned deliveries back to pending (with ``to``: to that notifier);
+        the delivery workers send them at once."""
         body = body or ReplayRequest()
         if body.rule is not None and body.rule not in configured():
             raise BadInput(f"rule: no rule named {check_rule_name(body.rule)!r}")
-        if body.notifier is not None and body.notifier not in notifier_names():
-            raise BadInput("notifier: no notifier of that name")
-        now = clock.now()
-        count = read("replay", lambda c: replay(c, now, body.rule, body.notifier))
-        return Replayed(replayed=count)
+        names, now = notifier_names(), clock.now()
+
+        def work(c: Connection) -> ReplayCount:
+            problem = replay_problem(c, body.notifier, body.to, names)
+            if problem is not None:
+                raise BadInput(problem)
+            return replay_deliveries(c, now, body.rule, body.notifier, to=body.to, configured=names)
+
+        done = read("replay", work)
+        return Replayed(
+            replayed=done.count,
+            orphaned=done.orphaned,
+            taken=done.taken,
+            left=done.left,
+            resolved=done.resolved,
+        )
 
     @app.post("/v1/alerts/{alert:path}/ack", response_model=Ack, tags=["lifecycle"])
     def post_ack(alert: Annotated[str, Path(max_length=MAX_NAME)], body: AckRequest) -> Ack:

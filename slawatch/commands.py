@@ -30,7 +30,7 @@ from slawatch.db import (
     redact,
     with_database,
 )
-from slawatch.deliver import replay
+from slawatch.deliver import replay_deliveries, replay_problem
 from slawatch.durations import format_duration
 from slawatch.errors import ConfigError, DatabaseError, DeliveryError
 from slawatch.explain import explain
@@ -51,6 +51,7 @@ from slawatch.settings import Settings, parse_bind
 
 if TYPE_CHECKING:
     from slawatch.admin import AdminServer
+    from slawatch.deliver import Replayed
     from slawatch.lifecycle import Silence
     from slawatch.scheduler import Runner
 
@@ -103,7 +104,7 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return cmd_dry_run(settings, args.json)
         return cmd_run(settings, args.once, args.json)
     if args.command == "replay":
-        return cmd_replay(settings, args.rule, args.notifier)
+        return cmd_replay(settings, args.rule, args.notifier, args.to)
     if args.command == "status":
         return cmd_status(settings, args.json)
     if args.command == "alerts":
@@ -372,18 +373,37 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
     return 0
 
 
-def cmd_replay(settings: Settings, rule: str | None, notifier: str | None) -> int:
-    """Dead deliveries back to pending; a running slawatch sends them at once."""
+def cmd_replay(
+    settings: Settings, rule: str | None, notifier: str | None, to: str | None = None
+) -> int:
+    """Dead and orphaned deliveries back to pending (``to``: to that notifier instead of
+    ``notifier``); a running slawatch sends them at once."""
     rules, notifiers = load_config(settings)
     if rule is not None and rule not in {r.name for r in rules}:
         raise ConfigError(f"--rule: no rule named {rule!r} in {settings.rules_dir}")
-    if notifier is not None and notifier not in {n.name for n in notifiers}:
-        raise ConfigError(f"--notifier: no notifier named {notifier!r} in {settings.notifiers_dir}")
+    configured = {n.name for n in notifiers}
     now = Clock().now()
     dsn = database_dsn(settings)
     with Database(dsn, size=1, timeout=settings.db_timeout, pooler=settings.pooler) as db:
-        count = db.run("replay", lambda conn: replay(conn, now, rule, notifier))
-    print(f"ok: {count} dead deliveries back to pending")
+
+        def work(conn: Connection) -> Replayed:
+            problem = replay_problem(conn, notifier, to, configured, "--")
+            if problem is not None:
+                raise ConfigError(f"{problem} (in {settings.notifiers_dir})")
+            return replay_deliveries(conn, now, rule, notifier, to=to, configured=configured)
+
+        done = db.run("replay", work)
+    what = f"{done.dead} dead" + (f" and {done.orphaned} orphaned" if done.orphaned else "")
+    print(f"ok: {what} deliveries back to pending" + (f", to {to}" if to else ""))
+    if done.resolved:
+        print(f"{_many(done.resolved, 'resolved notice')} of their episodes sent again after them")
+    if done.taken:
+        print(f"{_many(done.taken, 'delivery', 'deliveries')} left: the alert went to {to} already")
+    if done.left:
+        print(
+            f"{_many(done.left, 'delivery', 'deliveries')} left: their notifier is not configured"
+            " (replay --notifier OLD --to NEW sends them to another)"
+        )
     return 0
 
 
@@ -455,6 +475,11 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
             notes.append(f"{r.name}: {r.problem}")
         if scan is not None and scan.error:
             notes.append(f"{r.name}: last scan failed: {scan.error}")
+        if r.orphaned:
+            notes.append(
+                f"{r.name}: {_many(r.orphaned, 'delivery', 'deliveries')} orphaned (notifier"
+                " removed): 'slawatch replay --notifier OLD --to NEW' sends them to another"
+            )
     header = ["RULE", "TRACK", "OVERDUE", "UNNOTIFIED", "NOTIFIED", "PENDING", "DEAD"]
     header += ["OLDEST PENDING", "LAST SCAN", "TOOK", "ALERTS"]
     print(_table(header, rows, right=set(range(2, 11))))

@@ -47,8 +47,10 @@ COUNT_LIMIT = 100_000
 # No read of the operator's surface may hold a connection longer than this.
 READ_TIMEOUT = "10s"
 MAX_LIMIT, DEFAULT_LIMIT = 1000, 50
-STATUSES = ("pending", "sent", "dead", "silenced", "summarized")
-DeliveryStatus = Literal["pending", "sent", "dead", "silenced", "summarized"]
+STATUSES = ("pending", "sent", "dead", "silenced", "summarized", "acknowledged", "orphaned")
+DeliveryStatus = Literal[
+    "pending", "sent", "dead", "silenced", "summarized", "acknowledged", "orphaned"
+]
 
 # The on-call page's chart: alerts per hour over the last day, at most this many read
 # per rule (a storm of 20 k alerts in an hour is drawn as "capped", not counted on).
@@ -99,6 +101,11 @@ class RuleStatus(BaseModel):
     )
     pending: int = Field(description="deliveries of this rule's alerts still to send")
     dead: int = Field(description="deliveries given up on ('slawatch replay' sends them again)")
+    orphaned: int = Field(
+        default=0,
+        description="deliveries whose notifier was removed from the configuration "
+        "('slawatch replay --notifier OLD --to NEW' sends them to another)",
+    )
     oldest_pending_seconds: float | None = Field(
         description="age of the alert behind the oldest pending delivery"
     )
@@ -369,7 +376,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
                 (notified,) = _read(
                     conn, f"counting open episodes of rule {rule.name}", notified_statement(rule)
                 )[0]
-        pending, dead, oldest = backlog.get(rule.name, (0, 0, None))
+        pending, dead, oldest, orphaned = backlog.get(rule.name, (0, 0, None, 0))
         out.append(
             RuleStatus(
                 name=rule.name,
@@ -386,6 +393,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
                 notified=notified,
                 pending=pending,
                 dead=dead,
+                orphaned=orphaned,
                 oldest_pending_seconds=None
                 if oldest is None
                 else max((now - oldest).total_seconds(), 0.0),

@@ -276,6 +276,8 @@ def schema_current(conn: Connection) -> bool:
             " AND to_regclass('slawatch.session') IS NOT NULL"  # the page's logins
             # storms: the summary index comes after the wider CHECKs in schema.sql
             " AND to_regclass('slawatch.delivery_summary') IS NOT NULL"
+            # acknowledged and orphaned deliveries: their index follows the wider CHECK
+            " AND to_regclass('slawatch.delivery_orphaned') IS NOT NULL"
             " AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('slawatch.alert')"
             " AND attname IN ('episode', 'kind') AND NOT attisdropped) = 2"
             " AND EXISTS (SELECT 1 FROM pg_constraint"

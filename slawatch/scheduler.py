@@ -28,7 +28,14 @@ from slawatch import __version__, scans
 from slawatch.claim import ClaimPlan, DrainResult, drain, prepare_all, prepare_ready
 from slawatch.clock import Clock
 from slawatch.db import Database, DatabaseUnavailable, Pooler, PreparedStatementLost, redact
-from slawatch.deliver import BACKOFF_CAP, POLL, Dispatcher, PassResult, deliver_notifier
+from slawatch.deliver import (
+    BACKOFF_CAP,
+    POLL,
+    Dispatcher,
+    PassResult,
+    deliver_notifier,
+    settle_orphans,
+)
 from slawatch.durations import format_duration
 from slawatch.errors import ConfigError, SlawatchError
 from slawatch.maintain import EVERY as MAINTAIN_EVERY
@@ -87,6 +94,7 @@ class OnceResult:
                 if sent is None
                 else (f"{sent.sent} sent, {sent.retried} retried, {sent.dead} dead")
                 + (f", {sent.summarized} summarized" if sent and sent.summarized else "")
+                + (f", {sent.acknowledged} acknowledged" if sent and sent.acknowledged else "")
             )
             lines.append(f"notifier {name}: {done}")
         return lines
@@ -179,6 +187,7 @@ class Runner:
         # Shared with the delivery workers, so changed in place on reload.
         self.descriptions = {r.name: r.description for r in rules}
         self._maintain_trouble = Outage("pruning history", log)
+        self._orphan_trouble = Outage("settling orphaned deliveries", log)
         self.metrics = Metrics(self.db, self.clock, lambda: list(self.notifiers))
         self.registry: CollectorRegistry = self.metrics.registry
         for name in self.notifiers:
@@ -252,11 +261,45 @@ class Runner:
             )
         return result
 
+    def settle_orphans(self) -> dict[str, int]:
+        """Settle the pending deliveries to notifiers not configured now as 'orphaned'
+        (at start, at each reload and with each maintenance run, which catches one that
+        was in flight elsewhere at the first look); one warning naming them. Never
+        raises: a failure is logged and the next look tries again."""
+        since = time.monotonic()
+        try:
+            counts = settle_orphans(self.db, list(self.notifiers), self.clock)
+        except DatabaseUnavailable:
+            return {}  # the database's outage line says it
+        except SlawatchError as exc:
+            self._orphan_trouble.failed(str(exc), since)
+            return {}
+        except Exception as exc:  # a bug: scans and deliveries go on, and so does this
+            self._orphan_trouble.failed(
+                f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc
+            )
+            return {}
+        self._orphan_trouble.ok()
+        if counts:
+            names = ", ".join(f"{name} ({count})" for name, count in counts.items())
+            log.warning(
+                "%d pending deliveries orphaned: their notifiers are not configured: %s"
+                " ('slawatch replay --notifier OLD --to NEW' sends them to another)",
+                sum(counts.values()),
+                names,
+                extra={"orphaned": counts},
+            )
+            self.metrics.orphaned(counts)
+        return counts
+
     def maintain(self) -> PruneResult | None:
-        """Prune history older than the retention; never raises.
+        """Settle orphaned deliveries and prune history older than the retention; never
+        raises.
 
         It runs every ``maintain_every``, so a failure simply waits for the next run.
         """
+        with self._reload_lock:  # a reload adds a rule's notifier after the rule
+            self.settle_orphans()
         since = time.monotonic()
         try:
             result = prune(self.db, self.clock, self.retention)
@@ -305,6 +348,7 @@ class Runner:
         result = OnceResult(
             rules=dict.fromkeys(self._running), notifiers=dict.fromkeys(self.notifiers)
         )
+        self.settle_orphans()
         try:
             for name in self._running:
                 try:
@@ -376,6 +420,7 @@ class Runner:
             admin_url=self.admin_url,
         )
         deadline = None if seconds is None else time.monotonic() + seconds
+        self.settle_orphans()
         with _signals(on_signal):
             self._dispatcher, self._scheduler = dispatcher, scheduler
             dispatcher.start()
@@ -508,6 +553,8 @@ class Runner:
                 return False
             self._apply_rules(rules, plans, problems)
             self._apply_notifiers(configs, built)
+            # After the removed notifiers' workers stopped: nothing of ours is in flight.
+            self.settle_orphans()
             self.db.resize(_pool_size([r.rule for r in self._running.values()], notifiers))
             return True
 

@@ -51,7 +51,9 @@ END $$;
 
 -- One row per (alert, notifier): the delivery state machine pending -> sent | dead |
 -- silenced (a silence matched the alert when it was due to be sent: never sent) |
--- summarized (a storm summary was sent in its place: summary_id names that alert).
+-- summarized (a storm summary was sent in its place: summary_id names that alert) |
+-- acknowledged (its episode was acknowledged before it was sent: never sent) |
+-- orphaned (its notifier was removed from the configuration: `replay --to` sends it on).
 -- alert_id has no foreign key on purpose: the claim writes an alert and its
 -- deliveries in one statement, and a per-row FK check cost a quarter of the
 -- claim's time in bench/claim.py.
@@ -62,7 +64,8 @@ CREATE TABLE IF NOT EXISTS slawatch.delivery (
     status           text        NOT NULL DEFAULT 'pending'
                                  CONSTRAINT delivery_status
                                  CHECK (status IN ('pending', 'sent', 'dead', 'silenced',
-                                                   'summarized')),
+                                                   'summarized', 'acknowledged',
+                                                   'orphaned')),
     attempts         integer     NOT NULL DEFAULT 0,
     next_attempt_at  timestamptz NOT NULL,
     lease_owner      uuid,
@@ -71,19 +74,21 @@ CREATE TABLE IF NOT EXISTS slawatch.delivery (
     sent_at          timestamptz,
     CONSTRAINT delivery_once UNIQUE (alert_id, notifier)
 );
--- Upgrade from before silences (an unnamed CHECK of three states) or from before
--- storms (delivery_status without 'summarized'): the current CHECK replaces either,
+-- Upgrade from before silences (an unnamed CHECK of three states), from before
+-- storms (delivery_status without 'summarized') or from before acks settled deliveries
+-- (without 'orphaned'): the current CHECK replaces any of them,
 -- added NOT VALID: every existing row satisfies it, so no scan of the outbox under an
 -- exclusive lock is needed (new rows are checked all the same).
 DO $$
 BEGIN
     IF coalesce((SELECT pg_get_constraintdef(oid) FROM pg_constraint
                   WHERE conrelid = 'slawatch.delivery'::regclass
-                    AND conname = 'delivery_status'), '') NOT LIKE '%summarized%' THEN
+                    AND conname = 'delivery_status'), '') NOT LIKE '%orphaned%' THEN
         ALTER TABLE slawatch.delivery DROP CONSTRAINT IF EXISTS delivery_status_check;
         ALTER TABLE slawatch.delivery DROP CONSTRAINT IF EXISTS delivery_status;
         ALTER TABLE slawatch.delivery ADD CONSTRAINT delivery_status
-            CHECK (status IN ('pending', 'sent', 'dead', 'silenced', 'summarized')) NOT VALID;
+            CHECK (status IN ('pending', 'sent', 'dead', 'silenced', 'summarized',
+                              'acknowledged', 'orphaned')) NOT VALID;
     END IF;
 END $$;
 -- The storm summary (an alert of kind 'summary') a 'summarized' delivery was folded into.
@@ -141,6 +146,11 @@ CREATE INDEX IF NOT EXISTS silence_rule_ends ON slawatch.silence (rule, ends_at)
 -- /v1/stats and the metrics find them here instead of reading the whole delivery history.
 CREATE INDEX IF NOT EXISTS delivery_dead ON slawatch.delivery (alert_id)
     WHERE status = 'dead';
+-- Orphaned deliveries (their notifier was removed) wait for a person too: `replay
+-- --notifier OLD --to NEW` and `status` find them here. Made after the wider CHECK
+-- above, so its presence says the database has both (migrate.schema_current).
+CREATE INDEX IF NOT EXISTS delivery_orphaned ON slawatch.delivery (notifier, alert_id)
+    WHERE status = 'orphaned';
 
 -- The last scan of each rule, written after every scan of `slawatch run`
 -- (slawatch/scans.py): what `slawatch status` and /v1/rules show as "last scan".

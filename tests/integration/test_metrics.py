@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from slawatch.claim import drain, prepare_all
 from slawatch.clock import Clock
 from slawatch.db import Database
-from slawatch.deliver import deliver_notifier
-from slawatch.lifecycle import add_silence
+from slawatch.deliver import deliver_notifier, replay
+from slawatch.lifecycle import ack, add_silence
 from slawatch.metrics import SCRAPE_BUDGET, Metrics
 from slawatch.migrate import migrate
 from slawatch.notifiers import WebhookConfig
@@ -269,3 +269,35 @@ def test_a_drain_counts_closed_episodes_and_alerts_per_severity(
         conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 4")
         swept = drain(db, plan, MovableClock(T0 + timedelta(days=1, minutes=1)))
         assert (swept.claimed, swept.closed, swept.severities) == (0, 1, {})
+
+
+def test_acknowledged_and_orphaned_deliveries_have_outcomes_of_their_own(
+    conn: Conn, dsn: str, receiver: WebhookReceiver
+) -> None:
+    orders(conn, 2, T0 - timedelta(days=1))
+    clock = MovableClock(T0)
+    runner = Runner(dsn, [late_rule()], [hook(receiver)], clock=clock)
+    try:
+        notifier = runner.notifiers["hook"]
+        for outcome in ("acknowledged", "orphaned"):
+            assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome=outcome) == 0
+        assert runner.scan("late") is not None
+        receiver.replies = [Reply(status=410)]  # both dead at once
+        deliver_notifier(runner.db, notifier, clock, metrics=runner.metrics)
+        ack(runner.db, "late:1:e1:n1", by="test", comment="", now=clock.at)
+        # Replayed, order 1's delivery is settled by the claim instead of sent.
+        with runner.db.connection("replay") as c:
+            assert replay(c, clock.at, None, None) == 2
+        deliver_notifier(runner.db, notifier, clock, metrics=runner.metrics)
+        assert receiver.alert_ids[-1:] == ["late:2:e1:n1"]
+        outcome = "acknowledged"
+        assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome=outcome) == 1
+        # A delivery to a notifier no longer configured.
+        conn.execute(
+            "INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)"
+            " SELECT min(id), 'gone', now() FROM slawatch.alert"
+        )
+        assert runner.settle_orphans() == {"gone": 1}
+        assert value(runner, "slawatch_deliveries_total", notifier="gone", outcome="orphaned") == 1
+    finally:
+        runner.close()

@@ -6,6 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 
 from slawatch.errors import ConfigError
@@ -434,3 +435,32 @@ def test_the_partitions_that_hold_rows_without_statistics_are_analyzed(conn: Con
         "SELECT DISTINCT tablename FROM pg_stats WHERE tablename LIKE 'orders_%' ORDER BY tablename"
     ).fetchall()
     assert analyzed == [("orders_2025",), ("orders_2026",)]
+
+
+def test_an_outbox_from_before_acknowledged_and_orphaned_deliveries_is_upgraded(
+    conn: Conn,
+) -> None:
+    """Issue 13: delivery_status gains 'acknowledged' and 'orphaned' (replaced NOT VALID,
+    as before), and the orphaned deliveries get their partial index."""
+    from slawatch.migrate import schema_current
+
+    rules = list(shop(conn).values())
+    conn.execute("""
+        DROP INDEX slawatch.delivery_orphaned;
+        ALTER TABLE slawatch.delivery DROP CONSTRAINT delivery_status;
+        ALTER TABLE slawatch.delivery ADD CONSTRAINT delivery_status
+            CHECK (status IN ('pending', 'sent', 'dead', 'silenced', 'summarized'));
+        INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)
+        VALUES ('order_unshipped', '1', 1, 1, 'warning', now(), '{}');
+        INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)
+        VALUES (1, 'a', 'sent', now()), (1, 'b', 'pending', now());
+    """)
+    assert not schema_current(conn)  # `run` asks for a migrate instead of failing later
+    migrate(conn, rules)
+    assert schema_current(conn)
+    conn.execute("UPDATE slawatch.delivery SET status = 'acknowledged' WHERE notifier = 'a'")
+    conn.execute("UPDATE slawatch.delivery SET status = 'orphaned' WHERE notifier = 'b'")
+    migrate(conn, rules)  # idempotent
+    assert schema_current(conn)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE slawatch.delivery SET status = 'lost'")
