@@ -575,7 +575,7 @@ def long_run(
                 # Retention running: the pruning job keeps two drains of history (the
                 # bench clock moves a minute per drain), and autovacuum makes the space
                 # it freed reusable (run here, as it would between drains in minutes).
-                while prune_batch(conn, at - timedelta(minutes=2))[0] >= PRUNE_BATCH:
+                while prune_batch(conn, at - timedelta(minutes=2)).alerts >= PRUNE_BATCH:
                     pass
                 conn.execute("VACUUM slawatch.alert, slawatch.delivery")
                 if v.name == "inline":

@@ -111,9 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --once: the summary as one JSON document on stdout (the console"
         " notifier's lines go to stderr); with --dry-run: the counts as JSON",
     )
-    p = command("replay", "put dead deliveries back to pending")
+    p = command("replay", "put dead and orphaned deliveries back to pending")
     p.add_argument("--rule", help="only alerts of this rule")
-    p.add_argument("--notifier", help="only deliveries to this notifier")
+    p.add_argument(
+        "--notifier",
+        help="only deliveries to this notifier (also one removed from the configuration)",
+    )
+    p.add_argument(
+        "--to",
+        metavar="NAME",
+        help="with --notifier: send its dead and orphaned deliveries to notifier NAME instead",
+    )
     p = command("status", "per rule: overdue now, notified, deliveries pending/dead, last scan")
     _json_option(p)
     p = command("alerts", "the latest alerts and their deliveries, newest first")

@@ -26,7 +26,7 @@ from slawatch.db import (
     connect,
     redact,
 )
-from slawatch.delivery.dispatcher import replay
+from slawatch.delivery.dispatcher import replay_deliveries, replay_problem
 from slawatch.demo import run_demo
 from slawatch.engine.baseline import recorded, select
 from slawatch.engine.baseline import render_all as render_baselines
@@ -34,6 +34,7 @@ from slawatch.engine.catalog import TableInfo
 from slawatch.engine.due import count_due
 from slawatch.engine.migrate import (
     check,
+    leftovers,
     migrate,
     pending,
     plan,
@@ -47,6 +48,7 @@ from slawatch.operate.inspect import list_alerts, parse_since, rules_report
 from slawatch.runtime.boot import database_dsn, load_config, start_admin
 
 if TYPE_CHECKING:
+    from slawatch.delivery.dispatcher import Replayed
     from slawatch.operate.lifecycle import Silence
 
 
@@ -60,7 +62,7 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return cmd_dry_run(settings, args.json)
         return cmd_run(settings, args.once, args.json)
     if args.command == "replay":
-        return cmd_replay(settings, args.rule, args.notifier)
+        return cmd_replay(settings, args.rule, args.notifier, args.to)
     if args.command == "status":
         return cmd_status(settings, args.json)
     if args.command == "alerts":
@@ -145,7 +147,7 @@ def cmd_migrate(
             return 0
         with connect(settings.dsn) as conn:
             tables = check(conn, rules)
-            sys.stdout.write(render(rules, plan(conn, rules)))
+            sys.stdout.write(render(rules, plan(conn, rules), leftovers(conn, rules)))
         if baseline:
             sys.stdout.write("\n" + render_baselines(chosen, tables, Clock().now()))
         return 0
@@ -155,6 +157,8 @@ def cmd_migrate(
         for line in done:
             print(line)
         print(f"ok: {len(rules)} rules migrated" + ("" if done else " (nothing to change)"))
+        for left in leftovers(conn, rules):
+            print(f"{left.what}\n  {left.statement}")
         if baseline:
             run_baselines(conn, chosen, check(conn, chosen), Clock().now())
     return 0
@@ -289,18 +293,37 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
     return 0
 
 
-def cmd_replay(settings: Settings, rule: str | None, notifier: str | None) -> int:
-    """Dead deliveries back to pending; a running slawatch sends them at once."""
+def cmd_replay(
+    settings: Settings, rule: str | None, notifier: str | None, to: str | None = None
+) -> int:
+    """Dead and orphaned deliveries back to pending (``to``: to that notifier instead of
+    ``notifier``); a running slawatch sends them at once."""
     rules, notifiers = load_config(settings)
     if rule is not None and rule not in {r.name for r in rules}:
         raise ConfigError(f"--rule: no rule named {rule!r} in {settings.rules_dir}")
-    if notifier is not None and notifier not in {n.name for n in notifiers}:
-        raise ConfigError(f"--notifier: no notifier named {notifier!r} in {settings.notifiers_dir}")
+    configured = {n.name for n in notifiers}
     now = Clock().now()
     dsn = database_dsn(settings)
     with Database(dsn, size=1, timeout=settings.db_timeout, pooler=settings.pooler) as db:
-        count = db.run("replay", lambda conn: replay(conn, now, rule, notifier))
-    print(f"ok: {count} dead deliveries back to pending")
+
+        def work(conn: Connection) -> Replayed:
+            problem = replay_problem(conn, notifier, to, configured, "--")
+            if problem is not None:
+                raise ConfigError(f"{problem} (in {settings.notifiers_dir})")
+            return replay_deliveries(conn, now, rule, notifier, to=to, configured=configured)
+
+        done = db.run("replay", work)
+    what = f"{done.dead} dead" + (f" and {done.orphaned} orphaned" if done.orphaned else "")
+    print(f"ok: {what} deliveries back to pending" + (f", to {to}" if to else ""))
+    if done.resolved:
+        print(f"{_many(done.resolved, 'resolved notice')} of their episodes sent again after them")
+    if done.taken:
+        print(f"{_many(done.taken, 'delivery', 'deliveries')} left: the alert went to {to} already")
+    if done.left:
+        print(
+            f"{_many(done.left, 'delivery', 'deliveries')} left: their notifier is not configured"
+            " (replay --notifier OLD --to NEW sends them to another)"
+        )
     return 0
 
 
@@ -341,7 +364,8 @@ def _count(value: int | None, capped: bool = False) -> str:
 
 
 def cmd_status(settings: Settings, as_json: bool) -> int:
-    """Per rule: overdue now, notified, deliveries pending/dead, the last scan."""
+    """Per rule: overdue now (and of those, not yet notified), open episodes awaiting a
+    re-notification, deliveries pending/dead, the last scan."""
     rules, _ = load_config(settings)
     now = Clock().now()
     with connect(database_dsn(settings)) as conn:
@@ -357,6 +381,7 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
                 r.name,
                 r.track,
                 _count(r.overdue, r.overdue_capped),
+                _count(r.not_notified, r.not_notified_capped),
                 _count(r.notified),
                 _count(r.pending),
                 _count(r.dead),
@@ -370,9 +395,14 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
             notes.append(f"{r.name}: {r.problem}")
         if scan is not None and scan.error:
             notes.append(f"{r.name}: last scan failed: {scan.error}")
-    header = ["RULE", "TRACK", "OVERDUE", "NOTIFIED", "PENDING", "DEAD", "OLDEST PENDING"]
-    header += ["LAST SCAN", "TOOK", "ALERTS"]
-    print(_table(header, rows, right={2, 3, 4, 5, 6, 7, 8, 9}))
+        if r.orphaned:
+            notes.append(
+                f"{r.name}: {_many(r.orphaned, 'delivery', 'deliveries')} orphaned (notifier"
+                " removed): 'slawatch replay --notifier OLD --to NEW' sends them to another"
+            )
+    header = ["RULE", "TRACK", "OVERDUE", "UNNOTIFIED", "NOTIFIED", "PENDING", "DEAD"]
+    header += ["OLDEST PENDING", "LAST SCAN", "TOOK", "ALERTS"]
+    print(_table(header, rows, right=set(range(2, 11))))
     for note in notes:
         print(note)
     return 0

@@ -125,6 +125,9 @@ class Rule(FileModel):
     track: Literal["inline", "table"] = "inline"
     # track: table: how often a scan also reads every open overdue row (see statetable.py).
     sweep: PositiveDuration = timedelta(minutes=10)
+    # track: inline: what to do when a claim's UPDATE of the watched table would set off
+    # something (triggers, rewrite rules, publications): refuse the rule, or let them fire.
+    inline_triggers: Literal["refuse", "fire"] = "refuse"
     deadline: Ident
     after: Duration = timedelta(0)
     open_when: str
@@ -144,6 +147,13 @@ class Rule(FileModel):
     def _sweep_is_for_table(self) -> Rule:
         if "sweep" in self.model_fields_set and self.track != "table":
             raise ValueError("sweep: applies to track: table only")
+        return self
+
+    @model_validator(mode="after")
+    def _inline_triggers_is_for_inline(self) -> Rule:
+        if "inline_triggers" in self.model_fields_set and self.track != "inline":
+            # track: table never writes the watched table: there is nothing to accept.
+            raise ValueError("inline_triggers: applies to track: inline only")
         return self
 
     @field_validator("name")

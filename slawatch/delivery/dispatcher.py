@@ -10,6 +10,15 @@ so a process that stalled past its lease changes nothing; a claimed delivery's
 next attempt is its lease expiry, so the deliveries of a process that died
 become due again by themselves.
 
+Per episode and notifier, a resolved notice waits until the episode's firing
+notifications to that notifier are settled (``claim_deliveries``): a receiver is
+never told "resolved" before "firing". A batch that holds such a notice back is
+settled by the claim of the next one, short or not, so the notice follows it in
+the same pass. The claim also settles, unsent, what an active silence matches and
+a firing notification of an acknowledged episode. Deliveries to a notifier no
+longer configured are settled 'orphaned' (:func:`settle_orphans`); :func:`replay_deliveries`
+puts dead and orphaned ones back, to their own notifier or another.
+
 :class:`Dispatcher` runs ``concurrency`` worker threads per notifier (a slow
 receiver holds up only its own deliveries) and a listener that wakes them on
 the claim's ``NOTIFY``, polling as the fallback. Each worker claims, sends and
@@ -30,7 +39,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -38,6 +47,7 @@ from typing import Any, Protocol
 from psycopg.rows import dict_row
 
 from slawatch.clock import Clock
+from slawatch.config.files import shorten
 from slawatch.db import Connection, Database, DatabaseUnavailable, one_statement
 from slawatch.delivery.notifiers import Notifier
 from slawatch.delivery.storm import Folded, listings, summary_payload
@@ -65,6 +75,8 @@ class Metrics(Protocol):
         silenced: int = 0,
         summarized: int = 0,
         summaries: int = 0,
+        *,
+        acknowledged: int = 0,
     ) -> None:
         """A batch of ``notifier`` settled (see Metrics.delivered)."""
 
@@ -84,6 +96,7 @@ class PassResult:
     retried: int = 0
     dead: int = 0
     silenced: int = 0  # settled without sending: a silence matched (not in ``total``)
+    acknowledged: int = 0  # settled without sending: their episode was acknowledged
     summarized: int = 0  # settled without sending: a storm summary stands for them
     summaries: int = 0  # storm summaries made (each sent as one more delivery)
 
@@ -92,6 +105,7 @@ class PassResult:
         self.retried += other.retried
         self.dead += other.dead
         self.silenced += other.silenced
+        self.acknowledged += other.acknowledged
         self.summarized += other.summarized
         self.summaries += other.summaries
         return self
@@ -101,17 +115,107 @@ class PassResult:
         return self.sent + self.retried + self.dead
 
 
-def replay(conn: Connection, now: datetime, rule: str | None, notifier: str | None) -> int:
-    """Dead deliveries (of ``rule``'s alerts, to ``notifier``; None: any) back to pending,
-    in one transaction that wakes the delivery workers; returns how many."""
+@dataclass(frozen=True)
+class Replayed:
+    """What a replay did: ``dead`` and ``orphaned`` deliveries back to pending; ``taken``
+    left as they were (moving them ``to`` another notifier, their alert had a delivery
+    to it already); ``left`` as they were (their notifier is not configured: name
+    another with ``to``); ``resolved`` notices to be sent again after their replayed
+    firing notifications (they went out before them)."""
+
+    dead: int = 0
+    orphaned: int = 0
+    taken: int = 0
+    left: int = 0
+    resolved: int = 0
+
+    @property
+    def count(self) -> int:
+        """Deliveries back to pending."""
+        return self.dead + self.orphaned
+
+
+def replay_deliveries(
+    conn: Connection,
+    now: datetime,
+    rule: str | None,
+    notifier: str | None,
+    *,
+    to: str | None = None,
+    configured: Collection[str] | None = None,
+) -> Replayed:
+    """Dead and orphaned deliveries (of ``rule``'s alerts, to ``notifier``; None: any) back
+    to pending, to their own notifier or to ``to``, and only to a notifier in
+    ``configured`` (None: any), in one transaction that wakes the delivery workers."""
     q = queries()
-    params = {"now": now, "rule": rule, "notifier": notifier}
+    params = {
+        "now": now,
+        "rule": rule,
+        "notifier": notifier,
+        "to": to,
+        "configured": None if configured is None else sorted(configured),
+    }
     with conn.transaction():
         row = conn.execute(q["replay"], params).fetchone()
-        count = int(row[0]) if row else 0
-        if count:
+        done = Replayed(*(int(v) for v in row)) if row else Replayed()
+        if done.count or done.resolved:
             conn.execute(q["wake_deliveries"])
-    return count
+    return done
+
+
+def replay(conn: Connection, now: datetime, rule: str | None, notifier: str | None) -> int:
+    """:func:`replay_deliveries` to their own notifiers, whichever they are; how many."""
+    return replay_deliveries(conn, now, rule, notifier).count
+
+
+def replay_problem(
+    conn: Connection,
+    notifier: str | None,
+    to: str | None,
+    configured: Collection[str],
+    flag: str = "",
+) -> str | None:
+    """Why ``replay`` cannot take these names, as one line naming the option (``flag``
+    before each option's name: ``--`` on the command line); None when it can. A
+    notifier no longer configured may be named with ``to`` (where its dead and orphaned
+    deliveries go), as long as it has some."""
+    if to is not None and to not in configured:
+        return f"{flag}to: no notifier named {shorten(to)} is configured"
+    if to is not None and notifier is None:
+        return f"{flag}to: goes with {flag}notifier (the notifier whose deliveries to move)"
+    if notifier is None or notifier in configured:
+        return None
+    if to is None:
+        return (
+            f"{flag}notifier: no notifier named {shorten(notifier)} is configured (to send its"
+            f" dead and orphaned deliveries to another one: {flag}to NAME)"
+        )
+    row = conn.execute(queries()["replay_leftovers"], {"notifier": notifier}).fetchone()
+    if not (row and row[0]):
+        return (
+            f"{flag}notifier: no notifier named {shorten(notifier)} is configured, and no dead or"
+            " orphaned deliveries go to one"
+        )
+    return None
+
+
+def settle_orphans(db: Database, configured: Collection[str], clock: Clock) -> dict[str, int]:
+    """Settle as 'orphaned' the pending deliveries to notifiers not in ``configured``
+    (removed from the configuration); how many, per such notifier. One in flight in
+    another process (its lease not run out by ``clock``) is left to that process. The
+    clock is read only when there is something to settle."""
+    names = sorted(configured)
+    q = queries()
+
+    def work(conn: Connection) -> dict[str, int]:
+        row = conn.execute(q["orphans_pending"], {"configured": names}).fetchone()
+        if not (row and row[0]):
+            return {}
+        params = {"configured": names, "now": clock.now()}
+        rows = conn.execute(q["orphan_deliveries"], params).fetchall()
+        return {str(name): int(count) for name, count in rows}
+
+    return db.run("settling orphaned deliveries", work)
 
 
 def lease_for(notifier: Notifier) -> timedelta:
@@ -153,19 +257,27 @@ def receiver_outage(notifier: Notifier) -> Outage:
 @dataclass
 class _Batch:
     """Deliveries claimed under one lease (``owner``), with their alerts; and how many
-    more the claim settled as silenced (they count towards a full batch). With a storm
-    notifier: the deliveries folded into summaries before the claim (``folded``), and
-    the listed alerts of each summary in ``rows`` (by the summary's alert id)."""
+    more the claim settled as silenced or acknowledged (they count towards a full
+    batch). With a storm notifier: the deliveries folded into summaries before the claim
+    (``folded``), and the listed alerts of each summary in ``rows`` (by the summary's
+    alert id)."""
 
     owner: uuid.UUID
     rows: list[dict[str, Any]]
     silenced: int = 0
     folded: list[Folded] = field(default_factory=list)
     listings: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    acknowledged: int = 0
 
     @property
     def claimed(self) -> int:
-        return len(self.rows) + self.silenced
+        return len(self.rows) + self.silenced + self.acknowledged
+
+    @property
+    def holds(self) -> bool:
+        """A resolved notice waits for one of these firing notifications (per-episode
+        order, see claim_deliveries): once they are sent, claim again to send it."""
+        return any(r["holds"] for r in self.rows)
 
     @property
     def summarized(self) -> int:
@@ -211,14 +323,18 @@ def claim_deliveries(
         with conn.transaction() if storm else one_statement(conn):
             folded = storm_summarize(conn, notifier.name, storm, now) if storm else []
             rows = conn.cursor(row_factory=dict_row).execute(query, claim).fetchall()
-            send = [r for r in rows if not r["silenced"]]
+            send = [r for r in rows if r["settled"] is None]
             summaries = [r["alert_id"] for r in send if r["kind"] == "summary"]
             listed = listings(conn, summaries, _listed(notifier))
-        return _Batch(owner, send, len(rows) - len(send), folded, listed)
+        silenced = sum(1 for r in rows if r["settled"] == "silenced")
+        acked = len(rows) - len(send) - silenced
+        return _Batch(owner, send, silenced, folded, listed, acked)
 
     batch = db.run(f"claiming deliveries for {notifier.name}", run)
     if batch.silenced:
         log.debug("notifier %s: %d deliveries silenced", notifier.name, batch.silenced)
+    if batch.acknowledged:
+        log.debug("notifier %s: %d deliveries acknowledged", notifier.name, batch.acknowledged)
     for f in batch.folded:
         log.log(
             logging.WARNING if f.made else logging.INFO,
@@ -279,14 +395,21 @@ def _deliver(
     """Send a claimed batch and settle it. With ``claim_next``, a full batch that was
     accepted is settled by the claim of the next one, which is returned.
 
+    A batch that ``holds`` a resolved notice back is settled by a claim even when it
+    is short: that claim takes the notice now that its firing notifications went out.
+
     Counted (metrics, the batch's log line) once settled: a batch whose outcome was
-    not recorded is sent again, and counted then. Silenced and summarized deliveries
-    were settled by the claim and are counted with the batch whatever becomes of it."""
+    not recorded is sent again, and counted then. Silenced, acknowledged and summarized
+    deliveries were settled by the claim and are counted with the batch whatever
+    becomes of it."""
     started = time.monotonic()
     unsent = PassResult(
-        silenced=batch.silenced, summarized=batch.summarized, summaries=batch.summaries
+        silenced=batch.silenced,
+        acknowledged=batch.acknowledged,
+        summarized=batch.summarized,
+        summaries=batch.summaries,
     )
-    if not batch.rows:  # all silenced or summarized: settled by the claim already
+    if not batch.rows:  # all settled by the claim already (silenced, acknowledged, summarized)
         _settled(notifier, unsent, started, metrics, clock.now(), [])
         if claim_next and batch.claimed >= notifier.batch:
             return unsent, claim_deliveries(db, notifier, clock.now())
@@ -301,11 +424,11 @@ def _deliver(
     done = PassResult(sent=len(batch.rows))
     done += unsent
     fired = [r["fired_at"] for r in batch.rows]
-    if claim_next and batch.claimed >= notifier.batch:
+    if claim_next and (batch.claimed >= notifier.batch or batch.holds):
         following = claim_deliveries(db, notifier, clock.now(), sent=batch)
         _settled(notifier, done, started, metrics, accepted, fired)
         return done, following
-    # A short batch: nothing more was due, so no claim to ride on.
+    # A short batch: nothing more was due (or held back), so no claim to ride on.
     sent = {"ids": [r["id"] for r in batch.rows], "owner": batch.owner, "now": clock.now()}
     query = queries()["mark_sent"]
     db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, sent))
@@ -326,19 +449,21 @@ def _settled(
     A batch that only retried is a DEBUG line: while a receiver is down its outage
     line says it, and a line per attempt would drown the log."""
     ms = (time.monotonic() - started) * 1000
-    unsent = result.silenced or result.summarized
+    unsent = result.silenced or result.summarized or result.acknowledged
     level = logging.INFO if result.sent or result.dead or unsent else logging.DEBUG
     silenced = f", {result.silenced} silenced" if result.silenced else ""
     summarized = f", {result.summarized} summarized" if result.summarized else ""
+    acked = f", {result.acknowledged} acknowledged" if result.acknowledged else ""
     activity.log(
         level,
-        "notifier %s: %d sent, %d retried, %d dead%s%s in %.0f ms",
+        "notifier %s: %d sent, %d retried, %d dead%s%s%s in %.0f ms",
         notifier.name,
         result.sent,
         result.retried,
         result.dead,
         silenced,
         summarized,
+        acked,
         ms,
         extra={
             "notifier": notifier.name,
@@ -347,6 +472,7 @@ def _settled(
             "dead": result.dead,
             "silenced": result.silenced,
             "summarized": result.summarized,
+            "acknowledged": result.acknowledged,
             "ms": round(ms, 1),
         },
     )
@@ -360,6 +486,7 @@ def _settled(
             result.silenced,
             result.summarized,
             result.summaries,
+            acknowledged=result.acknowledged,
         )
 
 

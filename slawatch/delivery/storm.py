@@ -27,7 +27,8 @@ claim batches of one drain is one summary. Once attempted, its content is fixed
 
 What counts: first attempts of notifications (first notices and re-notifications).
 Resolved notices always go one by one (they close what the receiver opened), and a
-delivery matched by an active silence is silenced, not counted (silences win).
+delivery matched by an active silence is silenced, one of an acknowledged episode
+acknowledged, neither counted (silences and acks win).
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ episode was *seen* but never notified:
 
 - ``track: inline``: ``sw_<rule>_seen = deadline`` with ``n = 0`` and ``next``
   NULL. The row leaves the first-notice index (its deadline value has an
-  episode) and is in no other; ``ep`` is unchanged, so the first episode that
-  pages is numbered as it would have been. ``seen`` set with ``n = 0`` is a state
-  only a baseline makes: an episode nobody was paged for.
+  episode) for the open-episode one (``_again``), where no claim reads a row
+  whose ``next`` is NULL (``status`` counts it as overdue); ``ep`` is unchanged,
+  so the first episode that pages is numbered as it would have been. ``seen`` set
+  with ``n = 0`` is a state only a baseline makes: an episode nobody was paged for.
 - ``track: table``: a state row (``sw_seen = deadline``, ``sw_n = 0``,
   ``sw_next`` NULL); nothing is written to the watched table.
 

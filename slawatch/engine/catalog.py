@@ -8,6 +8,7 @@ from psycopg import sql
 
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, DatabaseUnavailable, describe, translate
+from slawatch.engine.queries import queries
 from slawatch.errors import DatabaseError
 
 TIMESTAMP_TYPES = {"timestamp without time zone", "timestamp with time zone"}
@@ -275,3 +276,64 @@ def probe_indexes(
             msg += " (open_when must not call now(), random() or other volatile functions)"
         return [], msg
     return definitions, None
+
+
+def _timing(tgtype: int) -> str:
+    """A trigger's timing and level from ``pg_trigger.tgtype`` (see pg_trigger.h)."""
+    when = "BEFORE" if tgtype & 2 else "INSTEAD OF" if tgtype & 64 else "AFTER"
+    return f"{when} UPDATE, each {'row' if tgtype & 1 else 'statement'}"
+
+
+def update_side_effects(conn: Connection, schema: str, name: str, tracking: list[str]) -> list[str]:
+    """What an UPDATE of ``schema.name`` that sets only ``tracking`` columns would set
+    off, one phrase each (``trigger last_update (BEFORE UPDATE, each row)``): enabled
+    triggers on the table or its partitions, rewrite rules, and publications of its
+    updates. Empty when such an UPDATE touches nothing but the rows."""
+    found: list[str] = []
+    with translate(f"reading the triggers, rules and publications of {schema}.{name}"):
+        row = conn.execute(
+            "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s",
+            (schema, name),
+        ).fetchone()
+        if row is None:
+            return []
+        params = {"oid": row[0], "tracking": tracking}
+        for tgname, tschema, tname, on_table, tgtype, constraint in conn.execute(
+            queries()["update_triggers"], params
+        ):
+            kind = "constraint trigger" if constraint else "trigger"
+            where = "" if on_table else f" on {tschema}.{tname}"
+            found.append(f"{kind} {tgname}{where} ({_timing(tgtype)})")
+        for rulename, instead in conn.execute(queries()["update_rules"], params):
+            found.append(f"rule {rulename} (ON UPDATE DO {'INSTEAD' if instead else 'ALSO'})")
+        for (pubname,) in conn.execute(queries()["update_publications"], params):
+            found.append(f"publication {pubname} (logical replication ships each claimed row)")
+    return found
+
+
+def without_statistics(conn: Connection, schema: str, name: str) -> list[tuple[str, str]]:
+    """The table ``schema.name`` (or each partition of it) that holds rows the planner
+    has no statistics for: a table just loaded from a dump, not yet analyzed."""
+    with translate(f"reading the statistics of {schema}.{name}"):
+        rels = conn.execute(queries()["no_statistics"], {"schema": schema, "name": name}).fetchall()
+        out = []
+        for rel_schema, rel_name in rels:
+            # An empty table has nothing to count: ANALYZE would find nothing either.
+            row = conn.execute(
+                sql.SQL("SELECT EXISTS (SELECT 1 FROM ONLY {})").format(
+                    sql.Identifier(rel_schema, rel_name)
+                )
+            ).fetchone()
+            if row and row[0]:
+                out.append((rel_schema, rel_name))
+    return out
+
+
+def indexes_on(conn: Connection, schema: str, name: str, columns: list[str]) -> list[str]:
+    """The names of the indexes of ``schema.name`` that read any of ``columns``."""
+    with translate(f"reading the indexes of {schema}.{name}"):
+        rows = conn.execute(
+            queries()["indexes_on_columns"], {"schema": schema, "name": name, "columns": columns}
+        ).fetchall()
+    return [r[0] for r in rows]

@@ -43,7 +43,7 @@ from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.engine.catalog import inspect_table, key_columns, table_ident
-from slawatch.engine.migrate import pending, predicates, require_schema
+from slawatch.engine.migrate import inline_refusal, pending, predicates, require_schema
 from slawatch.engine.outbox import SEVERITIES, Tally, outbox, resolved, severities
 from slawatch.engine.statetable import TablePlan, TableScan, compose, drain_table
 from slawatch.errors import ConfigError
@@ -365,6 +365,11 @@ def prepare_ready(
                 f"{rule.source}: deadline: column {rule.deadline!r} not in {rule.table}"
             )
             continue
+        # A trigger created since migrate: refused here too, never claimed through.
+        refused = inline_refusal(conn, rule)
+        if refused:
+            problems[rule.name] = refused
+            continue
         todo = pending(conn, rule, info)
         if todo:
             # Claiming now could be wrong (no tracking columns) or slow (no usable index).
@@ -440,8 +445,15 @@ def drain(
     plan: ClaimPlan,
     clock: Clock,
     budget: timedelta | None = None,
+    *,
+    sweep: bool = False,
 ) -> DrainResult:
-    """Claim batch after batch while batches come back full, within ``budget``."""
+    """Claim batch after batch while batches come back full, within ``budget``.
+
+    ``sweep``: a ``track: table`` rule sweeps even when its sweep is not due, so the
+    drain also finds rows that became overdue before the watermark's look-back
+    (backfills): ``run --once`` drains every due row. An inline drain always does.
+    """
     tally = Tally()
     if plan.table is not None:
         alerts, batches = drain_table(
@@ -452,6 +464,7 @@ def drain(
             clock,
             budget or plan.rule.every,
             tally,
+            sweep,
         )
         return DrainResult(alerts, batches, tally.closed, tally.severities)
     budget_s = (budget or plan.rule.every).total_seconds()

@@ -1,10 +1,14 @@
 """What the next scan of a rule would send, counted without writing anything.
 
-``check`` and ``run --dry-run`` read these counts. They follow the claim
-(claim.py, statetable.py) case by case, reading the same partial indexes:
+``check`` and ``run --dry-run`` read these counts: what ``run --once`` then
+sends, a drain of every rule that for ``track: table`` includes a sweep. They
+follow the claim (claim.py, statetable.py) case by case, reading the same
+partial indexes:
 
 - *first* notices: due open rows whose deadline value has no episode yet (a
-  baselined row has one: it is not counted);
+  baselined row has one: it is not counted); for ``track: table`` the whole due
+  index, as the sweep reads it, not only the window after the watermark, so a
+  row backfilled with an old deadline is counted;
 - *re-notifications* due, by the number they would carry (escalation tiers pick
   their notifiers), leaving out acknowledged episodes (the claim clears those)
   and, for ``track: table``, episodes whose row is no longer open with that
@@ -34,7 +38,7 @@ from slawatch.db import Connection, translate
 from slawatch.engine.catalog import TableInfo, inspect_table, key_columns, table_ident
 from slawatch.engine.claim import ClaimPlan, sql_text
 from slawatch.engine.migrate import predicates
-from slawatch.engine.statetable import lookback, state_table
+from slawatch.engine.statetable import state_table
 from slawatch.errors import DatabaseError
 
 LIMIT = 1_000_000
@@ -87,7 +91,8 @@ def _by_n(rows: list[tuple[Any, ...]]) -> dict[int, int]:
 def count(
     conn: Connection, rule: Rule, info: TableInfo, now: datetime, limit: int = LIMIT
 ) -> Due | None:
-    """What the next scan at ``now`` would write; None when counting took over 30 s.
+    """What a drain at ``now`` would write (``run --once``: for ``track: table`` with a
+    sweep); None when counting took over 30 s.
 
     Without tracking (not migrated yet) every due open row counts as a first notice.
     Runs in a READ ONLY transaction of its own on ``conn``.
@@ -95,7 +100,7 @@ def count(
 
     has_tz = info.columns[rule.deadline] == "timestamp with time zone"
     plan = ClaimPlan(rule, sql.Composed([]), has_tz)
-    params = plan.params(now) | {"limit": limit, "since": "-infinity", "sweep_due": True}
+    params = plan.params(now) | {"limit": limit}
     t, d = table_ident(rule), sql.Identifier(rule.deadline)
     open_when = sql_text(f"({rule.open_when}\n)")
     untracked = sql.SQL(
@@ -112,7 +117,6 @@ def count(
                 if state is None:
                     first: sql.Composed = untracked
                 else:
-                    _table_window(conn, rule, plan, now, params)
                     first, again, resolved = _table(rule, info, open_when)
             elif all(c in info.columns for c in rule.tracking_columns):
                 first, again, resolved = _inline(rule, info)
@@ -134,8 +138,9 @@ def count(
 def count_due(
     conn: Connection, rule: Rule, info: TableInfo, now: datetime, limit: int = 1_000_000
 ) -> int | None:
-    """How many rows the next scans at ``now`` would notify (first notices and due
-    re-notifications), counted up to ``limit``; None when counting took too long.
+    """How many rows a drain at ``now`` would notify (first notices and due
+    re-notifications; ``track: table`` backfills too, as ``run --once`` sweeps), counted
+    up to ``limit``; None when counting took too long.
 
     Without tracking columns (not migrated yet) every due open row counts as a first
     notice. Nothing is written.
@@ -169,21 +174,6 @@ def _inline(rule: Rule, info: TableInfo) -> Counts:
     )
 
 
-def _table_window(
-    conn: Connection, rule: Rule, plan: Any, now: datetime, params: dict[str, Any]
-) -> None:
-    """Where the next ``track: table`` scan reads fresh rows from, and whether it sweeps
-    (TableScan.begin: the watermark less the look-back, or everything)."""
-    row = conn.execute(
-        "SELECT scanned_to, swept_at FROM slawatch.watermark WHERE rule = %s", (rule.name,)
-    ).fetchone()
-    scanned_to, swept_at = row if row else (None, None)
-    if scanned_to is None or swept_at is None or now - swept_at >= rule.sweep:
-        return
-    params["sweep_due"] = False
-    params["since"] = plan.to_deadline(scanned_to - rule.after - lookback(rule))
-
-
 def _table(rule: Rule, info: TableInfo, open_when: sql.SQL) -> Counts:
     t, d, s = table_ident(rule), sql.Identifier(rule.deadline), state_table(rule)
     key = key_columns(rule, info)
@@ -193,14 +183,9 @@ def _table(rule: Rule, info: TableInfo, open_when: sql.SQL) -> Counts:
     still = sql.SQL(
         "EXISTS (SELECT 1 FROM {t} t WHERE {s_is_t} AND t.{d} = s.sw_seen AND {ow})"
     ).format(t=t, s_is_t=s_is_t, d=d, ow=open_when)
-    fresh_over = sql.SQL(
-        "EXISTS (SELECT 1 FROM {t} t WHERE {s_is_t} AND t.{d} >= %(since)s"
-        " AND t.{d} < %(cutoff)s AND {ow})"
-    ).format(t=t, s_is_t=s_is_t, d=d, ow=open_when)
     return (
         sql.SQL(
-            "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE t.{d} >= %(since)s"
-            " AND t.{d} < %(cutoff)s AND {ow}"
+            "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE t.{d} < %(cutoff)s AND {ow}"
             " AND NOT EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = t.{d})"
             " LIMIT %(limit)s) f"
         ).format(t=t, d=d, ow=open_when, s=s, s_is_t=s_is_t),
@@ -211,14 +196,12 @@ def _table(rule: Rule, info: TableInfo, open_when: sql.SQL) -> Counts:
             " AND k.key = {key} AND k.episode = s.sw_ep)"
             " LIMIT %(limit)s) a GROUP BY 1"
         ).format(s=s, still=still, key=_key_text("s", key)),
-        # Ended notified episodes the next scan reaches: all of them when it sweeps,
-        # else those whose re-notification is due or whose row opens a new episode.
+        # Ended notified episodes: the sweep closes every one of them.
         sql.SQL(
             "SELECT n, count(*) FROM (SELECT s.sw_n AS n FROM {s} s"
             " WHERE s.sw_seen IS NOT NULL AND s.sw_n > 0 AND NOT {still}"
-            " AND (%(sweep_due)s OR s.sw_next < %(now)s::timestamptz OR {fresh_over})"
             " LIMIT %(limit)s) e GROUP BY 1"
-        ).format(s=s, still=still, fresh_over=fresh_over),
+        ).format(s=s, still=still),
     )
 
 

@@ -16,22 +16,28 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule, condition_columns
 from slawatch.db import Connection, translate
-from slawatch.engine import schema
+from slawatch.engine import schema, trackswitch
 from slawatch.engine.catalog import (
     IndexState,
     Partition,
     TableInfo,
     check_rule,
     index_state,
+    indexes_on,
+    inspect_table,
+    key_columns,
     probe_indexes,
     table_ident,
+    update_side_effects,
+    without_statistics,
 )
 from slawatch.engine.schema import Change
 from slawatch.errors import ConfigError
@@ -93,14 +99,18 @@ def predicates(rule: Rule) -> tuple[str, str, str]:
 
     - first: rows not yet notified for their current deadline value (never notified,
       or the deadline moved since: a new episode);
-    - again: rows of an open episode awaiting a re-notification;
+    - again: rows of an open episode (notified, or baselined), indexed by the time of
+      their next re-notification: the claim reads the range due now, ``status`` counts
+      the whole index (every open episode is overdue). An episode at its cap, acked,
+      or of a rule without renotify has ``next`` NULL: it stays in the index, where
+      the claim never reads, until it ends;
     - ended: rows whose episode ended (open_when turned false, or the deadline
       moved); the next scan closes the episode, and the row leaves this index.
     """
-    d, n, seen = _q(rule.deadline), _q(rule.next_column), _q(rule.seen_column)
+    d, seen = _q(rule.deadline), _q(rule.seen_column)
     open_when = f"({rule.open_when})"
     first = f"{seen} IS DISTINCT FROM {d} AND {open_when}"
-    again = f"{n} IS NOT NULL AND {seen} = {d} AND {open_when}"
+    again = f"{seen} = {d} AND {open_when}"
     ended = f"{seen} IS NOT NULL AND ({seen} IS DISTINCT FROM {d} OR {open_when} IS NOT TRUE)"
     return first, again, ended
 
@@ -138,6 +148,9 @@ class Step:
     locked: bool = False  # takes a strong lock: run with lock_timeout, in a transaction
     detail: bool = False  # one of many similar steps: printed, not reported by migrate
     change: Change | None = None  # a schema migration: applied and recorded by schema.apply
+    # How migrate runs it instead of ``statement`` (printed for psql): work in batches
+    # of their own transactions; returns the rows it wrote, added to ``done``.
+    run: Callable[[Connection], int] | None = field(default=None, compare=False)
 
 
 def grants(
@@ -202,12 +215,36 @@ def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
             _, problem = _wanted(conn, rule, info)
             if problem:
                 problems = [f"{rule.source}: open_when: {problem}"]
+            refused = inline_refusal(conn, rule)
+            if refused:
+                problems.append(refused)
         errors.extend(problems)
         if info is not None:
             tables[rule.name] = info
     if errors:
         raise ConfigError("\n".join(errors))
     return tables
+
+
+def inline_refusal(conn: Connection, rule: Rule) -> str | None:
+    """Why ``rule`` may not track inline on its table, in one line; None when it may.
+
+    Every claim (and ``migrate --baseline``, and a switch from ``track: table``) is an
+    UPDATE of the watched rows. Where the table's triggers, rewrite rules or
+    publications would act on that UPDATE, watching would change the shop's data or
+    set off its machinery (an ``updated_at`` trigger, an audit table, logical
+    replication), unless the rule says ``inline_triggers: fire``.
+    """
+    if rule.track != "inline" or rule.inline_triggers == "fire":
+        return None
+    found = update_side_effects(conn, rule.schema_name, rule.table_name, rule.tracking_columns)
+    if not found:
+        return None
+    return (
+        f"{rule.source}: track: inline: each claim UPDATEs the rows of {rule.table}, which"
+        f" would set off {', '.join(found)}; use track: table (slawatch then never writes"
+        f" {rule.table}), or set inline_triggers: fire to accept that"
+    )
 
 
 def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> tuple[list[str], str | None]:
@@ -245,40 +282,128 @@ def plan(conn: Connection, rules: list[Rule]) -> list[Step]:
 
 
 def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
-    """What one rule needs: tracking columns or its state table, then its partial indexes."""
-    steps = _leftovers(conn, rule)
+    """What one rule needs: tracking columns or its state table, the state of the other
+    way to track carried over (a switch of ``track``), then its partial indexes."""
     if rule.track == "table":
-        steps.extend(_state_table(conn, rule, info))
+        steps = _state_table(conn, rule, info)
     else:
-        steps.extend(_tracking_columns(rule, info))
+        steps = _tracking_columns(rule, info)
+    steps.extend(_switch(conn, rule, info))
+    steps.extend(_leftovers(conn, rule, info))
     wanted, problem = _wanted(conn, rule, info)
     if problem:  # check() ran the same probe; only a concurrent change gets here
         raise ConfigError(f"{rule.source}: open_when: {problem}")
+    built = []
     for spec, definition in zip(index_specs(rule), wanted, strict=True):
         if info.relkind == "p":
-            steps.extend(_partitioned_index(conn, spec, definition, info.partitions))
+            built.extend(_partitioned_index(conn, spec, definition, info.partitions))
         else:
-            steps.extend(_index(conn, spec, definition))
+            built.extend(_index(conn, spec, definition))
+    steps.extend(built)
+    if any(step.statement.startswith("CREATE INDEX") for step in built):
+        steps.extend(_analyze(conn, rule))
     return steps
 
 
-def _leftovers(conn: Connection, rule: Rule) -> list[Step]:
+def _analyze(conn: Connection, rule: Rule) -> list[Step]:
+    """ANALYZE of a table that holds rows but has no statistics (just loaded from a dump):
+    without them the planner prices the new partial indexes blind, and ``explain`` (or
+    the first scans) would read the table whole until autovacuum came by."""
+    tables = without_statistics(conn, rule.schema_name, rule.table_name)
+    if not tables:
+        return []
+    where = f"{rule.schema_name}.{rule.table_name}"
+    what = (
+        ""
+        if tables == [(rule.schema_name, rule.table_name)]
+        else f" ({len(tables)} partition{'s' if len(tables) > 1 else ''})"
+    )
+    return [
+        Step(
+            f"ANALYZE {', '.join(_q(*t) for t in tables)}",
+            f"{where}: analyzed{what}: it had no statistics, which the claim's plan needs",
+        )
+    ]
+
+
+def _other(rule: Rule) -> Rule:
+    """The rule as it was under the other way to track."""
+    return rule.model_copy(update={"track": "inline" if rule.track == "table" else "table"})
+
+
+def _leftovers(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     """Indexes of the other way to track, left by a rule that changed its ``track``: they
-    would only cost the application's writes. (Inline's columns stay: dropping them
-    takes a strong lock, and they cost nothing unindexed.)"""
-    other = rule.model_copy(update={"track": "inline" if rule.track == "table" else "table"})
+    would only cost the application's writes. Dropped after the state was carried over
+    (:func:`_switch`): as long as they exist, a switch is unfinished. (Inline's columns
+    stay: dropping them takes a strong lock; :func:`leftovers` says how.)"""
     steps = []
-    for spec in index_specs(other):
+    # DROP INDEX CONCURRENTLY cannot drop a partitioned index; this drops its children too.
+    partitioned = info.relkind == "p"
+    for spec in index_specs(_other(rule)):
         if index_state(conn, spec.schema, spec.name) is not None:
             where = f"{spec.schema}.{spec.table}"
-            steps.append(Step(spec.drop(), f"{where}: dropped index {spec.name} (track changed)"))
+            steps.append(
+                Step(
+                    spec.drop(concurrently=not partitioned),
+                    f"{where}: dropped index {spec.name} (track changed)",
+                    locked=partitioned,
+                )
+            )
     return steps
+
+
+def _switch(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
+    """A switch of ``track`` not finished yet (the old track's indexes are still there):
+    copy the rule's state over, so that nothing is paged again (slawatch/engine/trackswitch.py).
+
+    inline → table: the watched rows' tracking columns into the state table, and the
+    watermark of an earlier ``track: table`` goes, so that the first scan sweeps: it finds
+    the rows due that inline had not reached, whatever their deadline.
+    table → inline: the state table into the tracking columns, then the state table goes.
+    """
+    where = f"{rule.schema_name}.{rule.table_name}"
+    state = f"slawatch.{rule.name}_state"
+    if rule.track == "table":
+        if not all(c in info.columns for c in rule.tracking_columns) or not any(
+            index_state(conn, s.schema, s.name) for s in index_specs(_other(rule))
+        ):
+            return []
+        return [
+            _copy(
+                rule, info, "table", f"{where}: rule {rule.name}'s state carried over to {state}"
+            ),
+            Step(trackswitch.forget_watermark(rule), f"{rule.name}: watermark reset", detail=True),
+        ]
+    have = inspect_table(conn, "slawatch", f"{rule.name}_state")
+    due = index_specs(_other(rule))[0]
+    if have is None or index_state(conn, due.schema, due.name) is None:
+        return []
+    if have.columns != state_columns(rule, info):
+        keyed = ", ".join(c for c in have.columns if not c.startswith("sw_"))
+        raise ConfigError(
+            f"{rule.source}: track: the state in {state} (keyed by {keyed}) cannot be carried"
+            f" over to this rule's key ({', '.join(key_columns(rule, info))}) or deadline"
+            " type; switch the track back, migrate, then change one at a time"
+        )
+    return [
+        _copy(rule, info, "inline", f"{where}: rule {rule.name}'s state carried over from {state}"),
+        Step(
+            f"DROP TABLE {_q('slawatch', rule.name + '_state')}",
+            f"{state}: dropped (track: inline)",
+        ),
+    ]
+
+
+def _copy(rule: Rule, info: TableInfo, to: trackswitch.Track, done: str) -> Step:
+    return Step(
+        trackswitch.render(rule, info, to),
+        done,
+        run=lambda conn: trackswitch.copy(conn, rule, info, to),
+    )
 
 
 def state_columns(rule: Rule, info: TableInfo) -> dict[str, str]:
     """The state table's columns and types: the watched table's key, then slawatch's."""
-    from slawatch.engine.catalog import key_columns
-
     columns = {c: info.columns[c] for c in key_columns(rule, info)}
     columns |= {
         "sw_seen": info.columns[rule.deadline],
@@ -291,8 +416,6 @@ def state_columns(rule: Rule, info: TableInfo) -> dict[str, str]:
 
 def _state_table(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     """slawatch's own table for a ``track: table`` rule, with its re-notify index."""
-    from slawatch.engine.catalog import inspect_table, key_columns
-
     name = f"{rule.name}_state"
     table = _q("slawatch", name)
     columns = state_columns(rule, info)
@@ -361,6 +484,63 @@ def _tracking_columns(rule: Rule, info: TableInfo) -> list[Step]:
             )
         )
     return steps
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """What a switch of ``track`` left that slawatch no longer uses, and the statement
+    that drops it. migrate never drops a watched table's columns itself: that takes an
+    exclusive lock on the table, and the columns cost nothing unindexed."""
+
+    what: str
+    statement: str
+
+
+def leftovers(conn: Connection, rules: list[Rule]) -> list[Leftover]:
+    """What each rule's earlier way to track left behind, once migrate is done: inline's
+    tracking columns (and any index on them) under ``track: table``; a state table that
+    was not carried over (an older slawatch's switch) under ``track: inline``."""
+    out = []
+    for rule in rules:
+        info = inspect_table(conn, rule.schema_name, rule.table_name)
+        if info is None:
+            continue
+        where = f"{rule.schema_name}.{rule.table_name}"
+        if rule.track == "table":
+            columns = [c for c in rule.tracking_columns if c in info.columns]
+            if not columns:
+                continue
+            ours = {spec.name for spec in index_specs(_other(rule))}  # migrate drops these
+            indexes = [
+                i
+                for i in indexes_on(conn, rule.schema_name, rule.table_name, columns)
+                if i not in ours
+            ]
+            on = f"; index {', '.join(indexes)} on them goes with them" if indexes else ""
+            drops = ", ".join(f"DROP COLUMN {_q(c)}" for c in columns)
+            out.append(
+                Leftover(
+                    f"{where}: left by rule {rule.name}'s track: inline, unused by track:"
+                    f" table: columns {', '.join(columns)}{on}. slawatch does not drop"
+                    " them; to drop them (a brief exclusive lock, no rewrite):",
+                    f"ALTER TABLE {_q(rule.schema_name, rule.table_name)} {drops};",
+                )
+            )
+            continue
+        due = index_specs(_other(rule))[0]
+        state = f"{rule.name}_state"
+        if (
+            inspect_table(conn, "slawatch", state) is not None
+            and index_state(conn, due.schema, due.name) is None
+        ):
+            out.append(
+                Leftover(
+                    f"slawatch.{state}: left by rule {rule.name}'s track: table, unused by"
+                    " track: inline (its state was not carried over); to drop it:",
+                    f"DROP TABLE {_q('slawatch', state)};",
+                )
+            )
+    return out
 
 
 def _inspect(
@@ -456,13 +636,16 @@ def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
                 if schema.apply(conn, step.change, Clock().now()):
                     done.append(step.done)
                 continue
+            line = step.done
             with translate(f"migrate: {step.done}"):
-                if step.locked:
+                if step.run is not None:
+                    line += f" ({step.run(conn):,} rows)"
+                elif step.locked:
                     _locked(conn, step.statement)
                 else:
                     conn.execute(step.statement.encode())  # SQL text: no parameters
             if not step.detail:
-                done.append(step.done)
+                done.append(line)
         return done
 
 
@@ -481,6 +664,12 @@ _PRINT_HEAD = """\
 """
 
 
+_ANALYZE_NOTE = (
+    "-- (statistics for the claim's plan; against a database, migrate analyzes only a"
+    " table\n-- that holds rows but has none)"
+)
+
+
 def _printed(step: Step) -> str:
     """A step as psql runs it; a locking one bounded by lock_timeout, as migrate runs it."""
     if step.change is not None:
@@ -490,7 +679,9 @@ def _printed(step: Step) -> str:
     return f"SET lock_timeout = '{LOCK_TIMEOUT}';\n{step.statement};\nRESET lock_timeout;"
 
 
-def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
+def render(
+    rules: list[Rule], steps: list[Step] | None = None, left: list[Leftover] | None = None
+) -> str:
     """The migration as a script a DBA can read and run (``migrate --print``).
 
     ``steps`` is a plan made against the database (only what it needs); without
@@ -513,6 +704,8 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
                 for spec in index_specs(rule):
                     out.append(spec.drop() + ";")
                     out.append(spec.create() + ";")
+                out.append(_ANALYZE_NOTE)
+                out.append(f"ANALYZE {_q(rule.schema_name, rule.table_name)};")
                 out.append("")
                 continue
             out.append(
@@ -526,6 +719,8 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
             for spec in index_specs(rule):
                 out.append(spec.drop() + ";")
                 out.append(spec.create() + ";")
+            out.append(_ANALYZE_NOTE)
+            out.append(f"ANALYZE {_q(rule.schema_name, rule.table_name)};")
             out.append("")
         out.append(
             "-- A partitioned table needs each index ON ONLY the parent, built CONCURRENTLY\n"
@@ -541,6 +736,12 @@ def render(rules: list[Rule], steps: list[Step] | None = None) -> str:
             if step.change is None:
                 out.append(f"-- {step.done}")
                 out.append(_printed(step))
+    if left:
+        out.append("")
+        out.append("-- Left by a switch of track, unused now (not dropped by this script):")
+        for item in left:
+            out.append(f"-- {item.what}")
+            out.append(f"--   {item.statement}")
     out.append("")
     out.append("-- Least privilege: what the role slawatch runs as needs (name yours; create")
     out.append("-- it first, e.g. CREATE ROLE slawatch_app LOGIN). slawatch also needs TEMP on")

@@ -391,12 +391,13 @@ class TableScan:
         self.swept = False
         self.closed = 0  # episodes the sweep closed
 
-    def begin(self, conn: Connection, now: datetime) -> None:
+    def begin(self, conn: Connection, now: datetime, sweep: bool = False) -> None:
+        """Read the watermark and sweep when one is due, or always with ``sweep``."""
         rule = self.plan.rule
         with translate(f"reading the watermark of rule {rule.name}"):
             mark = conn.execute(_WATERMARK, {"rule": rule.name}).fetchone()
         scanned_to, swept_at = mark if mark else (None, None)
-        if scanned_to is None or swept_at is None or now - swept_at >= rule.sweep:
+        if sweep or scanned_to is None or swept_at is None or now - swept_at >= rule.sweep:
             with translate(f"sweep of rule {rule.name}"):
                 row = conn.execute(self.plan.close, self.params_at(now)).fetchone()
                 closed = int(row[0]) if row else 0
@@ -431,16 +432,18 @@ def drain_table(
     clock: Clock,
     budget: timedelta,
     tally: Tally | None = None,
+    sweep: bool = False,
 ) -> tuple[int, int]:
     """Drain a ``track: table`` rule within ``budget``: (alerts, batches).
 
-    ``tally``, if given, also gets the episodes closed and the alerts per severity."""
+    ``tally``, if given, also gets the episodes closed and the alerts per severity;
+    ``sweep``: sweep whether or not one is due (``run --once``: every rule drained)."""
     tally = tally if tally is not None else Tally()
     rule = plan.rule
     scan = TableScan(plan, params_at, to_deadline)
     now = clock.now()
     with connection() as conn:
-        scan.begin(conn, now)
+        scan.begin(conn, now, sweep)
     tally.closed += scan.closed
     started = time.monotonic()
     alerts = batches = 0

@@ -3,18 +3,30 @@ acknowledgements and silences.
 
 FastAPI gives the routes their OpenAPI document (``/openapi.json``) from the
 pydantic models of :mod:`slawatch.operate.inspect`, the same shapes the CLI's ``--json``
-prints. uvicorn serves it in a thread of its own with a bounded number of
-requests at once (``limit_concurrency``: more are answered 503 at once), and the
-requests use a small pool of their own, so looking never takes a connection
-from the claim.
+prints. uvicorn serves it in a thread of its own, and the requests use a small
+pool of their own, so looking never takes a connection from the claim.
+
+Every request first passes :class:`_Gate`, cheapest check first: who may ask
+(:func:`refusal`: the Host, the Origin of a write, the token), a declared body over
+its limit (413 before a byte of it is read), then one of ``Limits.requests``
+slots (more are answered 503 at once; ``/healthz`` and ``/readyz`` need none), a
+page session's lookup in the database, and the body, read whole within its size
+and time limits (:mod:`slawatch.operate.guard`, which also closes connections that send no
+request in time).
 
 Auth: with a token, every request but ``/healthz`` (and the page's login and
 static files) needs ``Authorization: Bearer <token>`` (compared in constant time)
-or the on-call page's login cookie (:mod:`slawatch.operate.page`); without one, writes
-are refused unless the server listens on loopback only. A write from a browser
-must come from this server's own page: its ``Origin`` must be this server, and
-one carried by the cookie needs the page's header. Bad input is a 4xx with
-``{"error": "..."}``; values reach SQL only as parameters.
+or the on-call page's session cookie (:mod:`slawatch.operate.session`); without one, only
+a loopback ``Host`` is answered (DNS rebinding: another site's name resolved to
+127.0.0.1 reads nothing), ``/healthz`` excepted, and writes are refused unless
+the server listens on loopback only. A write from a browser must come from this
+server's own page: its ``Origin`` must be this server, and one carried by the
+cookie needs the page's header. Bad input is a 4xx with ``{"error": "..."}``;
+values reach SQL only as parameters.
+
+``/readyz`` answers from :class:`Readiness`, a probe of the database on a
+connection of its own every scan interval (at most 5 s), so it tells an outage and
+its end within one interval and never waits for a connection itself.
 """
 
 from __future__ import annotations
@@ -24,7 +36,8 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -34,16 +47,29 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slawatch import __version__
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.config.settings import is_loopback
-from slawatch.db import Connection, Database, Pooler
-from slawatch.delivery.dispatcher import replay
+from slawatch.db import Connection, Database, DatabaseUnavailable, Pooler
+from slawatch.delivery.dispatcher import Replayed as ReplayCount
+from slawatch.delivery.dispatcher import replay_deliveries, replay_problem
 from slawatch.engine.migrate import schema_current
 from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
+from slawatch.operate.guard import (
+    Disconnected,
+    Limits,
+    TooLarge,
+    TooSlow,
+    declared_length,
+    guarded_protocol,
+    read_body,
+)
+from slawatch.operate.guard import replay as replay_body
 from slawatch.operate.inspect import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -89,25 +115,32 @@ from slawatch.operate.page import (
     STATIC,
     STATIC_PATHS,
     View,
-    cookie_ok,
-    cookie_value,
     login_token,
     render_error,
     render_login,
     render_page,
 )
+from slawatch.operate.session import close_session, open_session, session_valid, well_formed
+from slawatch.outage import Outage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Requests served at once; past this uvicorn answers 503 without queueing.
-LIMIT_CONCURRENCY = 16
 # The admin API's own connections: reads are bounded (inspect.READ_TIMEOUT), so two
 # are plenty for a person and a scraper, and the claim's pool is never touched.
 POOL_SIZE = 2
 # Need no token: a liveness probe carries none; the login form and its style must show.
 _OPEN = {"/healthz", "/login", "/logout"} | STATIC_PATHS
+# Answered whatever the Host: orchestrators probe liveness by IP, and it tells nothing.
+_ANY_HOST = {"/healthz"}
+# Need no request slot: they read no database, and must answer when the rest is busy.
+_UNCOUNTED = {"/healthz", "/readyz"}
 _WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+# The bounds of `slawatch run`'s admin server.
+LIMITS = Limits()
+# /readyz's database probe: every scan interval of the fastest rule, within these.
+PROBE_EVERY = (1.0, 5.0)
+_MIGRATE = "slawatch's schema is missing or out of date; run 'slawatch migrate'"
 
 
 class Error(BaseModel):
@@ -130,15 +163,26 @@ class Ready(BaseModel):
 
 
 class ReplayRequest(BaseModel):
-    """Which dead deliveries go back to pending (none given: all of them)."""
+    """Which dead and orphaned deliveries go back to pending (none given: all of them),
+    and with ``to`` to which notifier instead of ``notifier`` (one no longer configured
+    may be named then)."""
 
     model_config = ConfigDict(extra="forbid")
     rule: str | None = Field(default=None, max_length=40)
     notifier: str | None = Field(default=None, max_length=200)
+    to: str | None = Field(default=None, max_length=200)
 
 
 class Replayed(BaseModel):
-    replayed: int = Field(description="dead deliveries now pending again")
+    """Shown only when not 0: ``orphaned``, ``taken``, ``left``, ``resolved``."""
+
+    replayed: int = Field(description="dead and orphaned deliveries now pending again")
+    orphaned: int = Field(default=0, description="of them, orphaned ones")
+    taken: int = Field(default=0, description="left as they were: the alert went to `to` already")
+    left: int = Field(default=0, description="left as they were: their notifier is not configured")
+    resolved: int = Field(
+        default=0, description="resolved notices sent again after their replayed notification"
+    )
 
 
 class AckRequest(BaseModel):
@@ -176,7 +220,7 @@ def refusal(
     token: str | None,
     allow_writes: bool,
     *,
-    cookie: str | None = None,
+    session: bool = False,
     page: bool = False,
     origin: str | None = None,
     host: str | None = None,
@@ -184,14 +228,26 @@ def refusal(
     """Why a request may not go on ((status, error); None: it may).
 
     With a token, everything but the open paths needs it: as a Bearer header, or as
-    the on-call page's login ``cookie`` (a write so carried also needs the page's
-    header, ``page``). Without one, writes need a server that only this machine can
-    reach (``allow_writes``) and a loopback ``host`` (a name of another site that
-    resolves to 127.0.0.1, DNS rebinding, does not get to write). Any write whose
+    a valid on-call page ``session`` (its cookie, looked up by the caller; a write so
+    carried also needs the page's header, ``page``). Without one, only a loopback
+    ``host`` is answered (a name of another site that resolves to 127.0.0.1, DNS
+    rebinding, reads and writes nothing), ``/healthz`` excepted; a request without a
+    Host (HTTP/1.0; every browser sends one) is no rebinding. Writes also need a
+    server that only this machine can reach (``allow_writes``). Any write whose
     ``origin`` (sent by browsers) is not this server is refused: a form on another
     site must not act for the person on call.
     """
     write = method in _WRITES
+    if (
+        token is None
+        and path not in _ANY_HOST
+        and host is not None
+        and not is_loopback(_hostname(host))
+    ):
+        return 403, (
+            "without SLAWATCH_API_TOKEN only a loopback Host is answered "
+            "(localhost, 127.0.0.1, [::1])"
+        )
     if write and origin is not None and not _same_origin(origin, host):
         return 403, "cross-origin writes are refused"
     if token is not None:
@@ -202,7 +258,7 @@ def refusal(
             given.strip().encode(), token.encode()
         ):
             return None
-        if authorization is None and cookie_ok(cookie, token):
+        if authorization is None and session:
             if write and not page:
                 return 403, f"a write with the login cookie needs the {PAGE_HEADER} header"
             return None
@@ -211,8 +267,6 @@ def refusal(
         return 403, (
             "writes are refused: set SLAWATCH_API_TOKEN, or bind SLAWATCH_HTTP to loopback"
         )
-    if write and host is not None and not is_loopback(_hostname(host)):
-        return 403, "writes without a token need a loopback Host (localhost, 127.0.0.1, [::1])"
     return None
 
 
@@ -257,6 +311,200 @@ def _checks(report: Mapping[str, Any], prefix: str = "") -> dict[str, bool]:
     return out
 
 
+class _Gate:
+    """Every request's way in, cheapest check first: :func:`refusal` (no database, no
+    body), a declared body over its limit, a request slot, the page session's lookup,
+    then the body, read whole within its limits before the application sees it."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: str | None,
+        allow_writes: bool,
+        db: Database,
+        clock: Clock,
+        limits: Limits,
+    ) -> None:
+        self.app = app
+        self.token, self.allow_writes = token, allow_writes
+        self.db, self.clock, self.limits = db, clock, limits
+        self.busy = 0  # requests holding a slot (only ever changed on the event loop)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        path, headers = str(scope["path"]), request.headers
+        cookie = request.cookies.get(COOKIE)
+
+        def refused(session: bool) -> tuple[int, str] | None:
+            return refusal(
+                request.method,
+                path,
+                headers.get("authorization"),
+                self.token,
+                self.allow_writes,
+                session=session,
+                page=PAGE_HEADER.lower() in headers,
+                origin=headers.get("origin"),
+                host=headers.get("host"),
+            )
+
+        answer = refused(False)
+        # Only a request that would be let in with a session waits for its lookup in
+        # the database, and only once it holds a slot.
+        ask = (
+            answer is not None
+            and answer[0] == 401
+            and "authorization" not in headers
+            and well_formed(cookie)
+        )
+        if answer is not None and not ask:
+            await self._refuse(answer, scope, receive, send)
+            return
+        limit = self.limits.body_limit(path)
+        try:
+            declared = declared_length(headers.get("content-length"))
+        except ValueError as exc:
+            await _error(400, str(exc), _CLOSE)(scope, receive, send)
+            return
+        if declared is not None and declared > limit:
+            # Before a byte of the body is read (nor a 100 Continue sent).
+            await _too_large(limit)(scope, receive, send)
+            return
+        counted = path not in _UNCOUNTED
+        if counted:
+            if self.busy >= self.limits.requests:
+                busy = f"the admin API is busy ({self.limits.requests} requests at once); retry"
+                await _error(503, busy, {"Retry-After": "1"})(scope, receive, send)
+                return
+            self.busy += 1
+        try:
+            if ask:
+                token = self.token
+                assert token is not None  # a 401 is only ever asked for with a token
+                try:
+                    valid = await run_in_threadpool(
+                        session_valid, self.db, cookie, token, self.clock.now()
+                    )
+                except SlawatchError as exc:
+                    await _error(503, str(exc).splitlines()[0])(scope, receive, send)
+                    return
+                answer = refused(valid)
+                if answer is not None:
+                    await self._refuse(answer, scope, receive, send)
+                    return
+            try:
+                body = await read_body(receive, limit, self.limits.body_timeout)
+            except TooLarge:
+                await _too_large(limit)(scope, receive, send)
+                return
+            except TooSlow:
+                slow = f"the request body did not arrive within {self.limits.body_timeout:g}s"
+                await _error(408, slow, _CLOSE)(scope, receive, send)
+                return
+            except Disconnected:
+                return
+            await self.app(scope, replay_body(body, receive), send)
+        finally:
+            if counted:
+                self.busy -= 1
+
+    async def _refuse(
+        self, answer: tuple[int, str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        status, message = answer
+        if status == 401 and scope["path"] == "/" and scope["method"] == "GET":
+            response: Response = _html(render_login(), 401)  # a browser: ask for the token
+        else:
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+            response = _error(status, message, headers)
+        await response(scope, receive, send)
+
+
+# Whoever sent a body that is refused may still be sending it: end the connection.
+_CLOSE = {"Connection": "close"}
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return _error(413, f"a request body here is at most {limit:,} bytes", _CLOSE)
+
+
+class Readiness:
+    """``/readyz``'s view of the database: whether it answers and slawatch's schema is
+    current, from a probe on a connection of its own every ``every()`` seconds.
+
+    ``/readyz`` reads the last result and never waits for the database itself: it
+    answers at once however busy the admin pool is, and turns not ready within one
+    interval of an outage (and ready within one interval of its end). A probe that
+    hangs (a network that stopped answering) is a result too old to trust: not ready.
+    """
+
+    def __init__(self, db: Database, every: Callable[[], float]) -> None:
+        self.db, self.every = db, every
+        self._lock = threading.Lock()
+        self._state: tuple[float, bool, bool, str | None] | None = None
+        self._stop = threading.Event()
+        self._first = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._trouble = Outage("readiness probe", log)
+
+    def start(self) -> None:
+        """Probe from a thread from now on; return after the first probe (or its timeout)."""
+        self._thread = threading.Thread(target=self._run, name="slawatch-ready", daemon=True)
+        self._thread.start()
+        self._first.wait(self.db.timeout + 2)
+
+    def stop(self) -> None:
+        """End the probing (its connection closes)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.db.timeout + 2)
+
+    def report(self) -> tuple[dict[str, bool], str | None]:
+        """``({"schema": ..., "database": ...}, the first problem or None)``."""
+        with self._lock:
+            state = self._state
+        if state is None:
+            return {"schema": False, "database": False}, "the database has not been probed yet"
+        at, database, schema, error = state
+        age = time.monotonic() - at
+        # A failed probe waits one interval, then up to the connect timeout, to finish.
+        if age > self.every() + self.db.timeout + 1:
+            return {"schema": False, "database": False}, (
+                f"the database has not answered the readiness probe for {age:.0f}s"
+            )
+        return {"schema": schema, "database": database}, error
+
+    def _record(self, database: bool, schema: bool, error: str | None) -> None:
+        with self._lock:
+            self._state = (time.monotonic(), database, schema, error)
+        self._first.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            since = time.monotonic()
+            try:
+                # One connection for as long as it works: no new session every interval.
+                with self.db.dedicated("readiness probe") as conn:
+                    while not self._stop.is_set():
+                        current = schema_current(conn)
+                        self._record(True, current, None if current else _MIGRATE)
+                        self._trouble.ok()
+                        self._stop.wait(self.every())
+            except DatabaseUnavailable as exc:
+                # The database's own outage line (db.py) says it in the log.
+                self._record(False, False, f"database unreachable: {str(exc).splitlines()[0]}")
+            except SlawatchError as exc:
+                self._record(False, False, str(exc).splitlines()[0])
+            except Exception as exc:  # a bug: not ready, said once, and probing goes on
+                self._record(False, False, f"readiness probe: unexpected {type(exc).__name__}")
+                self._trouble.failed(f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc)
+            self._stop.wait(self.every())
+
+
 def create_app(
     db: Database,
     rules: list[Rule] | Callable[[], list[Rule]],
@@ -267,6 +515,7 @@ def create_app(
     health: Callable[[], Mapping[str, Any]] | None = None,
     registry: CollectorRegistry | None = None,
     clock: Clock | None = None,
+    limits: Limits = LIMITS,
 ) -> FastAPI:
     """The admin API over ``db`` for the configured ``rules`` and ``notifiers`` (names);
     either may be a callable, read per request, so that a reload shows at once.
@@ -274,12 +523,20 @@ def create_app(
     ``health()``: the process's own parts (scheduler, each delivery worker) as
     ``{name: alive}`` (nested mappings allowed: ``{"workers": {"console": True}}``),
     added to ``/readyz``; ``registry``: what ``/metrics`` exports (default:
-    prometheus_client's global registry).
+    prometheus_client's global registry); ``limits``: the server's bounds
+    (:func:`serve_in_thread` applies those of the connections). The database probe
+    of ``/readyz`` (``app.state.readiness``) runs while :func:`serve_in_thread` serves.
     """
     clock = clock or Clock()
 
     def configured() -> dict[str, Rule]:
         return {r.name: r for r in (rules() if callable(rules) else rules)}
+
+    def probe_every() -> float:
+        # Within one scan interval of the fastest rule, so /readyz is never further behind.
+        fastest = min((r.every.total_seconds() for r in configured().values()), default=60.0)
+        low, high = PROBE_EVERY
+        return min(max(fastest, low), high)
 
     def notifier_names() -> set[str]:
         return set(notifiers() if callable(notifiers) else notifiers)
@@ -295,28 +552,13 @@ def create_app(
         responses=errors,
     )
 
-    @app.middleware("http")
-    async def auth(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        refused = refusal(
-            request.method,
-            request.url.path,
-            request.headers.get("authorization"),
-            token,
-            allow_writes,
-            cookie=request.cookies.get(COOKIE),
-            page=PAGE_HEADER.lower() in request.headers,
-            origin=request.headers.get("origin"),
-            host=request.headers.get("host"),
-        )
-        if refused is not None:
-            status, message = refused
-            if status == 401 and request.url.path == "/" and request.method == "GET":
-                return _html(render_login(), 401)  # a browser: ask for the token
-            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-            return _error(status, message, headers)
-        return await call_next(request)
+    readiness = Readiness(db, probe_every)
+    # A login form is small, whatever else the limits allow.
+    limits = replace(limits, bodies={"/login": MAX_LOGIN_BODY, **limits.bodies})
+    app.state.readiness, app.state.limits = readiness, limits
+    app.add_middleware(
+        _Gate, token=token, allow_writes=allow_writes, db=db, clock=clock, limits=limits
+    )
 
     @app.exception_handler(BadInput)
     async def bad_input(request: Request, exc: BadInput) -> JSONResponse:
@@ -350,8 +592,10 @@ def create_app(
     def read(what: str, work: Callable[[Connection], T]) -> T:
         return db.run(f"admin API: {what}", work)
 
+    # Both are coroutines: they run on the event loop, never wait for the thread pool
+    # (which the other requests may fill), and read nothing but memory.
     @app.get("/healthz", response_model=Health, tags=["health"])
-    def healthz() -> Health:
+    async def healthz() -> Health:
         """The process is alive (no database involved)."""
         return Health(status="ok", version=__version__)
 
@@ -361,21 +605,14 @@ def create_app(
         tags=["health"],
         responses={503: {"model": Ready}},
     )
-    def readyz() -> JSONResponse:
-        """The database is reachable and migrated, and every part of the process is alive."""
-        checks: dict[str, bool] = {}
-        error = None
-        try:
-            checks["schema"] = bool(read("readiness", schema_current))
-            checks["database"] = True
-            if not checks["schema"]:
-                error = "slawatch's schema is missing or out of date; run 'slawatch migrate'"
-        except SlawatchError as exc:
-            checks["database"] = False
-            error = str(exc).splitlines()[0]
+    async def readyz() -> JSONResponse:
+        """The database is reachable and migrated (as last probed, at most one scan
+        interval ago), and every part of the process is alive."""
+        checks, error = readiness.report()
         if health is not None:
             for name, alive in _checks(health()).items():
-                checks[name] = alive
+                # A part never turns a failed check of the same name into a success.
+                checks[name] = checks.get(name, True) and alive
                 if not alive and error is None:
                     error = f"{name} is not running"
         ready = all(checks.values())
@@ -447,17 +684,31 @@ def create_app(
         """Alerts by rule and severity, deliveries by notifier and status."""
         return read("stats", stats)
 
-    @app.post("/v1/replay", response_model=Replayed, tags=["alerts"])
+    @app.post(
+        "/v1/replay", response_model=Replayed, response_model_exclude_defaults=True, tags=["alerts"]
+    )
     def post_replay(body: Annotated[ReplayRequest | None, Body()] = None) -> Replayed:
-        """Dead deliveries back to pending; the delivery workers send them at once."""
+        """Dead and orphaned deliveries back to pending (with ``to``: to that notifier);
+        the delivery workers send them at once."""
         body = body or ReplayRequest()
         if body.rule is not None and body.rule not in configured():
             raise BadInput(f"rule: no rule named {check_rule_name(body.rule)!r}")
-        if body.notifier is not None and body.notifier not in notifier_names():
-            raise BadInput("notifier: no notifier of that name")
-        now = clock.now()
-        count = read("replay", lambda c: replay(c, now, body.rule, body.notifier))
-        return Replayed(replayed=count)
+        names, now = notifier_names(), clock.now()
+
+        def work(c: Connection) -> ReplayCount:
+            problem = replay_problem(c, body.notifier, body.to, names)
+            if problem is not None:
+                raise BadInput(problem)
+            return replay_deliveries(c, now, body.rule, body.notifier, to=body.to, configured=names)
+
+        done = read("replay", work)
+        return Replayed(
+            replayed=done.count,
+            orphaned=done.orphaned,
+            taken=done.taken,
+            left=done.left,
+            resolved=done.resolved,
+        )
 
     @app.post("/v1/alerts/{alert:path}/ack", response_model=Ack, tags=["lifecycle"])
     def post_ack(alert: Annotated[str, Path(max_length=MAX_NAME)], body: AckRequest) -> Ack:
@@ -551,21 +802,23 @@ def create_app(
 
     @app.post("/login", include_in_schema=False)
     async def login(request: Request) -> Response:
-        """Check the token a person typed; a session cookie for the page if it is right."""
+        """Check the token a person typed; a new session and its cookie if it is right."""
         if token is None:
             return RedirectResponse("/", status_code=303)
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_LOGIN_BODY:
-                return _error(413, f"a login form is at most {MAX_LOGIN_BODY} bytes")
+        body = await request.body()  # the gate has held it to the login form's limit
+        if len(body) > MAX_LOGIN_BODY:
+            return _error(413, f"a login form is at most {MAX_LOGIN_BODY} bytes")
         given = login_token(body)
         if given is None or not hmac.compare_digest(given.encode(), token.encode()):
             return _html(render_login("That is not this server's token."), 401)
+        try:
+            session = await run_in_threadpool(open_session, db, token, clock.now())
+        except SlawatchError as exc:
+            return _html(render_login(f"Cannot log in now: {str(exc).splitlines()[0]}"), 503)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
             COOKIE,
-            cookie_value(token),
+            session,
             max_age=int(COOKIE_AGE.total_seconds()),
             path="/",
             httponly=True,
@@ -575,7 +828,11 @@ def create_app(
         return response
 
     @app.post("/logout", include_in_schema=False)
-    def logout() -> Response:
+    async def logout(request: Request) -> Response:
+        """End the session in the database (for every instance), then in the browser."""
+        if token is not None:
+            # A database that is away is a 503: the cookie stays until the session ends.
+            await run_in_threadpool(close_session, db, request.cookies.get(COOKIE), token)
         response = RedirectResponse("/", status_code=303)
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response
@@ -591,6 +848,7 @@ class AdminServer:
     ) -> None:
         self._server, self._thread = server, thread
         self.host, self.port = address
+        self.readiness: Readiness | None = None  # /readyz's probe, stopped with the server
         self.on_stop: Callable[[], None] | None = None
 
     @property
@@ -602,14 +860,16 @@ class AdminServer:
         """Stop accepting, let running requests finish (up to ``timeout``), end the thread."""
         self._server.should_exit = True
         self._thread.join(timeout)
+        if self.readiness is not None:
+            self.readiness.stop()
         if self.on_stop is not None:
             self.on_stop()
 
 
-def serve_in_thread(
-    app: FastAPI, host: str, port: int, *, limit_concurrency: int = LIMIT_CONCURRENCY
-) -> AdminServer:
-    """Serve ``app`` on ``host:port`` (port 0: any free port) from a daemon thread.
+def serve_in_thread(app: FastAPI, host: str, port: int) -> AdminServer:
+    """Serve ``app`` on ``host:port`` (port 0: any free port) from a daemon thread,
+    with the connection bounds of ``create_app``'s ``limits``, and start its
+    ``/readyz`` probe.
 
     The socket is bound here, so a port in use is a ConfigError now, not a log line
     from a thread that quietly ended.
@@ -627,9 +887,14 @@ def serve_in_thread(
         raise ConfigError(
             f"SLAWATCH_HTTP: cannot listen on {host}:{port}: {exc.strerror or exc}"
         ) from None
+    limits: Limits = getattr(app.state, "limits", LIMITS)
+    readiness: Readiness | None = getattr(app.state, "readiness", None)
     config = uvicorn.Config(
         app,
-        limit_concurrency=limit_concurrency,
+        # No limit_concurrency: uvicorn counts open connections against it, so idle
+        # sockets would turn every request away; the gate counts requests instead.
+        http=guarded_protocol(limits),
+        timeout_keep_alive=max(1, round(limits.header_timeout)),
         log_config=None,  # slawatch's logging stays as it is
         log_level="warning",
         access_log=False,
@@ -640,15 +905,21 @@ def serve_in_thread(
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="slawatch-admin", daemon=True
     )
+    if readiness is not None:
+        readiness.start()
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             sock.close()
+            if readiness is not None:
+                readiness.stop()
             raise SlawatchError(f"the admin API did not start on {host}:{port} (see the log)")
         time.sleep(0.01)
     bound = sock.getsockname()
-    return AdminServer(server, thread, (bound[0], bound[1]))
+    served = AdminServer(server, thread, (bound[0], bound[1]))
+    served.readiness = readiness
+    return served
 
 
 def serve_admin(
@@ -687,6 +958,7 @@ def serve_admin(
     elif is_loopback(host):
         access = "no token: open to this machine"
     else:
-        access = "no token: read-only (set SLAWATCH_API_TOKEN for writes)"
+        # The Host check answers loopback names only: other machines' browsers get 403s.
+        access = "no token: read-only, loopback Host names only (set SLAWATCH_API_TOKEN)"
     log.info("admin API on %s (%s); metrics at %s/metrics", server.url, access, server.url)
     return server

@@ -7,6 +7,15 @@ Looking must not slow the claim: counts of watched rows go through the rules'
 partial indexes and stop at :data:`COUNT_LIMIT`, the delivery backlog is read
 through the partial indexes of pending and dead deliveries, lists are paged by
 key, and every statement runs under a statement timeout.
+
+What is overdue is counted where each way to track keeps it: ``track: table``
+reads the range of the due index (the deadline of open rows) that is past, and
+probes the state table's primary key per row for whether its episode was
+notified; ``inline`` adds the rows not yet notified (the first-notice index's
+past range) to the open episodes (the whole re-notify index, which holds every
+open episode: one entry per overdue notified row). Each part stops at
+:data:`COUNT_LIMIT` rows read, so a count costs at most that many index entries
+(and their heap rows), however large the table or the backlog.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+import psycopg
 from psycopg import sql
 from pydantic import BaseModel, Field
 
@@ -22,13 +32,13 @@ from slawatch.config.durations import parse_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import RULE_NAME, Rule
 from slawatch.db import Connection, translate
-from slawatch.engine.catalog import TableInfo, index_state, inspect_table, table_ident
-from slawatch.engine.due import count_due
-from slawatch.engine.migrate import index_specs, predicates, require_schema
 from slawatch.engine.outbox import alert_id
+from slawatch.engine.catalog import TableInfo, index_state, inspect_table, key_columns, table_ident
+from slawatch.engine.claim import ClaimPlan, sql_text
+from slawatch.engine.migrate import index_specs, predicates, require_schema
 from slawatch.engine.queries import queries
 from slawatch.engine.statetable import state_table
-from slawatch.errors import BadInput, NotFound
+from slawatch.errors import BadInput, DatabaseError, NotFound
 from slawatch.operate.lifecycle import INT8, parse_alert
 
 # Counts of watched rows stop here: past it an operator needs no exact number, and
@@ -37,8 +47,10 @@ COUNT_LIMIT = 100_000
 # No read of the operator's surface may hold a connection longer than this.
 READ_TIMEOUT = "10s"
 MAX_LIMIT, DEFAULT_LIMIT = 1000, 50
-STATUSES = ("pending", "sent", "dead", "silenced", "summarized")
-DeliveryStatus = Literal["pending", "sent", "dead", "silenced", "summarized"]
+STATUSES = ("pending", "sent", "dead", "silenced", "summarized", "acknowledged", "orphaned")
+DeliveryStatus = Literal[
+    "pending", "sent", "dead", "silenced", "summarized", "acknowledged", "orphaned"
+]
 
 # The on-call page's chart: alerts per hour over the last day, at most this many read
 # per rule (a storm of 20 k alerts in an hour is drawn as "capped", not counted on).
@@ -69,10 +81,19 @@ class RuleStatus(BaseModel):
     notify: list[str]
     every_seconds: float
     overdue: int | None = Field(
-        description="rows the next scan would notify (first notices and due re-notifications), "
-        f"counted up to {COUNT_LIMIT}; null when not counted (see problem, or a 30 s timeout)"
+        description="rows overdue now (open, deadline + after passed), notified or not "
+        "(baselined rows too), counted up to "
+        f"{COUNT_LIMIT}; null when not counted (see problem, or a timeout)"
     )
     overdue_capped: bool = Field(description=f"overdue reached {COUNT_LIMIT}: there are more")
+    not_notified: int | None = Field(
+        default=None,
+        description="of the overdue rows, those not yet notified in their current episode "
+        "(the next scan's first notices), counted up to the same limit; null when not counted",
+    )
+    not_notified_capped: bool = Field(
+        default=False, description=f"not_notified reached {COUNT_LIMIT}, or overdue did first"
+    )
     notified: int | None = Field(
         description="open episodes with a re-notification scheduled (read from the re-notify "
         "partial index, counted up to the same limit); null for a rule without renotify. "
@@ -80,6 +101,11 @@ class RuleStatus(BaseModel):
     )
     pending: int = Field(description="deliveries of this rule's alerts still to send")
     dead: int = Field(description="deliveries given up on ('slawatch replay' sends them again)")
+    orphaned: int = Field(
+        default=0,
+        description="deliveries whose notifier was removed from the configuration "
+        "('slawatch replay --notifier OLD --to NEW' sends them to another)",
+    )
     oldest_pending_seconds: float | None = Field(
         description="age of the alert behind the oldest pending delivery"
     )
@@ -259,11 +285,74 @@ def notified_statement(rule: Rule) -> sql.Composed:
     if rule.track == "table":
         source: sql.Composable = sql.SQL("{} WHERE sw_next IS NOT NULL").format(state_table(rule))
     else:
-        # The predicate word for word as the index has it, so the planner matches them.
-        source = sql.SQL("{} WHERE {}").format(table_ident(rule), sql.SQL(predicates(rule)[1]))
+        # The predicate word for word as the index has it, so the planner matches them
+        # (run without parameters: a `%` in it stays as it is); `next IS NOT NULL` is
+        # then a condition on the index's key (its non-null part).
+        source = sql.SQL("{} WHERE {} IS NOT NULL AND {}").format(
+            table_ident(rule), sql.Identifier(rule.next_column), sql.SQL(predicates(rule)[1])
+        )
     return sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT {}) a").format(
         source, sql.Literal(COUNT_LIMIT)
     )
+
+
+def overdue_statement(rule: Rule, info: TableInfo) -> sql.Composed:
+    """Rows overdue now, and of them those not yet notified: one row ``(overdue,
+    not_notified, overdue_capped, not_notified_capped)``; parameter ``cutoff`` (now less
+    ``after``, as a value of the deadline's type). Reads at most :data:`COUNT_LIMIT`
+    entries of each index it uses, and never the watched table without one."""
+    t, d = table_ident(rule), sql.Identifier(rule.deadline)
+    cap = sql.Literal(COUNT_LIMIT)
+    if rule.track == "table":
+        # The past range of the due index; per row, one probe of the state table's
+        # primary key for an episode of this deadline value (notified, or baselined).
+        s_is_t = sql.SQL(" AND ").join(
+            sql.SQL("s.{c} = t.{c}").format(c=sql.Identifier(c)) for c in key_columns(rule, info)
+        )
+        return sql.SQL(
+            "SELECT count(*), count(*) FILTER (WHERE o.fresh), count(*) >= {cap},"
+            " count(*) >= {cap}"
+            " FROM (SELECT NOT EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = t.{d})"
+            " AS fresh FROM {t} t WHERE t.{d} < %(cutoff)s AND {ow} LIMIT {cap}) o"
+        ).format(
+            cap=cap,
+            s=state_table(rule),
+            s_is_t=s_is_t,
+            d=d,
+            t=t,
+            ow=sql_text(f"({rule.open_when}\n)"),
+        )
+    # Inline: rows not yet notified for their deadline value (the first-notice index's
+    # past range), and open episodes (the whole re-notify index: its predicate, word for
+    # word, so the planner matches it). The two are disjoint: seen = deadline or not.
+    first, again, _ = (sql_text(p) for p in predicates(rule))
+    return sql.SQL(
+        "SELECT least(f.n + e.n, {cap}), f.n, f.n + e.n >= {cap}, f.n >= {cap}"
+        " FROM (SELECT count(*) AS n FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {first}"
+        " LIMIT {cap}) x) f,"
+        " (SELECT count(*) AS n FROM (SELECT 1 FROM {t} WHERE {again} AND {d} < %(cutoff)s"
+        " LIMIT {cap}) y) e"
+    ).format(cap=cap, t=t, d=d, first=first, again=again)
+
+
+def count_overdue(
+    conn: Connection, rule: Rule, info: TableInfo, now: datetime
+) -> tuple[int, int, bool, bool] | None:
+    """:func:`overdue_statement` at ``now``; None when it ran out of time."""
+    has_tz = info.columns[rule.deadline] == "timestamp with time zone"
+    cutoff = ClaimPlan(rule, sql.Composed([]), has_tz).to_deadline(now - rule.after)
+    try:
+        ((overdue, fresh, capped, fresh_capped),) = _read(
+            conn,
+            f"counting overdue rows of rule {rule.name}",
+            overdue_statement(rule, info),
+            {"cutoff": cutoff},
+        )
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+            return None
+        raise
+    return int(overdue), int(fresh), bool(capped), bool(fresh_capped)
 
 
 def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[RuleStatus]:
@@ -282,12 +371,12 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
         problem = _problem(conn, rule, info)
         overdue = notified = None
         if info is not None and problem is None:
-            overdue = count_due(conn, rule, info, now, COUNT_LIMIT)
+            overdue = count_overdue(conn, rule, info, now)
             if rule.renotify is not None:
                 (notified,) = _read(
                     conn, f"counting open episodes of rule {rule.name}", notified_statement(rule)
                 )[0]
-        pending, dead, oldest = backlog.get(rule.name, (0, 0, None))
+        pending, dead, oldest, orphaned = backlog.get(rule.name, (0, 0, None, 0))
         out.append(
             RuleStatus(
                 name=rule.name,
@@ -297,11 +386,14 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
                 severity=rule.severity,
                 notify=list(rule.notify),
                 every_seconds=rule.every.total_seconds(),
-                overdue=overdue,
-                overdue_capped=overdue is not None and overdue >= COUNT_LIMIT,
+                overdue=None if overdue is None else overdue[0],
+                overdue_capped=overdue is not None and overdue[2],
+                not_notified=None if overdue is None else overdue[1],
+                not_notified_capped=overdue is not None and overdue[3],
                 notified=notified,
                 pending=pending,
                 dead=dead,
+                orphaned=orphaned,
                 oldest_pending_seconds=None
                 if oldest is None
                 else max((now - oldest).total_seconds(), 0.0),

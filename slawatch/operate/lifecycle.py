@@ -7,8 +7,16 @@ episode's next re-notification comes due and clears that row's next-notification
 time instead of notifying, so the row leaves the re-notify index. Acking writes
 nothing on the watched table: it needs no rule definition, never waits behind the
 application's row locks, and no claim can undo it (the claim only ever reads
-acks). A claim that had already started when the ack committed may still send
+acks). A claim that had already started when the ack committed may still write
 the one re-notification it had picked.
+
+What the episode's notifications still owe is settled, not sent: in the ack's own
+transaction its pending deliveries (due, or waiting to retry while a receiver is
+down) become ``acknowledged`` (``settle_acked``); one in flight is left to its
+sender, and should it fail, the delivery claim settles it when it is due again, as
+it does one written by that racing claim or replayed later (``claim_deliveries``).
+Deliveries a receiver accepted are history; the episode's resolved notice still
+goes out.
 
 **Silence.** A silence (rule, optional key, optional matchers, until) suppresses
 *delivery*: alerts are still claimed and recorded, and a delivery whose alert
@@ -91,7 +99,8 @@ class Ack:
         if self.state == "acknowledged":
             return (
                 f"acknowledged {episode} (alert {self.alert}, id {self.alert_id}) as "
-                f"{self.acked_by}: it is not notified again; a new episode pages again"
+                f"{self.acked_by}: it is not notified again (what was not sent yet is "
+                "settled); a new episode pages again"
             )
         if self.state == "already acknowledged":
             return f"{episode} was already acknowledged by {self.acked_by} at {_iso(self.acked_at)}"
@@ -305,6 +314,8 @@ def ack(db: Database, alert: str, *, by: str, comment: str, now: datetime) -> Ac
                 added = conn.execute(q["get_ack"], where).fetchone()
                 state = "already acknowledged"
             assert added is not None
+            # Again for a repeated ack: a delivery in flight at the first may wait now.
+            conn.execute(q["settle_acked"], where | {"now": now})
             acked_at, acked_by, acked_comment = added
             return Ack(
                 **base, state=state, acked_at=acked_at, acked_by=acked_by, comment=acked_comment

@@ -41,7 +41,7 @@ SCRAPE_WAIT = 1.0
 SCRAPE_STATEMENT_TIMEOUT = "2s"
 SCRAPE_BUDGET = 3.0
 
-OUTCOMES = ("sent", "retry", "dead", "silenced", "summarized")
+OUTCOMES = ("sent", "retry", "dead", "silenced", "summarized", "acknowledged", "orphaned")
 
 
 class Metrics:
@@ -62,7 +62,8 @@ class Metrics:
         self.deliveries = Counter(
             "slawatch_deliveries",
             "Deliveries settled, per notifier and outcome (sent, retry, dead, silenced, "
-            "summarized: a storm summary was sent instead)",
+            "summarized: a storm summary was sent instead, acknowledged: its episode was "
+            "acknowledged first, orphaned: its notifier was removed)",
             ["notifier", "outcome"],
             registry=self.registry,
         )
@@ -111,11 +112,14 @@ class Metrics:
         silenced: int = 0,
         summarized: int = 0,
         summaries: int = 0,
+        *,
+        acknowledged: int = 0,
     ) -> None:
         """A batch of ``notifier`` settled: the alerts fired at ``fired`` were accepted at
         ``now``; ``retried`` will be tried again, ``dead`` will not, ``silenced`` were
         settled unsent (a silence matched), ``summarized`` were settled unsent into the
-        ``summaries`` storm summaries made."""
+        ``summaries`` storm summaries made, ``acknowledged`` settled unsent (their
+        episode was acknowledged)."""
         latency = self.latency.labels(notifier)
         sent = 0
         for at in fired:
@@ -128,12 +132,19 @@ class Metrics:
             ("dead", dead),
             ("silenced", silenced),
             ("summarized", summarized),
+            ("acknowledged", acknowledged),
         )
         for outcome, count in outcomes:
             if count:
                 self.deliveries.labels(notifier, outcome).inc(count)
         if summaries:
             self.summaries.labels(notifier).inc(summaries)
+
+    def orphaned(self, counts: Mapping[str, int]) -> None:
+        """Deliveries settled 'orphaned', per notifier no longer configured."""
+        for notifier, count in counts.items():
+            if count:
+                self.deliveries.labels(notifier, "orphaned").inc(count)
 
 
 class OutboxCollector:

@@ -12,8 +12,9 @@ escaping slip could still not run a script.
 
 The buttons call the JSON API (``/v1/alerts/{id}/ack``, ``/v1/silences``) with
 ``fetch``. With ``SLAWATCH_API_TOKEN`` a browser logs in once: ``POST /login``
-checks the token and sets an HttpOnly, SameSite=Strict cookie holding a digest
-of it, which the admin API accepts beside the Bearer header. A write carried by
+checks the token and sets an HttpOnly, SameSite=Strict cookie holding a random
+session id (:mod:`slawatch.operate.session`: kept in the database, ended by logout or after
+12 hours), which the admin API accepts beside the Bearer header. A write carried by
 that cookie must also carry the ``X-Slawatch-Page`` header, which no form of
 another site can send (and a cross-origin ``fetch`` with it needs a CORS
 preflight that this server never grants); every write whose ``Origin`` is not
@@ -22,8 +23,6 @@ this server is refused too (see ``admin.refusal``).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,10 +34,11 @@ from urllib.parse import parse_qs, urlencode
 
 from slawatch.operate.inspect import Alert, EpisodeAck, HourlyAlerts, RuleStatus
 from slawatch.operate.lifecycle import Silence
+from slawatch.operate.session import SESSION_AGE
 
 COOKIE = "slawatch_session"
 PAGE_HEADER = "X-Slawatch-Page"
-COOKIE_AGE = timedelta(hours=12)  # an on-call shift; then the token is asked for again
+COOKIE_AGE = SESSION_AGE  # the browser forgets the cookie when the session ends
 PAGE_ALERTS = 30  # alerts per page of the list
 MAX_LOGIN_BODY = 4096
 
@@ -65,16 +65,6 @@ HEADERS = {
 def esc(value: object) -> str:
     """``value`` as HTML text or attribute value (quotes escaped too)."""
     return escape(str(value), quote=True)
-
-
-def cookie_value(token: str) -> str:
-    """What the login cookie holds: a digest of the token, not the token itself, so
-    the browser never keeps the API's credential (and rotating the token logs out)."""
-    return hmac.new(token.encode(), b"slawatch page cookie", hashlib.sha256).hexdigest()
-
-
-def cookie_ok(cookie: str | None, token: str) -> bool:
-    return cookie is not None and hmac.compare_digest(cookie.encode(), cookie_value(token).encode())
 
 
 def login_token(body: bytes) -> str | None:
@@ -169,11 +159,13 @@ def _rule_row(status: RuleStatus, hourly: HourlyAlerts | None, writes: bool, now
     )
     link = f"/?{urlencode({'rule': status.name})}#alerts"
     overdue = _count(status.overdue, status.overdue_capped)
+    unnotified = _count(status.not_notified, status.not_notified_capped)
     return f"""<tr data-rule="{esc(status.name)}">
 <td data-label="Rule"><a href="{esc(link)}"><strong>{esc(status.name)}</strong></a>
 <span class="sev sev-{esc(status.severity)}">{esc(status.severity)}</span>
 <small>{esc(status.description)}<br>{esc(status.table)} · {last}</small>{problem}</td>
 <td data-label="Overdue now" class="num overdue">{overdue}</td>
+<td data-label="Not yet notified" class="num unnotified">{unnotified}</td>
 <td data-label="Open episodes" class="num episodes">{_count(status.notified)}</td>
 <td data-label="Pending" class="num pending">{_count(status.pending)}</td>
 <td data-label="Dead" class="num dead{" bad" if status.dead else ""}">{_count(status.dead)}</td>
@@ -365,8 +357,8 @@ def render_page(view: View) -> str:
 <main>
 <section id="rules"><h2>Rules</h2>
 <table class="rules">
-<thead><tr><th>Rule</th><th>Overdue now</th><th>Open episodes</th><th>Pending</th><th>Dead</th>
-<th>Alerts per hour, last 24 h</th><th></th></tr></thead>
+<thead><tr><th>Rule</th><th>Overdue now</th><th>Not yet notified</th><th>Open episodes</th>
+<th>Pending</th><th>Dead</th><th>Alerts per hour, last 24 h</th><th></th></tr></thead>
 <tbody>{rows}</tbody>
 </table>
 </section>
@@ -394,7 +386,8 @@ def render_login(error: str | None = None) -> str:
 </form>
 {problem}
 <p class="muted">The token is this server's SLAWATCH_API_TOKEN. It is checked here; the browser
-then keeps a session cookie (HttpOnly, SameSite=Strict) for {COOKIE_AGE.seconds // 3600} hours.</p>
+then keeps a session cookie (HttpOnly, SameSite=Strict) for
+{COOKIE_AGE.seconds // 3600} hours, or until you log out.</p>
 </main>"""
     return _document("slawatch — log in", body)
 

@@ -1,4 +1,5 @@
-"""Maintenance: alert and delivery history older than the retention, removed in bounded batches.
+"""Maintenance: alert and delivery history older than the retention, removed in bounded
+batches, with the acks and silences that belong to it.
 
 The outbox (``slawatch.alert``, ``slawatch.delivery``) grows by every alert;
 without pruning, a long run's claims insert into ever larger tables and
@@ -7,6 +8,12 @@ deliveries -- fired before ``now - retention``, a batch per statement and
 transaction, never one huge DELETE. An alert with a delivery still pending is
 kept with all its deliveries, whatever its age: nothing that may still be sent
 is lost.
+
+Operators' records go by the same window, in the same statements: an ack
+(``slawatch.ack``) goes with the alert it names, never after it, and keeps that
+alert while the ack itself is younger than the window (the claim still reads it
+when the episode's re-notification comes due); a silence goes once it ended
+before ``now - retention``.
 
 Old alerts are found per rule through the ``alert_rule_fired`` index (the
 rules themselves by a skip scan of the same index), their deliveries through
@@ -39,21 +46,49 @@ EVERY = timedelta(minutes=10)  # between runs inside `slawatch run`
 
 @dataclass
 class PruneResult:
-    """What one :func:`prune` run removed, in how many statements."""
+    """What one :func:`prune` run (or one batch) removed, in how many statements."""
 
     alerts: int = 0
     deliveries: int = 0
     batches: int = 0
+    acks: int = 0
+    silences: int = 0
+    orphans: int = 0  # of the acks, those whose alert was gone already
+
+    def __iadd__(self, other: PruneResult) -> PruneResult:
+        self.alerts += other.alerts
+        self.deliveries += other.deliveries
+        self.batches += other.batches
+        self.acks += other.acks
+        self.silences += other.silences
+        self.orphans += other.orphans
+        return self
+
+    def full(self, batch: int) -> bool:
+        """Some part of a batch came back full: there may be more of it."""
+        return max(self.alerts, self.orphans, self.silences) >= batch
 
 
-def prune_batch(conn: Connection, cutoff: datetime, batch: int = BATCH) -> tuple[int, int]:
-    """Remove at most ``batch`` alerts fired before ``cutoff`` (none with a pending
-    delivery), with their deliveries, in one statement; return (alerts, deliveries).
+def prune_batch(conn: Connection, cutoff: datetime, batch: int = BATCH) -> PruneResult:
+    """Remove, in one statement, at most ``batch`` alerts fired before ``cutoff`` (none
+    with a pending delivery, none named by an ack from after ``cutoff``) with their
+    deliveries and acks, at most ``batch`` acks from before ``cutoff`` whose alert is
+    gone, and at most ``batch`` silences that ended before ``cutoff``.
 
     ``conn`` is an autocommit connection: the statement is its own transaction.
     """
     row = conn.execute(queries()["prune_history"], {"cutoff": cutoff, "batch": batch}).fetchone()
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+    if row is None:
+        return PruneResult(batches=1)
+    alerts, deliveries, acks, orphans, silences = (int(v) for v in row)
+    return PruneResult(
+        alerts=alerts,
+        deliveries=deliveries,
+        batches=1,
+        acks=acks + orphans,
+        silences=silences,
+        orphans=orphans,
+    )
 
 
 def prune(
@@ -64,8 +99,9 @@ def prune(
     batch: int = BATCH,
     budget: timedelta = BUDGET,
 ) -> PruneResult:
-    """Remove the history older than ``retention`` at ``clock.now()``, batch after batch,
-    while batches come back full and ``budget`` is not spent.
+    """Remove the history older than ``retention`` at ``clock.now()`` (alerts with their
+    deliveries and acks, orphaned acks, ended silences), batch after batch, while a
+    batch comes back full and ``budget`` is not spent.
 
     Raises ``DatabaseError`` (after the batches that committed) when the database fails.
     """
@@ -74,15 +110,11 @@ def prune(
     result = PruneResult()
     while True:
         # db.run: one statement, so a lost prepared statement (PgBouncer) is retried once.
-        alerts, deliveries = db.run(
-            "pruning alert history", lambda conn: prune_batch(conn, cutoff, batch)
-        )
-        result.alerts += alerts
-        result.deliveries += deliveries
-        result.batches += 1
-        # A short batch: nothing more is old and finished (or a concurrent
+        got = db.run("pruning alert history", lambda conn: prune_batch(conn, cutoff, batch))
+        result += got
+        # Every part short: nothing more is old and finished (or a concurrent
         # pruner took some); the next run looks again.
-        if alerts < batch:
+        if not got.full(batch):
             return result
         if time.monotonic() - started >= budget.total_seconds():
             log.info(

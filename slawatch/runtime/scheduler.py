@@ -31,7 +31,14 @@ from slawatch.config.notifiers import NotifierConfig
 from slawatch.config.rules import Rule
 from slawatch.config.settings import DEFAULT_RETENTION
 from slawatch.db import Database, DatabaseUnavailable, Pooler, PreparedStatementLost, redact
-from slawatch.delivery.dispatcher import BACKOFF_CAP, POLL, Dispatcher, PassResult, deliver_notifier
+from slawatch.delivery.dispatcher import (
+    BACKOFF_CAP,
+    POLL,
+    Dispatcher,
+    PassResult,
+    deliver_notifier,
+    settle_orphans,
+)
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, prepare_all, prepare_ready
 from slawatch.errors import ConfigError, SlawatchError
@@ -89,6 +96,7 @@ class OnceResult:
                 if sent is None
                 else (f"{sent.sent} sent, {sent.retried} retried, {sent.dead} dead")
                 + (f", {sent.summarized} summarized" if sent and sent.summarized else "")
+                + (f", {sent.acknowledged} acknowledged" if sent and sent.acknowledged else "")
             )
             lines.append(f"notifier {name}: {done}")
         return lines
@@ -181,6 +189,7 @@ class Runner:
         # Shared with the delivery workers, so changed in place on reload.
         self.descriptions = {r.name: r.description for r in rules}
         self._maintain_trouble = Outage("pruning history", log)
+        self._orphan_trouble = Outage("settling orphaned deliveries", log)
         self.metrics = Metrics(self.db, self.clock, lambda: list(self.notifiers))
         self.registry: CollectorRegistry = self.metrics.registry
         for name in self.notifiers:
@@ -254,11 +263,45 @@ class Runner:
             )
         return result
 
+    def settle_orphans(self) -> dict[str, int]:
+        """Settle the pending deliveries to notifiers not configured now as 'orphaned'
+        (at start, at each reload and with each maintenance run, which catches one that
+        was in flight elsewhere at the first look); one warning naming them. Never
+        raises: a failure is logged and the next look tries again."""
+        since = time.monotonic()
+        try:
+            counts = settle_orphans(self.db, list(self.notifiers), self.clock)
+        except DatabaseUnavailable:
+            return {}  # the database's outage line says it
+        except SlawatchError as exc:
+            self._orphan_trouble.failed(str(exc), since)
+            return {}
+        except Exception as exc:  # a bug: scans and deliveries go on, and so does this
+            self._orphan_trouble.failed(
+                f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc
+            )
+            return {}
+        self._orphan_trouble.ok()
+        if counts:
+            names = ", ".join(f"{name} ({count})" for name, count in counts.items())
+            log.warning(
+                "%d pending deliveries orphaned: their notifiers are not configured: %s"
+                " ('slawatch replay --notifier OLD --to NEW' sends them to another)",
+                sum(counts.values()),
+                names,
+                extra={"orphaned": counts},
+            )
+            self.metrics.orphaned(counts)
+        return counts
+
     def maintain(self) -> PruneResult | None:
-        """Prune history older than the retention; never raises.
+        """Settle orphaned deliveries and prune history older than the retention; never
+        raises.
 
         It runs every ``maintain_every``, so a failure simply waits for the next run.
         """
+        with self._reload_lock:  # a reload adds a rule's notifier after the rule
+            self.settle_orphans()
         since = time.monotonic()
         try:
             result = prune(self.db, self.clock, self.retention)
@@ -273,27 +316,32 @@ class Runner:
             )
             return None
         self._maintain_trouble.ok()
-        if result.alerts or result.deliveries:
+        if result.alerts or result.deliveries or result.acks or result.silences:
             log.info(
-                "pruned %d alerts and %d deliveries older than %s",
+                "pruned %d alerts, %d deliveries, %d acks and %d silences older than %s",
                 result.alerts,
                 result.deliveries,
+                result.acks,
+                result.silences,
                 format_duration(self.retention),
             )
         return result
 
-    def _drain(self, plan: ClaimPlan) -> DrainResult:
+    def _drain(self, plan: ClaimPlan, sweep: bool = False) -> DrainResult:
         try:
-            return drain(self.db, plan, self.clock)
+            return drain(self.db, plan, self.clock, sweep=sweep)
         except PreparedStatementLost:
             # The failed batch rolled back and prepared statements are off now.
-            return drain(self.db, plan, self.clock)
+            return drain(self.db, plan, self.clock, sweep=sweep)
 
     def _drain_running(self, rule: str) -> DrainResult:
-        return self._drain(self._running[rule].plan)
+        # run --once sweeps `track: table` rules too: it drains every due row, backfills
+        # with deadlines older than the watermark's look-back included.
+        return self._drain(self._running[rule].plan, sweep=True)
 
     def once(self) -> OnceResult:
-        """Drain every rule once, then one delivery pass (``run --once``).
+        """Drain every rule once (``track: table`` rules with a sweep, so backfilled rows
+        are sent too), then one delivery pass (``run --once``).
 
         Every rule and notifier gets its turn even when another failed (the
         failures are in the result), unless the database is unreachable: then
@@ -302,6 +350,7 @@ class Runner:
         result = OnceResult(
             rules=dict.fromkeys(self._running), notifiers=dict.fromkeys(self.notifiers)
         )
+        self.settle_orphans()
         try:
             for name in self._running:
                 try:
@@ -373,6 +422,7 @@ class Runner:
             admin_url=self.admin_url,
         )
         deadline = None if seconds is None else time.monotonic() + seconds
+        self.settle_orphans()
         with _signals(on_signal):
             self._dispatcher, self._scheduler = dispatcher, scheduler
             dispatcher.start()
@@ -505,6 +555,8 @@ class Runner:
                 return False
             self._apply_rules(rules, plans, problems)
             self._apply_notifiers(configs, built)
+            # After the removed notifiers' workers stopped: nothing of ours is in flight.
+            self.settle_orphans()
             self.db.resize(_pool_size([r.rule for r in self._running.values()], notifiers))
             return True
 
@@ -623,20 +675,23 @@ class Runner:
 
     def health(self) -> dict[str, Any]:
         """Whether :meth:`serve` is running whole (``/readyz``): the scheduler, every
-        delivery worker, the NOTIFY listener (or polling instead, by design), and the
-        database as last seen (not in an outage). ``ok`` is all of them."""
+        delivery worker, and the NOTIFY listener (or polling instead, by design).
+        ``ok`` is all of them.
+
+        The database is not among them: this runner's view of it changes only when its
+        own work next succeeds or fails, which a backoff may put off for half a minute
+        after the database changed; ``/readyz`` probes the database itself.
+        """
         scheduler = self._scheduler is not None and bool(self._scheduler.running)
         alive = self._dispatcher.alive() if self._dispatcher is not None else {}
         listener = alive.pop("listen", False)
         workers = {name: alive.get(name, False) for name in self.notifiers}
-        database = not self.db.outage.down
         # "ok" last: a reader that names the first failing check names the part.
         return {
             "scheduler": scheduler,
             "workers": workers,
             "listener": listener,
-            "database": database,
-            "ok": scheduler and all(workers.values()) and listener and database,
+            "ok": scheduler and all(workers.values()) and listener,
         }
 
     def close(self) -> None:

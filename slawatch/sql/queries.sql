@@ -12,34 +12,70 @@
 -- skips those ids: once their lease ran out mid-send they are due again, and one
 -- statement would then both settle and re-lease the same row (both CTEs see the
 -- same snapshot; of two updates of one row PostgreSQL keeps one, unpredictably).
+-- Each candidate's alert is read once, in `due` (a probe of its primary key), and
+-- carried to the checks and the answer.
+-- Per-episode order: a resolved notice is not due while a firing notification of its
+-- episode to the same notifier is pending (due, in flight or waiting to retry), so no
+-- receiver is told "resolved" before "firing" (PagerDuty and Alertmanager would open
+-- an incident for good on the late trigger). The notifications of `sent` are settled by
+-- this statement: they hold nothing back (when still leased to `sent_owner`). A
+-- resolved notice costs a look at its episode's alerts (alert_once) and their
+-- deliveries (delivery_once); one held back is looked at again by every claim of its
+-- notifier until its notification is settled (measured: 5,000 held back add about
+-- 60 ms to a claim; none, nothing).
 -- A due delivery whose alert matches a silence active at `now` (the rule, the key
 -- if the silence names one, and jsonb containment of its matchers in the alert's
 -- row) is settled 'silenced' instead: never sent, still recorded. Each due row costs
--- one probe of silence_rule_ends. Silenced rows come back with `silenced` true, so
--- the worker counts them towards a full batch and claims again.
+-- one probe of silence_rule_ends. A firing notification of an acknowledged episode is
+-- settled 'acknowledged' (one probe of ack's primary key): an ack settles what waits
+-- at once (lifecycle.ack), this catches one that was in flight then and failed, and a
+-- replayed one. Acks and silences are two semi-joins, not one OR of two EXISTS: the
+-- planner estimates those as the few rows they are.
+-- Settled rows come back with `settled` set, so the worker counts them towards a full
+-- batch and claims again.
+-- `holds`: a firing notification whose episode's resolved notice to this notifier
+-- waits for it; once it is sent, the worker settles it through a claim (this statement)
+-- even when the batch was short, and that claim takes the resolved notice.
 WITH sent AS (
     UPDATE slawatch.delivery
        SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
            last_error = NULL
      WHERE id = ANY(%(sent)s::bigint[]) AND lease_owner = %(sent_owner)s::uuid
 ), due AS (
-    SELECT id, alert_id FROM slawatch.delivery
-     WHERE status = 'pending' AND notifier = %(notifier)s AND next_attempt_at <= %(now)s
-       AND id <> ALL(%(sent)s::bigint[])
-     ORDER BY next_attempt_at
+    SELECT d.id, d.alert_id, a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline,
+           a.due_at, a.fired_at, a.row_data
+      FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
+     WHERE d.status = 'pending' AND d.notifier = %(notifier)s AND d.next_attempt_at <= %(now)s
+       AND d.id <> ALL(%(sent)s::bigint[])
+       AND (a.kind <> 'resolved' OR NOT EXISTS (
+            SELECT 1 FROM slawatch.alert f
+              JOIN slawatch.delivery p ON p.alert_id = f.id AND p.notifier = d.notifier
+             WHERE f.rule = a.rule AND f.key = a.key AND f.episode = a.episode AND f.n > 0
+               AND p.status = 'pending'
+               AND (p.id <> ALL(%(sent)s::bigint[])
+                    OR p.lease_owner IS DISTINCT FROM %(sent_owner)s::uuid)))
+     ORDER BY d.next_attempt_at
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF d SKIP LOCKED
+), acked AS (
+    SELECT due.id FROM due
+     WHERE due.kind = 'firing' AND EXISTS (
+            SELECT 1 FROM slawatch.ack k
+             WHERE k.rule = due.rule AND k.key = due.key AND k.episode = due.episode)
 ), muted AS (
-    SELECT due.id FROM due JOIN slawatch.alert a ON a.id = due.alert_id
-     WHERE EXISTS (SELECT 1 FROM slawatch.silence s
-                    WHERE s.rule = a.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s
-                      AND (s.key IS NULL OR s.key = a.key) AND a.row_data @> s.matchers)
-), silenced AS (
+    SELECT id, 'acknowledged' AS status FROM acked
+    UNION ALL
+    SELECT due.id, 'silenced' FROM due
+     WHERE due.id NOT IN (SELECT id FROM acked)
+       AND EXISTS (SELECT 1 FROM slawatch.silence s
+                    WHERE s.rule = due.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s
+                      AND (s.key IS NULL OR s.key = due.key) AND due.row_data @> s.matchers)
+), settled AS (
     UPDATE slawatch.delivery d
-       SET status = 'silenced', lease_owner = NULL, lease_expires_at = NULL
+       SET status = muted.status, lease_owner = NULL, lease_expires_at = NULL
       FROM muted
      WHERE d.id = muted.id
-    RETURNING d.id, d.alert_id, d.notifier, d.attempts, true AS silenced
+    RETURNING d.id, d.notifier, d.attempts, muted.status AS settled
 ), leased AS (
     UPDATE slawatch.delivery d
        SET lease_owner = %(owner)s,
@@ -48,13 +84,22 @@ WITH sent AS (
            attempts = d.attempts + 1
       FROM due
      WHERE d.id = due.id AND due.id NOT IN (SELECT id FROM muted)
-    RETURNING d.id, d.alert_id, d.notifier, d.attempts, false AS silenced
+    RETURNING d.id, d.notifier, d.attempts, NULL::text AS settled
 )
-SELECT l.id, l.notifier, l.attempts, l.silenced, l.alert_id,
+SELECT l.id, l.notifier, l.attempts, l.settled, a.alert_id,
        a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.due_at, a.fired_at,
-       a.row_data
-  FROM (SELECT * FROM leased UNION ALL SELECT * FROM silenced) l
-  JOIN slawatch.alert a ON a.id = l.alert_id
+       a.row_data, h.holds IS NOT NULL AS holds
+  FROM (SELECT * FROM leased UNION ALL SELECT * FROM settled) l
+  JOIN due a ON a.id = l.id
+  -- LATERAL with LIMIT: a probe per row (alert_once, delivery_once), never a hash of
+  -- every pending delivery, which an EXISTS may be planned as.
+  LEFT JOIN LATERAL (
+       SELECT true AS holds FROM slawatch.alert r
+         JOIN slawatch.delivery rd ON rd.alert_id = r.id
+        WHERE l.settled IS NULL AND a.kind = 'firing'
+          AND r.rule = a.rule AND r.key = a.key AND r.episode = a.episode AND r.n = 0
+          AND rd.notifier = l.notifier AND rd.status = 'pending'
+        LIMIT 1) h ON true
  ORDER BY l.notifier, l.id;
 
 -- storm_lock --
@@ -69,7 +114,8 @@ SELECT pg_advisory_xact_lock(hashtextextended('slawatch.storm:' || %(notifier)s,
 -- Under storm_lock, before the claim (slawatch/storm.py). The candidates are the
 -- notifier's due first attempts of notifications ('firing': first notices and
 -- re-notifications; never resolved notices or summaries), not matched by an active
--- silence (silences win: the claim that follows settles those 'silenced', uncounted).
+-- silence or of an acknowledged episode (they win: the claim that follows settles those
+-- 'silenced' or 'acknowledged', uncounted).
 -- Per rule: when a summary of the rule for this notifier is still open (pending and
 -- never attempted, so every attempt of it carries the same content), every candidate
 -- is folded into it, however few; otherwise, more than `threshold` candidates make a
@@ -89,6 +135,9 @@ WITH candidates AS (
             SELECT 1 FROM slawatch.silence s
              WHERE s.rule = a.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s
                AND (s.key IS NULL OR s.key = a.key) AND a.row_data @> s.matchers)
+       AND NOT EXISTS (
+            SELECT 1 FROM slawatch.ack k
+             WHERE k.rule = a.rule AND k.key = a.key AND k.episode = a.episode)
 ), per_rule AS (
     SELECT rule, count(*) AS count, min(alert_id) AS first_alert,
            (array_agg(severity ORDER BY array_position(%(severities)s::text[], severity)
@@ -190,18 +239,100 @@ UPDATE slawatch.delivery
  WHERE id = ANY(%(ids)s::bigint[]) AND lease_owner = %(owner)s;
 
 -- replay --
--- Dead deliveries back to pending, as if new.
-WITH replayed AS (
-    UPDATE slawatch.delivery d
-       SET status = 'pending', attempts = 0, next_attempt_at = %(now)s,
-           lease_owner = NULL, lease_expires_at = NULL
-      FROM slawatch.alert a
-     WHERE a.id = d.alert_id AND d.status = 'dead'
+-- Dead and orphaned deliveries back to pending, as if new: each to its own notifier, or
+-- with `to` to that one instead (the delivery moves; one whose alert has a delivery to
+-- `to` already stays as it is: `taken`). Only to a notifier in `configured` (NULL: any):
+-- one to a notifier no longer configured would only be orphaned again (`left`).
+-- A replayed firing notification of an episode whose resolved notice has gone out would
+-- page after the all-clear (a PagerDuty incident opened for good): the resolved notice
+-- goes to the same notifier again, after it (pending; the claim holds it back until the
+-- firing one is settled), unless it is pending there already.
+WITH picked AS (
+    SELECT d.id, d.alert_id, d.status, t.target,
+           (%(configured)s::text[] IS NULL OR t.target = ANY(%(configured)s::text[])) AS known,
+           EXISTS (SELECT 1 FROM slawatch.delivery o
+                    WHERE o.alert_id = d.alert_id AND o.notifier = t.target AND o.id <> d.id)
+               AS taken
+      FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
+     CROSS JOIN LATERAL (SELECT coalesce(%(to)s::text, d.notifier) AS target) t
+     WHERE d.status IN ('dead', 'orphaned')
        AND (%(rule)s::text IS NULL OR a.rule = %(rule)s::text)
        AND (%(notifier)s::text IS NULL OR d.notifier = %(notifier)s::text)
+), replayed AS (
+    UPDATE slawatch.delivery d
+       SET status = 'pending', notifier = p.target, attempts = 0, next_attempt_at = %(now)s,
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM picked p
+     WHERE d.id = p.id AND d.status = p.status AND p.known AND NOT p.taken
+    RETURNING p.status AS was, d.alert_id, p.target
+), closing AS (
+    SELECT DISTINCT r.id AS alert_id, x.target
+      FROM replayed x
+      JOIN slawatch.alert f ON f.id = x.alert_id AND f.kind = 'firing'
+      JOIN slawatch.alert r
+        ON r.rule = f.rule AND r.key = f.key AND r.episode = f.episode AND r.n = 0
+     WHERE NOT EXISTS (SELECT 1 FROM replayed y WHERE y.alert_id = r.id AND y.target = x.target)
+), resent AS (
+    -- (A row `replayed` moved is left out above: one statement must not write it twice.)
+    INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
+    SELECT alert_id, target, %(now)s FROM closing
+    ON CONFLICT ON CONSTRAINT delivery_once DO UPDATE
+       SET status = 'pending', attempts = 0, next_attempt_at = excluded.next_attempt_at,
+           lease_owner = NULL, lease_expires_at = NULL
+     WHERE slawatch.delivery.status <> 'pending'
     RETURNING 1
 )
-SELECT count(*) FROM replayed;
+SELECT (SELECT count(*) FROM replayed WHERE was = 'dead') AS dead,
+       (SELECT count(*) FROM replayed WHERE was = 'orphaned') AS orphaned,
+       (SELECT count(*) FROM picked WHERE known AND taken) AS taken,
+       (SELECT count(*) FROM picked WHERE NOT known) AS left,
+       (SELECT count(*) FROM resent) AS resolved;
+
+-- replay_leftovers --
+-- Whether any dead or orphaned delivery goes to `notifier`, read through delivery_dead
+-- and delivery_orphaned: a name `replay` may take though no notifier has it any more.
+SELECT EXISTS (SELECT 1 FROM slawatch.delivery
+                WHERE status = 'dead' AND notifier = %(notifier)s)
+    OR EXISTS (SELECT 1 FROM slawatch.delivery
+                WHERE status = 'orphaned' AND notifier = %(notifier)s);
+
+-- orphans_pending --
+-- Whether any pending delivery goes to a notifier not in `configured` (through
+-- delivery_due): orphan_deliveries runs only then.
+SELECT EXISTS (SELECT 1 FROM slawatch.delivery
+                WHERE status = 'pending' AND notifier <> ALL(%(configured)s::text[]));
+
+-- orphan_deliveries --
+-- Pending deliveries to notifiers not in `configured` (removed from notifiers/) are
+-- settled 'orphaned': nothing would ever send them, and a pending delivery keeps its
+-- alert from being pruned. One in flight (its lease not run out at `now`) is left to
+-- the process sending it, which still has that notifier; the next look settles it if
+-- it comes back. Read through delivery_due: the backlog, not the history.
+WITH orphaned AS (
+    UPDATE slawatch.delivery
+       SET status = 'orphaned', lease_owner = NULL, lease_expires_at = NULL
+     WHERE status = 'pending' AND notifier <> ALL(%(configured)s::text[])
+       AND (lease_owner IS NULL OR lease_expires_at <= %(now)s)
+    RETURNING notifier
+)
+SELECT notifier, count(*) FROM orphaned GROUP BY notifier ORDER BY notifier;
+
+-- settle_acked --
+-- An acknowledged episode's firing notifications not yet sent are settled, not sent:
+-- those due or waiting to retry, and one whose lease ran out (its sender died or
+-- stalled: clearing the owner fences it out). One in flight is left to its sender:
+-- sent, it is history; failed, the claim settles it when it is due again. Resolved
+-- notices are not touched: they still go out. Through alert_once and delivery_once.
+WITH settled AS (
+    UPDATE slawatch.delivery d
+       SET status = 'acknowledged', lease_owner = NULL, lease_expires_at = NULL
+      FROM slawatch.alert a
+     WHERE a.rule = %(rule)s AND a.key = %(key)s AND a.episode = %(episode)s AND a.n > 0
+       AND a.kind = 'firing' AND d.alert_id = a.id AND d.status = 'pending'
+       AND (d.lease_owner IS NULL OR d.lease_expires_at <= %(now)s)
+    RETURNING 1
+)
+SELECT count(*) FROM settled;
 
 -- wake_deliveries --
 SELECT pg_notify('slawatch_delivery', '');
@@ -216,6 +347,15 @@ SELECT pg_notify('slawatch_delivery', '');
 -- an anti join reading every pending delivery (delivery_due) for each batch.
 -- A dead delivery replayed to pending while this runs: its DELETE re-checks the
 -- status and skips it, and its alert is kept (not all of its deliveries went).
+-- Acks: an ack goes with the alert it names, in the same statement, so it never
+-- names a removed alert; an alert named by an ack younger than the window stays
+-- until the ack is old too (one probe of ack_pkey per old alert), so an episode
+-- acked late keeps its ack, which the claim reads at its next re-notification, a
+-- whole window. Acks whose alert is gone already (removed before retention covered
+-- acks, or by hand) go once older than the window, through ack_acked_at.
+-- Silences: those that ended before the cutoff, per rule through silence_rule_ends
+-- (the rules by a skip scan of it, as for alerts). Nothing refers to a silence.
+-- The three parts share the batch size: each removes at most `batch` rows.
 WITH RECURSIVE rules AS (
     SELECT min(rule) AS rule FROM slawatch.alert
     UNION ALL
@@ -229,6 +369,9 @@ WITH RECURSIVE rules AS (
              WHERE a.rule = r.rule AND a.fired_at < %(cutoff)s
                AND (SELECT bool_or(p.status = 'pending') FROM slawatch.delivery p
                      WHERE p.alert_id = a.id) IS NOT TRUE
+               AND (SELECT bool_or(k.acked_at >= %(cutoff)s) FROM slawatch.ack k
+                     WHERE k.rule = a.rule AND k.key = a.key AND k.episode = a.episode
+                       AND k.alert_id = a.id) IS NOT TRUE
              ORDER BY a.fired_at
              LIMIT %(batch)s) o
      LIMIT %(batch)s
@@ -242,9 +385,45 @@ WITH RECURSIVE rules AS (
        AND (SELECT bool_and(k.id IN (SELECT g.id FROM gone_deliveries g))
               FROM slawatch.delivery k
              WHERE k.alert_id = a.id) IS NOT FALSE
+    RETURNING a.id, a.rule, a.key, a.episode
+), gone_acks AS (
+    DELETE FROM slawatch.ack k
+     USING gone_alerts g
+     WHERE k.rule = g.rule AND k.key = g.key AND k.episode = g.episode AND k.alert_id = g.id
+    RETURNING 1
+), orphans AS (
+    SELECT k.rule, k.key, k.episode FROM slawatch.ack k
+     WHERE k.acked_at < %(cutoff)s
+       AND NOT EXISTS (SELECT 1 FROM slawatch.alert a WHERE a.id = k.alert_id)
+     ORDER BY k.acked_at
+     LIMIT %(batch)s
+), gone_orphans AS (
+    DELETE FROM slawatch.ack k
+     USING orphans o
+     WHERE k.rule = o.rule AND k.key = o.key AND k.episode = o.episode
+    RETURNING 1
+), silence_rules AS (
+    SELECT min(rule) AS rule FROM slawatch.silence
+    UNION ALL
+    SELECT (SELECT min(s.rule) FROM slawatch.silence s WHERE s.rule > r.rule)
+      FROM silence_rules r
+     WHERE r.rule IS NOT NULL
+), ended AS (
+    SELECT e.id
+      FROM silence_rules r CROSS JOIN LATERAL (
+            SELECT s.id FROM slawatch.silence s
+             WHERE s.rule = r.rule AND s.ends_at < %(cutoff)s
+             ORDER BY s.ends_at
+             LIMIT %(batch)s) e
+     LIMIT %(batch)s
+), gone_silences AS (
+    DELETE FROM slawatch.silence s
+     WHERE s.id = ANY (ARRAY(SELECT id FROM ended)) AND s.ends_at < %(cutoff)s
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone_alerts), (SELECT count(*) FROM gone_deliveries);
+SELECT (SELECT count(*) FROM gone_alerts), (SELECT count(*) FROM gone_deliveries),
+       (SELECT count(*) FROM gone_acks), (SELECT count(*) FROM gone_orphans),
+       (SELECT count(*) FROM gone_silences);
 
 -- alert_by_id --
 SELECT id, rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data
@@ -313,7 +492,8 @@ SELECT rule, last_at, duration_ms, claimed, error FROM slawatch.scan;
 
 -- delivery_backlog --
 -- Per rule: pending deliveries (through delivery_due) with the fired_at of the oldest
--- one's alert, and dead deliveries (through delivery_dead); sent history is not read.
+-- one's alert, dead deliveries (through delivery_dead) and orphaned ones (through
+-- delivery_orphaned); sent history is not read.
 WITH pending AS (
     SELECT a.rule, count(*) AS pending, min(a.fired_at) AS oldest
       FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
@@ -324,9 +504,14 @@ WITH pending AS (
       FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
      WHERE d.status = 'dead'
      GROUP BY a.rule
+), orphaned AS (
+    SELECT a.rule, count(*) AS orphaned
+      FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
+     WHERE d.status = 'orphaned'
+     GROUP BY a.rule
 )
-SELECT rule, COALESCE(p.pending, 0), COALESCE(x.dead, 0), p.oldest
-  FROM pending p FULL JOIN dead x USING (rule);
+SELECT rule, COALESCE(p.pending, 0), COALESCE(x.dead, 0), p.oldest, COALESCE(o.orphaned, 0)
+  FROM pending p FULL JOIN dead x USING (rule) FULL JOIN orphaned o USING (rule);
 
 -- list_alerts --
 -- Newest first, a page at a time: `before` is the last id of the previous page (keyset
@@ -436,3 +621,98 @@ SELECT pg_try_advisory_lock(%(key)s)
 
 -- migrate_unlock --
 SELECT pg_advisory_unlock(%(key)s)
+
+-- open_session --
+-- A page login (slawatch/session.py): the new session, and at most `prune` expired
+-- ones removed on the way (oldest first, through session_expires), so the table
+-- holds about the live sessions without a job of its own.
+WITH expired AS (
+    DELETE FROM slawatch.session
+     WHERE id_hash IN (SELECT id_hash FROM slawatch.session
+                        WHERE expires_at <= %(now)s ORDER BY expires_at LIMIT %(prune)s)
+)
+INSERT INTO slawatch.session (id_hash, created_at, expires_at)
+VALUES (%(id)s, %(now)s, %(expires)s);
+
+-- session_valid --
+SELECT EXISTS (SELECT 1 FROM slawatch.session WHERE id_hash = %(id)s AND expires_at > %(now)s);
+
+-- close_session --
+DELETE FROM slawatch.session WHERE id_hash = %(id)s;
+
+-- update_triggers --
+-- What an UPDATE of the table `oid` (and of its partitions, through it) that sets only
+-- the `tracking` columns fires (catalog.update_side_effects): enabled triggers on UPDATE,
+-- per row or per statement; an `UPDATE OF` trigger only when it lists one of `tracking`.
+-- Not the internal ones: foreign keys' checks skip an update that leaves the key as it
+-- was. A partition's clone of its parent's trigger has the parent's name (internal
+-- before PostgreSQL 15): one row per name, the table's own first.
+WITH rels AS (
+    SELECT %(oid)s::oid AS oid UNION SELECT relid::oid FROM pg_partition_tree(%(oid)s::oid)
+)
+SELECT DISTINCT ON (t.tgname) t.tgname, n.nspname, c.relname, c.oid = %(oid)s::oid,
+       t.tgtype::integer, t.tgconstraint <> 0
+  FROM pg_trigger t
+  JOIN rels r ON r.oid = t.tgrelid
+  JOIN pg_class c ON c.oid = t.tgrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE NOT t.tgisinternal AND t.tgenabled <> 'D' AND t.tgtype & 16 <> 0
+   AND (cardinality(t.tgattr::int2[]) = 0
+        OR EXISTS (SELECT 1 FROM unnest(t.tgattr::int2[]) AS k(attnum)
+                     JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = k.attnum
+                    WHERE a.attname = ANY (%(tracking)s::text[])))
+ ORDER BY t.tgname, c.oid = %(oid)s::oid DESC, n.nspname, c.relname;
+
+-- update_rules --
+-- Rewrite rules ON UPDATE of the table `oid` (ev_type 2); they apply to the statement's
+-- target only, so a partition's rules do not run for an UPDATE of its parent.
+SELECT rulename, is_instead FROM pg_rewrite
+ WHERE ev_class = %(oid)s::oid AND ev_type = '2' AND ev_enabled <> 'D'
+ ORDER BY rulename;
+
+-- update_publications --
+-- Publications of the updates of the table `oid` or of a partition of it (a partition
+-- is listed itself unless publish_via_partition_root): logical replication would ship
+-- every claimed row to their subscribers.
+SELECT DISTINCT p.pubname FROM pg_publication p
+  JOIN pg_publication_tables pt ON pt.pubname = p.pubname
+  JOIN pg_namespace n ON n.nspname = pt.schemaname
+  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+ WHERE p.pubupdate
+   AND (c.oid = %(oid)s::oid
+        OR c.oid IN (SELECT relid::oid FROM pg_partition_tree(%(oid)s::oid)))
+ ORDER BY p.pubname;
+
+-- no_statistics --
+-- The table `schema`.`name`, or each partition of it, that the planner has no statistics
+-- for: never analyzed nor vacuumed (reltuples < 0, PostgreSQL 14 on), or no column
+-- statistics (pg_stats: what ANALYZE writes; an index build counts rows but writes
+-- none). migrate ANALYZEs the ones that hold rows once it built an index on them.
+WITH rels AS (
+    SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = %(schema)s AND c.relname = %(name)s
+)
+SELECT n.nspname, c.relname
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relkind = 'r'
+   AND (c.oid IN (SELECT oid FROM rels)
+        OR c.oid IN (SELECT relid::oid FROM rels, pg_partition_tree(rels.oid)))
+   AND (c.reltuples < 0
+        OR NOT EXISTS (SELECT 1 FROM pg_stats s
+                        WHERE s.schemaname = n.nspname AND s.tablename = c.relname))
+ ORDER BY n.nspname, c.relname;
+
+-- indexes_on_columns --
+-- The indexes of the table `schema`.`name` that read one of `columns` (as a key, in an
+-- expression or in the predicate: PostgreSQL records each as a dependency); they go
+-- when the columns are dropped.
+SELECT DISTINCT i.relname
+  FROM pg_index x
+  JOIN pg_class i ON i.oid = x.indexrelid
+  JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = x.indexrelid
+                  AND d.refclassid = 'pg_class'::regclass AND d.refobjid = x.indrelid
+  JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = d.refobjsubid
+ WHERE x.indrelid = (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                      WHERE n.nspname = %(schema)s AND c.relname = %(name)s)
+   AND a.attname = ANY (%(columns)s::text[])
+ ORDER BY i.relname;

@@ -99,7 +99,8 @@ def servers(dsn: str) -> Iterator[Servers]:
 
 
 def rule_row(html: str, rule: str) -> dict[str, str]:
-    """The numbers of ``rule``'s row of the rules table: {overdue, episodes, pending, dead}."""
+    """The numbers of ``rule``'s row of the rules table: {overdue, unnotified, episodes,
+    pending, dead}."""
     match = re.search(rf'<tr data-rule="{rule}">(.*?)</tr>', html, re.DOTALL)
     assert match, f"no row of {rule}"
     cells = re.findall(r'class="num (\w+)[^"]*">(.*?)</td>', match.group(1), re.DOTALL)

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
 
+from slawatch.config.notifiers import RetrySettings
 from slawatch.db import Database
-from slawatch.engine.claim import ClaimPlan
-from slawatch.errors import BadInput, NotFound
+from slawatch.delivery.dispatcher import PassResult, deliver_due
+from slawatch.engine.claim import ClaimPlan, prepare
+from slawatch.engine.migrate import migrate
+from slawatch.errors import BadInput, DeliveryError, NotFound
+from slawatch.operate.inspect import list_alerts
 from slawatch.operate.lifecycle import ack
-from tests.integration.helpers import Conn, claim_all, episodes, plans, shop
+from tests.integration.helpers import Conn, FixedClock, claim_all, episodes, plans, shop
+from tests.integration.lifecycle_helpers import Inbox, statuses
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -201,3 +207,86 @@ def test_ack_of_a_resolved_episode_is_a_plain_answer(conn: Conn, db: Database, t
         assert (got.state, got.current) == ("ended", None)
         assert got.message() == "episode 1 of order_unshipped:1 has ended: nothing to acknowledge"
     assert conn.execute("SELECT count(*) FROM slawatch.ack").fetchone() == (0,)
+
+
+# ---------------------------------------------------------------- what an ack does to a backlog
+
+
+class Receiver(Inbox):
+    """Refuses the first ``failures`` sends (a receiver down), then keeps what it gets;
+    ``during`` runs inside a send, while its deliveries are in flight."""
+
+    def __init__(self, failures: int, during: Callable[[], object] | None = None) -> None:
+        super().__init__()
+        self.retry = RetrySettings(first=H, max=2 * H, attempts=5)
+        self.failures, self.during = failures, during
+
+    def send(self, alerts: list[dict[str, Any]]) -> None:
+        if self.during is not None:
+            self.during()
+            self.during = None
+        if self.failures > 0:
+            self.failures -= 1
+            raise DeliveryError("HTTP 503 Service Unavailable")
+        super().send(alerts)
+
+
+def resolving_orders(conn: Conn) -> ClaimPlan:
+    """Orders 1 and 2 overdue and claimed at DUE (resolved notices on)."""
+    rule = shop(conn)["order_unshipped"].model_copy(update={"resolve": True})
+    migrate(conn, [rule])
+    plan = prepare(conn, rule)
+    conn.execute(
+        "INSERT INTO orders VALUES (1, 7, 100, 'paid', %(t)s), (2, 7, 200, 'paid', %(t)s)",
+        {"t": T0},
+    )
+    assert claim_all(conn, plan, DUE) == 2
+    return plan
+
+
+def deliver(db: Database, receiver: Inbox, at: datetime) -> PassResult:
+    return deliver_due(db, {"console": receiver}, FixedClock(at))
+
+
+def test_an_ack_settles_the_deliveries_waiting_to_retry_and_not_the_resolved_notice(
+    conn: Conn, db: Database
+) -> None:
+    plan = resolving_orders(conn)
+    receiver = Receiver(failures=1)
+    assert deliver(db, receiver, DUE).retried == 2  # the receiver is down
+    ack(db, "order_unshipped:1:e1:n1", by="alice", comment="", now=DUE + M)
+    # Settled by the ack itself: visible at once, and no longer a backlog.
+    assert statuses(conn) == {"acknowledged": 1, "pending": 1}
+    # The receiver is back: order 2's notification goes out, order 1's does not.
+    assert deliver(db, receiver, DUE + 2 * H).sent == 1
+    assert receiver.ids() == ["order_unshipped:2:e1:n1"]
+    # Order 1 ships: its episode's resolved notice still goes out.
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
+    for t in (DUE + 2 * H + 11 * M, DUE + 2 * H + 22 * M):
+        claim_all(conn, plan, t)
+    assert deliver(db, receiver, DUE + 2 * H + 23 * M).sent == 1
+    assert receiver.ids() == ["order_unshipped:1:e1:resolved", "order_unshipped:2:e1:n1"]
+    with db.connection("listing") as c:
+        page = list_alerts(c, rule=None, status="acknowledged", since=None, cursor=None, limit=10)
+    assert [(a.idempotency_id, [d.status for d in a.deliveries]) for a in page.alerts] == [
+        ("order_unshipped:1:e1:n1", ["acknowledged"])
+    ]
+
+
+def test_a_delivery_in_flight_when_acked_is_settled_when_it_comes_back(
+    conn: Conn, db: Database
+) -> None:
+    """The ack leaves a delivery in flight to its sender; it failed, so the claim that
+    finds it due again settles it instead of sending it."""
+    resolving_orders(conn)
+
+    def acked() -> None:
+        ack(db, "order_unshipped:1:e1:n1", by="alice", comment="", now=DUE + S)
+
+    receiver = Receiver(failures=1, during=acked)
+    assert deliver(db, receiver, DUE).retried == 2
+    assert statuses(conn) == {"pending": 2}  # both were in flight at the ack
+    result = deliver(db, receiver, DUE + 2 * H)
+    assert (result.sent, result.acknowledged) == (1, 1)
+    assert receiver.ids() == ["order_unshipped:2:e1:n1"]
+    assert statuses(conn) == {"acknowledged": 1, "sent": 1}

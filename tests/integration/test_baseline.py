@@ -14,13 +14,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.engine.baseline import Progress, baseline_rule, recorded, render
 from slawatch.engine.catalog import inspect_table
-from slawatch.engine.claim import ClaimPlan, prepare
-from slawatch.engine.due import count_due
+from slawatch.engine.claim import ClaimPlan, count_due, prepare
 from slawatch.engine.migrate import migrate
 from slawatch.errors import DatabaseError
+from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, claim_all, episodes, shop
 from tests.integration.lifecycle_helpers import resolved
@@ -29,6 +30,7 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
 M = timedelta(minutes=1)
 S = timedelta(seconds=1)
+DAY = timedelta(days=1)
 NOW = T0 + 48 * H + H  # every order paid at or before T0 is overdue (order_unshipped: 48 h)
 SWEPT = 11 * M  # track: table sweeps at most every 10 minutes
 
@@ -312,10 +314,22 @@ def grew(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: after.get(k, 0) - before.get(k, 0) for k in sorted(set(before) | set(after))}
 
 
-def test_the_count_is_what_the_scan_then_sends(conn: Conn, track: str) -> None:
+class MovingClock(Clock):
+    """The application clock at the time the test sets."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def now(self) -> datetime:
+        return self.at
+
+
+def test_the_count_is_what_run_once_then_sends(conn: Conn, dsn: str, track: str) -> None:
     """First notices, re-notifications (one acked), a tier that adds a notifier,
-    resolved notices (a completed row, a moved deadline), baselined rows: at each
-    scan the count made just before equals what the scan writes."""
+    resolved notices (a completed row, a moved deadline), baselined rows, and a row
+    backfilled with a deadline long before the last scan (`track: table` finds it only
+    by a sweep, which `run --once` makes whether or not one is due): at each step the
+    count made just before equals what `run --once` (Runner.once) writes."""
     from slawatch.config.rules import Tier
 
     rule = shop(conn, track)["order_unshipped"].model_copy(
@@ -326,7 +340,6 @@ def test_the_count_is_what_the_scan_then_sends(conn: Conn, track: str) -> None:
         }
     )
     migrate(conn, [rule])
-    plan = prepare(conn, rule)
     overdue(conn, 3, first_id=100)
     assert baseline(conn, rule, T0 + 48 * H) == 3  # orders 100..102: never counted
     conn.execute(
@@ -336,36 +349,54 @@ def test_the_count_is_what_the_scan_then_sends(conn: Conn, track: str) -> None:
     steps = [
         (due_at, None),
         (due_at + 6 * H + SWEPT, "change"),  # re-notifications, sweep, resolved notices
-        (due_at + 6 * H + SWEPT + M, None),  # nothing due
+        (due_at + 6 * H + SWEPT + M, "backfill"),  # a minute after the last sweep
         (due_at + 12 * H + 2 * SWEPT, None),
     ]
-    for at, what in steps:
-        if what == "change":
-            first_alert = conn.execute(
-                "SELECT id FROM slawatch.alert WHERE key = '2' AND n = 1"
-            ).fetchone()
-            assert first_alert is not None
-            conn.execute(
-                "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
-                " VALUES ('order_unshipped', '2', 1, %s, %s, 'test')",
-                (first_alert[0], at),
-            )
-            conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 3")
-            conn.execute("UPDATE orders SET paid_at = %s WHERE id = 4", (T0 - H,))
-        before = outbox(conn)
-        alerts, deliveries = predicted(conn, rule, at)
-        claim_all(conn, plan, at)
-        after = outbox(conn)
-        assert {k: v for k, v in grew(before[0], after[0]).items()} == {
-            k: v for k, v in alerts.items() if v or k in after[0]
-        }, at
-        assert {k: v for k, v in grew(before[1], after[1]).items() if v} == {
-            k: v for k, v in deliveries.items() if v
-        }, at
-    # The walk met every kind: firing to both tiers, resolved notices, acks, baselines.
+    clock = MovingClock(due_at)
+    # No notifiers: `run --once` drains and writes the outbox; nothing is sent.
+    runner = Runner(dsn, [rule], [], clock=clock)
+    try:
+        for at, what in steps:
+            clock.at = at
+            if what == "change":
+                first_alert = conn.execute(
+                    "SELECT id FROM slawatch.alert WHERE key = '2' AND n = 1"
+                ).fetchone()
+                assert first_alert is not None
+                conn.execute(
+                    "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+                    " VALUES ('order_unshipped', '2', 1, %s, %s, 'test')",
+                    (first_alert[0], at),
+                )
+                conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 3")
+                conn.execute("UPDATE orders SET paid_at = %s WHERE id = 4", (T0 - H,))
+            if what == "backfill":
+                # Paid (imported) ten days ago: due long before the watermark's look-back.
+                conn.execute("INSERT INTO orders VALUES (50, 1, 100, 'paid', %s)", (T0 - 10 * DAY,))
+            before = outbox(conn)
+            alerts, deliveries = predicted(conn, rule, at)
+            result = runner.once()
+            assert result.errors == []
+            after = outbox(conn)
+            assert {k: v for k, v in grew(before[0], after[0]).items()} == {
+                k: v for k, v in alerts.items() if v or k in after[0]
+            }, at
+            assert {k: v for k, v in grew(before[1], after[1]).items() if v} == {
+                k: v for k, v in deliveries.items() if v
+            }, at
+            if what == "backfill":
+                assert alerts == {"firing": 1, "resolved": 0}
+    finally:
+        runner.close()
+    # The walk met every kind: firing to both tiers, resolved notices, acks, baselines,
+    # and the backfilled order (#1, then #2 six hours later).
     kinds, sent = outbox(conn)
-    assert kinds == {"firing": 5 + 3 + 3, "resolved": 2}, kinds
+    assert kinds == {"firing": 5 + 3 + 3 + 2, "resolved": 2}, kinds
     assert sent["pager"] > 0
+    assert [e for e in episodes(conn, "order_unshipped") if e[0] == "50"] == [
+        ("50", 1, 1),
+        ("50", 1, 2),
+    ]
 
 
 def test_a_dry_run_writes_nothing(conn: Conn, dsn: str, track: str, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from freezegun import freeze_time
 from slawatch.clock import Clock
 from slawatch.config.notifiers import ConsoleConfig, RetrySettings
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import deliver_batch, deliver_due, deliver_notifier
+from slawatch.delivery.dispatcher import deliver_batch, deliver_due, deliver_notifier, replay
 from slawatch.delivery.notifiers.base import BaseNotifier
 from slawatch.delivery.notifiers.console import ConsoleNotifier
 from slawatch.engine.claim import plan_claim
@@ -123,11 +123,8 @@ def test_permanent_failure_is_dead_at_once_and_replay_revives(conn: Conn, db: Da
     with freeze_time(CLAIMED):
         assert deliver_batch(db, Gone(0), Clock()).dead == 2
     assert statuses(conn) == {"dead": 2}
-    replay = queries()["replay"]
-    none = {"now": CLAIMED, "rule": "nope", "notifier": None}
-    assert conn.execute(replay, none).fetchone() == (0,)
-    args = {"now": CLAIMED, "rule": "order_unshipped", "notifier": "console"}
-    assert conn.execute(replay, args).fetchone() == (2,)
+    assert replay(conn, CLAIMED, "nope", None) == 0
+    assert replay(conn, CLAIMED, "order_unshipped", "console") == 2
     receiver = FlakyReceiver(failures=0)
     with freeze_time(CLAIMED):
         assert deliver_batch(db, receiver, Clock()).sent == 2

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from slawatch.db import Database, DatabaseUnavailable
+from slawatch.engine.catalog import inspect_table
 from slawatch.engine.claim import DrainResult
 from slawatch.engine.migrate import migrate
 from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
@@ -17,15 +18,18 @@ from slawatch.operate.inspect import (
     get_alert,
     list_alerts,
     notified_statement,
+    overdue_statement,
     rule_status,
     rules_report,
     stats,
 )
 from slawatch.runtime import scans
 from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop, unversioned
+from tests.integration.test_explain import nodes
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
+MINUTE = timedelta(minutes=1)
 
 
 def orders(conn: Conn, rows: list[tuple[int, str, datetime]]) -> None:
@@ -68,27 +72,102 @@ def test_rule_status_counts_through_the_indexes(conn: Conn, track: str) -> None:
     )
     order, receipt = rules["order_unshipped"], rules["receipt_unconfirmed"]
     (before, no_renotify) = rule_status(conn, [order, receipt], NOW)
-    assert (before.overdue, before.notified, before.pending, before.dead) == (3, 0, 0, 0)
+    assert (before.overdue, before.not_notified, before.notified) == (3, 3, 0)
+    assert (before.pending, before.dead) == (0, 0)
     assert before.oldest_pending_seconds is None and before.last_scan is None
     assert before.problem is None and not before.overdue_capped
-    assert no_renotify.notified is None  # notified once: no index holds its open episodes
+    assert not before.not_notified_capped
+    assert no_renotify.notified is None  # notified once: none awaits a re-notification
 
     assert claim_all(conn, plans(conn, {"o": order})["o"], NOW) == 3
     conn.execute(
         "UPDATE slawatch.delivery SET status = 'dead' WHERE id = (SELECT min(id)"
         " FROM slawatch.delivery)"
     )
+    # Notified, and still overdue: "overdue" counts them (it once said 0 here).
     (after,) = rule_status(conn, [order], NOW)
-    assert (after.overdue, after.notified, after.pending, after.dead) == (0, 3, 2, 1)
+    assert (after.overdue, after.not_notified, after.notified) == (3, 0, 3)
+    assert (after.pending, after.dead) == (2, 1)
     # Past the 6 h re-notify interval: all three are due again. A younger pending
     # delivery leaves the age of the oldest as it was.
     add_alert(conn, "order_unshipped", "9", NOW + 6 * HOUR, {"console": "pending"})
     (later,) = rule_status(conn, [order], NOW + 7 * HOUR)
-    assert (later.overdue, later.notified, later.pending) == (3, 3, 3)
+    assert (later.overdue, later.not_notified, later.notified, later.pending) == (3, 0, 3, 3)
     assert later.oldest_pending_seconds == pytest.approx(7 * 3600)
     conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
     (shipped,) = rule_status(conn, [order], NOW + 7 * HOUR)
-    assert shipped.overdue == 2
+    assert (shipped.overdue, shipped.not_notified) == (2, 0)
+
+
+def test_overdue_counts_every_overdue_row_notified_or_not(conn: Conn, track: str) -> None:
+    """The probe's case: a rule without renotify, 183 rows notified and still overdue.
+    "overdue" is every row overdue now; "not notified" the next scan's first notices."""
+    rules = shop(conn, track)
+    rule = rules["order_unshipped"].model_copy(update={"renotify": None, "escalate": []})
+    migrate(conn, [rule])
+    due = NOW - timedelta(hours=49)
+    conn.execute(
+        "INSERT INTO orders SELECT g, 1, 100, 'paid', %s - g * interval '1 minute'"
+        " FROM generate_series(1, 183) g",
+        (due,),
+    )
+    orders(conn, [(500, "paid", NOW), (501, "shipped", due)])  # not due; completed
+    assert claim_all(conn, plans(conn, {"o": rule})["o"], NOW) == 183
+    (status,) = rule_status(conn, [rule], NOW)
+    assert (status.overdue, status.not_notified, status.notified) == (183, 0, None)
+
+    # Two more fall due (one a backfill, paid a week ago); one notified row completes.
+    orders(conn, [(600, "paid", due), (601, "paid", NOW - timedelta(days=7))])
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
+    (status,) = rule_status(conn, [rule], NOW)
+    assert (status.overdue, status.not_notified) == (184, 2)
+    # A notified row whose deadline moved to a time already past: a new episode, not
+    # yet notified; one whose deadline moved into the future is overdue no more.
+    conn.execute("UPDATE orders SET paid_at = paid_at - interval '1 hour' WHERE id = 2")
+    conn.execute("UPDATE orders SET paid_at = %s WHERE id = 3", (NOW,))
+    (status,) = rule_status(conn, [rule], NOW)
+    assert (status.overdue, status.not_notified) == (183, 3)
+    later = NOW + 11 * MINUTE  # track: table: the backfill and the moved row need a sweep
+    assert claim_all(conn, plans(conn, {"o": rule})["o"], later) == 3
+    (status,) = rule_status(conn, [rule], later)
+    assert (status.overdue, status.not_notified) == (183, 0)
+
+
+def test_counting_overdue_rows_reads_the_rules_indexes(conn: Conn, track: str) -> None:
+    """50,000 orders, 1 in 100 paid and overdue, half of those notified (no renotify:
+    they await nothing): the count goes through the partial indexes, never a
+    sequential scan of the watched table."""
+    rules = shop(conn, track)
+    rule = rules["order_unshipped"].model_copy(update={"renotify": None, "escalate": []})
+    migrate(conn, [rule])
+    conn.execute(
+        "INSERT INTO orders SELECT g, 1, 1, CASE WHEN mod(g, 100) = 0 THEN 'paid' ELSE 'shipped'"
+        " END, %s - g * interval '1 minute' FROM generate_series(1, 50000) g",
+        (NOW - timedelta(days=3),),
+    )
+    claim_all(conn, plans(conn, {"o": rule})["o"], NOW)  # all 500 notified
+    conn.execute(
+        "INSERT INTO orders SELECT g, 1, 1, 'paid', %s - g * interval '1 minute'"
+        " FROM generate_series(50001, 50250) g",
+        (NOW - timedelta(days=3),),
+    )
+    conn.execute("ANALYZE orders")
+    info = inspect_table(conn, "public", "orders")
+    assert info is not None
+    statement = overdue_statement(rule, info)
+    cutoff = NOW - rule.after
+    (plan,) = conn.execute(
+        b"EXPLAIN (FORMAT JSON) " + statement.as_bytes(conn), {"cutoff": cutoff}
+    ).fetchone()  # type: ignore[misc]
+    tree = nodes(plan[0]["Plan"])
+    scans = [n for n in tree if n.get("Relation Name") == "orders"]
+    assert scans and not [n for n in scans if "Seq Scan" in n["Node Type"]], scans
+    # (A bitmap scan names its index in a child node without the relation.)
+    used = {n["Index Name"] for n in tree if n.get("Index Name", "").startswith("sw_")}
+    wanted = {rule.first_index, rule.again_index} if track == "inline" else {rule.due_index}
+    assert used == wanted, tree
+    (status,) = rule_status(conn, [rule], NOW)
+    assert (status.overdue, status.not_notified) == (750, 250)
 
 
 def test_rule_status_names_a_missing_table_or_migration(conn: Conn) -> None:
@@ -139,12 +218,49 @@ def test_counting_open_episodes_reads_the_renotify_index(conn: Conn, track: str)
     assert status.notified == 500
 
 
+def test_a_like_pattern_in_open_when_is_counted_through_the_indexes(conn: Conn, track: str) -> None:
+    """open_when's `%` stays a LIKE wildcard in every count, with or without parameters,
+    so each statement's predicate is the index's, word for word."""
+    rule = shop(conn, track)["order_unshipped"].model_copy(
+        update={"open_when": "status LIKE 'pai%'"}
+    )
+    migrate(conn, [rule])
+    conn.execute(
+        "INSERT INTO orders SELECT g, 1, 1, CASE WHEN mod(g, 100) = 0 THEN 'paid' ELSE 'shipped'"
+        " END, %s - g * interval '1 minute' FROM generate_series(1, 20000) g",
+        (NOW - timedelta(days=3),),
+    )
+    claim_all(conn, plans(conn, {"o": rule})["o"], NOW)
+    orders(conn, [(30000, "paid", NOW - timedelta(days=3))])
+    conn.execute("ANALYZE orders")
+    info = inspect_table(conn, "public", "orders")
+    assert info is not None
+    for statement, params in (
+        (overdue_statement(rule, info), {"cutoff": NOW - rule.after}),
+        (notified_statement(rule), None),
+    ):
+        (plan,) = conn.execute(
+            b"EXPLAIN (FORMAT JSON) " + statement.as_bytes(conn), params
+        ).fetchone()  # type: ignore[misc]
+        scans = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "orders"]
+        assert not [n for n in scans if "Seq Scan" in n["Node Type"]], scans
+    (status,) = rule_status(conn, [rule], NOW)
+    assert (status.overdue, status.not_notified, status.notified) == (201, 1, 200)
+
+
 def test_overdue_count_stops_at_the_limit(conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
     rules = shop(conn)
     monkeypatch.setattr("slawatch.operate.inspect.COUNT_LIMIT", 3)
     orders(conn, [(i, "paid", NOW - timedelta(days=3)) for i in range(1, 6)])
     (status,) = rule_status(conn, [rules["order_unshipped"]], NOW)
     assert (status.overdue, status.overdue_capped) == (3, True)
+    assert (status.not_notified, status.not_notified_capped) == (3, True)
+    # Notified rows count towards the same limit; the not notified ones stay exact.
+    claim_all(conn, plans(conn, {"o": rules["order_unshipped"]})["o"], NOW)
+    orders(conn, [(9, "paid", NOW - timedelta(days=3))])
+    (status,) = rule_status(conn, [rules["order_unshipped"]], NOW)
+    assert (status.overdue, status.overdue_capped) == (3, True)
+    assert (status.not_notified, status.not_notified_capped) == (1, False)
     assert COUNT_LIMIT == 100_000
 
 

@@ -14,10 +14,10 @@ from slawatch.clock import Clock
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import deliver_notifier
+from slawatch.delivery.dispatcher import deliver_notifier, replay
 from slawatch.engine.claim import drain, prepare_all
 from slawatch.engine.migrate import migrate
-from slawatch.operate.lifecycle import add_silence
+from slawatch.operate.lifecycle import ack, add_silence
 from slawatch.operate.metrics import SCRAPE_BUDGET, Metrics
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn
@@ -179,7 +179,6 @@ def test_serve_counts_and_reports_its_health(
             "scheduler": True,
             "workers": {"hook": True},
             "listener": True,
-            "database": True,
         }
         serving_scheduler = runner._scheduler
         runner._scheduler = BackgroundScheduler()  # never started: as if it had died
@@ -270,3 +269,35 @@ def test_a_drain_counts_closed_episodes_and_alerts_per_severity(
         conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 4")
         swept = drain(db, plan, MovableClock(T0 + timedelta(days=1, minutes=1)))
         assert (swept.claimed, swept.closed, swept.severities) == (0, 1, {})
+
+
+def test_acknowledged_and_orphaned_deliveries_have_outcomes_of_their_own(
+    conn: Conn, dsn: str, receiver: WebhookReceiver
+) -> None:
+    orders(conn, 2, T0 - timedelta(days=1))
+    clock = MovableClock(T0)
+    runner = Runner(dsn, [late_rule()], [hook(receiver)], clock=clock)
+    try:
+        notifier = runner.notifiers["hook"]
+        for outcome in ("acknowledged", "orphaned"):
+            assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome=outcome) == 0
+        assert runner.scan("late") is not None
+        receiver.replies = [Reply(status=410)]  # both dead at once
+        deliver_notifier(runner.db, notifier, clock, metrics=runner.metrics)
+        ack(runner.db, "late:1:e1:n1", by="test", comment="", now=clock.at)
+        # Replayed, order 1's delivery is settled by the claim instead of sent.
+        with runner.db.connection("replay") as c:
+            assert replay(c, clock.at, None, None) == 2
+        deliver_notifier(runner.db, notifier, clock, metrics=runner.metrics)
+        assert receiver.alert_ids[-1:] == ["late:2:e1:n1"]
+        outcome = "acknowledged"
+        assert value(runner, "slawatch_deliveries_total", notifier="hook", outcome=outcome) == 1
+        # A delivery to a notifier no longer configured.
+        conn.execute(
+            "INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)"
+            " SELECT min(id), 'gone', now() FROM slawatch.alert"
+        )
+        assert runner.settle_orphans() == {"gone": 1}
+        assert value(runner, "slawatch_deliveries_total", notifier="gone", outcome="orphaned") == 1
+    finally:
+        runner.close()

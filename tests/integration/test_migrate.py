@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 
 from slawatch.config.rules import Rule
@@ -58,9 +59,10 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
     assert idx["sw_late_first"].endswith(
         "(paid_at) WHERE ((sw_late_seen IS DISTINCT FROM paid_at) AND (status = 'paid'::text))"
     )
+    # Every open episode, whether a re-notification is scheduled or not (issue 13: so
+    # that `status` counts notified rows still overdue through an index).
     assert idx["sw_late_again"].endswith(
-        "(sw_late_next) WHERE ((sw_late_next IS NOT NULL) AND (sw_late_seen = paid_at)"
-        " AND (status = 'paid'::text))"
+        "(sw_late_next) WHERE ((sw_late_seen = paid_at) AND (status = 'paid'::text))"
     )
     assert idx["sw_late_ended"].endswith(
         "(sw_late_seen) WHERE ((sw_late_seen IS NOT NULL) AND ((sw_late_seen IS DISTINCT FROM"
@@ -78,6 +80,7 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
         "scan",
         "baseline",
         "schema_version",  # issue 14: the record of applied migrations
+        "session",
     }
 
 
@@ -385,3 +388,98 @@ def test_printed_locks_are_bounded_but_concurrent_builds_are_not() -> None:
             assert not bounded, line
         elif line.startswith('ALTER TABLE "public"'):  # the watched table
             assert bounded, line
+
+
+def test_a_table_loaded_from_a_dump_is_analyzed_so_explain_passes(conn: Conn, track: str) -> None:
+    """A dump restored, then migrate: the rows are there but no statistics. migrate
+    ANALYZEs the table it indexed, so `explain` (and the first scans) plan with them."""
+    from slawatch.engine.migrate import plan
+    from slawatch.operate.explain import explain
+
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    conn.execute(TABLE)
+    # Only migrate may analyze it here: autovacuum could come by during the test.
+    conn.execute("ALTER TABLE orders SET (autovacuum_enabled = false)")
+    conn.execute(
+        "INSERT INTO orders (id, status, paid_at) SELECT g, CASE WHEN mod(g, 100) = 0"
+        " THEN 'paid' ELSE 'shipped' END, %s - g * interval '1 minute'"
+        " FROM generate_series(1, 50000) g",
+        (now,),
+    )
+    # As pg_restore does, an index built after the data: it counts the rows (reltuples),
+    # but writes no column statistics.
+    conn.execute("CREATE INDEX orders_ref ON orders (ref)")
+    late = rule(track=track)
+    printed = render([late], plan(conn, [late]))
+    assert 'ANALYZE "public"."orders";' in printed
+    done = migrate(conn, [late])
+    assert "public.orders: analyzed: it had no statistics, which the claim's plan needs" in done
+    result = explain(conn, late, now)
+    assert result.ok, result.verdict
+    # Statistics there: a later rebuild of an index does not analyze again.
+    changed = rule(track=track, open_when="status IN ('paid', 'packed')")
+    assert not [d for d in migrate(conn, [changed]) if "analyzed" in d]
+
+
+def test_the_partitions_that_hold_rows_without_statistics_are_analyzed(conn: Conn) -> None:
+    conn.execute(
+        "CREATE TABLE orders (id bigint, status text NOT NULL, paid_at timestamptz NOT NULL,"
+        " PRIMARY KEY (id, paid_at)) PARTITION BY RANGE (paid_at);"
+        " CREATE TABLE orders_2025 PARTITION OF orders"
+        " FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');"
+        " CREATE TABLE orders_2026 PARTITION OF orders"
+        " FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');"
+        " CREATE TABLE orders_2027 PARTITION OF orders"
+        " FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')"
+    )
+    conn.execute(
+        "INSERT INTO orders SELECT g, 'paid', '2025-06-01'::timestamptz + g * interval '1 hour'"
+        " FROM generate_series(1, 10000) g"
+    )
+    conn.execute("ANALYZE orders_2025")  # analyzed already: left alone
+    done = migrate(conn, [rule(key=["id", "paid_at"])])
+    # 2026 got rows from the load, 2027 is empty (nothing to analyze).
+    assert "public.orders: analyzed (1 partition): it had no statistics, which the claim's" in (
+        " ".join(done)
+    )
+    analyzed = conn.execute(
+        "SELECT DISTINCT tablename FROM pg_stats WHERE tablename LIKE 'orders_%' ORDER BY tablename"
+    ).fetchall()
+    assert analyzed == [("orders_2025",), ("orders_2026",)]
+
+
+def test_a_database_at_0001_is_brought_to_issue_13s_schema_without_loss(
+    conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13's migration (0002): delivery_status gains 'acknowledged' and 'orphaned'
+    (replaced NOT VALID), orphaned deliveries and acks get their indexes, and the page's
+    sessions their table; the rows already there are kept."""
+    from slawatch.engine import schema
+    from slawatch.engine.migrate import schema_current
+
+    shipped = schema.migrations()
+    monkeypatch.setattr(schema, "migrations", lambda: shipped[:1])  # the previous release
+    rules = list(shop(conn).values())
+    conn.execute("""
+        INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)
+        VALUES ('order_unshipped', '1', 1, 1, 'warning', now(), '{}');
+        INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)
+        VALUES (1, 'a', 'sent', now()), (1, 'b', 'pending', now());
+    """)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE slawatch.delivery SET status = 'orphaned' WHERE notifier = 'b'")
+    monkeypatch.setattr(schema, "migrations", lambda: shipped)
+    assert not schema_current(conn)  # `run` asks for a migrate instead of failing later
+    migrate(conn, rules)
+    assert schema_current(conn)
+    conn.execute("UPDATE slawatch.delivery SET status = 'acknowledged' WHERE notifier = 'a'")
+    conn.execute("UPDATE slawatch.delivery SET status = 'orphaned' WHERE notifier = 'b'")
+    assert migrate(conn, rules) == []  # idempotent
+    found = conn.execute(
+        "SELECT to_regclass('slawatch.delivery_orphaned'), to_regclass('slawatch.ack_acked_at'),"
+        " to_regclass('slawatch.session')"
+    ).fetchone()
+    assert found == ("slawatch.delivery_orphaned", "slawatch.ack_acked_at", "slawatch.session")
+    assert conn.execute("SELECT count(*) FROM slawatch.delivery").fetchone() == (2,)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE slawatch.delivery SET status = 'lost'")

@@ -34,9 +34,19 @@ def test_status_table_and_json(ready: str) -> None:
     text = slawatch("status", dsn=ready)
     assert text.returncode == 0, text.stderr
     header, *rows = text.stdout.splitlines()
-    assert header.split()[:6] == ["RULE", "TRACK", "OVERDUE", "NOTIFIED", "PENDING", "DEAD"]
+    assert header.split()[:7] == [
+        "RULE",
+        "TRACK",
+        "OVERDUE",
+        "UNNOTIFIED",
+        "NOTIFIED",
+        "PENDING",
+        "DEAD",
+    ]
     order = next(r.split() for r in rows if r.startswith("order_unshipped "))
-    assert order[:6] == ["order_unshipped", "inline", "1", "2", "0", "0"]
+    # Three overdue: orders 1 and 2 notified by `run --once` (awaiting their
+    # re-notification), order 3 not yet.
+    assert order[:7] == ["order_unshipped", "inline", "3", "1", "2", "0", "0"]
     # `run --once` records its scan: "<n>s ago", how long it took, then the alerts.
     assert order[-3] == "ago" and order[-2].endswith("ms"), order
 
@@ -50,7 +60,10 @@ def test_status_table_and_json(ready: str) -> None:
         "receipt_unconfirmed",
         "job_hung",
     }
-    assert (by_name["order_unshipped"]["overdue"], by_name["order_unshipped"]["notified"]) == (1, 2)
+    order_status = by_name["order_unshipped"]
+    assert (order_status["overdue"], order_status["not_notified"]) == (3, 1)
+    assert order_status["notified"] == 2
+    assert not order_status["overdue_capped"] and not order_status["not_notified_capped"]
     assert by_name["receipt_unconfirmed"]["notified"] is None
     assert by_name["order_unshipped"]["last_scan"]["claimed"] == 2
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from slawatch.operate import inspect
-from slawatch.operate.page import COOKIE, PAGE_HEADER, cookie_value
+from slawatch.operate.page import COOKIE, PAGE_HEADER
 from tests.integration.helpers import Conn
 from tests.integration.page_helpers import (
     DUE,
@@ -71,16 +71,19 @@ def test_the_page_shows_rules_alerts_and_silences(conn: Conn, servers: Servers, 
     assert response.headers["x-frame-options"] == "DENY"
     assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in html
     assert "http://" not in html and "https://" not in html  # nothing from elsewhere
-    # The rules: order_unshipped's three alerts were claimed: 3 open episodes, none
-    # overdue now (each awaits its re-notification), 2 deliveries pending, 1 dead.
+    # The rules: order_unshipped's three alerts were claimed: 3 open episodes, all
+    # three overdue now though none is left to notify first (each awaits its
+    # re-notification), 2 deliveries pending, 1 dead.
     assert rule_row(html, "order_unshipped") == {
-        "overdue": "0",
+        "overdue": "3",
+        "unnotified": "0",
         "episodes": "3",
         "pending": "2",
         "dead": "1",
     }
     assert rule_row(html, "job_hung") == {
         "overdue": "0",
+        "unnotified": "0",
         "episodes": "0",
         "pending": "0",
         "dead": "0",
@@ -280,11 +283,12 @@ def test_with_a_token_a_browser_logs_in_for_a_cookie(conn: Conn, servers: Server
     good = client.post("/login", data={"token": TOKEN})
     assert good.status_code == 303 and good.headers["location"] == "/"
     cookie = good.headers["set-cookie"]
-    assert cookie.startswith(f"{COOKIE}={cookie_value(TOKEN)};")
+    session = good.cookies[COOKIE]
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}", session), session  # a random session id
     attributes = {a.strip().lower() for a in cookie.split(";")[1:]}
     assert {"httponly", "samesite=strict", "path=/", "max-age=43200"} <= attributes
     assert "secure" not in attributes  # plain HTTP here; set behind https
-    assert TOKEN not in cookie  # a digest, not the API's credential
+    assert TOKEN not in cookie  # a session id, not the API's credential
 
     html = page(client)  # the cookie is kept by the client now
     assert "order_unshipped" in html and 'action="/logout"' in html
@@ -306,15 +310,14 @@ def test_with_a_token_a_browser_logs_in_for_a_cookie(conn: Conn, servers: Server
         headers={PAGE_HEADER: "1", "origin": str(client.base_url).rstrip("/")},
     )
     assert own.status_code == 201, own.text
-    # A cookie of another token (rotated) is worth nothing; the Bearer header still works.
-    assert (
-        httpx.get(f"{client.base_url}/", cookies={COOKIE: cookie_value("old")}).status_code == 401
-    )
+    # A session of another token (rotated) is worth nothing; the Bearer header still works.
+    rotated = servers.client(found.listed, token=TOKEN + "-new")
+    assert httpx.get(f"{rotated.base_url}/", cookies={COOKIE: session}).status_code == 401
     bearer = httpx.get(f"{client.base_url}/", headers={"authorization": f"Bearer {TOKEN}"})
     assert bearer.status_code == 200 and 'action="/logout"' not in bearer.text
     bad_bearer = httpx.get(
         f"{client.base_url}/v1/rules",
-        cookies={COOKIE: cookie_value(TOKEN)},
+        cookies={COOKIE: session},
         headers={"authorization": "Bearer nope"},
     )
     assert bad_bearer.status_code == 401  # a wrong header is not rescued by the cookie

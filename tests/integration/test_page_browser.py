@@ -194,3 +194,35 @@ def test_a_phone_shows_the_page_without_sideways_scrolling(
     expect(tab.locator("#silence-form")).to_be_visible()
     assert tab.locator('#silence-form input[name="key"]').input_value() == "1"
     no_overflow(tab)
+
+
+def test_the_page_works_at_localhost_and_a_logout_ends_the_session(
+    conn: Conn, servers: Servers, open_tab: Open
+) -> None:
+    """Issue 13: the Host check without a token leaves localhost and 127.0.0.1 working;
+    with a token, the session a browser logged in with is refused after its logout."""
+    import httpx
+    from playwright.sync_api import expect
+
+    from slawatch.operate.page import COOKIE
+
+    found = seeded(conn, users=(7,))
+    open_server = servers.start(found.listed)
+    for name in ("localhost", "127.0.0.1"):
+        tab = open_tab()
+        tab.goto(f"http://{name}:{open_server.port}/")
+        expect(tab.locator('article[data-id="order_unshipped:1:e1:n1"]')).to_be_visible()
+
+    server = servers.start(found.listed, token=TOKEN)
+    tab = open_tab()
+    tab.goto(server.url)
+    tab.fill('input[name="token"]', TOKEN)
+    tab.click('button:has-text("Log in")')
+    expect(tab.locator('article[data-id="order_unshipped:1:e1:n1"]')).to_be_visible()
+    (session,) = [c["value"] for c in tab.context.cookies() if c["name"] == COOKIE]
+    tab.click('button:has-text("Log out")')
+    expect(tab.locator('input[name="token"]')).to_be_visible()
+    assert tab.context.cookies() == []
+    # The id the browser held is worth nothing now, wherever it is replayed from.
+    replayed = httpx.get(f"{server.url}/v1/rules", cookies={COOKIE: session})
+    assert replayed.status_code == 401

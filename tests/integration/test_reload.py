@@ -34,7 +34,7 @@ from tests.conftest import ROOT
 from tests.integration.helpers import Conn, shop
 from tests.integration.test_outage import logged, wait_for
 from tests.pgcluster import free_port
-from tests.receivers import WebhookReceiver, receiver
+from tests.receivers import Reply, WebhookReceiver, receiver
 
 __all__ = ["receiver"]
 
@@ -156,7 +156,8 @@ def test_a_good_change_takes_effect(
         wait_for(
             lambda: logged(caplog, "reload: 2 rules (added: big; changed: late;") == 1, "reload"
         )
-        assert logged(caplog, "reload: 2 notifiers (added: hook2;") == 1
+        # The reload thread logs the notifiers' line just after the rules' line.
+        wait_for(lambda: logged(caplog, "reload: 2 notifiers (added: hook2;") == 1, "notifiers")
         overdue(conn, 101)
         wait_for(lambda: "big:101:e1:n1" in ids(second), "the added rule's alert, to hook2")
         wait_for(lambda: "late:101:e1:n1" in ids(receiver), "the changed rule's alert")
@@ -284,3 +285,32 @@ def test_sighup_reloads_a_running_slawatch_which_logs_json(
     assert isinstance(scans[0]["ms"], float) and scans[0]["logger"] == "slawatch.activity"
     batches = [r for r in records if r.get("notifier") == "console" and "sent" in r]
     assert sum(b["sent"] for b in batches) == 2
+
+
+def test_a_removed_notifiers_pending_deliveries_are_orphaned_by_the_reload(
+    runner: Runner, config: Settings, conn: Conn, receiver: WebhookReceiver, caplog: Any
+) -> None:
+    """Its receiver is down, so its deliveries wait to retry; once it is removed nothing
+    would ever send them: the reload settles them 'orphaned', in one warning."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    receiver.default = Reply(500)
+    overdue(conn, 1, 2)
+
+    def waiting() -> bool:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE attempts > 0) FROM slawatch.delivery"
+        ).fetchone()
+        return row == (2,)
+
+    wait_for(waiting, "both deliveries to fail once")
+    with WebhookReceiver() as second:
+        migrate(conn, [rule("big", BIG)])
+        (config.rules_dir / "big.yaml").write_text(BIG)
+        (config.notifiers_dir / "hook2.yaml").write_text(hook_file(second.url))
+        (config.rules_dir / "late.yaml").unlink()
+        (config.notifiers_dir / "hook.yaml").unlink()
+        assert runner.reload() is True
+    orphaned = "2 pending deliveries orphaned: their notifiers are not configured: hook (2)"
+    assert logged(caplog, orphaned, logging.WARNING) == 1
+    rows = conn.execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY 1").fetchall()
+    assert rows == [("orphaned", 2)]

@@ -1,5 +1,6 @@
 """Outbox lifecycle: history older than the retention goes, in bounded batches; what
-may still be sent stays; the job of ``slawatch run`` outlives failures and outages.
+may still be sent stays; acks go with their alerts (never after them) and silences a
+window after they ended; the job of ``slawatch run`` outlives failures and outages.
 
 The cost argument is proved with plans and sizes, not timings: a batch reads the
 old rows through indexes (never a scan of a table), and a long run's outbox stays
@@ -22,7 +23,7 @@ from psycopg.conninfo import make_conninfo
 from slawatch.clock import Clock
 from slawatch.db import Database
 from slawatch.engine.claim import prepare
-from slawatch.engine.migrate import migrate
+from slawatch.engine.migrate import migrate, schema_current
 from slawatch.engine.queries import queries
 from slawatch.runtime.maintain import prune
 from slawatch.runtime.scheduler import Runner
@@ -114,6 +115,117 @@ def test_old_sent_and_dead_history_goes_while_pending_and_recent_history_stays(
     }
     assert (result.alerts, result.deliveries) == (3, 3)
     assert sent not in alert_ids and dead not in alert_ids and bare not in alert_ids
+
+
+def ack(conn: Conn, alert: int, acked_at: datetime) -> None:
+    """An ack of ``alert``'s episode, made at ``acked_at``."""
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " SELECT rule, key, episode, id, %s, 'ana' FROM slawatch.alert WHERE id = %s",
+        (acked_at, alert),
+    )
+
+
+def orphan(conn: Conn, alert: int, acked_at: datetime) -> None:
+    """An ack naming an alert that is gone (retention before it covered acks removed
+    the alert and left the ack)."""
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " VALUES ('late', %s, 1, %s, %s, 'ana')",
+        (f"gone{alert}", alert, acked_at),
+    )
+
+
+def silence(conn: Conn, rule: str, ends_at: datetime, starts_at: datetime | None = None) -> int:
+    row = conn.execute(
+        "INSERT INTO slawatch.silence (rule, starts_at, ends_at, created_at, author)"
+        " VALUES (%s, %s, %s, %s, 'ana') RETURNING id",
+        (rule, starts_at or ends_at - DAY, ends_at, starts_at or ends_at - DAY),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def acked(conn: Conn) -> set[int]:
+    """The alert ids the acks name."""
+    return {r[0] for r in conn.execute("SELECT alert_id FROM slawatch.ack").fetchall()}
+
+
+def dangling(conn: Conn) -> set[int]:
+    """The alert ids that acks name but that are gone."""
+    rows = conn.execute(
+        "SELECT k.alert_id FROM slawatch.ack k"
+        " WHERE NOT EXISTS (SELECT 1 FROM slawatch.alert a WHERE a.id = k.alert_id)"
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def test_an_ack_goes_with_its_alert_and_never_outlives_it(outbox: Conn, db: Database) -> None:
+    old, recent = NOW - RETENTION - DAY, NOW - DAY
+    both_old = history(outbox, old, "sent")
+    ack(outbox, both_old, old + timedelta(hours=1))
+    acked_late = history(outbox, old, "sent")  # its episode acked a day ago
+    ack(outbox, acked_late, recent)
+    waiting = history(outbox, old, "sent", "pending")  # kept for its pending delivery
+    ack(outbox, waiting, old)
+    history(outbox, old, "dead")  # never acked
+    fresh = history(outbox, recent, "sent")
+    ack(outbox, fresh, recent)
+    orphan(outbox, 10**9, old)  # left by an earlier release's retention
+    orphan(outbox, 10**9 + 1, recent)
+
+    result = prune(db, FixedClock(NOW), RETENTION)
+
+    alert_ids, _ = kept(outbox)
+    assert alert_ids == {acked_late, waiting, fresh}
+    # The late ack keeps its alert (the claim may still need it at the episode's next
+    # re-notification); the kept alert keeps its ack.
+    assert acked(outbox) == {acked_late, waiting, fresh, 10**9 + 1}
+    assert (result.alerts, result.acks, result.orphans) == (2, 2, 1)
+    # No ack names a removed alert, but the one left from before that is younger than
+    # the window (it goes when it is older).
+    assert dangling(outbox) == {10**9 + 1}
+
+    # A window later (the application clock), everything above is old and sent.
+    outbox.execute("UPDATE slawatch.delivery SET status = 'sent'")
+    later = prune(db, FixedClock(NOW + RETENTION), RETENTION)
+    assert kept(outbox) == (set(), set())
+    assert acked(outbox) == set()
+    assert (later.alerts, later.acks, later.orphans) == (3, 4, 1)
+
+
+def test_a_silence_goes_a_window_after_it_ended(outbox: Conn, db: Database) -> None:
+    cutoff = NOW - RETENTION
+    active = silence(outbox, "late", NOW + DAY, starts_at=NOW - 300 * DAY)
+    future = silence(outbox, "late", NOW + 40 * DAY, starts_at=NOW + DAY)
+    ended_lately = silence(outbox, "late", NOW - DAY)  # `silence --list --all` shows it
+    at_cutoff = silence(outbox, "other", cutoff)
+    silence(outbox, "other", cutoff - timedelta(seconds=1))
+    silence(outbox, "late", NOW - 300 * DAY)
+
+    result = prune(db, FixedClock(NOW), RETENTION)
+
+    left = {r[0] for r in outbox.execute("SELECT id FROM slawatch.silence").fetchall()}
+    assert left == {active, future, ended_lately, at_cutoff}
+    assert (result.silences, result.alerts, result.acks) == (2, 0, 0)
+
+
+def test_acks_and_silences_go_in_the_same_bounded_batches(outbox: Conn, db: Database) -> None:
+    old = NOW - RETENTION - DAY
+    for i in range(3):
+        ack(outbox, history(outbox, old + timedelta(minutes=i), "sent"), old)
+    for i in range(5):
+        orphan(outbox, 10**9 + i, old - timedelta(minutes=i))
+        silence(outbox, ("late", "other")[i % 2], old - timedelta(minutes=i))
+
+    result = prune(db, FixedClock(NOW), RETENTION, batch=2)
+
+    # Each statement removes at most 2 of each: 2 + 1 alerts (with their acks),
+    # 2 + 2 + 1 orphaned acks and ended silences; three statements.
+    assert (result.alerts, result.acks, result.orphans, result.silences) == (3, 3 + 5, 5, 5)
+    assert result.batches == 3
+    assert acked(outbox) == set()
+    assert outbox.execute("SELECT count(*) FROM slawatch.silence").fetchone() == (0,)
 
 
 def test_batches_are_bounded_and_unremovable_old_alerts_do_not_stall_them(
@@ -210,17 +322,43 @@ def test_a_batch_reads_the_old_rows_through_indexes_never_a_whole_table(outbox: 
         " SELECT id, 'hook', CASE WHEN key = 'old1' THEN 'pending' ELSE 'sent' END, fired_at"
         " FROM slawatch.alert"
     )
-    outbox.execute("ANALYZE slawatch.alert")
-    outbox.execute("ANALYZE slawatch.delivery")
+    # Every alert's episode acked (the recent ones recently, the old ones long ago), a
+    # few acks of alerts gone already; silences: recent ones of three rules, a few old.
+    outbox.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " SELECT rule, key, episode, id, fired_at, 'ana' FROM slawatch.alert"
+    )
+    for i in range(10):
+        orphan(outbox, 10**9 + i, NOW - RETENTION - DAY)
+    outbox.execute(
+        "INSERT INTO slawatch.silence (rule, starts_at, ends_at, created_at, author)"
+        " SELECT 'rule' || mod(g, 3), %(now)s - g * interval '1 minute',"
+        " %(now)s + g * interval '1 minute', %(now)s, 'ana' FROM generate_series(1, %(n)s) g",
+        {"now": NOW, "n": recent // 4},
+    )
+    for i in range(20):
+        silence(outbox, f"rule{i % 3}", NOW - RETENTION - (i + 1) * DAY)
+    for table in ("alert", "delivery", "ack", "silence"):
+        outbox.execute(f"ANALYZE slawatch.{table}")
     with outbox.transaction(force_rollback=True):
         (explained,) = outbox.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + queries()["prune_history"],
             {"cutoff": NOW - RETENTION, "batch": 1000},
         ).fetchone()  # type: ignore[misc]
+    with outbox.transaction(force_rollback=True):
+        result = outbox.execute(
+            queries()["prune_history"], {"cutoff": NOW - RETENTION, "batch": 1000}
+        ).fetchone()
     tree = nodes(explained[0]["Plan"])
-    scans = [n for n in tree if n.get("Relation Name") in ("alert", "delivery")]
+    scans = [n for n in tree if n.get("Relation Name") in ("alert", "delivery", "ack", "silence")]
     assert not [n for n in scans if "Seq Scan" in n["Node Type"]], scans
-    assert {n.get("Index Name") for n in scans} >= {"alert_rule_fired", "delivery_once"}
+    assert {n.get("Index Name") for n in scans} >= {
+        "alert_rule_fired",
+        "delivery_once",
+        "ack_pkey",
+        "ack_acked_at",
+        "silence_rule_ends",
+    }
 
     # The old alerts come from index ranges on (rule, fired_at): every scan that
     # compares fired_at also fixes the rule, and drops at most the old pending alert.
@@ -239,9 +377,15 @@ def test_a_batch_reads_the_old_rows_through_indexes_never_a_whole_table(outbox: 
         )
 
     # Old alerts (the pending one included), one probe per rule of the skip scan, then
-    # each removed alert by id; about two delivery lookups per old alert. Never 20,000.
-    assert read("alert") <= old + 2 * 4 + old
+    # each removed alert by id, and each old ack's alert by id (is it gone?); about two
+    # delivery lookups per old alert. Never 20,000.
+    assert read("alert") <= old + 2 * 4 + old + (old + 10)
     assert read("delivery") <= 3 * old
+    # Each old alert's ack (is it younger than the window?), the old acks by acked_at,
+    # then the acks removed; the ended silences and a probe per rule. Never 20,000 or 5,000.
+    assert read("ack") <= 3 * (old + 10)
+    assert read("silence") <= 2 * 20 + 2 * 4
+    assert result == (old - 1, old - 1, old - 1, 10, 20)
 
 
 def test_a_long_run_keeps_the_outbox_the_size_of_the_retention_window(
@@ -362,7 +506,8 @@ def test_the_job_prunes_under_the_scheduler_and_a_failing_run_is_one_line_each_w
     ]
     assert failing.levelno == logging.ERROR and "lock timeout" in failing.getMessage()
     assert failing.exc_info is None  # an expected failure: a line, no traceback
-    assert logged(caplog, "pruned 3 alerts and 3 deliveries older than 4w2d") == 1
+    pruned = "pruned 3 alerts, 3 deliveries, 0 acks and 0 silences older than 4w2d"
+    assert logged(caplog, pruned) == 1
     # Our handling, not APScheduler's: it never saw a job raise. (Its warnings that a
     # run was skipped while the previous one waited are expected at this pace.)
     assert complaints(caplog, "apscheduler", logging.ERROR) == []
@@ -438,3 +583,13 @@ def test_the_job_outlives_a_database_outage(
     # Our handling, not APScheduler's: it never saw a job raise. (Its warnings that a
     # run was skipped while the previous one waited are expected at this pace.)
     assert complaints(caplog, "apscheduler", logging.ERROR) == []
+
+
+def test_the_index_retention_reads_acks_by_is_part_of_the_schema(outbox: Conn) -> None:
+    """An outbox from before retention covered acks lacks ack_acked_at: `run` asks for a
+    migrate, which builds it."""
+    outbox.execute("DROP INDEX slawatch.ack_acked_at")
+    assert not schema_current(outbox)
+    migrate(outbox, [])
+    assert schema_current(outbox)
+    assert outbox.execute("SELECT to_regclass('slawatch.ack_acked_at')").fetchone() != (None,)

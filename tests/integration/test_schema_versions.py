@@ -20,6 +20,11 @@ from slawatch.engine.queries import legacy_upgrade_sql
 from slawatch.engine.schema import Change, parse_migrations
 from tests.integration.helpers import Conn
 
+# Every migration slawatch ships, and the number a test's own extra one takes.
+ALL = [(m.version, m.name) for m in schema.migrations()]
+APPLIED = [f"slawatch's schema: applied {m.filename}" for m in schema.migrations()]
+NEXT = len(ALL) + 1
+
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
 # Older shapes of slawatch's schema, as releases before versioning left them; each is
@@ -130,7 +135,7 @@ def fresh(server_dsn: str) -> Iterator[dict[str, Any]]:
         admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(name))
     try:
         with connect(with_database(server_dsn, db)) as conn:
-            assert migrate(conn, []) == ["slawatch's schema: applied 0001_initial.sql"]
+            assert migrate(conn, []) == APPLIED
             yield catalog(conn)
     finally:
         with psycopg.connect(server_dsn, autocommit=True) as admin:
@@ -145,10 +150,11 @@ def test_an_older_release_is_brought_to_what_a_fresh_install_has(
     assert not schema_current(conn)
     assert migrate(conn, []) == [
         "slawatch's schema: upgraded from before versioned migrations (legacy_upgrade.sql),"
-        " recorded as 0001_initial.sql"
+        " recorded as 0001_initial.sql",
+        *APPLIED[1:],
     ]
     assert schema_current(conn)
-    assert versions(conn) == [(1, "initial")]
+    assert versions(conn) == ALL
     have = catalog(conn)
     for part in fresh:
         assert have[part] == fresh[part], part
@@ -208,11 +214,11 @@ def test_rows_of_the_previous_release_are_all_kept(conn: Conn) -> None:
 
 def test_a_second_migrate_has_nothing_to_do(conn: Conn) -> None:
     assert not schema_current(conn)
-    assert migrate(conn, []) == ["slawatch's schema: applied 0001_initial.sql"]
+    assert migrate(conn, []) == APPLIED
     assert schema_current(conn)
     assert schema.pending(conn) == []
     assert migrate(conn, []) == []
-    assert versions(conn) == [(1, "initial")]
+    assert versions(conn) == ALL
     (applied_at,) = conn.execute("SELECT applied_at FROM slawatch.schema_version").fetchone() or ()
     assert applied_at is not None
 
@@ -220,8 +226,8 @@ def test_a_second_migrate_has_nothing_to_do(conn: Conn) -> None:
 def test_a_change_planned_by_two_migrators_is_applied_by_one(conn: Conn) -> None:
     """Both planned 0001 before either applied it: the second finds it recorded, under
     the lock, and does nothing (no error)."""
-    (first,) = schema.pending(conn)
-    (second,) = schema.pending(conn)
+    (first, *_) = schema.pending(conn)
+    (second, *_) = schema.pending(conn)
     assert schema.apply(conn, first, NOW) is True
     assert schema.apply(conn, second, NOW) is False
     assert versions(conn) == [(1, "initial")]
@@ -281,7 +287,7 @@ def test_concurrent_migrates_apply_each_migration_exactly_once(conn: Conn, dsn: 
     done = sorted(results, key=len)
     assert done[:-1] == [[]] * (len(done) - 1)  # the others waited, then found it done
     assert done[-1][0] == "slawatch's schema: applied 0001_initial.sql"
-    assert versions(conn) == [(1, "initial")]
+    assert versions(conn) == ALL
     assert migrate(conn, [late]) == []
 
 
@@ -304,11 +310,11 @@ def test_concurrent_schema_changes_apply_once(conn: Conn, dsn: str) -> None:
     assert versions(conn) == [(1, "initial")]
 
 
-def _with_0002(monkeypatch: pytest.MonkeyPatch) -> None:
+def _with_next(monkeypatch: pytest.MonkeyPatch) -> None:
     """slawatch as it will be once a second migration file ships."""
     files = {m.filename: m.sql for m in schema.migrations()}
-    files["0002_add_session.sql"] = (
-        "CREATE TABLE slawatch.session (id text PRIMARY KEY, seen_at timestamptz NOT NULL);"
+    files[f"{NEXT:04d}_add_example.sql"] = (
+        "CREATE TABLE slawatch.example (id text PRIMARY KEY, seen_at timestamptz NOT NULL);"
     )
     monkeypatch.setattr(schema, "migrations", lambda: parse_migrations(files))
 
@@ -317,10 +323,10 @@ def test_a_later_migration_is_applied_after_the_first(
     conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     migrate(conn, [])
-    _with_0002(monkeypatch)
+    _with_next(monkeypatch)
     assert not schema_current(conn)
-    assert migrate(conn, []) == ["slawatch's schema: applied 0002_add_session.sql"]
-    assert versions(conn) == [(1, "initial"), (2, "add_session")]
+    assert migrate(conn, []) == [f"slawatch's schema: applied {NEXT:04d}_add_example.sql"]
+    assert versions(conn) == [*ALL, (NEXT, "add_example")]
     assert schema_current(conn)
     assert migrate(conn, []) == []
 
@@ -329,19 +335,18 @@ def test_a_previous_release_gets_the_legacy_upgrade_then_the_later_migrations(
     conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     previous_release(conn, BEFORE_STORMS)
-    _with_0002(monkeypatch)
-    assert schema.pending(conn) == [
-        Change(schema.migrations()[0], legacy=True),
-        Change(schema.migrations()[1]),
-    ]
+    _with_next(monkeypatch)
+    first, *later = schema.migrations()
+    assert schema.pending(conn) == [Change(first, legacy=True), *(Change(m) for m in later)]
     assert [line.split(": ", 1)[1] for line in migrate(conn, [])] == [
         "upgraded from before versioned migrations (legacy_upgrade.sql),"
         " recorded as 0001_initial.sql",
-        "applied 0002_add_session.sql",
+        *(line.split(": ", 1)[1] for line in APPLIED[1:]),
+        f"applied {NEXT:04d}_add_example.sql",
     ]
-    assert versions(conn) == [(1, "initial"), (2, "add_session")]
-    assert conn.execute("SELECT to_regclass('slawatch.session')").fetchone() == (
-        "slawatch.session",
+    assert versions(conn) == [*ALL, (NEXT, "add_example")]
+    assert conn.execute("SELECT to_regclass('slawatch.example')").fetchone() == (
+        "slawatch.example",
     )
 
 
@@ -352,7 +357,7 @@ def test_a_previous_release_gets_the_legacy_upgrade_then_the_later_migrations(
         ("ALTER TABLE slawatch.nope ADD COLUMN x int;", 'relation "slawatch.nope" does not exist'),
         # The migration runs, and then its record cannot be written.
         (
-            "ALTER TABLE slawatch.schema_version ADD CONSTRAINT up_to_1 CHECK (version < 2);",
+            f"ALTER TABLE slawatch.schema_version ADD CONSTRAINT up_to_1 CHECK (version < {NEXT});",
             'violates check constraint "up_to_1"',
         ),
     ],
@@ -365,13 +370,15 @@ def test_a_failing_migration_changes_nothing(
 
     migrate(conn, [])
     files = {m.filename: m.sql for m in schema.migrations()}
-    files["0002_broken.sql"] = "CREATE TABLE slawatch.half (id int);\n" + broken
+    files[f"{NEXT:04d}_broken.sql"] = "CREATE TABLE slawatch.half (id int);\n" + broken
     monkeypatch.setattr(schema, "migrations", lambda: parse_migrations(files))
     with pytest.raises(DatabaseError) as caught:
         migrate(conn, [])
-    assert str(caught.value).startswith("migrate: slawatch's schema: applied 0002_broken.sql: ")
+    assert str(caught.value).startswith(
+        f"migrate: slawatch's schema: applied {NEXT:04d}_broken.sql: "
+    )
     assert error in str(caught.value)
-    assert versions(conn) == [(1, "initial")]
+    assert versions(conn) == ALL
     assert conn.execute("SELECT to_regclass('slawatch.half')").fetchone() == (None,)
     assert conn.execute(
         "SELECT count(*) FROM pg_constraint WHERE conname = 'up_to_1'"
@@ -400,7 +407,7 @@ def test_printed_against_a_database_is_only_its_pending_changes(
     assert "-- 0001_initial.sql, unless it is recorded" in script
     assert "-- legacy_upgrade.sql" not in script
     run_script(conn, without_grants(script))
-    assert schema_current(conn) and versions(conn) == [(1, "initial")]
+    assert schema_current(conn) and versions(conn) == ALL
     assert catalog(conn) == fresh
     assert plan(conn, []) == []
     assert "slawatch's schema" not in render([], [])
@@ -411,7 +418,7 @@ def test_printed_against_a_database_is_only_its_pending_changes(
     assert "-- legacy_upgrade.sql: only on a database made before" in script
     assert "0001_initial.sql, unless it is recorded" not in script
     run_script(conn, without_grants(script))
-    assert schema_current(conn) and versions(conn) == [(1, "initial")]
+    assert schema_current(conn) and versions(conn) == ALL
     assert catalog(conn) == fresh
 
 
@@ -430,6 +437,6 @@ def test_printed_without_a_database_fits_a_database_of_any_release(
     script = render([])
     for _ in range(2):
         run_script(conn, without_grants(script))
-        assert versions(conn) == [(1, "initial")]
+        assert versions(conn) == ALL
         assert catalog(conn) == fresh
         assert migrate(conn, []) == []

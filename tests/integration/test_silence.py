@@ -14,7 +14,7 @@ from slawatch.db import Database
 from slawatch.delivery.dispatcher import deliver_due, deliver_notifier
 from slawatch.engine.claim import ClaimPlan
 from slawatch.engine.migrate import migrate, schema_current
-from slawatch.errors import BadInput, NotFound
+from slawatch.errors import BadInput, DeliveryError, NotFound
 from slawatch.operate.lifecycle import add_silence, delete_silence, list_silences
 from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop, unversioned
 from tests.integration.lifecycle_helpers import Inbox, statuses
@@ -216,3 +216,24 @@ def test_an_outbox_from_before_silences_is_upgraded(conn: Conn) -> None:
         assert not schema_current(conn), undo
         migrate(conn, list(rules.values()))
         assert schema_current(conn)
+
+
+def test_a_delivery_waiting_to_retry_under_a_new_silence_is_silenced(
+    conn: Conn, db: Database
+) -> None:
+    """The receiver was down when the alert fired; a silence comes before the retry: the
+    retry finds it and settles the delivery instead of sending it."""
+    plan, rules = orders(conn, [7, 8])
+    assert claim_all(conn, plan, DUE) == 2
+
+    class Down(Inbox):
+        def send(self, alerts: list[dict[str, Any]]) -> None:
+            raise DeliveryError("HTTP 503 Service Unavailable")
+
+    assert deliver_due(db, {"console": Down()}, FixedClock(DUE)).retried == 2
+    silence(db, rules, DUE + S, key="1")
+    inbox = Inbox()
+    result = deliver_due(db, {"console": inbox}, FixedClock(DUE + H))
+    assert (result.sent, result.silenced) == (1, 1)
+    assert inbox.ids() == ["order_unshipped:2:e1:n1"]
+    assert statuses(conn) == {"sent": 1, "silenced": 1}

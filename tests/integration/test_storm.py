@@ -430,6 +430,23 @@ def test_silences_win_over_storms(conn: Conn, db: Database, hook_a: WebhookRecei
     assert all(f["row"]["user_id"] == 7 for f in summaries(hook_a)[0]["first"])
 
 
+def test_acks_win_over_storms(conn: Conn, db: Database, hook_a: WebhookReceiver) -> None:
+    """A notification of an acknowledged episode still pending (written by a claim that
+    raced the ack, or replayed) is settled 'acknowledged', not counted into a storm."""
+    rule = orders(conn, 150, ["hook-a"])
+    assert claim(conn, rule) == 150
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " SELECT rule, key, episode, id, %s, 't' FROM slawatch.alert"
+        " WHERE (row_data->>'user_id')::int = 8",
+        (CLAIMED,),
+    )
+    a = hook("hook-a", hook_a, {"threshold": 100, "wait": "0s"})
+    result = deliver_notifier(db, a, FixedClock(CLAIMED))
+    assert (result.sent, result.acknowledged, result.summarized) == (75, 75, 0)
+    assert summaries(hook_a) == []
+
+
 def test_resolved_notices_go_one_by_one(conn: Conn, db: Database, hook_a: WebhookReceiver) -> None:
     rule = orders(conn, 120, ["hook-a"], resolve=True)
     a = hook("hook-a", hook_a, {"threshold": 100, "wait": "0s"})

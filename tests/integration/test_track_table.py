@@ -7,9 +7,11 @@ its look-back, the sweep, and concurrent scanners without row locks.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -18,7 +20,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from slawatch.config.rules import Rule
 from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import grants, migrate
-from tests.integration.helpers import Conn, claim_all, episodes
+from tests.conftest import ROOT
+from tests.integration.helpers import DAY, Conn, claim_all, episodes, shop
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -245,3 +248,45 @@ def test_a_due_re_notification_is_checked_against_the_watched_row(conn: Conn) ->
     state = conn.execute("SELECT id, sw_seen IS NULL FROM slawatch.late_state ORDER BY id")
     assert state.fetchall() == [(1, True), (2, True), (3, False)]
     assert episodes(conn, "late") == [("1", 1, 1), ("2", 1, 1), ("3", 1, 1), ("3", 1, 2)]
+
+
+def test_check_dry_run_and_run_once_agree_on_a_backfill(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """A row inserted already overdue right after a run (a backfill: its deadline is
+    long before the watermark's look-back, and no sweep is due): `check` and
+    `run --dry-run` count it, and `run --once` sends it at once, not at the next sweep."""
+    from tests.integration.test_cli import slawatch
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    text = (ROOT / "rules" / "order_unshipped.yaml").read_text()
+    (rules / "order_unshipped.yaml").write_text(f"{text}\ntrack: table\n")
+    shop(conn, "table")
+    now = datetime.now(UTC)
+    conn.execute("INSERT INTO orders VALUES (1, 1, 100, 'paid', %s)", (now - 3 * DAY,))
+
+    def once() -> int:
+        result = slawatch("--rules", str(rules), "run", "--once", "--json", dsn=dsn)
+        assert result.returncode == 0, result.stderr
+        return int(json.loads(result.stdout)["rules"]["order_unshipped"]["claimed"])
+
+    def checked() -> str:
+        result = slawatch("--rules", str(rules), "check", dsn=dsn)
+        assert result.returncode == 0, result.stderr
+        (line,) = [ln for ln in result.stdout.splitlines() if "order_unshipped:" in ln]
+        return line.strip()
+
+    def dry_run() -> int:
+        result = slawatch("--rules", str(rules), "run", "--dry-run", "--json", dsn=dsn)
+        assert result.returncode == 0, result.stderr
+        return int(json.loads(result.stdout)["rules"][0]["first"])
+
+    assert once() == 1  # the first drain; the watermark is now
+    conn.execute("INSERT INTO orders VALUES (2, 1, 100, 'paid', %s)", (now - 10 * DAY,))
+    assert checked() == "order_unshipped: 1 rows would be notified on the next scan"
+    assert dry_run() == 1
+    assert once() == 1
+    assert episodes(conn, "order_unshipped") == [("1", 1, 1), ("2", 1, 1)]
+    assert checked() == "order_unshipped: 0 rows would be notified on the next scan"
+    assert (dry_run(), once()) == (0, 0)

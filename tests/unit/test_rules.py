@@ -59,6 +59,8 @@ def test_defaults(tmp_path: Path) -> None:
     assert rule.alert_columns(["id"]) == ["id", "paid_at"]
     assert rule.max_notifications == 1  # no renotify: notified once
     assert rule.schema_name == "public" and rule.table_name == "orders"
+    assert rule.inline_triggers == "refuse"  # an UPDATE that sets something off is refused
+    assert load_one(tmp_path, GOOD + "inline_triggers: fire\n").inline_triggers == "fire"
 
 
 def test_escalation_tiers_pick_severity_and_notifiers(tmp_path: Path) -> None:
@@ -90,6 +92,14 @@ def test_backoff_doubles_up_to_max(tmp_path: Path) -> None:
         (GOOD + "name: Orders-1\n", "orders.yaml: name: 'Orders-1' is not a rule name"),
         (GOOD + "key: [id, id]\n", "orders.yaml: key: names a column twice"),
         (GOOD + "sweep: 5m\n", "orders.yaml: sweep: applies to track: table only"),
+        (
+            GOOD + "inline_triggers: sometimes\n",
+            "orders.yaml: inline_triggers: 'sometimes': Input should be 'refuse' or 'fire'",
+        ),
+        (
+            GOOD + "track: table\ninline_triggers: fire\n",
+            "orders.yaml: inline_triggers: applies to track: inline only",
+        ),
         (GOOD + "track: elsewhere\n", "orders.yaml: track: 'elsewhere': Input should be"),
         (GOOD + "key: []\n", "orders.yaml: key: must name 1 to 8 columns"),
         (GOOD + "key: [id, 'x y']\n", "orders.yaml: key.1: 'x y' is not a column name"),
