@@ -32,10 +32,10 @@ from slawatch.config.durations import parse_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import RULE_NAME, Rule
 from slawatch.db import Connection, translate
-from slawatch.engine.outbox import alert_id
 from slawatch.engine.catalog import TableInfo, index_state, inspect_table, key_columns, table_ident
 from slawatch.engine.claim import ClaimPlan, sql_text
 from slawatch.engine.migrate import index_specs, predicates, require_schema
+from slawatch.engine.outbox import alert_id
 from slawatch.engine.queries import queries
 from slawatch.engine.statetable import state_table
 from slawatch.errors import BadInput, DatabaseError, NotFound

@@ -20,7 +20,6 @@ import psycopg
 import pytest
 import yaml
 from fastapi import FastAPI
-from slawatch.operate.session import PRUNE, SESSION_AGE
 from starlette.routing import Route
 
 from slawatch.clock import Clock
@@ -31,6 +30,7 @@ from slawatch.engine.migrate import migrate, schema_current
 from slawatch.operate.admin import AdminServer, create_app, serve_admin, serve_in_thread
 from slawatch.operate.guard import MIB, Limits
 from slawatch.operate.page import COOKIE, MAX_LOGIN_BODY
+from slawatch.operate.session import PRUNE, SESSION_AGE
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, shop
 from tests.integration.test_admin import rules
