@@ -138,11 +138,13 @@ def test_orphaned_history_is_pruned_and_configured_notifiers_are_untouched(
 ) -> None:
     pending_to(conn, ["old", "console"])
     cutoff = DUE + timedelta(days=1)
-    assert prune_batch(conn, cutoff) == (0, 0)  # pending deliveries keep their alerts
+    pruned = prune_batch(conn, cutoff)  # pending deliveries keep their alerts
+    assert (pruned.alerts, pruned.deliveries) == (0, 0)
     assert settle_orphans(db, ["console"], FixedClock(DUE)) == {"old": 2}
     assert statuses(conn) == {"orphaned": 2, "pending": 2}
     conn.execute("UPDATE slawatch.delivery SET status = 'sent' WHERE notifier = 'console'")
-    assert prune_batch(conn, cutoff) == (2, 4)
+    pruned = prune_batch(conn, cutoff)
+    assert (pruned.alerts, pruned.deliveries) == (2, 4)
 
 
 def test_replay_to_another_notifier_skips_an_alert_that_went_there_already(
