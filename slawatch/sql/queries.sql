@@ -111,7 +111,7 @@ SELECT l.id, l.notifier, l.attempts, l.settled, a.alert_id,
 SELECT pg_advisory_xact_lock(hashtextextended('slawatch.storm:' || %(notifier)s, 0));
 
 -- summarize_storms --
--- Under storm_lock, before the claim (slawatch/storm.py). The candidates are the
+-- Under storm_lock, before the claim (slawatch/delivery/storm.py). The candidates are the
 -- notifier's due first attempts of notifications ('firing': first notices and
 -- re-notifications; never resolved notices or summaries), not matched by an active
 -- silence or of an acknowledged episode (they win: the claim that follows settles those
@@ -480,7 +480,7 @@ UPDATE slawatch.silence SET ends_at = LEAST(ends_at, %(now)s)
 RETURNING id, rule, key, matchers, starts_at, ends_at, created_at, author, comment;
 
 -- record_scan --
--- The last scan of a rule (slawatch/scans.py): one small row per rule, overwritten.
+-- The last scan of a rule (slawatch/runtime/scans.py): one small row per rule, overwritten.
 INSERT INTO slawatch.scan AS s (rule, last_at, duration_ms, claimed, error)
 VALUES (%(rule)s, %(at)s, %(duration_ms)s, %(claimed)s, %(error)s)
 ON CONFLICT (rule) DO UPDATE
@@ -623,7 +623,7 @@ SELECT pg_try_advisory_lock(%(key)s)
 SELECT pg_advisory_unlock(%(key)s)
 
 -- open_session --
--- A page login (slawatch/session.py): the new session, and at most `prune` expired
+-- A page login (slawatch/operate/session.py): the new session, and at most `prune` expired
 -- ones removed on the way (oldest first, through session_expires), so the table
 -- holds about the live sessions without a job of its own.
 WITH expired AS (
