@@ -199,11 +199,14 @@ def replay_problem(
     return None
 
 
-def settle_orphans(db: Database, configured: Collection[str], clock: Clock) -> dict[str, int]:
+def settle_orphans(
+    db: Database, configured: Collection[str], clock: Clock, grace: timedelta = timedelta(0)
+) -> dict[str, int]:
     """Settle as 'orphaned' the pending deliveries to notifiers not in ``configured``
-    (removed from the configuration); how many, per such notifier. One in flight in
-    another process (its lease not run out by ``clock``) is left to that process. The
-    clock is read only when there is something to settle."""
+    (removed from the configuration), with a ``grace`` only those due for that long;
+    how many, per such notifier. One in flight in another process (its lease not run out by
+    ``clock``) is left to that process. The clock is read only when there is something
+    to settle."""
     names = sorted(configured)
     q = queries()
 
@@ -211,7 +214,9 @@ def settle_orphans(db: Database, configured: Collection[str], clock: Clock) -> d
         row = conn.execute(q["orphans_pending"], {"configured": names}).fetchone()
         if not (row and row[0]):
             return {}
-        params = {"configured": names, "now": clock.now()}
+        now = clock.now()
+        due_before = now - grace if grace else None
+        params = {"configured": names, "now": now, "due_before": due_before}
         rows = conn.execute(q["orphan_deliveries"], params).fetchall()
         return {str(name): int(count) for name, count in rows}
 

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 # ALTER TABLE needs a brief exclusive lock; never queue behind a long transaction
 # (and block the application's queries behind us) for longer than this.
-LOCK_TIMEOUT = "5s"
+LOCK_TIMEOUT = schema.LOCK_TIMEOUT
 
 
 def _q(*names: str) -> str:

@@ -200,6 +200,11 @@ def migrate_lock(conn: Connection) -> Iterator[None]:
             conn.execute(q["migrate_unlock"], {"key": MIGRATE_LOCK})
 
 
+# How long a change waits for a table lock (slawatch's own tables are in use by
+# running instances): failing beats queueing every instance's statements behind it.
+LOCK_TIMEOUT = "5s"
+
+
 def apply(conn: Connection, change: Change, now: datetime) -> bool:
     """Apply one change and record it, in one transaction under the migrate lock.
 
@@ -208,6 +213,7 @@ def apply(conn: Connection, change: Change, now: datetime) -> bool:
     q = queries()
     m = change.migration
     with migrate_lock(conn), translate(f"migrate: {change.done}"), conn.transaction():
+        conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
         conn.execute(q["schema_version_create"])
         # Read again under the lock: what was planned may have been done since.
         if change not in changes(read_state(conn)):

@@ -49,6 +49,9 @@ from slawatch.runtime.maintain import EVERY as MAINTAIN_EVERY
 from slawatch.runtime.maintain import PruneResult, prune
 
 log = logging.getLogger(__name__)
+# Maintenance orphans a delivery to a notifier this process does not have only once
+# it was due this long: another instance may have that notifier (a fleet mid-reload).
+ORPHAN_GRACE = timedelta(minutes=10)
 # The line per scan that did work, apart from the rest (``slawatch demo`` leaves it out).
 activity = logging.getLogger("slawatch.activity")
 
@@ -263,14 +266,19 @@ class Runner:
             )
         return result
 
-    def settle_orphans(self) -> dict[str, int]:
+    def settle_orphans(self, grace: timedelta = timedelta(0)) -> dict[str, int]:
         """Settle the pending deliveries to notifiers not configured now as 'orphaned'
         (at start, at each reload and with each maintenance run, which catches one that
         was in flight elsewhere at the first look); one warning naming them. Never
-        raises: a failure is logged and the next look tries again."""
+        raises: a failure is logged and the next look tries again.
+
+        ``grace``: only deliveries due for that long. Maintenance passes
+        ORPHAN_GRACE: in a fleet whose instances reload one after another, one not yet
+        reloaded must not orphan what a reloaded one, which has the new notifier,
+        is about to send. Start and reload act on this process's own new config."""
         since = time.monotonic()
         try:
-            counts = settle_orphans(self.db, list(self.notifiers), self.clock)
+            counts = settle_orphans(self.db, list(self.notifiers), self.clock, grace)
         except DatabaseUnavailable:
             return {}  # the database's outage line says it
         except SlawatchError as exc:
@@ -301,7 +309,7 @@ class Runner:
         It runs every ``maintain_every``, so a failure simply waits for the next run.
         """
         with self._reload_lock:  # a reload adds a rule's notifier after the rule
-            self.settle_orphans()
+            self.settle_orphans(ORPHAN_GRACE)
         since = time.monotonic()
         try:
             result = prune(self.db, self.clock, self.retention)

@@ -307,11 +307,13 @@ SELECT EXISTS (SELECT 1 FROM slawatch.delivery
 -- settled 'orphaned': nothing would ever send them, and a pending delivery keeps its
 -- alert from being pruned. One in flight (its lease not run out at `now`) is left to
 -- the process sending it, which still has that notifier; the next look settles it if
--- it comes back. Read through delivery_due: the backlog, not the history.
+-- it comes back. `due_before` set: only those due since then (maintenance waits a
+-- while: another instance may have the notifier); NULL: all of them. Read through delivery_due: the backlog, not the history.
 WITH orphaned AS (
     UPDATE slawatch.delivery
        SET status = 'orphaned', lease_owner = NULL, lease_expires_at = NULL
      WHERE status = 'pending' AND notifier <> ALL(%(configured)s::text[])
+       AND (%(due_before)s::timestamptz IS NULL OR next_attempt_at <= %(due_before)s)
        AND (lease_owner IS NULL OR lease_expires_at <= %(now)s)
     RETURNING notifier
 )

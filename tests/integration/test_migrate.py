@@ -483,3 +483,27 @@ def test_a_database_at_0001_is_brought_to_issue_13s_schema_without_loss(
     assert conn.execute("SELECT count(*) FROM slawatch.delivery").fetchone() == (2,)
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("UPDATE slawatch.delivery SET status = 'lost'")
+
+
+def test_a_migration_that_cannot_get_its_lock_fails_instead_of_queueing(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long transaction of a running instance holds slawatch.delivery: the migration
+    gives up after its lock_timeout (rather than queue every instance's statements
+    behind it), changes nothing, and the next migrate applies it."""
+    from slawatch.engine import schema
+    from slawatch.engine.migrate import schema_current
+    from slawatch.errors import DatabaseError
+
+    shipped = schema.migrations()
+    monkeypatch.setattr(schema, "migrations", lambda: shipped[:1])
+    rules = list(shop(conn).values())
+    monkeypatch.setattr(schema, "migrations", lambda: shipped)
+    with psycopg.connect(dsn) as other:  # a transaction left open, as by a claim
+        other.execute("LOCK TABLE slawatch.delivery IN ROW EXCLUSIVE MODE")
+        with pytest.raises(DatabaseError, match="lock timeout"):
+            migrate(conn, rules)
+        assert not schema_current(conn)
+        assert conn.execute("SELECT to_regclass('slawatch.session')").fetchone() == (None,)
+    migrate(conn, rules)
+    assert schema_current(conn)

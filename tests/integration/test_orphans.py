@@ -194,3 +194,25 @@ def test_the_admin_api_replays_to_another_notifier(conn: Conn, dsn: str, db: Dat
     finally:
         server.stop()
     assert statuses(conn) == {"pending": 2}
+
+
+def test_maintenance_orphans_only_what_was_due_for_its_grace(conn: Conn, db: Database) -> None:
+    """A fleet mid-reload: an instance that does not have notifier `new` yet must not
+    orphan `new`'s fresh deliveries in its maintenance; once they were due for the grace
+    (nobody sent them), it does. Start and reload (no grace) settle them at once, even
+    one waiting to retry."""
+    from slawatch.runtime.scheduler import ORPHAN_GRACE
+
+    pending_to(conn, ["new"])
+    conn.execute("UPDATE slawatch.delivery SET next_attempt_at = %s", (DUE,))
+    soon = FixedClock(DUE + ORPHAN_GRACE - timedelta(seconds=1))
+    assert settle_orphans(db, ["console"], soon, ORPHAN_GRACE) == {}
+    assert statuses(conn) == {"pending": 2}
+    later = FixedClock(DUE + ORPHAN_GRACE)
+    assert settle_orphans(db, ["console"], later, ORPHAN_GRACE) == {"new": 2}
+    assert statuses(conn) == {"orphaned": 2}
+    conn.execute(
+        "UPDATE slawatch.delivery SET status = 'pending', next_attempt_at = %s",
+        (DUE + timedelta(hours=1),),
+    )
+    assert settle_orphans(db, ["console"], FixedClock(DUE)) == {"new": 2}

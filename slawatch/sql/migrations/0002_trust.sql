@@ -1,14 +1,10 @@
 -- Issue 13 (trust, round 2).
+-- The indexes come first: CREATE INDEX reads its table under a SHARE lock (the
+-- claims' inserts wait, reads go on); the CHECK's swap after them takes ACCESS
+-- EXCLUSIVE on slawatch.delivery until the commit, so nothing is scanned under it.
+-- (schema.apply runs each migration with a lock_timeout: it fails rather than queue
+-- every running instance's statements behind it; migrate again.)
 
--- Deliveries gain two ways out of 'pending' besides sent, dead, silenced and summarized:
--- 'acknowledged' (its episode was acknowledged before it was sent: never sent) and
--- 'orphaned' (its notifier was removed from the configuration: `replay --to` sends it
--- on). The CHECK is replaced NOT VALID: every existing row satisfies it, so no scan of
--- the outbox under an exclusive lock is needed (new rows are checked all the same).
-ALTER TABLE slawatch.delivery DROP CONSTRAINT delivery_status;
-ALTER TABLE slawatch.delivery ADD CONSTRAINT delivery_status
-    CHECK (status IN ('pending', 'sent', 'dead', 'silenced', 'summarized',
-                      'acknowledged', 'orphaned')) NOT VALID;
 -- Orphaned deliveries wait for a person, like dead ones: `replay --notifier OLD --to
 -- NEW` and `status` find them here.
 CREATE INDEX delivery_orphaned ON slawatch.delivery (notifier, alert_id)
@@ -28,3 +24,14 @@ CREATE TABLE slawatch.session (
     expires_at  timestamptz NOT NULL
 );
 CREATE INDEX session_expires ON slawatch.session (expires_at);
+
+
+-- Deliveries gain two ways out of 'pending' besides sent, dead, silenced and summarized:
+-- 'acknowledged' (its episode was acknowledged before it was sent: never sent) and
+-- 'orphaned' (its notifier was removed from the configuration: `replay --to` sends it
+-- on). The CHECK is replaced NOT VALID: every existing row satisfies it, so no scan of
+-- the outbox under an exclusive lock is needed (new rows are checked all the same).
+ALTER TABLE slawatch.delivery DROP CONSTRAINT delivery_status;
+ALTER TABLE slawatch.delivery ADD CONSTRAINT delivery_status
+    CHECK (status IN ('pending', 'sent', 'dead', 'silenced', 'summarized',
+                      'acknowledged', 'orphaned')) NOT VALID;
