@@ -18,7 +18,8 @@ from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.engine.baseline import Progress, baseline_rule, recorded, render
 from slawatch.engine.catalog import inspect_table
-from slawatch.engine.claim import ClaimPlan, count_due, prepare
+from slawatch.engine.claim import ClaimPlan, prepare
+from slawatch.engine.due import count_due
 from slawatch.engine.migrate import migrate
 from slawatch.errors import DatabaseError
 from slawatch.runtime.scheduler import Runner
