@@ -24,14 +24,15 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) 
         time.sleep(0.02)
 
 
-def backends_waiting_on_a_lock(conn: psycopg.Connection[Any]) -> int:
-    """How many other sessions of this database are blocked on a heavyweight lock now
-    (a row, a table, an advisory lock): PostgreSQL's own word that they wait."""
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
-    ).fetchone()
-    return int(row[0]) if row else 0
+def lock_waits(conn: psycopg.Connection[Any]) -> list[str]:
+    """What each other session of this database is blocked on now, when it waits for a
+    heavyweight lock (``advisory``, ``tuple``, ``transactionid``, ``relation``, ...):
+    PostgreSQL's own word that it waits, not a guess from how long it has been."""
+    rows = conn.execute(
+        "SELECT wait_event FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock' ORDER BY wait_event"
+    ).fetchall()
+    return [str(r[0]) for r in rows]
 
 
 class Lines:
