@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import getpass
 import json
+import logging
 import os
 import re
 import sys
@@ -50,6 +51,8 @@ from slawatch.runtime.boot import database_dsn, load_config, start_admin
 if TYPE_CHECKING:
     from slawatch.delivery.dispatcher import Replayed
     from slawatch.operate.lifecycle import Silence
+
+log = logging.getLogger(__name__)
 
 
 def dispatch(args: argparse.Namespace, settings: Settings) -> int:
@@ -197,21 +200,36 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
     delivery pass, then a summary per rule and notifier (``--json``: one JSON document).
 
     ``--once`` fails (exit 1) when a database error happened or a delivery went dead.
+
+    Start-up waits for a database that is not there yet (slawatch/runtime/boot.py): ``run`` as
+    long as it takes, ``--once`` at most ``SLAWATCH_DB_TIMEOUT``. SIGTERM while waiting
+    exits 0 (``run``: as when running) or 143 (``--once``: it did not do its pass).
     """
+    from slawatch.runtime.boot import Terminated, when_reachable
     from slawatch.runtime.scheduler import Runner
 
-    rules, notifiers = load_config(settings)
+    load_config(settings)  # a bad file is exit 2 at once, before any database
     dsn = database_dsn(settings)
-    runner = Runner(
-        dsn,
-        rules,
-        notifiers,
-        timeout=settings.db_timeout,
-        pooler=settings.pooler,
-        retention=settings.retention,
-        load=lambda: load_config(settings),
-        admin_url=settings.admin_url,
-    )
+
+    def start() -> Runner:
+        # Read again at each attempt: a wait may be long, and SIGHUP meanwhile is ignored.
+        rules, notifiers = load_config(settings)
+        return Runner(
+            dsn,
+            rules,
+            notifiers,
+            timeout=settings.db_timeout,
+            pooler=settings.pooler,
+            retention=settings.retention,
+            load=lambda: load_config(settings),
+            admin_url=settings.admin_url,
+        )
+
+    try:
+        runner = when_reachable(dsn, start, within=settings.db_timeout if once else None)
+    except Terminated:
+        log.info("stopped by SIGTERM while waiting for the database")
+        return 143 if once else 0
     admin = None
     try:
         if not once:

@@ -166,6 +166,36 @@ def unreachable(exc: BaseException) -> bool:
     return state.startswith("08") or state in _UNREACHABLE_STATES
 
 
+# What a server answers when it will not let this client in however long one waits: no
+# such database or role, failed authentication, no CONNECT privilege, TLS settings that do
+# not match. libpq gives a failed connection no SQLSTATE, only the message, so the text is
+# read (lower-cased); a refusal worded otherwise (another lc_messages) counts as not there yet.
+_REFUSED_FOR_GOOD = (
+    "does not exist",  # database "x", role "x" (3D000, 28000); a TLS root certificate file
+    "authentication failed",  # password, scram, peer, ident, cert, ldap (28P01, 28000)
+    "no pg_hba.conf entry",  # 28000
+    "pg_hba.conf rejects",  # 28000
+    "is not permitted to log in",  # a NOLOGIN role (28000)
+    "permission denied",  # no CONNECT privilege (42501); a socket we may not open
+    "no password supplied",  # the server asks for one, the DSN has none
+    "does not support ssl",  # sslmode=require against a server without TLS
+    "certificate",  # a TLS certificate that does not verify or cannot be read
+    "channel binding",  # channel_binding=require, and the server did not
+    "invalid",  # a value libpq or the server refuses: port=abc, sslmode=x, options=-c x=y
+    "connection is bad",  # psycopg: libpq refused the DSN before connecting (its values)
+)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a failed connection attempt was refused for a reason that waiting cannot
+    change (a wrong database, role, password or TLS setting), rather than the server
+    not being there yet (down, starting up, unreachable, its name not resolving)."""
+    if not isinstance(exc, psycopg.OperationalError) or exc.sqlstate is not None:
+        return False
+    text = str(exc).lower()
+    return any(reason in text for reason in _REFUSED_FOR_GOOD)
+
+
 def _prepared_statement_lost(exc: BaseException) -> bool:
     return (
         isinstance(exc, psycopg.Error)
@@ -223,7 +253,12 @@ def retry_conflicts(work: Callable[[], T], tries: int = 3) -> T:
 
 
 def connect(dsn: str, *, autocommit: bool = True, timeout: float = 10.0) -> Connection:
-    """One connection, or a ``DatabaseError`` that names the (redacted) DSN."""
+    """One connection, or a ``DatabaseError`` that names the (redacted) DSN.
+
+    :class:`DatabaseUnavailable` when the server is not there for us (yet): worth waiting
+    for. A refusal that waiting cannot change (:func:`refused`) is a plain ``DatabaseError``;
+    a DSN that cannot be parsed a ``ConfigError``.
+    """
     if _parse(dsn) is None:
         raise ConfigError(
             "the database DSN cannot be parsed (not shown: it may hold a password); "
@@ -233,7 +268,7 @@ def connect(dsn: str, *, autocommit: bool = True, timeout: float = 10.0) -> Conn
         return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=max(2, round(timeout)))
     except psycopg.Error as exc:
         message = f"cannot connect to {redact(dsn)}: {_scrub(describe(exc), dsn)}"
-        if unreachable(exc):
+        if unreachable(exc) and not refused(exc):
             raise DatabaseUnavailable(message) from exc
         raise DatabaseError(message) from exc
 

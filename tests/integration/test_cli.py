@@ -23,15 +23,20 @@ def clean_env() -> dict[str, str]:
 
 
 def slawatch(
-    *args: str, dsn: str | None = None, cwd: Path = ROOT, timeout: float = 60
+    *args: str,
+    dsn: str | None = None,
+    cwd: Path = ROOT,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = clean_env()
+    """``slawatch *args`` in a child process; ``env``: settings added to a clean environment."""
+    environment = clean_env() | (env or {})
     if dsn:
-        env["SLAWATCH_DSN"] = dsn
+        environment["SLAWATCH_DSN"] = dsn
     return subprocess.run(
         [sys.executable, "-m", "slawatch", *args],
         cwd=cwd,
-        env=env,
+        env=environment,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -96,7 +101,13 @@ def test_unknown_notifier(tmp_path: Path) -> None:
 
 
 def test_unreachable_database() -> None:
-    result = slawatch("run", "--once", dsn="postgresql://postgres:secret@127.0.0.1:1/shop")
+    # run --once waits for the database up to SLAWATCH_DB_TIMEOUT (test_startup.py): 1s here.
+    result = slawatch(
+        "run",
+        "--once",
+        dsn="postgresql://postgres:secret@127.0.0.1:1/shop",
+        env={"SLAWATCH_DB_TIMEOUT": "1"},
+    )
     assert_one_line_error(result, 1, "cannot connect to postgresql://postgres:***@127.0.0.1:1/shop")
     assert "secret" not in result.stderr
 

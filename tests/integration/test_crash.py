@@ -24,6 +24,7 @@ from slawatch.engine.migrate import migrate
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn
 from tests.receivers import Reply, WebhookReceiver, receiver
+from tests.waiting import wait_until
 
 __all__ = ["receiver"]
 
@@ -37,12 +38,16 @@ notify: [hook]
 """
 
 
-def orders(conn: Conn, count: int) -> None:
-    conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, status text, paid_at timestamptz)")
+def orders(conn: Conn, count: int, first: int = 1) -> None:
+    """``count`` orders overdue since a day, ids from ``first`` (the table made at 1)."""
+    if first == 1:
+        conn.execute(
+            "CREATE TABLE orders (id bigint PRIMARY KEY, status text, paid_at timestamptz)"
+        )
     conn.execute(
         "INSERT INTO orders SELECT g, 'paid', now() - interval '1 day'"
-        " FROM generate_series(1, %s::int) g",
-        (count,),
+        " FROM generate_series(%s::int, %s::int) g",
+        (first, first + count - 1),
     )
 
 
@@ -103,15 +108,39 @@ def test_a_claim_wakes_the_delivery_workers(
     rule = Rule.model_validate(yaml.safe_load(RULE) | {"name": "late"})
     migrate(conn, [rule])
     plan = plan_claim(rule, "timestamp with time zone")
+    assert claim_batch(conn, plan, datetime.now(UTC)) == 5  # before anyone listens
     hook = WebhookNotifier(WebhookConfig(name="hook", type="webhook", url=receiver.url))
     with Database(dsn, size=3) as db:
         dispatcher = Dispatcher(db, {"hook": hook}, Clock(), poll=60)
         dispatcher.start()
         try:
-            time.sleep(1.0)  # the workers ran their first (empty) pass and now wait
-            assert claim_batch(conn, plan, datetime.now(UTC)) == 5
-            assert receiver.received.wait(20), "the claim's NOTIFY did not wake the worker"
+            # The worker's first pass sent those 5; it is over once they are recorded as
+            # sent (by the statement that also claimed the next, empty, batch): the worker
+            # now waits a minute for its poll. And the listener has run its LISTEN.
+            wait_until(lambda: sent(conn) == 5 and listening(conn), "the first pass, LISTEN")
+            orders(conn, 3, first=6)
+            assert claim_batch(conn, plan, datetime.now(UTC)) == 3
+            wait_until(
+                lambda: len(receiver.alert_ids) == 8,
+                "the claim's NOTIFY to wake the worker (its poll is a minute away)",
+                timeout=20,
+            )
         finally:
             dispatcher.stop()
-    assert len(receiver.alert_ids) == 5
+    assert sorted(receiver.alert_ids) == sorted(f"late:{k}:e1:n1" for k in range(1, 9))
+    assert len(receiver.requests) == 2  # the first pass, then the woken one
     hook.close()
+
+
+def sent(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM slawatch.delivery WHERE status = 'sent'")
+    return int(row.fetchone()[0])  # type: ignore[index]
+
+
+def listening(conn: Conn) -> bool:
+    """Whether a session of this database has run LISTEN for deliveries (and waits)."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND query = 'LISTEN slawatch_delivery' AND state = 'idle'"
+    ).fetchone()
+    return bool(row and row[0])

@@ -40,6 +40,7 @@ from tests.integration.test_email import notifier as mail_notifier
 from tests.integration.test_email import smtp
 from tests.receivers import Reply, WebhookReceiver
 from tests.services import AlertmanagerService, PagerDutyService, SlackService
+from tests.waiting import lock_waits, wait_until
 
 __all__ = ["smtp", "start"]
 
@@ -333,10 +334,9 @@ def test_concurrent_workers_in_two_dispatchers_make_exactly_one_summary(
     try:
         for _, d in dispatchers:
             d.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and statuses(conn).get("pending", 0):
-            time.sleep(0.05)
-        time.sleep(0.3)  # a second summary, if one were coming
+        wait_until(lambda: not statuses(conn).get("pending"), "every delivery settled")
+        # No sleep for "a second summary, if one were coming": stop() below returns when
+        # every worker of both dispatchers has finished what it had in hand.
     finally:
         for db, d in dispatchers:
             d.stop()
@@ -366,7 +366,9 @@ def test_a_summary_counts_exactly_what_it_replaces_while_another_claim_runs(
             target=lambda: done.append(deliver_notifier(db, a, FixedClock(CLAIMED)))
         )
         worker.start()
-        time.sleep(0.5)
+        # The claim is blocked on the lock the other holds (not merely started): only
+        # then is its count taken after the other's commit.
+        wait_until(lambda: lock_waits(conn) == ["advisory"], "the claim to wait for the lock")
         other.commit()
     worker.join(30)
     assert (done[0].summarized, done[0].sent) == (1_900, 1)

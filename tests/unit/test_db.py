@@ -11,6 +11,7 @@ from slawatch.db import (
     PreparedStatementLost,
     connect,
     redact,
+    refused,
     translate,
     unreachable,
 )
@@ -122,3 +123,45 @@ def test_translate_names_the_work_and_keeps_the_kind() -> None:
     with pytest.raises(DatabaseError) as caught, translate("x"):
         raise other
     assert type(caught.value) is DatabaseError
+
+
+AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+
+
+@pytest.mark.parametrize(
+    ("message", "for_good"),
+    [
+        # The server answered and will not let us in: waiting cannot change that.
+        (AT + 'FATAL:  database "shop" does not exist', True),
+        (AT + 'FATAL:  role "slawatch" does not exist', True),
+        (AT + 'FATAL:  password authentication failed for user "slawatch"', True),
+        (AT + 'FATAL:  no pg_hba.conf entry for host "10.0.0.9", user "s", database "shop"', True),
+        (AT + 'FATAL:  role "slawatch" is not permitted to log in', True),
+        (AT + 'FATAL:  permission denied for database "shop"', True),
+        (AT + "fe_sendauth: no password supplied", True),
+        (AT + "server does not support SSL, but SSL was required", True),
+        (AT + "SSL error: certificate verify failed", True),
+        (AT + "channel binding required, but server authenticated client without it", True),
+        ('connection is bad: invalid sslmode value: "sometimes"', True),
+        ('connection is bad: invalid integer value "x" for connection option "port"', True),
+        # Not there for us yet: worth waiting for.
+        (AT + "Connection refused", False),
+        (AT + "FATAL:  the database system is starting up", False),
+        (AT + "FATAL:  the database system is shutting down", False),
+        (AT + "FATAL:  the database system is not yet accepting connections", False),
+        (AT + "FATAL:  sorry, too many clients already", False),
+        (AT + "server closed the connection unexpectedly", False),
+        ("connection timeout expired", False),
+        ("failed to resolve host 'db': [Errno -2] Name or service not known", False),
+    ],
+)
+def test_refused_tells_a_wrong_setting_from_a_server_not_there_yet(
+    message: str, for_good: bool
+) -> None:
+    assert refused(psycopg.OperationalError(message)) is for_good
+
+
+def test_refused_is_only_about_failed_connections() -> None:
+    # A query's error carries its SQLSTATE; only a failed connection has none.
+    assert not refused(psycopg.errors.UndefinedTable('relation "x" does not exist'))
+    assert not refused(ValueError("permission denied"))
