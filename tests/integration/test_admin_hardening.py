@@ -26,7 +26,7 @@ from slawatch.clock import Clock
 from slawatch.config.notifiers import ConsoleConfig
 from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.engine.migrate import migrate, schema_current
+from slawatch.engine.migrate import migrate
 from slawatch.operate.admin import AdminServer, create_app, serve_admin, serve_in_thread
 from slawatch.operate.guard import MIB, Limits
 from slawatch.operate.page import COOKIE, MAX_LOGIN_BODY
@@ -534,11 +534,3 @@ def test_page_sessions_end_at_logout_and_after_12_hours_on_every_instance(
     # Malformed or unknown ids are no session (and the first are not even looked up).
     for wrong in ("", "x", third[:-1], third + "A", "A" * 43, "!" * 43):
         assert httpx.get(f"{one.api.base_url}/", cookies={COOKIE: wrong}).status_code == 401
-
-
-def test_migrate_adds_the_session_table(rules: list[Rule], conn: Conn) -> None:
-    conn.execute("DROP TABLE slawatch.session")
-    assert not schema_current(conn)
-    migrate(conn, rules)
-    assert schema_current(conn)
-    assert conn.execute("SELECT count(*) FROM slawatch.session").fetchone() == (0,)
