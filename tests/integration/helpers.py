@@ -97,5 +97,10 @@ def unversioned(conn: Conn) -> None:
     """Forget the applied migrations: the database then looks like one made before
     versioned migrations (those releases had no slawatch.schema_version), so a test
     that reshapes slawatch's tables into an older release's sees the next migrate
-    take that path (schema.py: the legacy upgrade)."""
-    conn.execute("DROP TABLE slawatch.schema_version")
+    take that path (schema.py: the legacy upgrade). What the later migrations
+    (0002_trust.sql on) added goes too: the previous release had none of it."""
+    conn.execute(
+        "DROP TABLE slawatch.schema_version;"
+        " DROP TABLE IF EXISTS slawatch.session;"
+        " DROP INDEX IF EXISTS slawatch.delivery_orphaned, slawatch.ack_acked_at"
+    )

@@ -586,9 +586,11 @@ def test_the_job_outlives_a_database_outage(
 
 
 def test_the_index_retention_reads_acks_by_is_part_of_the_schema(outbox: Conn) -> None:
-    """An outbox from before retention covered acks lacks ack_acked_at: `run` asks for a
-    migrate, which builds it."""
+    """An outbox from before retention covered acks (the previous release's, at 0001)
+    lacks ack_acked_at: `run` asks for a migrate, which builds it (0002_trust.sql)."""
     outbox.execute("DROP INDEX slawatch.ack_acked_at")
+    outbox.execute("DELETE FROM slawatch.schema_version WHERE version > 1")
+    outbox.execute("DROP INDEX slawatch.delivery_orphaned; DROP TABLE slawatch.session")
     assert not schema_current(outbox)
     migrate(outbox, [])
     assert schema_current(outbox)
