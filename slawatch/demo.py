@@ -169,7 +169,7 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
         if admin is not None:
             out.write(
                 f"on-call page and admin API: {admin.url}/  (JSON under {admin.url}/v1,"
-                f" OpenAPI at {admin.url}/docs, metrics at {admin.url}/metrics)\n\n"
+                f" OpenAPI at {admin.url}/openapi.json, metrics at {admin.url}/metrics)\n\n"
             )
             out.flush()
         runner.serve(seconds, http=admin.url if admin is not None else None)

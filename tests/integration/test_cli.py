@@ -265,16 +265,21 @@ def test_the_demo_says_where_its_admin_api_is_and_serves_it(tmp_path: Path) -> N
     )
     try:
         assert proc.stdout is not None
-        url = None
+        url, printed = None, ""
         for line in proc.stdout:
             found = re.match(r"on-call page and admin API: (http://127\.0\.0\.1:\d+)/", line)
             if found:
-                url = found.group(1)
+                url, printed = found.group(1), line
                 break
         assert url is not None, "the demo did not print its admin address"
         assert url != f"http://127.0.0.1:{port}"
         assert httpx.get(f"{url}/readyz", timeout=10).json()["ready"] is True
         assert "slawatch_alerts_claimed_total" in httpx.get(f"{url}/metrics", timeout=10).text
+        # The documents the line names answer (the OpenAPI document, the metrics).
+        named = re.findall(r"(?:OpenAPI|metrics) at (http://127\.0\.0\.1:\d+/[^\s,)]+)", printed)
+        assert len(named) == 2, printed
+        for address in named:
+            assert httpx.get(address, timeout=10).status_code == 200, address
         proc.stdout.read()
     finally:
         if proc.poll() is None:
