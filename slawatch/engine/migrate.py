@@ -701,12 +701,7 @@ def render(
                     f"-- track: table: slawatch.{rule.name}_state takes the types of the"
                     " table's key: print against the database for it."
                 )
-                for spec in index_specs(rule):
-                    out.append(spec.drop() + ";")
-                    out.append(spec.create() + ";")
-                out.append(_ANALYZE_NOTE)
-                out.append(f"ANALYZE {_q(rule.schema_name, rule.table_name)};")
-                out.append("")
+                out.extend(_printed_indexes(rule))
                 continue
             out.append(
                 f"-- (tracking columns; {rule.seen_column} has the type of {rule.deadline}:"
@@ -716,12 +711,7 @@ def render(
             adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {_q(c)} {t}" for c, t in types.items())
             alter = f"ALTER TABLE {_q(rule.schema_name, rule.table_name)}{adds}"
             out.append(_printed(Step(alter, "", locked=True)))
-            for spec in index_specs(rule):
-                out.append(spec.drop() + ";")
-                out.append(spec.create() + ";")
-            out.append(_ANALYZE_NOTE)
-            out.append(f"ANALYZE {_q(rule.schema_name, rule.table_name)};")
-            out.append("")
+            out.extend(_printed_indexes(rule))
         out.append(
             "-- A partitioned table needs each index ON ONLY the parent, built CONCURRENTLY\n"
             "-- in each partition and attached: print against the database for that."
@@ -749,6 +739,17 @@ def render(
     out.append("-- rules' indexes on empty temporary copies of the tables.")
     out.extend(g.as_string(None) + ";" for g in grants(rules))
     return "\n".join(out) + "\n"
+
+
+def _printed_indexes(rule: Rule) -> list[str]:
+    """A rule's indexes rebuilt, then its table analyzed (a script made without a
+    database cannot know whether the table has statistics)."""
+    out = []
+    for spec in index_specs(rule):
+        out.append(spec.drop() + ";")
+        out.append(spec.create() + ";")
+    table = _q(rule.schema_name, rule.table_name)
+    return [*out, _ANALYZE_NOTE, f"ANALYZE {table};", ""]
 
 
 def _printed_schema(changes: list[Change]) -> list[str]:
