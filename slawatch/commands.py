@@ -35,6 +35,7 @@ from slawatch.engine.catalog import TableInfo
 from slawatch.engine.due import count_due
 from slawatch.engine.migrate import (
     check,
+    event_function_pending,
     leftovers,
     migrate,
     pending,
@@ -105,14 +106,22 @@ def cmd_check(settings: Settings) -> int:
         lines, unready = [], []
         schema = schema_current(conn)
         baselined = recorded(conn)
+        stale_function = event_function_pending(conn, rules)
         for rule in rules:
-            info = tables[rule.name]
+            info = tables.get(rule.name)
+            if info is None:  # an event rule whose timer table migrate creates
+                unready.append(rule.name)
+                lines.append(f"  {rule.name}: not migrated: no timer table slawatch.{rule.timers}")
+                continue
             todo = pending(conn, rule, info)
+            if rule.events is not None and stale_function:
+                todo.append("slawatch.event() does not know its event types yet")
             due = count_due(conn, rule, info, now)
             count = "could not count in 30 s" if due is None else f"{due:,}"
             if due is not None and due >= 1_000_000:
                 count = "1,000,000 or more"
-            line = f"  {rule.name}: {count} rows would be notified on the next scan"
+            what_due = "timers" if rule.events is not None else "rows"
+            line = f"  {rule.name}: {count} {what_due} would be notified on the next scan"
             if rule.name in baselined:
                 b = baselined[rule.name]
                 line += f" (baseline: {b.rows:,} rows marked as seen, {b.at:%Y-%m-%d %H:%M %Z})"

@@ -1,16 +1,23 @@
 """Rules as operators write them (``rules/<name>.yaml``), validated into models.
 
-A rule watches one table: a row is *due* when ``deadline + after < now`` while
-``open_when`` holds, and is notified again on the ``renotify`` schedule until
-``renotify.max`` notifications were sent or the row completes.
+A table rule watches one table: a row is *due* when ``deadline + after < now``
+while ``open_when`` holds, and is notified again on the ``renotify`` schedule
+until ``renotify.max`` notifications were sent or the row completes.
+
+An event rule (``events:``, DESIGN.md §7) watches events instead: a start opens a
+deadline for its key, a stop closes it. Its deadlines are rows of a table of
+slawatch's own (``slawatch."<rule>_timers"``, engine/timers.py), which the rule
+watches as a table rule would: the model fills in that table, its key, deadline
+and condition, so everything downstream of a rule (claim, episodes, status,
+explain, the page) treats both kinds alike.
 """
 
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
@@ -113,11 +120,157 @@ class Tier(FileModel):
         return v
 
 
+# An event type: what producers write in "type"; dotted names (CloudEvents) allowed.
+EVENT_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.:/-]{0,99}")
+
+
+def _types(value: object) -> object:
+    """``start: parcel_shipped`` or ``start: [a, b]``: always a list of type names."""
+    if isinstance(value, str):
+        return [value]
+    return value
+
+
+def _type_names(value: list[str]) -> list[str]:
+    if not 1 <= len(value) <= 100:
+        raise ValueError("must name 1 to 100 event types")
+    for name in value:
+        if not EVENT_TYPE.fullmatch(name):
+            raise ValueError(
+                f"{shorten(name)} is not an event type: a letter, then letters, digits and"
+                " _ . : / -, at most 100 characters"
+            )
+    if len(set(value)) != len(value):
+        raise ValueError("names a type twice")
+    return value
+
+
+EventTypes = Annotated[list[str], BeforeValidator(_types), AfterValidator(_type_names)]
+
+# The columns of an event rule's timer table that its alerts carry as ``row``.
+TIMER_ROW = ["data", "events"]
+
+
+class Events(FileModel):
+    """``events:`` of a rule: which events open and close its deadlines."""
+
+    start: EventTypes | None = None
+    stop: EventTypes | None = None
+    beat: EventTypes | None = None
+    fail: EventTypes | None = None
+    within: PositiveDuration | None = None
+    min: PositiveDuration | None = None
+    # A heartbeat expected at each time of a cron schedule (``beat`` only), late after grace.
+    schedule: str | None = None
+    grace: Duration = timedelta(0)
+    timezone: str = "UTC"
+
+    @model_validator(mode="after")
+    def _shape(self) -> Events:
+        if (self.start is None) == (self.beat is None):
+            raise ValueError("needs exactly one of 'start' (with 'stop') or 'beat'")
+        if self.start is not None:
+            if self.stop is None:
+                raise ValueError("'start' needs 'stop': the type(s) that close it")
+            if self.within is None:
+                raise ValueError("'start' needs 'within', e.g. within: 72h")
+            if self.schedule is not None:
+                raise ValueError("'schedule' goes with 'beat', not 'start'")
+            if self.min is not None and self.min >= self.within:
+                raise ValueError("'min' must be shorter than 'within'")
+        else:
+            if self.stop is not None:
+                raise ValueError("'stop' goes with 'start'; a beat closes the last beat")
+            if self.min is not None:
+                raise ValueError("'min' goes with 'start' and 'stop'")
+            if (self.within is None) == (self.schedule is None):
+                raise ValueError(
+                    "'beat' needs exactly one of 'within' (e.g. 25h) or 'schedule'"
+                    " (a cron expression, e.g. '0 2 * * *')"
+                )
+        if self.schedule is None and (
+            "grace" in self.model_fields_set or "timezone" in self.model_fields_set
+        ):
+            raise ValueError("'grace' and 'timezone' go with 'schedule'")
+        seen: dict[str, str] = {}
+        for role in ("start", "stop", "beat", "fail"):
+            for name in getattr(self, role) or ():
+                if name in seen:
+                    raise ValueError(f"type {name!r} is both {seen[name]} and {role}")
+                seen[name] = role
+        return self
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from apscheduler.triggers.cron import CronTrigger
+
+        try:
+            CronTrigger.from_crontab(v)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                f"{shorten(v)} is not a cron expression (five fields, e.g. '0 2 * * *'):"
+                f" {str(exc).splitlines()[0][:100]}"
+            ) from None
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, v: str) -> str:
+        return _zone(v)
+
+    def types(self) -> dict[str, str]:
+        """Every type this rule uses, with its role: start, stop, beat or fail."""
+        return {
+            name: role
+            for role in ("start", "stop", "beat", "fail")
+            for name in getattr(self, role) or ()
+        }
+
+    def next_due(self, beat: datetime) -> datetime | None:
+        """``schedule``: when a beat at ``beat`` is late: the next scheduled time after
+        it, plus ``grace`` (None when the schedule has no next time)."""
+        from apscheduler.triggers.cron import CronTrigger
+
+        assert self.schedule is not None
+        trigger = CronTrigger.from_crontab(self.schedule, timezone=ZoneInfo(self.timezone))
+        fire = trigger.get_next_fire_time(None, beat + timedelta(microseconds=1))
+        return None if fire is None else fire + self.grace
+
+
+# Fields of a table rule that an event rule has no use for: its table is slawatch's.
+_TABLE_ONLY = (
+    "table",
+    "key",
+    "track",
+    "sweep",
+    "inline_triggers",
+    "deadline",
+    "after",
+    "open_when",
+    "columns",
+    "timezone",
+)
+
+
+def _zone(v: str) -> str:
+    try:
+        ZoneInfo(v)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise ValueError(f"{shorten(v)} is not a time zone (try UTC or Europe/Berlin)") from exc
+    return v
+
+
 class Rule(FileModel):
-    """One rule file."""
+    """One rule file: a table rule, or an event rule (``events``)."""
 
     name: str
     description: str = ""
+    # Event rules: which events open and close deadlines (then table..columns are set
+    # from it: the rule watches slawatch."<name>_timers").
+    events: Events | None = None
     table: str
     # Column(s) that identify a row: one name or a list; None: the table's primary key.
     key: KeyColumns | None = None
@@ -142,6 +295,30 @@ class Rule(FileModel):
     resolve: bool = False
     # The zone that values of a `timestamp` (without time zone) deadline are in.
     timezone: str = "UTC"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _event_rule(cls, data: Any) -> Any:
+        """An event rule watches its timer table: fill in what a table rule writes."""
+        if not isinstance(data, dict) or data.get("events") is None:
+            return data
+        given = [f for f in _TABLE_ONLY if f in data]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: not for an event rule (events: watches slawatch's own"
+                " timer table); a rule has either table: or events:"
+            )
+        name = data.get("name")
+        events = data["events"]
+        fast = isinstance(events, dict) and events.get("min") is not None
+        return {
+            **data,
+            "table": f"slawatch.{name}_timers" if isinstance(name, str) else "slawatch.x",
+            "key": ["key"],
+            "deadline": "due_at",
+            "open_when": "open",
+            "columns": [*TIMER_ROW, *(["too_fast"] if fast else [])],
+        }
 
     @model_validator(mode="after")
     def _sweep_is_for_table(self) -> Rule:
@@ -188,11 +365,7 @@ class Rule(FileModel):
     @field_validator("timezone")
     @classmethod
     def _timezone(cls, v: str) -> str:
-        try:
-            ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-            raise ValueError(f"{shorten(v)} is not a time zone (try UTC or Europe/Berlin)") from exc
-        return v
+        return _zone(v)
 
     @field_validator("notify")
     @classmethod
@@ -208,6 +381,11 @@ class Rule(FileModel):
         if len(set(froms)) != len(froms):
             raise ValueError("two tiers have the same 'from'")
         return sorted(v, key=lambda t: t.from_)
+
+    @property
+    def timers(self) -> str:
+        """An event rule's timer table (in schema slawatch)."""
+        return f"{self.name}_timers"
 
     @property
     def schema_name(self) -> str:

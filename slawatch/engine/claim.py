@@ -43,9 +43,16 @@ from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.engine.catalog import inspect_table, key_columns, table_ident
-from slawatch.engine.migrate import inline_refusal, pending, predicates, require_schema
+from slawatch.engine.migrate import (
+    event_function_pending,
+    inline_refusal,
+    pending,
+    predicates,
+    require_schema,
+)
 from slawatch.engine.outbox import SEVERITIES, Tally, outbox, resolved, severities
 from slawatch.engine.statetable import TablePlan, TableScan, compose, drain_table
+from slawatch.engine.timers import housekeep
 from slawatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -355,7 +362,14 @@ def prepare_ready(
     """
     plans, problems = {}, {}
     require_schema(conn)
+    stale_function = any(r.events for r in rules) and event_function_pending(conn, rules)
     for rule in rules:
+        if rule.events is not None and stale_function:
+            problems[rule.name] = (
+                f"{rule.source}: rule {rule.name!r}: slawatch.event() does not know its event"
+                " types yet; run 'slawatch migrate'"
+            )
+            continue
         info = inspect_table(conn, rule.schema_name, rule.table_name)
         if info is None:
             problems[rule.name] = f"{rule.source}: table: {rule.table} does not exist"
@@ -455,6 +469,8 @@ def drain(
     (backfills): ``run --once`` drains every due row. An inline drain always does.
     """
     tally = Tally()
+    if plan.rule.events is not None:
+        housekeep(db, plan.rule)  # scheduled beats' deadlines; too-fast timers closed
     if plan.table is not None:
         alerts, batches = drain_table(
             lambda: db.connection(f"claim for rule {plan.rule.name}"),

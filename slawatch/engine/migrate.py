@@ -24,7 +24,7 @@ from psycopg import sql
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule, condition_columns
 from slawatch.db import Connection, translate
-from slawatch.engine import schema, trackswitch
+from slawatch.engine import schema, timers, trackswitch
 from slawatch.engine.catalog import (
     IndexState,
     Partition,
@@ -210,6 +210,8 @@ def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
             "(the default since PostgreSQL 9.1)"
         )
     for rule in rules:
+        if rule.events is not None and inspect_table(conn, "slawatch", rule.timers) is None:
+            continue  # an event rule's timer table: migrate creates it
         info, problems = check_rule(conn, rule)
         if info is not None and not problems:
             _, problem = _wanted(conn, rule, info)
@@ -277,8 +279,45 @@ def plan(conn: Connection, rules: list[Rule]) -> list[Step]:
     for change in schema.pending(conn):
         steps.append(Step(change.sql, change.done, change=change))
     for rule in rules:
+        if rule.name not in tables:  # an event rule's timer table, not there yet
+            steps.extend(_timer_table(rule))
+            continue
         steps.extend(plan_rule(conn, rule, tables[rule.name]))
+    steps.extend(_event_function(conn, rules))
     return steps
+
+
+def _timer_table(rule: Rule) -> list[Step]:
+    """An event rule's timer table, created with its tracking columns and indexes."""
+    where = f"slawatch.{rule.timers}"
+    statements = timers.create_table(rule)
+    steps = [Step(statements[0], f"{where}: created (rule {rule.name}'s timers)")]
+    steps += [Step(s, f"{where}: index", detail=True) for s in statements[1:]]
+    for spec in index_specs(rule):
+        steps.append(Step(spec.create(), f"{where}: built index {spec.name}", detail=True))
+    return steps
+
+
+def _event_function(conn: Connection, rules: list[Rule]) -> list[Step]:
+    """slawatch.event() and slawatch.events(), regenerated when the event rules change."""
+    installed = timers.installed_tag(conn)
+    if not timers.event_rules(rules) and installed is None:
+        return []
+    if installed == f"slawatch {timers.function_tag(rules)}":
+        return []
+    count = len(timers.known_types(rules))
+    return [
+        Step(
+            timers.function_sql(rules),
+            f"slawatch.event(): {'created' if installed is None else 'updated'} for"
+            f" {count} event type{'' if count == 1 else 's'}",
+        )
+    ]
+
+
+def event_function_pending(conn: Connection, rules: list[Rule]) -> bool:
+    """slawatch.event() is not the one ``rules`` need: run migrate."""
+    return bool(_event_function(conn, rules))
 
 
 def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:

@@ -1,0 +1,203 @@
+"""One way in for events: a batch is checked here, then written in one transaction.
+
+HTTP (``POST /v1/events``), the brokers (sources.py) and ``slawatch event`` all end
+in :func:`ingest`. A batch is all or nothing: :func:`parse_events` refuses it whole,
+naming the index and field of the first bad event, before anything is written; the
+database writes it through ``slawatch.events`` (engine/timers.py) in one statement
+and one transaction, so a crash or an outage leaves none of it or all of it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+
+from slawatch.config.files import shorten
+from slawatch.config.rules import EVENT_TYPE
+from slawatch.db import Connection, Database, translate
+from slawatch.engine.timers import FUTURE, KEY_MAX
+from slawatch.errors import BadInput
+
+MAX_BATCH = 10_000  # events in one request or call
+MAX_DATA = 64 * 1024  # bytes of one event's data, as JSON
+MAX_ID = 200  # characters of an event id
+FIELDS = ("type", "key", "at", "data", "id")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event, checked: ``at`` is aware (None: the time it is received)."""
+
+    type: str
+    key: str
+    at: datetime | None = None
+    data: dict[str, Any] | None = None
+    id: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "key": self.key}
+        if self.at is not None:
+            out["at"] = self.at.isoformat()
+        if self.data is not None:
+            out["data"] = self.data
+        if self.id is not None:
+            out["id"] = self.id
+        return out
+
+
+class EventError(BadInput):
+    """An event of a batch is malformed: ``index`` (0-based) and ``field`` say where."""
+
+    def __init__(self, index: int | None, field: str | None, message: str) -> None:
+        where = ".".join(p for p in (f"events[{index}]" if index is not None else None, field) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+        self.index, self.field, self.reason = index, field, message
+
+
+@dataclass
+class Ingested:
+    """What one :func:`ingest` stored: events accepted and repeats dropped, by type."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    by_type: Counter[tuple[str, str]] = field(default_factory=Counter)  # (type, outcome)
+
+
+def parse_time(value: Any) -> datetime:
+    """An ISO 8601 time with a zone (``Z`` or ``+02:00``)."""
+    problem = f"{shorten(value)} is not a time: write ISO 8601, e.g. 2026-11-25T10:00:00Z"
+    if not isinstance(value, str):
+        raise ValueError(problem)
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(problem) from None
+    if t.tzinfo is None or t.utcoffset() is None:
+        raise ValueError(f"{shorten(value)} has no time zone: add Z or an offset like +01:00")
+    return t
+
+
+def parse_event(
+    raw: Any,
+    index: int | None,
+    known: Iterable[str],
+    now: datetime,
+    retention: timedelta,
+) -> Event:
+    """One event from its JSON form, or EventError naming the field."""
+
+    def bad(name: str | None, message: str) -> EventError:
+        return EventError(index, name, message)
+
+    if not isinstance(raw, dict):
+        raise bad(None, f"an event is a JSON object, not {type(raw).__name__}")
+    extra = [k for k in raw if k not in FIELDS]
+    if extra:
+        raise bad(shorten(str(extra[0]), 40), f"unknown field (known: {', '.join(FIELDS)})")
+    kind = raw.get("type")
+    if kind is None:
+        raise bad("type", "is required")
+    if not isinstance(kind, str) or not EVENT_TYPE.fullmatch(kind):
+        raise bad("type", f"{shorten(kind)} is not an event type")
+    known = set(known)
+    if kind not in known:
+        have = ", ".join(sorted(known)[:20]) or "none: no rule has events:"
+        raise bad("type", f"{kind!r}: no rule uses this type (rules use: {have})")
+    key = raw.get("key")
+    if key is None:
+        raise bad("key", "is required")
+    if isinstance(key, bool) or not isinstance(key, str | int):
+        raise bad("key", f"{shorten(key)}: a key is text (or a whole number)")
+    key = str(key)
+    if not 1 <= len(key) <= KEY_MAX or "\x00" in key:
+        raise bad("key", f"must be 1 to {KEY_MAX} characters without NUL, not {len(key):,}")
+    at = None
+    if raw.get("at") is not None:
+        try:
+            at = parse_time(raw["at"])
+        except ValueError as exc:
+            raise bad("at", str(exc)) from None
+        if at > now + FUTURE:
+            raise bad("at", f"{raw['at']} is more than 5 minutes in the future")
+        if at < now - retention:
+            raise bad("at", f"{raw['at']} is older than the retention ({retention})")
+    data = raw.get("data")
+    if data is not None:
+        if not isinstance(data, dict):
+            raise bad("data", f"must be a JSON object, not {type(data).__name__}")
+        try:
+            size = len(orjson.dumps(data))
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            raise bad("data", f"not JSON: {exc}") from None
+        if size > MAX_DATA:
+            raise bad("data", f"{size:,} bytes as JSON, more than {MAX_DATA:,}")
+        if "\\u0000" in orjson.dumps(data).decode():
+            raise bad("data", "must not contain NUL characters (PostgreSQL's jsonb cannot)")
+    ident = raw.get("id")
+    if ident is not None:
+        if isinstance(ident, bool) or not isinstance(ident, str | int):
+            raise bad("id", f"{shorten(ident)}: an id is text (or a whole number)")
+        ident = str(ident)
+        if not 1 <= len(ident) <= MAX_ID or "\x00" in ident:
+            raise bad("id", f"must be 1 to {MAX_ID} characters without NUL")
+    return Event(kind, key, at, data, ident)
+
+
+def parse_events(
+    payload: Any, known: Iterable[str], now: datetime, retention: timedelta
+) -> list[Event]:
+    """One event, or ``{"events": [...]}`` (1 to :data:`MAX_BATCH`): all checked, or
+    EventError for the first bad one."""
+    known = set(known)
+    if isinstance(payload, dict) and "events" in payload and "type" not in payload:
+        if set(payload) != {"events"}:
+            raise EventError(None, None, 'a batch is {"events": [...]} and nothing else')
+        items = payload["events"]
+        if not isinstance(items, list):
+            raise EventError(None, "events", "must be a list of events")
+        if not 1 <= len(items) <= MAX_BATCH:
+            raise EventError(
+                None, "events", f"holds {len(items):,} events; a batch is 1 to {MAX_BATCH:,}"
+            )
+        return [parse_event(raw, i, known, now, retention) for i, raw in enumerate(items)]
+    return [parse_event(payload, None, known, now, retention)]
+
+
+_INGEST = "SELECT type, outcome, events FROM slawatch.events(%s::jsonb, %s)"
+
+
+def write(conn: Connection, events: list[Event], now: datetime) -> Ingested:
+    """Write ``events`` in the current transaction of ``conn`` (the caller commits)."""
+    batch = orjson.dumps([e.as_json() for e in events]).decode()
+    with translate("storing events"):
+        rows = conn.execute(_INGEST, (batch, now)).fetchall()
+    got = Ingested()
+    for kind, outcome, count in rows:
+        got.by_type[(kind, outcome)] += int(count)
+        if outcome == "accepted":
+            got.accepted += int(count)
+        elif outcome == "duplicate":
+            got.duplicates += int(count)
+        else:
+            raise BadInput(
+                f"type {kind!r}: the database's slawatch.event() has no rule for it;"
+                " run 'slawatch migrate' with these rules"
+            )
+    return got
+
+
+def ingest(db: Database, events: list[Event], now: datetime) -> Ingested:
+    """Write ``events`` in one transaction; nothing of it is stored when it fails."""
+    if not events:
+        return Ingested()
+
+    def work(conn: Connection) -> Ingested:
+        with conn.transaction():  # an unknown type found by the database undoes the batch
+            return write(conn, events, now)
+
+    return db.run("storing events", work)
