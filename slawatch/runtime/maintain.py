@@ -34,8 +34,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from slawatch.clock import Clock
-from slawatch.db import Connection, Database
+from slawatch.config.rules import Rule
+from slawatch.db import Connection, Database, translate
 from slawatch.engine.queries import queries
+from slawatch.engine.timers import DEDUPE, prune_timers
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ class PruneResult:
     acks: int = 0
     silences: int = 0
     orphans: int = 0  # of the acks, those whose alert was gone already
+    timers: int = 0  # event rules' closed timers (and stops that never met their start)
+    event_ids: int = 0  # event ids older than the dedupe window
 
     def __iadd__(self, other: PruneResult) -> PruneResult:
         self.alerts += other.alerts
@@ -62,6 +66,8 @@ class PruneResult:
         self.acks += other.acks
         self.silences += other.silences
         self.orphans += other.orphans
+        self.timers += other.timers
+        self.event_ids += other.event_ids
         return self
 
     def full(self, batch: int) -> bool:
@@ -121,3 +127,55 @@ def prune(
                 "pruning history: time budget spent with old history left; the next run goes on"
             )
             return result
+
+
+_PRUNE_EVENT_IDS = """\
+DELETE FROM slawatch.event_seen WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM slawatch.event_seen WHERE at < %(cutoff)s LIMIT %(batch)s))"""
+
+
+def prune_events(
+    db: Database,
+    rules: list[Rule],
+    clock: Clock,
+    retention: timedelta,
+    *,
+    batch: int = BATCH,
+    budget: timedelta = BUDGET,
+) -> PruneResult:
+    """Remove event rules' closed timers older than ``retention`` (a stop that waited
+    ``within`` for its start sooner), and event ids older than the dedupe window,
+    batch after batch within ``budget``."""
+    now = clock.now()
+    started = time.monotonic()
+    result = PruneResult()
+
+    def spent() -> bool:
+        return time.monotonic() - started >= budget.total_seconds()
+
+    for rule in rules:
+        if rule.events is None:
+            continue
+        while not spent():
+
+            def timers(conn: Connection, rule: Rule = rule) -> int:
+                return prune_timers(conn, rule, now - retention, now, batch)
+
+            got = db.run(f"pruning timers of rule {rule.name}", timers)
+            result.timers += got
+            result.batches += 1
+            if got < batch:
+                break
+    while not spent():
+
+        def ids(conn: Connection) -> int:
+            with translate("pruning event ids"):
+                cur = conn.execute(_PRUNE_EVENT_IDS, {"cutoff": now - DEDUPE, "batch": batch})
+            return cur.rowcount
+
+        got = db.run("pruning event ids", ids)
+        result.event_ids += got
+        result.batches += 1
+        if got < batch:
+            break
+    return result

@@ -46,7 +46,7 @@ from slawatch.operate.metrics import Metrics
 from slawatch.outage import Backoff, Outage
 from slawatch.runtime import scans
 from slawatch.runtime.maintain import EVERY as MAINTAIN_EVERY
-from slawatch.runtime.maintain import PruneResult, prune
+from slawatch.runtime.maintain import PruneResult, prune, prune_events
 
 log = logging.getLogger(__name__)
 # Maintenance orphans a delivery to a notifier this process does not have only once
@@ -313,6 +313,7 @@ class Runner:
         since = time.monotonic()
         try:
             result = prune(self.db, self.clock, self.retention)
+            result += prune_events(self.db, list(self.rules.values()), self.clock, self.retention)
         except DatabaseUnavailable:
             return None  # the database's outage line says it
         except SlawatchError as exc:
@@ -324,6 +325,12 @@ class Runner:
             )
             return None
         self._maintain_trouble.ok()
+        if result.timers or result.event_ids:
+            log.info(
+                "pruned %d closed timers of event rules and %d event ids past their window",
+                result.timers,
+                result.event_ids,
+            )
         if result.alerts or result.deliveries or result.acks or result.silences:
             log.info(
                 "pruned %d alerts, %d deliveries, %d acks and %d silences older than %s",
