@@ -166,9 +166,19 @@ def grants(
             "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA slawatch TO {}"
         ).format(r),
     ]
-    for name in sorted({rule.schema_name for rule in rules}):
+    for name in sorted({rule.schema_name for rule in rules if rule.events is None}):
         out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(name), r))
+    if any(rule.events is not None for rule in rules):
+        # slawatch's own ways in (HTTP, brokers, the CLI); the timer tables are above.
+        out.append(
+            sql.SQL(
+                "GRANT EXECUTE ON FUNCTION slawatch.events(jsonb, timestamptz),"
+                " slawatch.event({}) TO {}"
+            ).format(sql.SQL(timers.SIGNATURE), r)
+        )
     for rule in rules:
+        if rule.events is not None:
+            continue  # its timer table is slawatch's: ALL TABLES IN SCHEMA slawatch
         key = (keys or {}).get(rule.name) or rule.key
         if rule.track == "table" and key:
             read = [*key, rule.deadline, *rule.alert_columns(list(key))]
@@ -734,6 +744,12 @@ def render(
         out.append("")
         out.extend(_printed_schema(schema.every_change()))
         for rule in rules:
+            if rule.events is not None:
+                out.append(f"-- rule {rule.name} ({rule.source}): its timers")
+                out.extend(s + ";" for s in timers.create_table(rule))
+                out.extend(spec.create() + ";" for spec in index_specs(rule))
+                out.append("")
+                continue
             out.append(f"-- rule {rule.name} ({rule.source}) on {rule.table}")
             if rule.track == "table":
                 out.append(
@@ -751,6 +767,10 @@ def render(
             alter = f"ALTER TABLE {_q(rule.schema_name, rule.table_name)}{adds}"
             out.append(_printed(Step(alter, "", locked=True)))
             out.extend(_printed_indexes(rule))
+        if timers.event_rules(rules):
+            out.append("-- The event functions (regenerated whenever the event rules change)")
+            out.append(timers.function_sql(rules) + ";")
+            out.append("")
         out.append(
             "-- A partitioned table needs each index ON ONLY the parent, built CONCURRENTLY\n"
             "-- in each partition and attached: print against the database for that."
@@ -777,6 +797,13 @@ def render(
     out.append("-- the database (PUBLIC has it by default): its start-up check builds the")
     out.append("-- rules' indexes on empty temporary copies of the tables.")
     out.extend(g.as_string(None) + ";" for g in grants(rules))
+    if timers.event_rules(rules):
+        out.append("-- The application's role, to send events from its own transactions")
+        out.append("-- (slawatch.event runs with its owner's rights: nothing else is needed):")
+        out.append(
+            f"GRANT USAGE ON SCHEMA slawatch TO your_app_role;\n"
+            f"GRANT EXECUTE ON FUNCTION slawatch.event({timers.SIGNATURE}) TO your_app_role;"
+        )
     return "\n".join(out) + "\n"
 
 

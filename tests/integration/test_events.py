@@ -407,3 +407,55 @@ def test_maintenance_prunes_timers_and_old_event_ids_in_bounded_batches(
     assert result.batches == 3 + 6  # 2+2+1 timers, 2*5+0 ids
     left = conn.execute("SELECT id FROM slawatch.event_seen").fetchall()
     assert left == [("fresh",)]
+
+
+def test_the_printed_grants_let_slawatch_run_and_the_application_send_events(
+    conn: Conn, dsn: str
+) -> None:
+    """Least privilege: the run role ingests batches and claims with the printed GRANTs;
+    the application's role calls slawatch.event and nothing else of slawatch's."""
+    import uuid
+
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from slawatch.engine.claim import claim_batch
+    from slawatch.engine.migrate import grants, render
+
+    rule = parcel()
+    setup(conn, rule)
+    tag = uuid.uuid4().hex[:6]
+    run_role, app_role = f"sw_run_{tag}", f"sw_app_{tag}"
+    conn.execute(f"CREATE ROLE {run_role} LOGIN")
+    conn.execute(f"CREATE ROLE {app_role} LOGIN")
+
+    def as_role(role: str) -> psycopg.Connection[Any]:
+        params = conninfo_to_dict(dsn) | {"user": role}
+        params.pop("password", None)
+        return psycopg.connect(make_conninfo(**params), autocommit=True)
+
+    try:
+        for g in grants([rule], run_role):
+            conn.execute(g)
+        printed = render([rule])
+        assert "GRANT EXECUTE ON FUNCTION slawatch.event(" in printed
+        for line in printed.splitlines():
+            if "your_app_role" in line and line.startswith("GRANT"):
+                conn.execute(line.replace("your_app_role", app_role))
+        with as_role(app_role) as app:
+            app.execute("SELECT slawatch.event('parcel_shipped', 'via-app', %s)", (T0,))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute("SELECT * FROM slawatch.parcel_timers")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute("SELECT * FROM slawatch.events('[]', now())")
+        with as_role(run_role) as run:
+            got = run.execute(
+                "SELECT outcome FROM slawatch.events(%s::jsonb, %s)",
+                ('[{"type": "parcel_shipped", "key": "via-run"}]', T0),
+            ).fetchall()
+            assert got == [("accepted",)]
+            plan = prepare(run, rule)
+            assert claim_batch(run, plan, T0 + 73 * H) == 2
+    finally:
+        for role in (run_role, app_role):
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")

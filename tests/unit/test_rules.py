@@ -201,3 +201,53 @@ def test_a_nul_in_open_when_is_refused(tmp_path: Path) -> None:
         "open_when: \"status = 'paid'\"", "open_when: \"status = 'paid'\\0) OR (true\""
     )
     assert "open_when: must not contain a NUL character" in error_of(tmp_path, text)
+
+
+EVENTS = "name: parcel\nnotify: [ops]\n"
+
+
+def test_an_event_rule_watches_its_own_timer_table(tmp_path: Path) -> None:
+    rule = load_one(
+        tmp_path,
+        EVENTS + "events: {start: shipped, stop: [delivered, returned], within: 72h, min: 5m}\n",
+    )
+    assert rule.events is not None
+    assert (rule.table, rule.key, rule.deadline, rule.open_when) == (
+        "slawatch.parcel_timers",
+        ["key"],
+        "due_at",
+        "open",
+    )
+    assert rule.columns == ["data", "events", "too_fast"]
+    assert rule.events.types() == {"shipped": "start", "delivered": "stop", "returned": "stop"}
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        (
+            "events: {start: a, stop: b, within: 1h}\ntable: orders\n",
+            "table: not for an event rule",
+        ),
+        ("events: {start: a, stop: b, within: 1h}\nopen_when: x\n", "open_when: not for an event"),
+        ("events: {start: a, within: 1h}\n", "events: 'start' needs 'stop'"),
+        ("events: {start: a, stop: b}\n", "events: 'start' needs 'within'"),
+        ("events: {start: a, stop: b, within: 1h, min: 1h}\n", "'min' must be shorter"),
+        ("events: {start: a, stop: a, within: 1h}\n", "type 'a' is both start and stop"),
+        ("events: {start: 'a b', stop: c, within: 1h}\n", "events.start: 'a b' is not an event"),
+        ("events: {start: a, stop: b, within: 1h, wihtin: 2h}\n", "events.wihtin: unknown field"),
+        ("events: {beat: a}\n", "'beat' needs exactly one of 'within'"),
+        ("events: {beat: a, within: 1h, schedule: '0 2 * * *'}\n", "needs exactly one of"),
+        ("events: {beat: a, schedule: '0 25 * * *'}\n", "is not a cron expression"),
+        ("events: {beat: a, within: 1h, grace: 5m}\n", "'grace' and 'timezone' go with"),
+        ("events: {beat: a, stop: b, within: 1h}\n", "'stop' goes with 'start'"),
+        ("events: {beat: a, schedule: '0 2 * * *', timezone: Mars/Base}\n", "not a time zone"),
+        ("events: {start: [], stop: b, within: 1h}\n", "must name 1 to 100 event types"),
+        ("events: {start: a, stop: b, within: 0s}\n", "events.within"),
+    ],
+)
+def test_bad_event_rules_name_file_and_field(tmp_path: Path, events: str, expected: str) -> None:
+    message = error_of(tmp_path, EVENTS + events)
+    assert expected in message
+    assert message.startswith(str(tmp_path / "orders.yaml"))
+    assert "\n" not in message
