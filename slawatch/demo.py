@@ -2,7 +2,8 @@
 
 The shop is reset on every run, with rows already overdue, rows that fall due
 while the demo runs, rows not due yet and rows already completed, so each of
-the example rules fires and the completed ones never do.
+the example rules fires and the completed ones never do. Event rules get events
+of the same kinds, one of them out of order, and one failure.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from slawatch.config.settings import Settings
 from slawatch.db import Connection, connect, translate
 from slawatch.delivery.notifiers.webhook import verify
 from slawatch.engine.migrate import migrate
+from slawatch.events.ingest import Event, write
 from slawatch.runtime.boot import EMBEDDED_DATABASE, embedded_database, load_config, start_admin
 
 SHOP = resources.files("slawatch").joinpath("sql/shop.sql").read_text()
@@ -84,6 +86,49 @@ def seed(conn: Connection, rules: list[Rule], now: datetime, spread: float) -> d
             with conn.cursor() as cur:
                 cur.executemany(_INSERT[rule.table_name], rows)
             expected[rule.name] = sum(c for kind, c in _MIX if kind in ("overdue", "soon"))
+    return expected
+
+
+def seed_events(
+    conn: Connection, rules: list[Rule], now: datetime, spread: float, out: TextIO
+) -> dict[str, int]:
+    """Send each event rule's demo events through the ingest path (the one POST
+    /v1/events takes): late, falling due, delivered, one out of order, one lost."""
+    rng = random.Random(7)
+    expected: dict[str, int] = {}
+    for rule in rules:
+        events = rule.events
+        if events is None or events.start is None or events.within is None:
+            continue
+        start, stop = events.start[0], (events.stop or [""])[0]
+        due_at = now - events.within  # a start before this is late now
+        sent: list[Event] = []
+        for i in range(4):  # late already
+            at = due_at - timedelta(minutes=rng.randint(1, 600))
+            sent.append(Event(start, f"1Z{i:03d}", at, {"carrier": "DHL", "to": "Berlin"}))
+        for i in range(4, 8):  # falls due while the demo runs
+            at = due_at + timedelta(seconds=rng.uniform(1, spread))
+            sent.append(Event(start, f"1Z{i:03d}", at, {"carrier": "UPS", "to": "Lyon"}))
+        for i in range(8, 11):  # delivered in time
+            at = due_at + timedelta(hours=rng.randint(1, 24))
+            sent.append(Event(start, f"1Z{i:03d}", at, {"carrier": "GLS"}))
+            sent.append(Event(stop, f"1Z{i:03d}", at + timedelta(hours=20)))
+        # Out of order: the delivery is received before its shipment; it never pages.
+        sent.append(Event(stop, "1Z011", due_at + timedelta(hours=30)))
+        sent.append(Event(start, "1Z011", due_at + timedelta(hours=2), {"carrier": "DPD"}))
+        late = 8
+        if events.fail:  # the carrier reports a parcel lost: paged at once
+            sent.append(Event(start, "1Z012", now - timedelta(hours=5)))
+            sent.append(Event(events.fail[0], "1Z012", now - timedelta(hours=1)))
+            late += 1
+        with conn.transaction():
+            got = write(conn, sent, now)
+        out.write(
+            f"rule {rule.name}: {got.accepted} events sent (4 late, 4 falling due,"
+            f" 3 delivered, 1 delivered before its shipment arrived"
+            f"{', 1 lost' if events.fail else ''})\n"
+        )
+        expected[rule.name] = late
     return expected
 
 
@@ -147,6 +192,8 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
         with translate("seeding the demo shop"):
             expected = seed(conn, rules, datetime.now(UTC), spread)
         migrate(conn, rules)
+        with translate("sending the demo's events"):
+            expected |= seed_events(conn, rules, datetime.now(UTC), spread, out)
     out.write(
         f"slawatch demo: embedded PostgreSQL, database {EMBEDDED_DATABASE!r} in "
         f"{settings.data_dir}/pgdata\n"

@@ -23,7 +23,11 @@ DAY = timedelta(days=1)
 def shop(conn: Conn, track: str = "inline") -> dict[str, Rule]:
     """The demo shop's tables, migrated for the shipped example rules tracked ``track``."""
     conn.execute(SHOP)
-    rules = [r.model_copy(update={"track": track}) for r in load_rules(ROOT / "rules")]
+    # An event rule watches its own timer table, always inline.
+    rules = [
+        r.model_copy(update={"track": track}) if r.events is None else r
+        for r in load_rules(ROOT / "rules")
+    ]
     migrate(conn, rules)
     return {r.name: r for r in rules}
 

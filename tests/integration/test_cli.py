@@ -53,7 +53,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, t
 def test_check_shipped_files() -> None:
     result = slawatch("check")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("ok: 4 rules, 1 notifiers (files only")
+    assert result.stdout.startswith("ok: 5 rules, 1 notifiers (files only")
 
 
 def test_check_against_a_database_without_the_tables(dsn: str) -> None:
@@ -163,13 +163,13 @@ def test_migrate_then_run_once_prints_each_alert_once(conn: Conn, dsn: str) -> N
     conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")
     before = slawatch("check", dsn=dsn)
     assert before.returncode == 1, before  # valid, but run would refuse: say so
-    assert "not ready: 4 rules, 1 notifiers are valid, but 'slawatch run' needs" in before.stdout
+    assert "not ready: 5 rules, 1 notifiers are valid, but 'slawatch run' needs" in before.stdout
     assert "order_unshipped: 1 rows would be notified on the next scan" in before.stdout
     first = slawatch("migrate", dsn=dsn)
     assert first.returncode == 0, first.stderr
     assert "built index sw_order_unshipped_first" in first.stdout
     again = slawatch("migrate", dsn=dsn)
-    assert again.stdout.strip() == "ok: 4 rules migrated (nothing to change)"
+    assert again.stdout.strip() == "ok: 5 rules migrated (nothing to change)"
     conn.execute("INSERT INTO orders VALUES (2, 7, 990, 'paid', now() - interval '1 hour')")
     conn.execute("INSERT INTO jobs VALUES (9, 'sync', 'w1', 'running', now() - interval '1 hour')")
     ready = slawatch("check", dsn=dsn)
@@ -233,10 +233,17 @@ def test_demo_twice_in_a_row(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         assert time.monotonic() - started >= 5
         summary = result.stdout.split("\nsummary\n")[1]
-        alerts = sum(int(ln.split()[1]) for ln in summary.splitlines()[1:5])
+        rows = [ln for ln in summary.splitlines()[1:] if ln.split()[1].isdigit()]
+        alerts = sum(int(ln.split()[1]) for ln in rows)
         assert f"webhook received and verified: {alerts} alerts" in summary
         assert "signature verified" in result.stdout and "INVALID" not in result.stdout
-        for rule in ("order_unshipped", "refund_unprocessed", "receipt_unconfirmed", "job_hung"):
+        for rule in (
+            "order_unshipped",
+            "refund_unprocessed",
+            "receipt_unconfirmed",
+            "job_hung",
+            "parcel_undelivered",  # an event rule, fed events
+        ):
             assert any(
                 ln.split()[0] == rule and int(ln.split()[1]) >= 4 for ln in summary.splitlines()
             ), summary
@@ -311,6 +318,7 @@ def test_run_once_ends_with_a_summary_per_rule_and_notifier(conn: Conn, dsn: str
     assert lines[2:] == [
         "rule job_hung: 0 claimed, 0 closed",
         "rule order_unshipped: 2 claimed, 0 closed",
+        "rule parcel_undelivered: 0 claimed, 0 closed",
         "rule receipt_unconfirmed: 0 claimed, 0 closed",
         "rule refund_unprocessed: 0 claimed, 0 closed",
         "notifier console: 2 sent, 0 retried, 0 dead",
@@ -326,6 +334,7 @@ def test_run_once_ends_with_a_summary_per_rule_and_notifier(conn: Conn, dsn: str
         "rules": {
             "job_hung": {"claimed": 1, "closed": 0},
             "order_unshipped": {"claimed": 0, "closed": 1},
+            "parcel_undelivered": {"claimed": 0, "closed": 0},
             "receipt_unconfirmed": {"claimed": 0, "closed": 0},
             "refund_unprocessed": {"claimed": 0, "closed": 0},
         },

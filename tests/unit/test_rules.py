@@ -46,6 +46,7 @@ def test_shipped_examples_load_and_reference_shipped_notifiers() -> None:
         "refund_unprocessed",
         "receipt_unconfirmed",
         "job_hung",
+        "parcel_undelivered",
     }
 
 
