@@ -232,6 +232,7 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
             retention=settings.retention,
             load=lambda: load_config(settings),
             admin_url=settings.admin_url,
+            actions=settings.actions,
         )
 
     try:

@@ -25,6 +25,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from slawatch import __version__
+from slawatch.actions.run import Mode, runner
 from slawatch.clock import Clock
 from slawatch.config.durations import format_duration
 from slawatch.config.notifiers import NotifierConfig
@@ -172,6 +173,7 @@ class Runner:
         maintain_every: timedelta = MAINTAIN_EVERY,
         load: Loader | None = None,
         admin_url: str | None = None,
+        actions: Mode = "on",
     ) -> None:
         self.clock = clock or Clock()
         self.admin_url = admin_url  # for the link in storm summaries
@@ -194,6 +196,9 @@ class Runner:
         self._maintain_trouble = Outage("pruning history", log)
         self._orphan_trouble = Outage("settling orphaned deliveries", log)
         self.metrics = Metrics(self.db, self.clock, lambda: list(self.notifiers))
+        # Rules' actions run inside their claims (slawatch/actions/run.py).
+        self.actions = actions
+        self._act = runner(actions, self.metrics.acted)
         self.registry: CollectorRegistry = self.metrics.registry
         for name in self.notifiers:
             self.metrics.notifier_added(name)
@@ -343,6 +348,7 @@ class Runner:
         return result
 
     def _drain(self, plan: ClaimPlan, sweep: bool = False) -> DrainResult:
+        plan = plan.with_act(self._act)
         try:
             return drain(self.db, plan, self.clock, sweep=sweep)
         except PreparedStatementLost:
