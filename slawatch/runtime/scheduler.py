@@ -25,6 +25,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from slawatch import __version__
+from slawatch.actions.history import prune_actions
 from slawatch.actions.run import Mode, runner
 from slawatch.clock import Clock
 from slawatch.config.durations import format_duration
@@ -319,6 +320,9 @@ class Runner:
         try:
             result = prune(self.db, self.clock, self.retention)
             result += prune_events(self.db, list(self.rules.values()), self.clock, self.retention)
+            pruned_actions = prune_actions(self.db, self.clock.now() - self.retention)
+            if pruned_actions:
+                log.info("pruned %d action attempts older than the retention", pruned_actions)
         except DatabaseUnavailable:
             return None  # the database's outage line says it
         except SlawatchError as exc:

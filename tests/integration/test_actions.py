@@ -8,20 +8,26 @@ left as it was (re-notifications and the cap still happen).
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import yaml
 
+from slawatch.actions.history import prune_actions
 from slawatch.actions.run import Mode, runner
+from slawatch.cli import main
 from slawatch.config.rules import Rule
-from slawatch.db import DatabaseError
+from slawatch.db import Database, DatabaseError
 from slawatch.demo import SHOP
 from slawatch.engine.acting import Due
 from slawatch.engine.claim import ClaimPlan, prepare
 from slawatch.engine.migrate import migrate
+from tests.conftest import ROOT
 from tests.integration.helpers import Conn, claim_all, episodes
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -249,3 +255,53 @@ def test_a_rule_with_an_action_and_no_runner_refuses_to_claim(conn: Conn) -> Non
     with pytest.raises(ValueError, match="no runner"):
         claim_all(conn, plan, T0 + 15 * M + S)
     assert episodes(conn, "job_hung") == []
+
+
+def test_replay_runs_each_failed_action_once_more(
+    conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = setup(conn, job_rule(), jobs=2)
+    conn.execute("DROP TABLE restarts")  # the statement fails: no such table
+    assert claim_all(conn, plan, T0 + 15 * M + S) == 2
+    assert [r[3] for r in actions(conn)] == ["failed", "failed"]
+    assert 'relation "restarts" does not exist' in actions(conn)[0][5]
+    conn.execute("CREATE TABLE restarts (job_id bigint NOT NULL, kind text NOT NULL)")
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "job_hung.yaml").write_text(
+        yaml.safe_dump(
+            plan.rule.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"name"})
+        )
+    )
+    base = ["--dsn", dsn, "--rules", str(rules), "--notifiers", str(ROOT / "notifiers")]
+    assert main([*base, "replay", "--actions"]) == 0
+    assert "ok: 2 actions ran again, 0 failed again" in capsys.readouterr().out
+    assert restarts(conn) == [1, 2]
+    assert [(r[0], r[3], r[6]) for r in actions(conn)] == [
+        ("1", "failed", 1),
+        ("1", "ok", 2),
+        ("2", "failed", 1),
+        ("2", "ok", 2),
+    ]
+    # Once each: nothing failed is left to retry.
+    assert main([*base, "replay", "--actions"]) == 0
+    assert "ok: 0 actions ran again" in capsys.readouterr().out
+    assert restarts(conn) == [1, 2]
+    # The list, newest first, of one status.
+    assert main([*base, "actions", "--status", "ok", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["actions"]
+    assert [(a["key"], a["attempt"], a["status"]) for a in listed] == [
+        ("2", 2, "ok"),
+        ("1", 2, "ok"),
+    ]
+    assert main([*base, "actions"]) == 0
+    assert "does not exist" in capsys.readouterr().out
+
+
+def test_retention_prunes_old_attempts(conn: Conn, dsn: str) -> None:
+    plan = setup(conn, job_rule(), jobs=3)
+    assert claim_all(conn, plan, T0 + 15 * M + S) == 3
+    conn.execute("UPDATE slawatch.action SET at = %s WHERE key = '3'", (T0 + 20 * M,))
+    with Database(dsn, size=1) as db:
+        assert prune_actions(db, T0 + 16 * M, batch=1) == 2
+    assert [r[0] for r in actions(conn)] == ["3"]
