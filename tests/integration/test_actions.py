@@ -305,3 +305,24 @@ def test_retention_prunes_old_attempts(conn: Conn, dsn: str) -> None:
     with Database(dsn, size=1) as db:
         assert prune_actions(db, T0 + 16 * M, batch=1) == 2
     assert [r[0] for r in actions(conn)] == ["3"]
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_run_once_acts_as_slawatch_actions_says(
+    conn: Conn, dsn: str, tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner attaches the action to its plans, in the mode of SLAWATCH_ACTIONS."""
+    rule = job_rule()
+    setup(conn, rule)
+    conn.execute("UPDATE jobs SET heartbeat_at = now() - interval '1 hour'")
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "job_hung.yaml").write_text(
+        yaml.safe_dump(rule.model_dump(mode="json", by_alias=True, exclude_unset=True))
+    )
+    monkeypatch.setenv("SLAWATCH_ACTIONS", mode)
+    monkeypatch.setenv("SLAWATCH_HTTP", "")
+    args = ["--dsn", dsn, "--rules", str(rules), "--notifiers", str(ROOT / "notifiers")]
+    assert main([*args, "run", "--once"]) == 0
+    assert restarts(conn) == ([1] if mode == "on" else [])
+    assert [r[3] for r in actions(conn)] == ["ok" if mode == "on" else "would_run"]
