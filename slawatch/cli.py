@@ -122,6 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="with --notifier: send its dead and orphaned deliveries to notifier NAME instead",
     )
+    p.add_argument(
+        "--actions",
+        action="store_true",
+        help="instead: run each failed action once more (recorded as its next attempt)",
+    )
+    p = command("actions", "the latest attempts of rules' actions, newest first")
+    p.add_argument("--rule", type=_checked(check_rule_name), help="only actions of this rule")
+    p.add_argument(
+        "--status", choices=["ok", "failed", "skipped", "would_run"], help="only this status"
+    )
+    _json_option(p)
     p = command("status", "per rule: overdue now, notified, deliveries pending/dead, last scan")
     _json_option(p)
     p = command("alerts", "the latest alerts and their deliveries, newest first")
@@ -255,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run" and args.json and not (args.once or args.dry_run):
         parser.error("--json goes with --once or --dry-run")
+    if args.command == "replay" and args.actions and (args.notifier or args.to):
+        parser.error("--actions replays actions: it does not go with --notifier or --to")
     if args.command == "run" and args.once and args.dry_run:
         parser.error("--dry-run sends nothing: it does not go with --once")
     try:

@@ -65,6 +65,10 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
         if args.dry_run:
             return cmd_dry_run(settings, args.json)
         return cmd_run(settings, args.once, args.json)
+    if args.command == "replay" and args.actions:
+        return cmd_replay_actions(settings, args.rule)
+    if args.command == "actions":
+        return cmd_actions(settings, args.rule, args.status, args.json)
     if args.command == "replay":
         return cmd_replay(settings, args.rule, args.notifier, args.to)
     if args.command == "status":
@@ -232,6 +236,7 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
             retention=settings.retention,
             load=lambda: load_config(settings),
             admin_url=settings.admin_url,
+            actions=settings.actions,
         )
 
     try:
@@ -352,6 +357,61 @@ def cmd_replay(
             " (replay --notifier OLD --to NEW sends them to another)"
         )
     return 0
+
+
+# ---------------------------------------------------------------- actions (DESIGN.md §8)
+
+
+def cmd_actions(settings: Settings, rule: str | None, status: str | None, as_json: bool) -> int:
+    """The latest attempts of rules' actions, newest first."""
+    from slawatch.actions.history import list_actions
+
+    with _lifecycle_db(settings) as db:
+        rows = db.run("listing actions", lambda c: list_actions(c, rule, status))
+    if as_json:
+        print(json.dumps({"actions": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no actions recorded" + (f" for rule {rule}" if rule else ""))
+        return 0
+    table = [
+        [
+            r["at"] or "-",
+            r["rule"],
+            r["key"],
+            f"e{r['episode']}:n{r['n']}",
+            str(r["attempt"]),
+            r["status"],
+            "-" if r["rows"] is None else str(r["rows"]),
+            r["error"] or "",
+        ]
+        for r in rows
+    ]
+    header = ["AT", "RULE", "KEY", "ALERT", "TRY", "STATUS", "ROWS", "ERROR"]
+    print(_table(header, table, right={4, 6}))
+    return 0
+
+
+def cmd_replay_actions(settings: Settings, rule: str | None) -> int:
+    """Each failed action once more (``SLAWATCH_ACTIONS=off``/``dry-run``: only counted)."""
+    from slawatch.actions.history import replay_actions
+
+    rules, _ = load_config(settings)
+    named = {r.name: r for r in rules}
+    if rule is not None and rule not in named:
+        raise ConfigError(f"--rule: no rule named {rule!r} in {settings.rules_dir}")
+    if rule is not None and named[rule].action is None:
+        raise ConfigError(f"--rule: rule {rule!r} has no action")
+    with _lifecycle_db(settings) as db:
+        done = replay_actions(db, rules, Clock().now(), settings.actions, rule)
+    if settings.actions != "on":
+        print(
+            f"SLAWATCH_ACTIONS={settings.actions}: {_many(done.would_run, 'failed action')}"
+            " would run again; nothing done"
+        )
+        return 0
+    print(f"ok: {done.ok} actions ran again, {done.failed} failed again")
+    return 0 if done.failed == 0 else 1
 
 
 # ---------------------------------------------------------------- what an operator reads

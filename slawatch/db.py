@@ -233,6 +233,30 @@ def one_statement(conn: Connection) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext() if conn.autocommit else conn.transaction()
 
 
+def attempt(
+    conn: Connection, statement: Any, params: dict[str, Any], max_rows: int
+) -> tuple[int | None, str | None]:
+    """Run ``statement`` under a savepoint of the transaction ``conn`` is in:
+    (rows touched, None), or (None/rows, the reason) after rolling back to the
+    savepoint alone, when the database refused it or it touched more than ``max_rows``
+    rows. A connection that is gone raises :class:`DatabaseUnavailable`: then the
+    whole transaction is lost, not one statement.
+    """
+    rows: int | None = None
+    try:
+        with conn.transaction():  # nested: SAVEPOINT ... RELEASE, or ROLLBACK TO
+            rows = conn.execute(statement, params).rowcount
+            if rows > max_rows:
+                raise psycopg.Rollback()  # to the savepoint; the transaction goes on
+    except psycopg.Error as exc:
+        if unreachable(exc) or conn.broken or conn.closed:
+            raise _translated("an action", exc) from exc
+        return None, describe(exc)
+    if rows is not None and rows > max_rows:
+        return rows, f"touched {rows} rows, more than max_rows {max_rows}: rolled back"
+    return rows, None
+
+
 # A row moved to another partition, or a deadlock with the application: the batch
 # did nothing and may simply run again.
 _RETRY_STATES = {"40001", "40P01"}

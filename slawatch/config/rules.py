@@ -240,6 +240,56 @@ class Events(FileModel):
         return None if fire is None else fire + self.grace
 
 
+class Action(FileModel):
+    """``action:`` of a rule (DESIGN.md §8): one statement run in the claim's
+    transaction when notification number ``on`` of an episode is claimed.
+
+    ``sql`` is checked by PostgreSQL's parser here (:func:`action_problem`); its
+    ``:name`` placeholders are checked against the rule's columns by the rule.
+    """
+
+    sql: str
+    # The notification number that triggers it, or "cap": the episode's last one.
+    on: int | Literal["cap"] = Field(default=1)
+    # A statement touching more rows is rolled back and recorded failed.
+    max_rows: int = Field(default=1, ge=0, le=1_000_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: Any) -> Any:
+        """YAML 1.1 reads a bare ``on:`` key as the boolean true: it is ``on``."""
+        if isinstance(data, dict) and True in data:
+            data = {("on" if k is True else k): v for k, v in data.items()}
+        return data
+
+    @field_validator("on", mode="before")
+    @classmethod
+    def _on(cls, v: object) -> object:
+        if v == "cap" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(f"{shorten(v)} is not a notification number (1, 2, ...) or 'cap'")
+
+    @field_validator("sql")
+    @classmethod
+    def _sql(cls, v: str) -> str:
+        v = v.strip()
+        problem = action_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @property
+    def placeholders(self) -> list[str]:
+        """The ``:name`` placeholders, in order of first use."""
+        return action_statement(self.sql)[1]
+
+    @property
+    def statement(self) -> str:
+        """The statement with each ``:name`` as a psycopg parameter ``%(name)s`` (a
+        literal ``%`` doubled): values are always bound, never text."""
+        return action_statement(self.sql)[0]
+
+
 # Fields of a table rule that an event rule has no use for: its table is slawatch's.
 _TABLE_ONLY = (
     "table",
@@ -295,6 +345,8 @@ class Rule(FileModel):
     resolve: bool = False
     # The zone that values of a `timestamp` (without time zone) deadline are in.
     timezone: str = "UTC"
+    # What to do when a notification is claimed (DESIGN.md §8): a statement in the claim.
+    action: Action | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -319,6 +371,57 @@ class Rule(FileModel):
             "open_when": "open",
             "columns": [*TIMER_ROW, *(["too_fast"] if fast else [])],
         }
+
+    @model_validator(mode="after")
+    def _action_fits(self) -> Rule:
+        if self.action is None:
+            return self
+        on, cap = self.action.on, self.renotify.max if self.renotify else None
+        if on == "cap" and cap is None:
+            raise ValueError(
+                "action.on: 'cap' needs renotify.max (the notification that is the episode's last)"
+            )
+        if isinstance(on, int) and on > (self.max_notifications or on):
+            raise ValueError(
+                f"action.on: {on} is past the cap: an episode has at most"
+                f" {self.max_notifications} notification(s)"
+            )
+        # The key is known here unless it is the table's primary key (then
+        # claim.prepare_ready checks once the catalog has named it).
+        if self.key is not None:
+            problem = self.placeholder_problem(self.key)
+            if problem:
+                raise ValueError(problem)
+        return self
+
+    def placeholder_problem(self, key: list[str]) -> str | None:
+        """Why the action's placeholders are not all values an alert of this rule has
+        (its key and alert columns), or None."""
+        if self.action is None:
+            return None
+        allowed = self.action_columns(key)
+        unknown = [p for p in self.action.placeholders if p not in allowed]
+        if unknown:
+            return (
+                f"action.sql: unknown placeholder {', '.join(':' + u for u in unknown)}"
+                f" (a rule's action may use {', '.join(':' + a for a in allowed)}:"
+                " its key and columns)"
+            )
+        return None
+
+    def action_columns(self, key: list[str]) -> list[str]:
+        """The placeholders an action may use: the alert's columns, and a one-column key
+        (the alert's key is that column's text); a column of a composite key needs to
+        be in ``columns``."""
+        cols = self.alert_columns(key)
+        return [*([key[0]] if len(key) == 1 and key[0] not in cols else []), *cols]
+
+    @property
+    def action_on(self) -> int | None:
+        """The notification number that triggers the action (``cap``: the cap)."""
+        if self.action is None:
+            return None
+        return self.max_notifications if self.action.on == "cap" else self.action.on
 
     @model_validator(mode="after")
     def _sweep_is_for_table(self) -> Rule:
@@ -535,6 +638,94 @@ def predicate_problem(text: str) -> str | None:
         if isinstance(node, ast.ParamRef):
             return "must not contain parameters ($1); write the value"
     return None
+
+
+# What an action statement may be: DML, or a SELECT that calls a function.
+_DML = ("InsertStmt", "UpdateStmt", "DeleteStmt")
+
+
+def action_problem(text: str) -> str | None:
+    """Why ``text`` is not one INSERT, UPDATE, DELETE or ``SELECT fn(...)``, or None.
+
+    PostgreSQL's parser (pglast) decides; ``:name`` placeholders are read from its
+    tokens (so neither a ``::cast`` nor a ``:x`` inside a string literal is one).
+    """
+    import pglast
+    from pglast import ast
+
+    if not text:
+        return "must be an SQL statement, e.g. update jobs set status = 'queued' where id = :id"
+    if "\x00" in text:
+        return "must not contain a NUL character"
+    try:
+        statement, names = action_statement(text)
+    except ValueError as exc:
+        return str(exc)
+    try:
+        # The statement as psycopg will send it, each placeholder a parameter ($n).
+        numbered = statement.replace("%%", "\x00")
+        for i, name in enumerate(dict.fromkeys(names), 1):
+            numbered = numbered.replace(f"%({name})s", f"${i}")
+        statements = pglast.parse_sql(numbered.replace("\x00", "%"))
+    except pglast.parser.ParseError as exc:
+        return f"not an SQL statement: {exc.args[0]}"
+    if len(statements) != 1:
+        return "must be exactly one statement (no ';' between two)"
+    stmt = statements[0].stmt
+    kind = type(stmt).__name__
+    if kind in _DML:
+        if getattr(stmt, "withClause", None):
+            # A data-modifying WITH would write rows that max_rows does not count.
+            return "must not have a WITH clause: one INSERT, UPDATE or DELETE"
+        return None
+    if isinstance(stmt, ast.SelectStmt):
+        plain = (
+            stmt.op == pglast.enums.SetOperation.SETOP_NONE
+            and not stmt.fromClause
+            and not stmt.intoClause
+            and not stmt.withClause
+            and len(stmt.targetList or ()) == 1
+        )
+        target = stmt.targetList[0].val if stmt.targetList else None
+        if plain and isinstance(target, ast.FuncCall):
+            return None
+        return "a SELECT must be one function call, e.g. select requeue(:id)"
+    what = {
+        "TransactionStmt": "a transaction statement",
+        "CopyStmt": "COPY",
+    }.get(kind, f"{kind.removesuffix('Stmt').upper()} (DDL or a utility statement)")
+    return f"{what} is not allowed: one INSERT, UPDATE, DELETE or SELECT fn(...)"
+
+
+def action_statement(text: str) -> tuple[str, list[str]]:
+    """``text`` with each ``:name`` placeholder as ``%(name)s`` (and each ``%`` doubled),
+    and the names in order of first use. ValueError if the text does not scan."""
+    import pglast
+    from pglast import parser
+
+    try:
+        tokens = parser.scan(text)
+    except pglast.parser.ParseError as exc:
+        raise ValueError(f"not an SQL statement: {exc.args[0]}") from None
+    if any(t.name == "PARAM" for t in tokens):
+        raise ValueError("write :name placeholders (the rule's columns), not $1")
+    out, names, at = [], [], 0
+    for i, token in enumerate(tokens):
+        # ':' then an identifier right after it, and not the second ':' of '::'.
+        # ':' with a word right after it ('::' is one TYPECAST token; a ':' inside a
+        # string literal is part of the literal's token).
+        if token.name != "ASCII_58" or i + 1 >= len(tokens):
+            continue
+        name = tokens[i + 1]
+        ident = text[name.start : name.end + 1]
+        if name.start != token.end + 1 or not IDENT.fullmatch(ident):
+            continue
+        out.append(text[at : token.start].replace("%", "%%"))
+        out.append(f"%({ident})s")
+        names.append(ident)
+        at = name.end + 1
+    out.append(text[at:].replace("%", "%%"))
+    return "".join(out), list(dict.fromkeys(names))
 
 
 def condition_columns(text: str) -> set[str]:

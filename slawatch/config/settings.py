@@ -141,6 +141,9 @@ class Settings(BaseSettings):
     # The admin API's address as people reach it (a DNS name, a proxy), for the link in
     # storm summaries; unset: http://<SLAWATCH_HTTP> unless that binds every interface.
     public_url: Annotated[str | None, BeforeValidator(_public_url)] = None
+    # Rules' actions (DESIGN.md §8): "on" runs them; "off" and "dry-run" record and log
+    # each as "would run" instead.
+    actions: Literal["on", "off", "dry-run"] = "on"
 
     @property
     def admin_url(self) -> str | None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -42,6 +42,7 @@ from psycopg import sql
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
+from slawatch.engine.acting import Act, due_column, parse_due
 from slawatch.engine.catalog import inspect_table, key_columns, table_ident
 from slawatch.engine.migrate import (
     event_function_pending,
@@ -113,7 +114,7 @@ WITH first AS (
 SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
        (SELECT count(*) FROM closed), {severities},
        -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
-       (SELECT pg_notify('slawatch_delivery', '') WHERE {wake})"""
+       (SELECT pg_notify('slawatch_delivery', '') WHERE {wake}){due}"""
 
 # rule `resolve: true`: the notified episodes this claim ends, for their resolved
 # notices (outbox.resolved). `ended` and `first` carry the values from before the
@@ -140,6 +141,15 @@ class ClaimPlan:
     statement: sql.Composed  # inline: the claim; track: table: see ``table``
     deadline_has_tz: bool
     table: TablePlan | None = None  # track: table
+    # The rule's action (engine/acting.py): runs the due actions before the claim commits.
+    act: Act | None = None
+
+    def with_act(self, act: Act) -> ClaimPlan:
+        """This plan with ``act`` running its rule's action (no change without one)."""
+        if self.rule.action is None:
+            return self
+        table = None if self.table is None else replace(self.table, act=act)
+        return replace(self, act=act, table=table)
 
     def to_deadline(self, t: datetime) -> datetime:
         """An aware time as a value of the deadline column's type.
@@ -166,6 +176,8 @@ class ClaimPlan:
             "severity": rule.severity,
             "notify": list(rule.notify),
         }
+        if rule.action is not None:
+            params["action_on"] = rule.action_on
         renotify = rule.renotify
         if renotify is not None and renotify.every is not None:
             params["every"] = renotify.every
@@ -318,8 +330,9 @@ def plan_claim(
         key=key_text,
         interval=interval,
         row=row,
-        outbox=outbox(severity, notify),
+        outbox=outbox(severity, notify, acting=rule.action is not None),
         severities=sql.SQL(SEVERITIES),
+        due=due_column(rule, key),
         partition_match=match("toid", "tid", "targets"),
         ended_match=match("tableoid", "ctid", "ended"),
     )
@@ -335,6 +348,7 @@ def plan_claim(
             notify=notify,
             resolved_severity=resolved_severity,
             paged=paged,
+            due=due_column(rule, key),
         )
         return ClaimPlan(rule, statement, has_tz, table)
     return ClaimPlan(rule, statement, has_tz)
@@ -392,11 +406,16 @@ def prepare_ready(
                 f"last migrate ({'; '.join(todo)}); run 'slawatch migrate'"
             )
             continue
+        key = key_columns(rule, info)
+        problem = rule.placeholder_problem(key)
+        if problem:  # a rule keyed by the table's primary key: known only now
+            problems[rule.name] = f"{rule.source}: {problem}"
+            continue
         plans[rule.name] = plan_claim(
             rule,
             info.columns[rule.deadline],
             partitioned=info.relkind == "p",
-            key=key_columns(rule, info),
+            key=key,
         )
     return plans, problems
 
@@ -430,11 +449,25 @@ def claim_counted(conn: Connection, plan: ClaimPlan, now: datetime) -> Tally:
     """:func:`claim_batch`, with the episodes it closed and its alerts per severity."""
     if plan.table is not None:
         raise ValueError(f"rule {plan.rule.name} is track: table: use batches() or drain()")
+    if plan.rule.action is not None:
+        return _claim_acting(conn, plan, now)
     # One statement, one round trip: it commits on its own (the NOTIFY inside with it).
     with translate(f"claim for rule {plan.rule.name}"), one_statement(conn):
         row = conn.execute(plan.statement, plan.params(now)).fetchone()
     if row is None:
         return Tally()
+    return Tally(int(row[0]), int(row[2]), severities(row[3]))
+
+
+def _claim_acting(conn: Connection, plan: ClaimPlan, now: datetime) -> Tally:
+    """:func:`claim_counted` of a rule with an action: the claim and its actions in
+    one transaction (engine/acting.py)."""
+    if plan.act is None:
+        raise ValueError(f"rule {plan.rule.name} has an action and its plan no runner")
+    with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
+        row = conn.execute(plan.statement, plan.params(now)).fetchone()
+        assert row is not None
+        plan.act(conn, plan.rule, parse_due(row[-1]), now)
     return Tally(int(row[0]), int(row[2]), severities(row[3]))
 
 

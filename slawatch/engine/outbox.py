@@ -35,7 +35,7 @@ _OUTBOX = """\
     -- At most once, and a notification that exists already (tracking state restored
     -- from a backup, an upgrade cut short) is not an error that would stop the rule.
     ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
-    RETURNING id, n, severity
+    RETURNING id, n, severity{returning}
 ), deliveries AS (
     INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
     SELECT a.id, x.notifier, %(now)s::timestamptz
@@ -101,9 +101,11 @@ def resolved(
     return sql.SQL(_RESOLVED).format(ended_episodes=ended_episodes, severity=severity, paged=paged)
 
 
-def outbox(severity: sql.Composable, notify: sql.Composable) -> sql.Composed:
-    """The ``alerts`` and ``deliveries`` CTEs for a rule's severity and notifiers."""
-    return sql.SQL(_OUTBOX).format(severity=severity, notify=notify)
+def outbox(severity: sql.Composable, notify: sql.Composable, acting: bool = False) -> sql.Composed:
+    """The ``alerts`` and ``deliveries`` CTEs for a rule's severity and notifiers;
+    ``acting``: ``alerts`` also returns key and episode (engine/acting.py reads them)."""
+    returning = sql.SQL(", key, episode" if acting else "")
+    return sql.SQL(_OUTBOX).format(severity=severity, notify=notify, returning=returning)
 
 
 def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, Any]:

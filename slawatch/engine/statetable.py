@@ -42,6 +42,7 @@ from psycopg import sql
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, one_statement, retry_conflicts, translate
+from slawatch.engine.acting import Act, parse_due
 from slawatch.engine.outbox import SEVERITIES, Tally, outbox, resolved, severities
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
        (SELECT count(*) FROM again),
        -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
        (SELECT pg_notify('slawatch_delivery', '') WHERE {wake}),
-       (SELECT count(*) FROM closed), {severities}"""
+       (SELECT count(*) FROM closed), {severities}{due}"""
 
 # rule `resolve: true`: the notified episodes this claim ends (outbox.resolved):
 # closed at their re-notification time, or replaced by a new episode because the
@@ -209,6 +210,7 @@ class TablePlan:
     rule: Rule
     claim: sql.Composed
     close: sql.Composed
+    act: Act | None = None  # the rule's action (engine/acting.py), run before the commit
 
 
 def compose(
@@ -223,6 +225,7 @@ def compose(
     notify: sql.Composable,
     resolved_severity: sql.Composable,
     paged: sql.Composable,
+    due: sql.Composable | None = None,
 ) -> TablePlan:
     """Compose the claim and the sweep's close for ``rule`` keyed by ``key``.
 
@@ -322,8 +325,9 @@ def compose(
         first_next=first_next,
         again_interval=interval(sql.SQL("(s.sw_n + 1)")),
         seen_tz=as_tz(sql.Identifier("c", "seen")),
-        outbox=outbox(severity, notify),
+        outbox=outbox(severity, notify, acting=rule.action is not None),
         severities=sql.SQL(SEVERITIES),
+        due=due or sql.SQL(""),
     )
     close = sql.SQL(_CLOSE).format(
         state=state_table(rule),
@@ -360,11 +364,30 @@ def claim_table_batch(
     conn: Connection, plan: TablePlan, params: dict[str, Any], since: Any
 ) -> TableBatch:
     """One batch: fresh rows with a deadline from ``since`` on, and due re-notifications."""
+    if plan.rule.action is not None:
+        return _claim_acting(conn, plan, params, since)
     # One statement, one round trip: it commits on its own (the NOTIFY inside with it).
     with translate(f"claim for rule {plan.rule.name}"), one_statement(conn):
         row = conn.execute(plan.claim, params | {"since": since}).fetchone()
         assert row is not None
         alerts, _deliveries, fresh, last, again, _woken, closed, by_severity = row
+    return TableBatch(
+        int(alerts), int(fresh), last, int(again), int(closed), severities(by_severity)
+    )
+
+
+def _claim_acting(
+    conn: Connection, plan: TablePlan, params: dict[str, Any], since: Any
+) -> TableBatch:
+    """:func:`claim_table_batch` of a rule with an action: the claim and its actions
+    in one transaction (engine/acting.py)."""
+    if plan.act is None:
+        raise ValueError(f"rule {plan.rule.name} has an action and its plan no runner")
+    with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
+        row = conn.execute(plan.claim, params | {"since": since}).fetchone()
+        assert row is not None
+        alerts, _deliveries, fresh, last, again, _woken, closed, by_severity, due = row
+        plan.act(conn, plan.rule, parse_due(due), params["now"])
     return TableBatch(
         int(alerts), int(fresh), last, int(again), int(closed), severities(by_severity)
     )

@@ -88,12 +88,23 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(OutboxCollector(db, clock, notifiers))
+        self.actions = Counter(
+            "slawatch_actions",
+            "Attempts of rules' actions, per rule and status (ok, failed, skipped: its "
+            "episode was acknowledged or silenced, would_run: SLAWATCH_ACTIONS off/dry-run)",
+            ["rule", "status"],
+            registry=self.registry,
+        )
 
     def notifier_added(self, name: str) -> None:
         """Show every outcome of ``name`` as 0 before its first delivery (rate() needs it)."""
         for outcome in OUTCOMES:
             self.deliveries.labels(name, outcome)
         self.summaries.labels(name)
+
+    def acted(self, rule: str, status: str) -> None:
+        """An attempt of ``rule``'s action was recorded with ``status``."""
+        self.actions.labels(rule, status).inc()
 
     def scanned(self, rule: str, seconds: float, severities: Mapping[str, int]) -> None:
         """A scan of ``rule`` took ``seconds`` and wrote these alerts per severity."""

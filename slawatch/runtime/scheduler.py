@@ -25,6 +25,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from slawatch import __version__
+from slawatch.actions.history import prune_actions
+from slawatch.actions.run import Mode, runner
 from slawatch.clock import Clock
 from slawatch.config.durations import format_duration
 from slawatch.config.notifiers import NotifierConfig
@@ -172,6 +174,7 @@ class Runner:
         maintain_every: timedelta = MAINTAIN_EVERY,
         load: Loader | None = None,
         admin_url: str | None = None,
+        actions: Mode = "on",
     ) -> None:
         self.clock = clock or Clock()
         self.admin_url = admin_url  # for the link in storm summaries
@@ -194,6 +197,9 @@ class Runner:
         self._maintain_trouble = Outage("pruning history", log)
         self._orphan_trouble = Outage("settling orphaned deliveries", log)
         self.metrics = Metrics(self.db, self.clock, lambda: list(self.notifiers))
+        # Rules' actions run inside their claims (slawatch/actions/run.py).
+        self.actions = actions
+        self._act = runner(actions, self.metrics.acted)
         self.registry: CollectorRegistry = self.metrics.registry
         for name in self.notifiers:
             self.metrics.notifier_added(name)
@@ -314,6 +320,9 @@ class Runner:
         try:
             result = prune(self.db, self.clock, self.retention)
             result += prune_events(self.db, list(self.rules.values()), self.clock, self.retention)
+            pruned_actions = prune_actions(self.db, self.clock.now() - self.retention)
+            if pruned_actions:
+                log.info("pruned %d action attempts older than the retention", pruned_actions)
         except DatabaseUnavailable:
             return None  # the database's outage line says it
         except SlawatchError as exc:
@@ -343,6 +352,7 @@ class Runner:
         return result
 
     def _drain(self, plan: ClaimPlan, sweep: bool = False) -> DrainResult:
+        plan = plan.with_act(self._act)
         try:
             return drain(self.db, plan, self.clock, sweep=sweep)
         except PreparedStatementLost:

@@ -82,6 +82,7 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
         "schema_version",  # issue 14: the record of applied migrations
         "session",
         "event_seen",  # issue 15: event ids seen (dedupe)
+        "action",  # issue 16: every attempt of a rule's action
     }
 
 

@@ -1,0 +1,89 @@
+"""The claim's half of a rule's action (DESIGN.md §8): which of the alerts a claim
+wrote owe their action, with the values its placeholders are bound to.
+
+A rule with an action claims in a transaction instead of one autocommit
+statement: the claim statement also returns, as one JSON column, the alerts it
+actually inserted (``alert_once`` keeps a concurrent claimer's out) whose number
+is the action's ``on``; the plan's ``act`` (slawatch/actions/run.py) runs and
+records them on the same connection before the commit. So an alert exists
+exactly when its action was attempted, and a crash before the commit leaves
+neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import sql
+
+from slawatch.config.rules import Rule
+from slawatch.db import Connection
+
+# The column a claim statement with an action ends with (after the counts).
+_DUE = """,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'key', c.key, 'episode', c.episode, 'n', c.n, 'params', {params},
+                'skip', CASE WHEN EXISTS (
+                                  SELECT 1 FROM slawatch.ack k
+                                   WHERE k.rule = %(rule)s AND k.key = c.key
+                                     AND k.episode = c.episode) THEN 'acknowledged'
+                             WHEN EXISTS (
+                                  SELECT 1 FROM slawatch.silence s
+                                   WHERE s.rule = %(rule)s AND s.ends_at > %(now)s::timestamptz
+                                     AND s.starts_at <= %(now)s::timestamptz
+                                     AND (s.key IS NULL OR s.key = c.key)
+                                     AND c.row_data @> s.matchers) THEN 'silenced' END)
+                ORDER BY c.key), '[]'::jsonb)
+          FROM alerts a JOIN claimed c ON c.key = a.key AND c.episode = a.episode AND c.n = a.n
+         WHERE a.n = %(action_on)s::integer)"""
+
+
+@dataclass(frozen=True)
+class Due:
+    """An action a claim owes: the alert it is for, and its placeholders' values (as
+    text: PostgreSQL reads each as the type its place in the statement needs).
+    ``skip``: "acknowledged" or "silenced" when the episode is not to be acted on."""
+
+    key: str
+    episode: int
+    n: int
+    params: dict[str, str | None]
+    skip: str | None = None
+
+
+# Runs and records a claim's due actions on its connection, inside its transaction.
+Act = Callable[[Connection, Rule, list[Due], datetime], None]
+
+
+def due_column(rule: Rule, key: list[str]) -> sql.Composable:
+    """The final column of ``rule``'s claim statement (empty for a rule without an
+    action): the alerts of the claim that owe the action, as a JSON array.
+
+    It reads the CTEs ``alerts`` (with key and episode returned) and ``claimed`` (key,
+    episode, n, row_data), which both claim statements have.
+    """
+    if rule.action is None:
+        return sql.SQL("")
+    columns = rule.alert_columns(key)
+    pairs = [
+        sql.SQL("{}, {}").format(
+            sql.Literal(name),
+            sql.SQL("c.row_data ->> {}").format(sql.Literal(name))
+            if name in columns
+            else sql.SQL("c.key"),  # a one-column key (Rule.action_columns)
+        )
+        for name in rule.action.placeholders
+    ]
+    params = sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(pairs))
+    return sql.SQL(_DUE).format(params=params)
+
+
+def parse_due(value: Any) -> list[Due]:
+    """The due column as read back (psycopg reads jsonb into lists and dicts)."""
+    return [
+        Due(str(d["key"]), int(d["episode"]), int(d["n"]), dict(d["params"]), d.get("skip"))
+        for d in value or ()
+    ]

@@ -1,0 +1,40 @@
+-- Fixed queries of slawatch/actions, one block each under a "-- name --" header.
+
+-- record_actions --
+-- Every attempt of one claim's actions, in the claim's transaction. action_once makes
+-- a second record of the same attempt an error: the claim rolls back, not the rule.
+INSERT INTO slawatch.action (rule, key, episode, n, kind, status, rows, error, at, attempt,
+                             params)
+SELECT %(rule)s, r.key, r.episode, r.n, 'sql', r.status, r.rows, r.error, %(at)s,
+       r.attempt, r.params
+  FROM jsonb_to_recordset(%(records)s::jsonb)
+       AS r(key text, episode integer, n integer, status text, rows bigint, error text,
+            attempt integer, params jsonb)
+
+-- list_actions --
+-- The latest attempts, newest first, optionally of one rule and/or one status
+-- (action_at, read backwards).
+SELECT id, rule, key, episode, n, kind, status, rows, error, at, attempt, params
+  FROM slawatch.action
+ WHERE (%(rule)s::text IS NULL OR rule = %(rule)s)
+   AND (%(status)s::text IS NULL OR status = %(status)s)
+ ORDER BY at DESC, id DESC
+ LIMIT %(limit)s
+
+-- failed_actions --
+-- Failed attempts not retried since (no later attempt of the episode), locked so that
+-- two replays take disjoint ones (action_failed, then action_once).
+SELECT a.id, a.rule, a.key, a.episode, a.n, a.attempt, a.params
+  FROM slawatch.action a
+ WHERE a.status = 'failed' AND a.rule = ANY (%(rules)s)
+   AND NOT EXISTS (SELECT 1 FROM slawatch.action b
+                    WHERE b.rule = a.rule AND b.key = a.key AND b.episode = a.episode
+                      AND b.attempt > a.attempt)
+ ORDER BY a.id
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+
+-- prune_actions --
+-- Attempts older than the retention window, a batch per statement (action_at).
+DELETE FROM slawatch.action WHERE id = ANY (ARRAY(
+    SELECT id FROM slawatch.action WHERE at < %(cutoff)s ORDER BY at LIMIT %(batch)s))
