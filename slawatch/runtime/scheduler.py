@@ -193,7 +193,9 @@ class Runner:
         self.descriptions = {r.name: r.description for r in rules}
         self._maintain_trouble = Outage("pruning history", log)
         self._orphan_trouble = Outage("settling orphaned deliveries", log)
-        self.metrics = Metrics(self.db, self.clock, lambda: list(self.notifiers))
+        self.metrics = Metrics(
+            self.db, self.clock, lambda: list(self.notifiers), lambda: self.rules.values()
+        )
         self.registry: CollectorRegistry = self.metrics.registry
         for name in self.notifiers:
             self.metrics.notifier_added(name)
