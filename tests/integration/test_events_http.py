@@ -5,7 +5,7 @@ every kind, the ingest token, and the events counted in the metrics."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -333,4 +333,3 @@ def test_no_event_body_gets_a_server_error(
     call()
     assert set(statuses) <= {202, 400, 405, 413, 415, 422}, statuses
     assert statuses.get(400, 0) > 20, statuses
-
