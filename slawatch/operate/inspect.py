@@ -76,6 +76,12 @@ class RuleStatus(BaseModel):
     name: str
     description: str
     table: str
+    events: str | None = Field(
+        default=None,
+        description="an event rule: the events it watches, e.g. 'parcel_shipped → "
+        "parcel_delivered within 3d' (its table is slawatch's timer table); null for a "
+        "table rule",
+    )
     track: Literal["inline", "table"]
     severity: str
     notify: list[str]
@@ -426,6 +432,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
                 name=rule.name,
                 description=rule.description,
                 table=rule.table,
+                events=events_text(rule),
                 track=rule.track,
                 severity=rule.severity,
                 notify=list(rule.notify),

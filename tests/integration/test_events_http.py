@@ -333,3 +333,22 @@ def test_no_event_body_gets_a_server_error(
     call()
     assert set(statuses) <= {202, 400, 405, 413, 415, 422}, statuses
     assert statuses.get(400, 0) > 20, statuses
+
+
+def test_the_rules_and_the_page_show_what_an_event_rule_watches(
+    rules: list[Rule], serve: Any
+) -> None:
+    api = serve(rules, clock=Clock()).api
+    assert api.post("/v1/events", json=shipped("p1")).status_code == 202
+    report = {r["name"]: r for r in api.get("/v1/rules").json()["rules"]}
+    parcel = report["parcel_undelivered"]
+    assert parcel["events"] == "parcel_shipped → parcel_delivered, parcel_returned within 3d"
+    assert (parcel["table"], parcel["problem"]) == ("slawatch.parcel_undelivered_timers", None)
+    assert (parcel["overdue"], parcel["notified"]) == (0, None)
+    assert report["backup"]["events"] == "backup_ping at least every 1d1h"
+    one = api.get("/v1/rules/backup").json()
+    assert one["events"] == report["backup"]["events"]
+    page = api.get("/")
+    assert page.status_code == 200, page.text
+    assert "events: parcel_shipped → parcel_delivered, parcel_returned within 3d" in page.text
+    assert "slawatch.parcel_undelivered_timers" not in page.text
