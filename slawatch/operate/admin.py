@@ -148,6 +148,12 @@ _WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 EVENTS = "/v1/events"
 # A batch of 10,000 events with a few hundred bytes of data each, and room to spare.
 MAX_EVENTS_BODY = 16 * MIB
+# Batches of events written at once, each on a connection of the events' own pool (so
+# producers never take the reads' two). More wait their turn here, up to EVENTS_WAIT
+# seconds, then get a 503 to retry: waiting in the pool instead would count a busy
+# pool as a database outage.
+EVENTS_AT_ONCE = 4
+EVENTS_WAIT = 30.0
 # The bounds of `slawatch run`'s admin server.
 LIMITS = Limits()
 # /readyz's database probe: every scan interval of the fastest rule, within these.
@@ -611,6 +617,7 @@ def create_app(
     ingest_token: str | None = None,
     retention: timedelta = DEFAULT_RETENTION,
     runner_metrics: Metrics | None = None,
+    events_db: Database | None = None,
 ) -> FastAPI:
     """The admin API over ``db`` for the configured ``rules`` and ``notifiers`` (names);
     either may be a callable, read per request, so that a reload shows at once.
@@ -624,7 +631,9 @@ def create_app(
 
     ``ingest_token``: accepted on ``POST /v1/events`` only; ``retention``: events
     older than this are refused (they would be pruned at once); ``runner_metrics``:
-    where events are counted (``slawatch_events_total``).
+    where events are counted (``slawatch_events_total``); ``events_db``: the pool
+    events are written on (:data:`EVENTS_AT_ONCE` connections; default: one of ``db``'s
+    at a time, leaving the other to the reads).
     """
     clock = clock or Clock()
 
@@ -850,6 +859,9 @@ def create_app(
         """End a silence now (one already over keeps its end)."""
         return delete_silence(db, silence, now=clock.now())
 
+    writer = events_db or db
+    writing = threading.BoundedSemaphore(EVENTS_AT_ONCE if events_db is not None else 1)
+
     def take_events(body: bytes) -> EventsTaken:
         """Check a body of events whole, then store it in one transaction."""
         now = clock.now()
@@ -865,7 +877,13 @@ def create_app(
             if runner_metrics is not None:
                 runner_metrics.events_rejected("http", _types_of(payload))
             raise
-        got = ingest(db, events, now)
+        if not writing.acquire(timeout=EVENTS_WAIT):
+            busy = f"{EVENTS_AT_ONCE} batches of events are being written; retry"
+            raise StarletteHTTPException(503, busy, headers={"Retry-After": "1"})
+        try:
+            got = ingest(writer, events, now)
+        finally:
+            writing.release()
         if runner_metrics is not None:
             runner_metrics.events_ingested("http", got)
         return EventsTaken(accepted=got.accepted, duplicates=got.duplicates)
@@ -1084,6 +1102,18 @@ def serve_admin(
     # A request waits at most a few seconds for one of the admin pool's connections.
     db = Database(dsn, size=POOL_SIZE, timeout=min(timeout, 5.0), pooler=pooler, name="admin")
     try:
+        events_db = Database(
+            dsn, size=EVENTS_AT_ONCE, timeout=min(timeout, 5.0), pooler=pooler, name="events"
+        )
+    except BaseException:
+        db.close()
+        raise
+
+    def close() -> None:
+        db.close()
+        events_db.close()
+
+    try:
         app = create_app(
             db,
             rules,
@@ -1095,12 +1125,13 @@ def serve_admin(
             ingest_token=ingest_token,
             retention=retention,
             runner_metrics=runner_metrics,
+            events_db=events_db,
         )
         server = serve_in_thread(app, host, port)
     except BaseException:
-        db.close()
+        close()
         raise
-    server.on_stop = db.close
+    server.on_stop = close
     if token is not None:
         access = "a bearer token required"
     elif is_loopback(host):

@@ -4,12 +4,15 @@ every kind, the ingest token, and the events counted in the metrics."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import orjson
+import psycopg
 import pytest
 import schemathesis
 import yaml
@@ -21,11 +24,12 @@ from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Database
 from slawatch.engine.migrate import migrate
-from slawatch.operate.admin import AdminServer, create_app, serve_in_thread
+from slawatch.operate.admin import EVENTS_AT_ONCE, AdminServer, create_app, serve_in_thread
 from slawatch.operate.metrics import Metrics
 from tests.integration.helpers import Conn, FixedClock
 from tests.integration.test_admin import TOKEN, error
 from tests.tcpproxy import TcpProxy
+from tests.waiting import lock_waits, wait_until
 
 NOW = datetime(2026, 11, 25, 10, 0, tzinfo=UTC)
 INGEST = "ingest-only-token-0123456789"
@@ -352,3 +356,37 @@ def test_the_rules_and_the_page_show_what_an_event_rule_watches(
     assert page.status_code == 200, page.text
     assert "events: parcel_shipped → parcel_delivered, parcel_returned within 3d" in page.text
     assert "slawatch.parcel_undelivered_timers" not in page.text
+
+
+def test_busy_producers_wait_their_turn_and_leave_the_reads_alone(
+    rules: list[Rule], conn: Conn, dsn: str, serve: Any
+) -> None:
+    """Six batches at once while the timer table is locked: four wait in the database on
+    the events' own pool, two wait their turn in slawatch, none is turned away as if the
+    database were down, and the reads keep their own connections meanwhile."""
+    pool_wait = 0.5  # the events pool's timeout: waiting on the pool past it is an outage
+    with Database(dsn, size=EVENTS_AT_ONCE, timeout=pool_wait) as events_db:
+        served = serve(rules, events_db=events_db)
+        answers: list[int] = []
+
+        def post(i: int) -> None:
+            with httpx.Client(base_url=served.server.url, timeout=60) as client:
+                answers.append(client.post("/v1/events", json=shipped(f"p{i}")).status_code)
+
+        with psycopg.connect(dsn) as locker:
+            locker.execute("LOCK TABLE slawatch.parcel_undelivered_timers IN EXCLUSIVE MODE")
+            posts = [threading.Thread(target=post, args=(i,)) for i in range(6)]
+            for thread in posts:
+                thread.start()
+            wait_until(lambda: len(lock_waits(conn)) == EVENTS_AT_ONCE, "four batches writing")
+            # The lock is held well past the pool's timeout: that span is what is tested
+            # (a batch that waited on the pool would be answered 503 within it).
+            time.sleep(4 * pool_wait)
+            assert served.api.get("/v1/rules").status_code == 200  # the reads' own pool
+            assert answers == [] and len(lock_waits(conn)) == EVENTS_AT_ONCE
+            locker.commit()
+        for thread in posts:
+            thread.join(60)
+        assert answers == [202] * 6
+        assert not events_db.outage.down and not served.db.outage.down
+        assert len(timers(conn)) == 6
