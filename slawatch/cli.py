@@ -195,6 +195,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="with --list: the expired ones too")
     p.add_argument("--expire", metavar="ID", type=_silence_id, help="end silence ID now")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p = command(
+        "event",
+        "record an event for the event rules (as POST /v1/events does); prints accepted or"
+        " duplicate",
+    )
+    p.add_argument("type", metavar="TYPE", help="the event's type, one a rule uses")
+    p.add_argument("key", metavar="KEY", help="what it is about: an order, a host, a job")
+    p.add_argument(
+        "--at", metavar="T", help="when it happened: ISO 8601 with a zone (default: now)"
+    )
+    p.add_argument("--data", metavar="JSON", help="a JSON object, carried into the alert's row")
+    p.add_argument(
+        "--id",
+        metavar="ID",
+        help="the event's id: a repeat of TYPE and ID within a day is dropped (duplicate)",
+    )
     p = command("demo", "embedded PostgreSQL + a sample shop; alerts printed as they fire")
     p.add_argument(
         "--seconds",

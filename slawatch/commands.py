@@ -14,6 +14,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+import orjson
 from pydantic import BaseModel
 
 from slawatch.clock import Clock
@@ -44,9 +45,9 @@ from slawatch.engine.migrate import (
     require_schema,
     schema_current,
 )
-from slawatch.errors import ConfigError, DatabaseError, DeliveryError
+from slawatch.errors import BadInput, ConfigError, DatabaseError, DeliveryError
 from slawatch.operate.explain import explain
-from slawatch.operate.inspect import list_alerts, parse_since, rules_report
+from slawatch.operate.inspect import events_text, list_alerts, parse_since, rules_report
 from slawatch.runtime.boot import database_dsn, load_config, start_admin
 
 if TYPE_CHECKING:
@@ -91,6 +92,8 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return cmd_silence(settings, args)
     if args.command == "demo":
         return run_demo(settings, args.seconds)
+    if args.command == "event":
+        return cmd_event(settings, args.type, args.key, at=args.at, data=args.data, ident=args.id)
     raise ConfigError(f"unknown command {args.command!r}")  # argparse stops this earlier
 
 
@@ -466,7 +469,7 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
         rows.append(
             [
                 r.name,
-                r.track,
+                "events" if r.events is not None else r.track,
                 _count(r.overdue, r.overdue_capped),
                 _count(r.not_notified, r.not_notified_capped),
                 _count(r.notified),
@@ -555,11 +558,14 @@ def cmd_explain(settings: Settings, name: str, as_json: bool) -> int:
     if rule is None:
         raise ConfigError(f"no rule named {name!r} in {settings.rules_dir}")
     with connect(database_dsn(settings)) as conn:
-        result = explain(conn, rule, Clock().now())
+        result = explain(conn, rule, Clock().now(), rules)
     if as_json:
         _print_json(result)
         return 0 if result.ok else 1
-    print(f"rule {result.rule} on {result.table} (track: {result.track}), at {_when(result.at)}")
+    what = f"on {result.table} (track: {result.track})"
+    if rule.events is not None:  # its table is slawatch's own
+        what = f"on events: {events_text(rule)} (timers: {result.table})"
+    print(f"rule {result.rule} {what}, at {_when(result.at)}")
     for step in result.statements:
         print(f"\n-- {step.name} --")
         print(step.sql)
@@ -696,3 +702,43 @@ def _print_silences(silences: list[Silence]) -> None:
     widths = [max(len(r[i]) for r in [list(head), *rows]) for i in range(len(head))]
     for r in [list(head), *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+# ---------------------------------------------------------------- events
+
+
+def cmd_event(
+    settings: Settings,
+    kind: str,
+    key: str,
+    *,
+    at: str | None = None,
+    data: str | None = None,
+    ident: str | None = None,
+) -> int:
+    """Record one event, checked as ``POST /v1/events`` checks it (its type must be one
+    the rules use); prints ``accepted`` or ``duplicate`` (a repeat of TYPE and --id)."""
+    from slawatch.engine.timers import known_types
+    from slawatch.events.ingest import EventError, ingest, parse_event
+
+    rules = load_rules(settings.rules_dir)
+    now = Clock().now()
+    raw: dict[str, object] = {"type": kind, "key": key}
+    if at is not None:
+        raw["at"] = at
+    if data is not None:
+        try:
+            raw["data"] = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise BadInput(f"--data: not JSON: {str(exc).splitlines()[0]}") from None
+    if ident is not None:
+        raw["id"] = ident
+    try:
+        event = parse_event(raw, None, known_types(rules), now, settings.retention)
+    except EventError as exc:
+        where = {"type": "TYPE", "key": "KEY"}.get(exc.field or "", f"--{exc.field}")
+        raise BadInput(f"{where}: {exc.reason}") from None
+    with _lifecycle_db(settings) as db:
+        got = ingest(db, [event], now)
+    print("accepted" if got.accepted else "duplicate")
+    return 0

@@ -8,7 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr
+from pydantic import BeforeValidator, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -138,12 +138,25 @@ class Settings(BaseSettings):
     # With a token every admin request but /healthz needs "Authorization: Bearer <token>";
     # without one, writes are refused unless the API listens on loopback only.
     api_token: Annotated[SecretStr | None, BeforeValidator(_token)] = None
+    # Accepted on POST /v1/events only: producers post events, and can do nothing else.
+    ingest_token: Annotated[SecretStr | None, BeforeValidator(_token)] = None
     # The admin API's address as people reach it (a DNS name, a proxy), for the link in
     # storm summaries; unset: http://<SLAWATCH_HTTP> unless that binds every interface.
     public_url: Annotated[str | None, BeforeValidator(_public_url)] = None
     # Rules' actions (DESIGN.md §8): "on" runs them; "off" and "dry-run" record and log
     # each as "would run" instead.
     actions: Literal["on", "off", "dry-run"] = "on"
+
+    @field_validator("ingest_token")
+    @classmethod
+    def _tokens_differ(cls, v: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        api = info.data.get("api_token")
+        if v is not None and api is not None and v.get_secret_value() == api.get_secret_value():
+            raise PydanticCustomError(
+                "token",
+                "must differ from SLAWATCH_API_TOKEN (the ingest token may only post events)",
+            )
+        return v
 
     @property
     def admin_url(self) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from slawatch.config.durations import format_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import EVENT_TYPE
 from slawatch.db import Connection, Database, translate
@@ -125,7 +126,9 @@ def parse_event(
         if at > now + FUTURE:
             raise bad("at", f"{raw['at']} is more than 5 minutes in the future")
         if at < now - retention:
-            raise bad("at", f"{raw['at']} is older than the retention ({retention})")
+            raise bad(
+                "at", f"{raw['at']} is older than the retention ({format_duration(retention)})"
+            )
     data = raw.get("data")
     if data is not None:
         if not isinstance(data, dict):

@@ -1,5 +1,5 @@
 """The admin HTTP API of ``slawatch run``: health, metrics, rules, alerts, stats, replay,
-acknowledgements and silences.
+acknowledgements, silences, and events (``POST /v1/events``).
 
 FastAPI gives the routes their OpenAPI document (``/openapi.json``) from the
 pydantic models of :mod:`slawatch.operate.inspect`, the same shapes the CLI's ``--json``
@@ -19,7 +19,9 @@ static files) needs ``Authorization: Bearer <token>`` (compared in constant time
 or the on-call page's session cookie (:mod:`slawatch.operate.session`); without one, only
 a loopback ``Host`` is answered (DNS rebinding: another site's name resolved to
 127.0.0.1 reads nothing), ``/healthz`` excepted, and writes are refused unless
-the server listens on loopback only. A write from a browser must come from this
+the server listens on loopback only. The ingest token (``SLAWATCH_INGEST_TOKEN``)
+is accepted on ``POST /v1/events`` and nowhere else: producers post events without
+the power to read, ack, silence or replay. A write from a browser must come from this
 server's own page: its ``Origin`` must be this server, and one carried by the
 cookie needs the page's header. Bad input is a 4xx with ``{"error": "..."}``;
 values reach SQL only as parameters.
@@ -38,9 +40,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
+import orjson
 import uvicorn
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -53,14 +57,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slawatch import __version__
 from slawatch.clock import Clock
-from slawatch.config.rules import Rule
-from slawatch.config.settings import is_loopback
+from slawatch.config.rules import EVENT_TYPE, Rule
+from slawatch.config.settings import DEFAULT_RETENTION, is_loopback
 from slawatch.db import Connection, Database, DatabaseUnavailable, Pooler
 from slawatch.delivery.dispatcher import Replayed as ReplayCount
 from slawatch.delivery.dispatcher import replay_deliveries, replay_problem
 from slawatch.engine.migrate import schema_current
+from slawatch.engine.timers import KEY_MAX, known_types
 from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
+from slawatch.events.ingest import MAX_BATCH, MAX_ID, EventError, ingest, parse_events
 from slawatch.operate.guard import (
+    MIB,
     Disconnected,
     Limits,
     TooLarge,
@@ -105,6 +112,7 @@ from slawatch.operate.lifecycle import (
     parse_until,
     silences_on,
 )
+from slawatch.operate.metrics import Metrics
 from slawatch.operate.page import (
     COOKIE,
     COOKIE_AGE,
@@ -136,6 +144,16 @@ _ANY_HOST = {"/healthz"}
 # Need no request slot: they read no database, and must answer when the rest is busy.
 _UNCOUNTED = {"/healthz", "/readyz"}
 _WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+# Where producers post events: the one route the ingest token opens.
+EVENTS = "/v1/events"
+# A batch of 10,000 events with a few hundred bytes of data each, and room to spare.
+MAX_EVENTS_BODY = 16 * MIB
+# Batches of events written at once, each on a connection of the events' own pool (so
+# producers never take the reads' two). More wait their turn here, up to EVENTS_WAIT
+# seconds, then get a 503 to retry: waiting in the pool instead would count a busy
+# pool as a database outage.
+EVENTS_AT_ONCE = 4
+EVENTS_WAIT = 30.0
 # The bounds of `slawatch run`'s admin server.
 LIMITS = Limits()
 # /readyz's database probe: every scan interval of the fastest rule, within these.
@@ -213,6 +231,68 @@ class Silences(BaseModel):
     silences: list[Silence]
 
 
+class EventsTaken(BaseModel):
+    """What a batch of events did, once it is committed."""
+
+    accepted: int = Field(description="events stored")
+    duplicates: int = Field(description="repeats of an event's type and id, dropped")
+
+
+def _text_or_number(longest: int) -> dict[str, Any]:
+    text = {"type": "string", "minLength": 1, "maxLength": longest}
+    return {"anyOf": [text, {"type": "integer"}]}
+
+
+_EVENT = {
+    "type": "object",
+    "description": "One event: `type` must be one a rule uses; `at` defaults to the time it "
+    "is received; a repeat of `type` and `id` is dropped; `data` goes into the alert's row.",
+    "required": ["type", "key"],
+    "additionalProperties": False,
+    "properties": {
+        "type": {"type": "string", "pattern": f"^{EVENT_TYPE.pattern}$"},
+        "key": _text_or_number(KEY_MAX),
+        "at": {"type": "string", "format": "date-time", "description": "ISO 8601, with a zone"},
+        "data": {"type": "object"},
+        "id": _text_or_number(MAX_ID),
+    },
+}
+# The request body of POST /v1/events, for the OpenAPI document: the route reads the
+# body itself, so that a bad event is named by its index and field.
+_EVENTS_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "anyOf": [
+                    _EVENT,
+                    {
+                        "type": "object",
+                        "required": ["events"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "events": {
+                                "type": "array",
+                                "minItems": 1,
+                                "maxItems": MAX_BATCH,
+                                "items": _EVENT,
+                            }
+                        },
+                    },
+                ]
+            }
+        }
+    },
+}
+
+
+def _types_of(payload: Any) -> list[object]:
+    """The ``type`` of each event of a refused body, as sent (for the metrics)."""
+    if isinstance(payload, dict) and isinstance(payload.get("events"), list):
+        return [e.get("type") if isinstance(e, dict) else None for e in payload["events"]]
+    return [payload.get("type") if isinstance(payload, dict) else None]
+
+
 def refusal(
     method: str,
     path: str,
@@ -224,6 +304,7 @@ def refusal(
     page: bool = False,
     origin: str | None = None,
     host: str | None = None,
+    ingest_token: str | None = None,
 ) -> tuple[int, str] | None:
     """Why a request may not go on ((status, error); None: it may).
 
@@ -236,8 +317,18 @@ def refusal(
     server that only this machine can reach (``allow_writes``). Any write whose
     ``origin`` (sent by browsers) is not this server is refused: a form on another
     site must not act for the person on call.
+
+    ``ingest_token`` as a Bearer header lets ``POST /v1/events`` in, whatever the
+    Host and the other token, and nothing else (the open paths stay open).
     """
     write = method in _WRITES
+    if ingest_token is not None and _bearer(authorization, ingest_token):
+        if write and origin is not None and not _same_origin(origin, host):
+            return 403, "cross-origin writes are refused"
+        if method == "POST" and path == EVENTS:
+            return None
+        if path not in _OPEN:
+            return 403, f"the ingest token (SLAWATCH_INGEST_TOKEN) is only for POST {EVENTS}"
     if (
         token is None
         and path not in _ANY_HOST
@@ -253,10 +344,7 @@ def refusal(
     if token is not None:
         if path in _OPEN:
             return None
-        scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        ):
+        if _bearer(authorization, token):
             return None
         if authorization is None and session:
             if write and not page:
@@ -268,6 +356,14 @@ def refusal(
             "writes are refused: set SLAWATCH_API_TOKEN, or bind SLAWATCH_HTTP to loopback"
         )
     return None
+
+
+def _bearer(authorization: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header is ``Bearer <token>`` (in constant time)."""
+    scheme, _, given = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )
 
 
 def _hostname(host: str) -> str:
@@ -325,9 +421,10 @@ class _Gate:
         db: Database,
         clock: Clock,
         limits: Limits,
+        ingest_token: str | None = None,
     ) -> None:
         self.app = app
-        self.token, self.allow_writes = token, allow_writes
+        self.token, self.allow_writes, self.ingest_token = token, allow_writes, ingest_token
         self.db, self.clock, self.limits = db, clock, limits
         self.busy = 0  # requests holding a slot (only ever changed on the event loop)
 
@@ -350,6 +447,7 @@ class _Gate:
                 page=PAGE_HEADER.lower() in headers,
                 origin=headers.get("origin"),
                 host=headers.get("host"),
+                ingest_token=self.ingest_token,
             )
 
         answer = refused(False)
@@ -516,6 +614,10 @@ def create_app(
     registry: CollectorRegistry | None = None,
     clock: Clock | None = None,
     limits: Limits = LIMITS,
+    ingest_token: str | None = None,
+    retention: timedelta = DEFAULT_RETENTION,
+    runner_metrics: Metrics | None = None,
+    events_db: Database | None = None,
 ) -> FastAPI:
     """The admin API over ``db`` for the configured ``rules`` and ``notifiers`` (names);
     either may be a callable, read per request, so that a reload shows at once.
@@ -526,6 +628,12 @@ def create_app(
     prometheus_client's global registry); ``limits``: the server's bounds
     (:func:`serve_in_thread` applies those of the connections). The database probe
     of ``/readyz`` (``app.state.readiness``) runs while :func:`serve_in_thread` serves.
+
+    ``ingest_token``: accepted on ``POST /v1/events`` only; ``retention``: events
+    older than this are refused (they would be pruned at once); ``runner_metrics``:
+    where events are counted (``slawatch_events_total``); ``events_db``: the pool
+    events are written on (:data:`EVENTS_AT_ONCE` connections; default: one of ``db``'s
+    at a time, leaving the other to the reads).
     """
     clock = clock or Clock()
 
@@ -553,11 +661,19 @@ def create_app(
     )
 
     readiness = Readiness(db, probe_every)
-    # A login form is small, whatever else the limits allow.
-    limits = replace(limits, bodies={"/login": MAX_LOGIN_BODY, **limits.bodies})
+    # A login form is small, and a batch of events large, whatever else the limits allow.
+    limits = replace(
+        limits, bodies={"/login": MAX_LOGIN_BODY, EVENTS: MAX_EVENTS_BODY, **limits.bodies}
+    )
     app.state.readiness, app.state.limits = readiness, limits
     app.add_middleware(
-        _Gate, token=token, allow_writes=allow_writes, db=db, clock=clock, limits=limits
+        _Gate,
+        token=token,
+        allow_writes=allow_writes,
+        db=db,
+        clock=clock,
+        limits=limits,
+        ingest_token=ingest_token,
     )
 
     @app.exception_handler(BadInput)
@@ -742,6 +858,50 @@ def create_app(
     def delete_one_silence(silence: Annotated[int, Path(ge=1, le=INT8)]) -> Silence:
         """End a silence now (one already over keeps its end)."""
         return delete_silence(db, silence, now=clock.now())
+
+    writer = events_db or db
+    writing = threading.BoundedSemaphore(EVENTS_AT_ONCE if events_db is not None else 1)
+
+    def take_events(body: bytes) -> EventsTaken:
+        """Check a body of events whole, then store it in one transaction."""
+        now = clock.now()
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            if runner_metrics is not None:
+                runner_metrics.events_rejected("http")
+            raise BadInput(f"body: not JSON: {str(exc).splitlines()[0]}") from None
+        try:
+            events = parse_events(payload, known_types(list(configured().values())), now, retention)
+        except EventError:
+            if runner_metrics is not None:
+                runner_metrics.events_rejected("http", _types_of(payload))
+            raise
+        if not writing.acquire(timeout=EVENTS_WAIT):
+            busy = f"{EVENTS_AT_ONCE} batches of events are being written; retry"
+            raise StarletteHTTPException(503, busy, headers={"Retry-After": "1"})
+        try:
+            got = ingest(writer, events, now)
+        finally:
+            writing.release()
+        if runner_metrics is not None:
+            runner_metrics.events_ingested("http", got)
+        return EventsTaken(accepted=got.accepted, duplicates=got.duplicates)
+
+    @app.post(
+        EVENTS,
+        response_model=EventsTaken,
+        status_code=202,
+        tags=["events"],
+        openapi_extra={"requestBody": _EVENTS_BODY},
+        responses={413: {"model": Error, "description": "the body is over its limit"}},
+    )
+    async def post_events(request: Request) -> EventsTaken:
+        """One event, or ``{"events": [...]}`` (1 to 10,000): all stored, or none (a 400
+        names the index and field of the first bad one). A type no rule uses is a 400.
+        Answered once the batch is committed."""
+        body = await request.body()  # read whole, within its limit, by the gate
+        return await run_in_threadpool(take_events, body)
 
     # ------------------------------------------------------------ the on-call page
 
@@ -933,11 +1093,26 @@ def serve_admin(
     pooler: Pooler,
     health: Callable[[], Mapping[str, Any]] | None = None,
     registry: CollectorRegistry | None = None,
+    ingest_token: str | None = None,
+    retention: timedelta = DEFAULT_RETENTION,
+    runner_metrics: Metrics | None = None,
 ) -> AdminServer:
     """``slawatch run``'s admin API on ``bind``, with a pool of its own; logs its address."""
     host, port = bind
     # A request waits at most a few seconds for one of the admin pool's connections.
     db = Database(dsn, size=POOL_SIZE, timeout=min(timeout, 5.0), pooler=pooler, name="admin")
+    try:
+        events_db = Database(
+            dsn, size=EVENTS_AT_ONCE, timeout=min(timeout, 5.0), pooler=pooler, name="events"
+        )
+    except BaseException:
+        db.close()
+        raise
+
+    def close() -> None:
+        db.close()
+        events_db.close()
+
     try:
         app = create_app(
             db,
@@ -947,12 +1122,16 @@ def serve_admin(
             allow_writes=token is not None or is_loopback(host),
             health=health,
             registry=registry,
+            ingest_token=ingest_token,
+            retention=retention,
+            runner_metrics=runner_metrics,
+            events_db=events_db,
         )
         server = serve_in_thread(app, host, port)
     except BaseException:
-        db.close()
+        close()
         raise
-    server.on_stop = db.close
+    server.on_stop = close
     if token is not None:
         access = "a bearer token required"
     elif is_loopback(host):
@@ -960,5 +1139,7 @@ def serve_admin(
     else:
         # The Host check answers loopback names only: other machines' browsers get 403s.
         access = "no token: read-only, loopback Host names only (set SLAWATCH_API_TOKEN)"
+    if ingest_token is not None:
+        access += f"; the ingest token for POST {EVENTS} only"
     log.info("admin API on %s (%s); metrics at %s/metrics", server.url, access, server.url)
     return server

@@ -24,7 +24,7 @@ from slawatch.config.durations import format_duration
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, translate
 from slawatch.engine.catalog import TableInfo, inspect_table
-from slawatch.engine.claim import ClaimPlan, prepare
+from slawatch.engine.claim import ClaimPlan, prepare_ready
 from slawatch.engine.statetable import lookback
 from slawatch.errors import ConfigError
 
@@ -137,12 +137,26 @@ def _pages(conn: Connection, info: TableInfo) -> int:
     return int(row[0]) if row else 0
 
 
-def explain(conn: Connection, rule: Rule, now: datetime) -> Explained:
-    """Plan ``rule``'s scan at ``now``; ConfigError when the rule is not ready to run."""
+def explain(
+    conn: Connection, rule: Rule, now: datetime, rules: list[Rule] | None = None
+) -> Explained:
+    """Plan ``rule``'s scan at ``now``; ConfigError when the rule is not ready to run.
+
+    ``rules``: every configured rule (default: this one). An event rule is ready only
+    when ``slawatch.event()`` is the one generated from all of them, so it is judged
+    among them, as ``slawatch run`` judges it; another rule's trouble is not this one's.
+    """
     info = inspect_table(conn, rule.schema_name, rule.table_name)
     if info is None:
         raise ConfigError(f"{rule.source}: table: {rule.table} does not exist")
-    plan = prepare(conn, rule)
+    # In their configured order: slawatch.event()'s text (and so its tag) follows it.
+    every = [rule if r.name == rule.name else r for r in rules or ()]
+    if rule not in every:
+        every.append(rule)
+    plans, problems = prepare_ready(conn, every)
+    if rule.name in problems:
+        raise ConfigError(problems[rule.name])
+    plan = plans[rule.name]
     watched = _watched(info)
     pages = _pages(conn, info)
     out = []

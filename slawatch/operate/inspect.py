@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 from pydantic import BaseModel, Field
 
-from slawatch.config.durations import parse_duration
+from slawatch.config.durations import format_duration, parse_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import RULE_NAME, Rule
 from slawatch.db import Connection, translate
@@ -76,6 +76,12 @@ class RuleStatus(BaseModel):
     name: str
     description: str
     table: str
+    events: str | None = Field(
+        default=None,
+        description="an event rule: the events it watches, e.g. 'parcel_shipped → "
+        "parcel_delivered within 3d' (its table is slawatch's timer table); null for a "
+        "table rule",
+    )
     track: Literal["inline", "table"]
     severity: str
     notify: list[str]
@@ -296,6 +302,50 @@ def notified_statement(rule: Rule) -> sql.Composed:
     )
 
 
+def open_timers_statement(rule: Rule) -> sql.Composed:
+    """An event rule's open timers (``WHERE open``), up to :data:`COUNT_LIMIT`: one row
+    ``(count,)``. Read as three disjoint parts, each through a partial index of the
+    timer table, so the closed timers that wait for retention are never read: not yet
+    notified (the first-notice index), in an open episode (the re-notify index), and a
+    scheduled beat whose deadline the scan has not filled in yet (``_unscheduled``)."""
+    t, seen = table_ident(rule), sql.Identifier(rule.seen_column)
+    first, again, _ = (sql_text(p) for p in predicates(rule))
+    unscheduled = sql.SQL("open AND due_at IS NULL AND {} IS NULL").format(seen)
+    parts = [
+        sql.SQL("(SELECT count(*) FROM (SELECT 1 FROM {} WHERE {} LIMIT {}) x)").format(
+            t, where, sql.Literal(COUNT_LIMIT)
+        )
+        for where in (first, again, unscheduled)
+    ]
+    return sql.SQL("SELECT least({}, {})").format(
+        sql.SQL(" + ").join(parts), sql.Literal(COUNT_LIMIT)
+    )
+
+
+def events_text(rule: Rule) -> str | None:
+    """What an event rule watches, for people: ``parcel_shipped → parcel_delivered within
+    72h`` (None for a table rule)."""
+    events = rule.events
+    if events is None:
+        return None
+    if events.start is not None and events.stop is not None:
+        text = f"{', '.join(events.start)} → {', '.join(events.stop)}"
+        text += f" within {format_duration(events.within or timedelta(0))}"
+        if events.min is not None:
+            text += f", not sooner than {format_duration(events.min)}"
+    elif events.within is not None:
+        text = f"{', '.join(events.beat or [])} at least every {format_duration(events.within)}"
+    else:
+        text = f"{', '.join(events.beat or [])} on schedule {events.schedule!r}"
+        if events.timezone != "UTC":
+            text += f" ({events.timezone})"
+        if events.grace:
+            text += f", grace {format_duration(events.grace)}"
+    if events.fail:
+        text += f"; fails on {', '.join(events.fail)}"
+    return text
+
+
 def overdue_statement(rule: Rule, info: TableInfo) -> sql.Composed:
     """Rows overdue now, and of them those not yet notified: one row ``(overdue,
     not_notified, overdue_capped, not_notified_capped)``; parameter ``cutoff`` (now less
@@ -382,6 +432,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
                 name=rule.name,
                 description=rule.description,
                 table=rule.table,
+                events=events_text(rule),
                 track=rule.track,
                 severity=rule.severity,
                 notify=list(rule.notify),

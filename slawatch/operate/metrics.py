@@ -6,8 +6,9 @@ do not count into each other. ``GET /metrics`` serves
 ``prometheus_client.generate_latest(runner.registry)``.
 
 Counters and histograms are counted where the work happens (the scan job,
-the delivery workers). The outbox gauges -- pending deliveries, the age of the
-oldest, dead ones -- are read from the database at scrape time by
+the delivery workers, the admin API's ``POST /v1/events``, the broker sources).
+The outbox gauges -- pending deliveries, the age of the oldest, dead ones -- and
+the open timers of each event rule are read from the database at scrape time by
 :class:`OutboxCollector`, with a short wait for a connection and a short
 ``statement_timeout``: a scrape during an outage answers at once with
 ``slawatch_outbox_up 0`` instead of hanging or failing.
@@ -22,11 +23,16 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from psycopg import sql
 
 from slawatch.clock import Clock
-from slawatch.db import Database, DatabaseUnavailable
+from slawatch.config.rules import Rule
+from slawatch.db import Connection, Database, DatabaseUnavailable, translate
 from slawatch.engine.queries import queries
+from slawatch.engine.timers import event_rules, known_types
 from slawatch.errors import DatabaseError
+from slawatch.events.ingest import Ingested
+from slawatch.operate.inspect import COUNT_LIMIT, open_timers_statement
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,11 @@ SCRAPE_STATEMENT_TIMEOUT = "2s"
 SCRAPE_BUDGET = 3.0
 
 OUTCOMES = ("sent", "retry", "dead", "silenced", "summarized", "acknowledged", "orphaned")
+# The type label of a rejected event whose type no rule uses (or that has none): the
+# label takes only the rules' types, so a producer's garbage cannot grow the series.
+OTHER_TYPE = "-"
+# Per notifier: (pending deliveries, when the oldest one's alert fired, dead deliveries).
+_Outbox = dict[str, tuple[int, datetime | None, int]]
 
 
 class Metrics:
@@ -49,9 +60,17 @@ class Metrics:
 
     ``notifiers()`` names the notifiers configured now (a reload may change them):
     their outbox gauges are reported, as 0 when they have nothing pending.
+    ``rules()``: the rules running now; each event rule's open timers are reported.
     """
 
-    def __init__(self, db: Database, clock: Clock, notifiers: Callable[[], Iterable[str]]) -> None:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        notifiers: Callable[[], Iterable[str]],
+        rules: Callable[[], Iterable[Rule]] = lambda: (),
+    ) -> None:
+        self.rules = rules
         self.registry = CollectorRegistry(auto_describe=False)
         self.alerts = Counter(
             "slawatch_alerts_claimed",
@@ -87,7 +106,17 @@ class Metrics:
             buckets=SCAN_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(OutboxCollector(db, clock, notifiers))
+        self.events = Counter(
+            "slawatch_events",
+            "Events received by this process, per type, source (http: POST /v1/events; or "
+            "a broker source's name) and outcome (accepted, duplicate: a repeat of its type "
+            "and id, dropped; rejected: refused as malformed or of a type no rule uses, "
+            f"counted as type {OTHER_TYPE!r} then). Events written with slawatch.event() in "
+            "SQL or 'slawatch event' do not pass through this process and are not counted",
+            ["type", "source", "outcome"],
+            registry=self.registry,
+        )
+        self.registry.register(OutboxCollector(db, clock, notifiers, rules))
         self.actions = Counter(
             "slawatch_actions",
             "Attempts of rules' actions, per rule and status (ok, failed, skipped: its "
@@ -151,6 +180,25 @@ class Metrics:
         if summaries:
             self.summaries.labels(notifier).inc(summaries)
 
+    def events_ingested(self, source: str, got: Ingested) -> None:
+        """What one batch from ``source`` stored (:func:`slawatch.events.ingest.ingest`)."""
+        for (kind, outcome), count in got.by_type.items():
+            if count:
+                self.events.labels(kind, source, outcome).inc(count)
+
+    def events_rejected(self, source: str, types: Iterable[object] = (None,)) -> None:
+        """Events from ``source`` refused before they were stored: one per item of
+        ``types``, each the event's ``type`` as received (anything: a type no rule uses
+        now, or none, is counted as :data:`OTHER_TYPE`). A batch refused whole counts
+        each of its events."""
+        known = known_types(list(self.rules()))
+        counts: dict[str, int] = {}
+        for kind in types:
+            label = kind if isinstance(kind, str) and kind in known else OTHER_TYPE
+            counts[label] = counts.get(label, 0) + 1
+        for label, count in counts.items():
+            self.events.labels(label, source, "rejected").inc(count)
+
     def orphaned(self, counts: Mapping[str, int]) -> None:
         """Deliveries settled 'orphaned', per notifier no longer configured."""
         for notifier, count in counts.items():
@@ -159,14 +207,22 @@ class Metrics:
 
 
 class OutboxCollector:
-    """Gauges read from the outbox at scrape time, and the database's outage record.
+    """Gauges read from the outbox (and the event rules' timer tables) at scrape time,
+    and the database's outage record.
 
     Never raises and never waits long: when the outbox cannot be read,
-    ``slawatch_outbox_up`` is 0 and the outbox gauges are left out.
+    ``slawatch_outbox_up`` is 0 and the outbox and timer gauges are left out; an event
+    rule whose timers cannot be counted (its table not migrated yet) is left out.
     """
 
-    def __init__(self, db: Database, clock: Clock, notifiers: Callable[[], Iterable[str]]) -> None:
-        self.db, self.clock, self.notifiers = db, clock, notifiers
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        notifiers: Callable[[], Iterable[str]],
+        rules: Callable[[], Iterable[Rule]] = lambda: (),
+    ) -> None:
+        self.db, self.clock, self.notifiers, self.rules = db, clock, notifiers, rules
         self._lock = threading.Lock()
         self._reading: threading.Thread | None = None
 
@@ -175,9 +231,9 @@ class OutboxCollector:
         yield from self._families()
 
     def collect(self) -> Iterator[Metric]:
-        up, pending, oldest, dead, outages, outage = self._families()
+        up, pending, oldest, dead, outages, outage, timers = self._families()
         try:
-            rows = self._read_within(SCRAPE_BUDGET)
+            rows, open_timers = self._read_within(SCRAPE_BUDGET)
         except DatabaseError as exc:
             log.debug("metrics: outbox not read: %s", exc)
             up.add_metric([], 0)
@@ -197,13 +253,16 @@ class OutboxCollector:
             yield pending
             yield oldest
             yield dead
+            for rule, count in sorted(open_timers.items()):
+                timers.add_metric([rule], count)
+            yield timers
         yield up
         outages.add_metric([], self.db.outage.started)
         outage.add_metric([], 1 if self.db.outage.down else 0)
         yield outages
         yield outage
 
-    def _read_within(self, budget: float) -> dict[str, tuple[int, datetime | None, int]]:
+    def _read_within(self, budget: float) -> tuple[_Outbox, dict[str, int]]:
         """:meth:`_read` in a thread of its own, given up on after ``budget`` seconds.
 
         A connection check or a query on a network that drops every packet waits for
@@ -211,7 +270,7 @@ class OutboxCollector:
         scrapes start none (at most one thread waits on a dead network).
         """
         done = threading.Event()
-        got: list[dict[str, tuple[int, datetime | None, int]]] = []
+        got: list[tuple[_Outbox, dict[str, int]]] = []
         failed: list[BaseException] = []
 
         def read() -> None:
@@ -233,8 +292,9 @@ class OutboxCollector:
             raise failed[0]
         return got[0]
 
-    def _read(self) -> dict[str, tuple[int, datetime | None, int]]:
-        """Per notifier: (pending, when the oldest pending one's alert fired, dead)."""
+    def _read(self) -> tuple[_Outbox, dict[str, int]]:
+        """Per notifier: (pending, when the oldest pending one's alert fired, dead); per
+        event rule: its open timers."""
         query = queries()["outbox_gauges"]
         what = "reading the outbox for metrics"
         with self.db.connection(what, wait=SCRAPE_WAIT) as conn, conn.transaction():
@@ -243,7 +303,8 @@ class OutboxCollector:
                 "SELECT set_config('statement_timeout', %s, true)", (SCRAPE_STATEMENT_TIMEOUT,)
             )
             rows = conn.execute(query).fetchall()
-        return {str(name): (int(p), fired, int(d)) for name, p, fired, d in rows}
+            timers = _open_timers(conn, event_rules(list(self.rules())))
+        return {str(name): (int(p), fired, int(d)) for name, p, fired, d in rows}, timers
 
     @staticmethod
     def _families() -> tuple[
@@ -252,6 +313,7 @@ class OutboxCollector:
         GaugeMetricFamily,
         GaugeMetricFamily,
         CounterMetricFamily,
+        GaugeMetricFamily,
         GaugeMetricFamily,
     ]:
         return (
@@ -283,4 +345,35 @@ class OutboxCollector:
                 "slawatch_database_outage",
                 "1 while the database is unreachable for this process, else 0",
             ),
+            GaugeMetricFamily(
+                "slawatch_timers_open",
+                "Open deadlines (timers) of each event rule: started, not yet stopped; "
+                f"counted up to {COUNT_LIMIT} through the timer table's partial indexes",
+                labels=["rule"],
+            ),
         )
+
+
+def _open_timers(conn: Connection, rules: list[Rule]) -> dict[str, int]:
+    """Each of ``rules``' open timers, in one statement; a rule whose timer table is not
+    there (not migrated yet) is left out."""
+    if not rules:
+        return {}
+    with translate("finding the timer tables for metrics"):
+        there = {
+            str(name)
+            for (name,) in conn.execute(
+                "SELECT relname FROM pg_class WHERE relnamespace = 'slawatch'::regnamespace"
+                " AND relname = ANY(%s)",
+                ([r.timers for r in rules],),
+            ).fetchall()
+        }
+    counted = [r for r in rules if r.timers in there]
+    if not counted:
+        return {}
+    statement = sql.SQL(" UNION ALL ").join(
+        sql.SQL("SELECT {}::text, ({})").format(sql.Literal(r.name), open_timers_statement(r))
+        for r in counted
+    )
+    with translate("counting open timers for metrics"):
+        return {str(name): int(n) for name, n in conn.execute(statement).fetchall()}

@@ -158,12 +158,14 @@ def _rule_row(status: RuleStatus, hourly: HourlyAlerts | None, writes: bool, now
         else ""
     )
     link = f"/?{urlencode({'rule': status.name})}#alerts"
+    # An event rule's table is slawatch's own: what it watches says more.
+    watches = status.table if status.events is None else f"events: {status.events}"
     overdue = _count(status.overdue, status.overdue_capped)
     unnotified = _count(status.not_notified, status.not_notified_capped)
     return f"""<tr data-rule="{esc(status.name)}">
 <td data-label="Rule"><a href="{esc(link)}"><strong>{esc(status.name)}</strong></a>
 <span class="sev sev-{esc(status.severity)}">{esc(status.severity)}</span>
-<small>{esc(status.description)}<br>{esc(status.table)} · {last}</small>{problem}</td>
+<small>{esc(status.description)}<br>{esc(watches)} · {last}</small>{problem}</td>
 <td data-label="Overdue now" class="num overdue">{overdue}</td>
 <td data-label="Not yet notified" class="num unnotified">{unnotified}</td>
 <td data-label="Open episodes" class="num episodes">{_count(status.notified)}</td>

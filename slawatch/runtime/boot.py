@@ -112,6 +112,11 @@ def start_admin(
             pooler=settings.pooler,
             health=runner.health,
             registry=runner.registry,
+            ingest_token=(
+                settings.ingest_token.get_secret_value() if settings.ingest_token else None
+            ),
+            retention=settings.retention,
+            runner_metrics=runner.metrics,
         )
 
     try:

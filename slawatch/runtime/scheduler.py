@@ -196,7 +196,9 @@ class Runner:
         self.descriptions = {r.name: r.description for r in rules}
         self._maintain_trouble = Outage("pruning history", log)
         self._orphan_trouble = Outage("settling orphaned deliveries", log)
-        self.metrics = Metrics(self.db, self.clock, lambda: list(self.notifiers))
+        self.metrics = Metrics(
+            self.db, self.clock, lambda: list(self.notifiers), lambda: self.rules.values()
+        )
         # Rules' actions run inside their claims (slawatch/actions/run.py).
         self.actions = actions
         self._act = runner(actions, self.metrics.acted)

@@ -313,6 +313,7 @@ def test_openapi_document(rules: list[Rule], start: Start) -> None:
         "/v1/alerts/{alert}/ack",
         "/v1/silences",
         "/v1/silences/{silence}",
+        "/v1/events",
     }
     alerts = doc["paths"]["/v1/alerts"]["get"]
     assert {p["name"] for p in alerts["parameters"]} == {
