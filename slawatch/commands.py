@@ -113,7 +113,7 @@ def cmd_check(settings: Settings) -> int:
         lines, unready = [], []
         schema = schema_current(conn)
         baselined = recorded(conn)
-        stale_function = event_function_pending(conn, rules)
+        stale_function = set(event_function_pending(conn, rules))
         for rule in rules:
             info = tables.get(rule.name)
             if info is None:  # an event rule whose timer table migrate creates
@@ -121,7 +121,7 @@ def cmd_check(settings: Settings) -> int:
                 lines.append(f"  {rule.name}: not migrated: no timer table slawatch.{rule.timers}")
                 continue
             todo = pending(conn, rule, info)
-            if rule.events is not None and stale_function:
+            if rule.name in stale_function:
                 todo.append("slawatch.event() does not know its event types yet")
             due = count_due(conn, rule, info, now)
             count = "could not count in 30 s" if due is None else f"{due:,}"

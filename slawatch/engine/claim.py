@@ -376,9 +376,9 @@ def prepare_ready(
     """
     plans, problems = {}, {}
     require_schema(conn)
-    stale_function = any(r.events for r in rules) and event_function_pending(conn, rules)
+    stale_function = set(event_function_pending(conn, rules))
     for rule in rules:
-        if rule.events is not None and stale_function:
+        if rule.name in stale_function:
             problems[rule.name] = (
                 f"{rule.source}: rule {rule.name!r}: slawatch.event() does not know its event"
                 " types yet; run 'slawatch migrate'"

@@ -310,10 +310,10 @@ def _timer_table(rule: Rule) -> list[Step]:
 
 def _event_function(conn: Connection, rules: list[Rule]) -> list[Step]:
     """slawatch.event() and slawatch.events(), regenerated when the event rules change."""
-    installed = timers.installed_tag(conn)
+    installed = timers.installed_tags(conn)
     if not timers.event_rules(rules) and installed is None:
         return []
-    if installed == f"slawatch {timers.function_tag(rules)}":
+    if installed is not None and installed.get("all") == timers.wanted_tags(rules)["all"]:
         return []
     count = len(timers.known_types(rules))
     return [
@@ -325,9 +325,13 @@ def _event_function(conn: Connection, rules: list[Rule]) -> list[Step]:
     ]
 
 
-def event_function_pending(conn: Connection, rules: list[Rule]) -> bool:
-    """slawatch.event() is not the one ``rules`` need: run migrate."""
-    return bool(_event_function(conn, rules))
+def event_function_pending(conn: Connection, rules: list[Rule]) -> list[str]:
+    """The event rules among ``rules`` that slawatch.event() does not know as they are
+    (added or changed since the last migrate): each needs a migrate before it runs.
+    Rules not among ``rules`` may be known too: a process may run some of them."""
+    if not timers.event_rules(rules):
+        return []
+    return timers.unknown_rules(timers.installed_tags(conn), rules)
 
 
 def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:

@@ -30,9 +30,11 @@ A repeated (type, id) within :data:`DEDUPE` is dropped (``slawatch.event_seen``)
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from psycopg import sql
 
@@ -198,7 +200,7 @@ def _rule_block(rule: Rule) -> str:
 def function_sql(rules: list[Rule]) -> str:
     """``slawatch.event_at`` (the work), ``slawatch.event`` (the application's call, at
     the transaction's time) and ``slawatch.events`` (a batch, at slawatch's clock)."""
-    ers = event_rules(rules)
+    ers = sorted(event_rules(rules), key=lambda r: r.name)  # the same text in any order
     all_types = sorted(known_types(rules))
     known = f"v_type IN ({', '.join(_lit(x) for x in all_types)})" if all_types else "false"
     blocks = "\n".join(_rule_block(r) for r in ers)
@@ -264,7 +266,15 @@ SELECT s.type, s.outcome, count(*)
           FROM jsonb_array_elements(batch) WITH ORDINALITY AS x(e, i)) s
  GROUP BY 1, 2
 $slawatch$"""
-    tag = hashlib.sha256("\n".join([body, event, batch]).encode()).hexdigest()[:16]
+    # What is installed: the whole text's hash, and each rule's part's, so that a
+    # process running some of the rules can tell its rules are known (tags()).
+    tag = json.dumps(
+        {
+            "all": _hash("\n".join([body, event, batch])),
+            "rules": {r.name: _hash(_rule_block(r)) for r in ers},
+        },
+        sort_keys=True,
+    )
     comment = (
         "COMMENT ON FUNCTION slawatch.event_at(timestamptz, text, text, timestamptz, jsonb,"
         f" text) IS {_lit('slawatch ' + tag)}"
@@ -277,21 +287,44 @@ $slawatch$"""
     return ";\n".join([body, event, batch, revoke, revoke_event, comment])
 
 
-def function_tag(rules: list[Rule]) -> str:
-    """What the function's comment says once ``function_sql(rules)`` is in place."""
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def wanted_tags(rules: list[Rule]) -> dict[str, Any]:
+    """What the function's comment holds once ``function_sql(rules)`` is in place."""
     text = function_sql(rules)
-    return text.rsplit("IS ", 1)[1].strip("'").removeprefix("slawatch ")
+    comment = text.rsplit(" IS ", 1)[1]
+    return dict(json.loads(comment[1:-1].replace("''", "'").removeprefix("slawatch ")))
 
 
-def installed_tag(conn: Connection) -> str | None:
-    """The comment of the installed slawatch.event_at (None: not installed)."""
+def installed_tags(conn: Connection) -> dict[str, Any] | None:
+    """What the installed slawatch.event_at's comment holds (None: not installed;
+    an empty dict: not one made by this release)."""
     with translate("reading slawatch.event"):
         row = conn.execute(
             "SELECT obj_description(p.oid, 'pg_proc') FROM pg_proc p"
             " JOIN pg_namespace n ON n.oid = p.pronamespace"
             " WHERE n.nspname = 'slawatch' AND p.proname = 'event_at'"
         ).fetchone()
-    return None if row is None else row[0]
+    if row is None:
+        return None
+    try:
+        tags = json.loads(str(row[0] or "").removeprefix("slawatch "))
+    except ValueError:
+        return {}
+    return tags if isinstance(tags, dict) else {}
+
+
+def unknown_rules(installed: dict[str, Any] | None, rules: list[Rule]) -> list[str]:
+    """The event rules among ``rules`` whose part of the installed function is not the
+    one they need (added or changed since the last migrate)."""
+    known = (installed or {}).get("rules") or {}
+    return [
+        r.name
+        for r in event_rules(rules)
+        if not isinstance(known, dict) or known.get(r.name) != _hash(_rule_block(r))
+    ]
 
 
 @dataclass(frozen=True)

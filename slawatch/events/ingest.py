@@ -22,7 +22,7 @@ from slawatch.config.files import shorten
 from slawatch.config.rules import EVENT_TYPE
 from slawatch.db import Connection, Database, translate
 from slawatch.engine.timers import FUTURE, KEY_MAX
-from slawatch.errors import BadInput
+from slawatch.errors import BadInput, ConfigError
 
 MAX_BATCH = 10_000  # events in one request or call
 MAX_DATA = 64 * 1024  # bytes of one event's data, as JSON
@@ -187,7 +187,8 @@ def write(conn: Connection, events: list[Event], now: datetime) -> Ingested:
         elif outcome == "duplicate":
             got.duplicates += int(count)
         else:
-            raise BadInput(
+            # Not the sender's error: the database is behind these rules (HTTP 503).
+            raise ConfigError(
                 f"type {kind!r}: the database's slawatch.event() has no rule for it;"
                 " run 'slawatch migrate' with these rules"
             )

@@ -459,3 +459,16 @@ def test_the_printed_grants_let_slawatch_run_and_the_application_send_events(
         for role in (run_role, app_role):
             conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_process_running_some_of_the_event_rules_needs_no_migrate_for_them(
+    conn: Conn,
+) -> None:
+    """slawatch.event() serves every event rule; a process (or explain, or a test) that
+    prepares one of them must not take the others' parts for a pending change."""
+    both = [parcel(), backup(within="25h")]
+    setup(conn, *both)
+    assert migrate(conn, list(reversed(both))) == []  # the order of the rules is no change
+    plans, problems = prepare_ready(conn, [both[1]])
+    assert list(plans) == ["backup"] and not problems
+    prepare(conn, both[0])
