@@ -370,25 +370,25 @@ def cmd_actions(settings: Settings, rule: str | None, status: str | None, as_jso
     from slawatch.actions.history import list_actions
 
     with _lifecycle_db(settings) as db:
-        rows = db.run("listing actions", lambda c: list_actions(c, rule, status))
+        listed = db.run("listing actions", lambda c: list_actions(c, rule, status))
     if as_json:
-        print(json.dumps({"actions": rows}, indent=2))
+        _print_json(listed)
         return 0
-    if not rows:
+    if not listed.actions:
         print("no actions recorded" + (f" for rule {rule}" if rule else ""))
         return 0
     table = [
         [
-            r["at"] or "-",
-            r["rule"],
-            r["key"],
-            f"e{r['episode']}:n{r['n']}",
-            str(r["attempt"]),
-            r["status"],
-            "-" if r["rows"] is None else str(r["rows"]),
-            r["error"] or "",
+            _when(a.at),
+            a.rule,
+            a.key,
+            f"e{a.episode}:n{a.n}",
+            str(a.attempt),
+            a.status,
+            "-" if a.rows is None else str(a.rows),
+            a.error or "",
         ]
-        for r in rows
+        for a in listed.actions
     ]
     header = ["AT", "RULE", "KEY", "ALERT", "TRY", "STATUS", "ROWS", "ERROR"]
     print(_table(header, table, right={4, 6}))

@@ -1,6 +1,7 @@
 """What actions did: the list of attempts, replaying failed ones, pruning old ones.
 
-``slawatch actions`` and ``GET /v1/actions`` read :func:`list_actions`;
+``slawatch actions`` and ``GET /v1/actions`` read :func:`list_actions`, and the
+alerts' lists (``alerts --json``, ``/v1/alerts``, the on-call page) :func:`actions_of`;
 ``slawatch replay --actions`` runs :func:`replay_actions`: each failed attempt not
 retried since runs once more with the values it was bound to, under a savepoint in
 its own transaction, recorded as the next attempt (``action_once`` keeps two
@@ -11,17 +12,65 @@ older than its window with :func:`prune_actions`, as it prunes alerts.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
+
+from psycopg import sql
+from pydantic import BaseModel, Field
 
 from slawatch.actions.run import Mode, Record, params_of, queries, record, run_one
-from slawatch.config.rules import Rule
+from slawatch.config.files import shorten
+from slawatch.config.rules import RULE_NAME, Rule
 from slawatch.db import Connection, Database, translate
 from slawatch.engine.acting import Due
-from slawatch.engine.outbox import iso
+from slawatch.errors import BadInput
 
-STATUSES = ("ok", "failed", "skipped", "would_run")
+ActionStatus = Literal["ok", "failed", "skipped", "would_run"]
+STATUSES: tuple[ActionStatus, ...] = ("ok", "failed", "skipped", "would_run")
+# The most attempts one list returns (GET /v1/actions?limit=, slawatch actions).
+MAX_LIST = 1000
+# A list never holds a connection longer than this (as the operator's other reads).
+READ_TIMEOUT = "10s"
+
+
+class ActionAttempt(BaseModel):
+    """One attempt of a rule's action (DESIGN.md §8), as ``slawatch.action`` keeps it."""
+
+    id: int
+    rule: str
+    key: str
+    episode: int
+    n: int = Field(description="the notification whose claim ran it")
+    kind: Literal["sql"]
+    status: ActionStatus = Field(
+        description="ok: ran; failed: rolled back (see error); skipped: the episode was "
+        "acknowledged or silenced; would_run: SLAWATCH_ACTIONS was off or dry-run"
+    )
+    rows: int | None = Field(description="rows the statement touched")
+    error: str | None = Field(description="why it failed, or why it was skipped")
+    at: datetime
+    attempt: int = Field(description="1 at the claim; 2, 3, ... by slawatch replay --actions")
+    params: dict[str, str | None] = Field(description="the values its placeholders were bound to")
+
+
+class ActionList(BaseModel):
+    """Attempts of actions, newest first."""
+
+    actions: list[ActionAttempt]
+
+
+def _attempt(row: tuple[Any, ...]) -> ActionAttempt:
+    keys = ("id", "rule", "key", "episode", "n", "kind", "status", "rows", "error", "at")
+    item = dict(zip(keys, row[:10], strict=True))
+    return ActionAttempt(**item, attempt=row[10], params=params_of(row[11]))
+
+
+def _read(conn: Connection, what: str, name: str, params: dict[str, Any]) -> list[Any]:
+    with translate(what), conn.transaction():
+        conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(READ_TIMEOUT)))
+        return conn.execute(queries()[name], params).fetchall()
 
 
 def list_actions(
@@ -29,20 +78,33 @@ def list_actions(
     rule: str | None = None,
     status: str | None = None,
     limit: int = 100,
-) -> list[dict[str, Any]]:
-    """The latest attempts (newest first) as the API and ``--json`` show them."""
-    with translate("listing actions"):
-        cur = conn.execute(
-            queries()["list_actions"], {"rule": rule, "status": status, "limit": limit}
-        )
-        rows = cur.fetchall()
-    keys = ("id", "rule", "key", "episode", "n", "kind", "status", "rows", "error", "at")
-    out = []
-    for row in rows:
-        item = dict(zip(keys, row[:10], strict=True))
-        item["at"] = iso(item["at"])
-        item["attempt"], item["params"] = row[10], row[11]
-        out.append(item)
+) -> ActionList:
+    """The latest ``limit`` attempts (newest first), of one rule and/or one status."""
+    if rule is not None and not RULE_NAME.fullmatch(rule):
+        raise BadInput(f"rule: {shorten(rule)} is not a rule name ([a-z][a-z0-9_]{{0,39}})")
+    if status is not None and status not in STATUSES:
+        raise BadInput(f"status: {shorten(status)} is not one of {', '.join(STATUSES)}")
+    if not 1 <= limit <= MAX_LIST:
+        raise BadInput(f"limit: {limit} is not from 1 to {MAX_LIST}")
+    params = {"rule": rule, "status": status, "limit": limit}
+    rows = _read(conn, "listing actions", "list_actions", params)
+    return ActionList(actions=[_attempt(r) for r in rows])
+
+
+def actions_of(
+    conn: Connection, alerts: Iterable[tuple[str, str, int, int]]
+) -> dict[tuple[str, str, int, int], list[ActionAttempt]]:
+    """The attempts of the action each of ``alerts`` (rule, key, episode, n) triggered,
+    first attempt first; an alert that triggered none is left out."""
+    wanted = sorted(set(alerts))
+    if not wanted:
+        return {}
+    rules, keys, episodes, numbers = (list(column) for column in zip(*wanted, strict=True))
+    params = {"rules": rules, "keys": keys, "episodes": episodes, "ns": numbers}
+    out: dict[tuple[str, str, int, int], list[ActionAttempt]] = {}
+    for row in _read(conn, "reading actions of alerts", "actions_of", params):
+        got = _attempt(row)
+        out.setdefault((got.rule, got.key, got.episode, got.n), []).append(got)
     return out
 
 

@@ -1,5 +1,5 @@
-"""The admin HTTP API of ``slawatch run``: health, metrics, rules, alerts, stats, replay,
-acknowledgements, silences, and events (``POST /v1/events``).
+"""The admin HTTP API of ``slawatch run``: health, metrics, rules, alerts, actions, stats,
+replay, acknowledgements, silences, and events (``POST /v1/events``).
 
 FastAPI gives the routes their OpenAPI document (``/openapi.json``) from the
 pydantic models of :mod:`slawatch.operate.inspect`, the same shapes the CLI's ``--json``
@@ -56,6 +56,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slawatch import __version__
+from slawatch.actions.history import MAX_LIST as MAX_ACTIONS
+from slawatch.actions.history import ActionList, ActionStatus, list_actions
 from slawatch.clock import Clock
 from slawatch.config.rules import EVENT_TYPE, Rule
 from slawatch.config.settings import DEFAULT_RETENTION, is_loopback
@@ -794,6 +796,16 @@ def create_app(
     def get_one_alert(alert: Annotated[str, Path(max_length=2000)]) -> Alert:
         """One alert, by numeric id or idempotency id (rule:key:eE:nN), with its deliveries."""
         return read("alert", lambda c: get_alert(c, alert))
+
+    @app.get("/v1/actions", response_model=ActionList, tags=["actions"])
+    def get_actions(
+        rule: Annotated[str | None, Query(max_length=100, description="only this rule")] = None,
+        status: Annotated[ActionStatus | None, Query(description="only this status")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_ACTIONS)] = DEFAULT_LIMIT,
+    ) -> ActionList:
+        """The latest attempts of rules' actions (DESIGN.md §8), newest first."""
+        name = None if rule is None else check_rule_name(rule)
+        return read("actions", lambda c: list_actions(c, name, status, limit))
 
     @app.get("/v1/stats", response_model=Stats, tags=["alerts"])
     def get_stats() -> Stats:

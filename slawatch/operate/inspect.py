@@ -28,6 +28,7 @@ import psycopg
 from psycopg import sql
 from pydantic import BaseModel, Field
 
+from slawatch.actions.history import ActionAttempt, actions_of
 from slawatch.config.durations import format_duration, parse_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import RULE_NAME, Rule
@@ -164,6 +165,11 @@ class Alert(BaseModel):
     fired_at: datetime
     row: dict[str, Any]
     deliveries: list[Delivery]
+    actions: list[ActionAttempt] = Field(
+        default_factory=list,
+        description="the attempts of the rule's action this notification triggered "
+        "(DESIGN.md §8), first attempt first",
+    )
 
 
 class AlertPage(BaseModel):
@@ -481,6 +487,8 @@ def _alerts(conn: Connection, rows: list[tuple[Any, ...]]) -> list[Alert]:
                     summary_id=d[7],
                 )
             )
+    firing = [(r[1], r[2], r[3], r[4]) for r in rows if r[5] == "firing"]
+    acted = actions_of(conn, firing) if firing else {}
     return [
         Alert(
             id=i,
@@ -496,6 +504,7 @@ def _alerts(conn: Connection, rows: list[tuple[Any, ...]]) -> list[Alert]:
             fired_at=fired_at,
             row=row,
             deliveries=deliveries[i],
+            actions=acted.get((rule, key, ep, n), []),
         )
         for i, rule, key, ep, n, kind, severity, deadline, due_at, fired_at, row in rows
     ]

@@ -1,5 +1,6 @@
 """The on-call page at ``/`` of the admin server: each rule's state, a chart of its
-alerts per hour, the recent alerts with their deliveries, acks and silences.
+alerts per hour, the recent alerts with their deliveries, the attempts of the
+action each triggered, acks and silences.
 
 Rendered on the server with f-strings, every value through :func:`esc`
 (``html.escape``): the page is one screen of markup, and a template engine would
@@ -32,6 +33,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
+from slawatch.actions.history import ActionAttempt
 from slawatch.operate.inspect import Alert, EpisodeAck, HourlyAlerts, RuleStatus
 from slawatch.operate.lifecycle import Silence
 from slawatch.operate.session import SESSION_AGE
@@ -200,6 +202,9 @@ def _alert(
         )
         or '<li class="muted">no deliveries</li>'
     )
+    acted = "".join(_action(a, now) for a in alert.actions)
+    if acted:
+        acted = f'<ul class="acted">{acted}</ul>'
     actions = []
     if acked is not None:
         actions.append(
@@ -224,8 +229,21 @@ data-id="{esc(alert.idempotency_id)}">
 <p class="times">fired {_when(alert.fired_at, now)} · deadline {_when(alert.deadline, now)}</p>
 <dl class="row">{fields}</dl>
 <ul class="deliveries">{deliveries}</ul>
-<div class="actions">{" ".join(actions)}</div>
+{acted}<div class="actions">{" ".join(actions)}</div>
 </article>"""
+
+
+def _action(attempt: ActionAttempt, now: datetime) -> str:
+    """One attempt of the rule's action, beside the alert that triggered it."""
+    rows = ""
+    if attempt.rows is not None:
+        rows = f" · {attempt.rows} row{'s' if attempt.rows != 1 else ''}"
+    again = f" · attempt {attempt.attempt}" if attempt.attempt > 1 else ""
+    why = f'<br><span class="err">{esc(attempt.error)}</span>' if attempt.error else ""
+    return (
+        f'<li class="act-{esc(attempt.status)}"><b>action</b> {esc(attempt.status)}{rows}{again}'
+        f" · {_when(attempt.at, now)}{why}</li>"
+    )
 
 
 def _silence(silence: Silence, writes: bool, now: datetime) -> str:

@@ -38,3 +38,14 @@ SELECT a.id, a.rule, a.key, a.episode, a.n, a.attempt, a.params
 -- Attempts older than the retention window, a batch per statement (action_at).
 DELETE FROM slawatch.action WHERE id = ANY (ARRAY(
     SELECT id FROM slawatch.action WHERE at < %(cutoff)s ORDER BY at LIMIT %(batch)s))
+
+-- actions_of --
+-- The attempts of the actions the alerts given as parallel arrays triggered (action_once
+-- by rule, key and episode), first attempt first.
+SELECT a.id, a.rule, a.key, a.episode, a.n, a.kind, a.status, a.rows, a.error, a.at,
+       a.attempt, a.params
+  FROM unnest(%(rules)s::text[], %(keys)s::text[], %(episodes)s::int[], %(ns)s::int[])
+       AS w(rule, key, episode, n)
+  JOIN slawatch.action a ON a.rule = w.rule AND a.key = w.key AND a.episode = w.episode
+                        AND a.n = w.n
+ ORDER BY a.rule, a.key, a.episode, a.attempt

@@ -308,6 +308,7 @@ def test_openapi_document(rules: list[Rule], start: Start) -> None:
         "/v1/rules/{rule}",
         "/v1/alerts",
         "/v1/alerts/{alert}",
+        "/v1/actions",
         "/v1/stats",
         "/v1/replay",
         "/v1/alerts/{alert}/ack",
