@@ -136,6 +136,15 @@ def cmd_check(settings: Settings) -> int:
             if todo:
                 unready.append(rule.name)
                 lines.append(f"    not migrated: {'; '.join(todo)}")
+        refused, notes = _check_actions(conn, rules)
+    if refused:
+        print(
+            f"refused: {what} are valid, but {_many(len(refused), 'action')} cannot run as"
+            " the role slawatch connects as (migrate --print prints the GRANTs they need):"
+        )
+        print("\n".join(refused + notes))
+        return 2
+    lines += notes
     if unready or not schema:
         names = ", ".join(unready) or "slawatch's own schema"
         print(f"not ready: {what} are valid, but 'slawatch run' needs 'slawatch migrate' first")
@@ -145,6 +154,22 @@ def cmd_check(settings: Settings) -> int:
     print(f"ok: {what}, checked against {redact(settings.dsn)}")
     print("\n".join(lines))
     return 0
+
+
+def _check_actions(conn: Connection, rules: list[Rule]) -> tuple[list[str], list[str]]:
+    """``check``'s lines about actions (DESIGN.md §8): each rule whose action the role
+    cannot run, with the server's reason; a note for each ``track: table`` rule whose
+    action writes the table it watches."""
+    from slawatch.actions.verify import refused, writes_watched
+
+    problems = [f"  {r.rule}: action: {r.reason}" for r in refused(conn, rules)]
+    notes = [
+        f"  {rule.name}: note: its action writes {rule.table}, which slawatch itself never"
+        " writes (track: table)"
+        for rule in rules
+        if rule.track == "table" and writes_watched(conn, rule)
+    ]
+    return problems, notes
 
 
 def cmd_migrate(

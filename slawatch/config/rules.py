@@ -632,7 +632,7 @@ def predicate_problem(text: str) -> str | None:
         or select.whereClause is None
     ):
         return "must be one SQL condition, not a query (no UNION, ORDER BY, LIMIT, ...)"
-    for node in _walk(select.whereClause):
+    for node in walk(select.whereClause):
         if isinstance(node, ast.SubLink):
             return "must not contain a subquery (a partial index cannot use one)"
         if isinstance(node, ast.ParamRef):
@@ -663,10 +663,7 @@ def action_problem(text: str) -> str | None:
         return str(exc)
     try:
         # The statement as psycopg will send it, each placeholder a parameter ($n).
-        numbered = statement.replace("%%", "\x00")
-        for i, name in enumerate(dict.fromkeys(names), 1):
-            numbered = numbered.replace(f"%({name})s", f"${i}")
-        statements = pglast.parse_sql(numbered.replace("\x00", "%"))
+        statements = pglast.parse_sql(action_numbered(statement, names))
     except pglast.parser.ParseError as exc:
         return f"not an SQL statement: {exc.args[0]}"
     if len(statements) != 1:
@@ -695,6 +692,15 @@ def action_problem(text: str) -> str | None:
         "CopyStmt": "COPY",
     }.get(kind, f"{kind.removesuffix('Stmt').upper()} (DDL or a utility statement)")
     return f"{what} is not allowed: one INSERT, UPDATE, DELETE or SELECT fn(...)"
+
+
+def action_numbered(statement: str, names: list[str]) -> str:
+    """``statement`` (of :func:`action_statement`) as the server parses it: each
+    ``%(name)s`` of ``names`` as ``$1``, ``$2``, ... in that order."""
+    out = statement.replace("%%", "\x00")
+    for i, name in enumerate(names, 1):
+        out = out.replace(f"%({name})s", f"${i}")
+    return out.replace("\x00", "%")
 
 
 def action_statement(text: str) -> tuple[str, list[str]]:
@@ -735,7 +741,7 @@ def condition_columns(text: str) -> set[str]:
 
     where = pglast.parse_sql("SELECT 1 WHERE " + text)[0].stmt.whereClause  # type: ignore[union-attr]
     names: set[str] = set()
-    for node in _walk(where):
+    for node in walk(where):
         if isinstance(node, ast.ColumnRef) and node.fields:
             last = node.fields[-1]
             if isinstance(last, ast.String) and last.sval:
@@ -743,7 +749,7 @@ def condition_columns(text: str) -> set[str]:
     return names
 
 
-def _walk(node: object) -> list[object]:
+def walk(node: object) -> list[object]:
     """Every AST node below ``node``, itself included."""
     from pglast import ast
 

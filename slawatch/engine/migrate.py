@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from psycopg import sql
 
 from slawatch.clock import Clock
+from slawatch.config.needs import needs
 from slawatch.config.rules import Rule, condition_columns
 from slawatch.db import Connection, translate
 from slawatch.engine import schema, timers, trackswitch
@@ -200,6 +201,37 @@ def grants(
                     r,
                 )
             )
+    schemas = {rule.schema_name for rule in rules if rule.events is None}
+    for rule in rules:
+        if rule.action is not None:
+            out.extend(action_grants(rule.action.sql, r, schemas))
+    return out
+
+
+def action_grants(text: str, role: sql.Identifier, schemas: set[str]) -> list[sql.Composed]:
+    """The GRANTs an action statement needs (config/needs.py), USAGE on a schema it
+    names first unless ``schemas`` (granted already) has it; adds those to ``schemas``."""
+    out = []
+    for need in needs(text):
+        if need.schema is not None and need.schema not in schemas:
+            schemas.add(need.schema)
+            out.append(
+                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(need.schema), role)
+            )
+        parts = [need.schema, need.name] if need.schema is not None else [need.name]
+        target = sql.Identifier(*parts)
+        if need.function:
+            # No argument list: PostgreSQL grants on the one function of that name
+            # (and says so when there are several).
+            out.append(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(target, role))
+            continue
+        columns: sql.Composable = sql.SQL("")
+        if need.columns:
+            names = sql.SQL(", ").join(sql.Identifier(c) for c in need.columns)
+            columns = sql.SQL(" ({})").format(names)
+        out.append(
+            sql.SQL("GRANT {}{} ON {} TO {}").format(sql.SQL(need.privilege), columns, target, role)
+        )
     return out
 
 

@@ -1,0 +1,70 @@
+"""``slawatch check`` with a database: can the role slawatch runs as run each rule's
+action (DESIGN.md §8)?
+
+The server decides, not a reading of the statement: each statement is planned with
+``EXPLAIN`` (never run), its placeholders bound to NULL, as the connected role,
+inside a transaction that is rolled back. Planning checks every privilege the
+statement needs (column UPDATE and SELECT, INSERT, DELETE, function EXECUTE) and
+that its tables, columns and functions exist, so a refusal is found here rather
+than at 3 a.m. as a ``failed`` attempt. What it cannot see: privileges used only
+when rows are touched (a sequence's ``nextval`` in a column default, what a
+trigger or the called function does inside).
+
+A ``track: table`` rule promises never to write the watched table; its action may,
+and :func:`writes_watched` says when it does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from slawatch.config.needs import needs
+from slawatch.config.rules import Rule
+from slawatch.db import Connection, attempt, translate
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A rule whose action the role cannot run, and the server's reason."""
+
+    rule: str
+    reason: str
+
+
+def refused(conn: Connection, rules: list[Rule]) -> list[Refused]:
+    """The rules (with an action) whose statement the connected role cannot run."""
+    out: list[Refused] = []
+    for rule in rules:
+        if rule.action is None:
+            continue
+        params = dict.fromkeys(rule.action.placeholders)
+        explain = "EXPLAIN " + rule.action.statement
+        with translate(f"checking the action of rule {rule.name}"), conn.transaction():
+            # Nothing runs (EXPLAIN only plans), and the transaction is rolled back anyway.
+            _, reason = attempt(conn, explain, params, max_rows=1_000_000_000)
+            raise psycopg.Rollback()
+        if reason is not None:
+            out.append(Refused(rule.name, reason))
+    return out
+
+
+def writes_watched(conn: Connection, rule: Rule) -> bool:
+    """Whether ``rule``'s action writes (INSERT, UPDATE, DELETE) the table it watches,
+    as the server resolves both names (a called function is not looked into)."""
+    if rule.action is None or rule.events is not None:
+        return False
+    written = [
+        sql.Identifier(*([n.schema, n.name] if n.schema else [n.name])).as_string(conn)
+        for n in needs(rule.action.sql)
+        if n.privilege in ("INSERT", "UPDATE", "DELETE")
+    ]
+    watched = sql.Identifier(rule.schema_name, rule.table_name).as_string(conn)
+    with translate(f"resolving the tables of rule {rule.name}"):
+        row = conn.execute(
+            "SELECT to_regclass(%s) = ANY (ARRAY(SELECT to_regclass(w) FROM unnest(%s::text[]) w))",
+            (watched, written),
+        ).fetchone()
+    return bool(row and row[0])

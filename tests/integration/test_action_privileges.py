@@ -1,0 +1,184 @@
+"""An action's privileges (DESIGN.md §8): ``migrate --print`` prints the GRANTs its
+statement needs, and ``check`` asks the server whether the role slawatch connects as
+can run it — here a real role holding only the printed GRANTs."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from slawatch.actions.run import runner
+from slawatch.cli import main
+from slawatch.config.rules import Rule
+from slawatch.demo import SHOP
+from slawatch.engine.claim import prepare
+from slawatch.engine.migrate import grants, migrate
+from tests.conftest import ROOT
+from tests.integration.helpers import Conn, claim_all
+
+# Reads a column the rule does not (worker): its SELECT is the action's own GRANT.
+RESTART = (
+    "update jobs set status = 'queued', worker = ''"
+    " where id = :id and status = 'running' and worker <> ''"
+)
+REQUEUE = "select requeue(:id)"
+
+
+def job_rule(sql: str = RESTART, track: str = "table") -> Rule:
+    return Rule.model_validate(
+        {
+            "name": "job_hung",
+            "table": "public.jobs",
+            "key": "id",
+            "track": track,
+            "deadline": "heartbeat_at",
+            "after": "15m",
+            "open_when": "status = 'running'",
+            "columns": ["id", "kind"],
+            "notify": ["console"],
+            "action": {"sql": sql},
+        }
+    )
+
+
+def write(rules: Path, rule: Rule) -> None:
+    rules.mkdir(exist_ok=True)
+    body = rule.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"name"})
+    (rules / f"{rule.name}.yaml").write_text(yaml.safe_dump(body))
+
+
+@pytest.fixture
+def role(conn: Conn, dsn: str) -> Iterator[tuple[str, str]]:
+    """A login role holding nothing yet, and a DSN that connects as it."""
+    name = f"slawatch_app_{uuid.uuid4().hex[:6]}"
+    conn.execute(f"CREATE ROLE {name} LOGIN")
+    params = conninfo_to_dict(dsn) | {"user": name}
+    params.pop("password", None)
+    try:
+        yield name, make_conninfo(**params)
+    finally:
+        conn.execute(f"DROP OWNED BY {name}")
+        conn.execute(f"DROP ROLE {name}")
+
+
+def shop(conn: Conn, rule: Rule) -> None:
+    conn.execute(SHOP)
+    conn.execute(
+        "CREATE FUNCTION requeue(job bigint) RETURNS void LANGUAGE sql"
+        " AS $$ UPDATE jobs SET status = 'queued' WHERE id = job $$"
+    )
+    conn.execute("REVOKE EXECUTE ON FUNCTION requeue(bigint) FROM PUBLIC")
+    migrate(conn, [rule])
+    conn.execute(
+        "INSERT INTO jobs VALUES (1, 'sync', 'w1', 'running', %s)",
+        (datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=1),),
+    )
+
+
+def check(tmp_path: Path, dsn: str, rule: Rule, capsys: pytest.CaptureFixture[str]) -> Any:
+    write(tmp_path / "rules", rule)
+    rules = str(tmp_path / "rules")
+    code = main(["--dsn", dsn, "--rules", rules, "--notifiers", str(ROOT / "notifiers"), "check"])
+    return code, capsys.readouterr().out
+
+
+def test_migrate_print_prints_the_grants_each_action_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(tmp_path / "rules", job_rule())
+    write(
+        tmp_path / "rules",
+        job_rule("insert into ops.restarts (job_id) values (:id)").model_copy(
+            update={"name": "job_logged"}
+        ),
+    )
+    write(tmp_path / "rules", job_rule(REQUEUE).model_copy(update={"name": "job_requeued"}))
+    args = ["--rules", str(tmp_path / "rules"), "--notifiers", str(ROOT / "notifiers")]
+    assert main([*args, "migrate", "--print"]) == 0
+    out = capsys.readouterr().out
+    assert 'GRANT UPDATE ("status", "worker") ON "jobs" TO "slawatch_app";' in out
+    assert 'GRANT SELECT ("id", "status", "worker") ON "jobs" TO "slawatch_app";' in out
+    assert 'GRANT USAGE ON SCHEMA "ops" TO "slawatch_app";' in out
+    assert 'GRANT INSERT ("job_id") ON "ops"."restarts" TO "slawatch_app";' in out
+    assert 'GRANT EXECUTE ON FUNCTION "requeue" TO "slawatch_app";' in out
+
+
+@pytest.mark.parametrize("sql", [RESTART, REQUEUE])
+def test_check_names_each_action_the_role_cannot_run_until_granted(
+    conn: Conn,
+    role: tuple[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sql: str,
+) -> None:
+    name, as_role = role
+    rule = job_rule(sql)
+    shop(conn, rule)
+    without = job_rule().model_copy(update={"action": None})
+    for g in grants([without], name):  # all but the action's
+        conn.execute(g)
+    code, out = check(tmp_path, as_role, rule, capsys)
+    assert code == 2, out
+    what = "table jobs" if sql == RESTART else "function requeue"
+    assert f"  job_hung: action: permission denied for {what}\n" in out
+    assert out.startswith("refused: 1 rules, 1 notifiers are valid, but 1 action cannot run as")
+    for g in grants([rule], name):
+        conn.execute(g)
+    code, out = check(tmp_path, as_role, rule, capsys)
+    assert code == 0, out
+    assert out.startswith("ok: 1 rules")
+    # The role ran nothing while checking: the job is still running.
+    assert conn.execute("SELECT status FROM jobs").fetchone() == ("running",)
+
+
+def test_the_printed_grants_are_enough_for_the_action_and_no_more(
+    conn: Conn, role: tuple[str, str]
+) -> None:
+    name, as_role = role
+    rule = job_rule()
+    shop(conn, rule)
+    for g in grants([rule], name):
+        conn.execute(g)
+    with psycopg.connect(as_role, autocommit=True) as app:
+        plan = prepare(app, rule).with_act(runner("on"))
+        assert claim_all(app, plan, datetime.now(UTC)) == 1
+        assert app.execute("SELECT status FROM slawatch.action").fetchall() == [("ok",)]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("UPDATE jobs SET kind = 'other'")
+    assert conn.execute("SELECT status, worker FROM jobs").fetchone() == ("queued", "")
+
+
+def test_check_notes_a_track_table_rule_whose_action_writes_its_table(
+    conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rule = job_rule()
+    shop(conn, rule)
+    code, out = check(tmp_path, dsn, rule, capsys)
+    assert code == 0, out
+    assert "  job_hung: note: its action writes public.jobs, which slawatch itself never" in out
+    conn.execute("CREATE TABLE restarts (job_id bigint)")
+    elsewhere = job_rule("insert into restarts values (:id)")
+    code, out = check(tmp_path, dsn, elsewhere, capsys)
+    assert code == 0 and "note:" not in out, out
+    inline = job_rule(track="inline")
+    migrate(conn, [inline])
+    code, out = check(tmp_path, dsn, inline, capsys)
+    assert code == 0 and "note:" not in out, out
+
+
+def test_check_names_an_action_on_a_missing_column(
+    conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rule = job_rule("update jobs set restarts = restarts + 1 where id = :id")
+    shop(conn, rule)
+    code, out = check(tmp_path, dsn, rule, capsys)
+    assert code == 2, out
+    assert '\n  job_hung: action: column "restarts" does not exist\n' in out
