@@ -8,18 +8,25 @@ fails; a job of another rule has no action.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from slawatch.cli import main
 from slawatch.config.rules import Rule
 from slawatch.db import Database
 from slawatch.operate.admin import create_app, serve_in_thread
+from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock, claim_all
 from tests.integration.test_actions import T0, M, S, job_rule, naive, setup
+from tests.pgcluster import free_port
+from tests.waiting import wait_until
 
 TOKEN = "actions-token-0123456789"
 
@@ -171,3 +178,43 @@ def test_slawatch_actions_prints_the_same_list(
     assert main(["--dsn", dsn, "actions", "--status", "failed"]) == 0
     out = capsys.readouterr().out
     assert "2026-03-01 12:25:01Z" in out and "does not exist" in out and " ok " not in out
+
+
+def test_slawatch_run_counts_its_actions_in_metrics(conn: Conn, dsn: str, tmp_path: Path) -> None:
+    """The wiring of `slawatch run`: its runner counts each attempt in its /metrics."""
+    rule = job_rule()
+    setup(conn, rule, jobs=2)  # heartbeats long past: both jobs are hung now
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "job_hung.yaml").write_text(
+        yaml.safe_dump(rule.model_dump(mode="json", by_alias=True, exclude_unset=True))
+    )
+    url = f"http://127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")} | {
+        "SLAWATCH_DSN": dsn,
+        "SLAWATCH_RULES_DIR": str(rules),
+        "SLAWATCH_NOTIFIERS_DIR": str(ROOT / "notifiers"),
+        "SLAWATCH_HTTP": url.removeprefix("http://"),
+    }
+    sample = 'slawatch_actions_total{rule="job_hung",status="ok"} 2.0'
+    with subprocess.Popen(
+        [sys.executable, "-m", "slawatch", "run"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
+        try:
+
+            def counted() -> bool:
+                try:
+                    return sample in httpx.get(f"{url}/metrics", timeout=5).text
+                except httpx.TransportError:
+                    assert proc.poll() is None, "slawatch run ended"
+                    return False
+
+            wait_until(counted, "slawatch_actions_total in /metrics")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert conn.execute("SELECT count(*) FROM restarts").fetchone() == (2,)
