@@ -1,0 +1,167 @@
+"""Claim rate with an action on each row (DESIGN.md §8, issue 16's goal).
+
+Loads a jobs table of ROWS rows of which DUE are hung, then drains them in
+batches three ways, interleaved, ROUNDS times each (the table reset between runs):
+
+- ``no action``: slawatch's claim of the rule without its action (one statement);
+- ``action``: the same rule restarting each job (``update bench ... where id = :id``)
+  in the claim's transaction, each under its own savepoint, recorded in
+  slawatch.action (slawatch/actions/run.py);
+- ``raw pair``: the seed's two statements in one transaction: the raw claim
+  ``UPDATE ... RETURNING`` (no outbox), then one set-based UPDATE of the claimed rows.
+
+Prints each run, the medians, and the ratio action / raw pair beside the goal
+(>= 1.0x). Not a test: figures depend on the machine.
+
+    .venv/bin/python bench/actions.py [--rows 200000] [--due 20000] [--batch 1000]
+                                      [--rounds 3]
+
+Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from benchdb import scratch_database
+
+from slawatch.actions.run import runner
+from slawatch.config.rules import Rule
+from slawatch.engine.claim import claim_batch, plan_claim
+from slawatch.engine.migrate import migrate
+
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
+RESTART = "update bench set status = 'queued', restarts = restarts + 1 where id = :id"
+
+# The seed's claim as written by hand: mark a batch notified, return the rows.
+RAW_CLAIM = """
+UPDATE bench SET sw_bench_n = sw_bench_n + 1, sw_bench_next = NULL
+ WHERE ctid = ANY (ARRAY(
+       SELECT ctid FROM bench WHERE heartbeat_at < %(cutoff)s::timestamptz
+          AND sw_bench_n = 0 AND (status = 'running') ORDER BY heartbeat_at
+        LIMIT %(batch)s::int))
+RETURNING id"""
+# ... then its second statement: the restart, set-based.
+RAW_RESTART = (
+    "UPDATE bench SET status = 'queued', restarts = restarts + 1 WHERE id = ANY(%(ids)s::bigint[])"
+)
+
+RAW_LABEL = "raw pair (claim, then one UPDATE)"
+Conn = psycopg.Connection[tuple[object, ...]]
+
+
+def load(conn: Conn, rows: int, due: int) -> Rule:
+    conn.execute("DROP TABLE IF EXISTS bench; DROP SCHEMA IF EXISTS slawatch CASCADE")
+    conn.execute(
+        "CREATE TABLE bench (id bigint PRIMARY KEY, kind text NOT NULL, status text NOT NULL,"
+        " restarts int NOT NULL DEFAULT 0, heartbeat_at timestamptz)"
+    )
+    step = max(rows // due, 1)  # every step-th job is running and hung; the rest done
+    conn.execute(
+        "INSERT INTO bench SELECT g, 'sync',"
+        " CASE WHEN mod(g, %(step)s::int) = 0 THEN 'running' ELSE 'done' END, 0,"
+        " %(now)s::timestamptz - interval '2 hours' - g * interval '1 second'"
+        " FROM generate_series(1, %(rows)s::int) g",
+        {"step": step, "now": NOW, "rows": rows},
+    )
+    rule = Rule.model_validate(
+        {
+            "name": "bench",
+            "table": "bench",
+            "key": "id",
+            "deadline": "heartbeat_at",
+            "after": "15m",
+            "open_when": "status = 'running'",
+            "columns": ["id", "kind"],
+            "notify": ["ops"],
+            "action": {"sql": RESTART},
+        }
+    )
+    migrate(conn, [rule])
+    conn.execute("VACUUM ANALYZE bench")
+    return rule
+
+
+def reset(conn: Conn) -> None:
+    conn.execute(
+        "UPDATE bench SET status = 'running', restarts = 0, sw_bench_n = 0,"
+        " sw_bench_next = NULL, sw_bench_seen = NULL, sw_bench_ep = 0"
+        " WHERE sw_bench_n > 0 OR restarts > 0"
+    )
+    conn.execute("TRUNCATE slawatch.alert, slawatch.delivery, slawatch.action")
+    conn.execute("VACUUM ANALYZE bench")
+    conn.execute("CHECKPOINT")
+
+
+def drain(step: Callable[[], int], batch: int) -> int:
+    total = 0
+    while True:
+        got = step()
+        total += got
+        if got < batch:
+            return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--due", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    with scratch_database() as db, psycopg.connect(db, autocommit=True) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+        rule = load(conn, args.rows, args.due).model_copy(update={"batch": args.batch})
+        print(
+            f"PostgreSQL {version[0] if version else '?'}; {args.rows:,} jobs, {args.due:,} hung,"
+            f" batch {args.batch:,}; {args.rounds} interleaved rounds\n"
+        )
+        kind = "timestamp with time zone"
+        bare = plan_claim(rule.model_copy(update={"action": None}), kind)
+        acting = plan_claim(rule, kind).with_act(runner("on"))
+        params = {"cutoff": NOW - timedelta(minutes=15), "batch": args.batch}
+
+        def raw_pair() -> int:
+            with conn.transaction():
+                ids = [r[0] for r in conn.execute(RAW_CLAIM, params).fetchall()]
+                if ids:
+                    conn.execute(RAW_RESTART, {"ids": ids})
+                return len(ids)
+
+        variants: dict[str, Callable[[], int]] = {
+            "slawatch claim, no action": lambda: claim_batch(conn, bare, NOW),
+            "slawatch claim + action per row": lambda: claim_batch(conn, acting, NOW),
+            RAW_LABEL: raw_pair,
+        }
+        rates: dict[str, list[float]] = {label: [] for label in variants}
+        print(f"{'variant':<36} {'run':>3} {'rows':>8} {'seconds':>8} {'rows/s':>9}")
+        for round_ in range(args.rounds):
+            for label, step in variants.items():
+                reset(conn)
+                t = time.perf_counter()
+                total = drain(step, args.batch)
+                secs = time.perf_counter() - t
+                restarted = conn.execute("SELECT count(*) FROM bench WHERE restarts > 0")
+                done = restarted.fetchone()
+                assert total == args.due, (label, total)
+                assert "no action" in label or (done and done[0] == args.due), (label, done)
+                rates[label].append(total / secs)
+                print(f"{label:<36} {round_ + 1:>3} {total:>8,} {secs:>8.2f} {total / secs:>9,.0f}")
+        print("\nmedians (rows/s)")
+        median = {label: statistics.median(r) for label, r in rates.items()}
+        for label, value in median.items():
+            print(f"  {label:<36} {value:>9,.0f}")
+        acted, raw = median["slawatch claim + action per row"], median[RAW_LABEL]
+        ratio = acted / raw
+        verdict = "met" if ratio >= 1.0 else "MISSED"
+        print(f"\naction / raw pair: {ratio:.2f}x   (goal >= 1.0x: {verdict})")
+
+
+if __name__ == "__main__":
+    main()
