@@ -19,13 +19,18 @@ Prints, in one run, each figure of the issue's performance table with its goal:
    second ingested beside them, `slawatch run` scanning the rule `every: 1s`.
 5. Bytes per open timer (heap + indexes: pg_total_relation_size / rows) of that table.
 6. 100 k events published to RabbitMQ, Redis Streams and NATS JetStream: each broker's
-   own publish rate, beside slawatch's consumption of them.
+   own publish rate, beside the rate `slawatch run` stores them at (a source per broker,
+   batches of 1,000; "n/a" while slawatch has no sources).
 
-Not a test: the figures depend on the machine (and on what else runs on it).
+Beside each rate, the PostgreSQL backend's own CPU time per item (read from /proc when
+the server runs on this machine): on a busy machine the wall-clock ratios move by
+±20 % from run to run, the CPU times much less. Not a test: the figures depend on the
+machine (and on what else runs on it).
 
-    .venv/bin/python bench/events.py                      # 1 M timers: about 10 minutes
-    .venv/bin/python bench/events.py --timers 100000      # quicker
-    .venv/bin/python bench/events.py --quick              # seconds: does it run?
+    .venv/bin/python bench/events.py                      # 1 M timers: 6-10 minutes on 2 cores
+    .venv/bin/python bench/events.py --timers 100000      # about 5 minutes
+    .venv/bin/python bench/events.py --quick              # under a minute: does it run?
+    .venv/bin/python bench/events.py --skip fire,brokers  # of ingest,http,fire,lateness,brokers
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/);
 every database it makes is dropped at the end. Brokers on 127.0.0.1 (RabbitMQ
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -54,7 +60,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -254,14 +260,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def slawatch_run(dsn: str, every: str, http: str = "") -> Iterator[Path]:
-    """`slawatch run` with the event rule and a console notifier; yields its log file."""
+def slawatch_run(
+    dsn: str, every: str, http: str = "", sources: dict[str, dict[str, Any]] | None = None
+) -> Iterator[Path]:
+    """`slawatch run` with the event rule, a console notifier and ``sources`` (name ->
+    sources/<name>.yaml); yields its log file."""
     with tempfile.TemporaryDirectory() as tmp:
-        rules, notifiers = Path(tmp, "rules"), Path(tmp, "notifiers")
-        rules.mkdir()
-        notifiers.mkdir()
+        rules, notifiers, folder = Path(tmp, "rules"), Path(tmp, "notifiers"), Path(tmp, "src")
+        for d in (rules, notifiers, folder):
+            d.mkdir()
         (rules / f"{RULE}.yaml").write_text(json.dumps(rule_dict(every)))
         (notifiers / "ops.yaml").write_text(json.dumps({"name": "ops", "type": "console"}))
+        for name, source in (sources or {}).items():
+            (folder / f"{name}.yaml").write_text(json.dumps({"name": name, **source}))
         env = dict(
             os.environ,
             SLAWATCH_DSN=dsn,
@@ -270,10 +281,11 @@ def slawatch_run(dsn: str, every: str, http: str = "") -> Iterator[Path]:
             SLAWATCH_API_TOKEN=TOKEN,
         )
         exe = Path(sys.executable).with_name("slawatch")
-        cmd = [str(exe), "--rules", str(rules), "--notifiers", str(notifiers), "run"]
+        cmd = [str(exe), "--rules", str(rules), "--notifiers", str(notifiers)]
+        cmd += ["--sources", str(folder)] if sources else []
         log = Path(tmp, "run.log")
         with log.open("w") as out:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen([*cmd, "run"], env=env, stdout=out, stderr=subprocess.STDOUT)
             try:
                 yield log
             finally:
@@ -367,7 +379,7 @@ def measure_http(
         migrate(conn, [event_rule()])
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    rates: dict[str, list[float]] = {"http": [], "sql": []}
+    got: dict[str, list[float]] = {"http": [], "sql": []}
     with slawatch_run(dsn, "30s", f"127.0.0.1:{port}") as log:
         wait_for("slawatch run's admin API", lambda: healthy(url), 60, log)
         missing = route_missing(url)
@@ -397,8 +409,8 @@ def measure_http(
                 else:
                     rate = in_parallel(_sql_client, dsn, work(False))
                 if r:
-                    rates[name].append(rate)
-    return rates, missing
+                    got[name].append(rate)
+    return got, missing
 
 
 def healthy(url: str) -> bool:
@@ -750,111 +762,209 @@ def measure_lateness(scratch: Scratch, timers: int, rate: int, secs: int) -> Lat
 # ---------------------------------------------------------------- 6. brokers
 
 
-def broker_bodies(n: int) -> list[bytes]:
-    now = datetime.now(UTC)
-    return [orjson.dumps(e) for e in starts(2 * 10**9, n, now)]
+def broker_bodies(first: int, n: int) -> list[bytes]:
+    """``n`` start events (keys ``first`` ...), one message each, as producers send them."""
+    return [orjson.dumps(e) for e in starts(first, n, datetime.now(UTC))]
 
 
-def publish_amqp(bodies: list[bytes]) -> float:
-    """RabbitMQ: persistent messages to a durable queue, until the queue holds them all."""
-    import pika
+class Broker:
+    """One broker's queue or stream for one round: filled by :meth:`publish` (the
+    broker's own publish rate), read by slawatch through :meth:`source`, then dropped."""
 
-    queue = f"slawatch_bench_{uuid.uuid4().hex[:8]}"
-    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
-    try:
-        ch = conn.channel()
-        ch.queue_declare(queue, durable=True)
-        props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
-        t = time.perf_counter()
-        for body in bodies:
-            ch.basic_publish("", queue, body, props)
-        while ch.queue_declare(queue, passive=True).method.message_count < len(bodies):
-            conn.sleep(0.01)
-        secs = time.perf_counter() - t
-        ch.queue_delete(queue)
-    finally:
-        conn.close()
-    return len(bodies) / secs
+    label = ""
 
+    def __init__(self) -> None:
+        self.name = f"slawatch_bench_{uuid.uuid4().hex[:8]}"
 
-def publish_redis(bodies: list[bytes]) -> float:
-    """Redis Streams: XADD, pipelined 1,000 at a time."""
-    import redis
+    def publish(self, bodies: list[bytes]) -> float:
+        """Messages per second, from the first sent until the broker holds them all."""
+        raise NotImplementedError
 
-    stream = f"slawatch_bench_{uuid.uuid4().hex[:8]}"
-    client = redis.Redis("127.0.0.1", 6379)
-    try:
-        t = time.perf_counter()
-        for i in range(0, len(bodies), 1000):
-            pipe = client.pipeline(transaction=False)
-            for body in bodies[i : i + 1000]:
-                pipe.xadd(stream, {"event": body})
-            pipe.execute()
-        secs = time.perf_counter() - t
-        assert client.xlen(stream) == len(bodies)
-    finally:
-        client.delete(stream)
-        client.close()
-    return len(bodies) / secs
+    def source(self) -> dict[str, Any]:
+        """The sources/<name>.yaml that reads them, a batch of 1,000 per transaction."""
+        raise NotImplementedError
+
+    def drop(self) -> None:
+        raise NotImplementedError
 
 
-def publish_nats(bodies: list[bytes]) -> float:
-    """NATS JetStream: publishes on the stream's subject, until the stream holds them all."""
+class Rabbit(Broker):
+    label = "RabbitMQ (durable queue, persistent)"
 
-    async def run() -> float:
-        import nats
+    def publish(self, bodies: list[bytes]) -> float:
+        import pika
 
-        name = f"slawatch_bench_{uuid.uuid4().hex[:8]}"
-        nc = await nats.connect("nats://127.0.0.1:4222")
-        js = nc.jetstream()
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
         try:
-            await js.add_stream(name=name, subjects=[f"{name}.events"])
+            ch = conn.channel()
+            ch.queue_declare(self.name, durable=True)
+            props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
             t = time.perf_counter()
             for body in bodies:
-                await nc.publish(f"{name}.events", body)
-            await nc.flush()
-            while (await js.stream_info(name)).state.messages < len(bodies):
-                await asyncio.sleep(0.01)
-            secs = time.perf_counter() - t
-            await js.delete_stream(name)
+                ch.basic_publish("", self.name, body, props)
+            while ch.queue_declare(self.name, passive=True).method.message_count < len(bodies):
+                conn.sleep(0.01)
+            return len(bodies) / (time.perf_counter() - t)
         finally:
-            await nc.close()
+            conn.close()
+
+    def source(self) -> dict[str, Any]:
+        return {"type": "amqp", "queue": self.name, "batch": BATCH}
+
+    def drop(self) -> None:
+        import pika
+
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+        try:
+            ch = conn.channel()
+            for queue in (self.name, f"{self.name}.dead"):
+                ch.queue_delete(queue)
+        finally:
+            conn.close()
+
+
+class Redis(Broker):
+    label = "Redis (stream, XADD pipelined)"
+
+    def publish(self, bodies: list[bytes]) -> float:
+        import redis
+
+        with redis.Redis("127.0.0.1", 6379) as client:
+            t = time.perf_counter()
+            for i in range(0, len(bodies), BATCH):
+                pipe = client.pipeline(transaction=False)
+                for body in bodies[i : i + BATCH]:
+                    pipe.xadd(self.name, {"event": body})
+                pipe.execute()
+            secs = time.perf_counter() - t
+            assert client.xlen(self.name) == len(bodies)
         return len(bodies) / secs
 
-    return asyncio.run(run())
+    def source(self) -> dict[str, Any]:
+        return {
+            "type": "redis",
+            "stream": self.name,
+            "group": "slawatch",
+            "field": "event",
+            "batch": BATCH,
+        }
+
+    def drop(self) -> None:
+        import redis
+
+        with redis.Redis("127.0.0.1", 6379) as client:
+            client.delete(self.name, f"{self.name}.dead")
 
 
-PUBLISHERS: dict[str, Callable[[list[bytes]], float]] = {
-    "RabbitMQ (queue, persistent)": publish_amqp,
-    "Redis (stream, XADD)": publish_redis,
-    "NATS (JetStream stream)": publish_nats,
-}
+class Nats(Broker):
+    label = "NATS (JetStream stream)"
+
+    def publish(self, bodies: list[bytes]) -> float:
+        async def run() -> float:
+            import nats
+
+            nc = await nats.connect("nats://127.0.0.1:4222")
+            js = nc.jetstream()
+            try:
+                await js.add_stream(name=self.name, subjects=[f"{self.name}.events"])
+                t = time.perf_counter()
+                for body in bodies:
+                    await nc.publish(f"{self.name}.events", body)
+                await nc.flush()
+                while (await js.stream_info(self.name)).state.messages < len(bodies):
+                    await asyncio.sleep(0.01)
+                return len(bodies) / (time.perf_counter() - t)
+            finally:
+                await nc.close()
+
+        return asyncio.run(run())
+
+    def source(self) -> dict[str, Any]:
+        return {
+            "type": "nats",
+            "stream": self.name,
+            "subject": f"{self.name}.events",
+            "durable": "slawatch",
+            "batch": BATCH,
+        }
+
+    def drop(self) -> None:
+        async def run() -> None:
+            import nats
+            from nats.js.errors import NotFoundError
+
+            nc = await nats.connect("nats://127.0.0.1:4222")
+            try:
+                for stream in (self.name, f"{self.name}_dead"):
+                    with contextlib.suppress(NotFoundError):
+                        await nc.jetstream().delete_stream(stream)
+            finally:
+                await nc.close()
+
+        asyncio.run(run())
+
+
+BROKERS: list[type[Broker]] = [Rabbit, Redis, Nats]
 
 
 def sources_missing() -> str | None:
-    """None when slawatch consumes brokers (sources/*.yaml); else the column's text."""
+    """None when `slawatch run` consumes sources/*.yaml; else what the column says."""
     try:
         __import__("slawatch.events.sources")
     except ImportError:
         return "n/a (sources not merged)"
-    return "n/a (not measured yet)"
+    return None
 
 
-def measure_brokers(n: int, rounds: int) -> dict[str, list[float] | str]:
-    bodies = broker_bodies(n)
-    out: dict[str, list[float] | str] = {}
+def consume(dsn: str, broker: Broker, n: int) -> float:
+    """Events/s `slawatch run` stored from ``broker``'s ``n`` waiting messages: from the
+    first timer it wrote to the last (its start left out)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+
+        def stored() -> int:
+            row = conn.execute(f"SELECT count(*) FROM {TIMERS}").fetchone()
+            return int(row[0]) if row else 0
+
+        before = stored()
+        with slawatch_run(dsn, "30s", sources={"bench": broker.source()}) as log:
+            wait_for("the first event stored", lambda: stored() > before, 120, log)
+            first = time.perf_counter()
+            wait_for(f"{n:,} events stored", lambda: stored() >= before + n, 600, log)
+            return (stored() - before) / (time.perf_counter() - first)
+
+
+@dataclass
+class BrokerRates:
+    publish: list[float] = field(default_factory=list)
+    consume: list[float] = field(default_factory=list)
+    failed: str | None = None  # the broker was not reachable
+
+
+def measure_brokers(dsn: str, n: int, rounds: int) -> dict[str, BrokerRates]:
+    """Per broker, interleaved rounds: its publish rate for ``n`` messages, and (when
+    slawatch has sources) slawatch's rate of storing them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, [event_rule()])
+    out = {kind.label: BrokerRates() for kind in BROKERS}
+    nxt = 0
     for _ in range(rounds):
-        for name, publish in PUBLISHERS.items():
-            if isinstance(out.get(name), str):
+        for kind in BROKERS:
+            got = out[kind.label]
+            if got.failed:
                 continue
+            broker = kind()
             try:
-                rate = publish(bodies)
-            except Exception as exc:  # a broker that is not there: said in the table
-                out[name] = f"unavailable ({type(exc).__name__}: {str(exc)[:80]})"
-                continue
-            rates = out.setdefault(name, [])
-            assert isinstance(rates, list)
-            rates.append(rate)
+                try:
+                    got.publish.append(broker.publish(broker_bodies(nxt, n)))
+                except Exception as exc:  # not reachable: said in the table, not a crash
+                    got.failed = f"unavailable ({type(exc).__name__}: {str(exc)[:80]})"
+                    continue
+                if sources_missing() is None:
+                    got.consume.append(consume(dsn, broker, n))
+            finally:
+                nxt += n
+                with contextlib.suppress(Exception):
+                    broker.drop()
     return out
 
 
@@ -1021,18 +1131,23 @@ def report_lateness(scratch: Scratch, timers: int, rate: int, secs: int) -> list
     ]
 
 
-def report_brokers(messages: int, reps: int) -> list[Row]:
-    pub = measure_brokers(messages, reps)
-    consumed = sources_missing()
-    print(f"BROKERS: {messages:,} events published, until the broker holds them all")
+def report_brokers(scratch: Scratch, messages: int, reps: int) -> list[Row]:
+    got = measure_brokers(scratch.create("brokers"), messages, reps)
+    scratch.drop("brokers")
+    missing = sources_missing()
+    print(
+        f"BROKERS: {messages:,} events per broker and round: published until the broker holds"
+        f" them all, then stored by `slawatch run` (a source, batches of {BATCH:,})"
+    )
     rows = []
-    for name, xs in pub.items():
-        shown = xs if isinstance(xs, str) else f"publish {rate_text(med(xs))}"
-        print(f"  {name:<30} {shown}")
+    for label, r in got.items():
+        publish = r.failed or f"publish {rate_text(med(r.publish))}"
+        consumed = missing or r.failed or rate_text(med(r.consume))
+        print(f"  {label:<38} {publish}; slawatch {consumed}")
         rows.append(
             Row(
-                f"broker ingest, {name}, {messages:,} events",
-                f"slawatch {consumed}; {shown}",
+                f"broker ingest, {label}, {messages:,} events",
+                f"slawatch {consumed} ({publish})",
                 "printed, beside the publish rate",
                 None,
             )
@@ -1049,7 +1164,9 @@ def main() -> None:
     parser.add_argument("--due", type=int, default=100_000, help="due timers to fire")
     parser.add_argument("--rate", type=int, default=1000, help="timers falling due per second")
     parser.add_argument("--secs", type=int, default=60, help="seconds of the lateness run")
-    parser.add_argument("--reps", type=int, default=5, help="interleaved rounds (>= 3)")
+    parser.add_argument("--reps", type=int, default=5, help="rounds of ingest and HTTP (>= 3)")
+    parser.add_argument("--fire-reps", type=int, default=3, help="rounds of firing (>= 3)")
+    parser.add_argument("--broker-reps", type=int, default=3, help="rounds per broker (>= 3)")
     parser.add_argument(
         "--http-batches", type=int, default=10, help="batches per HTTP client per round"
     )
@@ -1061,6 +1178,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.timers, args.due, args.secs, args.reps = 20_000, 20_000, 5, 3
+        args.fire_reps = args.broker_reps = 3
         args.http_batches, args.messages = 2, 5_000
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     began = time.perf_counter()
@@ -1070,20 +1188,23 @@ def main() -> None:
             print(machine(server))
         print(
             f"rule {RULE}: start {START}, stop {STOP}, within 72h, no renotify, one notifier;"
-            f" data {json.dumps(DATA)}; medians of {args.reps} interleaved rounds; server CPU:"
-            " the PostgreSQL backend's own CPU time (its waits left out)\n"
+            f" data {json.dumps(DATA)}; server CPU: the PostgreSQL backend's own CPU time"
+            " (its waits left out)\n"
         )
         if "ingest" not in skip:
             rows += report_ingest(scratch, args.reps)
         if "http" not in skip:
             rows += report_http(scratch, args.reps, args.http_batches)
         if "fire" not in skip:
-            rows += report_fire(scratch, args.due, args.reps)
+            rows += report_fire(scratch, args.due, args.fire_reps)
         if "lateness" not in skip:
             rows += report_lateness(scratch, args.timers, args.rate, args.secs)
         if "brokers" not in skip:
-            rows += report_brokers(args.messages, args.reps)
-    print(f"EVENTS: THE ISSUE'S TABLE (issue 15), medians of {args.reps} interleaved rounds")
+            rows += report_brokers(scratch, args.messages, args.broker_reps)
+    print(
+        f"EVENTS: THE ISSUE'S TABLE (issue 15); medians of interleaved rounds: {args.reps}"
+        f" (ingest, HTTP), {args.fire_reps} (firing), {args.broker_reps} (brokers)"
+    )
     print_table(rows)
     print(
         f"\nwhole run: {time.perf_counter() - began:.0f} s, load average"
