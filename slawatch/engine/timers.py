@@ -249,11 +249,15 @@ BEGIN
     RETURN CASE WHEN v_hit THEN 'accepted' ELSE 'unknown' END;
 END
 $slawatch$"""
+    # PL/pgSQL, not SQL: a SQL function with SECURITY DEFINER and SET is never inlined,
+    # and PostgreSQL (15-17) plans its body again in every statement that calls it; the
+    # application calls this once per statement, so that planning was about a third of
+    # its cost (bench/events.py). PL/pgSQL keeps the call's plan for the session.
     event = """CREATE OR REPLACE FUNCTION slawatch.event(
     type text, key text, at timestamptz DEFAULT NULL, data jsonb DEFAULT NULL,
     id text DEFAULT NULL)
-RETURNS text LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $slawatch$ SELECT slawatch.event_at(now(), type, key, at, data, id) $slawatch$"""
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $slawatch$ BEGIN RETURN slawatch.event_at(now(), $1, $2, $3, $4, $5); END $slawatch$"""
     batch = """CREATE OR REPLACE FUNCTION slawatch.events(
     batch jsonb, received timestamptz DEFAULT NULL)
 RETURNS TABLE (type text, outcome text, events bigint)
