@@ -182,8 +182,7 @@ CREATE TABLE bare_timers (
 # What a start does to a new key, written by hand: the first start wins.
 RAW_INSERT = """
 INSERT INTO bare_timers (key, started_at, due_at, open, data, events)
-VALUES (%(key)s, %(at)s, %(at)s + interval '72 hours', true, %(data)s,
-        jsonb_build_array(jsonb_build_object('type', %(type)s::text, 'at', %(at)s::timestamptz)))
+VALUES (%(key)s, %(at)s, %(at)s + interval '72 hours', true, %(data)s, '[]')
 ON CONFLICT (key) DO NOTHING"""
 EVENT = "SELECT slawatch.event(%(type)s, %(key)s, %(at)s, %(data)s, %(id)s)"
 EVENTS = "SELECT type, outcome, events FROM slawatch.events(%s::jsonb, %s)"
@@ -426,8 +425,7 @@ def healthy(url: str) -> bool:
 # `due` of them due (from 73 h ago on, 1 ms apart), the rest due in `later_from`.
 LOAD_TIMERS = f"""
 INSERT INTO {TIMERS} (key, started_at, due_at, open, data, events)
-SELECT k, at, at + interval '72 hours', true, %(data)s::jsonb,
-       jsonb_build_array(jsonb_build_object('type', %(type)s::text, 'at', at))
+SELECT k, at, at + interval '72 hours', true, %(data)s::jsonb, '[]'::jsonb
   FROM (SELECT '1Z' || upper(left(md5(g::text), 16)) AS k,
                CASE WHEN g < %(first)s::bigint + %(due)s::bigint
                     THEN %(due_from)s::timestamptz - interval '72 hours'
@@ -501,7 +499,8 @@ BARE_PICK = """
        AND due_at < %(now)s::timestamptz AND n = 0 AND open"""
 BARE_FIRE = f"""
 WITH fired AS ({BARE_PICK}
-    RETURNING key, due_at, jsonb_build_object('data', data, 'events', events) AS row_data
+    RETURNING key, due_at, jsonb_build_object('data', data, 'started_at', started_at, 'events', events)
+              AS row_data
 ), alerts AS (
     INSERT INTO slawatch.alert (rule, key, episode, n, severity, deadline, due_at,
                                 fired_at, row_data)

@@ -148,7 +148,7 @@ def _type_names(value: list[str]) -> list[str]:
 EventTypes = Annotated[list[str], BeforeValidator(_types), AfterValidator(_type_names)]
 
 # The columns of an event rule's timer table that its alerts carry as ``row``.
-TIMER_ROW = ["data", "events"]
+TIMER_ROW = ["data", "started_at", "events"]
 
 
 class Events(FileModel):

@@ -124,6 +124,12 @@ def _rule_block(rule: Rule) -> str:
     def types(names: list[str]) -> str:
         return ", ".join(_lit(x) for x in names)
 
+    def first_events(names: list[str]) -> str:
+        """A new cycle's events: none (``started_at`` is its start), or its start when
+        the rule has several start types (which one it was is not otherwise known).
+        An open timer is then narrower by an event (~80 bytes)."""
+        return "jsonb_build_array(v_ev)" if len(names) > 1 else "'[]'::jsonb"
+
     if events.start is not None:
         assert events.within is not None and events.stop is not None
         within = _interval(events.within)
@@ -137,7 +143,7 @@ def _rule_block(rule: Rule) -> str:
         out.append(f"""    IF v_type IN ({types(events.start)}) THEN
         v_hit := true;
         INSERT INTO {t} AS r (key, started_at, due_at, open, data, events)
-        VALUES (v_key, v_at, v_at + {within}, true, v_data, jsonb_build_array(v_ev))
+        VALUES (v_key, v_at, v_at + {within}, true, v_data, {first_events(events.start)})
         ON CONFLICT (key) DO UPDATE SET
             started_at = excluded.started_at,
             open = NOT {pending} OR {fast},
@@ -169,7 +175,7 @@ def _rule_block(rule: Rule) -> str:
         out.append(f"""    IF v_type IN ({types(events.beat or [])}) THEN
         v_hit := true;
         INSERT INTO {t} AS r (key, started_at, due_at, open, data, events)
-        VALUES (v_key, v_at, {due}, true, v_data, jsonb_build_array(v_ev))
+        VALUES (v_key, v_at, {due}, true, v_data, {first_events(events.beat or [])})
         ON CONFLICT (key) DO UPDATE SET
             started_at = excluded.started_at, due_at = excluded.due_at, open = true,
             too_fast = false, stopped_at = NULL, data = excluded.data, events = excluded.events

@@ -130,7 +130,9 @@ def test_a_start_without_its_stop_pages_renotifies_and_resolves_when_the_stop_co
     row = conn.execute("SELECT row_data, deadline FROM slawatch.alert WHERE key = '1Z'").fetchone()
     assert row is not None
     assert row[0]["data"] == {"to": "Berlin"}
-    assert [e["type"] for e in row[0]["events"]] == ["parcel_shipped"]
+    # The start is the timer's started_at (the rule has one start type); the events
+    # after it are listed (none yet).
+    assert row[0]["started_at"] == (T0).isoformat() and row[0]["events"] == []
     assert row[1] == T0 + 72 * H
     assert scan(db, rule, T0 + 84 * H + 2 * S) == 1  # renotify every 12h
     send(conn, "parcel_delivered", "1Z", T0 + 85 * H)
@@ -472,3 +474,15 @@ def test_a_process_running_some_of_the_event_rules_needs_no_migrate_for_them(
     plans, problems = prepare_ready(conn, [both[1]])
     assert list(plans) == ["backup"] and not problems
     prepare(conn, both[0])
+
+
+def test_with_several_start_types_the_alert_says_which_one_started_it(
+    conn: Conn, db: Database
+) -> None:
+    rule = parcel(start=["parcel_shipped", "parcel_picked_up"])
+    setup(conn, rule)
+    send(conn, "parcel_picked_up", "N", T0)
+    assert scan(db, rule, T0 + 73 * H) == 1
+    row = conn.execute("SELECT row_data FROM slawatch.alert WHERE key = 'N'").fetchone()
+    assert row is not None
+    assert [e["type"] for e in row[0]["events"]] == ["parcel_picked_up"]

@@ -219,7 +219,7 @@ def test_an_event_rule_watches_its_own_timer_table(tmp_path: Path) -> None:
         "due_at",
         "open",
     )
-    assert rule.columns == ["data", "events", "too_fast"]
+    assert rule.columns == ["data", "started_at", "events", "too_fast"]
     assert rule.events.types() == {"shipped": "start", "delivered": "stop", "returned": "stop"}
 
 
