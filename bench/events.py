@@ -499,7 +499,8 @@ BARE_PICK = """
        AND due_at < %(now)s::timestamptz AND n = 0 AND open"""
 BARE_FIRE = f"""
 WITH fired AS ({BARE_PICK}
-    RETURNING key, due_at, jsonb_build_object('data', data, 'started_at', started_at, 'events', events)
+    RETURNING key, due_at,
+              jsonb_build_object('data', data, 'started_at', started_at, 'events', events)
               AS row_data
 ), alerts AS (
     INSERT INTO slawatch.alert (rule, key, episode, n, severity, deadline, due_at,
