@@ -128,6 +128,14 @@ class AmqpConsumer(Consumer):
         except _FAILURES as exc:
             raise self.error(exc, "keeping the connection") from exc
 
+    def waiting(self) -> int:
+        channel = self._live_channel()
+        try:
+            declared = channel.queue_declare(self.source.queue, passive=True)
+        except _FAILURES as exc:
+            raise self.error(exc, f"queue {self.source.queue}") from exc
+        return int(declared.method.message_count) + len(self._buffer)
+
     def close(self) -> None:
         conn, self._conn, self._channel = self._conn, None, None
         self._buffer = []  # unacknowledged: the broker delivers them again

@@ -111,6 +111,11 @@ class Consumer(abc.ABC):
         alive and the broker from giving them to another consumer, where it can."""
 
     @abc.abstractmethod
+    def waiting(self) -> int:
+        """Messages in the source not given to any consumer yet, as the broker counts
+        them now (0 when it cannot tell): ``run --once`` drains until none."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Close the connection (never raises); unacknowledged messages go back."""
 

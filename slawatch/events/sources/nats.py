@@ -154,6 +154,16 @@ class NatsConsumer(Consumer):
         except _FAILURES as exc:
             raise self.error(exc, f"keeping messages of stream {self.source.stream}") from exc
 
+    def waiting(self) -> int:
+        js = self._js
+        if js is None:
+            raise self.error(ConnectionError("not connected"), "connection")
+        try:
+            info = self._run(js.consumer_info(self.source.stream, self.source.durable))
+        except _FAILURES as exc:
+            raise self.error(exc, f"stream {self.source.stream}") from exc
+        return int(info.num_pending or 0)
+
     def close(self) -> None:
         loop, nc = self._loop, self._nc
         self._loop, self._nc, self._js, self._sub = None, None, None, None

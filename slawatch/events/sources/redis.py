@@ -181,6 +181,18 @@ class RedisConsumer(Consumer):
         except redis.exceptions.RedisError as exc:
             raise self.error(exc, f"keeping entries of stream {s.stream}") from exc
 
+    def waiting(self) -> int:
+        s = self.source
+        try:
+            client = self._live()
+            groups = client.xinfo_groups(s.stream)
+            mine = client.xpending_range(s.stream, s.group, "-", "+", 1, self.consumer)
+        except redis.exceptions.RedisError as exc:
+            raise self.error(exc, f"stream {s.stream}") from exc
+        lag = next((g.get("lag") for g in groups if _text(g.get("name")) == s.group), 0)
+        # Entries given to this consumer and not acknowledged are read again first.
+        return int(lag or 0) + len(mine)
+
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:

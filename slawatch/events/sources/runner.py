@@ -160,9 +160,9 @@ class SourceRunner:
     def drain(self, limit: float = ONCE_LIMIT, wait: float = ONCE_WAIT) -> Drained:
         """Store what is waiting in the source now, then close (``run --once``).
 
-        Stops at the first fetch that waits ``wait`` seconds for nothing, or after
-        ``limit`` seconds. A broker or database error is raised (the batch in hand is
-        not acknowledged: the broker keeps it).
+        Stops when a fetch waited ``wait`` seconds for nothing and the broker counts
+        nothing waiting, or after ``limit`` seconds. A broker or database error is
+        raised (the batch in hand is not acknowledged: the broker keeps it).
         """
         total = Drained()
         end = time.monotonic() + limit
@@ -170,9 +170,10 @@ class SourceRunner:
             self.consumer.connect()
             while time.monotonic() < end:
                 messages = self.consumer.fetch(self.config.batch, wait)
-                if not messages:
+                if messages:
+                    total += self._handle(messages, hold=False)
+                elif not self.consumer.waiting():
                     break
-                total += self._handle(messages, hold=False)
         finally:
             self.consumer.close()
         return total
