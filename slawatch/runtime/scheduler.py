@@ -46,6 +46,7 @@ from slawatch.engine.timers import known_types
 from slawatch.errors import ConfigError, SlawatchError
 from slawatch.events.ingest import Ingested
 from slawatch.events.sources import Drained, Recorder, SourceRunner
+from slawatch.events.sources.runner import POLL as SOURCE_POLL
 from slawatch.events.sources import build as build_consumer
 from slawatch.operate.metrics import Metrics
 from slawatch.outage import Backoff, Outage
@@ -262,6 +263,7 @@ class Runner:
                 self.retention,
                 events,
                 backoff_cap=backoff_cap,
+                poll=min(poll, SOURCE_POLL),
             )
             for c in self._source_configs
         }
