@@ -33,12 +33,8 @@ from slawatch.config.sources import NatsSource
 from slawatch.events.sources.base import Consumer, Message
 
 TIMEOUT = 10.0  # seconds for a connection or a JetStream request
-_FAILURES = (nats.errors.Error, OSError, asyncio.TimeoutError)
+_FAILURES = (nats.errors.Error, OSError, TimeoutError)
 T = TypeVar("T")
-
-
-async def _quiet(exc: Exception) -> None:
-    """nats-py's error callback: the consumer reports failures itself, once."""
 
 
 class NatsConsumer(Consumer):
@@ -51,6 +47,14 @@ class NatsConsumer(Consumer):
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._sub: JetStreamContext.PullSubscription | None = None
+        # Fetched, not yet acknowledged nor set aside: given back (+NAK) at close, so
+        # they come again at once rather than after the consumer's ack wait.
+        self._unsettled: dict[int, Msg] = {}
+        self._last_error: Exception | None = None
+
+    async def _failed(self, exc: Exception) -> None:
+        """nats-py's error callback: keep the cause (its NoServersError does not say)."""
+        self._last_error = exc
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float = TIMEOUT) -> T:
         if self._loop is None:
@@ -69,13 +73,20 @@ class NatsConsumer(Consumer):
 
     async def _connect(self) -> None:
         s = self.source
-        self._nc = nc = await nats.connect(
-            s.url.get_secret_value(),
-            connect_timeout=int(TIMEOUT),
-            allow_reconnect=False,
-            max_reconnect_attempts=0,
-            error_cb=_quiet,
-        )
+        self._last_error = None
+        try:
+            # One attempt (max_reconnect_attempts=0 would mean: try for ever); the
+            # runner reconnects with its own backoff.
+            self._nc = nc = await nats.connect(
+                s.url.get_secret_value(),
+                connect_timeout=int(TIMEOUT),
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0,
+                error_cb=self._failed,
+            )
+        except nats.errors.NoServersError as exc:
+            raise self._last_error or exc from exc
         js = nc.jetstream(timeout=TIMEOUT)
         try:
             await js.stream_info(s.stream)
@@ -92,12 +103,19 @@ class NatsConsumer(Consumer):
         sub = self._sub
         if sub is None:
             raise self.error(ConnectionError("not connected"), "connection")
+
+        async def fetch() -> list[Msg]:
+            try:
+                return await sub.fetch(limit, timeout=wait)
+            except TimeoutError:  # nats-py raises its own subclass, or this one
+                return []  # none came within `wait`
+
         try:
-            msgs = self._run(sub.fetch(limit, timeout=wait), wait + TIMEOUT)
-        except nats.errors.TimeoutError:
-            return []  # none came within `wait`
+            msgs = self._run(fetch(), wait + TIMEOUT)  # beyond that: the connection hangs
         except _FAILURES as exc:
             raise self.error(exc, f"reading stream {self.source.stream}") from exc
+        for m in msgs:
+            self._unsettled[id(m)] = m
         return [Message(m.data, m, f"stream sequence {_sequence(m)}") for m in msgs]
 
     def ack(self, messages: list[Message]) -> None:
@@ -111,6 +129,8 @@ class NatsConsumer(Consumer):
             self._run(ack())
         except _FAILURES as exc:
             raise self.error(exc, f"acknowledging on stream {self.source.stream}") from exc
+        for m in messages:
+            self._unsettled.pop(id(m.handle), None)
 
     def set_aside(self, message: Message, reason: str) -> None:
         s, msg = self.source, message.handle
@@ -143,6 +163,7 @@ class NatsConsumer(Consumer):
             self._run(dead())
         except _FAILURES as exc:
             raise self.error(exc, f"setting aside to {s.dead}") from exc
+        self._unsettled.pop(id(msg), None)
 
     def keepalive(self, messages: list[Message]) -> None:
         async def working() -> None:
@@ -165,10 +186,20 @@ class NatsConsumer(Consumer):
         return int(info.num_pending or 0)
 
     def close(self) -> None:
-        loop, nc = self._loop, self._nc
+        loop, nc, unsettled = self._loop, self._nc, list(self._unsettled.values())
         self._loop, self._nc, self._js, self._sub = None, None, None, None
+        self._unsettled = {}
         if loop is None:
             return
+        if nc is not None and unsettled:
+
+            async def give_back() -> None:
+                for m in unsettled:
+                    await m.nak()
+                await nc.flush(timeout=int(TIMEOUT))
+
+            with contextlib.suppress(Exception):  # else they come again after the ack wait
+                loop.run_until_complete(asyncio.wait_for(give_back(), TIMEOUT))
         if nc is not None:
             with contextlib.suppress(Exception):  # a broken connection: nothing more to do
                 loop.run_until_complete(asyncio.wait_for(nc.close(), TIMEOUT))

@@ -108,6 +108,7 @@ class SourceRunner:
         self.holds = 0  # attempts to store a held batch that failed, so far
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._since = 0.0
 
     # ---------------------------------------------------------------- the thread
 
@@ -132,15 +133,16 @@ class SourceRunner:
     def _supervise(self) -> None:
         backoff = Backoff(cap=self.backoff_cap)
         while not self._stop.is_set():
-            since = time.monotonic()
+            self._since = time.monotonic()
             try:
                 self._consume(backoff)
             except _Stopped:
                 pass
             except BrokerError as exc:
-                self.broker.failed(str(exc), since)
+                self.broker.failed(str(exc), self._since)
             except Exception as exc:  # a bug: log it whole, start again after a pause
-                self.trouble.failed(f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc)
+                reason = f"unexpected {type(exc).__name__}: {exc}"
+                self.trouble.failed(reason, self._since, exc_info=exc)
             finally:
                 self.consumer.close()
             self._stop.wait(backoff.next())
@@ -149,6 +151,8 @@ class SourceRunner:
         self.consumer.connect()
         self.broker.ok()
         while not self._stop.is_set():
+            # When this attempt began: its failure is a new outage (Outage.failed).
+            self._since = time.monotonic()
             messages = self.consumer.fetch(self.config.batch, self.poll)
             backoff.reset()
             if messages:
