@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,8 +21,10 @@ import pytest
 from slawatch.events.sources import Drained
 from slawatch.runtime.scheduler import Runner
 from tests.integration.source_helpers import (
+    RULE,
     Broker,
     Counts,
+    Redis,
     broker,
     count,
     errors,
@@ -32,7 +36,8 @@ from tests.integration.source_helpers import (
     shipped,
     timers,
 )
-from tests.receivers import WebhookReceiver, receiver
+from tests.integration.test_cli import assert_one_line_error, slawatch
+from tests.receivers import WebhookReceiver, receiver, require_service
 from tests.waiting import wait_until
 
 __all__ = ["broker", "events_db", "receiver"]
@@ -169,3 +174,47 @@ def test_two_runners_share_a_source_and_page_each_timer_once(
     assert sorted(receiver.alert_ids) == sorted(f"parcel:p{k}:e1:n1" for k in range(n))
     assert broker.waiting() == 0 and broker.dead() == []
     assert errors(caplog) == []
+
+
+# --- the command line ----------------------------------------------------------------
+
+
+def config_dirs(tmp_path: Path, source: str | None, rule: str = RULE) -> list[str]:
+    """rules/, notifiers/ (console) and, unless None, sources/ with ``source`` in it."""
+    for name in ("rules", "notifiers", "sources"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "rules" / "parcel.yaml").write_text(rule.replace("[hook]", "[console]"))
+    (tmp_path / "notifiers" / "console.yaml").write_text("type: console\n")
+    args = ["--rules", str(tmp_path / "rules"), "--notifiers", str(tmp_path / "notifiers")]
+    if source is not None:
+        (tmp_path / "sources" / "stream.yaml").write_text(source)
+        args += ["--sources", str(tmp_path / "sources")]
+    return args
+
+
+def test_check_validates_the_sources(tmp_path: Path) -> None:
+    args = config_dirs(tmp_path, "type: redis\nstream: parcels\nmap: cloudevents\n")
+    result = slawatch(*args, "check")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok: 1 rules, 1 notifiers, 1 sources (files only")
+    (tmp_path / "sources" / "stream.yaml").write_text("type: redis\nstream: s\nmap: {key: k}\n")
+    error = f"{tmp_path}/sources/stream.yaml: map.type: is required"
+    assert_one_line_error(slawatch(*args, "check"), 2, error)
+
+
+def test_run_once_drains_the_sources_first(tmp_path: Path, dsn: str) -> None:
+    require_service("Redis", 6379)
+    stream = Redis(uuid.uuid4().hex[:8])
+    try:
+        args = config_dirs(tmp_path, f"type: redis\nstream: '{stream.stream}'\n")
+        assert slawatch(*args, "migrate", dsn=dsn).returncode == 0
+        stream.publish([*shipped(range(2)), b"{"])  # due an hour ago; and a bad one
+        result = slawatch(*args, "run", "--once", "--json", dsn=dsn)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert summary["sources"] == {"stream": {"accepted": 2, "duplicates": 0, "set_aside": 1}}
+        assert summary["rules"] == {"parcel": {"claimed": 2, "closed": 0}}  # paged at once
+        assert "source stream: set aside entry " in result.stderr
+        assert len(stream.dead()) == 1
+    finally:
+        stream.cleanup()

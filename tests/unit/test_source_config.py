@@ -10,7 +10,9 @@ import orjson
 import pytest
 import yaml
 
+from slawatch.cli import build_parser, settings_from
 from slawatch.config.rules import Rule
+from slawatch.config.settings import Settings
 from slawatch.config.sources import (
     AmqpSource,
     EventMap,
@@ -22,6 +24,7 @@ from slawatch.config.sources import (
 from slawatch.errors import ConfigError
 from slawatch.events.sources import build
 from slawatch.events.sources.base import MAX_MESSAGE, Unreadable, read_event
+from slawatch.runtime.boot import load_event_sources
 from tests.conftest import ROOT
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -223,3 +226,20 @@ def test_a_message_too_big_is_refused_before_it_is_parsed() -> None:
     assert unreadable(body) == f"{MAX_MESSAGE + 1:,} bytes, more than {MAX_MESSAGE:,}"
     data = b'{"type": "parcel_shipped", "key": "k", "data": {"b": "' + b"x" * 70_000 + b'"}}'
     assert unreadable(data).startswith("data: 70,008 bytes as JSON, more than 65,536")
+
+
+def test_the_folder_named_by_a_flag_or_the_environment_must_exist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rule = Rule.model_validate(
+        yaml.safe_load("name: e\nevents: {beat: b, within: 1h}\nnotify: [x]")
+    )
+    monkeypatch.chdir(tmp_path)  # no ./sources here
+    assert load_event_sources(Settings(), [rule]) == []
+    missing = tmp_path / "nope"
+    flag = settings_from(build_parser().parse_args(["--sources", str(missing), "check"]))
+    with pytest.raises(ConfigError, match="nope: sources folder not found"):
+        load_event_sources(flag, [rule])
+    monkeypatch.setenv("SLAWATCH_SOURCES_DIR", str(missing))
+    with pytest.raises(ConfigError, match="nope: sources folder not found"):
+        load_event_sources(Settings(), [rule])
