@@ -46,8 +46,8 @@ from slawatch.engine.timers import known_types
 from slawatch.errors import ConfigError, SlawatchError
 from slawatch.events.ingest import Ingested
 from slawatch.events.sources import Drained, Recorder, SourceRunner
-from slawatch.events.sources.runner import POLL as SOURCE_POLL
 from slawatch.events.sources import build as build_consumer
+from slawatch.events.sources.runner import POLL as SOURCE_POLL
 from slawatch.operate.metrics import Metrics
 from slawatch.outage import Backoff, Outage
 from slawatch.runtime import scans
