@@ -35,6 +35,7 @@ from slawatch.runtime.scheduler import Runner
 from tests.receivers import WebhookReceiver, require_service
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672/"
+KNOWN = ("shipped", "delivered")  # the event types of parcel_rule()
 
 RULE = """\
 name: parcel

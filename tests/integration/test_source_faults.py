@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -18,10 +19,14 @@ from slawatch.clock import Clock
 from slawatch.db import Database
 from slawatch.engine.migrate import migrate
 from slawatch.events.sources import SourceRunner, build
+from slawatch.events.sources.base import Message
+from slawatch.events.sources.redis import RedisConsumer
 from slawatch.runtime.scheduler import Runner
 from tests.integration.source_helpers import (
+    KNOWN,
     Broker,
     Counts,
+    Redis,
     broker,
     count,
     errors,
@@ -32,13 +37,11 @@ from tests.integration.source_helpers import (
     timers,
 )
 from tests.pgcluster import PgCluster
+from tests.receivers import require_service
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
 
 __all__ = ["broker", "events_db"]
-
-
-KNOWN = ("shipped", "delivered")
 
 
 class FaultyClock(Clock):
@@ -207,3 +210,40 @@ def test_a_database_outage_pauses_consumption_and_loses_nothing(
     assert broker.dead() == [] and broker.waiting() == 0
     down = [r for r in caplog.records if "database unreachable" in r.getMessage()]
     assert len(down) == 2  # one line per outage
+
+
+def test_redis_takes_over_what_a_dead_consumer_left_only_after_reclaim_after() -> None:
+    require_service("Redis", 6379)
+    stream = Redis(uuid.uuid4().hex[:8])
+    held = RedisConsumer(stream.source(consumer="died"))
+    other = RedisConsumer(stream.source(consumer="alive", reclaim_after="1s"))
+    try:
+        stream.publish(shipped(range(3)))
+        held.connect()
+        assert len(held.fetch(10, 0.1)) == 3  # read, never acknowledged: the process died
+        other.connect()
+        assert other.fetch(10, 0.01) == []  # not idle a second yet: not taken
+
+        def idle_ms() -> int:
+            return min(p["time_since_delivered"] for p in pending(stream))
+
+        wait_until(lambda: idle_ms() >= 1000, "the entries idle for reclaim_after")
+        taken: list[Message] = []
+        wait_until(lambda: bool(taken.extend(other.fetch(10, 0.05)) or taken), "the takeover")
+        assert len(taken) == 3
+        assert {p["consumer"] for p in pending(stream)} == {b"alive"}
+        # Held for a database that is away: keepalive claims them again, so that no
+        # other consumer takes them over meanwhile.
+        wait_until(lambda: idle_ms() >= 1000, "the taken entries idle again")
+        other.keepalive(taken)
+        assert idle_ms() < 1000
+        other.ack(taken)
+        assert pending(stream) == []
+    finally:
+        held.close()
+        other.close()
+        stream.cleanup()
+
+
+def pending(stream: Redis) -> list[dict[str, Any]]:
+    return list(stream.client.xpending_range(stream.stream, "slawatch", "-", "+", 100))

@@ -18,9 +18,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from slawatch.events.sources import Drained
+from slawatch.clock import Clock
+from slawatch.db import Database
+from slawatch.events.sources import Drained, SourceRunner, build
 from slawatch.runtime.scheduler import Runner
 from tests.integration.source_helpers import (
+    KNOWN,
     RULE,
     Broker,
     Counts,
@@ -41,6 +44,8 @@ from tests.receivers import WebhookReceiver, receiver, require_service
 from tests.waiting import wait_until
 
 __all__ = ["broker", "events_db", "receiver"]
+
+DAYS_30 = timedelta(days=30)
 
 
 def test_cloudevents_in_become_timers_and_a_due_one_pages(
@@ -174,6 +179,21 @@ def test_two_runners_share_a_source_and_page_each_timer_once(
     assert sorted(receiver.alert_ids) == sorted(f"parcel:p{k}:e1:n1" for k in range(n))
     assert broker.waiting() == 0 and broker.dead() == []
     assert errors(caplog) == []
+
+
+def test_a_drain_goes_on_while_the_broker_counts_messages_waiting(
+    broker: Broker, events_db: str
+) -> None:
+    """``run --once`` stops when a fetch came back empty *and* the broker counts nothing
+    waiting: a fetch that waits (almost) nothing, as on a slow broker, ends no drain."""
+    broker.publish(shipped(range(30), timedelta(0)))
+    db = Database(events_db, size=2)
+    source = SourceRunner(build(broker.source(batch=5)), db, Clock(), lambda: KNOWN, DAYS_30)
+    try:
+        assert source.drain(wait=0.001) == Drained(accepted=30)
+    finally:
+        db.close()
+    assert broker.waiting() == 0 and timers(events_db) == 30
 
 
 # --- the command line ----------------------------------------------------------------
