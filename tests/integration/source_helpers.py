@@ -98,6 +98,10 @@ class Broker:
         """No consumer is asking for messages (one whose connection was cut is gone)."""
         return self.consumers() == 0
 
+    def unsettled(self) -> int:
+        """Messages delivered to a consumer and not acknowledged."""
+        raise NotImplementedError
+
     def big(self) -> int:
         """The size of the too-big message this broker takes."""
         return 10 * 1024 * 1024
@@ -152,6 +156,11 @@ class Rabbit(Broker):
         declared = self._declared()
         return 0 if declared is None else int(declared.consumer_count)
 
+    def unsettled(self) -> int:
+        # Unacknowledged deliveries go back to the queue when their connection closes,
+        # where waiting() counts them; AMQP does not tell how many a live one holds.
+        return 0
+
     def cleanup(self) -> None:
         for queue in (self.queue, f"{self.queue}.dead"):
             self.channel.queue_delete(queue)
@@ -192,6 +201,9 @@ class Redis(Broker):
 
     def idle(self) -> bool:
         return True  # a read blocked on a connection that was cut ends with it
+
+    def unsettled(self) -> int:
+        return int(self.client.xpending(self.stream, "slawatch")["pending"])
 
     def cleanup(self) -> None:
         self.client.delete(self.stream, f"{self.stream}.dead")
@@ -249,6 +261,9 @@ class Nats(Broker):
 
     def waiting(self) -> int:
         return int(self._consumer().num_pending)
+
+    def unsettled(self) -> int:
+        return int(self._consumer().num_ack_pending)
 
     def consumers(self) -> int:
         try:

@@ -20,6 +20,7 @@ import pytest
 
 from slawatch.clock import Clock
 from slawatch.db import Database
+from slawatch.engine.migrate import migrate
 from slawatch.events.sources import Drained, SourceRunner, build
 from slawatch.runtime.scheduler import Runner
 from tests.integration.source_helpers import (
@@ -141,7 +142,7 @@ def test_poisoned_messages_are_set_aside_and_the_good_ones_around_them_stored(
     assert len(lines) == 4
     assert all(line.startswith(f"source {name}: set aside ") for line in lines)
     assert all(reason in line for reason, line in zip(reasons, lines, strict=True))
-    assert broker.waiting() == 0
+    assert broker.waiting() == 0 and broker.unsettled() == 0
 
 
 def test_two_runners_share_a_source_and_page_each_timer_once(
@@ -177,7 +178,7 @@ def test_two_runners_share_a_source_and_page_each_timer_once(
     )
     assert (alerts, distinct) == (n, n)
     assert sorted(receiver.alert_ids) == sorted(f"parcel:p{k}:e1:n1" for k in range(n))
-    assert broker.waiting() == 0 and broker.dead() == []
+    assert broker.waiting() == 0 and broker.unsettled() == 0 and broker.dead() == []
     assert errors(caplog) == []
 
 
@@ -227,7 +228,8 @@ def test_run_once_drains_the_sources_first(tmp_path: Path, dsn: str) -> None:
     stream = Redis(uuid.uuid4().hex[:8])
     try:
         args = config_dirs(tmp_path, f"type: redis\nstream: '{stream.stream}'\n")
-        assert slawatch(*args, "migrate", dsn=dsn).returncode == 0
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn, [parcel_rule()])  # what `slawatch migrate` does, without a process
         stream.publish([*shipped(range(2)), b"{"])  # due an hour ago; and a bad one
         result = slawatch(*args, "run", "--once", "--json", dsn=dsn)
         assert result.returncode == 0, result.stderr
