@@ -83,14 +83,14 @@ PRESETS: dict[str, dict[str, str]] = {
 
 
 def _map(value: Any) -> Any:
-    if isinstance(value, str):
-        if value not in PRESETS:
-            raise ValueError(
-                f"{shorten(value)} is not a preset ({', '.join(PRESETS)}); or write a mapping"
-                " of event fields to paths, e.g. {type: kind, key: order.id}"
-            )
+    if isinstance(value, str) and value in PRESETS:
         return PRESETS[value]
-    return value
+    if value is None or isinstance(value, dict | EventMap):
+        return value
+    raise ValueError(
+        f"{shorten(value)} is not a preset ({', '.join(PRESETS)}); or write a mapping"
+        " of event fields to paths, e.g. {type: kind, key: order.id}"
+    )
 
 
 class SourceBase(FileModel):

@@ -94,6 +94,7 @@ def test_a_missing_default_folder_is_no_sources_a_named_one_is_an_error(tmp_path
         ),
         ("type: redis\nstream: s\nmap: {type: t, key: 'a..b'}\n", "map.key: 'a..b' is not"),
         ("type: redis\nstream: s\nmap: avro\n", "src.yaml: map: 'avro' is not a preset"),
+        ("type: redis\nstream: s\nmap: [type]\n", "src.yaml: map: ['type'] is not a preset"),
         ("type: redis\nstream: s\nreclaim_after: 2d\n", "src.yaml: reclaim_after: "),
         ("type: nats\nstream: S\nsubject: 'a.>'\n", "src.yaml: dead_subject: is required when"),
         (
