@@ -566,19 +566,23 @@ class Runner:
         """The startup line: what runs, against which database (no password), where."""
         rules, notifiers = sorted(self._running), sorted(self.notifiers)
         database = redact(self.db.dsn)
+        sources = sorted(self.sources)
+        fed = f", {len(sources)} sources ({', '.join(sources)})" if sources else ""
         log.info(
-            "slawatch %s running: %d rules (%s), %d notifiers (%s), database %s%s",
+            "slawatch %s running: %d rules (%s), %d notifiers (%s)%s, database %s%s",
             __version__,
             len(rules),
             ", ".join(rules) or "none",
             len(notifiers),
             ", ".join(notifiers) or "none",
+            fed,
             database,
             f", admin HTTP on {http}" if http else "",
             extra={
                 "version": __version__,
                 "rules": rules,
                 "notifiers": notifiers,
+                "sources": sources,
                 "database": database,
                 "http": http,
             },
