@@ -244,3 +244,13 @@ def test_the_folder_named_by_a_flag_or_the_environment_must_exist(
     monkeypatch.setenv("SLAWATCH_SOURCES_DIR", str(missing))
     with pytest.raises(ConfigError, match="nope: sources folder not found"):
         load_event_sources(Settings(), [rule])
+
+
+def test_a_broker_error_never_shows_the_password() -> None:
+    url = "amqp://slawatch:s3cret%2Fpw@rabbit.internal:5672/"
+    consumer = build(
+        AmqpSource.model_validate({"name": "a", "type": "amqp", "url": url, "queue": "q"})
+    )
+    driver = OSError(f"cannot reach {url} (password s3cret/pw)\nsecond line")
+    error = str(consumer.error(driver, "queue q"))
+    assert error == "RabbitMQ queue q: OSError: cannot reach *** (password ***) second line"
