@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 POLL = 1.0  # seconds a fetch waits for a first message (how soon stop() is noticed)
 KEEPALIVE = 5.0  # seconds between keepalives while a batch is held
 BACKOFF_CAP = 30.0  # seconds: the longest wait before reconnecting or storing again
-ONCE_WAIT = 1.0  # run --once: a source is drained when a fetch waits this long for nothing
+ONCE_WAIT = 0.25  # run --once: a fetch waits this long for nothing, then the broker's count
 ONCE_LIMIT = 60.0  # run --once: seconds at most per source (producers may never pause)
 
 
