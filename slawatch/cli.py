@@ -47,6 +47,13 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
         help="notifiers folder (env SLAWATCH_NOTIFIERS_DIR, default ./notifiers)",
     )
     parser.add_argument(
+        "--sources",
+        metavar="DIR",
+        type=Path,
+        default=default,
+        help="event sources folder (env SLAWATCH_SOURCES_DIR, default ./sources)",
+    )
+    parser.add_argument(
         "--dsn",
         default=default,
         help="PostgreSQL to watch (env SLAWATCH_DSN; unset: the embedded server)",
@@ -272,6 +279,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     overrides = {
         "rules_dir": getattr(args, "rules", None),
         "notifiers_dir": getattr(args, "notifiers", None),
+        "sources_dir": getattr(args, "sources", None),
         "dsn": getattr(args, "dsn", None),
     }
     return settings.model_copy(update={k: v for k, v in overrides.items() if v is not None})

@@ -48,7 +48,7 @@ from slawatch.engine.migrate import (
 from slawatch.errors import BadInput, ConfigError, DatabaseError, DeliveryError
 from slawatch.operate.explain import explain
 from slawatch.operate.inspect import events_text, list_alerts, parse_since, rules_report
-from slawatch.runtime.boot import database_dsn, load_config, start_admin
+from slawatch.runtime.boot import database_dsn, load_config, load_event_sources, start_admin
 
 if TYPE_CHECKING:
     from slawatch.delivery.dispatcher import Replayed
@@ -102,6 +102,9 @@ def cmd_check(settings: Settings) -> int:
     migrations, and how many rows the next scan would notify."""
     rules, notifiers = load_config(settings)
     what = f"{len(rules)} rules, {len(notifiers)} notifiers"
+    sources = load_event_sources(settings, rules)
+    if sources:
+        what += f", {len(sources)} sources"
     if not settings.dsn:
         print(
             f"ok: {what} (files only; set SLAWATCH_DSN or --dsn to check them against a database)"
@@ -249,7 +252,8 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
     from slawatch.runtime.boot import Terminated, when_reachable
     from slawatch.runtime.scheduler import Runner
 
-    load_config(settings)  # a bad file is exit 2 at once, before any database
+    # A bad file is exit 2 at once, before any database.
+    load_event_sources(settings, load_config(settings)[0])
     dsn = database_dsn(settings)
 
     def start() -> Runner:
@@ -265,6 +269,7 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
             load=lambda: load_config(settings),
             admin_url=settings.admin_url,
             actions=settings.actions,
+            sources=load_event_sources(settings, rules),
         )
 
     try:

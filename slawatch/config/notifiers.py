@@ -241,7 +241,7 @@ def _url_problem(exc: Exception) -> str:
     return text.split(":", 1)[0].split("'", 1)[0].strip() or type(exc).__name__
 
 
-def _broker_url(schemes: tuple[str, ...], parse: Callable[[str], object] | None = None) -> Any:
+def broker_url(schemes: tuple[str, ...], parse: Callable[[str], object] | None = None) -> Any:
     """A validator for a broker URL kept as a secret: the scheme and port are checked
     now, with errors that never quote the URL."""
 
@@ -263,13 +263,13 @@ def _broker_url(schemes: tuple[str, ...], parse: Callable[[str], object] | None 
     return BeforeValidator(validate)
 
 
-def _redis_parse(url: str) -> object:
+def redis_parse(url: str) -> object:
     import redis.connection
 
     return redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
 
 
-def _amqp_parse(url: str) -> object:
+def amqp_parse(url: str) -> object:
     import pika
 
     return pika.URLParameters(url)
@@ -279,7 +279,7 @@ class AmqpConfig(NotifierBase):
     """RabbitMQ: one persistent message per alert, confirmed by the broker."""
 
     type: Literal["amqp"]
-    url: Annotated[SecretStr, _broker_url(("amqp", "amqps"), _amqp_parse)] = SecretStr(
+    url: Annotated[SecretStr, broker_url(("amqp", "amqps"), amqp_parse)] = SecretStr(
         "amqp://guest:guest@127.0.0.1:5672/%2F"
     )
     exchange: str = "slawatch"
@@ -292,7 +292,7 @@ class RedisConfig(NotifierBase):
     """Redis Streams: one XADD per alert, trimmed to about ``maxlen`` entries."""
 
     type: Literal["redis"]
-    url: Annotated[SecretStr, _broker_url(("redis", "rediss", "unix"), _redis_parse)] = SecretStr(
+    url: Annotated[SecretStr, broker_url(("redis", "rediss", "unix"), redis_parse)] = SecretStr(
         "redis://127.0.0.1:6379/0"
     )
     stream: Template = "slawatch:alerts"
@@ -303,7 +303,7 @@ class NatsConfig(NotifierBase):
     """NATS JetStream: one publish per alert with ``Nats-Msg-Id`` = the alert id."""
 
     type: Literal["nats"]
-    url: Annotated[SecretStr, _broker_url(("nats", "tls", "ws", "wss"))] = SecretStr(
+    url: Annotated[SecretStr, broker_url(("nats", "tls", "ws", "wss"))] = SecretStr(
         "nats://127.0.0.1:4222"
     )
     subject: Template = "slawatch.{rule}.{severity}"
@@ -327,7 +327,7 @@ class SlackConfig(NotifierBase):
 
     type: Literal["slack"]
     # The hook URL is the credential (https://hooks.slack.com/services/T…/B…/<token>).
-    url: Annotated[SecretStr, _broker_url(("https", "http"), _http_parse)]
+    url: Annotated[SecretStr, broker_url(("https", "http"), _http_parse)]
     batch: int = Field(default=20, ge=1, le=10_000)
     # Alerts shown in one message, each a section block; the rest of the batch is
     # counted in a last line. Slack takes at most 50 blocks per message.

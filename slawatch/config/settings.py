@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     dsn: str | None = None
     rules_dir: Path = Path("rules")
     notifiers_dir: Path = Path("notifiers")
+    # Event sources (brokers): a missing default folder means none; one named by
+    # SLAWATCH_SOURCES_DIR or --sources must exist.
+    sources_dir: Path = Path("sources")
     data_dir: Path = Path(".slawatch")
     log_level: str = "INFO"
     # text, json, or auto: JSON when standard error is not a terminal (slawatch/logs.py).

@@ -43,6 +43,7 @@ from psycopg import sql
 from slawatch.config.notifiers import NotifierConfig, load_notifiers
 from slawatch.config.rules import Rule, check_notifier_names, load_rules
 from slawatch.config.settings import Settings, parse_bind
+from slawatch.config.sources import SourceConfig, check_sources, load_sources
 from slawatch.db import DatabaseUnavailable, connect, embedded_dsn, redact, with_database
 from slawatch.errors import ConfigError
 from slawatch.operate.admin import AdminServer, serve_admin
@@ -59,6 +60,16 @@ def load_config(settings: Settings) -> tuple[list[Rule], list[NotifierConfig]]:
     rules = load_rules(settings.rules_dir)
     check_notifier_names(rules, {n.name for n in notifiers})
     return rules, notifiers
+
+
+def load_event_sources(settings: Settings, rules: list[Rule]) -> list[SourceConfig]:
+    """The event sources (``sources/*.yaml``), checked against ``rules``; ConfigError
+    otherwise. The default folder may be missing (no sources); a named one may not."""
+    sources = load_sources(
+        settings.sources_dir, required="sources_dir" in settings.model_fields_set
+    )
+    check_sources(sources, rules)
+    return sources
 
 
 def database_dsn(settings: Settings) -> str:

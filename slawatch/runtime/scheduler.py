@@ -32,6 +32,7 @@ from slawatch.config.durations import format_duration
 from slawatch.config.notifiers import NotifierConfig
 from slawatch.config.rules import Rule
 from slawatch.config.settings import DEFAULT_RETENTION
+from slawatch.config.sources import SourceConfig
 from slawatch.db import Database, DatabaseUnavailable, Pooler, PreparedStatementLost, redact
 from slawatch.delivery.dispatcher import (
     BACKOFF_CAP,
@@ -43,7 +44,12 @@ from slawatch.delivery.dispatcher import (
 )
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, prepare_all, prepare_ready
+from slawatch.engine.timers import known_types
 from slawatch.errors import ConfigError, SlawatchError
+from slawatch.events.ingest import Ingested
+from slawatch.events.sources import Drained, Recorder, SourceRunner
+from slawatch.events.sources import build as build_consumer
+from slawatch.events.sources.runner import POLL as SOURCE_POLL
 from slawatch.operate.metrics import Metrics
 from slawatch.outage import Backoff, Outage
 from slawatch.runtime import scans
@@ -67,6 +73,7 @@ class OnceResult:
     rules: dict[str, DrainResult | None] = field(default_factory=dict)
     notifiers: dict[str, PassResult | None] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    sources: dict[str, Drained | None] = field(default_factory=dict)
 
     @property
     def claimed(self) -> int:
@@ -88,6 +95,14 @@ class OnceResult:
     def lines(self) -> list[str]:
         """One line per rule and per notifier, for people."""
         lines = []
+        for name, got in self.sources.items():
+            done = (
+                "not drained (see the error)"
+                if got is None
+                else f"{got.accepted} accepted, {got.duplicates} duplicates,"
+                f" {got.set_aside} set aside"
+            )
+            lines.append(f"source {name}: {done}")
         for name, rule in self.rules.items():
             done = (
                 "not scanned (see the error)"
@@ -108,7 +123,7 @@ class OnceResult:
 
     def as_json(self) -> dict[str, Any]:
         """The same, for scripts (``run --once --json``)."""
-        return {
+        out: dict[str, Any] = {
             "ok": not self.failed,
             "rules": {
                 name: None if r is None else {"claimed": r.claimed, "closed": r.closed}
@@ -120,6 +135,14 @@ class OnceResult:
             },
             "errors": self.errors,
         }
+        if self.sources:
+            out["sources"] = {
+                name: None
+                if d is None
+                else {"accepted": d.accepted, "duplicates": d.duplicates, "set_aside": d.set_aside}
+                for name, d in self.sources.items()
+            }
+        return out
 
 
 @dataclass
@@ -135,6 +158,25 @@ class _Running:
     @classmethod
     def start(cls, rule: Rule, plan: ClaimPlan, backoff_cap: float) -> _Running:
         return cls(rule, plan, Outage(f"rule {rule.name}: scans", log), Backoff(cap=backoff_cap))
+
+
+class LoggedEvents:
+    """The :class:`~slawatch.events.sources.Recorder` of a runner given none: the
+    metrics (``slawatch_events_total``) and a DEBUG line per stored batch (each
+    set-aside message has its own WARNING line already)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def ingested(self, source: str, got: Ingested) -> None:
+        self.metrics.events_ingested(source, got)
+        log.debug(
+            "source %s: %d events accepted, %d duplicates", source, got.accepted, got.duplicates
+        )
+
+    def set_aside(self, source: str, reason: str) -> None:
+        # Its type is not known for sure (it may not even be JSON): counted as "-".
+        self.metrics.events_rejected(source)
 
 
 # Re-reads the rules and notifiers (from their folders) for a reload.
@@ -154,6 +196,11 @@ class Runner:
     long alert history is kept (``SLAWATCH_RETENTION``), pruned every ``maintain_every``;
     ``load``: re-reads rules and notifiers for :meth:`reload` (SIGHUP); ``admin_url``:
     where people reach the admin API, for the link in storm summaries.
+
+    ``sources``: event sources (``sources/*.yaml``), each consumed by a thread of
+    :meth:`serve` and drained by :meth:`once`; ``recorder`` is told what they store
+    and set aside (default: :class:`LoggedEvents`). Sources are read at start: a
+    reload (SIGHUP) changes the event types they accept, not the sources.
 
     ``registry`` is the Prometheus registry of this runner (``GET /metrics``);
     :meth:`health` says whether every part of :meth:`serve` is running.
@@ -175,6 +222,8 @@ class Runner:
         load: Loader | None = None,
         admin_url: str | None = None,
         actions: Mode = "on",
+        sources: list[SourceConfig] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.clock = clock or Clock()
         self.admin_url = admin_url  # for the link in storm summaries
@@ -182,7 +231,13 @@ class Runner:
         self.retention, self.maintain_every = retention, maintain_every
         self._load = load
         self._configs = {c.name: c for c in notifiers}
-        self.db = Database(dsn, size=_pool_size(rules, notifiers), timeout=timeout, pooler=pooler)
+        self._source_configs = list(sources or [])
+        self.db = Database(
+            dsn,
+            size=_pool_size(rules, notifiers, len(self._source_configs)),
+            timeout=timeout,
+            pooler=pooler,
+        )
         try:
             with self.db.connection("reading the watched tables") as conn:
                 # Every rule not ready to run is named at once.
@@ -212,11 +267,29 @@ class Runner:
         self._dispatcher: Dispatcher | None = None
         self._scans = "scans"  # the executor the scan jobs run on
         self._scan_threads = 0
+        events = recorder or LoggedEvents(self.metrics)
+        self.sources: dict[str, SourceRunner] = {
+            c.name: SourceRunner(
+                build_consumer(c),
+                self.db,
+                self.clock,
+                self._event_types,
+                self.retention,
+                events,
+                backoff_cap=backoff_cap,
+                poll=min(poll, SOURCE_POLL),
+            )
+            for c in self._source_configs
+        }
 
     @property
     def rules(self) -> dict[str, Rule]:
         """The rules being scanned now."""
         return {name: r.rule for name, r in self._running.items()}
+
+    def _event_types(self) -> list[str]:
+        """The event types the running rules use (sources read it per batch)."""
+        return list(known_types([r.rule for r in self._running.values()]))
 
     @property
     def plans(self) -> dict[str, ClaimPlan]:
@@ -367,18 +440,29 @@ class Runner:
         return self._drain(self._running[rule].plan, sweep=True)
 
     def once(self) -> OnceResult:
-        """Drain every rule once (``track: table`` rules with a sweep, so backfilled rows
-        are sent too), then one delivery pass (``run --once``).
+        """Store what waits in each event source, drain every rule once (``track:
+        table`` rules with a sweep, so backfilled rows are sent too), then one delivery
+        pass (``run --once``).
 
         Every rule and notifier gets its turn even when another failed (the
         failures are in the result), unless the database is unreachable: then
         waiting for it once more per rule would only delay the exit.
         """
         result = OnceResult(
-            rules=dict.fromkeys(self._running), notifiers=dict.fromkeys(self.notifiers)
+            rules=dict.fromkeys(self._running),
+            notifiers=dict.fromkeys(self.notifiers),
+            sources=dict.fromkeys(self.sources),
         )
         self.settle_orphans()
         try:
+            # First what waits in the sources: its timers are then scanned like the rest.
+            for name, source in self.sources.items():
+                try:
+                    result.sources[name] = source.drain()
+                except DatabaseUnavailable:
+                    raise
+                except SlawatchError as exc:
+                    result.errors.append(f"source {name}: {exc}")
             for name in self._running:
                 try:
                     # Recorded like a scan of `run`: `status` shows it as the last scan.
@@ -454,6 +538,8 @@ class Runner:
             self._dispatcher, self._scheduler = dispatcher, scheduler
             dispatcher.start()
             scheduler.start()
+            for source in self.sources.values():
+                source.start()
             self._started(http)
             try:
                 while not self._stop.is_set():
@@ -479,6 +565,8 @@ class Runner:
                             )
             finally:
                 log.info("stopping: letting running scans and deliveries finish")
+                for source in self.sources.values():
+                    source.stop()  # after its batch in hand (one held for the database: left)
                 scheduler.shutdown(wait=True)
                 dispatcher.stop()
 
@@ -503,19 +591,23 @@ class Runner:
         """The startup line: what runs, against which database (no password), where."""
         rules, notifiers = sorted(self._running), sorted(self.notifiers)
         database = redact(self.db.dsn)
+        sources = sorted(self.sources)
+        fed = f", {len(sources)} sources ({', '.join(sources)})" if sources else ""
         log.info(
-            "slawatch %s running: %d rules (%s), %d notifiers (%s), database %s%s",
+            "slawatch %s running: %d rules (%s), %d notifiers (%s)%s, database %s%s",
             __version__,
             len(rules),
             ", ".join(rules) or "none",
             len(notifiers),
             ", ".join(notifiers) or "none",
+            fed,
             database,
             f", admin HTTP on {http}" if http else "",
             extra={
                 "version": __version__,
                 "rules": rules,
                 "notifiers": notifiers,
+                "sources": sources,
                 "database": database,
                 "http": http,
             },
@@ -584,7 +676,8 @@ class Runner:
             self._apply_notifiers(configs, built)
             # After the removed notifiers' workers stopped: nothing of ours is in flight.
             self.settle_orphans()
-            self.db.resize(_pool_size([r.rule for r in self._running.values()], notifiers))
+            running = [r.rule for r in self._running.values()]
+            self.db.resize(_pool_size(running, notifiers, len(self.sources)))
             return True
 
     def _apply_rules(
@@ -702,7 +795,8 @@ class Runner:
 
     def health(self) -> dict[str, Any]:
         """Whether :meth:`serve` is running whole (``/readyz``): the scheduler, every
-        delivery worker, and the NOTIFY listener (or polling instead, by design).
+        delivery worker, the NOTIFY listener (or polling instead, by design), and each
+        event source's consumer thread (``sources``, when there are any).
         ``ok`` is all of them.
 
         The database is not among them: this runner's view of it changes only when its
@@ -713,13 +807,17 @@ class Runner:
         alive = self._dispatcher.alive() if self._dispatcher is not None else {}
         listener = alive.pop("listen", False)
         workers = {name: alive.get(name, False) for name in self.notifiers}
-        # "ok" last: a reader that names the first failing check names the part.
-        return {
+        health: dict[str, Any] = {
             "scheduler": scheduler,
             "workers": workers,
             "listener": listener,
-            "ok": scheduler and all(workers.values()) and listener,
         }
+        sources = {name: source.alive() for name, source in self.sources.items()}
+        if sources:
+            health["sources"] = sources
+        # "ok" last: a reader that names the first failing check names the part.
+        health["ok"] = scheduler and all(workers.values()) and listener and all(sources.values())
+        return health
 
     def close(self) -> None:
         """Close the notifiers and the database pool."""
@@ -728,10 +826,10 @@ class Runner:
         self.db.close()
 
 
-def _pool_size(rules: list[Rule], notifiers: list[NotifierConfig]) -> int:
-    """Scans, the delivery workers (``concurrency`` per notifier), the listener's probe,
-    pruning, a metrics scrape, and one to spare."""
-    return len(rules) + sum(c.concurrency for c in notifiers) + 4
+def _pool_size(rules: list[Rule], notifiers: list[NotifierConfig], sources: int = 0) -> int:
+    """Scans, the delivery workers (``concurrency`` per notifier), the event sources,
+    the listener's probe, pruning, a metrics scrape, and one to spare."""
+    return len(rules) + sum(c.concurrency for c in notifiers) + sources + 4
 
 
 @contextmanager

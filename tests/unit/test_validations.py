@@ -200,7 +200,7 @@ SLACK = "type: slack\nurl: https://hooks.slack.com/services/T/B/X\n"
         ("type: email\nhost: h\nfrom: a@b\nto: [c@d]\nport: 0\n", "port: 0: Input should be"),
         ("type: email\nhost: h\nfrom: a@b\nto: [c@d]\nport: 65536\n", "port: 65536: Input"),
         ("type: email\nhost: h\nfrom: a@b\nto: []\n", "to: []: List should have at least 1"),
-        # _broker_url: the broker's own parser (redis, amqp).
+        # broker_url: the broker's own parser (redis, amqp).
         ("type: redis\nurl: 'redis://h/0?db=x'\n", "url: not a valid URL: Invalid value for"),
         ("type: amqp\nurl: 'amqp://h/?frobnicate=1'\n", "url: not a valid URL: Unknown URL"),
         # RedisConfig.maxlen >= 1.

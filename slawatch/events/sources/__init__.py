@@ -1,0 +1,36 @@
+"""Event sources (DESIGN.md §7): brokers read into :func:`slawatch.events.ingest.ingest`.
+
+``build(config)`` makes the consumer of a ``sources/<name>.yaml``;
+:class:`~slawatch.events.sources.runner.SourceRunner` runs it (a batch read, stored
+in one transaction, then acknowledged; bad messages set aside).
+"""
+
+from __future__ import annotations
+
+from slawatch.config.sources import AmqpSource, NatsSource, RedisSource, SourceConfig
+from slawatch.events.sources.amqp import AmqpConsumer
+from slawatch.events.sources.base import BrokerError, Consumer, NoRecorder, Recorder
+from slawatch.events.sources.nats import NatsConsumer
+from slawatch.events.sources.redis import RedisConsumer
+from slawatch.events.sources.runner import Drained, SourceRunner
+
+__all__ = [
+    "BrokerError",
+    "Consumer",
+    "Drained",
+    "NoRecorder",
+    "Recorder",
+    "SourceRunner",
+    "build",
+]
+
+
+def build(config: SourceConfig) -> Consumer:
+    """The consumer for one source's configuration (not connected yet)."""
+    if isinstance(config, AmqpSource):
+        return AmqpConsumer(config)
+    if isinstance(config, RedisSource):
+        return RedisConsumer(config)
+    if isinstance(config, NatsSource):
+        return NatsConsumer(config)
+    raise TypeError(f"no consumer for {type(config).__name__}")
