@@ -273,7 +273,11 @@ SELECT s.type, s.outcome, count(*)
   FROM (SELECT e->>'type' AS type,
                slawatch.event_at(COALESCE(received, now()), e->>'type', e->>'key',
                                  (e->>'at')::timestamptz, e->'data', e->>'id') AS outcome
-          FROM jsonb_array_elements(batch) WITH ORDINALITY AS x(e, i)) s
+          FROM jsonb_array_elements(batch) WITH ORDINALITY AS x(e, i)
+         -- In the batch's order (a start and its stop may share a batch): a volatile
+         -- call in the select list is evaluated after the sort; OFFSET 0 keeps the
+         -- subquery whole.
+         ORDER BY x.i OFFSET 0) s
  GROUP BY 1, 2
 $slawatch$"""
     # What is installed: the whole text's hash, and each rule's part's, so that a

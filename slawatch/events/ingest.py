@@ -99,7 +99,9 @@ def parse_event(
         raise bad(None, f"an event is a JSON object, not {type(raw).__name__}")
     extra = [k for k in raw if k not in FIELDS]
     if extra:
-        raise bad(shorten(str(extra[0]), 40), f"unknown field (known: {', '.join(FIELDS)})")
+        name = str(extra[0])
+        name = name if len(name) <= 40 else name[:39] + "…"
+        raise bad(name, f"unknown field (known: {', '.join(FIELDS)})")
     kind = raw.get("type")
     if kind is None:
         raise bad("type", "is required")

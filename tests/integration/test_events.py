@@ -486,3 +486,15 @@ def test_with_several_start_types_the_alert_says_which_one_started_it(
     row = conn.execute("SELECT row_data FROM slawatch.alert WHERE key = 'N'").fetchone()
     assert row is not None
     assert [e["type"] for e in row[0]["events"]] == ["parcel_picked_up"]
+
+
+def test_the_events_of_one_batch_are_applied_in_the_batchs_order(conn: Conn, db: Database) -> None:
+    rule = parcel()
+    setup(conn, rule)
+    raw = [  # the first start received wins, whatever its `at`
+        {"type": "parcel_shipped", "key": "P", "at": (T0 + H).isoformat()},
+        {"type": "parcel_shipped", "key": "P", "at": T0.isoformat()},
+    ]
+    events = parse_events({"events": raw}, {"parcel_shipped"}, T0 + 3 * H, timedelta(days=30))
+    assert ingest(db, events, T0 + 3 * H).accepted == 2
+    assert timer(conn, "P") == (T0 + 73 * H, True)
