@@ -203,7 +203,7 @@ BAD: list[tuple[Any, str]] = [
     (shipped("p1", data={"a": "\x00"}), "data: must not contain NUL"),
     (shipped("p1", id=""), "id: must be 1 to 200 characters"),
     (shipped("p1", id={"a": 1}), "id: {'a': 1}: an id is text"),
-    (shipped("p1", when="now"), "'when': unknown field (known: type, key, at, data, id)"),
+    (shipped("p1", when="now"), "when: unknown field (known: type, key, at, data, id)"),
 ]
 
 
