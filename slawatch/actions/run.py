@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from importlib import resources
@@ -183,7 +183,7 @@ def record(conn: Connection, rule: Rule, records: list[Record], at: datetime) ->
     with translate(f"recording the actions of rule {rule.name}"):
         conn.execute(
             queries()["record_actions"],
-            {"rule": rule.name, "at": at, "records": Jsonb([asdict(r) for r in records])},
+            {"rule": rule.name, "at": at, "records": Jsonb([vars(r) for r in records])},
         )
 
 
