@@ -5,8 +5,8 @@ batches three ways, interleaved, ROUNDS times each (the table reset between runs
 
 - ``no action``: slawatch's claim of the rule without its action (one statement);
 - ``action``: the same rule restarting each job (``update bench ... where id = :id``)
-  in the claim's transaction, each under its own savepoint, recorded in
-  slawatch.action (slawatch/actions/run.py);
+  in the claim's transaction, the batch's actions as one statement under one
+  savepoint (its set form), recorded in slawatch.action (slawatch/actions/run.py);
 - ``raw pair``: the seed's two statements in one transaction: the raw claim
   ``UPDATE ... RETURNING`` (no outbox), then one set-based UPDATE of the claimed rows.
 

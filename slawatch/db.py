@@ -234,19 +234,21 @@ def one_statement(conn: Connection) -> contextlib.AbstractContextManager[Any]:
 
 
 def attempt(
-    conn: Connection, statement: Any, params: dict[str, Any], max_rows: int
+    conn: Connection, statement: Any, params: dict[str, Any], max_rows: int, *, keep: bool = True
 ) -> tuple[int | None, str | None]:
     """Run ``statement`` under a savepoint of the transaction ``conn`` is in:
     (rows touched, None), or (None/rows, the reason) after rolling back to the
     savepoint alone, when the database refused it or it touched more than ``max_rows``
     rows. A connection that is gone raises :class:`DatabaseUnavailable`: then the
-    whole transaction is lost, not one statement.
+    whole transaction is lost, not one statement. ``keep=False``: roll back to the
+    savepoint even when it went (a probe: its rows and its error, and no lasting
+    subtransaction).
     """
     rows: int | None = None
     try:
         with conn.transaction():  # nested: SAVEPOINT ... RELEASE, or ROLLBACK TO
             rows = conn.execute(statement, params).rowcount
-            if rows > max_rows:
+            if rows > max_rows or not keep:
                 raise psycopg.Rollback()  # to the savepoint; the transaction goes on
     except psycopg.Error as exc:
         if unreachable(exc) or conn.broken or conn.closed:
@@ -255,6 +257,40 @@ def attempt(
     if rows is not None and rows > max_rows:
         return rows, f"touched {rows} rows, more than max_rows {max_rows}: rolled back"
     return rows, None
+
+
+class Refuse(Exception):
+    """Raised by the work of :func:`in_savepoint`: roll back to the savepoint, and
+    this is the reason."""
+
+
+def in_savepoint(conn: Connection, what: str, work: Callable[[], T]) -> tuple[T | None, str | None]:
+    """``work()`` under a savepoint of the transaction ``conn`` is in: (its result,
+    None), or (None, the reason) after rolling back to the savepoint alone, when the
+    database refused a statement or ``work`` raised :class:`Refuse`. A connection
+    that is gone raises :class:`DatabaseUnavailable`, as in :func:`attempt`."""
+    try:
+        with conn.transaction():
+            return work(), None
+    except Refuse as exc:
+        return None, str(exc)
+    except psycopg.Error as exc:
+        if unreachable(exc) or conn.broken or conn.closed:
+            raise _translated(what, exc) from exc
+        return None, describe(exc)
+
+
+def parameter_types(conn: Connection, statement: Any) -> list[str]:
+    """The types the server gives ``statement``'s parameters ($1, $2, ...) when none
+    is sent, as it does for a value sent as text of unknown type: ``PREPARE`` (no
+    plan, nothing runs), read back, ``DEALLOCATE``. Raises psycopg's error."""
+    conn.execute("PREPARE slawatch_describe AS " + statement)
+    row = conn.execute(
+        "SELECT parameter_types::text[] FROM pg_prepared_statements"
+        " WHERE name = 'slawatch_describe'"
+    ).fetchone()
+    conn.execute("DEALLOCATE slawatch_describe")
+    return list(row[0]) if row else []
 
 
 # A row moved to another partition, or a deadlock with the application: the batch

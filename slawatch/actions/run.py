@@ -2,13 +2,20 @@
 
 The claim (engine/claim.py, engine/statetable.py) hands the plan's ``act`` the
 alerts it inserted whose number is the action's ``on`` (engine/acting.py), on its
-own connection, inside its transaction. Each action runs under its own savepoint
-(db.attempt): a statement the database refuses, or one touching more than
-``max_rows`` rows, rolls back alone and is recorded ``failed`` with the reason;
-the alert is delivered all the same. Every attempt becomes a row of
-``slawatch.action`` in the same transaction, so a crash before the commit leaves
-neither alert nor action, and ``alert_once`` with ``action_once`` keep each
-action to one attempt per episode however many instances claim.
+own connection, inside its transaction. The batch's actions run as one statement
+under one savepoint (the set form, config/batched.py: one round trip, one
+subtransaction). When that statement fails, touches more than ``max_rows`` rows
+for some alert, or cannot tell its rows apart per alert, it rolls back and the
+batch runs one by one: each action under a savepoint rolled back at once (a
+probe: its error or its rows; a failing one is recorded ``failed`` with the
+database's message), then the ones that went run again as one statement. Only
+when that fails too (the actions of one batch conflict with one another) does each
+run for good under its own savepoint, as does every action of a shape with no set
+form (whose rule's batch is capped, ``ONE_BY_ONE_BATCH``): a released savepoint
+keeps its subtransaction until the commit. The alert is delivered all the same.
+Every attempt becomes a row of ``slawatch.action`` in the same transaction, so a
+crash before the commit leaves neither alert nor action, and ``alert_once`` with
+``action_once`` keep each action to one attempt per episode however many instances claim.
 
 ``SLAWATCH_ACTIONS=off`` or ``dry-run`` records ``would_run`` and logs the
 statement with its values instead of running it; an acknowledged or silenced
@@ -18,8 +25,8 @@ episode is recorded ``skipped``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from importlib import resources
@@ -27,8 +34,9 @@ from typing import Any, Literal, LiteralString
 
 from psycopg.types.json import Jsonb
 
-from slawatch.config.rules import Rule
-from slawatch.db import Connection, attempt, translate
+from slawatch.config.batched import batch_relation
+from slawatch.config.rules import Action, Rule, action_numbered
+from slawatch.db import Connection, Refuse, attempt, in_savepoint, parameter_types, translate
 from slawatch.engine.acting import Act, Due
 from slawatch.engine.queries import parse_queries
 
@@ -64,15 +72,108 @@ def run_one(conn: Connection, rule: Rule, due: Due, attempt_no: int = 1) -> Reco
     assert rule.action is not None
     rows, error = attempt(conn, rule.action.statement, due.params, rule.action.max_rows)
     if error is not None:
-        log.warning(
-            "rule %s: action for key %s (episode %d) failed: %s",
+        return failed(rule, due, rows, error, attempt_no)
+    return ok(due, rows or 0, attempt_no)
+
+
+# How a batch's actions ran (logged, and returned for tests and the bench).
+Path = Literal["set", "probed", "one by one"]
+
+
+def run_batch(conn: Connection, rule: Rule, dues: Sequence[Due]) -> tuple[list[Record], Path]:
+    """Run ``rule``'s action for each of ``dues`` in the transaction ``conn`` is in:
+    one statement for all when it can, else one by one (see the module's doc); the
+    records in the order of ``dues``, and which way they ran."""
+    action = rule.action
+    assert action is not None
+    if action.set_form is not None and dues:
+        counts, why = run_set(conn, action, dues)
+        if counts is not None:
+            return [ok(due, rows) for due, rows in zip(dues, counts, strict=True)], "set"
+        log.info(
+            "rule %s: its %d actions as one statement did not go (%s): one by one",
             rule.name,
-            due.key,
-            due.episode,
-            error,
+            len(dues),
+            why,
         )
-        return Record(due.key, due.episode, due.n, "failed", rows, error, attempt_no, due.params)
+        probes = [
+            attempt(conn, action.statement, d.params, action.max_rows, keep=False) for d in dues
+        ]
+        went = [i for i, (_rows, error) in enumerate(probes) if error is None]
+        counts, why = run_set(conn, action, [dues[i] for i in went]) if went else ([], None)
+        if counts is not None:
+            applied = dict(zip(went, counts, strict=True))
+            records = [
+                ok(d, applied[i])
+                if i in applied
+                else failed(rule, d, probes[i][0], probes[i][1] or "")
+                for i, d in enumerate(dues)
+            ]
+            return records, "probed"
+        log.warning(
+            "rule %s: %d actions that go one by one do not go as one statement (%s):"
+            " each runs for good under its own savepoint (a subtransaction each until"
+            " the claim commits)",
+            rule.name,
+            len(went),
+            why,
+        )
+    return [run_one(conn, rule, due) for due in dues], "one by one"
+
+
+def run_set(
+    conn: Connection, action: Action, dues: Sequence[Due]
+) -> tuple[list[int] | None, str | None]:
+    """Run ``action`` for all ``dues`` as one statement under one savepoint: the rows
+    it touched for each (in order), or (None, why) after rolling it back."""
+    form = action.set_form
+    assert form is not None
+    names = action.placeholders
+
+    def work() -> list[int]:
+        numbered = action_numbered(action.statement, names)
+        types = parameter_types(conn, numbered)
+        statement = f"WITH {batch_relation(types)}, {form.body}"
+        params: dict[str, Any] = {"ord": list(range(len(dues)))}
+        for i, name in enumerate(names, 1):
+            params[f"a{i}"] = [d.params.get(name) for d in dues]
+        counts = [0] * len(dues)
+        total = 0
+        for ord_, count in conn.execute(statement, params).fetchall():
+            if ord_ is None:
+                total = int(count)
+            else:
+                counts[ord_] = int(count)
+        if sum(counts) != total:
+            raise Refuse(
+                f"{sum(counts)} rows by alert, {total} in all: not one row per alert"
+                " (two alerts' values reach the same row?)"
+            )
+        over = [c for c in counts if c > action.max_rows]
+        if over:
+            raise Refuse(
+                f"an action touched {max(over)} rows, more than max_rows {action.max_rows}"
+            )
+        return counts
+
+    return in_savepoint(conn, "actions", work)
+
+
+def ok(due: Due, rows: int, attempt_no: int = 1) -> Record:
+    """The record of an action that went."""
     return Record(due.key, due.episode, due.n, "ok", rows, None, attempt_no, due.params)
+
+
+def failed(rule: Rule, due: Due, rows: int | None, error: str, attempt_no: int = 1) -> Record:
+    """The record (and the log line) of an action that failed."""
+    log.warning(
+        "rule %s: action for key %s (episode %d) failed: %s",
+        rule.name,
+        due.key,
+        due.episode,
+        error,
+    )
+    return Record(due.key, due.episode, due.n, "failed", rows, error, attempt_no, due.params)
 
 
 def record(conn: Connection, rule: Rule, records: list[Record], at: datetime) -> None:
@@ -82,7 +183,7 @@ def record(conn: Connection, rule: Rule, records: list[Record], at: datetime) ->
     with translate(f"recording the actions of rule {rule.name}"):
         conn.execute(
             queries()["record_actions"],
-            {"rule": rule.name, "at": at, "records": Jsonb([asdict(r) for r in records])},
+            {"rule": rule.name, "at": at, "records": Jsonb([vars(r) for r in records])},
         )
 
 
@@ -94,7 +195,8 @@ def runner(mode: Mode, counted: Callable[[str, str], None] | None = None) -> Act
 
     def act(conn: Connection, rule: Rule, dues: list[Due], now: datetime) -> None:
         assert rule.action is not None
-        records = []
+        records: list[Record | None] = []
+        todo: list[Due] = []
         for due in dues:
             if due.skip is not None:
                 records.append(
@@ -115,11 +217,18 @@ def runner(mode: Mode, counted: Callable[[str, str], None] | None = None) -> Act
                     Record(due.key, due.episode, due.n, "would_run", None, None, 1, due.params)
                 )
             else:
-                records.append(run_one(conn, rule, due))
-        record(conn, rule, records, now)
+                records.append(None)  # run below, with the others
+                todo.append(due)
+        if todo:
+            ran, path = run_batch(conn, rule, todo)
+            log.debug("rule %s: %d actions ran (%s)", rule.name, len(ran), path)
+            done = iter(ran)
+            records = [r if r is not None else next(done) for r in records]
+        record(conn, rule, [r for r in records if r is not None], now)
         if counted is not None:
             for r in records:
-                counted(rule.name, r.status)
+                if r is not None:
+                    counted(rule.name, r.status)
 
     return act
 

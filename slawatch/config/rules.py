@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
+from slawatch.config.batched import SetForm, set_form
 from slawatch.config.durations import Duration, PositiveDuration
 from slawatch.config.files import FileModel, load_dir, shorten
 from slawatch.errors import ConfigError
@@ -289,6 +291,26 @@ class Action(FileModel):
         literal ``%`` doubled): values are always bound, never text."""
         return action_statement(self.sql)[0]
 
+    @property
+    def set_form(self) -> SetForm | None:
+        """The statement run once for a whole batch (config/batched.py), or None when
+        this shape runs one row at a time."""
+        return _set_form(self.sql)
+
+
+# The most actions a claim runs one by one: each that goes holds a subtransaction
+# until the claim commits, and past 64 PostgreSQL's per-backend cache of them
+# overflows (every session's snapshots then look subtransactions up on disk).
+ONE_BY_ONE_BATCH = 48
+
+
+@cache
+def _set_form(sql: str) -> SetForm | None:
+    try:
+        return set_form(*action_statement(sql))
+    except ValueError:
+        return None
+
 
 # Fields of a table rule that an event rule has no use for: its table is slawatch's.
 _TABLE_ONLY = (
@@ -372,10 +394,31 @@ class Rule(FileModel):
             "columns": [*TIMER_ROW, *(["too_fast"] if fast else [])],
         }
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_by_one_batch(cls, data: Any) -> Any:
+        """A rule whose action runs one row at a time claims at most ONE_BY_ONE_BATCH
+        rows at a time unless it says otherwise (then ``_action_fits`` refuses more)."""
+        if not isinstance(data, dict) or "batch" in data:
+            return data
+        action = data.get("action")
+        sql = action.get("sql") if isinstance(action, dict) else None
+        if isinstance(sql, str) and _set_form(sql.strip()) is None:
+            return {**data, "batch": ONE_BY_ONE_BATCH}
+        return data
+
     @model_validator(mode="after")
     def _action_fits(self) -> Rule:
         if self.action is None:
             return self
+        if self.batch > ONE_BY_ONE_BATCH and self.action.set_form is None:
+            raise ValueError(
+                f"batch: {self.batch} is more than {ONE_BY_ONE_BATCH}, and this action runs one"
+                " row at a time (a subtransaction each, held until the claim commits; past 64"
+                " PostgreSQL's cache of them overflows): lower batch, or write an UPDATE,"
+                " DELETE, INSERT ... VALUES/SELECT or SELECT fn(...) slawatch can run as one"
+                " statement"
+            )
         on, cap = self.action.on, self.renotify.max if self.renotify else None
         if on == "cap" and cap is None:
             raise ValueError(

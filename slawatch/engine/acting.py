@@ -25,19 +25,19 @@ from slawatch.db import Connection
 # The column a claim statement with an action ends with (after the counts).
 _DUE = """,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                'key', c.key, 'episode', c.episode, 'n', c.n, 'params', {params},
+                'key', a.key, 'episode', a.episode, 'n', a.n, 'params', {params},
                 'skip', CASE WHEN EXISTS (
                                   SELECT 1 FROM slawatch.ack k
-                                   WHERE k.rule = %(rule)s AND k.key = c.key
-                                     AND k.episode = c.episode) THEN 'acknowledged'
+                                   WHERE k.rule = %(rule)s AND k.key = a.key
+                                     AND k.episode = a.episode) THEN 'acknowledged'
                              WHEN EXISTS (
                                   SELECT 1 FROM slawatch.silence s
                                    WHERE s.rule = %(rule)s AND s.ends_at > %(now)s::timestamptz
                                      AND s.starts_at <= %(now)s::timestamptz
-                                     AND (s.key IS NULL OR s.key = c.key)
-                                     AND c.row_data @> s.matchers) THEN 'silenced' END)
-                ORDER BY c.key), '[]'::jsonb)
-          FROM alerts a JOIN claimed c ON c.key = a.key AND c.episode = a.episode AND c.n = a.n
+                                     AND (s.key IS NULL OR s.key = a.key)
+                                     AND a.row_data @> s.matchers) THEN 'silenced' END)
+                ORDER BY a.key), '[]'::jsonb)
+          FROM alerts a
          WHERE a.n = %(action_on)s::integer)"""
 
 
@@ -62,8 +62,10 @@ def due_column(rule: Rule, key: list[str]) -> sql.Composable:
     """The final column of ``rule``'s claim statement (empty for a rule without an
     action): the alerts of the claim that owe the action, as a JSON array.
 
-    It reads the CTEs ``alerts`` (with key and episode returned) and ``claimed`` (key,
-    episode, n, row_data), which both claim statements have.
+    It reads the CTE ``alerts`` (with key, episode and row_data returned: the rows the
+    claim inserted, ``alert_once`` keeping out another claimer's), which both claim
+    statements have; not ``claimed`` (a join of two CTEs of a batch each is planned as
+    a nested loop: a million comparisons for a batch of 1,000).
     """
     if rule.action is None:
         return sql.SQL("")
@@ -71,9 +73,9 @@ def due_column(rule: Rule, key: list[str]) -> sql.Composable:
     pairs = [
         sql.SQL("{}, {}").format(
             sql.Literal(name),
-            sql.SQL("c.row_data ->> {}").format(sql.Literal(name))
+            sql.SQL("a.row_data ->> {}").format(sql.Literal(name))
             if name in columns
-            else sql.SQL("c.key"),  # a one-column key (Rule.action_columns)
+            else sql.SQL("a.key"),  # a one-column key (Rule.action_columns)
         )
         for name in rule.action.placeholders
     ]

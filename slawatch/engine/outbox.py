@@ -103,8 +103,9 @@ def resolved(
 
 def outbox(severity: sql.Composable, notify: sql.Composable, acting: bool = False) -> sql.Composed:
     """The ``alerts`` and ``deliveries`` CTEs for a rule's severity and notifiers;
-    ``acting``: ``alerts`` also returns key and episode (engine/acting.py reads them)."""
-    returning = sql.SQL(", key, episode" if acting else "")
+    ``acting``: ``alerts`` also returns key, episode and row_data (engine/acting.py
+    reads them)."""
+    returning = sql.SQL(", key, episode, row_data" if acting else "")
     return sql.SQL(_OUTBOX).format(severity=severity, notify=notify, returning=returning)
 
 
