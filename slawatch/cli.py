@@ -6,6 +6,7 @@ Exit codes: 0 ok, 2 bad configuration or usage, 1 runtime failure.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -306,3 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`slawatch explain | head`): no traceback. Python
+        # would report the failed flush of stdout at exit once more; point it at
+        # /dev/null first (the recipe in the signal module's documentation).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141

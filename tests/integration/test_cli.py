@@ -386,3 +386,25 @@ def test_a_bad_log_format_is_one_line(tmp_path: Path) -> None:
         timeout=60,
     )
     assert_one_line_error(env_result, 2, "SLAWATCH_LOG_FORMAT: Input should be 'auto', 'text'")
+
+
+def test_a_reader_that_goes_away_is_no_traceback() -> None:
+    """`slawatch migrate --print | head -1`: the pipe closes under slawatch's output.
+    The read end is closed before slawatch writes, so its first write fails."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "slawatch", "migrate", "--print"],
+            cwd=ROOT,
+            env=clean_env(),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "BrokenPipe" not in result.stderr, result.stderr
+    assert result.returncode == 141
