@@ -255,4 +255,6 @@ def test_nats_down_is_retried() -> None:
     with pytest.raises(DeliveryError) as exc:
         notifier.send(alerts(1))
     assert not exc.value.permanent
+    # The connection's own error, not send()'s time-out on a client left connecting.
+    assert "ConnectionRefusedError" in str(exc.value), exc.value
     notifier.close()

@@ -47,12 +47,25 @@ class NatsNotifier(BaseNotifier):
             return self._nc
         if self._nc is not None:
             await self._nc.close()
-        nc = await nats.connect(
-            self.config.url.get_secret_value(),
-            connect_timeout=max(int(self.timeout), 1),
-            allow_reconnect=False,
-            max_reconnect_attempts=0,
-        )
+        # One attempt: nats-py's max_reconnect_attempts=0 means "try for ever" (a
+        # coroutine left connecting, and logging, after send() gave up). The
+        # dispatcher's backoff retries; the attempt's own error is what it reports.
+        failures: list[Exception] = []
+
+        async def failed(exc: Exception) -> None:
+            failures.append(exc)
+
+        try:
+            nc = await nats.connect(
+                self.config.url.get_secret_value(),
+                connect_timeout=max(int(self.timeout), 1),
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0,
+                error_cb=failed,
+            )
+        except nats.errors.NoServersError as exc:
+            raise (failures[-1] if failures else exc) from exc
         if self.config.stream:
             js = nc.jetstream(timeout=self.timeout)
             try:
