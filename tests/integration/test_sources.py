@@ -91,6 +91,11 @@ def test_cloudevents_in_become_timers_and_a_due_one_pages(
         wait_until(lambda: receiver.alert_ids == ["parcel:late:e1:n1"], "the late parcel's page")
         wait_until(lambda: _scanned_after(dsn, stored), "a scan after every event was stored")
         assert runner.health()["sources"] == {broker.source().name: True}
+        # A runner given no recorder counts what its sources stored in its metrics.
+        labels = {"source": broker.source().name, "outcome": "accepted"}
+        counted = runner.metrics.registry.get_sample_value
+        assert counted("slawatch_events_total", labels | {"type": "shipped"}) == 3
+        assert counted("slawatch_events_total", labels | {"type": "delivered"}) == 1
     assert receiver.alert_ids == ["parcel:late:e1:n1"]
     (request,) = receiver.requests
     assert request.alerts[0]["row"]["data"] == {"carrier": "ups"}
