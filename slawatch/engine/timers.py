@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -341,31 +340,21 @@ def unknown_rules(installed: dict[str, Any] | None, rules: list[Rule]) -> list[s
     ]
 
 
-@dataclass(frozen=True)
-class Housekeeping:
-    """What :func:`housekeep` did for one event rule before its claim."""
-
-    scheduled: int = 0  # scheduled beats given their deadline
-    fast_closed: int = 0  # too-fast pages sent and their timers closed
-
-
-def housekeep(db: Database, rule: Rule) -> Housekeeping:
+def housekeep(db: Database, rule: Rule) -> None:
     """Before a claim: fill in the deadlines of scheduled beats (cron, computed here),
     and close the timers of too-fast stops whose one page was claimed."""
     events = rule.events
     if events is None:
-        return Housekeeping()
+        return
     t = sql.Identifier("slawatch", rule.timers)
-    scheduled = fast = 0
     with db.connection(f"timers of rule {rule.name}") as conn:
         if events.min is not None:
             with translate(f"closing too-fast timers of rule {rule.name}"):
-                cur = conn.execute(
+                conn.execute(
                     sql.SQL("UPDATE {} SET open = false WHERE open AND too_fast AND {} > 0").format(
                         t, sql.Identifier(rule.n_column)
                     )
                 )
-                fast = cur.rowcount
         if events.schedule is not None:
             with translate(f"scheduling beats of rule {rule.name}"):
                 rows = conn.execute(
@@ -376,18 +365,22 @@ def housekeep(db: Database, rule: Rule) -> Housekeeping:
                     (FILL_BATCH,),
                 ).fetchall()
                 if rows:
+                    # The cron times are Python's (APScheduler); one statement sets them all.
                     far = datetime.max.replace(tzinfo=rows[0][1].tzinfo)
-                    filled = [(k, events.next_due(at) or far, at) for k, at in rows]
-                    with conn.cursor() as cur:
-                        cur.executemany(
-                            sql.SQL(
-                                "UPDATE {} SET due_at = %s WHERE key = %s AND started_at = %s"
-                                " AND due_at IS NULL"
-                            ).format(t),
-                            [(due, k, at) for k, due, at in filled],
-                        )
-                    scheduled = len(rows)
-    return Housekeeping(scheduled, fast)
+                    conn.execute(
+                        sql.SQL(
+                            "UPDATE {} t SET due_at = v.due"
+                            " FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[])"
+                            " AS v(key, started_at, due)"
+                            " WHERE t.key = v.key AND t.started_at = v.started_at"
+                            " AND t.due_at IS NULL"
+                        ).format(t),
+                        (
+                            [k for k, _ in rows],
+                            [at for _, at in rows],
+                            [events.next_due(at) or far for _, at in rows],
+                        ),
+                    )
 
 
 def prune_timers(conn: Connection, rule: Rule, cutoff: datetime, now: datetime, batch: int) -> int:
