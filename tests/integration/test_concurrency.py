@@ -6,6 +6,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from slawatch.config.rules import Rule
 from slawatch.engine.claim import ClaimPlan, claim_batch, plan_claim
@@ -14,6 +15,33 @@ from tests.integration.helpers import Conn
 
 N = 10_000
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def scan_together(dsn: str, plan: ClaimPlan, now: datetime) -> list[int]:
+    """Four scanners claim ``plan`` at ``now`` together until none finds work; each's count."""
+    counts = [0] * 4
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def worker(i: int) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                start.wait()
+                empty = 0
+                while empty < 3:  # rows skipped as locked by others come back later
+                    got = claim_batch(c, plan, now)
+                    counts[i] += got
+                    empty = empty + 1 if got == 0 else 0
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return counts
 
 
 def test_four_scanners_claim_each_row_once_per_notification(conn: Conn, dsn: str) -> None:
@@ -46,39 +74,14 @@ def test_four_scanners_claim_each_row_once_per_notification(conn: Conn, dsn: str
     migrate(conn, [rule])
     plan = plan_claim(rule, "timestamp with time zone")
 
-    def scan_together(now: datetime) -> list[int]:
-        counts = [0] * 4
-        errors: list[BaseException] = []
-        start = threading.Barrier(4)
-
-        def worker(i: int) -> None:
-            try:
-                with psycopg.connect(dsn, autocommit=True) as c:
-                    start.wait()
-                    empty = 0
-                    while empty < 3:  # rows skipped as locked by others come back later
-                        got = claim_batch(c, plan, now)
-                        counts[i] += got
-                        empty = empty + 1 if got == 0 else 0
-            except BaseException as exc:  # surfaced below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
-        return counts
-
-    counts = scan_together(T0 + timedelta(minutes=2))
+    counts = scan_together(dsn, plan, T0 + timedelta(minutes=2))
     assert sum(counts) == N
     assert sum(1 for c in counts if c > 0) >= 2, f"the work was not shared: {counts}"
     assert claim_batch(conn, plan, T0 + timedelta(minutes=2)) == 0  # none left behind
 
-    counts = scan_together(T0 + timedelta(hours=2))
+    counts = scan_together(dsn, plan, T0 + timedelta(hours=2))
     assert sum(counts) == N
-    counts = scan_together(T0 + timedelta(hours=10))
+    counts = scan_together(dsn, plan, T0 + timedelta(hours=10))
     assert sum(counts) == 0  # the cap of 2 is reached
 
     for n in (1, 2):
@@ -148,3 +151,38 @@ def test_a_notification_that_exists_already_does_not_stop_the_rule(conn: Conn) -
     assert claim_batch(conn, plan, T0 + timedelta(hours=2)) == 2  # both go on at #2
     got = conn.execute("SELECT key, episode, n FROM slawatch.alert ORDER BY 1, 2, 3").fetchall()
     assert got == [("1", 1, 1), ("1", 1, 2), ("2", 1, 1), ("2", 1, 2)]
+
+
+def test_four_scanners_page_each_event_timer_once(conn: Conn, dsn: str) -> None:
+    """An event rule's timers are claimed like a table's rows: each deadline once."""
+    rule = Rule.model_validate(
+        {
+            "name": "parcel",
+            "events": {"start": "shipped", "stop": "delivered", "within": "1h"},
+            "batch": 100,
+            "notify": ["a"],
+        }
+    )
+    migrate(conn, [rule])
+    n = 2_000
+    shipped = [
+        {"type": "shipped", "key": f"p{k}", "at": (T0 + k * timedelta(seconds=1)).isoformat()}
+        for k in range(n)
+    ]
+    # Every tenth parcel was delivered in time: never paged.
+    delivered = [
+        {"type": "delivered", "key": f"p{k}", "at": (T0 + timedelta(minutes=50)).isoformat()}
+        for k in range(0, n, 10)
+    ]
+    conn.execute(
+        "SELECT count(*) FROM slawatch.events(%s, %s)",
+        (Jsonb(shipped + delivered), T0 + timedelta(hours=1)),
+    )
+    plan = plan_claim(rule, "timestamp with time zone")
+    counts = scan_together(dsn, plan, T0 + timedelta(hours=2))
+    assert sum(counts) == n - n // 10
+    assert sum(1 for c in counts if c > 0) >= 2, f"the work was not shared: {counts}"
+    pages = conn.execute(
+        "SELECT count(*), count(DISTINCT key) FROM slawatch.alert WHERE rule = 'parcel'"
+    ).fetchone()
+    assert pages == (n - n // 10, n - n // 10)
