@@ -341,10 +341,15 @@ def test_run_once_sends_the_action_and_replay_actions_cli(
     assert main([*args, "run", "--once"]) == 1  # a delivery went dead
     assert "notifier action:job_hung: 0 sent, 0 retried, 1 dead" in capsys.readouterr().out
     assert [r[4] for r in actions(conn)] == ["failed"]
+    # `slawatch replay` knows the action's target: its dead delivery goes back.
+    assert main([*args, "replay"]) == 0
+    assert "ok: 1 dead deliveries back to pending" in capsys.readouterr().out
+    assert main([*args, "run", "--once"]) == 1
+    assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("failed", 2)]
     receiver.default = Reply()
     assert main([*args, "replay", "--actions"]) == 0
     assert "1 webhook action to be sent again" in capsys.readouterr().out
     assert main([*args, "run", "--once"]) == 0
-    assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("ok", 2)]
+    assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("failed", 2), ("ok", 3)]
     last = receiver.requests[-1]
     assert Webhook(SECRET).verify(last.body, last.headers)["alerts"][0]["key"] == "1"

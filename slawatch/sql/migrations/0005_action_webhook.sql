@@ -22,7 +22,8 @@ CREATE INDEX action_delivery ON slawatch.action (delivery_id) WHERE delivery_id 
 -- A delivery to `action:<rule>` changed status: sent settles its latest attempt 'ok',
 -- dead or orphaned 'failed' (with the delivery's error), acknowledged or silenced
 -- 'skipped'; back to pending (`slawatch replay`, `replay --actions`) is the next attempt.
--- `at`: when the attempt was settled (the delivery's sent_at, else its last due time).
+-- `at`: when the attempt was queued (the claim's or the replay's time), and once it is
+-- delivered, when (the delivery's sent_at): the application's clock, never now().
 CREATE FUNCTION slawatch.action_delivery_settled() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
@@ -45,7 +46,7 @@ BEGIN
                             WHEN NEW.status = 'orphaned'
                                 THEN 'orphaned: the rule no longer has this webhook action'
                             ELSE NEW.status END,
-               at = coalesce(NEW.sent_at, NEW.next_attempt_at)
+               at = CASE WHEN NEW.status = 'sent' THEN coalesce(NEW.sent_at, a.at) ELSE a.at END
          WHERE a.delivery_id = NEW.id AND a.status = 'pending';
     END IF;
     RETURN NULL;
