@@ -22,6 +22,7 @@ from standardwebhooks import Webhook
 from slawatch.actions.history import list_actions, replay_actions
 from slawatch.actions.run import Mode, runner
 from slawatch.cli import main
+from slawatch.config.notifiers import ConsoleConfig
 from slawatch.config.rules import Rule
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import (
@@ -35,6 +36,7 @@ from slawatch.demo import SHOP
 from slawatch.engine.claim import ClaimPlan, drain, prepare
 from slawatch.engine.migrate import migrate
 from slawatch.engine.outbox import alert_payload
+from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock, claim_all
 from tests.integration.test_events import send
@@ -353,3 +355,28 @@ def test_run_once_sends_the_action_and_replay_actions_cli(
     assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("failed", 2), ("ok", 3)]
     last = receiver.requests[-1]
     assert Webhook(SECRET).verify(last.body, last.headers)["alerts"][0]["key"] == "1"
+
+
+def test_the_runner_sends_a_webhook_action_as_a_notifier_and_a_reload_follows(
+    conn: Conn, dsn: str, receiver: WebhookReceiver
+) -> None:
+    """The target action:<rule> is one of the runner's notifiers (its worker, its
+    deliveries): added and removed with its rule's action by a reload."""
+    rule = hook_rule(receiver.url)
+    plain = rule.model_copy(update={"action": None})
+    setup(conn, rule)
+    console = ConsoleConfig(name="console", type="console")
+    runner_ = Runner(dsn, [plain], [console], clock=FixedClock(DUE))
+    try:
+        assert sorted(runner_.notifiers) == ["console"]
+        assert runner_.apply([rule], [console])
+        assert sorted(runner_.notifiers) == ["action:job_hung", "console"]
+        once = runner_.once()
+        assert once.notifiers["action:job_hung"] is not None
+        assert once.notifiers["action:job_hung"].sent == 1
+        assert receiver.alert_ids == ["job_hung:1:e1:n1"]
+        assert [r[4] for r in actions(conn)] == ["ok"]
+        assert runner_.apply([plain], [console])
+        assert sorted(runner_.notifiers) == ["console"]
+    finally:
+        runner_.close()
