@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from slawatch.clock import Clock
 from slawatch.config.durations import format_duration
 from slawatch.config.files import shorten
-from slawatch.config.rules import Rule, load_rules
+from slawatch.config.rules import Rule, action_targets, load_rules
 from slawatch.config.settings import Settings
 from slawatch.db import (
     Connection,
@@ -366,7 +366,8 @@ def cmd_replay(
     rules, notifiers = load_config(settings)
     if rule is not None and rule not in {r.name for r in rules}:
         raise ConfigError(f"--rule: no rule named {rule!r} in {settings.rules_dir}")
-    configured = {n.name for n in notifiers}
+    # A webhook action's deliveries go to its rule's target (action:<rule>).
+    configured = {n.name for n in [*notifiers, *action_targets(rules)]}
     now = Clock().now()
     dsn = database_dsn(settings)
     with Database(dsn, size=1, timeout=settings.db_timeout, pooler=settings.pooler) as db:
@@ -443,7 +444,12 @@ def cmd_replay_actions(settings: Settings, rule: str | None) -> int:
             " would run again; nothing done"
         )
         return 0
-    print(f"ok: {done.ok} actions ran again, {done.failed} failed again")
+    queued = (
+        f"; {_many(done.queued, 'webhook action')} to be sent again (a running slawatch sends them)"
+        if done.queued
+        else ""
+    )
+    print(f"ok: {done.ok} actions ran again, {done.failed} failed again{queued}")
     return 0 if done.failed == 0 else 1
 
 

@@ -47,10 +47,11 @@ class Request:
 class WebhookReceiver:
     """An HTTP server on 127.0.0.1 that records each POST and answers from a script.
 
-    ``replies`` are used in order, then ``default`` forever.
+    ``replies`` are used in order, then ``default`` forever. ``port``: listen there
+    (a receiver that comes up where one was down); 0: any free port.
     """
 
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None, port: int = 0) -> None:
         self.requests: list[Request] = []
         self.replies: list[Reply] = []
         self.default = Reply()
@@ -87,7 +88,7 @@ class WebhookReceiver:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from psycopg import sql
 from pydantic import BaseModel, Field
 
+from slawatch.actions import webhook
 from slawatch.actions.run import Mode, Record, params_of, queries, record, run_one
 from slawatch.config.files import shorten
 from slawatch.config.rules import RULE_NAME, Rule
@@ -27,8 +28,8 @@ from slawatch.db import Connection, Database, translate
 from slawatch.engine.acting import Due
 from slawatch.errors import BadInput
 
-ActionStatus = Literal["ok", "failed", "skipped", "would_run"]
-STATUSES: tuple[ActionStatus, ...] = ("ok", "failed", "skipped", "would_run")
+ActionStatus = Literal["ok", "failed", "skipped", "would_run", "pending"]
+STATUSES: tuple[ActionStatus, ...] = ("ok", "failed", "skipped", "would_run", "pending")
 # The most attempts one list returns (GET /v1/actions?limit=, slawatch actions).
 MAX_LIST = 1000
 # A list never holds a connection longer than this (as the operator's other reads).
@@ -43,10 +44,11 @@ class ActionAttempt(BaseModel):
     key: str
     episode: int
     n: int = Field(description="the notification whose claim ran it")
-    kind: Literal["sql"]
+    kind: Literal["sql", "webhook"]
     status: ActionStatus = Field(
-        description="ok: ran; failed: rolled back (see error); skipped: the episode was "
-        "acknowledged or silenced; would_run: SLAWATCH_ACTIONS was off or dry-run"
+        description="ok: ran (a webhook: delivered); failed: rolled back, or a webhook's "
+        "delivery went dead (see error); skipped: the episode was acknowledged or silenced; "
+        "would_run: SLAWATCH_ACTIONS was off or dry-run; pending: a webhook not yet delivered"
     )
     rows: int | None = Field(description="rows the statement touched")
     error: str | None = Field(description="why it failed, or why it was skipped")
@@ -115,6 +117,7 @@ class Replayed:
     ok: int = 0
     failed: int = 0
     would_run: int = 0
+    queued: int = 0  # webhook actions whose dead delivery is pending again
 
 
 def replay_actions(
@@ -123,8 +126,15 @@ def replay_actions(
     """Run each failed action (of ``rule``, else of every rule that has an action now)
     once more, each in its own transaction; ``mode`` other than "on" only counts
     what would run and writes nothing."""
-    acting = {r.name: r for r in rules if r.action is not None and rule in (None, r.name)}
+    chosen = [r for r in rules if r.action is not None and rule in (None, r.name)]
+    acting = {r.name: r for r in chosen if r.action is not None and r.action.sql is not None}
     done = Replayed()
+    # Webhook actions go again as deliveries: sent (and settled) by the delivery workers.
+    hooks = [r.name for r in chosen if r.name not in acting]
+    if mode == "on":
+        done.queued = webhook.replay(db, hooks, now)
+    else:
+        done.would_run += webhook.replay(db, hooks, now, mode)
     while acting:
 
         def one(conn: Connection) -> Record | None:

@@ -34,6 +34,7 @@ from typing import Any, Literal, LiteralString
 
 from psycopg.types.json import Jsonb
 
+from slawatch.actions import webhook
 from slawatch.config.batched import batch_relation
 from slawatch.config.rules import Action, Rule, action_numbered
 from slawatch.db import Connection, Refuse, attempt, in_savepoint, parameter_types, translate
@@ -195,6 +196,9 @@ def runner(mode: Mode, counted: Callable[[str, str], None] | None = None) -> Act
 
     def act(conn: Connection, rule: Rule, dues: list[Due], now: datetime) -> None:
         assert rule.action is not None
+        if rule.action.webhook is not None:  # through the outbox instead (webhook.py)
+            webhook.act(conn, rule, dues, now, mode, counted)
+            return
         records: list[Record | None] = []
         todo: list[Due] = []
         for due in dues:

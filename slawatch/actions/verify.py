@@ -38,7 +38,7 @@ def refused(conn: Connection, rules: list[Rule]) -> list[Refused]:
     """The rules (with an action) whose statement the connected role cannot run."""
     out: list[Refused] = []
     for rule in rules:
-        if rule.action is None:
+        if rule.action is None or rule.action.sql is None:
             continue
         params = dict.fromkeys(rule.action.placeholders)
         explain = "EXPLAIN " + rule.action.statement
@@ -54,7 +54,7 @@ def refused(conn: Connection, rules: list[Rule]) -> list[Refused]:
 def writes_watched(conn: Connection, rule: Rule) -> bool:
     """Whether ``rule``'s action writes (INSERT, UPDATE, DELETE) the table it watches,
     as the server resolves both names (a called function is not looked into)."""
-    if rule.action is None or rule.events is not None:
+    if rule.action is None or rule.action.sql is None or rule.events is not None:
         return False
     written = [
         sql.Identifier(*([n.schema, n.name] if n.schema else [n.name])).as_string(conn)

@@ -26,6 +26,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 from slawatch.config.batched import SetForm, set_form
 from slawatch.config.durations import Duration, PositiveDuration
 from slawatch.config.files import FileModel, load_dir, shorten
+from slawatch.config.notifiers import WebhookConfig, interpolate
 from slawatch.errors import ConfigError
 
 RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
@@ -242,15 +243,49 @@ class Events(FileModel):
         return None if fire is None else fire + self.grace
 
 
+# What names a webhook action's target among the notifiers (a delivery's ``notifier``):
+# a ':' no notifier name may hold (NAME_PATTERN), so it never collides with one.
+ACTION_TARGET = "action:"
+# A notifier's settings that an action's webhook does not take: the rule names it.
+_NOT_FOR_ACTION = ("name", "type", "storm")
+
+
+class ActionWebhook(WebhookConfig):
+    """``action: {webhook: ...}``: a webhook notifier's settings (url, secret, headers,
+    ca_file, timeout, retry, batch, concurrency) and nothing else; sent by the webhook
+    notifier's own sender as the notifier ``action:<rule>`` (:meth:`Rule.action_target`).
+    ``batch`` defaults to 1: one request per action, so each 2xx answers for one."""
+
+    name: str = "action"
+    type: Literal["webhook"] = "webhook"
+    batch: int = Field(default=1, ge=1, le=10_000)
+    concurrency: int = Field(default=1, ge=1, le=16)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_webhook_settings(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            given = [k for k in _NOT_FOR_ACTION if k in data]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: not for an action's webhook (it is sent as the"
+                    " notifier action:<rule>, one alert at a time unless batch says otherwise)"
+                )
+        return data
+
+
 class Action(FileModel):
-    """``action:`` of a rule (DESIGN.md §8): one statement run in the claim's
-    transaction when notification number ``on`` of an episode is claimed.
+    """``action:`` of a rule (DESIGN.md §8), run when notification number ``on`` of an
+    episode is claimed: either ``sql``, one statement run in the claim's transaction,
+    or ``webhook``, the alert POSTed through the outbox (actions/webhook.py).
 
     ``sql`` is checked by PostgreSQL's parser here (:func:`action_problem`); its
     ``:name`` placeholders are checked against the rule's columns by the rule.
+    ``max_rows`` is refused beside ``webhook`` (a POST touches no rows).
     """
 
-    sql: str
+    sql: str | None = None
+    webhook: ActionWebhook | None = None
     # The notification number that triggers it, or "cap": the episode's last one.
     on: int | Literal["cap"] = Field(default=1)
     # A statement touching more rows is rolled back and recorded failed.
@@ -264,6 +299,16 @@ class Action(FileModel):
             data = {("on" if k is True else k): v for k, v in data.items()}
         return data
 
+    @model_validator(mode="after")
+    def _one_kind(self) -> Action:
+        if self.sql is None and self.webhook is None:
+            raise ValueError("needs sql: (a statement) or webhook: (a URL to POST the alert to)")
+        if self.sql is not None and self.webhook is not None:
+            raise ValueError("sql: and webhook: both given; an action is one of them")
+        if self.webhook is not None and "max_rows" in self.model_fields_set:
+            raise ValueError("max_rows: not for a webhook action (it touches no rows)")
+        return self
+
     @field_validator("on", mode="before")
     @classmethod
     def _on(cls, v: object) -> object:
@@ -273,7 +318,9 @@ class Action(FileModel):
 
     @field_validator("sql")
     @classmethod
-    def _sql(cls, v: str) -> str:
+    def _sql(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         v = v.strip()
         problem = action_problem(v)
         if problem:
@@ -281,21 +328,27 @@ class Action(FileModel):
         return v
 
     @property
+    def kind(self) -> Literal["sql", "webhook"]:
+        """Which of the two it is (``slawatch.action.kind``)."""
+        return "sql" if self.sql is not None else "webhook"
+
+    @property
     def placeholders(self) -> list[str]:
-        """The ``:name`` placeholders, in order of first use."""
-        return action_statement(self.sql)[1]
+        """The ``:name`` placeholders, in order of first use (none for a webhook)."""
+        return [] if self.sql is None else action_statement(self.sql)[1]
 
     @property
     def statement(self) -> str:
         """The statement with each ``:name`` as a psycopg parameter ``%(name)s`` (a
         literal ``%`` doubled): values are always bound, never text."""
+        assert self.sql is not None, "a webhook action has no statement"
         return action_statement(self.sql)[0]
 
     @property
     def set_form(self) -> SetForm | None:
         """The statement run once for a whole batch (config/batched.py), or None when
         this shape runs one row at a time."""
-        return _set_form(self.sql)
+        return None if self.sql is None else _set_form(self.sql)
 
 
 # The most actions a claim runs one by one: each that goes holds a subtransaction
@@ -411,7 +464,8 @@ class Rule(FileModel):
     def _action_fits(self) -> Rule:
         if self.action is None:
             return self
-        if self.batch > ONE_BY_ONE_BATCH and self.action.set_form is None:
+        one_by_one = self.action.sql is not None and self.action.set_form is None
+        if self.batch > ONE_BY_ONE_BATCH and one_by_one:
             raise ValueError(
                 f"batch: {self.batch} is more than {ONE_BY_ONE_BATCH}, and this action runs one"
                 " row at a time (a subtransaction each, held until the claim commits; past 64"
@@ -465,6 +519,14 @@ class Rule(FileModel):
         if self.action is None:
             return None
         return self.max_notifications if self.action.on == "cap" else self.action.on
+
+    @property
+    def action_target(self) -> WebhookConfig | None:
+        """A webhook action's sender, as the notifier ``action:<rule>`` (None for a
+        rule without one): its deliveries are the outbox rows the claim writes."""
+        if self.action is None or self.action.webhook is None:
+            return None
+        return self.action.webhook.model_copy(update={"name": ACTION_TARGET + self.name})
 
     @model_validator(mode="after")
     def _sweep_is_for_table(self) -> Rule:
@@ -810,10 +872,27 @@ def walk(node: object) -> list[object]:
 
 def load_rules(directory: Path) -> list[Rule]:
     """Load ``directory/*.yaml``; at least one rule."""
-    rules = load_dir(directory, lambda _data, _path: Rule, "rules")
+    rules = load_dir(directory, lambda _data, _path: Rule, "rules", prepare=_action_secrets)
     if not rules:
         raise ConfigError(f"{directory}: no rules (*.yaml) found")
     return rules
+
+
+def _action_secrets(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``${VAR}`` in a webhook action's settings (its ``secret``, a token in a header or
+    the URL) is read from the environment, as in a notifier's file; nowhere else in a
+    rule (``open_when`` and ``sql`` are SQL, where ``${`` means what it says)."""
+    action = data.get("action") if isinstance(data, dict) else None
+    if not isinstance(action, dict) or not isinstance(action.get("webhook"), dict):
+        return data
+    hook = action["webhook"]
+    hook = interpolate(hook, path, "action.webhook")
+    return {**data, "action": {**action, "webhook": hook}}
+
+
+def action_targets(rules: list[Rule]) -> list[WebhookConfig]:
+    """The senders of the rules' webhook actions, as notifiers (``action:<rule>``)."""
+    return [t for t in (r.action_target for r in rules) if t is not None]
 
 
 def check_notifier_names(rules: list[Rule], known: set[str]) -> None:

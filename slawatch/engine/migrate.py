@@ -203,7 +203,7 @@ def grants(
             )
     schemas = {rule.schema_name for rule in rules if rule.events is None}
     for rule in rules:
-        if rule.action is not None:
+        if rule.action is not None and rule.action.sql is not None:
             out.extend(action_grants(rule.action.sql, r, schemas))
     return out
 

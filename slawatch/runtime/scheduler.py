@@ -30,7 +30,7 @@ from slawatch.actions.run import Mode, runner
 from slawatch.clock import Clock
 from slawatch.config.durations import format_duration
 from slawatch.config.notifiers import NotifierConfig
-from slawatch.config.rules import Rule
+from slawatch.config.rules import Rule, action_targets
 from slawatch.config.settings import DEFAULT_RETENTION
 from slawatch.config.sources import SourceConfig
 from slawatch.db import Database, DatabaseUnavailable, Pooler, PreparedStatementLost, redact
@@ -226,6 +226,8 @@ class Runner:
         recorder: Recorder | None = None,
     ) -> None:
         self.clock = clock or Clock()
+        # Rules' webhook actions are sent as notifiers of their own (action:<rule>).
+        notifiers = with_targets(rules, notifiers)
         self.admin_url = admin_url  # for the link in storm summaries
         self.poll, self.backoff_cap = poll, backoff_cap
         self.retention, self.maintain_every = retention, maintain_every
@@ -657,6 +659,7 @@ class Runner:
             except SlawatchError as exc:
                 log.error("reload refused, the running rules and notifiers go on: %s", exc)
                 return False
+            notifiers = with_targets(rules, notifiers)
             configs = {c.name: c for c in notifiers}
             renewed = [n for n, c in configs.items() if self._configs.get(n) != c]
             built: dict[str, Notifier] = {}
@@ -824,6 +827,11 @@ class Runner:
         for notifier in self.notifiers.values():
             notifier.close()
         self.db.close()
+
+
+def with_targets(rules: list[Rule], notifiers: list[NotifierConfig]) -> list[NotifierConfig]:
+    """``notifiers`` and the senders of ``rules``' webhook actions (``action:<rule>``)."""
+    return [*notifiers, *action_targets(rules)]
 
 
 def _pool_size(rules: list[Rule], notifiers: list[NotifierConfig], sources: int = 0) -> int:

@@ -106,5 +106,8 @@ def unversioned(conn: Conn) -> None:
     conn.execute(
         "DROP TABLE slawatch.schema_version;"
         " DROP TABLE IF EXISTS slawatch.session, slawatch.event_seen, slawatch.action;"
-        " DROP INDEX IF EXISTS slawatch.delivery_orphaned, slawatch.ack_acked_at"
+        " DROP INDEX IF EXISTS slawatch.delivery_orphaned, slawatch.ack_acked_at;"
+        # 0005_action_webhook.sql's trigger on the outbox and its function.
+        " DROP TRIGGER IF EXISTS action_settled ON slawatch.delivery;"
+        " DROP FUNCTION IF EXISTS slawatch.action_delivery_settled()"
     )

@@ -125,3 +125,62 @@ def test_a_bare_yaml_on_key_is_on(tmp_path: Path) -> None:
     (tmp_path / "jobs.yaml").write_text(GOOD + 'action:\n  sql: "select requeue(:id)"\n  on: 3\n')
     rule = load_rules(tmp_path)[0]
     assert rule.action is not None and rule.action.on == 3 and rule.action_on == 3
+
+
+HOOK = {"url": "http://127.0.0.1:9000/restart"}
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+@pytest.mark.parametrize(
+    ("action", "expected"),
+    [
+        ({"webhook": HOOK}, None),
+        ({"webhook": HOOK | {"timeout": "5s", "retry": {"attempts": 3}}, "on": "cap"}, None),
+        ({"on": 1}, "jobs.yaml: action: needs sql: (a statement) or webhook:"),
+        (
+            {"webhook": HOOK, "sql": "select requeue(:id)"},
+            "jobs.yaml: action: sql: and webhook: both given; an action is one of them",
+        ),
+        ({"webhook": HOOK, "max_rows": 1}, "jobs.yaml: action: max_rows: not for a webhook"),
+        ({"webhook": {"url": "ftp://x"}}, "action.webhook.url: 'ftp://x' is not an http://"),
+        ({"webhook": {}}, "action.webhook.url: is required"),
+        (
+            {"webhook": HOOK | {"secret": "not a secret!"}},
+            "action.webhook.secret: must be a Standard",
+        ),
+        ({"webhook": HOOK | {"name": "x"}}, "action.webhook: name: not for an action's webhook"),
+        ({"webhook": HOOK | {"storm": 5}}, "action.webhook: storm: not for an action's webhook"),
+        ({"webhook": HOOK | {"retry": {"attempts": 0}}}, "action.webhook.retry.attempts"),
+        ({"webhook": HOOK | {"wait": 1}}, "action.webhook.wait: unknown field"),
+    ],
+)
+def test_a_webhook_action_is_a_webhook_notifiers_settings(
+    tmp_path: Path, action: dict[str, object], expected: str | None
+) -> None:
+    if expected is None:
+        rule = load(tmp_path, action)
+        target = rule.action_target
+        assert rule.action is not None and rule.action.kind == "webhook"
+        # Sent as a notifier of its own, one alert per request, at any batch of claims.
+        assert target is not None and (target.name, target.batch) == ("action:jobs", 1)
+        assert rule.batch == 10_000 and rule.action.placeholders == []
+    else:
+        message = error_of(tmp_path, action)
+        assert expected in message and len(message.splitlines()) == 1
+
+
+def test_a_webhook_actions_secret_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "jobs.yaml").write_text(
+        GOOD + "action: {webhook: {url: 'http://h/x', secret: '${JOB_SECRET}'}}\n"
+        "description: costs ${PRICE}\n"  # only the webhook's settings are read so
+    )
+    with pytest.raises(ConfigError, match=r"action\.webhook\.secret: .* JOB_SECRET is not set"):
+        load_rules(tmp_path)
+    monkeypatch.setenv("JOB_SECRET", SECRET)
+    rule = load_rules(tmp_path)[0]
+    target = rule.action_target
+    assert target is not None and target.secret is not None
+    assert target.secret.get_secret_value() == SECRET
+    assert rule.description == "costs ${PRICE}"

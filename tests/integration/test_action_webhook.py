@@ -1,0 +1,382 @@
+"""Webhook actions (DESIGN.md §8): the alert POSTed to a real HTTP receiver in a
+thread, through the outbox like a delivery, each attempt recorded in slawatch.action.
+
+The rule is job_hung's shape (tests/integration/test_actions.py) with
+``action: {webhook: ...}``; its target is delivered by the dispatcher's own functions
+as the notifier ``action:job_hung``, at the test's clock.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from standardwebhooks import Webhook
+
+from slawatch.actions.history import list_actions, replay_actions
+from slawatch.actions.run import Mode, runner
+from slawatch.cli import main
+from slawatch.config.notifiers import ConsoleConfig
+from slawatch.config.rules import Rule
+from slawatch.db import Database
+from slawatch.delivery.dispatcher import (
+    claim_deliveries,
+    deliver_notifier,
+    lease_for,
+    replay,
+)
+from slawatch.delivery.notifiers import Notifier, build
+from slawatch.demo import SHOP
+from slawatch.engine.claim import ClaimPlan, drain, prepare
+from slawatch.engine.migrate import migrate
+from slawatch.engine.outbox import alert_payload
+from slawatch.runtime.scheduler import Runner
+from tests.conftest import ROOT
+from tests.integration.helpers import Conn, FixedClock, claim_all
+from tests.integration.test_events import send
+from tests.receivers import Reply, WebhookReceiver, closed_port, receiver
+
+__all__ = ["receiver"]
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+M = timedelta(minutes=1)
+S = timedelta(seconds=1)
+DUE = T0 + 15 * M + S  # job 1's first notification
+SECRET = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+# Quick retries, three attempts: the test's clock walks past each backoff.
+RETRY = {"first": "1s", "max": "1s", "attempts": 3}
+
+
+def hook_rule(url: str, track: str = "inline", **action: Any) -> Rule:
+    return Rule.model_validate(
+        {
+            "name": "job_hung",
+            "table": "public.jobs",
+            "key": "id",
+            "track": track,
+            "deadline": "heartbeat_at",
+            "after": "15m",
+            "open_when": "status = 'running'",
+            "renotify": {"every": "15m", "max": 3},
+            "columns": ["id", "kind", "worker", "heartbeat_at"],
+            "notify": ["console"],
+            "action": {"webhook": {"url": url, "secret": SECRET, "retry": RETRY}} | action,
+        }
+    )
+
+
+def setup(conn: Conn, rule: Rule, mode: Mode = "on", jobs: int = 1) -> ClaimPlan:
+    conn.execute(SHOP)
+    migrate(conn, [rule])
+    conn.execute(
+        "INSERT INTO jobs SELECT i, 'sync', 'w1', 'running', %s FROM generate_series(1, %s) i",
+        (T0.replace(tzinfo=None), jobs),
+    )
+    return prepare(conn, rule).with_act(runner(mode))
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[Database]:
+    with Database(dsn, size=2, pooler="none") as database:
+        yield database
+
+
+def target(rule: Rule) -> Notifier:
+    config = rule.action_target
+    assert config is not None
+    return build(config)
+
+
+def deliver(db: Database, rule: Rule, at: datetime) -> tuple[int, int, int]:
+    """One delivery pass of the action's target at ``at``: (sent, retried, dead)."""
+    done = deliver_notifier(db, target(rule), FixedClock(at), {"job_hung": "hung"})
+    return done.sent, done.retried, done.dead
+
+
+def actions(conn: Conn) -> list[tuple[Any, ...]]:
+    """(key, episode, n, kind, status, error, attempt) of every attempt, in order."""
+    return conn.execute(
+        "SELECT key, episode, n, kind, status, error, attempt FROM slawatch.action"
+        " ORDER BY key, episode, attempt"
+    ).fetchall()
+
+
+def action_deliveries(conn: Conn) -> list[tuple[Any, ...]]:
+    """(alert n, status) of the deliveries to the action's target."""
+    return conn.execute(
+        "SELECT a.n, d.status FROM slawatch.delivery d JOIN slawatch.alert a"
+        " ON a.id = d.alert_id WHERE d.notifier = 'action:job_hung' ORDER BY d.id"
+    ).fetchall()
+
+
+def test_delivered_once_is_ok(conn: Conn, db: Database, receiver: WebhookReceiver) -> None:
+    rule = hook_rule(receiver.url)
+    plan = setup(conn, rule)
+    assert claim_all(conn, plan, DUE) == 1
+    # The claim wrote the delivery and a pending attempt; nothing is sent yet.
+    assert actions(conn) == [("1", 1, 1, "webhook", "pending", None, 1)]
+    assert action_deliveries(conn) == [(1, "pending")]
+    assert receiver.requests == []
+    assert deliver(db, rule, DUE + S) == (1, 0, 0)
+    assert actions(conn) == [("1", 1, 1, "webhook", "ok", None, 1)]
+    # The webhook notifier's body and signature, the alert as every receiver sees it.
+    (request,) = receiver.requests
+    body = Webhook(SECRET).verify(request.body, request.headers)
+    alert = conn.execute(
+        "SELECT rule, key, episode, n, severity, deadline, due_at, fired_at, row_data, kind"
+        " FROM slawatch.alert WHERE n = 1"
+    ).fetchone()
+    assert alert is not None
+    names = ("rule", "key", "episode", "n", "severity", "deadline", "due_at", "fired_at")
+    expected = alert_payload(dict(zip((*names, "row_data", "kind"), alert, strict=True)), "hung")
+    assert body == {"alerts": [expected]}
+    assert body["alerts"][0]["id"] == "job_hung:1:e1:n1"
+    # Re-notifications up to the cap: alerts, no second action, nothing more sent.
+    for k in (2, 3):
+        assert claim_all(conn, plan, T0 + 15 * M * k + k * S) == 1
+    assert deliver(db, rule, T0 + 50 * M) == (0, 0, 0)
+    assert len(receiver.requests) == 1 and len(actions(conn)) == 1
+    assert action_deliveries(conn) == [(1, "sent")]
+
+
+def test_receiver_down_then_up_is_retried_and_ok(conn: Conn, db: Database, track: str) -> None:
+    port = closed_port()
+    rule = hook_rule(f"http://127.0.0.1:{port}/hook", track)
+    plan = setup(conn, rule)
+    assert claim_all(conn, plan, DUE) == 1
+    assert deliver(db, rule, DUE) == (0, 1, 0)  # nothing listens: a retry
+    (attempt,) = actions(conn)
+    assert attempt[4] == "pending"
+    # The receiver comes up on that port; the retry is due a second later.
+    with WebhookReceiver(port=port) as up:
+        assert deliver(db, rule, DUE + 2 * S) == (1, 0, 0)
+        assert up.alert_ids == ["job_hung:1:e1:n1"]
+    assert actions(conn) == [("1", 1, 1, "webhook", "ok", None, 1)]
+
+
+def test_always_500_is_dead_failed_and_replay_actions_retries(
+    conn: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    receiver.default = Reply(status=500, body=b"no such job")
+    rule = hook_rule(receiver.url)
+    plan = setup(conn, rule, jobs=2)
+    assert claim_all(conn, plan, DUE) == 2
+    # Attempts 1 and 2 retry, 3 is the last; a pass stops at its first failure (the
+    # receiver is down) and sends one action (batch 1): six passes, at most.
+    for i in range(6):
+        deliver(db, rule, DUE + 10 * i * S)
+    assert action_deliveries(conn) == [(1, "dead"), (1, "dead")]
+    rows = actions(conn)
+    assert [r[4] for r in rows] == ["failed", "failed"]
+    assert "500" in rows[0][5] and "no such job" in rows[0][5]
+    # Listed as every action is.
+    with db.connection("test") as c:
+        listed = list_actions(c, "job_hung", "failed").actions
+    assert [(a.kind, a.status) for a in listed] == [("webhook", "failed")] * 2
+    # Off: only counted, nothing changes.
+    assert replay_actions(db, [rule], DUE + M, "off").would_run == 2
+    assert action_deliveries(conn) == [(1, "dead"), (1, "dead")]
+    # replay --actions: each dead delivery back to pending, recorded as attempt 2.
+    receiver.default = Reply()
+    done = replay_actions(db, [rule], DUE + M)
+    assert (done.queued, done.ok, done.failed) == (2, 0, 0)
+    assert [(r[0], r[4], r[6]) for r in actions(conn)] == [
+        ("1", "failed", 1),
+        ("1", "pending", 2),
+        ("2", "failed", 1),
+        ("2", "pending", 2),
+    ]
+    assert deliver(db, rule, DUE + M) == (2, 0, 0)
+    assert [(r[0], r[4], r[6]) for r in actions(conn)] == [
+        ("1", "failed", 1),
+        ("1", "ok", 2),
+        ("2", "failed", 1),
+        ("2", "ok", 2),
+    ]
+    # Once each: nothing failed and dead is left.
+    assert replay_actions(db, [rule], DUE + 2 * M).queued == 0
+
+
+def test_plain_replay_of_the_dead_delivery_is_the_next_attempt(
+    conn: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    receiver.default = Reply(status=400)  # permanent: dead at once
+    rule = hook_rule(receiver.url)
+    plan = setup(conn, rule)
+    assert claim_all(conn, plan, DUE) == 1
+    assert deliver(db, rule, DUE) == (0, 0, 1)
+    assert [r[4] for r in actions(conn)] == ["failed"]
+    receiver.default = Reply()
+    assert replay(conn, DUE + M, "job_hung", "action:job_hung") == 1
+    assert deliver(db, rule, DUE + M) == (1, 0, 0)
+    assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("ok", 2)]
+
+
+def test_a_crash_between_send_and_settle_loses_no_record(
+    conn: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """The receiver took the alert, and the process died before recording it: the
+    attempt stays pending with its delivery, which is sent again once its lease ran
+    out (at least once), and then recorded ok."""
+    rule = hook_rule(receiver.url)
+    plan = setup(conn, rule)
+    assert claim_all(conn, plan, DUE) == 1
+    hook = target(rule)
+    batch = claim_deliveries(db, hook, DUE)
+    (row,) = batch.rows
+    hook.send([alert_payload(row)])  # ... and the process dies here, before settling
+    assert [r[4] for r in actions(conn)] == ["pending"]
+    assert deliver(db, rule, DUE + S) == (0, 0, 0)  # leased: not due yet
+    assert deliver(db, rule, DUE + lease_for(hook) + S) == (1, 0, 0)
+    assert receiver.alert_ids == ["job_hung:1:e1:n1"] * 2
+    assert actions(conn) == [("1", 1, 1, "webhook", "ok", None, 1)]
+
+
+def test_an_event_rule_posts_its_alert(conn: Conn, db: Database, receiver: WebhookReceiver) -> None:
+    rule = Rule.model_validate(
+        {
+            "name": "parcel",
+            "events": {"start": "parcel_shipped", "stop": "parcel_delivered", "within": "72h"},
+            "notify": ["console"],
+            "action": {"webhook": {"url": receiver.url}},
+        }
+    )
+    migrate(conn, [rule])
+    send(conn, "parcel_shipped", "1Z999", T0, {"carrier": "ups"})
+    send(conn, "parcel_shipped", "1Z777", T0)
+    send(conn, "parcel_delivered", "1Z777", T0 + 10 * M)
+    with db.connection("test") as c:
+        plan = prepare(c, rule).with_act(runner("on"))
+    assert drain(db, plan, FixedClock(T0 + 73 * 60 * M)).claimed == 1
+    target_config = rule.action_target
+    assert target_config is not None
+    assert deliver_notifier(db, build(target_config), FixedClock(T0 + 74 * 60 * M)).sent == 1
+    (alert,) = [a for r in receiver.requests for a in r.alerts]
+    assert (alert["id"], alert["row"]["data"]) == ("parcel:1Z999:e1:n1", {"carrier": "ups"})
+    row = conn.execute("SELECT key, kind, status FROM slawatch.action").fetchone()
+    assert row == ("1Z999", "webhook", "ok")
+
+
+def test_an_acknowledged_or_silenced_episode_is_skipped_and_not_sent(
+    conn: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    rule = hook_rule(receiver.url)
+    plan = setup(conn, rule, jobs=3)
+    conn.execute(
+        "INSERT INTO slawatch.silence (rule, key, starts_at, ends_at, created_at, author)"
+        " VALUES ('job_hung', '1', %s, %s, %s, 'test')",
+        (T0, T0 + 60 * M, T0),
+    )
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " VALUES ('job_hung', '2', 1, 0, %s, 'test')",
+        (T0,),
+    )
+    assert claim_all(conn, plan, DUE) == 3
+    assert [(r[0], r[4], r[5]) for r in actions(conn)] == [
+        ("1", "skipped", "silenced"),
+        ("2", "skipped", "acknowledged"),
+        ("3", "pending", None),
+    ]
+    assert action_deliveries(conn) == [(1, "pending")]  # job 3's only
+    assert deliver(db, rule, DUE) == (1, 0, 0)
+    assert receiver.alert_ids == ["job_hung:3:e1:n1"]
+
+
+def test_an_ack_after_the_claim_and_before_the_send_skips_it(
+    conn: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    rule = hook_rule(receiver.url)
+    plan = setup(conn, rule)
+    assert claim_all(conn, plan, DUE) == 1
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " SELECT rule, key, episode, id, %s, 'test' FROM slawatch.alert",
+        (DUE,),
+    )
+    deliver(db, rule, DUE + S)
+    assert receiver.requests == []
+    assert [(r[4], r[5]) for r in actions(conn)] == [("skipped", "acknowledged")]
+
+
+@pytest.mark.parametrize("mode", ["off", "dry-run"])
+def test_actions_off_records_would_run_and_sends_nothing(
+    conn: Conn, db: Database, receiver: WebhookReceiver, mode: Mode
+) -> None:
+    rule = hook_rule(receiver.url)
+    plan = setup(conn, rule, mode=mode)
+    assert claim_all(conn, plan, DUE) == 1
+    assert [r[4] for r in actions(conn)] == ["would_run"]
+    assert action_deliveries(conn) == []
+    assert deliver(db, rule, DUE) == (0, 0, 0)
+    assert receiver.requests == []
+
+
+def test_run_once_sends_the_action_and_replay_actions_cli(
+    conn: Conn,
+    dsn: str,
+    tmp_path: Path,
+    receiver: WebhookReceiver,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``slawatch run --once`` delivers the action's target as a notifier; its secret
+    comes from the environment; ``replay --actions`` puts a dead one back."""
+    receiver.default = Reply(status=410)  # permanent: dead at once
+    rule = hook_rule(receiver.url)
+    setup(conn, rule)
+    conn.execute("UPDATE jobs SET heartbeat_at = now() - interval '1 hour'")
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    data = rule.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    data["action"]["webhook"]["secret"] = "${JOB_HOOK_SECRET}"
+    (rules / "job_hung.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("JOB_HOOK_SECRET", SECRET)
+    monkeypatch.setenv("SLAWATCH_HTTP", "")
+    args = ["--dsn", dsn, "--rules", str(rules), "--notifiers", str(ROOT / "notifiers")]
+    assert main([*args, "run", "--once"]) == 1  # a delivery went dead
+    assert "notifier action:job_hung: 0 sent, 0 retried, 1 dead" in capsys.readouterr().out
+    assert [r[4] for r in actions(conn)] == ["failed"]
+    # `slawatch replay` knows the action's target: its dead delivery goes back.
+    assert main([*args, "replay"]) == 0
+    assert "ok: 1 dead deliveries back to pending" in capsys.readouterr().out
+    assert main([*args, "run", "--once"]) == 1
+    assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("failed", 2)]
+    receiver.default = Reply()
+    assert main([*args, "replay", "--actions"]) == 0
+    assert "1 webhook action to be sent again" in capsys.readouterr().out
+    assert main([*args, "run", "--once"]) == 0
+    assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("failed", 2), ("ok", 3)]
+    last = receiver.requests[-1]
+    assert Webhook(SECRET).verify(last.body, last.headers)["alerts"][0]["key"] == "1"
+
+
+def test_the_runner_sends_a_webhook_action_as_a_notifier_and_a_reload_follows(
+    conn: Conn, dsn: str, receiver: WebhookReceiver
+) -> None:
+    """The target action:<rule> is one of the runner's notifiers (its worker, its
+    deliveries): added and removed with its rule's action by a reload."""
+    rule = hook_rule(receiver.url)
+    plain = rule.model_copy(update={"action": None})
+    setup(conn, rule)
+    console = ConsoleConfig(name="console", type="console")
+    runner_ = Runner(dsn, [plain], [console], clock=FixedClock(DUE))
+    try:
+        assert sorted(runner_.notifiers) == ["console"]
+        assert runner_.apply([rule], [console])
+        assert sorted(runner_.notifiers) == ["action:job_hung", "console"]
+        once = runner_.once()
+        assert once.notifiers["action:job_hung"] is not None
+        assert once.notifiers["action:job_hung"].sent == 1
+        assert receiver.alert_ids == ["job_hung:1:e1:n1"]
+        assert [r[4] for r in actions(conn)] == ["ok"]
+        assert runner_.apply([plain], [console])
+        assert sorted(runner_.notifiers) == ["console"]
+    finally:
+        runner_.close()
