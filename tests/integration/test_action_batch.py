@@ -98,6 +98,21 @@ def test_a_batch_runs_as_one_statement(conn: Conn, caplog: pytest.LogCaptureFixt
     assert conn.execute("SELECT sum(tries) FROM tasks WHERE status = 'queued'").fetchone() == (5,)
 
 
+def test_the_set_statement_records_each_alerts_rows(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The records the set statement writes itself carry each alert's own count.
+    path = acting_claim(conn, "delete from items where task_id = :id", caplog, max_rows=2)
+    assert path == "rule task_hung: 5 actions ran (set)"
+    assert records(conn) == [
+        ("1", "ok", 1, None),
+        ("2", "ok", 1, None),
+        ("3", "ok", 2, None),
+        ("4", "ok", 1, None),
+        ("5", "ok", 0, None),
+    ]
+
+
 def test_one_failing_action_falls_back_and_fails_alone(
     conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
