@@ -14,7 +14,8 @@ batches three ways, interleaved, ROUNDS times each (the table reset between runs
   claim that also writes an alert and a delivery per row (data-modifying CTEs), the
   set-based UPDATE, then one INSERT of the action records.
 
-Prints each run, the medians, and the ratios action / raw pair (the issue's goal,
+Prints each run, the medians (with the WAL each run wrote, and the server process's
+CPU seconds per run when the server is local), and the ratios action / raw pair (the issue's goal,
 >= 1.0x) and action / raw same work. Not a test: figures depend on the machine.
 
     .venv/bin/python bench/actions.py [--rows 200000] [--due 20000] [--batch 1000]
@@ -26,6 +27,7 @@ Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -130,6 +132,18 @@ def reset(conn: Conn) -> None:
     conn.execute("CHECKPOINT")
 
 
+def backend_cpu(conn: Conn) -> float | None:
+    """CPU seconds the connection's server process has used (utime + stime), when the
+    server runs on this machine and its /proc is readable; else None. Less inflated
+    than wall time by other work on a busy machine."""
+    try:
+        with open(f"/proc/{conn.info.backend_pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def drain(step: Callable[[], int], batch: int) -> int:
     total = 0
     while True:
@@ -181,13 +195,23 @@ def main() -> None:
             SAME_LABEL: raw_same,
         }
         rates: dict[str, list[float]] = {label: [] for label in variants}
+        cpu: dict[str, list[float]] = {label: [] for label in variants}
+        wal: dict[str, list[float]] = {label: [] for label in variants}
         print(f"{'variant':<36} {'run':>3} {'rows':>8} {'seconds':>8} {'rows/s':>9}")
         for round_ in range(args.rounds):
             for label, step in variants.items():
                 reset(conn)
-                t = time.perf_counter()
+                lsn = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
+                t, c = time.perf_counter(), backend_cpu(conn)
                 total = drain(step, args.batch)
                 secs = time.perf_counter() - t
+                if c is not None and (after := backend_cpu(conn)) is not None:
+                    cpu[label].append(after - c)
+                written = conn.execute(
+                    "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)::float8",
+                    (lsn[0] if lsn else None,),
+                ).fetchone()
+                wal[label].append(float(written[0]) if written else 0.0)
                 restarted = conn.execute("SELECT count(*) FROM bench WHERE restarts > 0")
                 done = restarted.fetchone()
                 assert total == args.due, (label, total)
@@ -197,7 +221,9 @@ def main() -> None:
         print("\nmedians (rows/s)")
         median = {label: statistics.median(r) for label, r in rates.items()}
         for label, value in median.items():
-            print(f"  {label:<36} {value:>9,.0f}")
+            used = f"   server CPU {statistics.median(cpu[label]):.2f} s" if cpu[label] else ""
+            mb = statistics.median(wal[label]) / 1e6
+            print(f"  {label:<36} {value:>9,.0f}   WAL {mb:5.1f} MB{used}")
         acted, raw, same = median[ACT_LABEL], median[RAW_LABEL], median[SAME_LABEL]
         ratio = acted / raw
         verdict = "met" if ratio >= 1.0 else "MISSED"
