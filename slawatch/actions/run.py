@@ -13,7 +13,8 @@ when that fails too (the actions of one batch conflict with one another) does ea
 run for good under its own savepoint, as does every action of a shape with no set
 form (whose rule's batch is capped, ``ONE_BY_ONE_BATCH``): a released savepoint
 keeps its subtransaction until the commit. The alert is delivered all the same.
-Every attempt becomes a row of ``slawatch.action`` in the same transaction, so a
+Every attempt becomes a row of ``slawatch.action`` in the same transaction (a batch
+that went as one statement writes its records in that statement), so a
 crash before the commit leaves neither alert nor action, and ``alert_once`` with
 ``action_once`` keep each action to one attempt per episode however many instances claim.
 
@@ -25,6 +26,7 @@ episode is recorded ``skipped``.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,7 +37,7 @@ from typing import Any, Literal, LiteralString
 from psycopg.types.json import Jsonb
 
 from slawatch.actions import webhook
-from slawatch.config.batched import batch_relation
+from slawatch.config.batched import COUNTS, batch_relation
 from slawatch.config.rules import Action, Rule, action_numbered
 from slawatch.db import Connection, Refuse, attempt, in_savepoint, parameter_types, translate
 from slawatch.engine.acting import Act, Due
@@ -81,14 +83,18 @@ def run_one(conn: Connection, rule: Rule, due: Due, attempt_no: int = 1) -> Reco
 Path = Literal["set", "probed", "one by one"]
 
 
-def run_batch(conn: Connection, rule: Rule, dues: Sequence[Due]) -> tuple[list[Record], Path]:
+def run_batch(
+    conn: Connection, rule: Rule, dues: Sequence[Due], at: datetime | None = None
+) -> tuple[list[Record], Path]:
     """Run ``rule``'s action for each of ``dues`` in the transaction ``conn`` is in:
     one statement for all when it can, else one by one (see the module's doc); the
-    records in the order of ``dues``, and which way they ran."""
+    records in the order of ``dues``, and which way they ran. With ``at``, the
+    records of a batch that ran as one statement (path "set") were written by that
+    statement (at ``at``); the caller writes the others (:func:`record`)."""
     action = rule.action
     assert action is not None
     if action.set_form is not None and dues:
-        counts, why = run_set(conn, action, dues)
+        counts, why = run_set(conn, action, dues, None if at is None else (rule.name, at))
         if counts is not None:
             return [ok(due, rows) for due, rows in zip(dues, counts, strict=True)], "set"
         log.info(
@@ -122,22 +128,58 @@ def run_batch(conn: Connection, rule: Rule, dues: Sequence[Due]) -> tuple[list[R
     return [run_one(conn, rule, due) for due in dues], "one by one"
 
 
-def run_set(
-    conn: Connection, action: Action, dues: Sequence[Due]
-) -> tuple[list[int] | None, str | None]:
-    """Run ``action`` for all ``dues`` as one statement under one savepoint: the rows
-    it touched for each (in order), or (None, why) after rolling it back."""
+# The placeholders' types of each action statement, per connection: PREPARE, read,
+# DEALLOCATE are three round trips a batch otherwise. Forgotten when a set statement
+# fails (a column's type may have changed), and with the connection.
+_types: weakref.WeakKeyDictionary[Connection, dict[str, list[str]]] = weakref.WeakKeyDictionary()
+
+
+def set_statement(
+    conn: Connection,
+    action: Action,
+    dues: Sequence[Due],
+    recording: tuple[str, datetime] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The set form of ``action`` for ``dues`` (see :func:`run_set`) and its
+    parameters; the placeholders' types are asked of the server once per connection."""
     form = action.set_form
     assert form is not None
     names = action.placeholders
+    known = _types.setdefault(conn, {})
+    types = known.get(action.statement)
+    if types is None:
+        types = parameter_types(conn, action_numbered(action.statement, names))
+        known[action.statement] = types
+    statement = f"WITH {batch_relation(types)}, {form.body}"
+    params: dict[str, Any] = {"ord": list(range(len(dues)))}
+    for i, name in enumerate(names, 1):
+        params[f"a{i}"] = [d.params.get(name) for d in dues]
+    if recording is not None:
+        statement += f", {queries()['record_set']}"
+        params |= {
+            "rule": recording[0],
+            "at": recording[1],
+            "keys": [d.key for d in dues],
+            "episodes": [d.episode for d in dues],
+            "ns": [d.n for d in dues],
+            "params": Jsonb([d.params for d in dues]),
+        }
+    return statement + COUNTS, params
+
+
+def run_set(
+    conn: Connection,
+    action: Action,
+    dues: Sequence[Due],
+    recording: tuple[str, datetime] | None = None,
+) -> tuple[list[int] | None, str | None]:
+    """Run ``action`` for all ``dues`` as one statement under one savepoint: the rows
+    it touched for each (in order), or (None, why) after rolling it back.
+    ``recording`` (rule name, at): the same statement writes each alert's ``ok``
+    record (``record_set``), rolled back with it when it does not go."""
 
     def work() -> list[int]:
-        numbered = action_numbered(action.statement, names)
-        types = parameter_types(conn, numbered)
-        statement = f"WITH {batch_relation(types)}, {form.body}"
-        params: dict[str, Any] = {"ord": list(range(len(dues)))}
-        for i, name in enumerate(names, 1):
-            params[f"a{i}"] = [d.params.get(name) for d in dues]
+        statement, params = set_statement(conn, action, dues, recording)
         counts = [0] * len(dues)
         total = 0
         for ord_, count in conn.execute(statement, params).fetchall():
@@ -157,7 +199,10 @@ def run_set(
             )
         return counts
 
-    return in_savepoint(conn, "actions", work)
+    counts, why = in_savepoint(conn, "actions", work)
+    if counts is None:
+        _types.get(conn, {}).pop(action.statement, None)
+    return counts, why
 
 
 def ok(due: Due, rows: int, attempt_no: int = 1) -> Record:
@@ -223,12 +268,19 @@ def runner(mode: Mode, counted: Callable[[str, str], None] | None = None) -> Act
             else:
                 records.append(None)  # run below, with the others
                 todo.append(due)
+        # Skipped and would-run records: written below whichever way the others ran.
+        unrun = [r for r in records if r is not None]
         if todo:
-            ran, path = run_batch(conn, rule, todo)
+            ran, path = run_batch(conn, rule, todo, now)
             log.debug("rule %s: %d actions ran (%s)", rule.name, len(ran), path)
             done = iter(ran)
             records = [r if r is not None else next(done) for r in records]
-        record(conn, rule, [r for r in records if r is not None], now)
+            if path == "set":  # the set statement wrote its records itself
+                record(conn, rule, unrun, now)
+            else:
+                record(conn, rule, [r for r in records if r is not None], now)
+        else:
+            record(conn, rule, unrun, now)
         if counted is not None:
             for r in records:
                 if r is not None:

@@ -467,7 +467,7 @@ def _claim_acting(conn: Connection, plan: ClaimPlan, now: datetime) -> Tally:
     with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
         row = conn.execute(plan.statement, plan.params(now)).fetchone()
         assert row is not None
-        plan.act(conn, plan.rule, parse_due(row[-1]), now)
+        plan.act(conn, plan.rule, parse_due(row[-1], plan.rule), now)
     return Tally(int(row[0]), int(row[2]), severities(row[3]))
 
 

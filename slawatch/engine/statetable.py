@@ -387,7 +387,7 @@ def _claim_acting(
         row = conn.execute(plan.claim, params | {"since": since}).fetchone()
         assert row is not None
         alerts, _deliveries, fresh, last, again, _woken, closed, by_severity, due = row
-        plan.act(conn, plan.rule, parse_due(due), params["now"])
+        plan.act(conn, plan.rule, parse_due(due, plan.rule), params["now"])
     return TableBatch(
         int(alerts), int(fresh), last, int(again), int(closed), severities(by_severity)
     )

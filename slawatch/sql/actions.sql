@@ -11,6 +11,25 @@ SELECT %(rule)s, r.key, r.episode, r.n, 'sql', r.status, r.rows, r.error, %(at)s
        AS r(key text, episode integer, n integer, status text, rows bigint, error text,
             attempt integer, params jsonb)
 
+-- record_set --
+-- The records of a batch's actions run as one statement (run_set): a CTE of that
+-- statement, after slawatch_p_c (its counts by ord), so the attempts are written in the
+-- same round trip, under the same savepoint: one `ok` per alert with the rows its
+-- action touched. `params`: one JSON array, an element per alert (a jsonb[] costs a
+-- JSON text per element, escaped again as an array element). When the counts fail their checks the savepoint's rollback takes
+-- these rows with it, and the batch's records are written as the fallback decides.
+slawatch_p_rec AS (
+    INSERT INTO slawatch.action (rule, key, episode, n, kind, status, rows, error, at,
+                                 attempt, params)
+    SELECT %(rule)s, r.key, r.episode, r.n, 'sql', 'ok', coalesce(c.count, 0), NULL,
+           %(at)s, 1, r.params
+      FROM ROWS FROM (unnest(%(ord)s::int[], %(keys)s::text[], %(episodes)s::int[],
+                             %(ns)s::int[]),
+                      jsonb_array_elements(%(params)s::jsonb)) AS r(ord, key, episode, n, params)
+      LEFT JOIN slawatch_p_c c ON c.ord = r.ord
+     ORDER BY r.ord
+)
+
 -- list_actions --
 -- The latest attempts, newest first, optionally of one rule and/or one status
 -- (action_at, read backwards).

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from slawatch.actions.run import Record, run_batch, run_one, runner
+from slawatch.actions.run import Record, run_batch, run_one, runner, set_statement
 from slawatch.config.rules import Rule
 from slawatch.engine.acting import Due
 from slawatch.engine.claim import prepare
@@ -98,6 +98,21 @@ def test_a_batch_runs_as_one_statement(conn: Conn, caplog: pytest.LogCaptureFixt
     assert conn.execute("SELECT sum(tries) FROM tasks WHERE status = 'queued'").fetchone() == (5,)
 
 
+def test_the_set_statement_records_each_alerts_rows(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The records the set statement writes itself carry each alert's own count.
+    path = acting_claim(conn, "delete from items where task_id = :id", caplog, max_rows=2)
+    assert path == "rule task_hung: 5 actions ran (set)"
+    assert records(conn) == [
+        ("1", "ok", 1, None),
+        ("2", "ok", 1, None),
+        ("3", "ok", 2, None),
+        ("4", "ok", 1, None),
+        ("5", "ok", 0, None),
+    ]
+
+
 def test_one_failing_action_falls_back_and_fails_alone(
     conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -128,6 +143,41 @@ def test_one_action_past_max_rows_falls_back_and_fails_alone(
         ("5", "ok", 0, None),
     ]
     assert state(conn)["items"] == [(3, "x"), (3, "y")]
+
+
+def test_a_changed_column_type_is_asked_again(conn: Conn) -> None:
+    # The placeholders' types are kept per connection; a set statement that fails
+    # forgets them, so a column whose type changed is read as its new type.
+    conn.execute(TABLES)
+    r = rule("update tasks set tries = tries + 1 where id = :id")
+    with conn.transaction():
+        assert run_batch(conn, r, dues(range(1, 3)))[1] == "set"  # id read as bigint
+    conn.execute("ALTER TABLE tasks ALTER COLUMN id TYPE text")
+    with conn.transaction():
+        ran, path = run_batch(conn, r, dues(range(3, 5)))
+    assert (path, outcome(ran)) == ("probed", [("3", "ok", 1, None), ("4", "ok", 1, None)])
+    with conn.transaction():
+        assert run_batch(conn, r, dues(range(5, 6)))[1] == "set"
+    assert conn.execute("SELECT id, tries FROM tasks ORDER BY id").fetchall() == [
+        (str(i), 1) for i in range(1, 6)
+    ]
+
+
+def test_the_batch_reaches_its_rows_through_the_index(conn: Conn) -> None:
+    # A small table is hashed whole when the planner counts on the batch's 1,000 rows
+    # (50,000 rows hashed for 1,000 alerts); counting on a few, it probes the index.
+    conn.execute(
+        "CREATE TABLE big (id bigint PRIMARY KEY, tries int NOT NULL DEFAULT 0);"
+        " INSERT INTO big SELECT g FROM generate_series(1, 50000) g; ANALYZE big"
+    )
+    r = rule("update big set tries = tries + 1 where id = :id")
+    assert r.action is not None
+    many = [Due(str(i), 1, 1, {"id": str(i * 7), "kind": "a"}) for i in range(1, 1001)]
+    with conn.transaction():
+        statement, params = set_statement(conn, r.action, many)
+        plan = "\n".join(str(row[0]) for row in conn.execute("EXPLAIN " + statement, params))
+    assert "Index Scan using big_pkey on big" in plan, plan
+    assert "Seq Scan on big" not in plan, plan
 
 
 # Each shape an action may have; the set form must record and do what one by one
