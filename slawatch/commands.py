@@ -33,7 +33,7 @@ from slawatch.demo import run_demo
 from slawatch.engine.baseline import recorded, select
 from slawatch.engine.baseline import render_all as render_baselines
 from slawatch.engine.catalog import TableInfo
-from slawatch.engine.due import count_due
+from slawatch.engine.due import RuleDue, count_due
 from slawatch.engine.migrate import (
     check,
     event_function_pending,
@@ -353,9 +353,28 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
         if c.rule.resolve:
             kinds += f", {sum(d.resolved.values()):,} resolved"
         print(f"  {c.rule.name}: {_many(d.alerts, 'alert')} ({kinds}){to(d.deliveries(c.rule))}")
+        _print_acts(c)
     deliveries = _many(sum(per_notifier.values()), "delivery", "deliveries")
     print(f"total: {_many(total, 'alert')}, {deliveries}{to(per_notifier)}")
     return 0
+
+
+def _print_acts(c: RuleDue) -> None:
+    """``run --dry-run``'s lines for the action of rule ``c``: the statement, and the
+    values it would be bound to for each due row whose notification triggers it."""
+    action = c.rule.action
+    if action is None:
+        return
+    if c.acts is None:
+        print(f"    action: could not read the due rows in 30 s: {action.sql}")
+        return
+    rows, total = c.acts
+    print(f"    action on #{c.rule.action_on}, would run {_many(total, 'time')}: {action.sql}")
+    for a in rows:
+        values = ", ".join(f"{k}={json.dumps(v)}" for k, v in a.params.items())
+        print(f"      key {a.key}: {values}")
+    if total > len(rows):
+        print(f"      ... and {total - len(rows):,} more")
 
 
 def cmd_replay(

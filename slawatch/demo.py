@@ -22,12 +22,14 @@ from typing import Any, TextIO
 
 from pydantic import SecretStr
 
+from slawatch.actions.history import ActionAttempt, list_actions
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.config.rules import Rule
 from slawatch.config.settings import Settings
 from slawatch.db import Connection, connect, translate
 from slawatch.delivery.notifiers.webhook import verify
 from slawatch.engine.migrate import migrate
+from slawatch.errors import DatabaseError
 from slawatch.events.ingest import Event, write
 from slawatch.runtime.boot import EMBEDDED_DATABASE, embedded_database, load_config, start_admin
 
@@ -38,7 +40,10 @@ _INSERT = {
     "orders": "INSERT INTO public.orders VALUES (%s, %s, %s, %s, %s)",
     "refunds": "INSERT INTO public.refunds VALUES (%s, %s, %s, %s, %s)",
     "shipments": "INSERT INTO public.shipments VALUES (%s, %s, %s, 'delivered', %s, %s)",
-    "jobs": "INSERT INTO public.jobs VALUES (%s, %s, %s, %s, %s)",
+    "jobs": "INSERT INTO public.jobs (id, kind, worker, status, heartbeat_at)"
+    " VALUES (%s, %s, %s, %s, %s)",
+    "tasks": "INSERT INTO public.tasks (id, kind, status, order_time, modify_time)"
+    " VALUES (%s, %s, %s, %s, %s)",
 }
 
 
@@ -50,6 +55,9 @@ def _row(table: str, i: int, open_: bool, t: datetime) -> tuple[object, ...]:
         return (i, 5000 + i, 500 + 10 * i, "requested" if open_ else "processed", t)
     if table == "shipments":
         return (i, 7000 + i, ("DHL", "UPS", "GLS")[i % 3], t, None if open_ else t)
+    if table == "tasks":  # a running task started at t (it was due to start a moment before)
+        kind = ("settle-payment", "send-invoice", "sync-stock")[i % 3]
+        return (i, kind, "running" if open_ else "done", t - timedelta(seconds=5), t)
     kind = ("invoice-export", "stock-sync", "mailer")[i % 3]
     heartbeat = t.astimezone(UTC).replace(tzinfo=None)
     return (i, kind, f"worker-{i % 4}", "running" if open_ else "done", heartbeat)
@@ -169,6 +177,56 @@ class DemoReceiver:
         self.server.server_close()
 
 
+def action_line(a: ActionAttempt) -> str:
+    """The demo's line for an attempt of a rule's action."""
+    line = f"  action {a.rule} key={a.key} {a.status}"
+    if a.rows is not None:
+        line += f" rows={a.rows}"
+    if a.error:
+        line += f": {a.error}"
+    return line
+
+
+class ActionPrinter:
+    """Prints each action attempt once its claim has committed: reads slawatch.action
+    (what ``slawatch actions`` lists) four times a second on a connection of its own."""
+
+    def __init__(self, dsn: str, out: TextIO) -> None:
+        self.out = out
+        self.printed: set[int] = set()
+        self._conn = connect(dsn)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the thread's polls and close()'s last one
+        self.thread = threading.Thread(target=self._run, name="demo-actions", daemon=True)
+        self.thread.start()
+
+    def print_new(self) -> None:
+        """Print the attempts not printed yet, oldest first."""
+        with self._lock:
+            attempts = list_actions(self._conn, limit=1000).actions
+            for a in sorted(attempts, key=lambda a: a.id):
+                if a.id not in self.printed:
+                    self.printed.add(a.id)
+                    self.out.write(action_line(a) + "\n")
+            self.out.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                self.print_new()
+            except DatabaseError:  # the summary counts them all anyway
+                return
+
+    def close(self) -> None:
+        """Stop polling, then print what the last claims did."""
+        self._stop.set()
+        self.thread.join()
+        try:
+            self.print_new()
+        finally:
+            self._conn.close()
+
+
 def run_demo(settings: Settings, seconds: float | None) -> int:
     """Reset and seed the shop, migrate, run the scheduler, print a summary."""
     from slawatch.runtime.scheduler import Runner
@@ -209,7 +267,8 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
     activity = logging.getLogger("slawatch.activity")
     if not activity.isEnabledFor(logging.DEBUG):
         activity.setLevel(logging.WARNING)
-    runner = Runner(dsn, rules, notifiers)
+    runner = Runner(dsn, rules, notifiers, actions=settings.actions)
+    actions = ActionPrinter(dsn, out)
     admin = None
     try:
         admin = start_admin(settings, dsn, runner, any_port=True)
@@ -225,6 +284,7 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
             admin.stop()
         runner.close()
         receiver.close()
+        actions.close()
     with connect(dsn) as conn:
         counts = dict(
             conn.execute("SELECT rule, count(*) FROM slawatch.alert GROUP BY rule").fetchall()
@@ -232,11 +292,21 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
         sent = conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FROM slawatch.delivery"
         ).fetchone()
+        acted = {
+            rule: (ok, all_)
+            for rule, ok, all_ in conn.execute(
+                "SELECT rule, count(*) FILTER (WHERE status = 'ok'), count(*)"
+                " FROM slawatch.action GROUP BY rule"
+            ).fetchall()
+        }
     out.write("\nsummary\n")
-    out.write(f"  {'rule':<22} {'alerts':>6}  {'seeded due':>10}\n")
+    out.write(f"  {'rule':<22} {'alerts':>6}  {'seeded due':>10}  {'actions ok':>10}\n")
     for rule in rules:
+        ok, all_ = acted.get(rule.name, (0, 0))
+        did = "-" if rule.action is None else f"{ok}" + (f" of {all_}" if all_ != ok else "")
         out.write(
-            f"  {rule.name:<22} {counts.get(rule.name, 0):>6}  {expected.get(rule.name, 0):>10}\n"
+            f"  {rule.name:<22} {counts.get(rule.name, 0):>6}  {expected.get(rule.name, 0):>10}"
+            f"  {did:>10}\n"
         )
     if sent:
         out.write(f"  deliveries sent: {sent[0]} of {sent[1]}\n")

@@ -205,17 +205,137 @@ def _table(rule: Rule, info: TableInfo, open_when: sql.SQL) -> Counts:
     )
 
 
+# The most due actions ``run --dry-run`` lists per rule (it counts them all).
+ACTIONS_SHOWN = 100
+
+
+@dataclass(frozen=True)
+class WouldAct:
+    """A row whose next notification triggers its rule's action: the alert's key and
+    number, and the values the statement's placeholders would be bound to (as text, as
+    the claim binds them: engine/acting.py)."""
+
+    key: str
+    n: int
+    params: dict[str, str | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "n": self.n, "params": self.params}
+
+
+def would_act(
+    conn: Connection, rule: Rule, info: TableInfo, now: datetime, limit: int = ACTIONS_SHOWN
+) -> tuple[list[WouldAct], int] | None:
+    """The due rows whose notification number is the action's ``on`` (at most
+    ``limit``, in key order) and how many there are (up to :data:`LIMIT`); None when
+    reading them took over 30 s. The same rows :func:`count` counts under that number
+    (acknowledged episodes left out; a silenced one would be recorded skipped).
+    Nothing is written: a READ ONLY transaction of its own on ``conn``."""
+    on = rule.action_on
+    if rule.action is None or on is None or rule.events is not None:
+        return [], 0
+    key = key_columns(rule, info)
+    cols = rule.alert_columns(key)
+    # The claim binds row_data ->> name: the column's JSON value as text.
+    pairs = [
+        sql.SQL("{}, {}").format(
+            sql.Literal(name),
+            sql.SQL("to_jsonb({}) #>> '{{}}'").format(sql.Identifier("t", name))
+            if name in cols
+            else _key_text("t", key),
+        )
+        for name in rule.action.placeholders
+    ]
+    select = sql.SQL("SELECT {key}, jsonb_build_object({params}) FROM {t} t WHERE ").format(
+        key=_key_text("t", key), params=sql.SQL(", ").join(pairs), t=table_ident(rule)
+    )
+    where = _acting(conn, rule, info, key, on)
+    if where is None:
+        return [], 0
+    params = ClaimPlan(
+        rule, sql.Composed([]), info.columns[rule.deadline] == "timestamp with time zone"
+    ).params(now) | {"limit": limit, "all": LIMIT, "before": on - 1}
+    try:
+        with translate(f"reading the due actions of rule {rule.name}"), conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(TIMEOUT)))
+            rows = conn.execute(
+                select + where + sql.SQL(" ORDER BY 1 LIMIT %(limit)s"), params
+            ).fetchall()
+            counted = conn.execute(
+                sql.SQL(
+                    "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {w} LIMIT %(all)s) c"
+                ).format(t=table_ident(rule), w=where),
+                params,
+            ).fetchone()
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+            return None
+        raise
+    found = [WouldAct(str(k), on, {str(n): v for n, v in dict(p).items()}) for k, p in rows]
+    return found, int(counted[0]) if counted else len(found)
+
+
+def _acting(
+    conn: Connection, rule: Rule, info: TableInfo, key: list[str], on: int
+) -> sql.Composable | None:
+    """The condition (on the watched table as ``t``) of the rows whose next notification
+    is number ``on``: :func:`_inline`'s and :func:`_table`'s, one number of them."""
+    d = sql.Identifier("t", rule.deadline)
+    open_when = sql_text(f"({rule.open_when}\n)")
+    tracked = all(c in info.columns for c in rule.tracking_columns)
+    state = inspect_table(conn, "slawatch", f"{rule.name}_state") if rule.track == "table" else None
+    if (rule.track == "inline" and not tracked) or (rule.track == "table" and state is None):
+        # Not migrated yet: every due open row is a first notice.
+        return sql.SQL("{d} < %(cutoff)s AND {ow}").format(d=d, ow=open_when) if on == 1 else None
+    if rule.track == "inline":
+        first, again, _ = (sql_text(p) for p in predicates(rule))
+        if on == 1:
+            return sql.SQL("{d} < %(cutoff)s AND {first}").format(d=d, first=first)
+        acked = sql.SQL(
+            "EXISTS (SELECT 1 FROM slawatch.ack k WHERE k.rule = %(rule)s AND k.key = {key}"
+            " AND k.episode = t.{ep})"
+        ).format(key=_key_text("t", key), ep=sql.Identifier(rule.episode_column))
+        return sql.SQL(
+            "t.{next} < %(now)s::timestamptz AND {again} AND NOT {acked}"
+            " AND t.{n} = %(before)s::integer"
+        ).format(
+            next=sql.Identifier(rule.next_column),
+            again=again,
+            acked=acked,
+            n=sql.Identifier(rule.n_column),
+        )
+    s = state_table(rule)
+    s_is_t = sql.SQL(" AND ").join(
+        sql.SQL("s.{c} = t.{c}").format(c=sql.Identifier(c)) for c in key
+    )
+    if on == 1:
+        return sql.SQL(
+            "{d} < %(cutoff)s AND {ow}"
+            " AND NOT EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = {d})"
+        ).format(d=d, ow=open_when, s=s, s_is_t=s_is_t)
+    return sql.SQL(
+        "{ow} AND EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = {d}"
+        " AND s.sw_next < %(now)s::timestamptz AND s.sw_n = %(before)s::integer"
+        " AND NOT EXISTS (SELECT 1 FROM slawatch.ack k WHERE k.rule = %(rule)s"
+        " AND k.key = {key} AND k.episode = s.sw_ep))"
+    ).format(ow=open_when, s=s, s_is_t=s_is_t, d=d, key=_key_text("s", key))
+
+
 @dataclass(frozen=True)
 class RuleDue:
     """One rule's line of ``run --dry-run``."""
 
     rule: Rule
     due: Due | None  # None: could not count in 30 s
+    # The rows whose notification would run the rule's action (at most ACTIONS_SHOWN),
+    # and how many there are; None: could not read them in 30 s.
+    acts: tuple[list[WouldAct], int] | None = ([], 0)
 
     def to_dict(self) -> dict[str, Any]:
         if self.due is None:
             return {"rule": self.rule.name, "counted": False}
-        return {
+        out: dict[str, Any] = {
             "rule": self.rule.name,
             "counted": True,
             "alerts": self.due.alerts,
@@ -224,14 +344,25 @@ class RuleDue:
             "resolved": sum(self.due.resolved.values()),
             "deliveries": self.due.deliveries(self.rule),
         }
+        if self.rule.action is not None:
+            acts = self.acts
+            out["action"] = {
+                "sql": self.rule.action.sql,
+                "statement": self.rule.action.statement,
+                "counted": acts is not None,
+                "would_run": acts[1] if acts is not None else None,
+                "rows": [a.to_dict() for a in acts[0]] if acts is not None else [],
+            }
+        return out
 
 
 def dry_run(conn: Connection, rules: list[Rule], now: datetime) -> list[RuleDue]:
-    """Each rule's count at ``now``: what ``run --once`` would send, nothing written."""
+    """Each rule's count at ``now``: what ``run --once`` would send, and the actions its
+    claims would run, nothing written."""
     out = []
     for rule in rules:
         info = inspect_table(conn, rule.schema_name, rule.table_name)
         if info is None:  # prepare_all said it exists; dropped since
             raise DatabaseError(f"rule {rule.name}: table {rule.table} does not exist")
-        out.append(RuleDue(rule, count(conn, rule, info, now)))
+        out.append(RuleDue(rule, count(conn, rule, info, now), would_act(conn, rule, info, now)))
     return out

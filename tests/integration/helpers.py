@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from slawatch.actions.run import runner
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule, load_rules
 from slawatch.demo import SHOP
@@ -43,7 +44,11 @@ class FixedClock(Clock):
 
 
 def plans(conn: Conn, rules: dict[str, Rule]) -> dict[str, ClaimPlan]:
-    return {name: prepare(conn, rule) for name, rule in rules.items()}
+    """Each rule's claim plan. A shipped rule's action (job_hung restarts its job) is
+    recorded ``would_run`` and not run (SLAWATCH_ACTIONS=off), so the watched rows stay
+    as the test sets them; tests of the actions themselves run them
+    (test_action_examples.py)."""
+    return {name: prepare(conn, rule).with_act(runner("off")) for name, rule in rules.items()}
 
 
 def claim_all(conn: Conn, plan: ClaimPlan, now: datetime | None = None) -> int:

@@ -177,8 +177,8 @@ def test_check_notes_a_track_table_rule_whose_action_writes_its_table(
 def test_check_names_an_action_on_a_missing_column(
     conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rule = job_rule("update jobs set restarts = restarts + 1 where id = :id")
+    rule = job_rule("update jobs set attempts = attempts + 1 where id = :id")
     shop(conn, rule)
     code, out = check(tmp_path, dsn, rule, capsys)
     assert code == 2, out
-    assert '\n  job_hung: action: column "restarts" does not exist\n' in out
+    assert '\n  job_hung: action: column "attempts" does not exist\n' in out

@@ -475,6 +475,7 @@ def test_the_first_deployment_from_the_command_line(conn: Conn, dsn: str) -> Non
         "receipt_unconfirmed",
         "refund_unprocessed",
         "parcel_undelivered",
+        "task_timeout",
     }
 
 

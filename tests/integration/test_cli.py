@@ -53,13 +53,13 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, t
 def test_check_shipped_files() -> None:
     result = slawatch("check")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("ok: 5 rules, 1 notifiers (files only")
+    assert result.stdout.startswith("ok: 6 rules, 1 notifiers (files only")
 
 
 def test_check_against_a_database_without_the_tables(dsn: str) -> None:
     result = slawatch("check", dsn=dsn)
     assert_one_line_error(result, 2, "rules/job_hung.yaml: table: public.jobs does not exist")
-    assert result.stderr.count("does not exist") == 4  # every rule reported at once
+    assert result.stderr.count("does not exist") == 5  # every rule reported at once
 
 
 def test_bad_rule_file(tmp_path: Path) -> None:
@@ -163,13 +163,13 @@ def test_migrate_then_run_once_prints_each_alert_once(conn: Conn, dsn: str) -> N
     conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")
     before = slawatch("check", dsn=dsn)
     assert before.returncode == 1, before  # valid, but run would refuse: say so
-    assert "not ready: 5 rules, 1 notifiers are valid, but 'slawatch run' needs" in before.stdout
+    assert "not ready: 6 rules, 1 notifiers are valid, but 'slawatch run' needs" in before.stdout
     assert "order_unshipped: 1 rows would be notified on the next scan" in before.stdout
     first = slawatch("migrate", dsn=dsn)
     assert first.returncode == 0, first.stderr
     assert "built index sw_order_unshipped_first" in first.stdout
     again = slawatch("migrate", dsn=dsn)
-    assert again.stdout.strip() == "ok: 5 rules migrated (nothing to change)"
+    assert again.stdout.strip() == "ok: 6 rules migrated (nothing to change)"
     conn.execute("INSERT INTO orders VALUES (2, 7, 990, 'paid', now() - interval '1 hour')")
     conn.execute("INSERT INTO jobs VALUES (9, 'sync', 'w1', 'running', now() - interval '1 hour')")
     ready = slawatch("check", dsn=dsn)
@@ -242,11 +242,22 @@ def test_demo_twice_in_a_row(tmp_path: Path) -> None:
             "refund_unprocessed",
             "receipt_unconfirmed",
             "job_hung",
+            "task_timeout",
             "parcel_undelivered",  # an event rule, fed events
         ):
             assert any(
                 ln.split()[0] == rule and int(ln.split()[1]) >= 4 for ln in summary.splitlines()
             ), summary
+        # The example actions: one printed line per alert (each is notification #1),
+        # and the summary's count of them; rules without an action show "-".
+        counted = {ln.split()[0]: (ln.split()[1], ln.split()[3]) for ln in rows}
+        for rule in ("job_hung", "receipt_unconfirmed", "task_timeout"):
+            acted = [
+                ln for ln in result.stdout.splitlines() if ln.startswith(f"  action {rule} key=")
+            ]
+            assert acted and all(ln.endswith(" ok rows=1") for ln in acted), result.stdout
+            assert counted[rule] == (str(len(acted)), str(len(acted))), summary
+        assert counted["order_unshipped"][1] == "-"
 
 
 def test_the_demo_says_where_its_admin_api_is_and_serves_it(tmp_path: Path) -> None:
@@ -321,6 +332,7 @@ def test_run_once_ends_with_a_summary_per_rule_and_notifier(conn: Conn, dsn: str
         "rule parcel_undelivered: 0 claimed, 0 closed",
         "rule receipt_unconfirmed: 0 claimed, 0 closed",
         "rule refund_unprocessed: 0 claimed, 0 closed",
+        "rule task_timeout: 0 claimed, 0 closed",
         "notifier console: 2 sent, 0 retried, 0 dead",
     ]
     # Order 1 ships: its episode ends and the next scan closes it.
@@ -337,6 +349,7 @@ def test_run_once_ends_with_a_summary_per_rule_and_notifier(conn: Conn, dsn: str
             "parcel_undelivered": {"claimed": 0, "closed": 0},
             "receipt_unconfirmed": {"claimed": 0, "closed": 0},
             "refund_unprocessed": {"claimed": 0, "closed": 0},
+            "task_timeout": {"claimed": 0, "closed": 0},
         },
         "notifiers": {"console": {"sent": 1, "retried": 0, "dead": 0}},
         "errors": [],

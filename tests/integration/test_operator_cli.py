@@ -60,6 +60,7 @@ def test_status_table_and_json(ready: str) -> None:
         "receipt_unconfirmed",
         "job_hung",
         "parcel_undelivered",
+        "task_timeout",
     }
     order_status = by_name["order_unshipped"]
     assert (order_status["overdue"], order_status["not_notified"]) == (3, 1)

@@ -47,6 +47,7 @@ def test_shipped_examples_load_and_reference_shipped_notifiers() -> None:
         "receipt_unconfirmed",
         "job_hung",
         "parcel_undelivered",
+        "task_timeout",
     }
 
 
