@@ -9,7 +9,9 @@ claim's NOTIFY), each reporting the claim-to-receipt latency (claim committed
   alerts/s, and latencies that include the wait behind the backlog;
 - steady: RATE new alerts/s (a claim of RATE/10 rows every 100 ms) for
   SECONDS: the latency an operator sees in normal running;
-- trickle: SINGLES claims of one row each, 50 ms apart: a lone alert.
+- trickle: SINGLES claims of one row each, 50 ms apart: a lone alert;
+- drain: DUE alerts claimed before the workers start, then delivered: the delivery
+  path alone (the burst's rate is bounded by how fast the claim makes alerts).
 
 Beside them, in the same run, the limit of the transport: the very request
 bodies of the burst POSTed again straight to the same receiver, one after the
@@ -109,6 +111,7 @@ class Round:
     trickle_p99: float
     raw_rate: float
     alert_bytes: float
+    drain_rate: float
 
 
 def make_dispatcher(db: Database, hook: WebhookNotifier, concurrency: int) -> Dispatcher:
@@ -118,22 +121,24 @@ def make_dispatcher(db: Database, hook: WebhookNotifier, concurrency: int) -> Di
         kwargs["concurrency"] = {"hook": concurrency}
     elif concurrency != 1:
         raise SystemExit("this slawatch has no per-notifier concurrency: use --concurrency 1")
-    return Dispatcher(db, {"hook": hook}, Clock(), {"late": DESCRIPTION}, **kwargs)
+    descriptions = {"late": DESCRIPTION, "backlog": DESCRIPTION}
+    return Dispatcher(db, {"hook": hook}, Clock(), descriptions, **kwargs)
 
 
 def one_round(args: argparse.Namespace, receiver: Receiver, concurrency: int) -> Round:
     steady_total = args.rate * args.seconds
     rows = args.due + steady_total + args.singles
     with scratch_database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE orders (id bigint PRIMARY KEY, user_id bigint, total_cents integer,"
-            " status text, paid_at timestamptz)"
-        )
-        conn.execute(
-            "INSERT INTO orders SELECT g, 100000 + g %% 7919, 1000 + g %% 90000, 'paid',"
-            " now() - interval '3 days' FROM generate_series(1, %s::int) g",
-            (rows,),
-        )
+        for table, count in (("orders", rows), ("backlog", args.due)):
+            conn.execute(
+                f"CREATE TABLE {table} (id bigint PRIMARY KEY, user_id bigint,"
+                " total_cents integer, status text, paid_at timestamptz)"
+            )
+            conn.execute(
+                f"INSERT INTO {table} SELECT g, 100000 + g %% 7919, 1000 + g %% 90000, 'paid',"
+                " now() - interval '3 days' FROM generate_series(1, %s::int) g",
+                (count,),
+            )
         rule = Rule.model_validate(
             {
                 "name": "late",
@@ -148,8 +153,11 @@ def one_round(args: argparse.Namespace, receiver: Receiver, concurrency: int) ->
                 "notify": ["hook"],
             }
         )
-        migrate(conn, [rule])
-        conn.execute("VACUUM ANALYZE orders")
+        # The drain's alerts: the same, from a table of their own (made before the workers
+        # start, they would slow the burst's claims down).
+        backlog = rule.model_copy(update={"name": "backlog", "table": "backlog"})
+        migrate(conn, [rule, backlog])
+        conn.execute("VACUUM ANALYZE orders, backlog")
         plan = plan_claim(rule, "timestamp with time zone")
         hook = WebhookNotifier(
             WebhookConfig(name="hook", type="webhook", url=receiver.url, batch=100)
@@ -209,6 +217,19 @@ def one_round(args: argparse.Namespace, receiver: Receiver, concurrency: int) ->
             receiver.done.wait(60)
             dispatcher.stop()
             trickle = [(receiver.arrived[i] - committed[i]) * 1000 for i in receiver.arrived]
+
+            # Drain: a backlog of DUE alerts, made before the workers start.
+            receiver.reset(args.due)
+            backlog_plan = plan_claim(backlog, "timestamp with time zone")
+            while claim_batch(conn, backlog_plan, datetime.now(UTC)):
+                pass
+            dispatcher = make_dispatcher(db, hook, concurrency)
+            start = time.perf_counter()
+            dispatcher.start()
+            if not receiver.done.wait(300):
+                raise SystemExit("drain: not every alert arrived within 300 s")
+            drain_rate = args.due / (max(receiver.arrived.values()) - start)
+            dispatcher.stop()
         hook.close()
 
     # The transport's limit: the burst's own request bodies, POSTed straight.
@@ -231,6 +252,7 @@ def one_round(args: argparse.Namespace, receiver: Receiver, concurrency: int) ->
         trickle_p99=pct(trickle, 0.99),
         raw_rate=raw_rate,
         alert_bytes=(sum(len(b) for b in bodies) - len(bodies) * len('{"alerts":[]}')) / alerts,
+        drain_rate=drain_rate,
     )
 
 
@@ -272,7 +294,8 @@ def main() -> None:
         f"webhook batch 100, {args.rounds} round(s), medians\n"
     )
     head = (
-        f"{'concurrency':>11} {'burst/s':>8} {'raw POST/s':>10} {'ratio':>6} {'B/alert':>7}"
+        f"{'concurrency':>11} {'drain/s':>8} {'ratio':>6} {'burst/s':>8} {'raw POST/s':>10}"
+        f" {'ratio':>6} {'B/alert':>7}"
         f" {'burst p50':>9} {'p99':>7} {'steady p50':>10} {'p99':>7} {'lost':>4}"
         f" {'trickle p50':>11} {'p99':>7}"
     )
@@ -284,14 +307,19 @@ def main() -> None:
             return statistics.median(getattr(r, field) for r in rs)
 
         ratio = statistics.median(r.burst_rate / r.raw_rate for r in rs)
+        drained = statistics.median(r.drain_rate / r.raw_rate for r in rs)
         print(
-            f"{level:>11} {med('burst_rate'):>8,.0f} {med('raw_rate'):>10,.0f} {ratio:>6.2f}"
+            f"{level:>11} {med('drain_rate'):>8,.0f} {drained:>6.2f}"
+            f" {med('burst_rate'):>8,.0f} {med('raw_rate'):>10,.0f} {ratio:>6.2f}"
             f" {med('alert_bytes'):>7.0f} {med('burst_p50'):>9.0f} {med('burst_p99'):>7.0f}"
             f" {med('steady_p50'):>10.1f} {med('steady_p99'):>7.1f}"
             f" {max(r.steady_lost for r in rs):>4}"
             f" {med('trickle_p50'):>11.1f} {med('trickle_p99'):>7.1f}"
         )
-    print("\nlatencies in ms, claim committed -> request received; 'lost': steady alerts not")
+    print("\ndrain: a backlog of --due alerts delivered by workers started after it was claimed")
+    print("(the delivery path alone); burst: claimed while the workers run (bounded by the")
+    print("claim's own rate); ratios to the same request bodies POSTed straight, no database")
+    print("latencies in ms, claim committed -> request received; 'lost': steady alerts not")
     print("received within 120 s of the last claim (should be 0)")
 
 

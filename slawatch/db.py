@@ -21,9 +21,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import select
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -342,8 +344,30 @@ def connect(dsn: str, *, autocommit: bool = True, timeout: float = 10.0) -> Conn
 SESSION = "SET TimeZone TO 'UTC'; SET DateStyle TO 'ISO, MDY'"
 
 
-def _configure(conn: Connection) -> None:
-    conn.execute(SESSION)
+# A pooled connection idle for longer than this (seconds) is checked with a round trip
+# before it is handed out (a firewall or a server's idle timeout may have cut it without a
+# word); one in use more recently only when its socket has something to read.
+CHECK_IDLE = 30.0
+
+
+def quiet(conn: Connection) -> bool:
+    """Whether nothing arrived on ``conn``'s socket since its last answer was read.
+
+    An idle connection is sent nothing unless the server is ending it: a shutdown or
+    restart, ``pg_terminate_backend`` or an idle timeout sends an error and closes the
+    socket, and a dead server's socket reads as closed. One poll, no round trip."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.Error:
+        return False
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
+    readable, _, _ = select.select([fd], [], [], 0)  # pragma: no cover - no poll() here
+    return not readable
 
 
 class Database:
@@ -368,8 +392,12 @@ class Database:
         timeout: float = 30.0,
         pooler: Pooler = "auto",
         name: str = "slawatch",
+        check_idle: float = CHECK_IDLE,
     ) -> None:
         self.dsn, self.timeout, self.pooler = dsn, timeout, pooler
+        self.check_idle = check_idle
+        # When each pooled connection last did something (made, or given back).
+        self._used: weakref.WeakKeyDictionary[Connection, float] = weakref.WeakKeyDictionary()
         # A request that began within one timeout of a success may have waited for
         # the pool to reconnect after a restart: not a new outage.
         self.outage = Outage(
@@ -389,16 +417,30 @@ class Database:
             min_size=1,
             max_size=max(size, 1),
             kwargs=kwargs,
-            configure=_configure,
+            configure=self._configure,
             timeout=timeout,
-            # A connection that died while idle (a restart) is replaced, not handed out.
-            check=ConnectionPool.check_connection,
+            # A connection that died while idle (a restart) is replaced, not handed out;
+            # without a round trip per checkout (see _check).
+            check=self._check,
             # The pool's reconnect waits double up to this, then start again from 1s at
             # the next request: after a long outage the pool is back within seconds.
             reconnect_timeout=timeout,
             open=True,
             name=name,
         )
+
+    def _configure(self, conn: Connection) -> None:
+        conn.execute(SESSION)
+        self._used[conn] = time.monotonic()
+
+    def _check(self, conn: Connection) -> None:
+        """The pool's check before it hands ``conn`` out: a round trip (psycopg_pool's
+        own check) only when the connection sat idle longer than ``check_idle`` or
+        something arrived on it meanwhile (:func:`quiet`); a busy worker's checkouts cost
+        none. A connection that fails is replaced by a new one."""
+        idle = time.monotonic() - self._used.get(conn, 0.0)
+        if idle > self.check_idle or not quiet(conn):
+            ConnectionPool.check_connection(conn)
 
     @property
     def prepared_statements(self) -> bool:
@@ -421,7 +463,10 @@ class Database:
             with self._pool.connection(timeout=wait) as conn:
                 if not self._prepared:
                     conn.prepare_threshold = None
-                yield conn
+                try:
+                    yield conn
+                finally:
+                    self._used[conn] = time.monotonic()
         except PoolTimeout as exc:
             error = _translated(what, exc)
             if wait is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import orjson
 from pydantic import SecretStr
 
 from slawatch.config.notifiers import NotifierBase, RetrySettings, StormSettings
@@ -79,9 +80,20 @@ def number(alert: dict[str, Any]) -> str:
     return f"#{alert['n']}"
 
 
+# What orjson would write its own way goes to ``default=str`` instead, as with json.dumps:
+# a datetime as str() gives it, a dataclass as its text.
+_AS_BEFORE = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
 def encode(value: Any) -> bytes:
-    """An alert (or a message of alerts) as compact JSON."""
-    return json.dumps(value, separators=(",", ":"), default=str).encode()
+    """An alert (or a message of alerts) as compact JSON, in UTF-8.
+
+    orjson (a tenth of json.dumps' time for a batch of alerts); what it refuses
+    (an integer over 64 bits, a key that is not a string) goes through json.dumps."""
+    try:
+        return orjson.dumps(value, default=str, option=_AS_BEFORE)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return json.dumps(value, separators=(",", ":"), default=str).encode()
 
 
 def cut(text: str, limit: int) -> str:
