@@ -16,6 +16,7 @@ from freezegun import freeze_time
 from slawatch.clock import Clock
 from slawatch.config.calendars import Calendar
 from slawatch.config.rules import Rule, check_calendar_names
+from slawatch.engine.baseline import baseline_rule
 from slawatch.engine.catalog import inspect_table
 from slawatch.engine.claim import prepare
 from slawatch.engine.due import dry_run
@@ -117,6 +118,21 @@ def test_a_calendar_rule_claims_each_row_when_its_working_time_has_passed(
     # The alerts' due_at would be per row in working time: left NULL (README).
     dues = conn.execute("SELECT due_at FROM slawatch.alert").fetchall()
     assert dues == [(None,)] * 3
+
+
+def test_a_baseline_marks_what_is_due_in_working_time(conn: Conn, track: str) -> None:
+    """migrate --baseline on Monday 10:00: ticket 1 (Friday) is due, ticket 2 (Sunday)
+    not before 11:00 (wall clock would mark it too)."""
+    conn.execute(TICKETS)
+    rule = ticket_rule(track)
+    migrate(conn, [rule])
+    for key, opened, _ in TICKETS_DUE:
+        conn.execute("INSERT INTO tickets VALUES (%s, %s, NULL)", (key, opened))
+    info = inspect_table(conn, "public", "tickets")
+    assert info is not None
+    assert baseline_rule(conn, rule, info, berlin(2026, 11, 30, 10)) == 1
+    plan = prepare(conn, rule)
+    assert claim_all(conn, plan, berlin(2026, 11, 30, 11) + S) == 1  # ticket 2 pages
 
 
 def test_a_timestamp_deadline_is_read_in_the_rules_zone(conn: Conn) -> None:
