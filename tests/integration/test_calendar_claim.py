@@ -172,3 +172,28 @@ def test_check_refuses_an_unknown_calendar_and_shows_a_known_one(tmp_path: Path)
     # A named folder that is not there is an error; the default one may be missing.
     missing = slawatch("--calendars", "nowhere", "check", cwd=tmp_path)
     assert_one_line_error(missing, 2, "nowhere: calendars folder not found")
+
+
+def test_explain_shows_the_working_time_cutoff(conn: Conn, dsn: str, tmp_path: Path) -> None:
+    conn.execute(TICKETS)
+    for folder in ("rules", "notifiers", "calendars"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "notifiers" / "console.yaml").write_text("type: console\n")
+    (tmp_path / "rules" / "ticket_unanswered.yaml").write_text(
+        "table: tickets\nkey: id\ndeadline: opened_at\nafter: 2h\n"
+        "open_when: answered_at IS NULL\nnotify: [console]\ncalendar: office\n"
+    )
+    (tmp_path / "calendars" / "office.yaml").write_text(
+        "timezone: Europe/Berlin\nhours: {mon-fri: '09:00-17:00'}\n"
+    )
+    assert slawatch("migrate", dsn=dsn, cwd=tmp_path).returncode == 0
+    result = slawatch("explain", "ticket_unanswered", dsn=dsn, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    header, line = result.stdout.splitlines()[:2]
+    at = datetime.fromisoformat(header.rsplit(" at ", 1)[1])
+    prefix = "after: 2h of working time (calendar office): due now if opened_at < "
+    assert line.startswith(prefix), line
+    cutoff = datetime.fromisoformat(line.removeprefix(prefix))
+    # Office hours hold at most the wall-clock time: the cutoff is 2 h or more back.
+    assert cutoff <= at - timedelta(hours=2) + S
+    assert office().working_time(cutoff, at + S) >= timedelta(hours=2) - S
