@@ -55,6 +55,13 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
         help="event sources folder (env SLAWATCH_SOURCES_DIR, default ./sources)",
     )
     parser.add_argument(
+        "--calendars",
+        metavar="DIR",
+        type=Path,
+        default=default,
+        help="business calendars folder (env SLAWATCH_CALENDARS_DIR, default ./calendars)",
+    )
+    parser.add_argument(
         "--dsn",
         default=default,
         help="PostgreSQL to watch (env SLAWATCH_DSN; unset: the embedded server)",
@@ -281,6 +288,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         "rules_dir": getattr(args, "rules", None),
         "notifiers_dir": getattr(args, "notifiers", None),
         "sources_dir": getattr(args, "sources", None),
+        "calendars_dir": getattr(args, "calendars", None),
         "dsn": getattr(args, "dsn", None),
     }
     return settings.model_copy(update={k: v for k, v in overrides.items() if v is not None})

@@ -621,6 +621,12 @@ def cmd_explain(settings: Settings, name: str, as_json: bool) -> int:
     if rule.events is not None:  # its table is slawatch's own
         what = f"on events: {events_text(rule)} (timers: {result.table})"
     print(f"rule {result.rule} {what}, at {_when(result.at)}")
+    if rule.calendar is not None:
+        print(
+            f"after: {format_duration(rule.after)} of working time (calendar {rule.calendar}):"
+            f" due now if {rule.deadline} <"
+            f" {rule.cutoff(result.at).astimezone(UTC).isoformat(sep=' ').replace('+00:00', 'Z')}"
+        )
     for step in result.statements:
         print(f"\n-- {step.name} --")
         print(step.sql)

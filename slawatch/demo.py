@@ -76,7 +76,7 @@ def seed(conn: Connection, rules: list[Rule], now: datetime, spread: float) -> d
         for rule in rules:
             if rule.schema_name != "public" or rule.table_name not in _INSERT:
                 continue
-            due_at = now - rule.after  # a deadline before this is due now
+            due_at = rule.cutoff(now)  # a deadline before this is due now
             rows = []
             i = 0
             for kind, count in _MIX:

@@ -21,9 +21,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from slawatch.config.batched import SetForm, set_form
+from slawatch.config.calendars import (
+    CALENDAR_NAME,
+    MAX_WORKING_SPAN,
+    MAX_WORKING_SPAN_TEXT,
+    Calendar,
+)
 from slawatch.config.durations import Duration, PositiveDuration
 from slawatch.config.files import FileModel, load_dir, shorten
 from slawatch.config.notifiers import WebhookConfig, interpolate
@@ -422,6 +435,9 @@ class Rule(FileModel):
     timezone: str = "UTC"
     # What to do when a notification is claimed (DESIGN.md §8): a statement in the claim.
     action: Action | None = None
+    # A business calendar (calendars/<name>.yaml): `after` counts its working time only.
+    calendar: str | None = None
+    _calendar: Calendar | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -429,6 +445,11 @@ class Rule(FileModel):
         """An event rule watches its timer table: fill in what a table rule writes."""
         if not isinstance(data, dict) or data.get("events") is None:
             return data
+        if "calendar" in data:
+            raise ValueError(
+                "calendar: not supported for event rules yet (within: counts wall-clock time);"
+                " business hours apply to table rules"
+            )
         given = [f for f in _TABLE_ONLY if f in data]
         if given:
             raise ValueError(
@@ -574,6 +595,43 @@ class Rule(FileModel):
     @classmethod
     def _timezone(cls, v: str) -> str:
         return _zone(v)
+
+    @field_validator("calendar")
+    @classmethod
+    def _calendar_name(cls, v: str | None) -> str | None:
+        if v is not None and not CALENDAR_NAME.fullmatch(v):
+            raise ValueError(f"{shorten(v)} is not a calendar name (a file calendars/<name>.yaml)")
+        return v
+
+    @model_validator(mode="after")
+    def _calendar_span(self) -> Rule:
+        if self.calendar is not None and self.after > MAX_WORKING_SPAN:
+            raise ValueError(
+                f"after: more than {MAX_WORKING_SPAN_TEXT} of working time, the most a rule"
+                " with a calendar may wait"
+            )
+        return self
+
+    def use_calendar(self, calendar: Calendar) -> None:
+        """Give the rule its ``calendar`` (loaded from calendars/; see check_calendar_names)."""
+        self._calendar = calendar
+
+    def cutoff(self, now: datetime) -> datetime:
+        """The claim's cutoff at ``now`` (aware): a deadline less than this is due.
+        ``now - after``, or with a calendar ``after`` of its working time before now."""
+        if self.calendar is None:
+            return now - self.after
+        if self._calendar is None:
+            raise ConfigError(f"{self.source}: calendar: {self.calendar!r} was not loaded")
+        return self._calendar.cutoff(now, self.after)
+
+    def due_at(self, deadline: datetime) -> datetime:
+        """When a row with this deadline (aware) falls due: it is due once this has passed."""
+        if self.calendar is None:
+            return deadline + self.after
+        if self._calendar is None:
+            raise ConfigError(f"{self.source}: calendar: {self.calendar!r} was not loaded")
+        return self._calendar.forward(deadline, self.after)
 
     @field_validator("notify")
     @classmethod
@@ -893,6 +951,24 @@ def _action_secrets(data: dict[str, Any], path: Path) -> dict[str, Any]:
 def action_targets(rules: list[Rule]) -> list[WebhookConfig]:
     """The senders of the rules' webhook actions, as notifiers (``action:<rule>``)."""
     return [t for t in (r.action_target for r in rules) if t is not None]
+
+
+def check_calendar_names(rules: list[Rule], calendars: dict[str, Calendar]) -> None:
+    """Give each rule with ``calendar:`` its calendar; every name must be defined."""
+    errors = []
+    for rule in rules:
+        if rule.calendar is None:
+            continue
+        calendar = calendars.get(rule.calendar)
+        if calendar is None:
+            have = ", ".join(sorted(calendars)) or "none"
+            errors.append(
+                f"{rule.source}: calendar: unknown calendar {rule.calendar!r} (defined: {have})"
+            )
+            continue
+        rule.use_calendar(calendar)
+    if errors:
+        raise ConfigError("\n".join(errors))
 
 
 def check_notifier_names(rules: list[Rule], known: set[str]) -> None:

@@ -122,6 +122,8 @@ class Settings(BaseSettings):
     # Event sources (brokers): a missing default folder means none; one named by
     # SLAWATCH_SOURCES_DIR or --sources must exist.
     sources_dir: Path = Path("sources")
+    # Business calendars for rules' `calendar:`: the same (a missing default folder: none).
+    calendars_dir: Path = Path("calendars")
     data_dir: Path = Path(".slawatch")
     log_level: str = "INFO"
     # text, json, or auto: JSON when standard error is not a terminal (slawatch/logs.py).

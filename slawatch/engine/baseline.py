@@ -169,7 +169,7 @@ def statement(rule: Rule, info: TableInfo, values: Values = PARAMS) -> sql.Compo
 def cutoff(rule: Rule, info: TableInfo, now: datetime) -> datetime:
     """What is due at ``now``, as a value of the deadline column's type (a `timestamp`
     deadline is wall time in the rule's zone, as in the claim)."""
-    at = now - rule.after
+    at = rule.cutoff(now)
     if info.columns[rule.deadline] == "timestamp with time zone":
         return at
     return at.astimezone(ZoneInfo(rule.timezone)).replace(tzinfo=None)

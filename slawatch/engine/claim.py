@@ -164,14 +164,17 @@ class ClaimPlan:
     def params(self, now: datetime) -> dict[str, Any]:
         """The parameters for a claim at ``now`` (an aware datetime)."""
         rule = self.rule
-        cutoff = self.to_deadline(now - rule.after)
+        cutoff = self.to_deadline(rule.cutoff(now))
         params: dict[str, Any] = {
             "now": now,
             "cutoff": cutoff,
             "max": rule.max_notifications,
             "batch": rule.batch,
             "rule": rule.name,
-            "after": rule.after,
+            # The alerts' due_at is deadline + after; with a calendar it is per row in
+            # working time, which the statement cannot compute: NULL (receivers fall back
+            # to fired_at; Rule.due_at gives it).
+            "after": rule.after if rule.calendar is None else None,
             "tz": rule.timezone,
             "severity": rule.severity,
             "notify": list(rule.notify),

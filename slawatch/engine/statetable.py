@@ -429,7 +429,7 @@ class TableScan:
                 log.debug("rule %s: sweep closed %d ended episodes", rule.name, closed)
             self.since, self.swept = "-infinity", True
         else:
-            self.since = self.to_deadline(scanned_to - rule.after - lookback(rule))
+            self.since = self.to_deadline(rule.cutoff(scanned_to) - lookback(rule))
 
     def batch(self, conn: Connection, now: datetime) -> TableBatch:
         got = claim_table_batch(conn, self.plan, self.params_at(now), self.since)

@@ -106,7 +106,7 @@ def _statements(plan: ClaimPlan, now: datetime) -> list[tuple[str, sql.Composed,
         return [("claim", plan.statement, params)]
     rule = plan.rule
     # A scan between sweeps reads fresh rows from the watermark's look-back on.
-    since = plan.to_deadline(now - rule.after - lookback(rule))
+    since = plan.to_deadline(rule.cutoff(now) - lookback(rule))
     return [
         ("claim", plan.table.claim, params | {"since": since}),
         ("sweep", plan.table.close, {}),

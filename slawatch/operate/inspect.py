@@ -396,7 +396,7 @@ def count_overdue(
 ) -> tuple[int, int, bool, bool] | None:
     """:func:`overdue_statement` at ``now``; None when it ran out of time."""
     has_tz = info.columns[rule.deadline] == "timestamp with time zone"
-    cutoff = ClaimPlan(rule, sql.Composed([]), has_tz).to_deadline(now - rule.after)
+    cutoff = ClaimPlan(rule, sql.Composed([]), has_tz).to_deadline(rule.cutoff(now))
     try:
         ((overdue, fresh, capped, fresh_capped),) = _read(
             conn,

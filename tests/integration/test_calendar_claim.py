@@ -1,0 +1,199 @@
+"""A rule with a business calendar claims a row exactly when its working-time
+deadline passes: real PostgreSQL, the clock moved over a weekend, both ways to
+track. ``run --dry-run``'s count and ``status``'s overdue count agree with the claim,
+and ``check`` refuses an unknown calendar (exit 2).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from freezegun import freeze_time
+
+from slawatch.clock import Clock
+from slawatch.config.calendars import Calendar
+from slawatch.config.rules import Rule, check_calendar_names
+from slawatch.engine.baseline import baseline_rule
+from slawatch.engine.catalog import inspect_table
+from slawatch.engine.claim import prepare
+from slawatch.engine.due import dry_run
+from slawatch.engine.migrate import migrate
+from slawatch.operate.inspect import count_overdue
+from tests.integration.helpers import Conn, claim_all
+from tests.integration.test_cli import assert_one_line_error, slawatch
+
+BERLIN = ZoneInfo("Europe/Berlin")
+S = timedelta(seconds=1)
+
+TICKETS = """
+CREATE TABLE tickets (
+    id          integer PRIMARY KEY,
+    opened_at   timestamptz NOT NULL,
+    answered_at timestamptz
+)"""
+
+
+def berlin(*args: int) -> datetime:
+    return datetime(*args, tzinfo=BERLIN)  # type: ignore[misc]
+
+
+def office() -> Calendar:
+    return Calendar.model_validate(
+        {
+            "name": "office",
+            "timezone": "Europe/Berlin",
+            "hours": {"mon-fri": "09:00-17:00"},
+            "holidays": {"dates": ["2026-12-01"]},
+        }
+    )
+
+
+def ticket_rule(track: str, **fields: Any) -> Rule:
+    rule = Rule.model_validate(
+        {
+            "name": "ticket_unanswered",
+            "table": "public.tickets",
+            "key": "id",
+            "track": track,
+            "deadline": "opened_at",
+            "after": "2h",
+            "open_when": "answered_at IS NULL",
+            "notify": ["console"],
+            "calendar": "office",
+        }
+        | fields
+    )
+    check_calendar_names([rule], {"office": office()})
+    return rule
+
+
+# (key, opened_at, the instant its 2 working hours have passed)
+TICKETS_DUE = [
+    (1, berlin(2026, 11, 27, 15), berlin(2026, 11, 27, 17)),  # Friday: ends at the close
+    (2, berlin(2026, 11, 29, 12), berlin(2026, 11, 30, 11)),  # Sunday: from Monday 09:00
+    (3, berlin(2026, 11, 30, 16), berlin(2026, 12, 2, 10)),  # Monday, then a holiday
+]
+
+
+def test_a_calendar_rule_claims_each_row_when_its_working_time_has_passed(
+    conn: Conn, track: str
+) -> None:
+    conn.execute(TICKETS)
+    rule = ticket_rule(track)
+    migrate(conn, [rule])
+    for key, opened, _ in TICKETS_DUE:
+        conn.execute("INSERT INTO tickets VALUES (%s, %s, NULL)", (key, opened))
+    plan = prepare(conn, rule)
+    info = inspect_table(conn, "public", "tickets")
+    assert info is not None
+    claimed: list[str] = []
+
+    def step(now: datetime) -> int:
+        """The dry run's and status's counts at now, then the claim's."""
+        clock.move_to(now)
+        ahead = dry_run(conn, [rule], Clock().now())[0].due
+        assert ahead is not None
+        overdue = count_overdue(conn, rule, info, Clock().now())
+        assert overdue is not None
+        got = claim_all(conn, plan)
+        assert ahead.first == got
+        assert overdue[0] == len(claimed) + got  # every overdue row, notified or not
+        rows = conn.execute(
+            "SELECT key FROM slawatch.alert WHERE rule = %s ORDER BY id", (rule.name,)
+        ).fetchall()
+        claimed[:] = [r[0] for r in rows]
+        return got
+
+    with freeze_time(berlin(2026, 11, 27, 12)) as clock:
+        for key, _, due_at in TICKETS_DUE:
+            assert step(due_at) == 0, key  # exactly the working time: not yet
+            assert step(due_at + S) == 1, key
+            assert claimed[-1] == str(key)
+        # Wall clock would have paged ticket 3 on Monday at 18:00 and ticket 2 on Sunday.
+        assert step(berlin(2026, 12, 7, 12)) == 0
+    assert claimed == ["1", "2", "3"]
+    # The alerts' due_at would be per row in working time: left NULL (README).
+    dues = conn.execute("SELECT due_at FROM slawatch.alert").fetchall()
+    assert dues == [(None,)] * 3
+
+
+def test_a_baseline_marks_what_is_due_in_working_time(conn: Conn, track: str) -> None:
+    """migrate --baseline on Monday 10:00: ticket 1 (Friday) is due, ticket 2 (Sunday)
+    not before 11:00 (wall clock would mark it too)."""
+    conn.execute(TICKETS)
+    rule = ticket_rule(track)
+    migrate(conn, [rule])
+    for key, opened, _ in TICKETS_DUE:
+        conn.execute("INSERT INTO tickets VALUES (%s, %s, NULL)", (key, opened))
+    info = inspect_table(conn, "public", "tickets")
+    assert info is not None
+    assert baseline_rule(conn, rule, info, berlin(2026, 11, 30, 10)) == 1
+    plan = prepare(conn, rule)
+    assert claim_all(conn, plan, berlin(2026, 11, 30, 11) + S) == 1  # ticket 2 pages
+
+
+def test_a_timestamp_deadline_is_read_in_the_rules_zone(conn: Conn) -> None:
+    """A `timestamp` column in the rule's zone, a calendar in another: still exact."""
+    conn.execute(TICKETS.replace("timestamptz NOT NULL", "timestamp NOT NULL"))
+    rule = ticket_rule("inline", timezone="America/New_York")
+    migrate(conn, [rule])
+    # Friday 09:00 in New York is 15:00 in Berlin: 2 working hours end at 17:00 Berlin.
+    conn.execute("INSERT INTO tickets VALUES (1, '2026-11-27 09:00', NULL)")
+    plan = prepare(conn, rule)
+    assert claim_all(conn, plan, berlin(2026, 11, 27, 17)) == 0
+    assert claim_all(conn, plan, berlin(2026, 11, 27, 17) + S) == 1
+
+
+def test_check_refuses_an_unknown_calendar_and_shows_a_known_one(tmp_path: Path) -> None:
+    rules, notifiers, calendars = (tmp_path / d for d in ("rules", "notifiers", "calendars"))
+    for folder in (rules, notifiers, calendars):
+        folder.mkdir()
+    (notifiers / "console.yaml").write_text("type: console\n")
+    (rules / "ticket_unanswered.yaml").write_text(
+        "table: tickets\ndeadline: opened_at\nafter: 4h\nopen_when: answered_at IS NULL\n"
+        "notify: [console]\ncalendar: ofice\n"
+    )
+    (calendars / "office.yaml").write_text(
+        "timezone: Europe/Berlin\nhours: {mon-fri: '09:00-17:00'}\n"
+    )
+    result = slawatch("check", cwd=tmp_path)
+    assert_one_line_error(
+        result,
+        2,
+        "rules/ticket_unanswered.yaml: calendar: unknown calendar 'ofice' (defined: office)",
+    )
+    (rules / "ticket_unanswered.yaml").write_text(
+        (rules / "ticket_unanswered.yaml").read_text().replace("ofice", "office")
+    )
+    assert slawatch("check", cwd=tmp_path).returncode == 0
+    # A named folder that is not there is an error; the default one may be missing.
+    missing = slawatch("--calendars", "nowhere", "check", cwd=tmp_path)
+    assert_one_line_error(missing, 2, "nowhere: calendars folder not found")
+
+
+def test_explain_shows_the_working_time_cutoff(conn: Conn, dsn: str, tmp_path: Path) -> None:
+    conn.execute(TICKETS)
+    for folder in ("rules", "notifiers", "calendars"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "notifiers" / "console.yaml").write_text("type: console\n")
+    (tmp_path / "rules" / "ticket_unanswered.yaml").write_text(
+        "table: tickets\nkey: id\ndeadline: opened_at\nafter: 2h\n"
+        "open_when: answered_at IS NULL\nnotify: [console]\ncalendar: office\n"
+    )
+    (tmp_path / "calendars" / "office.yaml").write_text(
+        "timezone: Europe/Berlin\nhours: {mon-fri: '09:00-17:00'}\n"
+    )
+    assert slawatch("migrate", dsn=dsn, cwd=tmp_path).returncode == 0
+    result = slawatch("explain", "ticket_unanswered", dsn=dsn, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    header, line = result.stdout.splitlines()[:2]
+    at = datetime.fromisoformat(header.rsplit(" at ", 1)[1])
+    prefix = "after: 2h of working time (calendar office): due now if opened_at < "
+    assert line.startswith(prefix), line
+    cutoff = datetime.fromisoformat(line.removeprefix(prefix))
+    # Office hours hold at most the wall-clock time: the cutoff is 2 h or more back.
+    assert cutoff <= at - timedelta(hours=2) + S
+    assert office().working_time(cutoff, at + S) >= timedelta(hours=2) - S
