@@ -736,8 +736,8 @@ def predicate_problem(text: str) -> str | None:
 # How a deadline that needs a value from another table can be had (README: Per-row deadlines).
 OTHER_TABLE = (
     "a deadline is computed from the row's own columns; for a value from another table,"
-    " keep it in a column of this table (a generated column, or one a trigger keeps)"
-    " or use an event rule (README: Per-row deadlines)"
+    " keep the deadline in a column of this table that a trigger fills in, or use an"
+    " event rule (README: Per-row deadlines)"
 )
 
 

@@ -121,8 +121,8 @@ def index_specs(rule: Rule) -> list[IndexSpec]:
     """The rule's partial indexes on the watched table. Inline: first notices by
     deadline, re-notifications by time, ended episodes; table: the deadline of open rows."""
     s, t = rule.schema_name, rule.table_name
-    # An index on an expression names it in parentheses: ((created_at + ...)).
-    d = rule.deadline_sql() if rule.deadline_column else f"({rule.deadline_sql()})"
+    # A column, or the expression in parentheses: an index on it is ON t ((expr)).
+    d = rule.deadline_sql()
     if rule.track == "table":
         return [IndexSpec(rule.due_index, s, t, d, f"({rule.open_when})")]
     first, again, ended = predicates(rule)

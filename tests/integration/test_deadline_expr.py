@@ -7,6 +7,7 @@ function, an unknown column, not a timestamp).
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,11 @@ from typing import Any
 import pytest
 
 from slawatch.config.rules import Rule
+from slawatch.engine.baseline import baseline_rule, recorded, render
 from slawatch.engine.claim import prepare
-from slawatch.engine.migrate import migrate
+from slawatch.engine.due import count_due
+from slawatch.engine.migrate import check, migrate
+from slawatch.operate.inspect import rule_status
 from slawatch.errors import ConfigError
 from slawatch.operate.explain import explain
 from tests.integration.helpers import Conn, claim_all
@@ -128,6 +132,33 @@ def test_claims_exactly_the_rows_whose_computed_deadline_passed(
     assert episode == 2
 
 
+def test_dry_run_status_and_baseline_read_the_expression(conn: Conn, track: str) -> None:
+    fill(conn, 1000)
+    expected = len(due_keys(1000))
+    r = rule(track)
+    migrate(conn, [r])
+    info = check(conn, [r])[r.name]
+    assert count_due(conn, r, info, NOW) == expected  # check, run --dry-run
+    (status,) = rule_status(conn, [r], NOW)
+    assert (status.overdue, status.not_notified, status.problem) == (expected, expected, None)
+    # A baseline marks them seen: nothing pages for them.
+    assert baseline_rule(conn, r, info, NOW) == expected
+    assert claim_all(conn, prepare(conn, r), NOW) == 0
+
+
+def test_the_printed_baseline_reads_the_expression(conn: Conn, track: str) -> None:
+    fill(conn, 1000)
+    r = rule(track)
+    migrate(conn, [r])
+    script = render(r, check(conn, [r])[r.name], NOW, batch=100)
+    (block,) = re.findall(
+        r"^DO \$slawatch_baseline\$.*?\$slawatch_baseline\$;", script, re.S | re.M
+    )
+    conn.execute(block.encode())
+    assert recorded(conn)["ticket_late"].rows == len(due_keys(1000))
+    assert claim_all(conn, prepare(conn, r), NOW) == 0
+
+
 def test_the_index_is_on_the_expression(conn: Conn, track: str) -> None:
     fill(conn, 10)
     r = rule(track)
@@ -172,8 +203,8 @@ def test_explain_shows_the_expression_index_used(conn: Conn, track: str) -> None
             "opened + sla_hourz * interval '1 hour'",
             "deadline: column 'sla_hourz' not in public.tickets (id, status, created_at, opened,"
             " sla_hours); a deadline is computed from the row's own columns; for a value from"
-            " another table, keep it in a column of this table (a generated column, or one a"
-            " trigger keeps) or use an event rule",
+            " another table, keep the deadline in a column of this table that a trigger fills"
+            " in, or use an event rule (README: Per-row deadlines)",
         ),
         ("sla_hours + 1", "deadline: (sla_hours + 1) is integer; it must be timestamp"),
         ("opened::date + 1", "deadline: (opened::date + 1) is date; it must be timestamp"),
@@ -248,8 +279,8 @@ def test_a_deadline_from_another_table_says_the_two_ways_then_a_trigger_kept_col
         2,
         "rental_overdue.yaml: deadline: column 'rental_duration' not in public.rental"
         " (rental_id, rental_date, inventory_id, return_date); a deadline is computed from"
-        " the row's own columns; for a value from another table, keep it in a column of this"
-        " table (a generated column, or one a trigger keeps) or use an event rule",
+        " the row's own columns; for a value from another table, keep the deadline in a"
+        " column of this table that a trigger fills in, or use an event rule",
     )
     rental_rule(tmp_path, "rental_date + film.rental_duration * interval '1 day'")
     result = slawatch("--rules", str(tmp_path), "check", dsn=dsn)

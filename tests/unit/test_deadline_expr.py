@@ -20,8 +20,8 @@ notify: [console]
 
 OTHER_TABLE = (
     "a deadline is computed from the row's own columns; for a value from another table,"
-    " keep it in a column of this table (a generated column, or one a trigger keeps)"
-    " or use an event rule (README: Per-row deadlines)"
+    " keep the deadline in a column of this table that a trigger fills in, or use an"
+    " event rule (README: Per-row deadlines)"
 )
 
 
@@ -34,7 +34,8 @@ OTHER_TABLE = (
         ),
         (
             "opened + film.rental_duration * interval '1 day'",
-            f"tickets.yaml: deadline: film.rental_duration is another table's column: {OTHER_TABLE}",
+            "tickets.yaml: deadline: film.rental_duration is another table's column: "
+            + OTHER_TABLE,
         ),
         ("tickets.opened", "tickets.yaml: deadline: write tickets.opened as opened"),
         ("t.*", "tickets.yaml: deadline: must not read a whole row (*): name the columns"),
