@@ -19,9 +19,9 @@ from slawatch.engine.baseline import baseline_rule, recorded, render
 from slawatch.engine.claim import prepare
 from slawatch.engine.due import count_due
 from slawatch.engine.migrate import check, migrate
-from slawatch.operate.inspect import rule_status
 from slawatch.errors import ConfigError
 from slawatch.operate.explain import explain
+from slawatch.operate.inspect import rule_status
 from tests.integration.helpers import Conn, claim_all
 from tests.integration.test_cli import assert_one_line_error, slawatch
 
