@@ -261,7 +261,7 @@ def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
         if info is not None and not problems:
             _, problem = _wanted(conn, rule, info)
             if problem:
-                problems = [f"{rule.source}: {probed_field(problem)}: {problem}"]
+                problems = [f"{rule.source}: open_when: {problem}"]
             refused = inline_refusal(conn, rule)
             if refused:
                 problems.append(refused)
@@ -271,12 +271,6 @@ def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
     if errors:
         raise ConfigError("\n".join(errors))
     return tables
-
-
-def probed_field(problem: str) -> str:
-    """The field an index probe's failure is about: PostgreSQL says "index expression"
-    of the indexed value (a deadline expression), "index predicate" of ``open_when``."""
-    return "deadline" if "index expression" in problem else "open_when"
 
 
 def inline_refusal(conn: Connection, rule: Rule) -> str | None:
@@ -386,7 +380,7 @@ def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     steps.extend(_leftovers(conn, rule, info))
     wanted, problem = _wanted(conn, rule, info)
     if problem:  # check() ran the same probe; only a concurrent change gets here
-        raise ConfigError(f"{rule.source}: {probed_field(problem)}: {problem}")
+        raise ConfigError(f"{rule.source}: open_when: {problem}")
     built = []
     for spec, definition in zip(index_specs(rule), wanted, strict=True):
         if info.relkind == "p":

@@ -168,6 +168,16 @@ def test_the_index_is_on_the_expression(conn: Conn, track: str) -> None:
         "SELECT indexdef FROM pg_indexes WHERE indexname = %s", (name,)
     ).fetchone()  # type: ignore[misc]
     assert "((created_at AT TIME ZONE 'UTC'::text) + make_interval(" in definition, definition
+    # The episode's deadline value is kept in the expression's type (timestamp here).
+    table, column = (
+        ("tickets", r.seen_column) if track == "inline" else ("ticket_late_state", "sw_seen")
+    )
+    (seen_type,) = conn.execute(
+        "SELECT data_type FROM information_schema.columns"
+        " WHERE table_name = %s AND column_name = %s",
+        (table, column),
+    ).fetchone()  # type: ignore[misc]
+    assert seen_type == "timestamp without time zone"
     # Idempotent: the canonical definition matches the one migrate asks for.
     assert migrate(conn, [r]) == []
 
