@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from psycopg import sql
 from pydantic import (
     AfterValidator,
     BeforeValidator,
     Field,
     PrivateAttr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -56,6 +58,14 @@ def _ident(value: str) -> str:
 
 
 Ident = Annotated[str, BeforeValidator(_ident)]
+
+
+def _deadline_text(value: object) -> object:
+    if not isinstance(value, str):
+        raise ValueError(
+            f"{shorten(value)} is not a column name (nor an SQL expression: quote it in YAML)"
+        )
+    return value.strip()
 
 
 def _key(value: object) -> object:
@@ -419,7 +429,8 @@ class Rule(FileModel):
     # track: inline: what to do when a claim's UPDATE of the watched table would set off
     # something (triggers, rewrite rules, publications): refuse the rule, or let them fire.
     inline_triggers: Literal["refuse", "fire"] = "refuse"
-    deadline: Ident
+    # A column, or an immutable SQL expression over the row's columns (a per-row deadline).
+    deadline: Annotated[str, BeforeValidator(_deadline_text)]
     after: Duration = timedelta(0)
     open_when: str
     every: PositiveDuration = timedelta(seconds=30)
@@ -591,6 +602,16 @@ class Rule(FileModel):
             raise ValueError(problem)
         return v
 
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, v: str, info: ValidationInfo) -> str:
+        if IDENT.fullmatch(v):
+            return v
+        problem = deadline_problem(v, str(info.data.get("table", "")).split(".")[-1])
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @field_validator("timezone")
     @classmethod
     def _timezone(cls, v: str) -> str:
@@ -662,10 +683,33 @@ class Rule(FileModel):
         return self.table.split(".")[-1]
 
     def alert_columns(self, key: list[str]) -> list[str]:
-        """Columns copied into each alert's ``row``: ``columns``, else the key and deadline."""
+        """Columns copied into each alert's ``row``: ``columns``, else the key and the
+        deadline's column(s) (those a deadline expression reads)."""
         if self.columns is not None:
             return list(self.columns)
-        return [*key, *([] if self.deadline in key else [self.deadline])]
+        return [*key, *(c for c in self.deadline_columns if c not in key)]
+
+    @property
+    def deadline_column(self) -> str | None:
+        """The deadline's column; None when the deadline is an expression."""
+        return self.deadline if IDENT.fullmatch(self.deadline) else None
+
+    @property
+    def deadline_columns(self) -> list[str]:
+        """The columns the deadline reads, in order of first use."""
+        if self.deadline_column is not None:
+            return [self.deadline_column]
+        return list(dict.fromkeys(expression_columns(self.deadline)))
+
+    def deadline_sql(self, alias: str | None = None) -> str:
+        """The deadline as printable SQL: its quoted column, or the expression in
+        parentheses; with ``alias``, its columns qualified by it (``t.paid_at``), so
+        the expression reads the watched row where other tables are in scope too."""
+        column = self.deadline_column
+        if column is not None:
+            names = (alias, column) if alias else (column,)
+            return sql.Identifier(*names).as_string(None)
+        return f"({qualify(self.deadline, alias) if alias else self.deadline})"
 
     @property
     def max_notifications(self) -> int | None:
@@ -801,6 +845,84 @@ def predicate_problem(text: str) -> str | None:
         if isinstance(node, ast.ParamRef):
             return "must not contain parameters ($1); write the value"
     return None
+
+
+# How a deadline that needs a value from another table can be had (README: Per-row deadlines).
+OTHER_TABLE = (
+    "a deadline is computed from the row's own columns; for a value from another table,"
+    " keep the deadline in a column of this table that a trigger fills in, or use an"
+    " event rule (README: Per-row deadlines)"
+)
+
+
+def deadline_problem(text: str, table: str) -> str | None:
+    """Why ``text`` is not a deadline expression over the columns of one row of
+    ``table`` (its unqualified name), or None. PostgreSQL's parser (pglast) reads it
+    as :func:`predicate_problem` reads a condition; that its columns exist, its type
+    is a timestamp and its functions are immutable is for the database to say."""
+    from pglast import ast
+
+    problem = predicate_problem(text)
+    if problem:
+        return problem.replace("SQL condition", "SQL expression").replace(
+            "must not contain a subquery (a partial index cannot use one)",
+            f"must not contain a subquery: {OTHER_TABLE}",
+        )
+    for node in walk(_where(text)):
+        if isinstance(node, ast.ColumnRef):
+            fields = [f.sval or "" if isinstance(f, ast.String) else "*" for f in node.fields or ()]
+            if "*" in fields:
+                return "must not read a whole row (*): name the columns"
+            if len(fields) > 1 and fields[:-1] != [table]:
+                return f"{'.'.join(fields)} is another table's column: {OTHER_TABLE}"
+            if len(fields) > 1:
+                return f"write {'.'.join(fields)} as {fields[-1]} (the row's own columns)"
+        if isinstance(node, ast.FuncCall) and (node.agg_star or node.over is not None):
+            return "must be one row's value: no aggregate or window function"
+    return None
+
+
+def _where(text: str) -> Any:
+    import pglast
+
+    return pglast.parse_sql("SELECT 1 WHERE " + text)[0].stmt.whereClause  # type: ignore[union-attr]
+
+
+def expression_columns(text: str) -> list[str]:
+    """The column names an expression reads (last name part), in order of use."""
+    from pglast import ast
+
+    refs = [n for n in walk(_where(text)) if isinstance(n, ast.ColumnRef) and n.fields]
+    refs.sort(key=lambda n: n.location or 0)
+    out = []
+    for node in refs:
+        last = (node.fields or ("",))[-1]
+        if isinstance(last, ast.String) and last.sval:
+            out.append(last.sval)
+    return out
+
+
+def qualify(text: str, alias: str) -> str:
+    """``text`` (an expression of unqualified columns) with each column as ``alias.column``.
+
+    The parser gives each column reference's place in the text, so the operator's
+    text is kept as written and only the qualifier is inserted."""
+    from pglast import ast
+
+    prefix = "SELECT 1 WHERE "
+    # pglast gives locations in characters of the text it parsed.
+    at = sorted(
+        (n.location or 0) - len(prefix)
+        for n in walk(_where(text))
+        if isinstance(n, ast.ColumnRef) and len(n.fields or ()) == 1
+    )
+    qualifier = sql.Identifier(alias).as_string(None) + "."
+    out, last = [], 0
+    for pos in at:
+        out += [text[last:pos], qualifier]
+        last = pos
+    out.append(text[last:])
+    return "".join(out)
 
 
 # What an action statement may be: DML, or a SELECT that calls a function.

@@ -43,7 +43,7 @@ from psycopg import sql
 
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, translate
-from slawatch.engine.catalog import TableInfo, key_columns, table_ident
+from slawatch.engine.catalog import TableInfo, deadline_type_of, key_columns, table_ident
 from slawatch.engine.migrate import predicates
 from slawatch.engine.statetable import state_table
 from slawatch.errors import ConfigError
@@ -71,12 +71,12 @@ WITH picked AS (
 # row has a notified episode (sw_n > 0: left alone, see the module's docstring).
 _TABLE = """\
 WITH picked AS (
-    SELECT {t_keys}, t.{d} AS deadline FROM {table} t
-     WHERE t.{d} >= {since} AND t.{d} < {cutoff} AND ({open_when}
+    SELECT {t_keys}, {td} AS deadline FROM {table} t
+     WHERE {td} >= {since} AND {td} < {cutoff} AND ({open_when}
            )
        AND NOT EXISTS (SELECT 1 FROM {state} s
-                        WHERE {s_is_t} AND (s.sw_seen = t.{d} OR s.sw_n > 0))
-     ORDER BY t.{d}
+                        WHERE {s_is_t} AND (s.sw_seen = {td} OR s.sw_n > 0))
+     ORDER BY {td}
      LIMIT {batch}
 ), done AS (
     INSERT INTO {state} AS s ({keys}, sw_seen, sw_ep, sw_n, sw_next)
@@ -128,7 +128,7 @@ PARAMS = Values(
 def statement(rule: Rule, info: TableInfo, values: Values = PARAMS) -> sql.Composed:
     """One batch of the baseline of ``rule``; returns (picked, baselined, last deadline)."""
     record = sql.SQL(_RECORD).format(rule=values.rule, now=values.now, into=values.into)
-    d = sql.Identifier(rule.deadline)
+    d = values.text(rule.deadline_sql())
     if rule.track == "inline":
         return sql.SQL(_INLINE).format(
             table=table_ident(rule),
@@ -151,7 +151,7 @@ def statement(rule: Rule, info: TableInfo, values: Values = PARAMS) -> sql.Compo
     return sql.SQL(_TABLE).format(
         table=table_ident(rule),
         state=state_table(rule),
-        d=d,
+        td=values.text(rule.deadline_sql("t")),
         since=values.since,
         cutoff=values.cutoff,
         batch=values.batch,
@@ -170,7 +170,7 @@ def cutoff(rule: Rule, info: TableInfo, now: datetime) -> datetime:
     """What is due at ``now``, as a value of the deadline column's type (a `timestamp`
     deadline is wall time in the rule's zone, as in the claim)."""
     at = rule.cutoff(now)
-    if info.columns[rule.deadline] == "timestamp with time zone":
+    if deadline_type_of(rule, info) == "timestamp with time zone":
         return at
     return at.astimezone(ZoneInfo(rule.timezone)).replace(tzinfo=None)
 
@@ -288,9 +288,11 @@ def render(rule: Rule, info: TableInfo, now: datetime, batch: int = BATCH) -> st
     body = statement(rule, info, values).as_string(None)
     if _TAG in body:  # only inside a string in open_when; refuse rather than mis-quote
         raise ConfigError(f"{rule.source}: open_when: contains {_TAG}; cannot print a baseline")
-    var_type = sql.SQL("{}%TYPE").format(
-        sql.Identifier(rule.schema_name, rule.table_name, rule.deadline)
-    )
+    var_type: sql.Composable = sql.SQL(deadline_type_of(rule, info))
+    if rule.deadline_column is not None:
+        var_type = sql.SQL("{}%TYPE").format(
+            sql.Identifier(rule.schema_name, rule.table_name, rule.deadline_column)
+        )
     head = sql.SQL(
         "DECLARE\n"
         "    _sw_since {t} := '-infinity';\n"

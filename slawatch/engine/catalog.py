@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field, replace
 
 from psycopg import sql
 
-from slawatch.config.rules import Rule
+from slawatch.config.rules import OTHER_TABLE, Rule
 from slawatch.db import Connection, DatabaseUnavailable, describe, translate
 from slawatch.engine.queries import queries
-from slawatch.errors import DatabaseError
+from slawatch.errors import ConfigError, DatabaseError
 
 TIMESTAMP_TYPES = {"timestamp without time zone", "timestamp with time zone"}
 
@@ -38,6 +39,19 @@ class TableInfo:
     not_null: frozenset[str]
     primary_key: tuple[str, ...] = ()
     partitions: tuple[Partition, ...] = ()  # of a partitioned table, all levels
+    # The type of each rule's deadline expression (text as written) over this table.
+    deadline_types: dict[str, str] = field(default_factory=dict)
+
+
+def deadline_type_of(rule: Rule, info: TableInfo) -> str:
+    """The type of the rule's deadline values in ``info`` (of :func:`rule_table` or
+    :func:`check_rule`). ConfigError when its column or expression is not there."""
+    column = rule.deadline_column
+    found = info.columns.get(column) if column else info.deadline_types.get(rule.deadline)
+    if found is None:
+        what = f"column {column!r}" if column else f"{rule.deadline_sql()}"
+        raise ConfigError(f"{rule.source}: deadline: {what} is not a value of {rule.table}")
+    return found
 
 
 # The column sets of a relation's plain unique indexes.
@@ -100,6 +114,24 @@ def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
     return TableInfo(schema, name, relkind, columns, unique, not_null, primary_key, partitions)
 
 
+def rule_table(conn: Connection, rule: Rule) -> TableInfo | None:
+    """The rule's table, with the type of its deadline when that is an expression the
+    database accepts (else unknown: :func:`deadline_type_of` says so)."""
+    info = inspect_table(conn, rule.schema_name, rule.table_name)
+    if info is None or rule.deadline_column is not None:
+        return info
+    if any(c not in info.columns for c in rule.deadline_columns):
+        return info
+    try:
+        with conn.transaction(force_rollback=True):
+            type_ = deadline_type(conn, rule, info)
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError:
+        return info
+    return info if type_ is None else replace(info, deadline_types={rule.deadline: type_})
+
+
 @dataclass(frozen=True)
 class IndexState:
     """An index as the catalog has it."""
@@ -157,9 +189,10 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
     if info.relkind not in ("r", "p"):
         return info, [f"{where}: table: {rule.table} is not a table (a view or similar)"]
     errors = []
+    columns = info.columns
 
     def missing(field: str, column: str) -> None:
-        known = ", ".join(c for c in info.columns if not c.startswith("sw_"))
+        known = ", ".join(c for c in columns if not c.startswith("sw_"))
         errors.append(f"{where}: {field}: column {column!r} not in {rule.table} ({known})")
 
     key = key_columns(rule, info)
@@ -186,17 +219,137 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
             f"{where}: key: column {nullable!r} of {rule.table} may be NULL; "
             "the key must be NOT NULL to identify a row"
         )
-    if rule.deadline not in info.columns:
+    if rule.deadline_column is None:
+        type_, problems = _check_deadline_expression(conn, rule, info)
+        errors += problems
+        if type_ is not None:
+            info = replace(info, deadline_types={rule.deadline: type_})
+    elif rule.deadline not in info.columns:
         missing("deadline", rule.deadline)
     elif info.columns[rule.deadline] not in TIMESTAMP_TYPES:
         errors.append(
             f"{where}: deadline: column {rule.deadline!r} is {info.columns[rule.deadline]}; "
             "it must be timestamp or timestamptz"
         )
+    # The default columns include the deadline's: those were reported above.
+    reported = set(rule.deadline_columns) if rule.columns is None else set()
     for column in rule.alert_columns(key):
-        if column not in info.columns:
+        if column not in info.columns and column not in reported:
             missing("columns", column)
     return info, errors
+
+
+def deadline_type(conn: Connection, rule: Rule, info: TableInfo) -> str | None:
+    """The type of the rule's deadline values (``format_type``), None when its column is
+    not in the table. An expression's type is the database's answer: the description
+    of ``SELECT <deadline> FROM <table> LIMIT 0`` (nothing is read)."""
+    column = rule.deadline_column
+    if column is not None:
+        return info.columns.get(column)
+    with translate(f"reading the type of rule {rule.name}'s deadline"):
+        cur = conn.execute(
+            sql.SQL("SELECT {} FROM {} LIMIT 0").format(
+                sql.SQL(rule.deadline_sql()), table_ident(rule)
+            )
+        )
+        assert cur.description is not None
+        row = conn.execute(
+            "SELECT format_type(%s, NULL)", (cur.description[0].type_code,)
+        ).fetchone()
+    return str(row[0]) if row else None
+
+
+# In a view's stored query (pg_node_tree text): each function an expression calls,
+# and each operator with the function behind it.
+_CALLS = re.compile(r":funcid (\d+)|:opno (\d+) :opfuncid (\d+)")
+_NOT_ONE_ROW = ("hasAggs", "hasWindowFuncs", "hasTargetSRFs")
+_VOLATILITY = {"s": "STABLE", "v": "VOLATILE"}
+
+
+def _check_deadline_expression(
+    conn: Connection, rule: Rule, info: TableInfo
+) -> tuple[str | None, list[str]]:
+    """The type of a deadline expression, and error lines: columns not in the table, a type that is
+    not a timestamp, and functions or operators that are not IMMUTABLE (an index
+    expression must be). PostgreSQL analyses the expression in a temporary view
+    (rolled back); the view's stored query names every function it calls."""
+    where = f"{rule.source}: deadline"
+    absent = [c for c in rule.deadline_columns if c not in info.columns]
+    if absent:
+        known = ", ".join(c for c in info.columns if not c.startswith("sw_"))
+        return None, [
+            f"{where}: column {c!r} not in {rule.table} ({known}); {OTHER_TABLE}" for c in absent
+        ]
+    try:
+        with translate("probing the deadline"), conn.transaction(force_rollback=True):
+            view = "CREATE TEMP VIEW slawatch_deadline_probe AS SELECT {} AS d FROM {}"
+            conn.execute(sql.SQL(view).format(sql.SQL(rule.deadline_sql()), table_ident(rule)))
+            row = conn.execute(
+                "SELECT format_type(a.atttypid, a.atttypmod), r.ev_action::text"
+                " FROM pg_attribute a JOIN pg_rewrite r ON r.ev_class = a.attrelid"
+                " WHERE a.attrelid = 'pg_temp.slawatch_deadline_probe'::regclass"
+                " AND a.attname = 'd'"
+            ).fetchone()
+            assert row is not None
+            type_, tree = row
+            # One row's value: the view's query has no aggregate, window or set-returning call.
+            if any(f":{flag} true" in tree for flag in _NOT_ONE_ROW):
+                return None, [
+                    f"{where}: must be one row's value: no aggregate, window or"
+                    " set-returning function"
+                ]
+            calls = _CALLS.findall(tree)
+            funcs = [int(f) for f, _, _ in calls if f]
+            ops = {int(fn): int(op) for _, op, fn in calls if op}
+            unsafe = conn.execute(
+                "SELECT p.oid, p.oid::regprocedure::text, p.provolatile FROM pg_proc p"
+                " WHERE p.oid = ANY(%s) AND p.provolatile <> 'i' ORDER BY p.oid",
+                ([*funcs, *ops],),
+            ).fetchall()
+            names = {
+                fn: str(conn.execute("SELECT %s::regoperator::text", (op,)).fetchone()[0])  # type: ignore[index]
+                for fn, op in ops.items()
+            }
+            if not unsafe and type_ in TIMESTAMP_TYPES:
+                # What the stored query does not name (a cast through text calls the
+                # type's input function): PostgreSQL's own verdict, on an empty copy.
+                conn.execute(
+                    sql.SQL("CREATE TEMP TABLE slawatch_deadline_copy ({})").format(
+                        sql.SQL(", ").join(
+                            sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))
+                            for c, t in info.columns.items()
+                        )
+                    )
+                )
+                conn.execute(
+                    sql.SQL("CREATE INDEX ON slawatch_deadline_copy ({})").format(
+                        sql.SQL(rule.deadline_sql())
+                    )
+                )
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError as exc:
+        return None, [f"{where}: {describe(exc.__cause__ or exc)}"]
+    errors = []
+    if type_ not in TIMESTAMP_TYPES:
+        errors.append(
+            f"{where}: {rule.deadline_sql()} is {type_}; it must be timestamp or timestamptz"
+        )
+    for oid, name, volatility in unsafe:
+        what = f"operator {names[oid]}" if oid in names else f"function {name}"
+        fix = "keep the deadline in a column a trigger keeps"
+        if volatility == "s" and "with time zone" in (names.get(oid) or name):
+            # timestamptz + interval: the day's length depends on the session's TimeZone.
+            fix = (
+                "compute it in a fixed zone, e.g. (created_at AT TIME ZONE 'UTC') + interval"
+                " '2 days' (a timestamp, in the rule's timezone), or keep it in a column"
+                " a trigger keeps"
+            )
+        errors.append(
+            f"{where}: {what} is {_VOLATILITY.get(volatility, volatility)}, and an index"
+            f" expression must be IMMUTABLE: {fix}"
+        )
+    return type_, errors
 
 
 def key_columns(rule: Rule, info: TableInfo) -> list[str]:
@@ -225,7 +378,8 @@ def probe_indexes(
     ``columns`` are the table's columns with their types (from the catalog, so a role
     that may read only some columns can probe too); ``tracking`` is the tracking
     columns with their types, added to the copy where the table lacks them;
-    ``indexes`` is (column, predicate) of each index. The copy is a temporary table
+    ``indexes`` is (key, predicate) of each index, as SQL text (a quoted column, or
+    an expression in parentheses). The copy is a temporary table
     of the same name (so qualified references resolve) in a transaction that is
     always rolled back; comparing these definitions with those in the catalog tells
     whether an index is the one the rule needs.
@@ -259,7 +413,7 @@ def probe_indexes(
                 probe = f"slawatch_probe_{i}"
                 conn.execute(
                     sql.SQL("CREATE INDEX {} ON {} ({})\nWHERE {}").format(
-                        sql.Identifier(probe), tmp, sql.Identifier(column), sql.SQL(predicate)
+                        sql.Identifier(probe), tmp, sql.SQL(column), sql.SQL(predicate)
                     )
                 )
                 found = conn.execute(
@@ -272,7 +426,7 @@ def probe_indexes(
         raise
     except DatabaseError as exc:  # the database's verdict is the answer we are after
         msg = describe(exc.__cause__ or exc)
-        if "IMMUTABLE" in msg:
+        if "IMMUTABLE" in msg and "index predicate" in msg:
             msg += " (open_when must not call now(), random() or other volatile functions)"
         return [], msg
     return definitions, None

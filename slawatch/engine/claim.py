@@ -43,7 +43,7 @@ from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.engine.acting import Act, due_column, parse_due
-from slawatch.engine.catalog import inspect_table, key_columns, table_ident
+from slawatch.engine.catalog import deadline_type_of, key_columns, rule_table, table_ident
 from slawatch.engine.migrate import (
     event_function_pending,
     inline_refusal,
@@ -221,7 +221,7 @@ def plan_claim(
     has_tz = deadline_type == "timestamp with time zone"
     n, nxt = sql.Identifier(rule.n_column), sql.Identifier(rule.next_column)
     seen, ep = sql.Identifier(rule.seen_column), sql.Identifier(rule.episode_column)
-    deadline = sql.Identifier(rule.deadline)
+    deadline = sql_text(rule.deadline_sql())
     first, again, ended = (sql_text(p) for p in predicates(rule))
     new_episode = sql.SQL("{} IS DISTINCT FROM {}").format(seen, deadline)
     # The notification number this claim writes: 1 in a new episode, else one more.
@@ -387,14 +387,14 @@ def prepare_ready(
                 " types yet; run 'slawatch migrate'"
             )
             continue
-        info = inspect_table(conn, rule.schema_name, rule.table_name)
+        info = rule_table(conn, rule)
         if info is None:
             problems[rule.name] = f"{rule.source}: table: {rule.table} does not exist"
             continue
-        if rule.deadline not in info.columns:
-            problems[rule.name] = (
-                f"{rule.source}: deadline: column {rule.deadline!r} not in {rule.table}"
-            )
+        try:
+            deadline_type = deadline_type_of(rule, info)
+        except ConfigError as exc:
+            problems[rule.name] = str(exc)
             continue
         # A trigger created since migrate: refused here too, never claimed through.
         refused = inline_refusal(conn, rule)
@@ -416,7 +416,7 @@ def prepare_ready(
             continue
         plans[rule.name] = plan_claim(
             rule,
-            info.columns[rule.deadline],
+            deadline_type,
             partitioned=info.relkind == "p",
             key=key,
         )

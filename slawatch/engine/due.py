@@ -35,7 +35,14 @@ from psycopg import sql
 
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, translate
-from slawatch.engine.catalog import TableInfo, inspect_table, key_columns, table_ident
+from slawatch.engine.catalog import (
+    TableInfo,
+    deadline_type_of,
+    inspect_table,
+    key_columns,
+    rule_table,
+    table_ident,
+)
 from slawatch.engine.claim import ClaimPlan, sql_text
 from slawatch.engine.migrate import predicates
 from slawatch.engine.statetable import state_table
@@ -98,10 +105,10 @@ def count(
     Runs in a READ ONLY transaction of its own on ``conn``.
     """
 
-    has_tz = info.columns[rule.deadline] == "timestamp with time zone"
+    has_tz = deadline_type_of(rule, info) == "timestamp with time zone"
     plan = ClaimPlan(rule, sql.Composed([]), has_tz)
     params = plan.params(now) | {"limit": limit}
-    t, d = table_ident(rule), sql.Identifier(rule.deadline)
+    t, d = table_ident(rule), sql_text(rule.deadline_sql())
     open_when = sql_text(f"({rule.open_when}\n)")
     untracked = sql.SQL(
         "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {ow} LIMIT %(limit)s) f"
@@ -150,7 +157,7 @@ def count_due(
 
 
 def _inline(rule: Rule, info: TableInfo) -> Counts:
-    t, d = table_ident(rule), sql.Identifier(rule.deadline)
+    t, d = table_ident(rule), sql_text(rule.deadline_sql())
     n, nxt = sql.Identifier(rule.n_column), sql.Identifier(rule.next_column)
     first, again, ended = (sql_text(p) for p in predicates(rule))
     acked = sql.SQL(
@@ -175,18 +182,18 @@ def _inline(rule: Rule, info: TableInfo) -> Counts:
 
 
 def _table(rule: Rule, info: TableInfo, open_when: sql.SQL) -> Counts:
-    t, d, s = table_ident(rule), sql.Identifier(rule.deadline), state_table(rule)
+    t, d, s = table_ident(rule), sql_text(rule.deadline_sql("t")), state_table(rule)
     key = key_columns(rule, info)
     s_is_t = sql.SQL(" AND ").join(
         sql.SQL("s.{c} = t.{c}").format(c=sql.Identifier(c)) for c in key
     )
     still = sql.SQL(
-        "EXISTS (SELECT 1 FROM {t} t WHERE {s_is_t} AND t.{d} = s.sw_seen AND {ow})"
+        "EXISTS (SELECT 1 FROM {t} t WHERE {s_is_t} AND {d} = s.sw_seen AND {ow})"
     ).format(t=t, s_is_t=s_is_t, d=d, ow=open_when)
     return (
         sql.SQL(
-            "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE t.{d} < %(cutoff)s AND {ow}"
-            " AND NOT EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = t.{d})"
+            "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {d} < %(cutoff)s AND {ow}"
+            " AND NOT EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = {d})"
             " LIMIT %(limit)s) f"
         ).format(t=t, d=d, ow=open_when, s=s, s_is_t=s_is_t),
         sql.SQL(
@@ -361,7 +368,7 @@ def dry_run(conn: Connection, rules: list[Rule], now: datetime) -> list[RuleDue]
     claims would run, nothing written."""
     out = []
     for rule in rules:
-        info = inspect_table(conn, rule.schema_name, rule.table_name)
+        info = rule_table(conn, rule)
         if info is None:  # prepare_all said it exists; dropped since
             raise DatabaseError(f"rule {rule.name}: table {rule.table} does not exist")
         out.append(RuleDue(rule, count(conn, rule, info, now), would_act(conn, rule, info, now)))

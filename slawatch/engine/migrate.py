@@ -31,6 +31,7 @@ from slawatch.engine.catalog import (
     Partition,
     TableInfo,
     check_rule,
+    deadline_type_of,
     index_state,
     indexes_on,
     inspect_table,
@@ -62,14 +63,14 @@ class IndexSpec:
     name: str
     schema: str  # of the table, and so of the index
     table: str
-    column: str
+    key: str  # SQL text: a quoted column, or a deadline expression in parentheses
     predicate: str  # SQL text; open_when inside it is operator-authored and checked
 
     def create(self, *, only: bool = False) -> str:
         """CREATE INDEX CONCURRENTLY; with ``only``, the empty parent of a partitioned index."""
         return (
             f"CREATE INDEX {'' if only else 'CONCURRENTLY '}{_q(self.name)}"
-            f" ON {'ONLY ' if only else ''}{_q(self.schema, self.table)} ({_q(self.column)})"
+            f" ON {'ONLY ' if only else ''}{_q(self.schema, self.table)} ({self.key})"
             f"\n    WHERE {self.predicate}"
         )
 
@@ -108,7 +109,7 @@ def predicates(rule: Rule) -> tuple[str, str, str]:
     - ended: rows whose episode ended (open_when turned false, or the deadline
       moved); the next scan closes the episode, and the row leaves this index.
     """
-    d, seen = _q(rule.deadline), _q(rule.seen_column)
+    d, seen = rule.deadline_sql(), _q(rule.seen_column)
     open_when = f"({rule.open_when})"
     first = f"{seen} IS DISTINCT FROM {d} AND {open_when}"
     again = f"{seen} = {d} AND {open_when}"
@@ -120,13 +121,15 @@ def index_specs(rule: Rule) -> list[IndexSpec]:
     """The rule's partial indexes on the watched table. Inline: first notices by
     deadline, re-notifications by time, ended episodes; table: the deadline of open rows."""
     s, t = rule.schema_name, rule.table_name
+    # A column, or the expression in parentheses: an index on it is ON t ((expr)).
+    d = rule.deadline_sql()
     if rule.track == "table":
-        return [IndexSpec(rule.due_index, s, t, rule.deadline, f"({rule.open_when})")]
+        return [IndexSpec(rule.due_index, s, t, d, f"({rule.open_when})")]
     first, again, ended = predicates(rule)
     return [
-        IndexSpec(rule.first_index, s, t, rule.deadline, first),
-        IndexSpec(rule.again_index, s, t, rule.next_column, again),
-        IndexSpec(rule.ended_index, s, t, rule.seen_column, ended),
+        IndexSpec(rule.first_index, s, t, d, first),
+        IndexSpec(rule.again_index, s, t, _q(rule.next_column), again),
+        IndexSpec(rule.ended_index, s, t, _q(rule.seen_column), ended),
     ]
 
 
@@ -182,7 +185,7 @@ def grants(
             continue  # its timer table is slawatch's: ALL TABLES IN SCHEMA slawatch
         key = (keys or {}).get(rule.name) or rule.key
         if rule.track == "table" and key:
-            read = [*key, rule.deadline, *rule.alert_columns(list(key))]
+            read = [*key, *rule.deadline_columns, *rule.alert_columns(list(key))]
             read += sorted(condition_columns(rule.open_when))
             out.append(
                 sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(
@@ -294,8 +297,8 @@ def inline_refusal(conn: Connection, rule: Rule) -> str | None:
 def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> tuple[list[str], str | None]:
     """The canonical definitions of the rule's indexes (see catalog.probe_indexes)."""
     specs = index_specs(rule)
-    types = tracking_types(rule, info.columns[rule.deadline]) if rule.track == "inline" else {}
-    return probe_indexes(conn, rule, info.columns, types, [(s.column, s.predicate) for s in specs])
+    types = tracking_types(rule, deadline_type_of(rule, info)) if rule.track == "inline" else {}
+    return probe_indexes(conn, rule, info.columns, types, [(s.key, s.predicate) for s in specs])
 
 
 def require_schema(conn: Connection) -> None:
@@ -491,7 +494,7 @@ def state_columns(rule: Rule, info: TableInfo) -> dict[str, str]:
     """The state table's columns and types: the watched table's key, then slawatch's."""
     columns = {c: info.columns[c] for c in key_columns(rule, info)}
     columns |= {
-        "sw_seen": info.columns[rule.deadline],
+        "sw_seen": deadline_type_of(rule, info),
         "sw_ep": "integer",
         "sw_n": "integer",
         "sw_next": "timestamp with time zone",
@@ -540,7 +543,7 @@ def _tracking_columns(rule: Rule, info: TableInfo) -> list[Step]:
     steps = []
     table = _q(rule.schema_name, rule.table_name)
     where = f"{rule.schema_name}.{rule.table_name}"
-    types = tracking_types(rule, info.columns[rule.deadline])
+    types = tracking_types(rule, deadline_type_of(rule, info))
     missing = [c for c in types if c not in info.columns]
     if missing:
         adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {_q(c)} {types[c]}" for c in missing)
@@ -552,7 +555,7 @@ def _tracking_columns(rule: Rule, info: TableInfo) -> list[Step]:
             # episode 1, so they are not paged again from #1.
             steps.append(
                 Step(
-                    f"UPDATE {table} SET {_q(rule.seen_column)} = {_q(rule.deadline)},"
+                    f"UPDATE {table} SET {_q(rule.seen_column)} = {rule.deadline_sql()},"
                     f" {_q(rule.episode_column)} = 1\n WHERE {_q(rule.n_column)} > 0"
                     f" AND {_q(rule.seen_column)} IS NULL",
                     f"{where}: notified rows became episode 1",

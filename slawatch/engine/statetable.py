@@ -52,12 +52,12 @@ SEEN, EPISODE, N, NEXT = "sw_seen", "sw_ep", "sw_n", "sw_next"
 
 _CLAIM = """\
 WITH fresh AS MATERIALIZED (
-    SELECT {t_keys}, t.{d} AS deadline, {t_key_text} AS key, {t_row} AS row_data
+    SELECT {t_keys}, {td} AS deadline, {t_key_text} AS key, {t_row} AS row_data
       FROM {table} t
-     WHERE t.{d} >= %(since)s AND t.{d} < %(cutoff)s AND ({open_when}
+     WHERE {td} >= %(since)s AND {td} < %(cutoff)s AND ({open_when}
            )
-       AND NOT EXISTS (SELECT 1 FROM {state} s WHERE {s_is_t} AND s.sw_seen = t.{d})
-     ORDER BY t.{d}
+       AND NOT EXISTS (SELECT 1 FROM {state} s WHERE {s_is_t} AND s.sw_seen = {td})
+     ORDER BY {td}
      LIMIT %(batch)s::integer
 ), again AS (
     SELECT {s_keys}, s.sw_ep, s.sw_n, s.sw_seen FROM {state} s
@@ -77,7 +77,7 @@ WITH fresh AS MATERIALIZED (
            COALESCE(w.row_data, {s_key_row}) AS row_data
       FROM again a JOIN {state} s ON {s_is_a}
       LEFT JOIN LATERAL (
-           SELECT t.{d} AS deadline, ({open_when}
+           SELECT {td} AS deadline, ({open_when}
                   ) IS TRUE AS open, {t_row} AS row_data
              FROM {table} t WHERE {t_is_a}) w ON true
 ), opened AS (
@@ -150,7 +150,7 @@ WITH ended AS (
     SELECT {s_keys}, s.sw_ep, s.sw_n, s.sw_seen FROM {state} s
      WHERE s.sw_seen IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM {table} t
-                        WHERE {t_is_s} AND t.{d} IS NOT DISTINCT FROM s.sw_seen AND ({open_when}
+                        WHERE {t_is_s} AND {td} IS NOT DISTINCT FROM s.sw_seen AND ({open_when}
                               ))
 ), closed AS (
     UPDATE {state} s SET sw_seen = NULL, sw_next = NULL, sw_n = 0
@@ -257,7 +257,9 @@ def compose(
             for c in rule.alert_columns(key)
         )
     )
-    d = sql.Identifier(rule.deadline)
+    # The deadline read from the watched row (aliased t): its column, or the expression
+    # with its columns qualified (the state table s is in scope beside it).
+    td = sql.SQL(rule.deadline_sql("t").replace("%", "%%"))
     first_next = sql.SQL(
         "CASE WHEN 1 >= %(max)s::integer THEN NULL ELSE %(now)s::timestamptz + {} END"
     ).format(interval(sql.SQL("1")))
@@ -305,7 +307,7 @@ def compose(
         s_key_row=key_row("s"),
         table=table,
         state=state_table(rule),
-        d=d,
+        td=td,
         open_when=open_when,
         keys=sql.SQL(", ").join(sql.Identifier(c) for c in key),
         t_keys=cols("t"),
@@ -337,7 +339,7 @@ def compose(
         s_keys=cols("s"),
         e_keys=cols("e"),
         e_key_text=key_text("e"),
-        d=d,
+        td=td,
         open_when=open_when,
         resolved=close_resolved,
         wake=close_wake,

@@ -33,7 +33,15 @@ from slawatch.config.durations import format_duration, parse_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import RULE_NAME, Rule
 from slawatch.db import Connection, translate
-from slawatch.engine.catalog import TableInfo, index_state, inspect_table, key_columns, table_ident
+from slawatch.engine.catalog import (
+    TableInfo,
+    deadline_type_of,
+    index_state,
+    inspect_table,
+    key_columns,
+    rule_table,
+    table_ident,
+)
 from slawatch.engine.claim import ClaimPlan, sql_text
 from slawatch.engine.migrate import index_specs, predicates, require_schema
 from slawatch.engine.outbox import alert_id
@@ -278,7 +286,9 @@ def _problem(conn: Connection, rule: Rule, info: TableInfo | None) -> str | None
     look-up only; whether each index is still the right one is for ``check``)."""
     if info is None:
         return f"table {rule.table} does not exist"
-    if rule.deadline not in info.columns:
+    if rule.deadline_column is None and rule.deadline not in info.deadline_types:
+        return f"deadline {rule.deadline_sql()} is not a value of {rule.table} (see check)"
+    if rule.deadline_column is not None and rule.deadline not in info.columns:
         return f"column {rule.deadline!r} is not in {rule.table}"
     if rule.track == "inline":
         missing = [c for c in rule.tracking_columns if c not in info.columns]
@@ -357,7 +367,7 @@ def overdue_statement(rule: Rule, info: TableInfo) -> sql.Composed:
     not_notified, overdue_capped, not_notified_capped)``; parameter ``cutoff`` (now less
     ``after``, as a value of the deadline's type). Reads at most :data:`COUNT_LIMIT`
     entries of each index it uses, and never the watched table without one."""
-    t, d = table_ident(rule), sql.Identifier(rule.deadline)
+    t, d = table_ident(rule), sql_text(rule.deadline_sql())
     cap = sql.Literal(COUNT_LIMIT)
     if rule.track == "table":
         # The past range of the due index; per row, one probe of the state table's
@@ -368,13 +378,13 @@ def overdue_statement(rule: Rule, info: TableInfo) -> sql.Composed:
         return sql.SQL(
             "SELECT count(*), count(*) FILTER (WHERE o.fresh), count(*) >= {cap},"
             " count(*) >= {cap}"
-            " FROM (SELECT NOT EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = t.{d})"
-            " AS fresh FROM {t} t WHERE t.{d} < %(cutoff)s AND {ow} LIMIT {cap}) o"
+            " FROM (SELECT NOT EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = {td})"
+            " AS fresh FROM {t} t WHERE {td} < %(cutoff)s AND {ow} LIMIT {cap}) o"
         ).format(
             cap=cap,
             s=state_table(rule),
             s_is_t=s_is_t,
-            d=d,
+            td=sql_text(rule.deadline_sql("t")),
             t=t,
             ow=sql_text(f"({rule.open_when}\n)"),
         )
@@ -395,7 +405,7 @@ def count_overdue(
     conn: Connection, rule: Rule, info: TableInfo, now: datetime
 ) -> tuple[int, int, bool, bool] | None:
     """:func:`overdue_statement` at ``now``; None when it ran out of time."""
-    has_tz = info.columns[rule.deadline] == "timestamp with time zone"
+    has_tz = deadline_type_of(rule, info) == "timestamp with time zone"
     cutoff = ClaimPlan(rule, sql.Composed([]), has_tz).to_deadline(rule.cutoff(now))
     try:
         ((overdue, fresh, capped, fresh_capped),) = _read(
@@ -423,7 +433,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
     }
     out = []
     for rule in rules:
-        info = inspect_table(conn, rule.schema_name, rule.table_name)
+        info = rule_table(conn, rule)
         problem = _problem(conn, rule, info)
         overdue = notified = None
         if info is not None and problem is None:
