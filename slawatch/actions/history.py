@@ -135,12 +135,13 @@ def replay_actions(
         done.queued = webhook.replay(db, hooks, now)
     else:
         done.would_run += webhook.replay(db, hooks, now, mode)
+    upto = _last_action(db) if acting else 0
     while acting:
 
         def one(conn: Connection) -> Record | None:
             with translate("replaying an action"), conn.transaction():
                 got = conn.execute(
-                    queries()["failed_actions"], {"rules": list(acting), "limit": 1}
+                    queries()["failed_actions"], {"rules": list(acting), "limit": 1, "upto": upto}
                 ).fetchone()
                 if got is None:
                     return None
@@ -174,12 +175,22 @@ class _WouldRun(Exception):
         super().__init__(due.key)
 
 
+def _last_action(db: Database) -> int:
+    def last(conn: Connection) -> int:
+        with translate("reading the newest action"):
+            row = conn.execute(queries()["last_action"]).fetchone()
+        return int(row[0]) if row else 0
+
+    return db.run("reading the newest action", last)
+
+
 def _count_failed(db: Database, rules: list[str]) -> int:
     def count(conn: Connection) -> int:
         with translate("counting failed actions"):
             return len(
                 conn.execute(
-                    queries()["failed_actions"], {"rules": rules, "limit": 1_000_000}
+                    queries()["failed_actions"],
+                    {"rules": rules, "limit": 1_000_000, "upto": 2**62},
                 ).fetchall()
             )
 

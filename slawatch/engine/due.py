@@ -260,7 +260,7 @@ def would_act(
     if where is None:
         return [], 0
     params = ClaimPlan(
-        rule, sql.Composed([]), info.columns[rule.deadline] == "timestamp with time zone"
+        rule, sql.Composed([]), deadline_type_of(rule, info) == "timestamp with time zone"
     ).params(now) | {"limit": limit, "all": LIMIT, "before": on - 1}
     try:
         with translate(f"reading the due actions of rule {rule.name}"), conn.transaction():
@@ -288,7 +288,7 @@ def _acting(
 ) -> sql.Composable | None:
     """The condition (on the watched table as ``t``) of the rows whose next notification
     is number ``on``: :func:`_inline`'s and :func:`_table`'s, one number of them."""
-    d = sql.Identifier("t", rule.deadline)
+    d = sql_text(rule.deadline_sql("t"))
     open_when = sql_text(f"({rule.open_when}\n)")
     tracked = all(c in info.columns for c in rule.tracking_columns)
     state = inspect_table(conn, "slawatch", f"{rule.name}_state") if rule.track == "table" else None

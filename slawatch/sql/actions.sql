@@ -42,16 +42,24 @@ SELECT id, rule, key, episode, n, kind, status, rows, error, at, attempt, params
 
 -- failed_actions --
 -- Failed attempts not retried since (no later attempt of the episode), locked so that
--- two replays take disjoint ones (action_failed, then action_once).
+-- two replays take disjoint ones (action_failed, then action_once). Only those recorded
+-- before the replay began (id <= upto): an attempt that fails again is not taken again.
 SELECT a.id, a.rule, a.key, a.episode, a.n, a.attempt, a.params
   FROM slawatch.action a
- WHERE a.status = 'failed' AND a.rule = ANY (%(rules)s)
+ WHERE a.status = 'failed' AND a.rule = ANY (%(rules)s) AND a.id <= %(upto)s
+   -- A webhook action's failed attempt is replayed as its dead delivery, never as SQL
+   -- (its rule may have an sql action now, and its params are not that statement's).
+   AND a.kind = 'sql'
    AND NOT EXISTS (SELECT 1 FROM slawatch.action b
                     WHERE b.rule = a.rule AND b.key = a.key AND b.episode = a.episode
                       AND b.attempt > a.attempt)
  ORDER BY a.id
  LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED
+
+-- last_action --
+-- The newest attempt's id: where a replay stops.
+SELECT coalesce(max(id), 0) FROM slawatch.action
 
 -- prune_actions --
 -- Attempts older than the retention window, a batch per statement (action_at).
