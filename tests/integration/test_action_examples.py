@@ -177,3 +177,17 @@ def test_run_dry_run_prints_the_statement_and_its_values(conn: Conn, dsn: str) -
     row = conn.execute("SELECT status, restarts FROM jobs WHERE id = 5").fetchone()
     assert row == ("running", 0)
     assert conn.execute("SELECT count(*) FROM slawatch.action").fetchone() == (0,)
+
+
+def test_the_dry_run_leaves_out_rows_already_notified(conn: Conn, track: str) -> None:
+    """A row whose #1 was claimed (its action recorded would_run, so the job is still
+    running) is not listed for #1 again."""
+    rule = shop(conn, track)["job_hung"]
+    conn.execute(
+        "INSERT INTO jobs (id, kind, worker, status, heartbeat_at)"
+        " VALUES (1, 'sync', 'w1', 'running', %s)",
+        (naive(T0 - 20 * M),),
+    )
+    assert predicted(conn, rule, T0) == [("1", 1, {"id": "1"})]
+    assert claim_all(conn, prepare(conn, rule).with_act(runner("off")), T0) == 1
+    assert predicted(conn, rule, T0 + M) == []

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from freezegun import freeze_time
 
+from slawatch.actions.run import runner
 from slawatch.config.rules import Backoff, Renotify
 from slawatch.engine.claim import plan_claim
 from slawatch.engine.migrate import migrate
@@ -206,7 +207,7 @@ def test_recovered_rows_waiting_to_be_closed_are_never_paged(conn: Conn, track: 
     next scans must not be re-notified meanwhile, though their re-notify time passed."""
     rules = shop(conn, track)
     rule = rules["job_hung"].model_copy(update={"batch": 2})
-    plan = plan_claim(rule, "timestamp without time zone", key=["id"])
+    plan = plan_claim(rule, "timestamp without time zone", key=["id"]).with_act(runner("off"))
     conn.execute(
         "INSERT INTO jobs SELECT g, 'sync', 'w1', 'running', %s FROM generate_series(1, 5) g",
         (naive(T0),),

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from freezegun import freeze_time
 
+from slawatch.actions.run import runner
 from slawatch.config.rules import Tier
 from slawatch.engine.claim import plan_claim
 from slawatch.engine.migrate import migrate
@@ -126,7 +127,7 @@ def test_job_hung_reads_a_timestamp_without_zone_as_utc(conn: Conn, track: str) 
 def test_timestamp_deadline_in_another_zone(conn: Conn, track: str) -> None:
     rules = shop(conn, track)
     rule = rules["job_hung"].model_copy(update={"timezone": "Europe/Berlin"})
-    plan = plan_claim(rule, "timestamp without time zone")
+    plan = plan_claim(rule, "timestamp without time zone").with_act(runner("off"))
     # 13:00 Berlin wall time (winter, UTC+1) is 12:00 UTC.
     conn.execute(
         "INSERT INTO jobs VALUES (1, 'sync', 'w1', 'running', %s)",
