@@ -92,7 +92,7 @@ WITH first AS (
     UPDATE {table} SET {seen} = NULL, {next} = NULL, {n} = 0
      WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)){ended_match}
        AND {ended}
-    RETURNING {key} AS sw_key
+    RETURNING {key} AS sw_key, {ep} AS sw_episode
 ), targets AS (
     SELECT tableoid AS toid, ctid AS tid FROM first
     UNION ALL
@@ -330,7 +330,12 @@ def plan_claim(
         key=key_text,
         interval=interval,
         row=row,
-        outbox=outbox(severity, notify, acting=rule.action is not None),
+        outbox=outbox(
+            severity,
+            notify,
+            acting=rule.action is not None,
+            closed=sql.SQL("SELECT sw_key, sw_episode FROM closed"),
+        ),
         severities=sql.SQL(SEVERITIES),
         due=due_column(rule, key),
         partition_match=match("toid", "tid", "targets"),

@@ -41,7 +41,40 @@ _OUTBOX = """\
     SELECT a.id, x.notifier, %(now)s::timestamptz
       FROM alerts a, unnest({notify}) AS x(notifier)
     RETURNING 1
+), history_opened AS (
+    -- Episode history (slawatch.episode): a row with each episode's notification #1,
+    -- and the episode before it ended now if nothing closed it yet (its deadline moved
+    -- to a time already due: the row went from one episode straight into the next).
+    INSERT INTO slawatch.episode (rule, key, episode, deadline, due_at, notified_at)
+    SELECT %(rule)s, c.key, c.episode, c.deadline, c.deadline + %(after)s::interval,
+           %(now)s::timestamptz
+      FROM claimed c
+     WHERE c.n = 1
+    ON CONFLICT (rule, key, episode) DO NOTHING
+    RETURNING 1
+), history_superseded AS (
+    UPDATE slawatch.episode h SET ended_at = %(now)s::timestamptz
+      FROM claimed c
+     WHERE c.n = 1 AND c.episode > 1 AND h.rule = %(rule)s AND h.key = c.key
+       AND h.episode = c.episode - 1 AND h.ended_at IS NULL
+    RETURNING 1
+){ended}"""
+
+# The episodes a statement closed, ended in the history: follows a CTE of the closed
+# episodes given as ``{closed}`` (a SELECT of key, episode).
+_HISTORY_ENDED = """, history_ended AS (
+    UPDATE slawatch.episode h SET ended_at = %(now)s::timestamptz
+      FROM ({closed}) AS x(key, episode)
+     WHERE h.rule = %(rule)s AND h.key = x.key AND h.episode = x.episode
+       AND h.ended_at IS NULL
+    RETURNING 1
 )"""
+
+
+def history_ended(closed: sql.Composable) -> sql.Composed:
+    """The CTE that sets ``ended_at`` in the episode history for ``closed`` (a SELECT of
+    (key, episode): the episodes the statement closed)."""
+    return sql.SQL(_HISTORY_ENDED).format(closed=closed)
 
 
 # The alerts this claim wrote, per severity, e.g. {"warning": 3, "critical": 1}; the
@@ -101,12 +134,21 @@ def resolved(
     return sql.SQL(_RESOLVED).format(ended_episodes=ended_episodes, severity=severity, paged=paged)
 
 
-def outbox(severity: sql.Composable, notify: sql.Composable, acting: bool = False) -> sql.Composed:
-    """The ``alerts`` and ``deliveries`` CTEs for a rule's severity and notifiers;
-    ``acting``: ``alerts`` also returns key, episode and row_data (engine/acting.py
-    reads them)."""
+def outbox(
+    severity: sql.Composable,
+    notify: sql.Composable,
+    acting: bool = False,
+    *,
+    closed: sql.Composable,
+) -> sql.Composed:
+    """The ``alerts`` and ``deliveries`` CTEs for a rule's severity and notifiers, and
+    the episode history's: new episodes, and ``closed`` (a SELECT of (key, episode),
+    the episodes this statement closed) ended. ``acting``: ``alerts`` also returns key,
+    episode and row_data (engine/acting.py reads them)."""
     returning = sql.SQL(", key, episode, row_data" if acting else "")
-    return sql.SQL(_OUTBOX).format(severity=severity, notify=notify, returning=returning)
+    return sql.SQL(_OUTBOX).format(
+        severity=severity, notify=notify, returning=returning, ended=history_ended(closed)
+    )
 
 
 def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, Any]:

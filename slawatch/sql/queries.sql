@@ -458,6 +458,11 @@ VALUES (%(rule)s, %(key)s, %(episode)s, %(alert_id)s, %(now)s, %(by)s, %(comment
 ON CONFLICT (rule, key, episode) DO NOTHING
 RETURNING acked_at, acked_by, comment;
 
+-- history_ack --
+-- The episode history (0006_episode_history.sql) keeps the first ack of each episode.
+UPDATE slawatch.episode SET acked_at = %(now)s, acked_by = %(by)s
+ WHERE rule = %(rule)s AND key = %(key)s AND episode = %(episode)s AND acked_at IS NULL;
+
 -- get_ack --
 SELECT acked_at, acked_by, comment FROM slawatch.ack
  WHERE rule = %(rule)s AND key = %(key)s AND episode = %(episode)s;

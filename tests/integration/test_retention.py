@@ -593,6 +593,7 @@ def test_the_index_retention_reads_acks_by_is_part_of_the_schema(outbox: Conn) -
     outbox.execute("DROP INDEX slawatch.delivery_orphaned; DROP TABLE slawatch.session")
     outbox.execute("DROP TABLE slawatch.event_seen")  # 0003_events.sql
     outbox.execute("DROP TABLE slawatch.action")  # 0004_actions.sql
+    outbox.execute("DROP TABLE slawatch.episode")  # 0006_episode_history.sql
     assert not schema_current(outbox)
     migrate(outbox, [])
     assert schema_current(outbox)
