@@ -339,6 +339,15 @@ SELECT count(*) FROM settled;
 -- wake_deliveries --
 SELECT pg_notify('slawatch_delivery', '');
 
+-- prune_episodes --
+-- One bounded batch of the episode history (maintain.py): episodes that ended before the
+-- cutoff, oldest first through episode_ended. An open episode is kept however old.
+DELETE FROM slawatch.episode WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM slawatch.episode
+     WHERE ended_at < %(cutoff)s AND ended_at IS NOT NULL
+     ORDER BY ended_at
+     LIMIT %(batch)s));
+
 -- prune_history --
 -- One bounded batch of history (maintain.py): alerts fired before the cutoff none
 -- of whose deliveries is pending, removed with their deliveries. Old alerts are
