@@ -27,7 +27,7 @@ import argparse
 import json
 import statistics
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import psycopg
 from benchdb import scratch_database
