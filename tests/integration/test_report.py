@@ -276,3 +276,43 @@ def test_report_without_history_is_all_zero(conn: Conn, db: Database) -> None:
     rules = shop(conn)
     got = rows(db, rules, since="1d", by="day", now=T0)
     assert [(r.breached, r.open, r.late_p50) for r in got] == [(0, 0, None), (0, 0, None)]
+
+
+def test_actions_ok_and_failed_per_period_for_a_rule_with_an_action(
+    conn: Conn, db: Database
+) -> None:
+    from slawatch.config.rules import Action
+
+    rule = shop(conn)["order_unshipped"]
+    acting = rule.model_copy(
+        update={"action": Action(sql="update orders set status = 'held' where id = :id")}
+    )
+    for at, status in ((T0 + H, "ok"), (T0 + 2 * H, "ok"), (T0 + 3 * H, "failed")):
+        conn.execute(
+            "INSERT INTO slawatch.action (rule, key, episode, n, status, at)"
+            " VALUES ('order_unshipped', %s, 1, 1, %s, %s)",
+            (str(at.hour), status, at),
+        )
+    conn.execute(  # another rule's attempt is not this rule's
+        "INSERT INTO slawatch.action (rule, key, episode, n, status, at)"
+        " VALUES ('job_hung', '1', 1, 1, 'failed', %s)",
+        (T0 + H,),
+    )
+    q = query([acting], rule=None, since="1d", by="day", now=T0 + 25 * H)
+    got = db.run("report", lambda c: report(c, q)).rows
+    assert [(r.actions_ok, r.actions_failed) for r in got] == [(2, 1), (0, 0)]
+    assert as_table(db.run("report", lambda c: report(c, q))).splitlines()[1].endswith("2/1")
+
+
+def test_an_event_rules_due_counts_its_timers(conn: Conn, db: Database) -> None:
+    """parcel_undelivered (72 h from parcel_shipped): the timers' deadlines, through the
+    index migrate gives every timer table."""
+    rules = shop(conn)
+    for key, at in (("p1", T0 - 72 * H + H), ("p2", T0 - 72 * H + 2 * H), ("p3", T0 - 48 * H)):
+        conn.execute(
+            "SELECT slawatch.event('parcel_shipped', %s, %s, '{}', %s)", (key, at, "id-" + key)
+        )
+    q = query([rules["parcel_undelivered"]], rule=None, since="1d", by="day", now=T0 + 25 * H)
+    got = db.run("report", lambda c: report(c, q))
+    assert [r.due for r in got.rows] == [2, 1]
+    assert got.notes == []
