@@ -92,7 +92,7 @@ WITH first AS (
     UPDATE {table} SET {seen} = NULL, {next} = NULL, {n} = 0
      WHERE ctid = ANY (ARRAY(SELECT ctid FROM ended)){ended_match}
        AND {ended}
-    RETURNING {key} AS sw_key, {ep} AS sw_episode
+    RETURNING {key} AS sw_key
 ), targets AS (
     SELECT tableoid AS toid, ctid AS tid FROM first
     UNION ALL
@@ -334,7 +334,7 @@ def plan_claim(
             severity,
             notify,
             acting=rule.action is not None,
-            closed=sql.SQL("SELECT sw_key, sw_episode FROM closed"),
+            closed=sql.SQL("SELECT sw_key FROM closed"),
         ),
         severities=sql.SQL(SEVERITIES),
         due=due_column(rule, key),

@@ -336,7 +336,7 @@ def compose(
             severity,
             notify,
             acting=rule.action is not None,
-            closed=sql.SQL("SELECT key, episode FROM closed"),
+            closed=sql.SQL("SELECT key FROM closed"),
         ),
         severities=sql.SQL(SEVERITIES),
         due=due or sql.SQL(""),
@@ -352,7 +352,7 @@ def compose(
         d=d,
         open_when=open_when,
         resolved=close_resolved,
-        history=history_ended(sql.SQL("SELECT key, episode FROM closed")),
+        history=history_ended(sql.SQL("SELECT key FROM closed")),
         wake=close_wake,
     )
     return TablePlan(rule, claim, close)

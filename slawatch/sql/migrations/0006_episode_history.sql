@@ -24,5 +24,8 @@ CREATE INDEX episode_due ON slawatch.episode (rule, due_at)
 -- Episodes ended in a window (the report's `open`, retention), whatever their due time.
 CREATE INDEX episode_ended ON slawatch.episode (ended_at) INCLUDE (rule, due_at)
     WHERE ended_at IS NOT NULL;
--- Episodes still open: few, and counted as open at every period's end.
-CREATE INDEX episode_open ON slawatch.episode (rule, due_at) WHERE ended_at IS NULL;
+-- Episodes still open: few, and counted as open at every period's end. Not led by
+-- rule: the claim's updates of ended_at by (rule, key) must probe episode_pkey, and a
+-- partial index of the rule's open episodes was the planner's choice instead (a scan
+-- of every open episode of the rule per batch).
+CREATE INDEX episode_open ON slawatch.episode (due_at) INCLUDE (rule) WHERE ended_at IS NULL;
