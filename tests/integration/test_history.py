@@ -90,3 +90,16 @@ def test_the_sweep_ends_the_episodes_it_closes(conn: Conn, track: str) -> None:
     later = DUE + S + rule.sweep + S
     claim_all(conn, plan, later)
     assert history(conn)[0][-1] == later
+
+
+@pytest.mark.parametrize("track", ["table"])
+def test_a_table_claim_ends_the_episode_it_closes_between_sweeps(conn: Conn, track: str) -> None:
+    """track: table: an episode found ended at its re-notification time, by the claim
+    itself (the sweep ran seconds before and is not due)."""
+    plan = plans(conn, shop(conn, track))["order_unshipped"]
+    conn.execute("INSERT INTO orders VALUES (1, 7, 100, 'paid', %s)", (T0,))
+    assert claim_all(conn, plan, DUE + S) == 1
+    assert claim_all(conn, plan, DUE + 6 * H) == 0  # sweeps; #2 is due at DUE + 6 h + 1 s
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
+    claim_all(conn, plan, DUE + 6 * H + 2 * S)
+    assert history(conn)[0][-1] == DUE + 6 * H + 2 * S
