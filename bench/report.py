@@ -86,8 +86,8 @@ def load(conn: psycopg.Connection[tuple[object, ...]], episodes: int, days: int,
         "        d + interval '30 seconds',"
         "        CASE WHEN mod(g, 3) = 0 THEN d + mod(g, 30) * interval '1 minute' END,"
         "        CASE WHEN mod(g, 3) = 0 THEN 'ann' END,"
-        "        CASE WHEN mod(g, 20) <> 0 THEN d + mod(g::bigint * 7919, 36000) * interval '1 second'"
-        "        END"
+        "        CASE WHEN mod(g, 20) <> 0"
+        "             THEN d + mod(g::bigint * 7919, 36000) * interval '1 second' END"
         "   FROM generate_series(1, %(rows)s) g,"
         "        LATERAL (SELECT %(now)s::timestamptz"
         "                        - g * (%(days)s * interval '1 day' / %(rows)s) AS d) x",
