@@ -34,7 +34,7 @@ from benchdb import scratch_database
 
 from slawatch.config.rules import Rule
 from slawatch.engine.migrate import migrate
-from slawatch.operate.report import _REPORT, query, report
+from slawatch.operate.report import REPORT_SQL, query, report
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 
@@ -162,7 +162,7 @@ def main() -> None:
         for days in (args.days, 7):
             week = query(rules_for(args.rules), rule=None, since=f"{days}d", by="day", now=NOW)
             plan = conn.execute(
-                "EXPLAIN (FORMAT JSON) " + _REPORT,
+                "EXPLAIN (FORMAT JSON) " + REPORT_SQL,
                 params | {"start": week.start, "until": week.until},
             ).fetchone()
             assert plan is not None

@@ -49,7 +49,7 @@ DEFAULT_SINCE = "7d"
 MAX_PERIODS = 2000  # a report is for people: 83 days by hour, 5 years by day
 RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
-_REPORT = """\
+REPORT_SQL = """\
 WITH periods AS (
     SELECT p AS start FROM generate_series(%(start)s::timestamptz,
                                            %(until)s::timestamptz - interval '1 microsecond',
@@ -239,7 +239,7 @@ def report(conn: Connection, q: ReportQuery) -> Report:
         # The planner's guess for generate_series (1000 rows) prices the statement high
         # enough for JIT, whose compilation took 5 s of a 5.4 s report (bench/report.py).
         conn.execute("SET LOCAL jit = off")
-        rows = conn.execute(_REPORT, params).fetchall()
+        rows = conn.execute(REPORT_SQL, params).fetchall()
     dues: dict[str, dict[datetime, int] | None] = {}
     notes = []
     for rule in q.rules:

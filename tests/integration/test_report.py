@@ -129,12 +129,12 @@ def test_due_is_not_counted_without_an_index_on_the_deadline(
 
 def test_the_report_reads_indexes_never_a_table(history: dict[str, Rule], conn: Conn) -> None:
     """EXPLAIN of the statement over the history: no sequential scan of anything."""
-    from slawatch.operate.report import _REPORT
+    from slawatch.operate.report import REPORT_SQL
 
     q = query([history["order_unshipped"]], rule=None, since="1d", by="day", now=T0 + 30 * H)
     conn.execute("SET enable_seqscan = off")  # a tiny table: the planner may prefer a scan
     plan = conn.execute(
-        "EXPLAIN (FORMAT JSON) " + _REPORT,
+        "EXPLAIN (FORMAT JSON) " + REPORT_SQL,
         {"rules": [r.name for r in q.rules], "start": q.start, "until": q.until, "step": q.step},
     ).fetchone()
     assert plan is not None
