@@ -93,7 +93,7 @@ def reset(conn: psycopg.Connection[tuple[object, ...]]) -> None:
         "UPDATE bench_orders SET sw_bench_n = 0, sw_bench_next = NULL, sw_bench_seen = NULL,"
         " sw_bench_ep = 0 WHERE sw_bench_n > 0"
     )
-    conn.execute("TRUNCATE slawatch.alert, slawatch.delivery")
+    conn.execute("TRUNCATE slawatch.alert, slawatch.delivery, slawatch.episode")
     conn.execute("VACUUM ANALYZE bench_orders")
     conn.execute("CHECKPOINT")
 

@@ -174,6 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="the page after the one that printed this cursor",
     )
     _json_option(p)
+    p = command(
+        "report",
+        "the SLA report: per rule and period, due, breached, compliance, open, lateness,"
+        " time to acknowledge, actions",
+    )
+    p.add_argument("--rule", metavar="R", help="only this rule")
+    p.add_argument(
+        "--since", metavar="D", default="7d", help="how far back: a duration (default 7d)"
+    )
+    p.add_argument("--by", choices=["hour", "day", "week"], default="day", help="period")
+    p.add_argument(
+        "--format", choices=["table", "json", "csv"], default="table", help="output format"
+    )
     p = command("explain", "the claim's plan for a rule; exit 1 if it would read the table whole")
     p.add_argument("rule", metavar="RULE", type=_checked(check_rule_name), help="a rule's name")
     _json_option(p)

@@ -48,6 +48,10 @@ from slawatch.engine.migrate import (
 from slawatch.errors import BadInput, ConfigError, DatabaseError, DeliveryError
 from slawatch.operate.explain import explain
 from slawatch.operate.inspect import events_text, list_alerts, parse_since, rules_report
+from slawatch.operate.report import check_format
+from slawatch.operate.report import query as report_query
+from slawatch.operate.report import render as render_report
+from slawatch.operate.report import report as sla_report
 from slawatch.runtime.boot import database_dsn, load_config, load_event_sources, start_admin
 
 if TYPE_CHECKING:
@@ -84,6 +88,8 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
             cursor=args.cursor,
             as_json=args.json,
         )
+    if args.command == "report":
+        return cmd_report(settings, args.rule, args.since, args.by, args.format)
     if args.command == "explain":
         return cmd_explain(settings, args.rule, args.json)
     if args.command == "ack":
@@ -550,6 +556,15 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
     print(_table(header, rows, right=set(range(2, 11))))
     for note in notes:
         print(note)
+    return 0
+
+
+def cmd_report(settings: Settings, rule: str | None, since: str, by: str, fmt: str) -> int:
+    """The SLA report (operate/report.py) for the configured rules."""
+    rules = load_rules(settings.rules_dir)
+    wanted = report_query(rules, rule=rule, since=since, by=by, now=Clock().now())
+    with connect(database_dsn(settings)) as conn:
+        print(render_report(sla_report(conn, wanted), check_format(fmt)))
     return 0
 
 

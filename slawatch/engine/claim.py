@@ -333,7 +333,12 @@ def plan_claim(
         key=key_text,
         interval=interval,
         row=row,
-        outbox=outbox(severity, notify, acting=rule.action is not None),
+        outbox=outbox(
+            severity,
+            notify,
+            acting=rule.action is not None,
+            closed=sql.SQL("SELECT sw_key FROM closed"),
+        ),
         severities=sql.SQL(SEVERITIES),
         due=due_column(rule, key),
         partition_match=match("toid", "tid", "targets"),

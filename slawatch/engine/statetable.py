@@ -43,7 +43,14 @@ from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, one_statement, retry_conflicts, translate
 from slawatch.engine.acting import Act, parse_due
-from slawatch.engine.outbox import SEVERITIES, Tally, outbox, resolved, severities
+from slawatch.engine.outbox import (
+    SEVERITIES,
+    Tally,
+    history_ended,
+    outbox,
+    resolved,
+    severities,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +165,7 @@ WITH ended AS (
      WHERE {s_is_e} AND s.sw_seen = e.sw_seen AND s.sw_ep = e.sw_ep
     RETURNING {e_keys}, {e_key_text} AS key, e.sw_ep AS episode, e.sw_n AS n,
               e.sw_seen AS seen
-){resolved}
+){history}{resolved}
 SELECT (SELECT count(*) FROM closed),
        (SELECT pg_notify('slawatch_delivery', '') WHERE {wake})"""
 
@@ -327,7 +334,12 @@ def compose(
         first_next=first_next,
         again_interval=interval(sql.SQL("(s.sw_n + 1)")),
         seen_tz=as_tz(sql.Identifier("c", "seen")),
-        outbox=outbox(severity, notify, acting=rule.action is not None),
+        outbox=outbox(
+            severity,
+            notify,
+            acting=rule.action is not None,
+            closed=sql.SQL("SELECT key FROM closed"),
+        ),
         severities=sql.SQL(SEVERITIES),
         due=due or sql.SQL(""),
     )
@@ -342,6 +354,7 @@ def compose(
         td=td,
         open_when=open_when,
         resolved=close_resolved,
+        history=history_ended(sql.SQL("SELECT key FROM closed")),
         wake=close_wake,
     )
     return TablePlan(rule, claim, close)

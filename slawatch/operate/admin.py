@@ -130,6 +130,10 @@ from slawatch.operate.page import (
     render_login,
     render_page,
 )
+from slawatch.operate.report import DEFAULT_SINCE, Report, check_format
+from slawatch.operate.report import query as report_query
+from slawatch.operate.report import render as render_report
+from slawatch.operate.report import report as sla_report
 from slawatch.operate.session import close_session, open_session, session_valid, well_formed
 from slawatch.outage import Outage
 
@@ -806,6 +810,28 @@ def create_app(
         """The latest attempts of rules' actions (DESIGN.md §8), newest first."""
         name = None if rule is None else check_rule_name(rule)
         return read("actions", lambda c: list_actions(c, name, status, limit))
+
+    @app.get("/v1/report", response_model=Report, tags=["report"])
+    def get_report(
+        rule: Annotated[str | None, Query(max_length=100, description="only this rule")] = None,
+        since: Annotated[
+            str, Query(max_length=100, description="how far back: a duration (7d)")
+        ] = DEFAULT_SINCE,
+        by: Annotated[str, Query(max_length=20, description="hour, day or week")] = "day",
+        format: Annotated[
+            str, Query(max_length=20, description="json (default), csv or table")
+        ] = "json",
+    ) -> Response:
+        """The SLA report (DESIGN.md §9): per rule and period, from the episode history."""
+        fmt = check_format(format)
+        wanted = report_query(
+            list(configured().values()), rule=rule, since=since, by=by, now=clock.now()
+        )
+        got = read("report", lambda c: sla_report(c, wanted))
+        if fmt == "json":
+            return Response(got.model_dump_json(), media_type="application/json")
+        media = "text/csv" if fmt == "csv" else "text/plain"
+        return Response(render_report(got, fmt) + "\n", media_type=f"{media}; charset=utf-8")
 
     @app.get("/v1/stats", response_model=Stats, tags=["alerts"])
     def get_stats() -> Stats:

@@ -109,7 +109,8 @@ def _statements(plan: ClaimPlan, now: datetime) -> list[tuple[str, sql.Composed,
     since = plan.to_deadline(rule.cutoff(now) - lookback(rule))
     return [
         ("claim", plan.table.claim, params | {"since": since}),
-        ("sweep", plan.table.close, {}),
+        # The sweep ends the episodes it closes in the history: at now, for this rule.
+        ("sweep", plan.table.close, {"now": params["now"], "rule": params["rule"]}),
     ]
 
 

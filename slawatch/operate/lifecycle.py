@@ -310,6 +310,8 @@ def ack(db: Database, alert: str, *, by: str, comment: str, now: datetime) -> Ac
             params = where | {"alert_id": row["id"], "now": now, "by": by, "comment": comment}
             added = conn.execute(q["add_ack"], params).fetchone()
             state: AckState = "acknowledged"
+            if added is not None:
+                conn.execute(q["history_ack"], params)
             if added is None:  # acked before: the first ack stands
                 added = conn.execute(q["get_ack"], where).fetchone()
                 state = "already acknowledged"

@@ -1,5 +1,6 @@
 """The on-call page at ``/`` of the admin server: each rule's state, a chart of its
-alerts per hour, the recent alerts with their deliveries, the attempts of the
+alerts per hour, the SLA chart (breaches per day and compliance, drawn by
+``web/page.js`` from ``/v1/report``), the recent alerts with their deliveries, the attempts of the
 action each triggered, acks and silences.
 
 Rendered on the server with f-strings, every value through :func:`esc`
@@ -381,6 +382,11 @@ def render_page(view: View) -> str:
 <th>Pending</th><th>Dead</th><th>Alerts per hour, last 24 h</th><th></th></tr></thead>
 <tbody>{rows}</tbody>
 </table>
+</section>
+<section id="sla"><h2>SLA, last 7 days</h2>
+<p class="muted">Episodes that fell due each day (bars) and the compliance where due
+deadlines are counted (line), from <a href="/v1/report?by=day&amp;since=7d">/v1/report</a>.</p>
+<div class="sla-charts" data-src="/v1/report?by=day&amp;since=7d"></div>
 </section>
 <section id="silences"><h2>Active silences</h2>
 <ul class="silences">{silences}</ul>

@@ -58,6 +58,7 @@ class PruneResult:
     orphans: int = 0  # of the acks, those whose alert was gone already
     timers: int = 0  # event rules' closed timers (and stops that never met their start)
     event_ids: int = 0  # event ids older than the dedupe window
+    episodes: int = 0  # the episode history's rows of episodes ended before the window
 
     def __iadd__(self, other: PruneResult) -> PruneResult:
         self.alerts += other.alerts
@@ -68,26 +69,31 @@ class PruneResult:
         self.orphans += other.orphans
         self.timers += other.timers
         self.event_ids += other.event_ids
+        self.episodes += other.episodes
         return self
 
     def full(self, batch: int) -> bool:
         """Some part of a batch came back full: there may be more of it."""
-        return max(self.alerts, self.orphans, self.silences) >= batch
+        return max(self.alerts, self.orphans, self.silences, self.episodes) >= batch
 
 
 def prune_batch(conn: Connection, cutoff: datetime, batch: int = BATCH) -> PruneResult:
     """Remove, in one statement, at most ``batch`` alerts fired before ``cutoff`` (none
     with a pending delivery, none named by an ack from after ``cutoff``) with their
     deliveries and acks, at most ``batch`` acks from before ``cutoff`` whose alert is
-    gone, and at most ``batch`` silences that ended before ``cutoff``.
+    gone, and at most ``batch`` silences that ended before ``cutoff``; then, in a second
+    statement, at most ``batch`` episodes of the history that ended before ``cutoff``.
 
-    ``conn`` is an autocommit connection: the statement is its own transaction.
+    ``conn`` is an autocommit connection: each statement is its own transaction.
     """
-    row = conn.execute(queries()["prune_history"], {"cutoff": cutoff, "batch": batch}).fetchone()
+    params = {"cutoff": cutoff, "batch": batch}
+    row = conn.execute(queries()["prune_history"], params).fetchone()
+    episodes = conn.execute(queries()["prune_episodes"], params).rowcount
     if row is None:
-        return PruneResult(batches=1)
+        return PruneResult(batches=1, episodes=episodes)
     alerts, deliveries, acks, orphans, silences = (int(v) for v in row)
     return PruneResult(
+        episodes=episodes,
         alerts=alerts,
         deliveries=deliveries,
         batches=1,

@@ -349,6 +349,15 @@ SELECT count(*) FROM settled;
 -- wake_deliveries --
 SELECT pg_notify('slawatch_delivery', '');
 
+-- prune_episodes --
+-- One bounded batch of the episode history (maintain.py): episodes that ended before the
+-- cutoff, oldest first through episode_ended. An open episode is kept however old.
+DELETE FROM slawatch.episode WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM slawatch.episode
+     WHERE ended_at < %(cutoff)s AND ended_at IS NOT NULL
+     ORDER BY ended_at
+     LIMIT %(batch)s));
+
 -- prune_history --
 -- One bounded batch of history (maintain.py): alerts fired before the cutoff none
 -- of whose deliveries is pending, removed with their deliveries. Old alerts are
@@ -467,6 +476,11 @@ INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by, comm
 VALUES (%(rule)s, %(key)s, %(episode)s, %(alert_id)s, %(now)s, %(by)s, %(comment)s)
 ON CONFLICT (rule, key, episode) DO NOTHING
 RETURNING acked_at, acked_by, comment;
+
+-- history_ack --
+-- The episode history (0006_episode_history.sql) keeps the first ack of each episode.
+UPDATE slawatch.episode SET acked_at = %(now)s, acked_by = %(by)s
+ WHERE rule = %(rule)s AND key = %(key)s AND episode = %(episode)s AND acked_at IS NULL;
 
 -- get_ack --
 SELECT acked_at, acked_by, comment FROM slawatch.ack

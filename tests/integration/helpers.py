@@ -110,7 +110,8 @@ def unversioned(conn: Conn) -> None:
     (0002_trust.sql on) added goes too: the previous release had none of it."""
     conn.execute(
         "DROP TABLE slawatch.schema_version;"
-        " DROP TABLE IF EXISTS slawatch.session, slawatch.event_seen, slawatch.action;"
+        " DROP TABLE IF EXISTS slawatch.session, slawatch.event_seen, slawatch.action,"
+        " slawatch.episode;"
         " DROP INDEX IF EXISTS slawatch.delivery_orphaned, slawatch.ack_acked_at;"
         # 0005_action_webhook.sql's trigger on the outbox and its function.
         " DROP TRIGGER IF EXISTS action_settled ON slawatch.delivery;"

@@ -310,6 +310,7 @@ def test_openapi_document(rules: list[Rule], start: Start) -> None:
         "/v1/alerts/{alert}",
         "/v1/actions",
         "/v1/stats",
+        "/v1/report",
         "/v1/replay",
         "/v1/alerts/{alert}/ack",
         "/v1/silences",

@@ -226,3 +226,31 @@ def test_the_page_works_at_localhost_and_a_logout_ends_the_session(
     # The id the browser held is worth nothing now, wherever it is replayed from.
     replayed = httpx.get(f"{server.url}/v1/rules", cookies={COOKIE: session})
     assert replayed.status_code == 401
+
+
+def test_the_sla_chart_shows_breaches_per_day_and_the_compliance_line(
+    conn: Conn, servers: Servers, open_tab: Open
+) -> None:
+    """Drawn by page.js from /v1/report: a bar per day (the 2 episodes due on the last
+    day), and the compliance where deadlines are counted (an index on paid_at): 100 %
+    the day before (one order due, shipped in time), 0 % on the last day."""
+    from playwright.sync_api import expect
+
+    found = seeded(conn, users=(7, 8))
+    conn.execute("CREATE INDEX orders_paid_at ON orders (paid_at)")
+    conn.execute("INSERT INTO orders VALUES (3, 9, 1003, 'shipped', %s)", (T0 - 24 * H,))
+    tab = open_tab()
+    tab.goto(servers.start(found.listed).url)
+    expect(tab.locator('.sla-charts[data-loaded="1"]')).to_be_attached()
+    figure = tab.locator('figure.sla[data-rule="order_unshipped"]')
+    expect(figure).to_be_visible()
+    bars = figure.locator("rect.breached")
+    assert bars.count() == 8  # 7 days back, and today
+    assert [bars.nth(i).get_attribute("data-breached") for i in range(8)] == ["0"] * 7 + ["2"]
+    assert int(bars.nth(7).get_attribute("height") or 0) > 0
+    assert int(bars.nth(6).get_attribute("height") or 0) == 0
+    points = (figure.locator("polyline.compliance").get_attribute("points") or "").split()
+    assert [float(p.split(",")[1]) for p in points] == [1.0, 59.0]  # 100 %, then 0 %
+    expect(figure.locator("figcaption")).to_have_text("order_unshipped: 2 breached")
+    # Rules without episodes get their (empty) chart too.
+    expect(tab.locator('figure.sla[data-rule="job_hung"]')).to_be_visible()

@@ -597,7 +597,35 @@ def test_the_index_retention_reads_acks_by_is_part_of_the_schema(outbox: Conn) -
         "DROP TRIGGER action_settled ON slawatch.delivery;"
         " DROP FUNCTION slawatch.action_delivery_settled()"
     )
+    outbox.execute("DROP TABLE slawatch.episode")  # 0006_episode_history.sql
     assert not schema_current(outbox)
     migrate(outbox, [])
     assert schema_current(outbox)
     assert outbox.execute("SELECT to_regclass('slawatch.ack_acked_at')").fetchone() != (None,)
+
+
+def test_episodes_ended_before_the_window_go_in_batches_and_open_ones_stay(
+    outbox: Conn, db: Database
+) -> None:
+    """The episode history (0006_episode_history.sql): an ended episode goes a window
+    after it ended; an open one stays however old it is."""
+    cutoff = NOW - RETENTION
+
+    def episode(key: str, notified: datetime, ended: datetime | None) -> None:
+        outbox.execute(
+            "INSERT INTO slawatch.episode (rule, key, episode, deadline, due_at, notified_at,"
+            " ended_at) VALUES ('late', %s, 1, %s, %s, %s, %s)",
+            (key, notified, notified, notified, ended),
+        )
+
+    for i in range(3):
+        episode(f"old{i}", cutoff - 9 * DAY, cutoff - timedelta(seconds=i + 1))
+    episode("at_cutoff", cutoff - 9 * DAY, cutoff)
+    episode("open", cutoff - 300 * DAY, None)
+    episode("recent", NOW - DAY, NOW)
+
+    result = prune(db, FixedClock(NOW), RETENTION, batch=2)
+
+    left = {r[0] for r in outbox.execute("SELECT key FROM slawatch.episode").fetchall()}
+    assert left == {"at_cutoff", "open", "recent"}
+    assert (result.episodes, result.batches) == (3, 2)

@@ -83,6 +83,66 @@
     }
   });
 
+  // The SLA chart: per rule, the episodes that fell due each period (bars, scaled to
+  // the busiest period of all rules) and the compliance (a line from 0 to 100 %),
+  // drawn from /v1/report. Every value reaches the page as an attribute or textContent.
+  const SVG = "http://www.w3.org/2000/svg";
+  function svg(name, attrs) {
+    const node = document.createElementNS(SVG, name);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+    return node;
+  }
+
+  function slaChart(rule, rows, top) {
+    const W = 24, H = 60, figure = document.createElement("figure");
+    figure.className = "sla";
+    figure.dataset.rule = rule;
+    const chart = svg("svg", { viewBox: `0 0 ${rows.length * W} ${H}`, role: "img" });
+    const points = [];
+    rows.forEach((row, i) => {
+      const h = row.breached === 0 ? 0 : Math.max(1, Math.round((row.breached / top) * (H - 4)));
+      const bar = svg("rect", {
+        class: "breached", x: i * W + 4, y: H - h, width: W - 8, height: h,
+        "data-period": row.period, "data-breached": row.breached,
+      });
+      const title = svg("title", {});
+      const compliance = row.compliance === null ? "not counted" : `${(row.compliance * 100).toFixed(1)} %`;
+      title.textContent = `${row.period.slice(0, 10)}: ${row.breached} breached, compliance ${compliance}`;
+      bar.appendChild(title);
+      chart.appendChild(bar);
+      if (row.compliance !== null) points.push(`${i * W + W / 2},${(1 - row.compliance) * (H - 2) + 1}`);
+    });
+    if (points.length) {
+      chart.appendChild(svg("polyline", { class: "compliance", points: points.join(" ") }));
+    }
+    const total = rows.reduce((n, r) => n + r.breached, 0);
+    chart.setAttribute("aria-label", `${rule}: ${total} breached over ${rows.length} periods`);
+    const caption = document.createElement("figcaption");
+    caption.textContent = `${rule}: ${total} breached`;
+    figure.append(chart, caption);
+    return figure;
+  }
+
+  const slaBox = document.querySelector(".sla-charts[data-src]");
+  if (slaBox) {
+    fetch(slaBox.dataset.src, { credentials: "same-origin" })
+      .then((r) => (r.ok ? r.json() : Promise.reject(new Error(`HTTP ${r.status}`))))
+      .then((report) => {
+        const byRule = new Map();
+        for (const row of report.rows) {
+          if (!byRule.has(row.rule)) byRule.set(row.rule, []);
+          byRule.get(row.rule).push(row);
+        }
+        const top = Math.max(1, ...report.rows.map((r) => r.breached));
+        for (const [rule, rows] of byRule) slaBox.appendChild(slaChart(rule, rows, top));
+        slaBox.dataset.loaded = "1";
+      })
+      .catch((e) => {
+        slaBox.textContent = `SLA report unavailable: ${e.message}`;
+        slaBox.dataset.loaded = "error";
+      });
+  }
+
   const form = document.getElementById("silence-form");
   if (form) {
     form.addEventListener("submit", (event) => {

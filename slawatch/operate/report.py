@@ -1,0 +1,401 @@
+"""The SLA report (DESIGN.md §9): per rule and period, how many deadlines fell due,
+how many episodes were breached, the compliance, what was open at the period's end,
+how late episodes ended and how fast they were acknowledged, and the actions' outcome.
+
+Everything but ``due`` comes from slawatch's own episode history (``slawatch.episode``,
+0006_episode_history.sql) in one statement: periods from ``generate_series``, the
+episodes that fell due in the window read through ``episode_due``, those that ended in
+it through ``episode_ended``, those still open through ``episode_open``, each grouped
+per period with ``percentile_cont``; ``open`` is a running sum (open before the window,
+plus breached, less ended), so no period is joined to every episode.
+
+``due`` counts deadlines, which live in the watched table (an event rule's: its timer
+table). It is counted only where an index on the deadline column covers every row (a
+btree index led by it, with no WHERE: the rule's own partial indexes hold only open
+rows), one index range scan per rule; otherwise ``due`` and ``compliance`` are unknown
+(``-`` in the table, null in JSON) and the report says why: it never reads a watched
+table without an index.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal, cast, get_args
+from zoneinfo import ZoneInfo
+
+from psycopg import sql
+from pydantic import BaseModel
+
+from slawatch.config.durations import parse_duration
+from slawatch.config.files import shorten
+from slawatch.config.rules import Rule
+from slawatch.db import Connection, translate
+from slawatch.engine.catalog import inspect_table, table_ident
+from slawatch.errors import BadInput
+
+By = Literal["hour", "day", "week"]
+Format = Literal["table", "json", "csv"]
+STEPS: dict[str, timedelta] = {
+    "hour": timedelta(hours=1),
+    "day": timedelta(days=1),
+    "week": timedelta(weeks=1),
+}
+DEFAULT_SINCE = "7d"
+MAX_PERIODS = 2000  # a report is for people: 83 days by hour, 5 years by day
+RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+REPORT_SQL = """\
+WITH periods AS (
+    SELECT p AS start FROM generate_series(%(start)s::timestamptz,
+                                           %(until)s::timestamptz - interval '1 microsecond',
+                                           %(step)s::interval) p
+), rules AS (
+    SELECT unnest(%(rules)s::text[]) AS rule
+), fell AS (
+    -- Episodes that fell due in each period: breached; how late those that ended did
+    -- end (due -> end), how soon those acknowledged were (first notice -> ack).
+    SELECT e.rule, date_bin(%(step)s::interval, e.due_at, %(start)s::timestamptz) AS start,
+           count(*) AS breached,
+           percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (
+               ORDER BY extract(epoch FROM e.ended_at - e.due_at))
+               FILTER (WHERE e.ended_at IS NOT NULL) AS late,
+           percentile_cont(ARRAY[0.5, 0.9]) WITHIN GROUP (
+               ORDER BY extract(epoch FROM e.acked_at - e.notified_at))
+               FILTER (WHERE e.acked_at IS NOT NULL) AS ack
+      FROM slawatch.episode e
+     WHERE e.rule = ANY (%(rules)s::text[])
+       AND e.due_at >= %(start)s::timestamptz AND e.due_at < %(until)s::timestamptz
+     GROUP BY 1, 2
+), ended AS (
+    -- Episodes that ended in each period; `before`: of those, the ones due before the
+    -- window, which were open at its start.
+    SELECT e.rule, date_bin(%(step)s::interval, e.ended_at, %(start)s::timestamptz) AS start,
+           count(*) AS ended,
+           count(*) FILTER (WHERE e.due_at < %(start)s::timestamptz) AS before
+      FROM slawatch.episode e
+     WHERE e.ended_at >= %(start)s::timestamptz AND e.ended_at < %(until)s::timestamptz
+       AND e.rule = ANY (%(rules)s::text[])
+     GROUP BY 1, 2
+), still AS (
+    -- Episodes due before the window and open now.
+    SELECT e.rule, count(*) AS still
+      FROM slawatch.episode e
+     WHERE e.rule = ANY (%(rules)s::text[]) AND e.ended_at IS NULL
+       AND e.due_at < %(start)s::timestamptz
+     GROUP BY 1
+), acted AS (
+    SELECT a.rule, date_bin(%(step)s::interval, a.at, %(start)s::timestamptz) AS start,
+           count(*) FILTER (WHERE a.status = 'ok') AS ok,
+           count(*) FILTER (WHERE a.status = 'failed') AS failed
+      FROM slawatch.action a
+     WHERE a.at >= %(start)s::timestamptz AND a.at < %(until)s::timestamptz
+       AND a.rule = ANY (%(rules)s::text[])
+     GROUP BY 1, 2
+), carried AS (
+    SELECT r.rule, COALESCE((SELECT s.still FROM still s WHERE s.rule = r.rule), 0)
+                   + COALESCE((SELECT sum(x.before) FROM ended x WHERE x.rule = r.rule), 0)
+                   AS open
+      FROM rules r
+)
+SELECT r.rule, p.start, COALESCE(f.breached, 0) AS breached,
+       (c.open + sum(COALESCE(f.breached, 0)) OVER w - sum(COALESCE(x.ended, 0)) OVER w)::bigint
+           AS open,
+       f.late, f.ack, COALESCE(a.ok, 0) AS ok, COALESCE(a.failed, 0) AS failed
+  FROM rules r CROSS JOIN periods p
+  JOIN carried c ON c.rule = r.rule
+  LEFT JOIN fell f ON f.rule = r.rule AND f.start = p.start
+  LEFT JOIN ended x ON x.rule = r.rule AND x.start = p.start
+  LEFT JOIN acted a ON a.rule = r.rule AND a.start = p.start
+WINDOW w AS (PARTITION BY r.rule ORDER BY p.start)
+ ORDER BY r.rule, p.start"""
+
+# The deadline column is indexed for every row: a valid btree index, without a WHERE,
+# whose first column it is (a partitioned table's own index counts: each partition has one).
+_INDEXED = """\
+SELECT EXISTS (
+    SELECT 1 FROM pg_index i
+      JOIN pg_class c ON c.oid = i.indexrelid
+      JOIN pg_am m ON m.oid = c.relam
+      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+     WHERE i.indrelid = %(table)s::regclass AND i.indpred IS NULL AND i.indisvalid
+       AND m.amname = 'btree' AND a.attname = %(column)s)"""
+
+# Deadlines that fell due (deadline + after) in each period, read through that index.
+_DUE = """\
+SELECT date_bin(%(step)s::interval, {d_tz} + %(after)s::interval, %(start)s::timestamptz),
+       count(*)
+  FROM {table}
+ WHERE {d} >= %(low)s AND {d} < %(high)s
+ GROUP BY 1"""
+
+
+class ReportRow(BaseModel):
+    """One rule in one period. Durations in seconds; null: nothing to measure."""
+
+    rule: str
+    period: datetime  # the period's start (UTC)
+    due: int | None  # null: not counted (see the report's notes)
+    breached: int
+    compliance: float | None  # 1 - breached / due
+    open: int  # episodes open at the period's end (or now, for the current period)
+    late_p50: float | None
+    late_p90: float | None
+    late_p99: float | None
+    ack_p50: float | None
+    ack_p90: float | None
+    actions_ok: int | None  # null: the rule has no action
+    actions_failed: int | None
+
+
+class Report(BaseModel):
+    """The SLA report: periods of ``by`` from ``start`` to ``until`` (UTC)."""
+
+    by: By
+    start: datetime
+    until: datetime
+    rows: list[ReportRow]
+    notes: list[str]  # why a rule's due is not counted
+
+
+@dataclass(frozen=True)
+class ReportQuery:
+    """A checked report request."""
+
+    rules: list[Rule]
+    start: datetime
+    until: datetime
+    by: By
+
+    @property
+    def step(self) -> timedelta:
+        return STEPS[self.by]
+
+
+def check_format(text: str) -> Format:
+    """``text`` if it is a report format, else BadInput."""
+    if text not in get_args(Format):
+        raise BadInput(f"format: {shorten(text)} is not one of table, json, csv")
+    return cast(Format, text)
+
+
+def query(
+    rules: list[Rule], *, rule: str | None, since: str | None, by: str | None, now: datetime
+) -> ReportQuery:
+    """Check a report's parameters against the configured ``rules``; BadInput names the
+    first bad one. Periods are aligned to UTC hours, days, or weeks from Monday; the
+    first is the one ``since`` before ``now`` falls in, the last the one ``now`` is in."""
+    by = by or "day"
+    if by not in STEPS:
+        raise BadInput(f"by: {shorten(by)} is not one of hour, day, week")
+    try:
+        window = parse_duration((since or DEFAULT_SINCE).strip())
+    except ValueError as exc:
+        raise BadInput(f"since: {shorten(since or '')}: {exc}") from None
+    if window <= timedelta(0):
+        raise BadInput(f"since: {shorten(since or '')} must be more than 0")
+    chosen = rules
+    if rule is not None:
+        if not RULE_NAME.fullmatch(rule):
+            raise BadInput(f"rule: {shorten(rule)} is not a rule name ([a-z][a-z0-9_]{{0,39}})")
+        chosen = [r for r in rules if r.name == rule]
+        if not chosen:
+            raise BadInput(f"rule: no rule named {rule!r}")
+    step = STEPS[by]
+    now = now.astimezone(UTC)
+    start = _floor(now - window, cast(By, by))
+    until = _floor(now, cast(By, by)) + step
+    if (until - start) / step > MAX_PERIODS:
+        raise BadInput(
+            f"since: {shorten(since or '')} by {by} is more than {MAX_PERIODS} periods;"
+            " report by a longer period"
+        )
+    return ReportQuery(sorted(chosen, key=lambda r: r.name), start, until, cast(By, by))
+
+
+def _floor(t: datetime, by: By) -> datetime:
+    """The start of the UTC hour, day or week (from Monday) ``t`` falls in."""
+    t = t.replace(minute=0, second=0, microsecond=0)
+    if by == "hour":
+        return t
+    t = t.replace(hour=0)
+    return t if by == "day" else t - timedelta(days=t.weekday())
+
+
+def report(conn: Connection, q: ReportQuery) -> Report:
+    """The report for ``q``: one statement over the episode history, and one index range
+    scan per rule whose deadline is indexed for ``due``."""
+    params = {
+        "rules": [r.name for r in q.rules],
+        "start": q.start,
+        "until": q.until,
+        "step": q.step,
+    }
+    with translate("reading the episode history"), conn.transaction():
+        # The planner's guess for generate_series (1000 rows) prices the statement high
+        # enough for JIT, whose compilation took 5 s of a 5.4 s report (bench/report.py).
+        conn.execute("SET LOCAL jit = off")
+        rows = conn.execute(REPORT_SQL, params).fetchall()
+    dues: dict[str, dict[datetime, int] | None] = {}
+    notes = []
+    for rule in q.rules:
+        dues[rule.name], note = _due(conn, rule, q)
+        if note:
+            notes.append(note)
+    by_name = {r.name: r for r in q.rules}
+    out = []
+    for name, start, breached, open_, late, ack, ok, failed in rows:
+        due_counts = dues[name]
+        due = None if due_counts is None else due_counts.get(start, 0)
+        compliance = None if not due else max(0.0, 1 - breached / due)
+        late = late or [None, None, None]
+        ack = ack or [None, None]
+        acting = by_name[name].action is not None
+        out.append(
+            ReportRow(
+                rule=name,
+                period=start,
+                due=due,
+                breached=breached,
+                compliance=compliance,
+                open=open_,
+                late_p50=late[0],
+                late_p90=late[1],
+                late_p99=late[2],
+                ack_p50=ack[0],
+                ack_p90=ack[1],
+                actions_ok=ok if acting else None,
+                actions_failed=failed if acting else None,
+            )
+        )
+    return Report(by=q.by, start=q.start, until=q.until, rows=out, notes=notes)
+
+
+def _due(conn: Connection, rule: Rule, q: ReportQuery) -> tuple[dict[datetime, int] | None, str]:
+    """Deadlines of ``rule`` due in each period, or None and why they are not counted."""
+    info = inspect_table(conn, rule.schema_name, rule.table_name)
+    kind = info.columns.get(rule.deadline) if info is not None else None
+    if info is None or kind not in ("timestamp with time zone", "timestamp without time zone"):
+        return None, f"{rule.name}: due not counted: {rule.table}.{rule.deadline} is not there"
+    table = table_ident(rule)
+    with translate(f"reading the indexes of {rule.table}"):
+        row = conn.execute(
+            _INDEXED, {"table": table.as_string(conn), "column": rule.deadline}
+        ).fetchone()
+    if not (row and row[0]):
+        return None, (
+            f"{rule.name}: due not counted: no index on {rule.table} ({rule.deadline}) for every"
+            " row; create one to count it"
+        )
+    d = sql.Identifier(rule.deadline)
+    low, high = q.start - rule.after, q.until - rule.after
+    if kind == "timestamp with time zone":
+        d_tz: sql.Composable = d
+    else:  # wall time in the rule's zone: compare like with like, so the index is used
+        d_tz = sql.SQL("({} AT TIME ZONE {})").format(d, sql.Literal(rule.timezone))
+        zone = ZoneInfo(rule.timezone)
+        low = low.astimezone(zone).replace(tzinfo=None)
+        high = high.astimezone(zone).replace(tzinfo=None)
+    statement = sql.SQL(_DUE).format(d_tz=d_tz, table=table, d=d)
+    params = {"step": q.step, "start": q.start, "after": rule.after, "low": low, "high": high}
+    with translate(f"counting the deadlines of rule {rule.name}"):
+        got = conn.execute(statement, params).fetchall()
+    return {start: int(n) for start, n in got}, ""
+
+
+# ---------------------------------------------------------------- output
+
+COLUMNS = [
+    "rule",
+    "period",
+    "due",
+    "breached",
+    "compliance",
+    "open",
+    "late_p50",
+    "late_p90",
+    "late_p99",
+    "ack_p50",
+    "ack_p90",
+    "actions_ok",
+    "actions_failed",
+]
+
+
+def as_json(r: Report) -> str:
+    return r.model_dump_json(indent=2)
+
+
+def as_csv(r: Report) -> str:
+    """One line per rule and period, durations in seconds, empty when unknown."""
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(COLUMNS)
+    for row in r.rows:
+        values = json.loads(row.model_dump_json())
+        out.writerow(["" if values[c] is None else values[c] for c in COLUMNS])
+    return buf.getvalue()
+
+
+def as_table(r: Report) -> str:
+    """The report for people: ``-`` where a figure is unknown, notes below."""
+    header = ["rule", "period (UTC)", "due", "breached", "compliance", "open"]
+    header += ["late p50", "p90", "p99", "ack p50", "p90", "actions ok/failed"]
+    stamp = "%Y-%m-%d %H:%M" if r.by == "hour" else "%Y-%m-%d"
+    lines = []
+    for row in r.rows:
+        lines.append(
+            [
+                row.rule,
+                row.period.astimezone(UTC).strftime(stamp),
+                _n(row.due),
+                str(row.breached),
+                "-" if row.compliance is None else f"{row.compliance:.1%}",
+                str(row.open),
+                *(_d(v) for v in (row.late_p50, row.late_p90, row.late_p99)),
+                *(_d(v) for v in (row.ack_p50, row.ack_p90)),
+                "-" if row.actions_ok is None else f"{row.actions_ok}/{row.actions_failed}",
+            ]
+        )
+    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
+    text = [
+        "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(x, widths, strict=True))
+        )
+        for x in [header, *lines]
+    ]
+    if not lines:
+        text.append("no rules")
+    text += [f"- {note}" for note in r.notes]
+    return "\n".join(t.rstrip() for t in text)
+
+
+def _n(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _d(seconds: float | None) -> str:
+    """A duration for a cell: its two largest units (``2h05m``, ``45s``)."""
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    parts = [(s // 86400, "d"), (s % 86400 // 3600, "h"), (s % 3600 // 60, "m"), (s % 60, "s")]
+    while len(parts) > 1 and parts[0][0] == 0:
+        parts.pop(0)
+    head = parts[:2]
+    return f"{head[0][0]}{head[0][1]}" + (
+        f"{head[1][0]:02d}{head[1][1]}" if len(head) > 1 and head[1][0] else ""
+    )
+
+
+def render(r: Report, fmt: Format) -> str:
+    if fmt == "json":
+        return as_json(r)
+    if fmt == "csv":
+        return as_csv(r).rstrip("\n")
+    return as_table(r)

@@ -1,0 +1,318 @@
+"""The SLA report (DESIGN.md §9, operate/report.py): figures per rule and period from
+the episode history that real claims, acks and ends wrote with the clock moved through
+the periods; the CLI's formats; GET /v1/report and its 400s."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from slawatch.config.rules import Rule, load_rules
+from slawatch.db import Database
+from slawatch.errors import BadInput
+from slawatch.operate.admin import AdminServer, create_app, serve_in_thread
+from slawatch.operate.lifecycle import ack
+from slawatch.operate.report import ReportRow, as_table, query, report
+from tests.conftest import ROOT
+from tests.integration.helpers import Conn, claim_all, plans, shop
+from tests.integration.test_cli import assert_one_line_error, slawatch
+
+T0 = datetime(2026, 3, 2, tzinfo=UTC)  # a Monday, 00:00 UTC
+H = timedelta(hours=1)
+M = timedelta(minutes=1)
+AFTER = 48 * H  # order_unshipped: due 48 h after paid_at
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[Database]:
+    with Database(dsn, size=2, timeout=10) as d:
+        yield d
+
+
+def paid(conn: Conn, order: int, due: datetime) -> None:
+    conn.execute("INSERT INTO orders VALUES (%s, 7, 100, 'paid', %s)", (order, due - AFTER))
+
+
+def ship(conn: Conn, order: int) -> None:
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = %s", (order,))
+
+
+@pytest.fixture
+def history(conn: Conn, db: Database) -> dict[str, Rule]:
+    """order_unshipped through two days, claimed as the clock moves (inline tracking):
+
+    day 0: orders 1, 2, 3 fall due at 01:00, 6 at 03:00, 4 at 02:00 (shipped at 00:30:
+    due, never breached). 1 is acked 10 min after its notice and ships at 02:00 (1 h
+    late), 2 ships at 04:00 (3 h), 6 ships at 02:00 on day 1 (23 h), 3 never ships.
+    day 1: order 5 falls due at 01:00 and stays open.
+    """
+    rules = shop(conn)
+    conn.execute("CREATE INDEX orders_paid_at ON orders (paid_at)")  # so `due` is counted
+    plan = plans(conn, rules)["order_unshipped"]
+    for order in (1, 2, 3):
+        paid(conn, order, T0 + H)
+    paid(conn, 4, T0 + 2 * H)
+    paid(conn, 5, T0 + 25 * H)
+    paid(conn, 6, T0 + 3 * H)
+    ship(conn, 4)
+    assert claim_all(conn, plan, T0 + H + M) == 3
+    ack(db, "order_unshipped:1:e1:n1", by="ann", comment="", now=T0 + H + 11 * M)
+    ship(conn, 1)
+    claim_all(conn, plan, T0 + 2 * H)
+    assert claim_all(conn, plan, T0 + 3 * H + M) == 1  # order 6
+    ship(conn, 2)
+    claim_all(conn, plan, T0 + 4 * H)
+    claim_all(conn, plan, T0 + 25 * H + M)  # order 5
+    ship(conn, 6)
+    claim_all(conn, plan, T0 + 26 * H)
+    return rules
+
+
+def rows(db: Database, rules: dict[str, Rule], **kw: Any) -> list[ReportRow]:
+    q = query([rules["order_unshipped"]], rule=None, **kw)
+    return db.run("report", lambda c: report(c, q)).rows
+
+
+def test_figures_per_day_from_a_known_history(history: dict[str, Rule], db: Database) -> None:
+    day0, day1 = rows(db, history, since="1d", by="day", now=T0 + 30 * H)
+    assert (day0.period, day1.period) == (T0, T0 + 24 * H)
+    assert (day0.due, day0.breached, day0.open) == (5, 4, 2)  # 3 and 6 open at 24:00
+    assert day0.compliance == pytest.approx(1 - 4 / 5)
+    # Lateness of the episodes that ended (1 h, 3 h, 23 h): percentile_cont.
+    assert day0.late_p50 == pytest.approx(3 * 3600)
+    assert day0.late_p90 == pytest.approx((3 + 0.8 * 20) * 3600)
+    assert day0.late_p99 == pytest.approx((3 + 0.98 * 20) * 3600)
+    assert (day0.ack_p50, day0.ack_p90) == (600, 600)
+    assert (day1.due, day1.breached, day1.open, day1.compliance) == (1, 1, 2, 0.0)
+    assert (day1.late_p50, day1.ack_p50) == (None, None)
+    assert (day0.actions_ok, day0.actions_failed) == (None, None)  # no action
+
+
+def test_open_carries_over_from_before_the_window(history: dict[str, Rule], db: Database) -> None:
+    """Day 1 alone: 3 and 6 were open at its start (6 ends in it), 5 opens in it."""
+    (day1,) = rows(db, history, since="6h", by="day", now=T0 + 30 * H)
+    assert (day1.period, day1.breached, day1.open) == (T0 + 24 * H, 1, 2)
+
+
+def test_figures_per_hour(history: dict[str, Rule], db: Database) -> None:
+    got = rows(db, history, since="4h", by="hour", now=T0 + 4 * H)
+    assert [r.period for r in got] == [T0 + i * H for i in range(5)]
+    assert [r.due for r in got] == [0, 3, 1, 1, 0]
+    assert [r.breached for r in got] == [0, 3, 0, 1, 0]
+    assert [r.open for r in got] == [0, 3, 2, 3, 2]
+
+
+def test_due_is_not_counted_without_an_index_on_the_deadline(
+    history: dict[str, Rule], conn: Conn, db: Database
+) -> None:
+    conn.execute("DROP INDEX orders_paid_at")
+    q = query([history["order_unshipped"]], rule=None, since="1d", by="day", now=T0 + 30 * H)
+    got = db.run("report", lambda c: report(c, q))
+    assert [(r.due, r.compliance, r.breached) for r in got.rows] == [
+        (None, None, 4),
+        (None, None, 1),
+    ]
+    assert got.notes == [
+        "order_unshipped: due not counted: no index on public.orders (paid_at) for every row;"
+        " create one to count it"
+    ]
+    text = as_table(got)
+    assert text.splitlines()[-1].startswith("- order_unshipped: due not counted")
+
+
+def test_the_report_reads_indexes_never_a_table(history: dict[str, Rule], conn: Conn) -> None:
+    """EXPLAIN of the statement over the history: no sequential scan of anything."""
+    from slawatch.operate.report import REPORT_SQL
+
+    q = query([history["order_unshipped"]], rule=None, since="1d", by="day", now=T0 + 30 * H)
+    conn.execute("SET enable_seqscan = off")  # a tiny table: the planner may prefer a scan
+    plan = conn.execute(
+        "EXPLAIN (FORMAT JSON) " + REPORT_SQL,
+        {"rules": [r.name for r in q.rules], "start": q.start, "until": q.until, "step": q.step},
+    ).fetchone()
+    assert plan is not None
+    text = json.dumps(plan[0])
+    assert "Seq Scan" not in text
+    for index in ("episode_due", "episode_ended", "episode_open"):
+        assert index in text
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"by": "month"}, "by: 'month' is not one of hour, day, week"),
+        ({"since": "7 dayz"}, "since: '7 dayz'"),
+        ({"since": "0s"}, "since: '0s' must be more than 0"),
+        ({"since": "1000d", "by": "hour"}, "more than 2000 periods"),
+        ({"rule": "Bad-Name"}, "is not a rule name"),
+    ],
+)
+def test_bad_parameters_are_one_line(kw: dict[str, str], message: str) -> None:
+    params: dict[str, Any] = {"rule": None, "since": "7d", "by": "day"} | kw
+    with pytest.raises(BadInput) as got:
+        query([], now=T0, **params)
+    assert message in str(got.value) and "\n" not in str(got.value)
+
+
+# ---------------------------------------------------------------- the CLI and the API
+
+
+@pytest.fixture
+def recent(conn: Conn) -> str:
+    """The shop, and a known history in the current UTC day (the CLI runs on real time)."""
+    shop(conn)
+    now = datetime.now(UTC)
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    for key, ended in (("1", day + 2 * M), ("2", None)):
+        conn.execute(
+            "INSERT INTO slawatch.episode (rule, key, episode, deadline, due_at, notified_at,"
+            " acked_at, acked_by, ended_at) VALUES ('order_unshipped', %s, 1, %s, %s, %s, %s,"
+            " 'ann', %s)",
+            (key, day - AFTER, day, day + M, day + 2 * M, ended),
+        )
+    return day.strftime("%Y-%m-%d")
+
+
+def test_cli_table_json_and_csv(recent: str, dsn: str) -> None:
+    table = slawatch("report", "--rule", "order_unshipped", "--since", "1h", dsn=dsn)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:6] == ["rule", "period", "(UTC)", "due", "breached", "compliance"]
+    assert lines[1].split()[:9] == ["order_unshipped", recent, "-", "2", "-", "1", "2m", "2m", "2m"]
+    assert lines[-1].startswith("- order_unshipped: due not counted: no index on public.orders")
+    js = slawatch(
+        "report", "--rule", "order_unshipped", "--since", "1h", "--format", "json", dsn=dsn
+    )
+    body = json.loads(js.stdout)
+    assert body["by"] == "day" and len(body["rows"]) == 1
+    assert body["rows"][0] | {"period": None} == {
+        "rule": "order_unshipped",
+        "period": None,
+        "due": None,
+        "breached": 2,
+        "compliance": None,
+        "open": 1,
+        "late_p50": 120.0,
+        "late_p90": 120.0,
+        "late_p99": 120.0,
+        "ack_p50": 60.0,
+        "ack_p90": 60.0,
+        "actions_ok": None,
+        "actions_failed": None,
+    }
+    out = slawatch("report", "--since", "1d", "--by", "hour", "--format", "csv", dsn=dsn)
+    got = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert {r["rule"] for r in got} == {
+        "job_hung",
+        "order_unshipped",
+        "parcel_undelivered",
+        "receipt_unconfirmed",
+        "refund_unprocessed",
+    }
+    assert sum(int(r["breached"]) for r in got if r["rule"] == "order_unshipped") == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["--by", "month"], "argument --by: invalid choice: 'month'"),
+        (["--format", "xml"], "argument --format: invalid choice: 'xml'"),
+        (["--since", "soon"], "since: 'soon'"),
+        (["--rule", "nope"], "rule: no rule named 'nope'"),
+    ],
+)
+def test_cli_bad_parameters_exit_2_with_one_line(dsn: str, args: list[str], text: str) -> None:
+    assert_one_line_error(slawatch("report", *args, dsn=dsn), 2, text)
+
+
+@pytest.fixture
+def api(dsn: str, recent: str, conn: Conn) -> Iterator[httpx.Client]:
+    rules = load_rules(ROOT / "rules")
+    db = Database(dsn, size=2, timeout=5)
+    app = create_app(db, rules, ["console"], token=None, allow_writes=False)
+    server: AdminServer = serve_in_thread(app, "127.0.0.1", 0)
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        yield client
+    server.stop()
+    db.close()
+
+
+def test_api_report_and_its_formats(api: httpx.Client, recent: str) -> None:
+    got = api.get("/v1/report", params={"rule": "order_unshipped", "since": "1h"})
+    assert got.status_code == 200, got.text
+    (row,) = got.json()["rows"]
+    assert (row["breached"], row["open"], row["late_p50"]) == (2, 1, 120.0)
+    text = api.get("/v1/report", params={"rule": "order_unshipped", "format": "csv"})
+    assert text.headers["content-type"].startswith("text/csv")
+    assert text.text.splitlines()[0].startswith("rule,period,due,breached")
+
+
+@pytest.mark.parametrize(
+    ("params", "text"),
+    [
+        ({"by": "month"}, "by: 'month' is not one of hour, day, week"),
+        ({"since": "soon"}, "since: 'soon'"),
+        ({"format": "xml"}, "format: 'xml' is not one of table, json, csv"),
+        ({"rule": "nope"}, "rule: no rule named 'nope'"),
+    ],
+)
+def test_api_bad_parameters_are_400_with_one_line(
+    api: httpx.Client, params: dict[str, str], text: str
+) -> None:
+    got = api.get("/v1/report", params=params)
+    assert got.status_code == 400, got.text
+    assert set(got.json()) == {"error"} and text in got.json()["error"]
+    assert "\n" not in got.json()["error"]
+
+
+def test_report_without_history_is_all_zero(conn: Conn, db: Database) -> None:
+    rules = shop(conn)
+    got = rows(db, rules, since="1d", by="day", now=T0)
+    assert [(r.breached, r.open, r.late_p50) for r in got] == [(0, 0, None), (0, 0, None)]
+
+
+def test_actions_ok_and_failed_per_period_for_a_rule_with_an_action(
+    conn: Conn, db: Database
+) -> None:
+    from slawatch.config.rules import Action
+
+    rule = shop(conn)["order_unshipped"]
+    acting = rule.model_copy(
+        update={"action": Action(sql="update orders set status = 'held' where id = :id")}
+    )
+    for at, status in ((T0 + H, "ok"), (T0 + 2 * H, "ok"), (T0 + 3 * H, "failed")):
+        conn.execute(
+            "INSERT INTO slawatch.action (rule, key, episode, n, status, at)"
+            " VALUES ('order_unshipped', %s, 1, 1, %s, %s)",
+            (str(at.hour), status, at),
+        )
+    conn.execute(  # another rule's attempt is not this rule's
+        "INSERT INTO slawatch.action (rule, key, episode, n, status, at)"
+        " VALUES ('job_hung', '1', 1, 1, 'failed', %s)",
+        (T0 + H,),
+    )
+    q = query([acting], rule=None, since="1d", by="day", now=T0 + 25 * H)
+    got = db.run("report", lambda c: report(c, q)).rows
+    assert [(r.actions_ok, r.actions_failed) for r in got] == [(2, 1), (0, 0)]
+    assert as_table(db.run("report", lambda c: report(c, q))).splitlines()[1].endswith("2/1")
+
+
+def test_an_event_rules_due_counts_its_timers(conn: Conn, db: Database) -> None:
+    """parcel_undelivered (72 h from parcel_shipped): the timers' deadlines, through the
+    index migrate gives every timer table."""
+    rules = shop(conn)
+    for key, at in (("p1", T0 - 72 * H + H), ("p2", T0 - 72 * H + 2 * H), ("p3", T0 - 48 * H)):
+        conn.execute(
+            "SELECT slawatch.event('parcel_shipped', %s, %s, '{}', %s)", (key, at, "id-" + key)
+        )
+    q = query([rules["parcel_undelivered"]], rule=None, since="1d", by="day", now=T0 + 25 * H)
+    got = db.run("report", lambda c: report(c, q))
+    assert [r.due for r in got.rows] == [2, 1]
+    assert got.notes == []
