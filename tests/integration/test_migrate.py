@@ -278,7 +278,7 @@ def test_upgrade_from_before_episodes_keeps_notified_rows_quiet(conn: Conn) -> N
 
 def test_shop_migrates(conn: Conn) -> None:
     rules = shop(conn)
-    assert len(rules) == 5
+    assert len(rules) == 6
 
 
 def test_percent_sign_in_condition_is_literal(conn: Conn) -> None:

@@ -215,6 +215,7 @@ def test_cli_table_json_and_csv(recent: str, dsn: str) -> None:
         "parcel_undelivered",
         "receipt_unconfirmed",
         "refund_unprocessed",
+        "task_timeout",
     }
     assert sum(int(r["breached"]) for r in got if r["rule"] == "order_unshipped") == 2
 
