@@ -257,9 +257,9 @@ def test_a_rule_with_an_action_and_no_runner_refuses_to_claim(conn: Conn) -> Non
     assert episodes(conn, "job_hung") == []
 
 
-def test_a_replay_whose_actions_fail_again_ends(
-    conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def two_failed(conn: Conn, dsn: str, tmp_path: Path) -> tuple[ClaimPlan, list[str]]:
+    """Two jobs' actions failed (no table ``restarts``); the rule in a folder of its own,
+    and the command line's arguments for it."""
     plan = setup(conn, job_rule(), jobs=2)
     conn.execute("DROP TABLE restarts")  # the statement fails: no such table
     assert claim_all(conn, plan, T0 + 15 * M + S) == 2
@@ -270,7 +270,13 @@ def test_a_replay_whose_actions_fail_again_ends(
             plan.rule.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"name"})
         )
     )
-    base = ["--dsn", dsn, "--rules", str(rules), "--notifiers", str(ROOT / "notifiers")]
+    return plan, ["--dsn", dsn, "--rules", str(rules), "--notifiers", str(ROOT / "notifiers")]
+
+
+def test_a_replay_whose_actions_fail_again_ends(
+    conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, base = two_failed(conn, dsn, tmp_path)
     assert main([*base, "replay", "--actions"]) == 1
     assert "0 actions ran again, 2 failed again" in capsys.readouterr().out
     assert [(r[0], r[3], r[6]) for r in actions(conn)] == [
@@ -284,26 +290,16 @@ def test_a_replay_whose_actions_fail_again_ends(
 def test_replay_runs_each_failed_action_once_more(
     conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    plan = setup(conn, job_rule(), jobs=2)
-    conn.execute("DROP TABLE restarts")  # the statement fails: no such table
-    assert claim_all(conn, plan, T0 + 15 * M + S) == 2
+    plan, base = two_failed(conn, dsn, tmp_path)
     assert [r[3] for r in actions(conn)] == ["failed", "failed"]
     assert 'relation "restarts" does not exist' in actions(conn)[0][5]
     conn.execute("CREATE TABLE restarts (job_id bigint NOT NULL, kind text NOT NULL)")
-    rules = tmp_path / "rules"
-    rules.mkdir()
-    (rules / "job_hung.yaml").write_text(
-        yaml.safe_dump(
-            plan.rule.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"name"})
-        )
-    )
     # A failed attempt of the rule's earlier webhook action: not replayed as SQL.
     conn.execute(
         "INSERT INTO slawatch.action (rule, key, episode, n, kind, status, error, at)"
         " VALUES (%s, '3', 1, 1, 'webhook', 'failed', 'HTTP 500', %s)",
         (plan.rule.name, T0),
     )
-    base = ["--dsn", dsn, "--rules", str(rules), "--notifiers", str(ROOT / "notifiers")]
     assert main([*base, "replay", "--actions"]) == 0
     assert "ok: 2 actions ran again, 0 failed again" in capsys.readouterr().out
     webhook = conn.execute("SELECT count(*) FROM slawatch.action WHERE key = '3'").fetchone()
