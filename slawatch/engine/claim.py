@@ -509,6 +509,50 @@ def drain(
     drain also finds rows that became overdue before the watermark's look-back
     (backfills): ``run --once`` drains every due row. An inline drain always does.
     """
+    done = _drain(db, plan, clock, budget, sweep)
+    if plan.rule.calendar is not None:  # also after a drain of nothing: a crash's leftovers
+        with db.connection(f"due times of rule {plan.rule.name}") as conn:
+            fill_due(conn, plan.rule)
+    return done
+
+
+# Episodes given their due time per fill (the next drain goes on with the rest).
+FILL_DUE_BATCH = 5_000
+
+
+def fill_due(conn: Connection, rule: Rule, batch: int = FILL_DUE_BATCH) -> int:
+    """Give a calendar rule's new episodes their due time in the history.
+
+    The claim cannot compute working time per row, so it writes ``due_at`` NULL
+    (ClaimPlan.params); after a drain, this sets each history row's (slawatch.episode,
+    which the SLA report reads) to the calendar's ``Rule.due_at(deadline)``, found
+    through ``episode_due`` (rule, due_at NULL). A crash in between leaves them to the
+    next drain. The alerts keep ``due_at`` NULL (receivers show ``fired_at``)."""
+    with translate(f"filling in due times of rule {rule.name}"):
+        rows = conn.execute(
+            "SELECT key, episode, deadline FROM slawatch.episode"
+            " WHERE rule = %s AND due_at IS NULL AND deadline IS NOT NULL LIMIT %s",
+            (rule.name, batch),
+        ).fetchall()
+        if not rows:
+            return 0
+        conn.execute(
+            "UPDATE slawatch.episode h SET due_at = v.due"
+            " FROM unnest(%s::text[], %s::integer[], %s::timestamptz[]) AS v(key, episode, due)"
+            " WHERE h.rule = %s AND h.key = v.key AND h.episode = v.episode AND h.due_at IS NULL",
+            (
+                [key for key, _, _ in rows],
+                [episode for _, episode, _ in rows],
+                [rule.due_at(deadline) for _, _, deadline in rows],
+                rule.name,
+            ),
+        )
+    return len(rows)
+
+
+def _drain(
+    db: Database, plan: ClaimPlan, clock: Clock, budget: timedelta | None, sweep: bool
+) -> DrainResult:
     tally = Tally()
     if plan.rule.events is not None:
         housekeep(db, plan.rule)  # scheduled beats' deadlines; too-fast timers closed

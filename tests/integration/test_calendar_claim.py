@@ -16,13 +16,14 @@ from freezegun import freeze_time
 from slawatch.clock import Clock
 from slawatch.config.calendars import Calendar
 from slawatch.config.rules import Rule, check_calendar_names
+from slawatch.db import Database
 from slawatch.engine.baseline import baseline_rule
 from slawatch.engine.catalog import inspect_table
-from slawatch.engine.claim import prepare
+from slawatch.engine.claim import drain, fill_due, prepare
 from slawatch.engine.due import dry_run
 from slawatch.engine.migrate import migrate
 from slawatch.operate.inspect import count_overdue
-from tests.integration.helpers import Conn, claim_all
+from tests.integration.helpers import Conn, FixedClock, claim_all
 from tests.integration.test_cli import assert_one_line_error, slawatch
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -118,6 +119,24 @@ def test_a_calendar_rule_claims_each_row_when_its_working_time_has_passed(
     # The alerts' due_at would be per row in working time: left NULL (README).
     dues = conn.execute("SELECT due_at FROM slawatch.alert").fetchall()
     assert dues == [(None,)] * 3
+    # The history (the SLA report's) gets each episode's working-time due time.
+    assert fill_due(conn, rule) == 3
+    history = conn.execute("SELECT key, due_at FROM slawatch.episode ORDER BY key").fetchall()
+    assert history == [(str(key), due_at) for key, _, due_at in TICKETS_DUE]
+    assert fill_due(conn, rule) == 0
+
+
+def test_a_drain_of_a_calendar_rule_gives_its_episodes_their_due_time(conn: Conn, dsn: str) -> None:
+    conn.execute(TICKETS)
+    rule = ticket_rule("inline")
+    migrate(conn, [rule])
+    for key, opened, _ in TICKETS_DUE:
+        conn.execute("INSERT INTO tickets VALUES (%s, %s, NULL)", (key, opened))
+    plan = prepare(conn, rule)
+    with Database(dsn, size=1, timeout=5) as db:
+        assert drain(db, plan, FixedClock(berlin(2026, 12, 7, 12))).claimed == 3
+    history = conn.execute("SELECT key, due_at FROM slawatch.episode ORDER BY key").fetchall()
+    assert history == [(str(key), due_at) for key, _, due_at in TICKETS_DUE]
 
 
 def test_a_baseline_marks_what_is_due_in_working_time(conn: Conn, track: str) -> None:
