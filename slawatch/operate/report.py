@@ -189,11 +189,11 @@ def query(
     """Check a report's parameters against the configured ``rules``; BadInput names the
     first bad one. Periods are aligned to UTC hours, days, or weeks from Monday; the
     first is the one ``since`` before ``now`` falls in, the last the one ``now`` is in."""
-    by = by or "day"
+    by = "day" if by is None else by
     if by not in STEPS:
         raise BadInput(f"by: {shorten(by)} is not one of hour, day, week")
     try:
-        window = parse_duration((since or DEFAULT_SINCE).strip())
+        window = parse_duration(DEFAULT_SINCE if since is None else since)
     except ValueError as exc:
         raise BadInput(f"since: {shorten(since or '')}: {exc}") from None
     if window <= timedelta(0):

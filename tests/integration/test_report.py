@@ -150,6 +150,8 @@ def test_the_report_reads_indexes_never_a_table(history: dict[str, Rule], conn: 
         ({"by": "month"}, "by: 'month' is not one of hour, day, week"),
         ({"since": "7 dayz"}, "since: '7 dayz'"),
         ({"since": "0s"}, "since: '0s' must be more than 0"),
+        ({"since": ""}, "since: ''"),
+        ({"by": ""}, "by: '' is not one of hour, day, week"),
         ({"since": "1000d", "by": "hour"}, "more than 2000 periods"),
         ({"rule": "Bad-Name"}, "is not a rule name"),
     ],
