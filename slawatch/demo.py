@@ -216,6 +216,9 @@ class ActionPrinter:
                 self.print_new()
             except DatabaseError:  # the summary counts them all anyway
                 return
+            except Exception:  # a bug: say so, and the summary still counts them all
+                logging.getLogger(__name__).exception("demo: printing the actions stopped")
+                return
 
     def close(self) -> None:
         """Stop polling, then print what the last claims did."""
