@@ -39,6 +39,7 @@ from slawatch.engine.outbox import alert_payload
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock, claim_all
+from tests.integration.test_actions import job_rule_with
 from tests.integration.test_events import send
 from tests.receivers import Reply, WebhookReceiver, closed_port, receiver
 
@@ -54,20 +55,8 @@ RETRY = {"first": "1s", "max": "1s", "attempts": 3}
 
 
 def hook_rule(url: str, track: str = "inline", **action: Any) -> Rule:
-    return Rule.model_validate(
-        {
-            "name": "job_hung",
-            "table": "public.jobs",
-            "key": "id",
-            "track": track,
-            "deadline": "heartbeat_at",
-            "after": "15m",
-            "open_when": "status = 'running'",
-            "renotify": {"every": "15m", "max": 3},
-            "columns": ["id", "kind", "worker", "heartbeat_at"],
-            "notify": ["console"],
-            "action": {"webhook": {"url": url, "secret": SECRET, "retry": RETRY}} | action,
-        }
+    return job_rule_with(
+        {"webhook": {"url": url, "secret": SECRET, "retry": RETRY}} | action, track
     )
 
 

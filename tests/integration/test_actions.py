@@ -40,7 +40,8 @@ def naive(t: datetime) -> datetime:
     return t.astimezone(UTC).replace(tzinfo=None)
 
 
-def job_rule(track: str = "inline", **action: Any) -> Rule:
+def job_rule_with(action: dict[str, Any], track: str = "inline") -> Rule:
+    """The shop's job_hung rule (renotified every 15 minutes, 3 times) with ``action``."""
     return Rule.model_validate(
         {
             "name": "job_hung",
@@ -53,9 +54,13 @@ def job_rule(track: str = "inline", **action: Any) -> Rule:
             "renotify": {"every": "15m", "max": 3},
             "columns": ["id", "kind", "worker", "heartbeat_at"],
             "notify": ["console"],
-            "action": {"sql": RESTART} | action,
+            "action": action,
         }
     )
+
+
+def job_rule(track: str = "inline", **action: Any) -> Rule:
+    return job_rule_with({"sql": RESTART} | action, track)
 
 
 def setup(conn: Conn, rule: Rule, mode: Mode = "on", jobs: int = 1) -> ClaimPlan:
