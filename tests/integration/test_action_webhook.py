@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import base64
 import os
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from standardwebhooks import Webhook
 
 from slawatch.actions.history import list_actions, replay_actions
@@ -34,7 +37,7 @@ from slawatch.delivery.dispatcher import (
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.demo import SHOP
 from slawatch.engine.claim import ClaimPlan, drain, prepare
-from slawatch.engine.migrate import migrate
+from slawatch.engine.migrate import grants, migrate
 from slawatch.engine.outbox import alert_payload
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
@@ -369,3 +372,28 @@ def test_the_runner_sends_a_webhook_action_as_a_notifier_and_a_reload_follows(
         assert sorted(runner_.notifiers) == ["console"]
     finally:
         runner_.close()
+
+
+def test_a_role_with_only_the_printed_grants_runs_and_settles_it(
+    conn: Conn, dsn: str, receiver: WebhookReceiver, track: str
+) -> None:
+    """Least privilege: the claim writes the attempt, and the trigger that settles it
+    runs as the delivering role: the GRANTs `migrate --print` prints must cover both."""
+    rule = hook_rule(receiver.url, track)
+    setup(conn, rule)
+    name = f"slawatch_hook_{uuid.uuid4().hex[:6]}"
+    conn.execute(f"CREATE ROLE {name} LOGIN")
+    try:
+        for g in grants([rule], name):
+            conn.execute(g)
+        as_role = make_conninfo(**(conninfo_to_dict(dsn) | {"user": name}))
+        with psycopg.connect(as_role, autocommit=True) as app:
+            plan = prepare(app, rule).with_act(runner("on"))
+            assert claim_all(app, plan, DUE) == 1
+        with Database(as_role, size=2, pooler="none") as db:
+            assert deliver(db, rule, DUE + S) == (1, 0, 0)
+        assert actions(conn) == [("1", 1, 1, "webhook", "ok", None, 1)]
+        assert len(receiver.requests) == 1
+    finally:
+        conn.execute(f"DROP OWNED BY {name}")
+        conn.execute(f"DROP ROLE {name}")
