@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from slawatch.config.rules import Rule
@@ -192,6 +193,30 @@ def test_a_scan_re_reads_one_scan_interval_not_minutes_of_notified_rows(conn: Co
     before = _due_index_reads(conn)
     assert claim_all(conn, plan, T0) == 1
     assert _due_index_reads(conn) - before <= 5
+
+
+@pytest.mark.parametrize("resolve", [False, True])
+def test_a_batch_is_priced_as_a_batch_so_no_jit_compiles_it(conn: Conn, resolve: bool) -> None:
+    """The planner's estimate for a batch of 10,000 stays near 10,000 rows all the
+    way to the outbox, so the statement is priced below ``jit_above_cost``: JIT
+    compilation took 0.2-0.4 s of a batch that takes 0.6 s without it."""
+    conn.execute(TABLE)
+    late = rule(batch=10_000, resolve=resolve)
+    migrate(conn, [late])
+    conn.execute(
+        "INSERT INTO orders SELECT g, 7, 'paid', %s + g * interval '1 second', ''"
+        " FROM generate_series(1, 30000) g",
+        (T0 - 10 * DAY,),
+    )
+    conn.execute("ANALYZE orders")
+    plan = prepare(conn, late)
+    assert plan.table is not None
+    (doc,) = conn.execute(
+        sql.SQL("EXPLAIN (FORMAT JSON) ") + plan.table.claim,
+        plan.params(T0) | {"since": "-infinity"},
+    ).fetchone()  # type: ignore[misc]
+    (jit_above,) = conn.execute("SELECT current_setting('jit_above_cost')::float").fetchone()  # type: ignore[misc]
+    assert doc[0]["Plan"]["Total Cost"] < jit_above
 
 
 def test_four_scanners_without_row_locks_page_each_row_once(conn: Conn, dsn: str) -> None:
