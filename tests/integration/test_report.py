@@ -168,10 +168,11 @@ def test_bad_parameters_are_one_line(kw: dict[str, str], message: str) -> None:
 
 @pytest.fixture
 def recent(conn: Conn) -> str:
-    """The shop, and a known history in the current UTC day (the CLI runs on real time)."""
+    """The shop, and a known history early in yesterday's UTC day (the CLI runs on real
+    time): all of it past, and the first period of ``--since 1d`` at any time of day."""
     shop(conn)
     now = datetime.now(UTC)
-    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
     for key, ended in (("1", day + 2 * M), ("2", None)):
         conn.execute(
             "INSERT INTO slawatch.episode (rule, key, episode, deadline, due_at, notified_at,"
@@ -183,17 +184,17 @@ def recent(conn: Conn) -> str:
 
 
 def test_cli_table_json_and_csv(recent: str, dsn: str) -> None:
-    table = slawatch("report", "--rule", "order_unshipped", "--since", "1h", dsn=dsn)
+    table = slawatch("report", "--rule", "order_unshipped", "--since", "1d", dsn=dsn)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split()[:6] == ["rule", "period", "(UTC)", "due", "breached", "compliance"]
     assert lines[1].split()[:9] == ["order_unshipped", recent, "-", "2", "-", "1", "2m", "2m", "2m"]
     assert lines[-1].startswith("- order_unshipped: due not counted: no index on public.orders")
     js = slawatch(
-        "report", "--rule", "order_unshipped", "--since", "1h", "--format", "json", dsn=dsn
+        "report", "--rule", "order_unshipped", "--since", "1d", "--format", "json", dsn=dsn
     )
     body = json.loads(js.stdout)
-    assert body["by"] == "day" and len(body["rows"]) == 1
+    assert body["by"] == "day" and len(body["rows"]) == 2  # yesterday and today
     assert body["rows"][0] | {"period": None} == {
         "rule": "order_unshipped",
         "period": None,
@@ -209,7 +210,7 @@ def test_cli_table_json_and_csv(recent: str, dsn: str) -> None:
         "actions_ok": None,
         "actions_failed": None,
     }
-    out = slawatch("report", "--since", "1d", "--by", "hour", "--format", "csv", dsn=dsn)
+    out = slawatch("report", "--since", "2d", "--by", "hour", "--format", "csv", dsn=dsn)
     got = list(csv.DictReader(io.StringIO(out.stdout)))
     assert {r["rule"] for r in got} == {
         "job_hung",
@@ -248,9 +249,9 @@ def api(dsn: str, recent: str, conn: Conn) -> Iterator[httpx.Client]:
 
 
 def test_api_report_and_its_formats(api: httpx.Client, recent: str) -> None:
-    got = api.get("/v1/report", params={"rule": "order_unshipped", "since": "1h"})
+    got = api.get("/v1/report", params={"rule": "order_unshipped", "since": "1d"})
     assert got.status_code == 200, got.text
-    (row,) = got.json()["rows"]
+    row, _today = got.json()["rows"]
     assert (row["breached"], row["open"], row["late_p50"]) == (2, 1, 120.0)
     text = api.get("/v1/report", params={"rule": "order_unshipped", "format": "csv"})
     assert text.headers["content-type"].startswith("text/csv")
