@@ -6,12 +6,22 @@ the same data: the claim (slawatch inline, slawatch `track: table`, the seed
 article's statement of DESIGN.md §1, a naive UPDATE), the empty probe, the 1st vs
 10th drain of a long run, WAL and index entries per alert, the HOT ratio, one
 batch's EXPLAIN, end-to-end to a webhook receiver (`slawatch run` in a
-subprocess), 1/2/4 claiming processes and the peer (PGQueuer); then every target
-of issue 7 as met / NOT met. Not a test: the figures depend on the machine.
+subprocess), 1/2/4 claiming processes and the peer (PGQueuer); then delivery
+(bench/delivery.py's measure()), the idle cost of 100 rules (bench/idle.py's
+measure()) and the event figures (bench/events.py); then issue 18's table, each
+row as met / NOT met / not measured, with the section that measures it.
+Not a test: the figures depend on the machine.
 
-    .venv/bin/python bench/run.py                                # ~2 minutes
+    .venv/bin/python bench/run.py                                # the record: ~15 minutes
+    .venv/bin/python bench/run.py --markdown                     # the table as the README's
+    .venv/bin/python bench/run.py --only claim,long              # some rows again
+    .venv/bin/python bench/run.py --skip events                  # without the event figures
     .venv/bin/python bench/run.py --rows 5000000 --due 500000    # the README scale
-    .venv/bin/python bench/run.py --quick                        # seconds: does it run?
+    .venv/bin/python bench/run.py --quick                        # ~1-2 minutes: does it run?
+
+Sections (--only / --skip): claim, explain, probe, long, e2e, procs, peer, delivery,
+idle, ingest, http, fire, lateness, brokers ("events": the last five). Retention at
+10 M alerts is bench/prune.py, separately (its load takes minutes).
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
 Every database it makes is dropped at the end. PGQueuer: pip install -e '.[bench]'.
@@ -1075,7 +1085,7 @@ def event_rows(
     import events  # here, not at the top: events imports this module
 
     timers, due, secs, reps, fire_reps, http_batches, messages = (
-        (20_000, 5_000, 3, 1, 1, 1, 2_000) if quick else (1_000_000, 100_000, 60, 5, 3, 10, 100_000)
+        (5_000, 5_000, 2, 1, 1, 1, 2_000) if quick else (1_000_000, 100_000, 60, 5, 3, 10, 100_000)
     )
     got: list[tuple[str, list[Any]]] = []
     if "ingest" in run:
