@@ -1045,11 +1045,13 @@ def idle_rows(scratch: Scratch, quick: bool) -> list[Row]:
         "no writes while nothing happens",
         "connections ≤ 4 + delivery (a setting, not the rule count)",
     )
+    parts = ("statements, DB time", "writes", "connections")
     measure = guarded("idle", "measure")
     if measure is None:
+        why = "needs bench/idle.py measure()"
         return [
-            not_measured(f"{figure}: {g}", g, "idle", "needs bench/idle.py measure()")
-            for g in goals
+            not_measured(f"{figure}: {p}", g, "idle", why)
+            for p, g in zip(parts, goals, strict=True)
         ]
     res = measure(scratch.create("idle"), rules=100, seconds=3.0 if quick else 10.0)
     scratch.drop("idle")
@@ -1085,7 +1087,7 @@ def event_rows(
     import events  # here, not at the top: events imports this module
 
     timers, due, secs, reps, fire_reps, http_batches, messages = (
-        (5_000, 5_000, 2, 1, 1, 1, 2_000) if quick else (1_000_000, 100_000, 60, 5, 3, 10, 100_000)
+        (5_000, 5_000, 2, 1, 1, 1, 2_000) if quick else (1_000_000, 100_000, 60, 5, 3, 10, 20_000)
     )
     got: list[tuple[str, list[Any]]] = []
     if "ingest" in run:
@@ -1111,10 +1113,11 @@ def event_rows(
 def print_rows(title: str, rows: list[Row], markdown: bool) -> None:
     print(title)
     if markdown:
-        print("| figure | now | goal | | command |")
-        print("|---|---|---|---|---|")
+        print("| figure | now | goal | command |")
+        print("|---|---|---|---|")
         for r in rows:
-            print(f"| {r.figure} | {r.now} | {r.goal} | {r.mark} | `{r.command()}` |")
+            mark = f" (**{r.mark}**)" if r.met is not None else ""
+            print(f"| {r.figure} | {r.now}{mark} | {r.goal} | `{r.command()}` |")
         return
     for r in rows:
         print(f"  {r.mark:<8} {r.figure}\n           {r.now}  (goal {r.goal}; {r.command()})")

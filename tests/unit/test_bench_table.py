@@ -40,10 +40,10 @@ def test_rows_print_as_markdown_with_the_command_that_reruns_them(
     ]
     run.print_rows("T", rows, markdown=True)
     out = capsys.readouterr().out.splitlines()
-    assert out[1] == "| figure | now | goal | | command |"
-    assert out[3] == "| claim | 2.61x raw | ≥ 2.5x raw | met | `bench/run.py --only claim` |"
+    assert out[1] == "| figure | now | goal | command |"
+    assert out[3] == "| claim | 2.61x raw (**met**) | ≥ 2.5x raw | `bench/run.py --only claim` |"
     assert out[4] == (
-        "| idle | not measured (needs bench/idle.py measure()) | ≤ 1.5x | - |"
+        "| idle | not measured (needs bench/idle.py measure()) | ≤ 1.5x |"
         " `bench/run.py --only idle` |"
     )
 
