@@ -1022,6 +1022,16 @@ def guarded(module: str, function: str) -> Callable[..., Any] | None:
     return fn if callable(fn) else None
 
 
+def attempt(measure: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, str]:
+    """(``measure(...)``, "") or, when it raises, (None, why) with the traceback on
+    stderr: another branch's code failing is a row that says so, not the run's end."""
+    try:
+        return measure(*args, **kwargs), ""
+    except Exception as exc:
+        traceback.print_exc()
+        return None, f"failed: {exc!r}"[:200]
+
+
 def delivery_rows(quick: bool) -> list[Row]:
     """bench/delivery.py's measure(): slawatch's webhook delivery vs straight POSTs."""
     figure = "delivery, 20 k alerts to a fast local receiver, webhook batch 100 × 4"
@@ -1031,11 +1041,9 @@ def delivery_rows(quick: bool) -> list[Row]:
     measure = guarded("delivery", "measure")
     if measure is None:
         return [not_measured(figure, goal, "delivery", "needs bench/delivery.py measure()")]
-    try:
-        res = measure(None, alerts=2_000 if quick else 20_000, rounds=3)
-    except Exception as exc:  # another branch's code: its failure is a row, not the run's end
-        traceback.print_exc()
-        return [not_measured(figure, goal, "delivery", f"failed: {exc!r}"[:200])]
+    res, failed = attempt(measure, None, alerts=2_000 if quick else 20_000, rounds=3)
+    if res is None:
+        return [not_measured(figure, goal, "delivery", failed)]
     x = float(res["ratio"])
     return [
         Row(figure, f"{x:.2f}× straight httpx POSTs of the same bodies", goal, x >= 0.5, "delivery")
@@ -1059,13 +1067,10 @@ def idle_rows(scratch: Scratch, quick: bool) -> list[Row]:
             for p, g in zip(parts, goals, strict=True)
         ]
     # It makes (and drops) its own database on the server.
-    try:
-        res = measure(scratch.server, rules=100, seconds=3.0 if quick else 10.0)
-    except Exception as exc:  # as for delivery: the row says why
-        traceback.print_exc()
-        why = f"failed: {exc!r}"[:200]
+    res, failed = attempt(measure, scratch.server, rules=100, seconds=3.0 if quick else 10.0)
+    if res is None:
         return [
-            not_measured(f"{figure}: {p}", g, "idle", why)
+            not_measured(f"{figure}: {p}", g, "idle", failed)
             for p, g in zip(parts, goals, strict=True)
         ]
     st, tx, db = (

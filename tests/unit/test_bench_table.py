@@ -31,6 +31,17 @@ def test_a_measure_function_another_branch_has_not_brought_is_none() -> None:
     assert run.guarded("benchdb", "uuid") is None  # an attribute, not callable
 
 
+def test_a_measure_function_that_raises_is_a_row_that_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def broken(dsn: str | None, alerts: int) -> dict[str, float]:
+        raise KeyError("ratio")
+
+    assert run.attempt(broken, None, alerts=10) == (None, "failed: KeyError('ratio')")
+    assert "KeyError" in capsys.readouterr().err  # the traceback, for whoever reruns it
+    assert run.attempt(lambda dsn: {"ratio": 0.6}, "x") == ({"ratio": 0.6}, "")
+
+
 def test_rows_print_as_markdown_with_the_command_that_reruns_them(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
