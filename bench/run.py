@@ -6,12 +6,22 @@ the same data: the claim (slawatch inline, slawatch `track: table`, the seed
 article's statement of DESIGN.md §1, a naive UPDATE), the empty probe, the 1st vs
 10th drain of a long run, WAL and index entries per alert, the HOT ratio, one
 batch's EXPLAIN, end-to-end to a webhook receiver (`slawatch run` in a
-subprocess), 1/2/4 claiming processes and the peer (PGQueuer); then every target
-of issue 7 as met / NOT met. Not a test: the figures depend on the machine.
+subprocess), 1/2/4 claiming processes and the peer (PGQueuer); then delivery
+(bench/delivery.py's measure()), the idle cost of 100 rules (bench/idle.py's
+measure()) and the event figures (bench/events.py); then issue 18's table, each
+row as met / NOT met / not measured, with the section that measures it.
+Not a test: the figures depend on the machine.
 
-    .venv/bin/python bench/run.py                                # ~2 minutes
+    .venv/bin/python bench/run.py                                # the record: ~15 minutes
+    .venv/bin/python bench/run.py --markdown                     # the table as the README's
+    .venv/bin/python bench/run.py --only claim,long              # some rows again
+    .venv/bin/python bench/run.py --skip events                  # without the event figures
     .venv/bin/python bench/run.py --rows 5000000 --due 500000    # the README scale
-    .venv/bin/python bench/run.py --quick                        # seconds: does it run?
+    .venv/bin/python bench/run.py --quick                        # ~1-2 minutes: does it run?
+
+Sections (--only / --skip): claim, explain, probe, long, e2e, procs, peer, delivery,
+idle, ingest, http, fire, lateness, brokers ("events": the last five). Retention at
+10 M alerts is bench/prune.py, separately (its load takes minutes).
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
 Every database it makes is dropped at the end. PGQueuer: pip install -e '.[bench]'.
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import multiprocessing as mp
 import os
@@ -35,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -955,11 +967,186 @@ def machine(server_conn: psycopg.Connection[Any]) -> str:
     )
 
 
+# Every section, in the order it runs; --skip / --only take these names ("events" stands
+# for its five). Each row of the table names the section that measures it.
+SECTIONS = (
+    "claim", "explain", "probe", "long", "e2e", "procs", "peer",
+    "delivery", "idle", "ingest", "http", "fire", "lateness", "brokers",
+)  # fmt: skip
+SHOP_SECTIONS = {"claim", "explain", "long", "e2e", "procs", "peer"}  # need the shop table
+EVENT_SECTIONS = ("ingest", "http", "fire", "lateness", "brokers")  # bench/events.py's
+
+
+def sections(names: str) -> set[str]:
+    """The set a comma-separated --skip/--only names; an unknown name is an error."""
+    out: set[str] = set()
+    for name in (n.strip() for n in names.split(",")):
+        if name == "events":
+            out |= set(EVENT_SECTIONS)
+        elif name in SECTIONS:
+            out.add(name)
+        elif name:
+            raise SystemExit(f"unknown section {name!r}: one of {', '.join(SECTIONS)}, events")
+    return out
+
+
 @dataclass
-class Target:
-    text: str
-    met: bool | None  # None: not measured
+class Row:
+    """One row of the issue's table: a figure, what this run measured, the goal, met or
+    not (None: not measured or no goal), and the sections that measure it."""
+
     figure: str
+    now: str
+    goal: str
+    met: bool | None
+    section: str
+
+    @property
+    def mark(self) -> str:
+        return {True: "met", False: "NOT met", None: "-"}[self.met]
+
+    def command(self) -> str:
+        return f"bench/run.py --only {self.section}"
+
+
+def not_measured(figure: str, goal: str, section: str, why: str) -> Row:
+    return Row(figure, f"not measured ({why})", goal, None, section)
+
+
+def guarded(module: str, function: str) -> Callable[..., Any] | None:
+    """``module.function`` from bench/ if it is there (another branch brings it), else None."""
+    try:
+        mod = __import__(module)
+    except ImportError:
+        return None
+    fn = getattr(mod, function, None)
+    return fn if callable(fn) else None
+
+
+def attempt(measure: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, str]:
+    """(``measure(...)``, "") or, when it raises, (None, why) with the traceback on
+    stderr: another branch's code failing is a row that says so, not the run's end."""
+    try:
+        return measure(*args, **kwargs), ""
+    except Exception as exc:
+        traceback.print_exc()
+        return None, f"failed: {exc!r}"[:200]
+
+
+def delivery_rows(quick: bool) -> list[Row]:
+    """bench/delivery.py's measure(): slawatch's webhook delivery vs straight POSTs."""
+    figure = "delivery, 20 k alerts to a fast local receiver, webhook batch 100 × 4"
+    if quick:
+        figure = figure.replace("20 k", "2 k")
+    goal = "≥ 0.5× straight POSTs"
+    measure = guarded("delivery", "measure")
+    if measure is None:
+        return [not_measured(figure, goal, "delivery", "needs bench/delivery.py measure()")]
+    res, failed = attempt(
+        measure, None, alerts=2_000 if quick else 20_000, rounds=1 if quick else 3
+    )
+    if res is None:
+        return [not_measured(figure, goal, "delivery", failed)]
+    x = float(res["ratio"])
+    return [
+        Row(figure, f"{x:.2f}× straight httpx POSTs of the same bodies", goal, x >= 0.5, "delivery")
+    ]
+
+
+def idle_rows(scratch: Scratch, quick: bool) -> list[Row]:
+    """bench/idle.py's measure(): what 100 rules with nothing due cost the database."""
+    figure = "idle, 100 rules × `every: 1s`, nothing due"
+    goals = (
+        "≤ 1.5× the raw probes' statements and DB time",
+        "no writes while nothing happens",
+        "connections ≤ 4 + delivery (a setting, not the rule count)",
+    )
+    parts = ("statements, DB time", "writes", "connections")
+    measure = guarded("idle", "measure")
+    if measure is None:
+        why = "needs bench/idle.py measure()"
+        return [
+            not_measured(f"{figure}: {p}", g, "idle", why)
+            for p, g in zip(parts, goals, strict=True)
+        ]
+    # It makes (and drops) its own database on the server.
+    more = {}
+    if quick and "reps" in inspect.signature(measure).parameters:
+        more["reps"] = 1  # bench/idle.py's own rounds (3 by default): one in a smoke test
+    res, failed = attempt(
+        measure, scratch.server, rules=100, seconds=3.0 if quick else 10.0, **more
+    )
+    if res is None:
+        return [
+            not_measured(f"{figure}: {p}", g, "idle", failed)
+            for p, g in zip(parts, goals, strict=True)
+        ]
+    st, tx, db = (
+        float(res[k]) for k in ("statements_ratio", "transactions_ratio", "db_time_ratio")
+    )
+    writes, conns = float(res["writes_per_cycle"]), float(res["connections"])
+    limit = float(res.get("connections_limit", 8))  # 4 + one webhook's 4 batches in flight
+    return [
+        Row(
+            f"{figure}: statements, DB time",
+            f"statements {st:.2f}×, transactions {tx:.2f}×, DB time {db:.2f}× the raw probes",
+            goals[0],
+            st <= 1.5 and db <= 1.5,
+            "idle",
+        ),
+        Row(f"{figure}: writes", f"{writes:,.1f} per cycle", goals[1], writes == 0, "idle"),
+        Row(
+            f"{figure}: connections",
+            f"{conns:,.0f} (limit {limit:,.0f})",
+            goals[2],
+            conns <= limit,
+            "idle",
+        ),
+    ]
+
+
+def event_rows(
+    scratch: Scratch, run: set[str], quick: bool, lap: Callable[[str], None]
+) -> list[Row]:
+    """bench/events.py's sections (issue 15's table), each only if in ``run``; --quick
+    runs each once, small (does it run?), the default as bench/events.py does."""
+    import events  # here, not at the top: events imports this module
+
+    timers, due, secs, reps, fire_reps, http_batches, messages = (
+        (5_000, 5_000, 2, 1, 1, 1, 2_000) if quick else (1_000_000, 100_000, 60, 5, 3, 10, 20_000)
+    )
+    got: list[tuple[str, list[Any]]] = []
+    if "ingest" in run:
+        got.append(("ingest", events.report_ingest(scratch, reps)))
+        lap("ingest")
+    if "http" in run:
+        got.append(("http", events.report_http(scratch, reps, http_batches)))
+        lap("http")
+    if "fire" in run:
+        got.append(("fire", events.report_fire(scratch, due, fire_reps)))
+        lap("fire")
+    if "lateness" in run:
+        got.append(("lateness", events.report_lateness(scratch, timers, 1000, secs)))
+        lap("lateness")
+    if "brokers" in run:
+        got.append(("brokers", events.report_brokers(scratch, messages, fire_reps)))
+        lap("brokers")
+    return [
+        Row(r.figure, r.measured, r.goal, r.met, section) for section, rows in got for r in rows
+    ]
+
+
+def print_rows(title: str, rows: list[Row], markdown: bool) -> None:
+    print(title)
+    if markdown:
+        print("| figure | now | goal | command |")
+        print("|---|---|---|---|")
+        for r in rows:
+            mark = f" (**{r.mark}**)" if r.met is not None else ""
+            print(f"| {r.figure} | {r.now}{mark} | {r.goal} | `{r.command()}` |")
+        return
+    for r in rows:
+        print(f"  {r.mark:<8} {r.figure}\n           {r.now}  (goal {r.goal}; {r.command()})")
 
 
 def main() -> None:
@@ -993,21 +1180,30 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny and fast: 20,000 rows, 2,000 due, batch 500 (does it run?)",
+        help="tiny, one run of each: 20,000 rows, 2,000 due, batch 500 (does it run? ~2 minutes)",
     )
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated sections to skip: claim,explain,long,e2e,procs,peer,probe",
+        help=f"comma-separated sections to skip: {','.join(SECTIONS)} (events: the last five)",
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated sections to run, the others skipped (e.g. --only claim,long)",
+    )
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the table as Markdown (the README's)"
     )
     args = parser.parse_args()
     if args.quick:
         args.rows, args.due, args.batch = 20_000, min(args.due, 2_000), 500
         args.probe_rows, args.steady_secs = 0, 2
         args.peer_due, args.long_due = args.peer_due or 500, args.long_due or 500
+        args.reps = 1  # a smoke test: one run of each (its figures are not the record)
     long_due = args.long_due or min(args.due, 10_000)
     peer_due = args.peer_due or min(args.due, 2_000)
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    run = (sections(args.only) or set(SECTIONS)) - sections(args.skip)
     now = datetime.now(UTC).replace(microsecond=0)
     began = time.perf_counter()
     mark = [began]
@@ -1021,42 +1217,44 @@ def main() -> None:
     with Scratch() as scratch:
         with psycopg.connect(scratch.server, autocommit=True) as server:
             print(machine(server))
-        scratch.create("base")
-        loaded = load_shop(scratch.dsn("base"), args.rows, args.due, now)
-        with psycopg.connect(scratch.dsn("base"), autocommit=True) as conn:
-            due_ids = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT id FROM orders WHERE status = 'paid'"
-                    " AND paid_at < %s::timestamptz - interval '48 hours' ORDER BY id",
-                    (now,),
-                ).fetchall()
-            ]
-            heap, idx = rel_sizes(conn)
-        due = len(due_ids)
-        print(
-            f"data: orders, 16 columns, primary key + 7 business indexes; {args.rows:,} rows"
-            f" ({heap / 1e6:,.0f} MB heap, {idx / 1e6:,.0f} MB business indexes), {due:,} paid"
-            f" and overdue; claim batch {args.batch:,}; loaded in {loaded:.0f} s\n"
-            "each variant drains a fresh copy of the same database (CREATE DATABASE ... TEMPLATE,"
-            " file copy), prewarmed and checkpointed:\nno variant sees another's dead tuples,"
-            " index bloat or tracking columns, and all start from the same cache state.\n"
-        )
-
         vs = variants()
-        for v in vs:
-            if v.skipped:
-                continue
-            scratch.create(f"t_{v.name}", template="base")
-            with psycopg.connect(scratch.dsn(f"t_{v.name}"), autocommit=True) as conn:
-                v.setup(conn, args.batch)  # type: ignore[misc]
-                conn.execute("VACUUM ANALYZE orders")
         live = [v for v in vs if not v.skipped]
         by_name = {v.name: v for v in vs}
+        due, due_ids = 0, []
+        if run & SHOP_SECTIONS:  # the shop table and a migrated copy per variant
+            scratch.create("base")
+            loaded = load_shop(scratch.dsn("base"), args.rows, args.due, now)
+            with psycopg.connect(scratch.dsn("base"), autocommit=True) as conn:
+                due_ids = [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT id FROM orders WHERE status = 'paid'"
+                        " AND paid_at < %s::timestamptz - interval '48 hours' ORDER BY id",
+                        (now,),
+                    ).fetchall()
+                ]
+                heap, idx = rel_sizes(conn)
+            due = len(due_ids)
+            print(
+                f"data: orders, 16 columns, primary key + 7 business indexes; {args.rows:,} rows"
+                f" ({heap / 1e6:,.0f} MB heap, {idx / 1e6:,.0f} MB business indexes), {due:,} paid"
+                f" and overdue; claim batch {args.batch:,}; loaded in {loaded:.0f} s\n"
+                "each variant drains a fresh copy of the same database (CREATE DATABASE ... TEMPLATE,"
+                " file copy), prewarmed and checkpointed:\nno variant sees another's dead tuples,"
+                " index bloat or tracking columns, and all start from the same cache state.\n"
+            )
+
+            for v in vs:
+                if v.skipped:
+                    continue
+                scratch.create(f"t_{v.name}", template="base")
+                with psycopg.connect(scratch.dsn(f"t_{v.name}"), autocommit=True) as conn:
+                    v.setup(conn, args.batch)  # type: ignore[misc]
+                    conn.execute("VACUUM ANALYZE orders")
 
         lap("setup")
         # ---- the claim, interleaved: variant order rotates each round
-        if "claim" not in skip:
+        if "claim" in run:
             for r in range(args.reps):
                 for v in live[r % len(live) :] + live[: r % len(live)]:
                     scratch.create("run", template=f"t_{v.name}")
@@ -1094,7 +1292,7 @@ def main() -> None:
 
         lap("claim")
         # ---- one batch, looked into
-        if "explain" not in skip:
+        if "explain" in run:
             print(
                 "ONE BATCH: EXPLAIN (ANALYZE, BUFFERS, WAL) on a fresh copy, right after a"
                 " checkpoint; WAL records by relation (pg_walinspect)\n(a node's time and WAL"
@@ -1112,7 +1310,7 @@ def main() -> None:
         lap("explain")
         # ---- the empty probe at other sizes
         probes: dict[int, dict[str, float]] = {}
-        if "claim" not in skip:
+        if "claim" in run:
             probes[args.rows] = {v.name: med([x["probe_us"] for x in v.runs]) for v in live}
             probes[args.rows]["raw_auto"] = med([x["probe_auto_us"] for x in by_name["raw"].runs])
             for v in live:
@@ -1120,7 +1318,11 @@ def main() -> None:
                     probes[args.rows][f"{v.name}_unprep"] = med(
                         [x["probe_unprepared_us"] for x in v.runs]
                     )
-        if "probe" not in skip and args.probe_rows and args.probe_rows != args.rows:
+        if (
+            "probe" in run
+            and args.probe_rows
+            and (args.probe_rows != args.rows or "claim" not in run)
+        ):
             scratch.create("probe")
             load_shop(scratch.dsn("probe"), args.probe_rows, max(args.probe_rows // 100, 1), now)
             probes[args.probe_rows] = {}
@@ -1168,7 +1370,7 @@ def main() -> None:
         # ---- 1st vs 10th drain
         long_rates: dict[str, list[float]] = {}
         sweep_ms: list[float] = []
-        if "long" not in skip:
+        if "long" in run:
             for v in live:
                 if v.name not in ("inline", "table"):
                     continue
@@ -1200,7 +1402,7 @@ def main() -> None:
         lap("long")
         # ---- end to end
         e2e: dict[str, float] = {}
-        if "e2e" not in skip:
+        if "e2e" in run:
             scratch.create("run", template="t_inline")
             e2e = end_to_end(scratch.dsn("run"), due, args.batch, 1000, args.steady_secs, args.rows)
             scratch.drop("run")
@@ -1224,7 +1426,7 @@ def main() -> None:
         lap("e2e")
         # ---- 1 / 2 / 4 processes
         proc_rates: dict[int, list[float]] = {1: [], 2: [], 4: []}
-        if "procs" not in skip:
+        if "procs" in run:
             for _ in range(args.reps):
                 for n in proc_rates:
                     scratch.create("run", template="t_inline")
@@ -1244,7 +1446,7 @@ def main() -> None:
         peer_res: dict[str, float] = {}
         peer_e2e: dict[str, float] = {}
         why = pgqueuer_status()
-        if "peer" not in skip and why is None:
+        if "peer" in run and why is None:
             ids = due_ids[:peer_due]
             scratch.create("run", template="base")
             peer_res = peer(scratch.dsn("run"), ids, 100, None)
@@ -1283,139 +1485,156 @@ def main() -> None:
                 "  jobs only for the due orders: a shop would enqueue one per paid order, which"
                 " flatters the peer\n"
             )
-        elif why:
+        elif "peer" in run and why:
             print(f"PEER: PGQueuer {why}\n")
 
         lap("peer")
-        # ---- targets
-        targets: list[Target] = []
-        by = {v.name: v for v in vs}
-        if "claim" in skip:
-            by = {}
+        # ---- the rows other helpers' code measures, and the event figures
+        other: list[Row] = []
+        if "delivery" in run:
+            other += delivery_rows(args.quick)
+            lap("delivery")
+        if "idle" in run:
+            other += idle_rows(scratch, args.quick)
+            lap("idle")
+        event_table = event_rows(scratch, run, args.quick, lap) if run & set(EVENT_SECTIONS) else []
+
+        # ---- the issue's table
+        by = {v.name: v for v in vs if v.runs}
 
         def rate(name: str) -> float | None:
             v = by.get(name)
-            return med([x["rate"] for x in v.runs]) if v and v.runs else None
+            return med([x["rate"] for x in v.runs]) if v else None
 
         def wal(name: str) -> float | None:
             v = by.get(name)
-            return med([x["wal_per"] for x in v.runs]) if v and v.runs else None
+            return med([x["wal_per"] for x in v.runs]) if v else None
 
         r_raw, r_in, r_tab = rate("raw"), rate("inline"), rate("table")
-        w_raw, w_in, w_tab = wal("raw"), wal("inline"), wal("table")
-        tab_missing = "not measured (track: table not built)"
-        if r_tab and r_raw and w_tab and w_raw:
-            tab_upd = med([x["upd"] for x in by["table"].runs])
-            targets += [
-                Target(
-                    "track: table claim + outbox ≥ 1.5× raw",
-                    r_tab / r_raw >= 1.5,
-                    f"{r_tab / r_raw:.2f}×",
-                ),
-                Target(
-                    "track: table WAL/alert ≤ 1/3 of raw",
-                    w_tab <= w_raw / 3,
-                    f"{w_tab:,.0f} vs {w_raw:,.0f} B ({w_tab / w_raw:.2f})",
-                ),
-                Target(
-                    "track: table writes 0 tuples of orders",
-                    tab_upd == 0,
-                    f"{tab_upd:,.0f} updated",
-                ),
-            ]
-        else:
-            targets += [
-                Target(t, None, tab_missing)
-                for t in (
-                    "track: table claim + outbox ≥ 1.5× raw",
-                    "track: table WAL/alert ≤ 1/3 of raw",
-                    "track: table writes 0 tuples of orders",
-                )
-            ]
-        if r_in and r_raw:
-            targets.append(
-                Target("inline ≥ 0.95× raw", r_in / r_raw >= 0.95, f"{r_in / r_raw:.2f}×")
+        w_tab, w_in = wal("table"), wal("inline")
+        rows = [r for r in other if r.section == "delivery"]
+        if "delivery" not in run:
+            rows.append(not_measured("delivery", "≥ 0.5× straight POSTs", "delivery", "skipped"))
+        rows += [r for r in other if r.section == "idle"]
+        if "idle" not in run:
+            rows.append(not_measured("idle, 100 rules", "≤ 1.5× raw probes", "idle", "skipped"))
+        # The claim's size, else the probe section's own (--only probe).
+        size = args.rows if args.rows in probes else max(probes, default=args.rows)
+        probe = probes.get(size, {})
+        for name in ("inline", "table"):
+            figure = (
+                f"empty probe, default settings (SLAWATCH_POOLER=auto: unprepared), track: {name},"
+                f" {size:,} rows"
             )
-        for size in sorted(probes):
-            p = probes[size]
-            if "inline" in p and "raw" in p:
-                targets.append(
-                    Target(
-                        f"empty probe ≤ 1.2× raw at {size:,} rows",
-                        p["inline"] <= 1.2 * p["raw"],
-                        f"{p['inline']:,.0f} vs {p['raw']:,.0f} µs ({p['inline'] / p['raw']:.1f}×)",
-                    )
+            goal = "≤ 1.5× raw"
+            ours, raw_us = probe.get(f"{name}_unprep"), probe.get("raw")
+            if ours is None or raw_us is None:
+                rows.append(not_measured(figure, goal, "claim", "skipped"))
+                continue
+            rows.append(
+                Row(
+                    figure,
+                    f"{ours / raw_us:.1f}× the raw statement ({ours:,.0f} vs {raw_us:,.0f} µs;"
+                    f" prepared: {probe.get(name, float('nan')):,.0f} µs)",
+                    goal,
+                    ours <= 1.5 * raw_us,
+                    "claim",
                 )
-        p5 = probes.get(5_000_000, {}).get("inline")
-        targets.append(
-            Target(
-                "empty probe ≤ 1 ms at 5 M rows",
-                None if p5 is None else p5 <= 1000,
-                "not measured (--rows 5000000)" if p5 is None else f"{p5:,.0f} µs",
             )
-        )
-        for name, lr in long_rates.items():
+        for name, rate_, least in (("table", r_tab, 2.5), ("inline", r_in, 0.95)):
+            figure = f"`track: {name}` claim + outbox, {due:,} due, batch {args.batch:,}"
+            if rate_ is None or r_raw is None:
+                reason = "track: table not built" if by_name[name].skipped else "skipped"
+                rows.append(not_measured(figure, f"≥ {least}× raw", "claim", reason))
+                continue
+            rows.append(
+                Row(
+                    figure,
+                    f"{rate_ / r_raw:.2f}× the seed's raw claim ({rate_:,.0f} vs {r_raw:,.0f} rows/s)",
+                    f"≥ {least}× raw",
+                    rate_ / r_raw >= least,
+                    "claim",
+                )
+            )
+        for name in ("table", "inline"):
+            figure = f"`track: {name}`, 10th drain vs 1st in a long run"
+            goal = "≥ 0.9× with retention running" if name == "table" else "printed"
+            lr = long_rates.get(name)
+            if not lr:
+                rows.append(not_measured(figure, goal, "long", "skipped"))
+                continue
             # Single drains are short and the machine noisy: medians of three at each end.
             late = med(lr[7:]) / med(lr[:3])
-            targets.append(
-                Target(
-                    f"{name}: 10th drain ≤ 1.2× the 1st (time), with retention",
-                    late >= 1 / 1.2,
-                    f"drains 8-10 at {late:.2f}× the rate of drains 1-3",
+            rows.append(
+                Row(
+                    figure,
+                    f"{late:.2f}× (drains 8–10 vs 1–3, rows/s)",
+                    goal,
+                    late >= 0.9 if name == "table" else None,
+                    "long",
                 )
             )
-        if e2e:
-            ratio = e2e["e2e_rate"] / e2e["raw_post_rate"]
-            targets.append(Target("end to end ≥ 0.5× raw POST rate", ratio >= 0.5, f"{ratio:.2f}×"))
-            targets.append(
-                Target(
-                    "claim -> receipt p99 ≤ 1 s at 1,000 alerts/s",
-                    e2e["claim_p99"] <= 1000 and e2e["steady_n"] >= e2e["steady_expected"],
-                    f"{e2e['claim_p99']:,.0f} ms ({e2e['steady_n']:,.0f} of"
-                    f" {e2e['steady_expected']:,.0f} received)",
-                )
+        figure = "WAL per alert vs PGQueuer (its run + enqueue)"
+        if peer_res and (w_tab or w_in):
+            name, best_w = min(
+                ((n, w) for n, w in (("table", w_tab), ("inline", w_in)) if w), key=lambda x: x[1]
             )
-        if peer_res and r_in:
-            best = max(r for r in (r_in, r_tab) if r)
-            targets.append(
-                Target(
-                    "claim + outbox ≥ 20× the peer's alerts/s",
-                    best / peer_res["rate"] >= 20,
-                    f"{best / peer_res['rate']:.1f}× ({best:,.0f} vs {peer_res['rate']:,.0f})",
-                )
-            )
-            if e2e and peer_e2e:
-                x = e2e["e2e_rate"] / peer_e2e["rate"]
-                targets.append(
-                    Target(
-                        "end to end ≥ 10× the peer",
-                        x >= 10,
-                        f"{x:.1f}× ({e2e['e2e_rate']:,.0f} vs {peer_e2e['rate']:,.0f})",
-                    )
-                )
-            # The peer's WAL per alert includes enqueueing its job: slawatch needs none.
             peer_wal = peer_res["wal_per"] + peer_res["enq_wal_per"]
-            best_w = min(w for w in (w_in, w_tab) if w)
-            targets.append(
-                Target(
-                    "WAL/alert ≤ 1/5 of the peer's",
-                    best_w <= peer_wal / 5,
-                    f"{best_w:,.0f} vs {peer_wal:,.0f} B (run + enqueue) ({best_w / peer_wal:.2f})",
+            rows.append(
+                Row(
+                    figure,
+                    f"{best_w / peer_wal:.2f}× (track: {name} {best_w:,.0f} vs {peer_wal:,.0f} B)",
+                    "≤ 0.2×",
+                    best_w <= 0.2 * peer_wal,
+                    "claim,peer",
+                )
+            )
+        else:
+            rows.append(not_measured(figure, "≤ 0.2×", "claim,peer", why or "skipped"))
+        # Figures with no goal this round, printed beside the table.
+        if e2e:
+            rows.append(
+                Row(
+                    f"end to end: `slawatch run` → webhook, burst of {due:,}",
+                    f"{e2e['e2e_rate'] / e2e['raw_post_rate']:.2f}× the same POSTs sent straight;"
+                    f" steady 1,000/s claim → receipt p99 {e2e['claim_p99']:,.0f} ms",
+                    "printed",
+                    None,
+                    "e2e",
                 )
             )
         if proc_rates[1] and proc_rates[2]:
-            targets.append(
-                Target(
-                    "2 processes never slower than 1",
-                    min(proc_rates[2]) >= med(proc_rates[1]) * 0.97,
-                    f"{med(proc_rates[2]) / med(proc_rates[1]):.2f}× (worst run"
-                    f" {min(proc_rates[2]) / med(proc_rates[1]):.2f}×)",
+            rows.append(
+                Row(
+                    "1 / 2 / 4 claiming processes",
+                    " / ".join(f"{med(proc_rates[n]) / med(proc_rates[1]):.2f}" for n in proc_rates)
+                    + "×",
+                    "printed",
+                    None,
+                    "procs",
                 )
             )
-        print("TARGETS (issue 7)")
-        for t in targets:
-            mark = "met" if t.met else ("NOT met" if t.met is False else "not measured")
-            print(f"  {mark:<12} {t.text:<52} {t.figure}")
+        if peer_res and (r_in or r_tab):
+            best = max(r for r in (r_in, r_tab) if r)
+            rows.append(
+                Row(
+                    "claim + outbox vs PGQueuer's claim + alert",
+                    f"{best / peer_res['rate']:.1f}× ({best:,.0f} vs {peer_res['rate']:,.0f} alerts/s)",
+                    "printed",
+                    None,
+                    "claim,peer",
+                )
+            )
+        scale = "--quick" if args.quick else f"{args.rows:,} rows, {due:,} due"
+        print_rows(
+            f"ISSUE 18: THE TABLE ({scale}; medians of {args.reps} interleaved runs where"
+            " repeated)",
+            rows,
+            args.markdown,
+        )
+        if event_table:
+            print()
+            print_rows("EVENTS (issue 15's table, bench/events.py)", event_table, args.markdown)
         print(
             f"\nwhole run: {time.perf_counter() - began:.0f} s, load average"
             f" {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} CPUs); scratch databases"

@@ -1,0 +1,375 @@
+"""Retention at volume: what pruning costs a drain, with millions of alerts of history.
+
+Issue 18 asks whether bounded DELETE batches (slawatch/runtime/maintain.py) stay
+cheap when the outbox holds 10 M alerts, or whether slawatch.alert/delivery must be
+partitioned by day so that retention drops whole partitions. This loads ALERTS
+alerts of history (each with its delivery, sent, and its episode, ended) straight
+into slawatch's tables with generate_series, spread over --days days, of which those
+older than --retention-days are prunable, and a shop table (bench/run.py's) whose
+fresh overdue orders each drain claims. Then, interleaved, --reps rounds of:
+
+- a drain alone: --due fresh overdue orders claimed (claim + outbox);
+- the same drain while the pruner deletes old history batch after batch (prune_batch,
+  5,000 alerts per statement, on its own connection), as `slawatch run` would when
+  both fall at the same time;
+- the pruner alone, timed until it has removed as many alerts as a drain writes: the
+  cost of keeping the tables at the retention window, per drain.
+
+It prints the drain's slowdown while pruning runs and the pruner's time as a
+fraction of a drain's; the issue's line: above 10 %, partition and drop instead.
+
+    .venv/bin/python bench/prune.py                     # 10 M alerts: loading takes minutes
+    .venv/bin/python bench/prune.py --alerts 1000000    # a smaller history
+    .venv/bin/python bench/prune.py --json              # the figures as JSON on stdout
+
+Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
+Every database it makes is dropped at the end.
+"""
+
+# ruff: noqa: RUF001, E501
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchdb import Scratch
+from run import add_due, drain, load_shop, lsn, med, rule_dict, walk
+
+from slawatch.config.rules import Rule
+from slawatch.engine.claim import batches, prepare
+from slawatch.engine.migrate import migrate
+from slawatch.engine.queries import queries
+from slawatch.runtime.maintain import BATCH as PRUNE_BATCH
+from slawatch.runtime.maintain import prune_batch
+
+TABLES = ("slawatch.alert", "slawatch.delivery", "slawatch.episode")
+CHUNK = 1_000_000  # rows per INSERT: a bounded transaction while loading
+
+# History as the claim writes it: one alert per episode (#1), its delivery sent 50 ms
+# later, its episode ended an hour after; keys 'h<g>' never meet the shop's order ids.
+# Alert ids follow fired_at, as the identity column makes them in a real run.
+LOAD_ALERTS = """
+INSERT INTO slawatch.alert (id, rule, key, episode, n, severity, deadline, due_at,
+                            fired_at, row_data, kind)
+OVERRIDING SYSTEM VALUE
+SELECT g, %(rule)s, 'h' || g, 1, 1, 'warning', f - interval '49 hours',
+       f - interval '1 hour', f,
+       jsonb_build_object('id', g, 'user_id', mod(g * 7919, 200000),
+                          'total_cents', 1000 + mod(g * 7, 90000),
+                          'email', 'user' || mod(g * 7919, 200000) || '@example.com'),
+       'firing'
+  FROM (SELECT g, %(start)s::timestamptz + (g - 1) * %(gap)s::interval AS f
+          FROM generate_series(%(first)s::bigint, %(last)s::bigint) g) x
+"""
+LOAD_DELIVERIES = """
+INSERT INTO slawatch.delivery (alert_id, notifier, status, attempts, next_attempt_at, sent_at)
+SELECT g, 'ops-webhook', 'sent', 1, f, f + interval '50 milliseconds'
+  FROM (SELECT g, %(start)s::timestamptz + (g - 1) * %(gap)s::interval AS f
+          FROM generate_series(%(first)s::bigint, %(last)s::bigint) g) x
+"""
+LOAD_EPISODES = """
+INSERT INTO slawatch.episode (rule, key, episode, deadline, due_at, notified_at, ended_at)
+SELECT %(rule)s, 'h' || g, 1, f - interval '49 hours', f - interval '1 hour', f,
+       f + interval '1 hour'
+  FROM (SELECT g, %(start)s::timestamptz + (g - 1) * %(gap)s::interval AS f
+          FROM generate_series(%(first)s::bigint, %(last)s::bigint) g) x
+"""
+
+
+def indexes_off(conn: psycopg.Connection[Any]) -> list[str]:
+    """Drop the unique constraints and indexes of the outbox tables (a bulk load then
+    builds each index once, sorted); return the statements that put them back."""
+    restore: list[str] = []
+    for table in TABLES:
+        for name, ddl in conn.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conrelid = %s::regclass AND contype IN ('p', 'u')",
+            (table,),
+        ).fetchall():
+            conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+            restore.append(f"ALTER TABLE {table} ADD CONSTRAINT {name} {ddl}")
+        for name, ddl in conn.execute(
+            "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass",
+            (table,),
+        ).fetchall():
+            conn.execute(f"DROP INDEX slawatch.{name}")
+            restore.append(ddl)
+    return restore
+
+
+def load_history(dsn: str, alerts: int, days: float, end: datetime) -> float:
+    """``alerts`` alerts (with deliveries and episodes) fired evenly over ``days`` days
+    up to ``end``; seconds it took, indexes built and vacuumed."""
+    t = time.perf_counter()
+    gap = timedelta(days=days) / alerts
+    start = end - gap * alerts
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        restore = indexes_off(conn)
+        for first in range(1, alerts + 1, CHUNK):
+            params = {
+                "rule": rule_dict(1)["name"],
+                "start": start,
+                "gap": gap,
+                "first": first,
+                "last": min(first + CHUNK - 1, alerts),
+            }
+            for stmt in (LOAD_ALERTS, LOAD_DELIVERIES, LOAD_EPISODES):
+                conn.execute(stmt, params)
+            print(f"  loaded {params['last']:,} alerts", file=sys.stderr, flush=True)
+        conn.execute("SET maintenance_work_mem = '1GB'")
+        for ddl in restore:
+            conn.execute(ddl)
+        conn.execute("SELECT setval(pg_get_serial_sequence('slawatch.alert', 'id'), %s)", (alerts,))
+        conn.execute(f"VACUUM ANALYZE {', '.join(TABLES)}")
+        conn.execute("CHECKPOINT")
+    return time.perf_counter() - t
+
+
+def explain_prune(conn: psycopg.Connection[Any], cutoff: datetime) -> list[str]:
+    """Where one prune batch's time goes: EXPLAIN (ANALYZE, BUFFERS, WAL) of its two
+    statements (prune_history, prune_episodes), rolled back; their CTEs and DELETEs."""
+    conn.execute("CHECKPOINT")  # as in steady state: each old page's first change since one
+    lines = [f"ONE PRUNE BATCH of {PRUNE_BATCH:,} (EXPLAIN ANALYZE, rolled back; times inclusive)"]
+    for name in ("prune_history", "prune_episodes"):
+        stmt = "EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + queries()[name]
+        with conn.transaction(force_rollback=True):
+            row = conn.execute(stmt, {"cutoff": cutoff, "batch": PRUNE_BATCH}).fetchone()
+        doc = row[0][0] if row else {}
+        nodes: list[dict[str, Any]] = []
+        walk(doc["Plan"], nodes)
+        top = doc["Plan"]
+        lines.append(
+            f"  {name}: {doc.get('Execution Time', 0.0):,.0f} ms, WAL"
+            f" {top.get('WAL Bytes', 0) / 1e6:,.1f} MB ({top.get('WAL FPI', 0):,} full pages)"
+        )
+        for n in nodes:
+            what = n.get("Subplan Name") or ""
+            if n.get("Node Type") == "ModifyTable":
+                what = f"{n.get('Operation')} {n.get('Relation Name')}"
+            elif not what.startswith("CTE "):
+                continue
+            if n.get("Actual Total Time", 0) < 1:
+                continue
+            lines.append(
+                f"    {what:<28} {n.get('Actual Total Time', 0):>7,.0f} ms, buffers hit"
+                f" {n.get('Shared Hit Blocks', 0):>8,} read {n.get('Shared Read Blocks', 0):>7,}"
+                f" dirtied {n.get('Shared Dirtied Blocks', 0):>6,}; WAL"
+                f" {n.get('WAL Bytes', 0) / 1e6:,.1f} MB ({n.get('WAL FPI', 0):,} full pages)"
+            )
+    return lines
+
+
+@dataclass
+class Pruner:
+    """prune_batch in a loop on its own connection until stopped; what it removed and
+    how long its statements took. An exception in the thread is kept and re-raised by
+    :meth:`stop`, so a failed pruner never reads as a cheap one."""
+
+    dsn: str
+    cutoff: datetime
+    alerts: int = 0
+    busy: float = 0.0
+    batches: list[float] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self._stop.is_set():
+                    t = time.perf_counter()
+                    got = prune_batch(conn, self.cutoff)
+                    self.batches.append(time.perf_counter() - t)
+                    self.busy += self.batches[-1]
+                    self.alerts += got.alerts
+                    if got.alerts < PRUNE_BATCH:
+                        return  # nothing old left: the history is too short for the run
+        except BaseException as exc:  # re-raised in the caller's thread by stop()
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"the pruner failed: {self.error!r}") from self.error
+
+
+def prune_alone(conn: psycopg.Connection[Any], cutoff: datetime, alerts: int) -> dict[str, float]:
+    """Batches until ``alerts`` alerts are gone: seconds, WAL, batches."""
+    removed, times = 0, []
+    wal0 = lsn(conn)
+    while removed < alerts:
+        t = time.perf_counter()
+        got = prune_batch(conn, cutoff)
+        times.append(time.perf_counter() - t)
+        removed += got.alerts
+        if got.alerts < PRUNE_BATCH:
+            raise RuntimeError("the history ran out of prunable alerts: raise --alerts")
+    return {
+        "secs": sum(times),
+        "alerts": removed,
+        "wal_per": (lsn(conn) - wal0) / removed,
+        "ms_batch": med(times) * 1000,
+    }
+
+
+def measure(
+    alerts: int = 10_000_000,
+    rows: int = 1_000_000,
+    due: int = 50_000,
+    batch: int = 10_000,
+    reps: int = 3,
+    days: float = 10.0,
+    retention_days: float = 7.0,
+    log: Any = sys.stderr,
+) -> dict[str, Any]:
+    """The whole measurement on scratch databases; the figures (medians) and every run."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    rule = Rule.model_validate(rule_dict(batch))
+    cutoff = now - timedelta(days=retention_days)
+    runs: dict[str, list[dict[str, float]]] = {"alone": [], "pruning": [], "prune": []}
+    with Scratch() as scratch:
+        dsn = scratch.create("prune")
+        t = time.perf_counter()
+        load_shop(dsn, rows, 0, now)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn, [rule])
+        shop_secs = time.perf_counter() - t
+        print(f"shop of {rows:,} orders loaded in {shop_secs:.0f} s", file=log, flush=True)
+        history_secs = load_history(dsn, alerts, days, now - timedelta(hours=1))
+        print(f"history of {alerts:,} alerts loaded in {history_secs:.0f} s", file=log, flush=True)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            sizes = conn.execute(
+                "SELECT sum(pg_total_relation_size(t::regclass)) FROM unnest(%s::text[]) t",
+                (list(TABLES),),
+            ).fetchone()
+            next_id, minute = rows + 1, 0
+
+            def one_drain(pruner: Pruner | None) -> dict[str, float]:
+                nonlocal next_id, minute
+                minute += 1
+                at = now + timedelta(minutes=minute)
+                add_due(conn, next_id, due, at)
+                next_id += due
+                # What the delivery workers and autovacuum do between drains.
+                conn.execute(
+                    "UPDATE slawatch.delivery SET status = 'sent' WHERE status = 'pending'"
+                )
+                conn.execute("VACUUM ANALYZE orders")
+                conn.execute("CHECKPOINT")
+                step = batches(conn, prepare(conn, rule), at)
+                if pruner is not None:
+                    pruner.start()
+                got, _, secs = drain(step, batch, 1e9)
+                out = {"rows": got, "secs": secs, "rate": got / secs}
+                if pruner is not None:
+                    pruner.stop()
+                    out |= {"pruned": pruner.alerts, "prune_busy": pruner.busy}
+                if got != due:
+                    raise RuntimeError(f"the drain claimed {got:,} of {due:,}")
+                return out
+
+            def pruning_alone() -> dict[str, float]:
+                conn.execute("CHECKPOINT")
+                return prune_alone(conn, cutoff, due)
+
+            steps: list[tuple[str, Callable[[], dict[str, float]]]] = [
+                ("alone", lambda: one_drain(None)),
+                ("pruning", lambda: one_drain(Pruner(dsn, cutoff))),
+                ("prune", pruning_alone),
+            ]
+            for r in range(reps):
+                for name, fn in steps[r % 3 :] + steps[: r % 3]:
+                    runs[name].append(fn())
+                    print(f"  round {r + 1} {name}: {runs[name][-1]}", file=log, flush=True)
+            profile = explain_prune(conn, cutoff)
+    alone = med([x["secs"] for x in runs["alone"]])
+    pruning = med([x["secs"] for x in runs["pruning"]])
+    prune = med([x["secs"] for x in runs["prune"]])
+    return {
+        "alerts": alerts,
+        "due": due,
+        "history_mb": float(sizes[0]) / 1e6 if sizes and sizes[0] else 0.0,
+        "load_secs": history_secs,
+        "drain_secs": alone,
+        "drain_rate": med([x["rate"] for x in runs["alone"]]),
+        "drain_pruning_secs": pruning,
+        "slowdown": pruning / alone,
+        "pruned_during": med([x["pruned"] for x in runs["pruning"]]),
+        "prune_secs": prune,
+        "prune_rate": due / prune,
+        "prune_ms_batch": med([x["ms_batch"] for x in runs["prune"]]),
+        "prune_wal_per": med([x["wal_per"] for x in runs["prune"]]),
+        "fraction": prune / alone,
+        "runs": runs,
+        "profile": profile,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--alerts", type=int, default=10_000_000, help="alerts of history")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="orders in the shop table")
+    parser.add_argument("--due", type=int, default=50_000, help="orders each drain claims")
+    parser.add_argument("--batch", type=int, default=10_000, help="the rule's claim batch")
+    parser.add_argument("--reps", type=int, default=3, help="interleaved rounds (>= 3)")
+    parser.add_argument("--days", type=float, default=10.0, help="the history spans this")
+    parser.add_argument("--retention-days", type=float, default=7.0)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    began = time.perf_counter()
+    res = measure(
+        args.alerts, args.rows, args.due, args.batch, args.reps, args.days, args.retention_days
+    )
+    if args.json:
+        print(json.dumps(res))
+        return
+    old = args.alerts * (args.days - args.retention_days) / args.days
+    print(
+        f"PRUNING at {args.alerts:,} alerts of history (with their deliveries and episodes,"
+        f" {res['history_mb']:,.0f} MB; {old:,.0f} older than the {args.retention_days:g}-day"
+        f" retention), loaded in {res['load_secs']:.0f} s;\n{args.reps} interleaved rounds,"
+        f" medians; a drain claims {args.due:,} overdue orders (batch {args.batch:,})"
+    )
+    print(
+        f"  drain alone:           {res['drain_secs'] * 1000:8,.0f} ms ({res['drain_rate']:,.0f} alerts/s)"
+    )
+    print(
+        f"  drain while pruning:   {res['drain_pruning_secs'] * 1000:8,.0f} ms"
+        f" ({res['slowdown']:.2f}× the time; the pruner removed {res['pruned_during']:,.0f} alerts meanwhile)"
+    )
+    print(
+        f"  pruning {args.due:,} alerts: {res['prune_secs'] * 1000:8,.0f} ms"
+        f" ({res['prune_rate']:,.0f} alerts/s, {res['prune_ms_batch']:,.0f} ms per batch of"
+        f" {PRUNE_BATCH:,}, WAL {res['prune_wal_per']:,.0f} B/alert)"
+    )
+    verdict = "≤ 10 %: bounded batches suffice" if res["fraction"] <= 0.10 else "> 10 %: partition"
+    print(
+        f"  pruning as a fraction of a drain's time (as many alerts removed as a drain writes):"
+        f" {res['fraction'] * 100:.0f} % ({verdict})"
+    )
+    print("\n".join(res["profile"]))
+    print(f"whole run: {time.perf_counter() - began:.0f} s; scratch database dropped")
+
+
+if __name__ == "__main__":
+    main()
