@@ -1,0 +1,92 @@
+"""An idle scan costs one cheap statement: the probe ("anything due?") on the partial
+indexes, before the claim, which runs only when the probe finds something (issue 18)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from slawatch.clock import Clock
+from slawatch.db import Database
+from slawatch.engine.claim import ClaimPlan, drain, prepare
+from tests.integration.helpers import Conn, shop
+from tests.integration.test_round_trips import round_trips
+
+NOW = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+class Fixed(Clock):
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def now(self) -> datetime:
+        return self.at
+
+
+@pytest.fixture
+def pooled(dsn: str) -> Database:
+    db = Database(dsn, size=1, timeout=10)
+    yield db  # type: ignore[misc]
+    db.close()
+
+
+def traced_drain(db: Database, plan: ClaimPlan, at: datetime) -> tuple[int, int]:
+    """(round trips, alerts) of one drain at ``at`` on the pool's one connection."""
+    with db.connection("tracing") as conn:
+        traced = conn
+    out: list[int] = []
+    trips = round_trips(traced, lambda: out.append(drain(db, plan, Fixed(at)).claimed))
+    return trips, out[0]
+
+
+def sent_statements(db: Database, work: Callable[[], object]) -> list[str]:
+    """The first line of each statement ``work()`` sent on the pool's one connection."""
+    with db.connection("tracing") as conn:
+        traced = conn
+    with tempfile.TemporaryFile("w+") as trace:
+        traced.pgconn.trace(trace.fileno())
+        try:
+            work()
+        finally:
+            traced.pgconn.untrace()
+        trace.seek(0)
+        sent = [line.split("\t") for line in trace.read().splitlines()]
+    return [f[-1] for f in sent if len(f) > 3 and f[1] == "F" and f[3] in ("Parse", "Query")]
+
+
+def paid(conn: Conn, order: int, at: datetime) -> None:
+    conn.execute(
+        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+        " VALUES (%s, 7, 100, 'paid', %s)",
+        (order, at),
+    )
+
+
+def test_an_idle_inline_drain_is_one_read_only_statement(conn: Conn, pooled: Database) -> None:
+    plan = prepare(conn, shop(conn)["order_unshipped"])
+    paid(conn, 1, NOW - timedelta(hours=1))  # due in 47 hours
+    assert traced_drain(pooled, plan, NOW) == (1, 0)
+    sent = sent_statements(pooled, lambda: drain(pooled, plan, Fixed(NOW)))
+    assert len(sent) == 1 and '"SELECT EXISTS (SELECT 1 FROM' in sent[0]  # no write
+
+
+def test_the_probe_finds_each_kind_of_work(conn: Conn, pooled: Database) -> None:
+    """A first notice, a re-notification and an episode that ended each make the probe
+    say yes, so the claim runs (and closes or notifies); then it is idle again."""
+    plan = prepare(conn, shop(conn)["order_unshipped"])
+    paid(conn, 1, NOW - timedelta(days=3))  # due: a first notice
+    assert traced_drain(pooled, plan, NOW) == (2, 1)  # probe + claim
+    assert traced_drain(pooled, plan, NOW) == (1, 0)  # notified: idle until its re-notice
+    renotify = plan.rule.renotify
+    assert renotify is not None and renotify.every is not None
+    later = NOW + renotify.every + timedelta(seconds=1)
+    assert traced_drain(pooled, plan, later) == (2, 1)  # the re-notification
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
+    trips, alerts = traced_drain(pooled, plan, later)
+    assert (trips, alerts) == (2, 0)  # the episode ended: the claim closes it
+    closed = conn.execute("SELECT sw_order_unshipped_seen FROM orders WHERE id = 1").fetchone()
+    assert closed == (None,)
+    assert traced_drain(pooled, plan, later) == (1, 0)
