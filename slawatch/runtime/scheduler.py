@@ -248,6 +248,8 @@ class Runner:
             self.db.close()
             raise
         self._running = {r.name: _Running.start(r, plans[r.name], backoff_cap) for r in rules}
+        # What the scans last wrote to slawatch.scan: an idle scan is written once a minute.
+        self._scan_records = scans.ScanRecords()
         self.notifiers: dict[str, Notifier] = {c.name: build(c) for c in notifiers}
         # Shared with the delivery workers, so changed in place on reload.
         self.descriptions = {r.name: r.description for r in rules}
@@ -316,7 +318,9 @@ class Runner:
             return drained
 
         try:
-            result = scans.recorded(self.db, rule, self.clock, lambda _: timed(running.plan))
+            result = scans.recorded(
+                self.db, rule, self.clock, lambda _: timed(running.plan), self._scan_records
+            )
         except DatabaseUnavailable:
             result = None  # the database's outage line says it
         except SlawatchError as exc:

@@ -3,6 +3,7 @@ indexes, before the claim, which runs only when the probe finds something (issue
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -11,7 +12,10 @@ import pytest
 
 from slawatch.clock import Clock
 from slawatch.db import Database
-from slawatch.engine.claim import ClaimPlan, drain, prepare
+from slawatch.engine.claim import ClaimPlan, DrainResult, drain, prepare
+from slawatch.errors import SlawatchError
+from slawatch.runtime import scans
+from slawatch.runtime.scans import ScanRecords
 from tests.integration.helpers import Conn, shop
 from tests.integration.test_round_trips import round_trips
 
@@ -90,3 +94,40 @@ def test_the_probe_finds_each_kind_of_work(conn: Conn, pooled: Database) -> None
     closed = conn.execute("SELECT sw_order_unshipped_seen FROM orders WHERE id = 1").fetchone()
     assert closed == (None,)
     assert traced_drain(pooled, plan, later) == (1, 0)
+
+
+def test_an_idle_scan_is_recorded_when_its_outcome_changes_or_its_record_is_old(
+    conn: Conn, pooled: Database
+) -> None:
+    shop(conn)
+    records = ScanRecords()
+
+    def scan(at: datetime, claimed: int = 0, error: str | None = None) -> None:
+        def drained(rule: str) -> DrainResult:
+            if error is not None:
+                raise SlawatchError(error)
+            return DrainResult(claimed, 1)
+
+        with contextlib.suppress(SlawatchError):
+            scans.recorded(pooled, "late", Fixed(at), drained, records)
+
+    def last() -> tuple[object, ...] | None:
+        return conn.execute("SELECT last_at, claimed, error FROM slawatch.scan").fetchone()
+
+    scan(NOW)
+    assert last() == (NOW, 0, None)  # the first scan is written
+    scan(NOW + timedelta(seconds=1))
+    assert last() == (NOW, 0, None)  # the same outcome: not written again
+    scan(NOW + timedelta(seconds=2), claimed=3)
+    assert last() == (NOW + timedelta(seconds=2), 3, None)
+    scan(NOW + timedelta(seconds=3))
+    assert last() == (NOW + timedelta(seconds=3), 0, None)  # back to nothing: a change
+    scan(NOW + timedelta(seconds=4), error="boom")
+    assert last() == (NOW + timedelta(seconds=4), 0, "boom")
+    scan(NOW + timedelta(seconds=5), error="boom")
+    assert last() == (NOW + timedelta(seconds=4), 0, "boom")
+    scan(NOW + timedelta(seconds=6))
+    assert last() == (NOW + timedelta(seconds=6), 0, None)  # recovered: at once
+    records.refresh = 0.0  # the record is old: written however alike
+    scan(NOW + timedelta(seconds=7))
+    assert last() == (NOW + timedelta(seconds=7), 0, None)
