@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 # Maintenance orphans a delivery to a notifier this process does not have only once
 # it was due this long: another instance may have that notifier (a fleet mid-reload).
 ORPHAN_GRACE = timedelta(minutes=10)
+# Connections the scans of all rules share, by default (SLAWATCH_SCAN_CONNECTIONS).
+SCAN_CONNECTIONS = 2
 # The line per scan that did work, apart from the rest (``slawatch demo`` leaves it out).
 activity = logging.getLogger("slawatch.activity")
 
@@ -224,6 +226,7 @@ class Runner:
         actions: Mode = "on",
         sources: list[SourceConfig] | None = None,
         recorder: Recorder | None = None,
+        scan_connections: int = SCAN_CONNECTIONS,
     ) -> None:
         self.clock = clock or Clock()
         # Rules' webhook actions are sent as notifiers of their own (action:<rule>).
@@ -234,9 +237,10 @@ class Runner:
         self._load = load
         self._configs = {c.name: c for c in notifiers}
         self._source_configs = list(sources or [])
+        self.scan_connections = scan_connections
         self.db = Database(
             dsn,
-            size=_pool_size(rules, notifiers, len(self._source_configs)),
+            size=_pool_size(scan_connections, notifiers, len(self._source_configs)),
             timeout=timeout,
             pooler=pooler,
         )
@@ -683,8 +687,7 @@ class Runner:
             self._apply_notifiers(configs, built)
             # After the removed notifiers' workers stopped: nothing of ours is in flight.
             self.settle_orphans()
-            running = [r.rule for r in self._running.values()]
-            self.db.resize(_pool_size(running, notifiers, len(self.sources)))
+            self.db.resize(_pool_size(self.scan_connections, notifiers, len(self.sources)))
             return True
 
     def _apply_rules(
@@ -838,10 +841,14 @@ def with_targets(rules: list[Rule], notifiers: list[NotifierConfig]) -> list[Not
     return [*notifiers, *action_targets(rules)]
 
 
-def _pool_size(rules: list[Rule], notifiers: list[NotifierConfig], sources: int = 0) -> int:
-    """Scans, the delivery workers (``concurrency`` per notifier), the event sources,
-    the listener's probe, pruning, a metrics scrape, and one to spare."""
-    return len(rules) + sum(c.concurrency for c in notifiers) + sources + 4
+def _pool_size(scans: int, notifiers: list[NotifierConfig], sources: int = 0) -> int:
+    """``scans`` connections that every rule's scans share (``SLAWATCH_SCAN_CONNECTIONS``:
+    however many rules, an idle scan holds one for a probe, a busy one per batch), the
+    delivery workers (``concurrency`` per notifier), the event sources, and one for the
+    rest (the listener's probe, pruning, a metrics scrape, the admin API: each a few
+    statements, and any connection the scans are not using serves them too). With the
+    delivery listener's own connection, ``slawatch run`` opens at most this + 1."""
+    return scans + sum(c.concurrency for c in notifiers) + sources + 1
 
 
 @contextmanager

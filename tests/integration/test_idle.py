@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -13,11 +14,14 @@ import pytest
 from slawatch.clock import Clock
 from slawatch.db import Database
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, prepare
+from slawatch.engine.migrate import migrate
 from slawatch.errors import SlawatchError
 from slawatch.runtime import scans
 from slawatch.runtime.scans import ScanRecords
+from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, shop
 from tests.integration.test_round_trips import round_trips
+from tests.waiting import wait_until
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -131,3 +135,43 @@ def test_an_idle_scan_is_recorded_when_its_outcome_changes_or_its_record_is_old(
     records.refresh = 0.0  # the record is old: written however alike
     scan(NOW + timedelta(seconds=7))
     assert last() == (NOW + timedelta(seconds=7), 0, None)
+
+
+def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> None:
+    """12 rules scanned every second: at most SLAWATCH_SCAN_CONNECTIONS + 2 connections
+    (no notifier, no source: one for the rest, one for the delivery listener), not one
+    per rule; every rule is scanned all the same."""
+    base = shop(conn)["order_unshipped"]
+    rules = [
+        base.model_copy(update={"name": f"late{i:02}", "every": timedelta(seconds=1)})
+        for i in range(12)
+    ]
+    migrate(conn, rules)
+    paid(conn, 1, NOW - timedelta(days=3))
+    runner = Runner(dsn, rules, [], scan_connections=1)
+    seen: list[int] = []
+
+    def connections() -> int:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+        assert row is not None
+        seen.append(int(row[0]))
+        return seen[-1]
+
+    def scanned() -> bool:
+        connections()
+        row = conn.execute("SELECT count(*) FROM slawatch.scan").fetchone()
+        alerts = conn.execute("SELECT count(DISTINCT rule) FROM slawatch.alert").fetchone()
+        return row == (12,) and alerts == (12,)
+
+    serving = threading.Thread(target=runner.serve, kwargs={"seconds": 60}, daemon=True)
+    try:
+        serving.start()
+        wait_until(scanned, "a scan and an alert of every rule")
+    finally:
+        runner.stop()
+        serving.join(timeout=30)
+        runner.close()
+    assert max(seen) <= 1 + 2
