@@ -378,6 +378,18 @@ def plan_claim(
         again=again,
         ended=ended,
     )
+    if rule.events is not None:
+        # The timers' housekeeping (timers.housekeep) runs only when the probe finds work:
+        # a scheduled beat without its deadline, a too-fast stop whose page was claimed.
+        chores: list[sql.Composable] = []
+        if rule.events.schedule is not None:
+            chores.append(sql.SQL("open AND due_at IS NULL"))
+        if rule.events.min is not None:
+            chores.append(sql.SQL("open AND too_fast AND {} > 0").format(n))
+        for chore in chores:
+            probe = sql.SQL("{}\n    OR EXISTS (SELECT 1 FROM {} WHERE {})").format(
+                probe, table_ident(rule), chore
+            )
     return ClaimPlan(rule, statement, has_tz, probe=probe)
 
 
@@ -469,13 +481,14 @@ def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], in
 def anything_due(conn: Connection, plan: ClaimPlan, now: datetime) -> bool:
     """Whether an inline claim at ``now`` would claim or close anything (:data:`_PROBE`).
 
-    One read-only statement on the partial indexes: prepared where the pooler allows
-    (psycopg prepares it from its 5th run; its plan does not depend on the values)."""
+    One read-only statement on the partial indexes, prepared where the pooler allows."""
     if plan.probe is None:
         return True
     cutoff = plan.to_deadline(plan.rule.cutoff(now))
     with translate(f"probe for rule {plan.rule.name}"), one_statement(conn):
-        row = conn.execute(plan.probe, {"cutoff": cutoff, "now": now}).fetchone()
+        # Prepared at once where the pooler allows (prepare=True is ignored when
+        # prepared statements are off): the probe is what an idle scan costs.
+        row = conn.execute(plan.probe, {"cutoff": cutoff, "now": now}, prepare=True).fetchone()
     return bool(row and row[0])
 
 
@@ -592,7 +605,13 @@ def _drain(
     db: Database, plan: ClaimPlan, clock: Clock, budget: timedelta | None, sweep: bool
 ) -> DrainResult:
     tally = Tally()
+    probe = True  # the first claim is probed for
     if plan.rule.events is not None:
+        if plan.table is None:
+            with db.connection(f"probe for rule {plan.rule.name}") as conn:
+                if not anything_due(conn, plan, clock.now()):
+                    return DrainResult(0, 0)
+            probe = False
         housekeep(db, plan.rule)  # scheduled beats' deadlines; too-fast timers closed
     if plan.table is not None:
         alerts, batches = drain_table(
@@ -611,7 +630,7 @@ def _drain(
     batches = 0
     while True:
         # The first batch is probed for: an idle scan costs one cheap statement.
-        def claim(first: bool = batches == 0) -> Tally | None:
+        def claim(first: bool = probe and batches == 0) -> Tally | None:
             return _claim_on(db, plan, clock, probe=first)
 
         got = retry_conflicts(claim)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from slawatch.clock import Clock
-from slawatch.db import Database
+from slawatch.db import Database, Pooler
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, prepare
 from slawatch.engine.migrate import migrate
 from slawatch.errors import SlawatchError
@@ -20,6 +20,7 @@ from slawatch.runtime import scans
 from slawatch.runtime.scans import ScanRecords
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, shop
+from tests.integration.test_events import T0, M, parcel, send, timer
 from tests.integration.test_round_trips import round_trips
 from tests.waiting import wait_until
 
@@ -175,3 +176,38 @@ def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> N
         serving.join(timeout=30)
         runner.close()
     assert max(seen) <= 1 + 2
+
+
+def test_an_event_rules_housekeeping_waits_for_the_probe_and_the_probe_sees_it(
+    conn: Conn, pooled: Database
+) -> None:
+    """An idle event rule's scan is its probe alone; a too-fast stop whose one page was
+    claimed is closed by the next scan, before any re-notification is due."""
+    rule = parcel(min="5m")
+    migrate(conn, [rule])
+    plan = prepare(conn, rule)
+    assert traced_drain(pooled, plan, T0) == (1, 0)  # no timer: the probe alone
+    send(conn, "parcel_shipped", "I", T0)
+    send(conn, "parcel_delivered", "I", T0 + 2 * M)  # ran too fast: pages once
+    assert drain(pooled, plan, Fixed(T0 + 3 * M)).claimed == 1
+    assert timer(conn, "I") == (T0 + 2 * M, True)
+    assert drain(pooled, plan, Fixed(T0 + 4 * M)).claimed == 0  # re-notice due in 12 h
+    assert timer(conn, "I") == (T0 + 2 * M, False)
+
+
+@pytest.mark.parametrize("pooler", ["none", "auto"])
+def test_the_probe_is_prepared_where_the_pooler_allows_and_stays_so(
+    conn: Conn, dsn: str, pooler: Pooler
+) -> None:
+    """Prepared at its first run (never with the default ``auto``), and kept among a
+    hundred rules' statements: psycopg's default cache (100) would evict it."""
+    plan = prepare(conn, shop(conn)["order_unshipped"])
+    with Database(dsn, size=1, timeout=10, pooler=pooler) as db:
+        drain(db, plan, Fixed(NOW))
+        with db.connection("other rules' statements") as pooled:
+            for i in range(150):
+                pooled.execute(f"SELECT {i} + %s::int", (i,), prepare=pooler == "none")
+            prepared = pooled.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT EXISTS%%'"
+            ).fetchone()
+    assert prepared == ((1,) if pooler == "none" else (0,))
