@@ -16,18 +16,19 @@ How it counts, per scratch database:
   ``/usr/lib/postgresql/15``). A server without it: statements are then counted as
   transactions, DB time as ``pg_stat_database.active_time``, and WAL is not measured.
 - transactions and rows written: ``pg_stat_database`` (``xact_commit +
-  xact_rollback``; ``tup_inserted + tup_updated + tup_deleted``), read after each
-  phase's connections closed (a backend flushes its counters then).
+  xact_rollback``; ``tup_inserted + tup_updated + tup_deleted``), the snapshot's and
+  the sampler's own transactions taken off.
 - connections: the most ``pg_stat_activity`` showed for the database during the
   phase, sampled every 0.1 s.
 
 A cycle is one second (both run one a second): the counters' change over a window
-of ``seconds``, opened once the load has run for 10 s (slawatch's start is not idle
-cost), divided by its seconds. Counters in ``pg_stat_database`` reach it when a
-backend flushes them (about once a second for a busy one), so those figures are
-good to a cycle or so per window; ``pg_stat_statements`` counts at once.
+of ``seconds``, opened once the load has run for ``--warm`` seconds (10; slawatch's
+start is not idle cost), divided by its seconds. Counters in ``pg_stat_database``
+reach it when a backend flushes them (about once a second for a busy one), so those
+figures are good to a cycle or so per window; ``pg_stat_statements`` counts at once.
 
     .venv/bin/python bench/idle.py [--rules 100] [--seconds 10] [--reps 3]
+                                   [--pooler auto|none] [--warm 10]
 """
 
 from __future__ import annotations
@@ -177,18 +178,20 @@ def window(dsn: str, statements: bool, seconds: float) -> dict[str, float]:
 
 
 # Seconds the load runs before the window opens: slawatch's start (catalog reads,
-# settling orphans, LISTEN) is not idle cost.
+# settling orphans, LISTEN) is not idle cost. With prepared statements (--pooler none)
+# each of 100 rules' probes is planned 5 times per connection before PostgreSQL
+# settles on its generic plan: --warm 30 measures that steady state.
 WARM = 10.0
 
 
 def slawatch_phase(
-    dsn: str, rules: list[Rule], seconds: float, statements: bool, pooler: Pooler
+    dsn: str, rules: list[Rule], seconds: float, statements: bool, pooler: Pooler, warm: float
 ) -> dict[str, float]:
     runner = Runner(dsn, rules, [ConsoleConfig(name="console", type="console")], pooler=pooler)
     serving = threading.Thread(target=runner.serve, daemon=True)
     try:
         serving.start()
-        time.sleep(WARM)
+        time.sleep(warm)
         return window(dsn, statements, seconds)
     finally:
         runner.stop()
@@ -196,7 +199,9 @@ def slawatch_phase(
         runner.close()
 
 
-def raw_phase(dsn: str, rules: list[Rule], seconds: float, statements: bool) -> dict[str, float]:
+def raw_phase(
+    dsn: str, rules: list[Rule], seconds: float, statements: bool, warm: float
+) -> dict[str, float]:
     probes = [
         sql.SQL(
             "SELECT 1 FROM {t} WHERE paid_at < %s AND {seen} IS DISTINCT FROM paid_at"
@@ -220,7 +225,7 @@ def raw_phase(dsn: str, rules: list[Rule], seconds: float, statements: bool) -> 
     thread = threading.Thread(target=probing, daemon=True)
     try:
         thread.start()
-        time.sleep(WARM)
+        time.sleep(warm)
         return window(dsn, statements, seconds)
     finally:
         stop.set()
@@ -228,7 +233,12 @@ def raw_phase(dsn: str, rules: list[Rule], seconds: float, statements: bool) -> 
 
 
 def measure(
-    dsn: str, rules: int = 100, seconds: float = 10.0, reps: int = 3, pooler: Pooler = "auto"
+    dsn: str,
+    rules: int = 100,
+    seconds: float = 10.0,
+    reps: int = 3,
+    pooler: Pooler = "auto",
+    warm: float = WARM,
 ) -> dict[str, float]:
     """slawatch's idle cost against the raw probes', per cycle, on a scratch database of
     ``dsn``'s server: ratios and slawatch's own figures (medians of ``reps`` interleaved
@@ -247,8 +257,8 @@ def measure(
         made = setup(db, rules)
         runs: dict[str, list[dict[str, float]]] = {"slawatch": [], "raw": []}
         for _ in range(reps):
-            runs["slawatch"].append(slawatch_phase(db, made, seconds, statements, pooler))
-            runs["raw"].append(raw_phase(db, made, seconds, statements))
+            runs["slawatch"].append(slawatch_phase(db, made, seconds, statements, pooler, warm))
+            runs["raw"].append(raw_phase(db, made, seconds, statements, warm))
     finally:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(
@@ -323,12 +333,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--pooler", choices=["auto", "none"], default="auto")
+    parser.add_argument(
+        "--warm", type=float, default=WARM, help="seconds each load runs before its window"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)  # late runs on a busy machine
     given = os.environ.get("SLAWATCH_BENCH_DSN")
     with contextlib.ExitStack() as stack:
         dsn = given or stack.enter_context(counting_server())
-        m = measure(dsn, args.rules, args.seconds, args.reps, args.pooler)
+        m = measure(dsn, args.rules, args.seconds, args.reps, args.pooler, args.warm)
     print(
         f"IDLE: {args.rules} rules x every 1s, nothing due; per cycle (1 s), medians of"
         f" {args.reps} interleaved runs of {args.seconds:.0f} s; SLAWATCH_POOLER={args.pooler}"
