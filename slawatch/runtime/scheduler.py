@@ -197,7 +197,9 @@ class Runner:
     comes; ``backoff_cap``: the longest wait after a failure; ``retention``: how
     long alert history is kept (``SLAWATCH_RETENTION``), pruned every ``maintain_every``;
     ``load``: re-reads rules and notifiers for :meth:`reload` (SIGHUP); ``admin_url``:
-    where people reach the admin API, for the link in storm summaries.
+    where people reach the admin API, for the link in storm summaries;
+    ``scan_connections``: the pooled connections every rule's scans share
+    (``SLAWATCH_SCAN_CONNECTIONS``; see :func:`_pool_size`).
 
     ``sources``: event sources (``sources/*.yaml``), each consumed by a thread of
     :meth:`serve` and drained by :meth:`once`; ``recorder`` is told what they store
