@@ -276,6 +276,7 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
             admin_url=settings.admin_url,
             actions=settings.actions,
             sources=load_event_sources(settings, rules),
+            scan_connections=settings.scan_connections,
         )
 
     try:

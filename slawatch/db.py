@@ -370,6 +370,10 @@ def quiet(conn: Connection) -> bool:
     return not readable
 
 
+# Prepared statements kept per pooled connection (psycopg's default: 100).
+PREPARED_MAX = 1000
+
+
 class Database:
     """A pool of autocommit connections to one database, and its outage state.
 
@@ -431,6 +435,9 @@ class Database:
 
     def _configure(self, conn: Connection) -> None:
         conn.execute(SESSION)
+        # Every rule's probe and claim on every shared connection: psycopg's default of
+        # 100 prepared statements would keep evicting them with a hundred rules.
+        conn.prepared_max = PREPARED_MAX
         self._used[conn] = time.monotonic()
 
     def _check(self, conn: Connection) -> None:

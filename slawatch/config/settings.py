@@ -138,6 +138,10 @@ class Settings(BaseSettings):
     # "none"/"session": direct to PostgreSQL (or a session pooler): prepared statements.
     # "auto" (default): none, since a transaction pooler may sit in between.
     pooler: Literal["auto", "none", "session", "transaction"] = "auto"
+    # Database connections that the scans of every rule share (however many rules):
+    # `slawatch run` opens at most this + the notifiers' concurrency + the event
+    # sources + 2 (the rest's one, and the delivery listener's).
+    scan_connections: int = Field(default=2, ge=1, le=100)
     # The admin API's address (slawatch/operate/admin.py); empty: no admin API.
     http: Annotated[str | None, BeforeValidator(_http)] = "127.0.0.1:8181"
     # With a token every admin request but /healthz needs "Authorization: Bearer <token>";

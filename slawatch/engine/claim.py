@@ -116,6 +116,15 @@ SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
        -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
        (SELECT pg_notify('slawatch_delivery', '') WHERE {wake}){due}"""
 
+# "Anything to do?" before the claim: one statement, three index probes (the claim's
+# own three predicates, each answered by the first entry of its partial index), no
+# lock and no write. An idle scan costs this and nothing more; a row that falls due
+# between the probe and the claim is the next scan's.
+_PROBE = """\
+SELECT EXISTS (SELECT 1 FROM {table} WHERE {deadline} < %(cutoff)s AND {first})
+    OR EXISTS (SELECT 1 FROM {table} WHERE {next} < %(now)s::timestamptz AND {again})
+    OR EXISTS (SELECT 1 FROM {table} WHERE {ended})"""
+
 # rule `resolve: true`: the notified episodes this claim ends, for their resolved
 # notices (outbox.resolved). `ended` and `first` carry the values from before the
 # claim's updates: closed rows (completed, or the deadline moved to a time not yet
@@ -143,6 +152,8 @@ class ClaimPlan:
     table: TablePlan | None = None  # track: table
     # The rule's action (engine/acting.py): runs the due actions before the claim commits.
     act: Act | None = None
+    # inline: whether anything is due (_PROBE); the claim runs only then.
+    probe: sql.Composed | None = None
 
     def with_act(self, act: Act) -> ClaimPlan:
         """This plan with ``act`` running its rule's action (no change without one)."""
@@ -359,7 +370,27 @@ def plan_claim(
             due=due_column(rule, key),
         )
         return ClaimPlan(rule, statement, has_tz, table)
-    return ClaimPlan(rule, statement, has_tz)
+    probe = sql.SQL(_PROBE).format(
+        table=table_ident(rule),
+        deadline=deadline,
+        first=first,
+        next=nxt,
+        again=again,
+        ended=ended,
+    )
+    if rule.events is not None:
+        # The timers' housekeeping (timers.housekeep) runs only when the probe finds work:
+        # a scheduled beat without its deadline, a too-fast stop whose page was claimed.
+        chores: list[sql.Composable] = []
+        if rule.events.schedule is not None:
+            chores.append(sql.SQL("open AND due_at IS NULL"))
+        if rule.events.min is not None:
+            chores.append(sql.SQL("open AND too_fast AND {} > 0").format(n))
+        for chore in chores:
+            probe = sql.SQL("{}\n    OR EXISTS (SELECT 1 FROM {} WHERE {})").format(
+                probe, table_ident(rule), chore
+            )
+    return ClaimPlan(rule, statement, has_tz, probe=probe)
 
 
 def prepare(conn: Connection, rule: Rule) -> ClaimPlan:
@@ -432,7 +463,8 @@ def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], in
     """One drain at ``now`` on ``conn``, a batch per call: the alerts each call wrote
     (both ways to track; a benchmark's view of the claim)."""
     if plan.table is None:
-        return lambda: claim_batch(conn, plan, now)
+        # Each call as a drain's first batch: the probe, then the claim if anything is due.
+        return lambda: claim_batch(conn, plan, now) if anything_due(conn, plan, now) else 0
     scan = TableScan(plan.table, plan.params, plan.to_deadline)
     scan.begin(conn, now)
     table = plan.table
@@ -444,6 +476,20 @@ def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], in
         return got.alerts
 
     return step
+
+
+def anything_due(conn: Connection, plan: ClaimPlan, now: datetime) -> bool:
+    """Whether an inline claim at ``now`` would claim or close anything (:data:`_PROBE`).
+
+    One read-only statement on the partial indexes, prepared where the pooler allows."""
+    if plan.probe is None:
+        return True
+    cutoff = plan.to_deadline(plan.rule.cutoff(now))
+    with translate(f"probe for rule {plan.rule.name}"), one_statement(conn):
+        # Prepared at once where the pooler allows (prepare=True is ignored when
+        # prepared statements are off): the probe is what an idle scan costs.
+        row = conn.execute(plan.probe, {"cutoff": cutoff, "now": now}, prepare=True).fetchone()
+    return bool(row and row[0])
 
 
 def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:
@@ -490,9 +536,14 @@ class DrainResult:
     severities: dict[str, int] = field(default_factory=dict)
 
 
-def _claim_on(db: Database, plan: ClaimPlan, clock: Clock) -> Tally:
+def _claim_on(db: Database, plan: ClaimPlan, clock: Clock, probe: bool = False) -> Tally | None:
+    """One claim; with ``probe``, None without one when nothing is due (the probe, on
+    the same connection)."""
     with db.connection(f"claim for rule {plan.rule.name}") as conn:
-        return claim_counted(conn, plan, clock.now())
+        now = clock.now()
+        if probe and not anything_due(conn, plan, now):
+            return None
+        return claim_counted(conn, plan, now)
 
 
 def drain(
@@ -554,7 +605,13 @@ def _drain(
     db: Database, plan: ClaimPlan, clock: Clock, budget: timedelta | None, sweep: bool
 ) -> DrainResult:
     tally = Tally()
+    probe = True  # the first claim is probed for
     if plan.rule.events is not None:
+        if plan.table is None:
+            with db.connection(f"probe for rule {plan.rule.name}") as conn:
+                if not anything_due(conn, plan, clock.now()):
+                    return DrainResult(0, 0)
+            probe = False
         housekeep(db, plan.rule)  # scheduled beats' deadlines; too-fast timers closed
     if plan.table is not None:
         alerts, batches = drain_table(
@@ -572,7 +629,13 @@ def _drain(
     started = time.monotonic()
     batches = 0
     while True:
-        got = retry_conflicts(lambda: _claim_on(db, plan, clock))
+        # The first batch is probed for: an idle scan costs one cheap statement.
+        def claim(first: bool = probe and batches == 0) -> Tally | None:
+            return _claim_on(db, plan, clock, probe=first)
+
+        got = retry_conflicts(claim)
+        if got is None:
+            return DrainResult(0, 0)
         tally += got
         batches += 1
         if got.alerts < plan.rule.batch:

@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 # Maintenance orphans a delivery to a notifier this process does not have only once
 # it was due this long: another instance may have that notifier (a fleet mid-reload).
 ORPHAN_GRACE = timedelta(minutes=10)
+# Connections the scans of all rules share, by default (SLAWATCH_SCAN_CONNECTIONS).
+SCAN_CONNECTIONS = 2
 # The line per scan that did work, apart from the rest (``slawatch demo`` leaves it out).
 activity = logging.getLogger("slawatch.activity")
 
@@ -195,7 +197,9 @@ class Runner:
     comes; ``backoff_cap``: the longest wait after a failure; ``retention``: how
     long alert history is kept (``SLAWATCH_RETENTION``), pruned every ``maintain_every``;
     ``load``: re-reads rules and notifiers for :meth:`reload` (SIGHUP); ``admin_url``:
-    where people reach the admin API, for the link in storm summaries.
+    where people reach the admin API, for the link in storm summaries;
+    ``scan_connections``: the pooled connections every rule's scans share
+    (``SLAWATCH_SCAN_CONNECTIONS``; see :func:`_pool_size`).
 
     ``sources``: event sources (``sources/*.yaml``), each consumed by a thread of
     :meth:`serve` and drained by :meth:`once`; ``recorder`` is told what they store
@@ -224,6 +228,7 @@ class Runner:
         actions: Mode = "on",
         sources: list[SourceConfig] | None = None,
         recorder: Recorder | None = None,
+        scan_connections: int = SCAN_CONNECTIONS,
     ) -> None:
         self.clock = clock or Clock()
         # Rules' webhook actions are sent as notifiers of their own (action:<rule>).
@@ -234,9 +239,10 @@ class Runner:
         self._load = load
         self._configs = {c.name: c for c in notifiers}
         self._source_configs = list(sources or [])
+        self.scan_connections = scan_connections
         self.db = Database(
             dsn,
-            size=_pool_size(rules, notifiers, len(self._source_configs)),
+            size=_pool_size(scan_connections, notifiers, len(self._source_configs)),
             timeout=timeout,
             pooler=pooler,
         )
@@ -248,6 +254,8 @@ class Runner:
             self.db.close()
             raise
         self._running = {r.name: _Running.start(r, plans[r.name], backoff_cap) for r in rules}
+        # What the scans last wrote to slawatch.scan: an idle scan is written once a minute.
+        self._scan_records = scans.ScanRecords()
         self.notifiers: dict[str, Notifier] = {c.name: build(c) for c in notifiers}
         # Shared with the delivery workers, so changed in place on reload.
         self.descriptions = {r.name: r.description for r in rules}
@@ -316,7 +324,9 @@ class Runner:
             return drained
 
         try:
-            result = scans.recorded(self.db, rule, self.clock, lambda _: timed(running.plan))
+            result = scans.recorded(
+                self.db, rule, self.clock, lambda _: timed(running.plan), self._scan_records
+            )
         except DatabaseUnavailable:
             result = None  # the database's outage line says it
         except SlawatchError as exc:
@@ -679,8 +689,7 @@ class Runner:
             self._apply_notifiers(configs, built)
             # After the removed notifiers' workers stopped: nothing of ours is in flight.
             self.settle_orphans()
-            running = [r.rule for r in self._running.values()]
-            self.db.resize(_pool_size(running, notifiers, len(self.sources)))
+            self.db.resize(_pool_size(self.scan_connections, notifiers, len(self.sources)))
             return True
 
     def _apply_rules(
@@ -834,10 +843,14 @@ def with_targets(rules: list[Rule], notifiers: list[NotifierConfig]) -> list[Not
     return [*notifiers, *action_targets(rules)]
 
 
-def _pool_size(rules: list[Rule], notifiers: list[NotifierConfig], sources: int = 0) -> int:
-    """Scans, the delivery workers (``concurrency`` per notifier), the event sources,
-    the listener's probe, pruning, a metrics scrape, and one to spare."""
-    return len(rules) + sum(c.concurrency for c in notifiers) + sources + 4
+def _pool_size(scans: int, notifiers: list[NotifierConfig], sources: int = 0) -> int:
+    """``scans`` connections that every rule's scans share (``SLAWATCH_SCAN_CONNECTIONS``:
+    however many rules, an idle scan holds one for a probe, a busy one per batch), the
+    delivery workers (``concurrency`` per notifier), the event sources, and one for the
+    rest (the listener's probe, pruning, a metrics scrape, the admin API: each a few
+    statements, and any connection the scans are not using serves them too). With the
+    delivery listener's own connection, ``slawatch run`` opens at most this + 1."""
+    return scans + sum(c.concurrency for c in notifiers) + sources + 1
 
 
 @contextmanager

@@ -1,0 +1,366 @@
+"""What slawatch costs the database while nothing happens (issue 18, row "idle").
+
+100 rules (one table each, 1,000 open rows, none due for two days) scanned every
+second by ``slawatch run`` in this process (a :class:`Runner` with a console
+notifier), beside the raw probes: per rule and second, one prepared
+``SELECT 1 ... LIMIT 1`` on the rule's first-notice partial index, on one
+connection (what a hand-written poller would send). The two take turns, ``seconds``
+each, three times (medians of the interleaved runs), on one scratch database.
+
+How it counts, per scratch database:
+
+- statements, DB time (execution + planning) and WAL bytes: ``pg_stat_statements``
+  (its ``calls``, ``total_exec_time + total_plan_time``, ``wal_bytes``), which needs
+  ``shared_preload_libraries``: without ``SLAWATCH_BENCH_DSN`` the benchmark starts a
+  scratch PostgreSQL 15 cluster of its own that loads it (the machine's
+  ``/usr/lib/postgresql/15``). A server without it: statements are then counted as
+  transactions, DB time as ``pg_stat_database.active_time``, and WAL is not measured.
+- transactions and rows written: ``pg_stat_database`` (``xact_commit +
+  xact_rollback``; ``tup_inserted + tup_updated + tup_deleted``), the snapshot's and
+  the sampler's own transactions taken off.
+- connections: the most ``pg_stat_activity`` showed for the database during the
+  phase, sampled every 0.1 s.
+
+A cycle is one second (both run one a second): the counters' change over a window
+of ``seconds``, opened once the load has run for ``--warm`` seconds (10; slawatch's
+start is not idle cost), divided by its seconds. Counters in ``pg_stat_database``
+reach it when a backend flushes them (about once a second for a busy one), so those
+figures are good to a cycle or so per window; ``pg_stat_statements`` counts at once.
+
+    .venv/bin/python bench/idle.py [--rules 100] [--seconds 10] [--reps 3]
+                                   [--pooler auto|none] [--warm 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from slawatch.config.notifiers import ConsoleConfig
+from slawatch.config.rules import Rule
+from slawatch.db import Pooler, with_database
+from slawatch.engine.migrate import migrate
+from slawatch.runtime.scheduler import Runner
+
+ROWS = 1_000  # open rows per table, none due
+PG15 = Path("/usr/lib/postgresql/15/bin")
+
+
+def rule(i: int) -> Rule:
+    return Rule.model_validate(
+        {
+            "name": f"idle{i:03}",
+            "table": f"public.w{i:03}",
+            "key": "id",
+            "deadline": "paid_at",
+            "after": "48h",
+            "open_when": "status = 'paid'",
+            "every": "1s",
+            "renotify": {"every": "6h", "max": 5},
+            "columns": ["id", "paid_at"],
+            "notify": ["console"],
+        }
+    )
+
+
+def setup(dsn: str, rules: int) -> list[Rule]:
+    """``rules`` tables and rules, migrated; every row paid a moment ago (due in 48 h)."""
+    made = [rule(i) for i in range(rules)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for r in made:
+            t = sql.Identifier(r.table_name)
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (id bigint PRIMARY KEY, status text NOT NULL,"
+                    " paid_at timestamptz NOT NULL)"
+                ).format(t)
+            )
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} SELECT g, 'paid', now() - g * interval '1 second'"
+                    " FROM generate_series(1, %s) g"
+                ).format(t),
+                (ROWS,),
+            )
+        migrate(conn, made)
+        conn.execute("VACUUM ANALYZE")
+    return made
+
+
+# ---------------------------------------------------------------- counting
+
+
+def _has_statements(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def snapshot(conn: psycopg.Connection[Any], statements: bool) -> dict[str, float]:
+    """The database's counters now (this connection's own reads left out)."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + tup_deleted,"
+        " active_time FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    assert row is not None
+    out = {"transactions": float(row[0]), "writes": float(row[1]), "active_ms": float(row[2])}
+    if statements:
+        got = conn.execute(
+            "SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time + total_plan_time), 0),"
+            " coalesce(sum(wal_bytes), 0) FROM pg_stat_statements s"
+            " JOIN pg_database d ON d.oid = s.dbid AND d.datname = current_database()"
+            " WHERE s.userid = (SELECT oid FROM pg_roles WHERE rolname = current_user)"
+            " AND query NOT LIKE '%pg_stat%'"
+        ).fetchone()
+        assert got is not None
+        out |= {"statements": float(got[0]), "db_ms": float(got[1]), "wal": float(got[2])}
+    return out
+
+
+@contextlib.contextmanager
+def sampled_connections(conn_dsn: str) -> Iterator[list[int]]:
+    """The number of other connections to the database, every 0.1 s while inside."""
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(conn_dsn, autocommit=True) as c:
+            while not stop.wait(0.1):
+                row = c.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                ).fetchone()
+                seen.append(int(row[0]) if row else 0)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join()
+
+
+def window(dsn: str, statements: bool, seconds: float) -> dict[str, float]:
+    """The counters' change per second over ``seconds`` while the load runs beside."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        before = snapshot(conn, statements)
+        with sampled_connections(dsn) as seen:
+            time.sleep(seconds)
+        after = snapshot(conn, statements)
+    per = {k: (after[k] - before[k]) / seconds for k in after}
+    # The snapshot's own reads and the sampler's are transactions of the database too.
+    per["transactions"] -= (2 + len(seen)) / seconds
+    if not statements:
+        per["statements"], per["db_ms"] = per["transactions"], per["active_ms"]
+    per["connections"] = float(max(seen, default=0) - 1)  # less the snapshot's
+    return per
+
+
+# Seconds the load runs before the window opens: slawatch's start (catalog reads,
+# settling orphans, LISTEN) is not idle cost. With prepared statements (--pooler none)
+# each of 100 rules' probes is planned 5 times per connection before PostgreSQL
+# settles on its generic plan: --warm 30 measures that steady state.
+WARM = 10.0
+
+
+def slawatch_phase(
+    dsn: str, rules: list[Rule], seconds: float, statements: bool, pooler: Pooler, warm: float
+) -> dict[str, float]:
+    runner = Runner(dsn, rules, [ConsoleConfig(name="console", type="console")], pooler=pooler)
+    serving = threading.Thread(target=runner.serve, daemon=True)
+    try:
+        serving.start()
+        time.sleep(warm)
+        return window(dsn, statements, seconds)
+    finally:
+        runner.stop()
+        serving.join()
+        runner.close()
+
+
+def raw_phase(
+    dsn: str, rules: list[Rule], seconds: float, statements: bool, warm: float
+) -> dict[str, float]:
+    probes = [
+        sql.SQL(
+            "SELECT 1 FROM {t} WHERE paid_at < %s AND {seen} IS DISTINCT FROM paid_at"
+            " AND (status = 'paid') LIMIT 1"
+        ).format(t=sql.Identifier(r.table_name), seen=sql.Identifier(r.seen_column))
+        for r in rules
+    ]
+    stop = threading.Event()
+
+    def probing() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            start = time.monotonic()
+            cycles = 0
+            while not stop.is_set():
+                cutoff = datetime.now(UTC) - timedelta(hours=48)
+                for probe in probes:
+                    conn.execute(probe, (cutoff,)).fetchall()
+                cycles += 1
+                stop.wait(max(0.0, start + cycles - time.monotonic()))
+
+    thread = threading.Thread(target=probing, daemon=True)
+    try:
+        thread.start()
+        time.sleep(warm)
+        return window(dsn, statements, seconds)
+    finally:
+        stop.set()
+        thread.join()
+
+
+def measure(
+    dsn: str,
+    rules: int = 100,
+    seconds: float = 10.0,
+    reps: int = 3,
+    pooler: Pooler = "auto",
+    warm: float = WARM,
+) -> dict[str, float]:
+    """slawatch's idle cost against the raw probes', per cycle, on a scratch database of
+    ``dsn``'s server: ratios and slawatch's own figures (medians of ``reps`` interleaved
+    runs). ``pooler``: slawatch's SLAWATCH_POOLER (``auto``, the default: nothing
+    prepared; ``none``: prepared statements)."""
+    name = f"slawatch_idle_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    db = with_database(dsn, name)
+    try:
+        with psycopg.connect(db, autocommit=True) as conn:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                conn.execute("SELECT 1 FROM pg_stat_statements LIMIT 1")
+            statements = _has_statements(conn)
+        made = setup(db, rules)
+        runs: dict[str, list[dict[str, float]]] = {"slawatch": [], "raw": []}
+        for _ in range(reps):
+            runs["slawatch"].append(slawatch_phase(db, made, seconds, statements, pooler, warm))
+            runs["raw"].append(raw_phase(db, made, seconds, statements, warm))
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    def med(who: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[who])
+
+    out = {
+        "rules": float(rules),
+        "statements": med("slawatch", "statements"),
+        "raw_statements": med("raw", "statements"),
+        "transactions": med("slawatch", "transactions"),
+        "raw_transactions": med("raw", "transactions"),
+        "db_ms": med("slawatch", "db_ms"),
+        "raw_db_ms": med("raw", "db_ms"),
+        "writes_per_cycle": med("slawatch", "writes"),
+        "connections": max(r["connections"] for r in runs["slawatch"]),
+        "raw_connections": max(r["connections"] for r in runs["raw"]),
+        "pg_stat_statements": float(statements),
+    }
+    if statements:
+        out["wal_bytes_per_cycle"] = med("slawatch", "wal")
+        out["raw_wal_bytes_per_cycle"] = med("raw", "wal")
+    out["statements_ratio"] = out["statements"] / out["raw_statements"]
+    out["transactions_ratio"] = out["transactions"] / out["raw_transactions"]
+    out["db_time_ratio"] = out["db_ms"] / out["raw_db_ms"]
+    return out
+
+
+# ---------------------------------------------------------------- a server that counts
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def counting_server() -> Iterator[str]:
+    """A scratch PostgreSQL 15 cluster with pg_stat_statements loaded (as the system user
+    ``postgres`` when run as root: PostgreSQL refuses root); removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="slawatch-idle-"))
+    user = "postgres" if os.geteuid() == 0 else None
+    if user is not None:
+        shutil.chown(folder, user, user)
+    data, port = folder / "data", _free_port()
+
+    def pg(*args: str) -> None:
+        subprocess.run(args, user=user, check=True, capture_output=True, cwd=folder)
+
+    pg(str(PG15 / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres", "--no-sync")
+    with (data / "postgresql.conf").open("a") as f:
+        f.write(
+            f"port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\n"
+            "shared_preload_libraries = 'pg_stat_statements'\n"
+            "pg_stat_statements.track_planning = on\nfsync = off\n"
+        )
+    pg(str(PG15 / "pg_ctl"), "-D", str(data), "-l", str(folder / "log"), "-w", "start")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        pg(str(PG15 / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rules", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--pooler", choices=["auto", "none"], default="auto")
+    parser.add_argument(
+        "--warm", type=float, default=WARM, help="seconds each load runs before its window"
+    )
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)  # late runs on a busy machine
+    given = os.environ.get("SLAWATCH_BENCH_DSN")
+    with contextlib.ExitStack() as stack:
+        dsn = given or stack.enter_context(counting_server())
+        m = measure(dsn, args.rules, args.seconds, args.reps, args.pooler, args.warm)
+    print(
+        f"IDLE: {args.rules} rules x every 1s, nothing due; per cycle (1 s), medians of"
+        f" {args.reps} interleaved runs of {args.seconds:.0f} s; SLAWATCH_POOLER={args.pooler}"
+        + ("" if m["pg_stat_statements"] else " (no pg_stat_statements: statements ~ xacts)")
+    )
+    print(f"{'':24}{'slawatch':>12}{'raw':>12}{'ratio':>8}")
+    for label, mine, raw in [
+        ("statements", "statements", "raw_statements"),
+        ("transactions", "transactions", "raw_transactions"),
+        ("DB time, ms", "db_ms", "raw_db_ms"),
+        ("WAL bytes", "wal_bytes_per_cycle", "raw_wal_bytes_per_cycle"),
+        ("connections", "connections", "raw_connections"),
+    ]:
+        if mine in m:
+            ratio = m[mine] / m[raw] if m[raw] else float("nan")
+            print(f"{label:24}{m[mine]:>12,.1f}{m[raw]:>12,.1f}{ratio:>7.2f}x")
+    print(f"{'rows written':24}{m['writes_per_cycle']:>12,.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""An idle scan costs one cheap statement: the probe ("anything due?") on the partial
+indexes, before the claim, which runs only when the probe finds something (issue 18)."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from slawatch.clock import Clock
+from slawatch.db import Database, Pooler
+from slawatch.engine.claim import ClaimPlan, DrainResult, drain, prepare
+from slawatch.engine.migrate import migrate
+from slawatch.errors import SlawatchError
+from slawatch.runtime import scans
+from slawatch.runtime.scans import ScanRecords
+from slawatch.runtime.scheduler import Runner
+from tests.integration.helpers import Conn, shop
+from tests.integration.test_events import T0, M, parcel, send, timer
+from tests.integration.test_round_trips import round_trips
+from tests.waiting import wait_until
+
+NOW = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+class Fixed(Clock):
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def now(self) -> datetime:
+        return self.at
+
+
+@pytest.fixture
+def pooled(dsn: str) -> Database:
+    db = Database(dsn, size=1, timeout=10)
+    yield db  # type: ignore[misc]
+    db.close()
+
+
+def traced_drain(db: Database, plan: ClaimPlan, at: datetime) -> tuple[int, int]:
+    """(round trips, alerts) of one drain at ``at`` on the pool's one connection."""
+    with db.connection("tracing") as conn:
+        traced = conn
+    out: list[int] = []
+    trips = round_trips(traced, lambda: out.append(drain(db, plan, Fixed(at)).claimed))
+    return trips, out[0]
+
+
+def sent_statements(db: Database, work: Callable[[], object]) -> list[str]:
+    """The first line of each statement ``work()`` sent on the pool's one connection."""
+    with db.connection("tracing") as conn:
+        traced = conn
+    with tempfile.TemporaryFile("w+") as trace:
+        traced.pgconn.trace(trace.fileno())
+        try:
+            work()
+        finally:
+            traced.pgconn.untrace()
+        trace.seek(0)
+        sent = [line.split("\t") for line in trace.read().splitlines()]
+    return [f[-1] for f in sent if len(f) > 3 and f[1] == "F" and f[3] in ("Parse", "Query")]
+
+
+def paid(conn: Conn, order: int, at: datetime) -> None:
+    conn.execute(
+        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+        " VALUES (%s, 7, 100, 'paid', %s)",
+        (order, at),
+    )
+
+
+def test_an_idle_inline_drain_is_one_read_only_statement(conn: Conn, pooled: Database) -> None:
+    plan = prepare(conn, shop(conn)["order_unshipped"])
+    paid(conn, 1, NOW - timedelta(hours=1))  # due in 47 hours
+    assert traced_drain(pooled, plan, NOW) == (1, 0)
+    sent = sent_statements(pooled, lambda: drain(pooled, plan, Fixed(NOW)))
+    assert len(sent) == 1 and '"SELECT EXISTS (SELECT 1 FROM' in sent[0]  # no write
+
+
+def test_the_probe_finds_each_kind_of_work(conn: Conn, pooled: Database) -> None:
+    """A first notice, a re-notification and an episode that ended each make the probe
+    say yes, so the claim runs (and closes or notifies); then it is idle again."""
+    plan = prepare(conn, shop(conn)["order_unshipped"])
+    paid(conn, 1, NOW - timedelta(days=3))  # due: a first notice
+    assert traced_drain(pooled, plan, NOW) == (2, 1)  # probe + claim
+    assert traced_drain(pooled, plan, NOW) == (1, 0)  # notified: idle until its re-notice
+    renotify = plan.rule.renotify
+    assert renotify is not None and renotify.every is not None
+    later = NOW + renotify.every + timedelta(seconds=1)
+    assert traced_drain(pooled, plan, later) == (2, 1)  # the re-notification
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
+    trips, alerts = traced_drain(pooled, plan, later)
+    assert (trips, alerts) == (2, 0)  # the episode ended: the claim closes it
+    closed = conn.execute("SELECT sw_order_unshipped_seen FROM orders WHERE id = 1").fetchone()
+    assert closed == (None,)
+    assert traced_drain(pooled, plan, later) == (1, 0)
+
+
+def test_an_idle_scan_is_recorded_when_its_outcome_changes_or_its_record_is_old(
+    conn: Conn, pooled: Database
+) -> None:
+    shop(conn)
+    records = ScanRecords()
+
+    def scan(at: datetime, claimed: int = 0, error: str | None = None) -> None:
+        def drained(rule: str) -> DrainResult:
+            if error is not None:
+                raise SlawatchError(error)
+            return DrainResult(claimed, 1)
+
+        with contextlib.suppress(SlawatchError):
+            scans.recorded(pooled, "late", Fixed(at), drained, records)
+
+    def last() -> tuple[object, ...] | None:
+        return conn.execute("SELECT last_at, claimed, error FROM slawatch.scan").fetchone()
+
+    scan(NOW)
+    assert last() == (NOW, 0, None)  # the first scan is written
+    scan(NOW + timedelta(seconds=1))
+    assert last() == (NOW, 0, None)  # the same outcome: not written again
+    scan(NOW + timedelta(seconds=2), claimed=3)
+    assert last() == (NOW + timedelta(seconds=2), 3, None)
+    scan(NOW + timedelta(seconds=3))
+    assert last() == (NOW + timedelta(seconds=3), 0, None)  # back to nothing: a change
+    scan(NOW + timedelta(seconds=4), error="boom")
+    assert last() == (NOW + timedelta(seconds=4), 0, "boom")
+    scan(NOW + timedelta(seconds=5), error="boom")
+    assert last() == (NOW + timedelta(seconds=4), 0, "boom")
+    scan(NOW + timedelta(seconds=6))
+    assert last() == (NOW + timedelta(seconds=6), 0, None)  # recovered: at once
+    records.refresh = 0.0  # the record is old: written however alike
+    scan(NOW + timedelta(seconds=7))
+    assert last() == (NOW + timedelta(seconds=7), 0, None)
+
+
+def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> None:
+    """12 rules scanned every second: at most SLAWATCH_SCAN_CONNECTIONS + 2 connections
+    (no notifier, no source: one for the rest, one for the delivery listener), not one
+    per rule; every rule is scanned all the same."""
+    base = shop(conn)["order_unshipped"]
+    rules = [
+        base.model_copy(update={"name": f"late{i:02}", "every": timedelta(seconds=1)})
+        for i in range(12)
+    ]
+    migrate(conn, rules)
+    paid(conn, 1, NOW - timedelta(days=3))
+    runner = Runner(dsn, rules, [], scan_connections=1)
+    seen: list[int] = []
+
+    def connections() -> int:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+        assert row is not None
+        seen.append(int(row[0]))
+        return seen[-1]
+
+    def scanned() -> bool:
+        connections()
+        row = conn.execute("SELECT count(*) FROM slawatch.scan").fetchone()
+        alerts = conn.execute("SELECT count(DISTINCT rule) FROM slawatch.alert").fetchone()
+        return row == (12,) and alerts == (12,)
+
+    serving = threading.Thread(target=runner.serve, kwargs={"seconds": 60}, daemon=True)
+    try:
+        serving.start()
+        wait_until(scanned, "a scan and an alert of every rule")
+    finally:
+        runner.stop()
+        serving.join(timeout=30)
+        runner.close()
+    assert max(seen) <= 1 + 2
+
+
+def test_an_event_rules_housekeeping_waits_for_the_probe_and_the_probe_sees_it(
+    conn: Conn, pooled: Database
+) -> None:
+    """An idle event rule's scan is its probe alone; a too-fast stop whose one page was
+    claimed is closed by the next scan, before any re-notification is due."""
+    rule = parcel(min="5m")
+    migrate(conn, [rule])
+    plan = prepare(conn, rule)
+    assert traced_drain(pooled, plan, T0) == (1, 0)  # no timer: the probe alone
+    send(conn, "parcel_shipped", "I", T0)
+    send(conn, "parcel_delivered", "I", T0 + 2 * M)  # ran too fast: pages once
+    assert drain(pooled, plan, Fixed(T0 + 3 * M)).claimed == 1
+    assert timer(conn, "I") == (T0 + 2 * M, True)
+    assert drain(pooled, plan, Fixed(T0 + 4 * M)).claimed == 0  # re-notice due in 12 h
+    assert timer(conn, "I") == (T0 + 2 * M, False)
+
+
+@pytest.mark.parametrize("pooler", ["none", "auto"])
+def test_the_probe_is_prepared_where_the_pooler_allows_and_stays_so(
+    conn: Conn, dsn: str, pooler: Pooler
+) -> None:
+    """Prepared at its first run (never with the default ``auto``), and kept among a
+    hundred rules' statements: psycopg's default cache (100) would evict it."""
+    plan = prepare(conn, shop(conn)["order_unshipped"])
+    with Database(dsn, size=1, timeout=10, pooler=pooler) as db:
+        drain(db, plan, Fixed(NOW))
+        with db.connection("other rules' statements") as pooled:
+            for i in range(150):
+                pooled.execute(f"SELECT {i} + %s::int", (i,), prepare=pooler == "none")
+            prepared = pooled.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT EXISTS%%'"
+            ).fetchone()
+    assert prepared == ((1,) if pooler == "none" else (0,))
