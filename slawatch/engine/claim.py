@@ -561,7 +561,10 @@ def drain(
     (backfills): ``run --once`` drains every due row. An inline drain always does.
     """
     done = _drain(db, plan, clock, budget, sweep)
-    if plan.rule.calendar is not None:  # also after a drain of nothing: a crash's leftovers
+    if plan.rule.calendar is not None and done.claimed:
+        # Not after a drain of nothing (an idle scan stays one statement): what a crash
+        # left between a claim and this is filled by the next drain that claims, and by
+        # `slawatch run`'s maintenance (Runner.maintain).
         with db.connection(f"due times of rule {plan.rule.name}") as conn:
             fill_due(conn, plan.rule)
     return done

@@ -43,7 +43,14 @@ from slawatch.delivery.dispatcher import (
     settle_orphans,
 )
 from slawatch.delivery.notifiers import Notifier, build
-from slawatch.engine.claim import ClaimPlan, DrainResult, drain, prepare_all, prepare_ready
+from slawatch.engine.claim import (
+    ClaimPlan,
+    DrainResult,
+    drain,
+    fill_due,
+    prepare_all,
+    prepare_ready,
+)
 from slawatch.engine.timers import known_types
 from slawatch.errors import ConfigError, SlawatchError
 from slawatch.events.ingest import Ingested
@@ -396,8 +403,8 @@ class Runner:
         return counts
 
     def maintain(self) -> PruneResult | None:
-        """Settle orphaned deliveries and prune history older than the retention; never
-        raises.
+        """Settle orphaned deliveries, prune history older than the retention, and give
+        calendar rules' episodes a crash left without one their due time; never raises.
 
         It runs every ``maintain_every``, so a failure simply waits for the next run.
         """
@@ -408,6 +415,10 @@ class Runner:
             result = prune(self.db, self.clock, self.retention)
             result += prune_events(self.db, list(self.rules.values()), self.clock, self.retention)
             pruned_actions = prune_actions(self.db, self.clock.now() - self.retention)
+            for rule in self.rules.values():  # what a crash left between claim and fill
+                if rule.calendar is not None:
+                    with self.db.connection(f"due times of rule {rule.name}") as conn:
+                        fill_due(conn, rule)
             if pruned_actions:
                 log.info("pruned %d action attempts older than the retention", pruned_actions)
         except DatabaseUnavailable:

@@ -15,6 +15,7 @@ from freezegun import freeze_time
 
 from slawatch.clock import Clock
 from slawatch.config.calendars import Calendar
+from slawatch.config.notifiers import ConsoleConfig
 from slawatch.config.rules import Rule, check_calendar_names
 from slawatch.db import Database
 from slawatch.engine.baseline import baseline_rule
@@ -23,6 +24,7 @@ from slawatch.engine.claim import drain, fill_due, prepare
 from slawatch.engine.due import dry_run
 from slawatch.engine.migrate import migrate
 from slawatch.operate.inspect import count_overdue
+from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, FixedClock, claim_all
 from tests.integration.test_cli import assert_one_line_error, slawatch
 
@@ -137,6 +139,32 @@ def test_a_drain_of_a_calendar_rule_gives_its_episodes_their_due_time(conn: Conn
         assert drain(db, plan, FixedClock(berlin(2026, 12, 7, 12))).claimed == 3
     history = conn.execute("SELECT key, due_at FROM slawatch.episode ORDER BY key").fetchall()
     assert history == [(str(key), due_at) for key, _, due_at in TICKETS_DUE]
+
+
+def test_a_crash_between_claim_and_fill_is_filled_by_maintenance(conn: Conn, dsn: str) -> None:
+    """A claim committed, then no fill (a crash): a drain of nothing leaves it (an idle
+    scan is one statement), the next maintenance fills it."""
+    conn.execute(TICKETS)
+    rule = ticket_rule("inline")
+    migrate(conn, [rule])
+    for key, opened, _ in TICKETS_DUE:
+        conn.execute("INSERT INTO tickets VALUES (%s, %s, NULL)", (key, opened))
+    plan = prepare(conn, rule)
+    at = berlin(2026, 12, 7, 12)
+    assert claim_all(conn, plan, at) == 3  # the claim alone: the history's due_at NULL
+
+    def dues() -> list[Any]:
+        return conn.execute("SELECT due_at FROM slawatch.episode ORDER BY key").fetchall()
+
+    with Database(dsn, size=1, timeout=5) as db:
+        assert drain(db, plan, FixedClock(at + S)).claimed == 0
+    assert dues() == [(None,)] * 3
+    runner = Runner(dsn, [rule], [ConsoleConfig(name="console", type="console")])
+    try:
+        runner.maintain()
+    finally:
+        runner.close()
+    assert dues() == [(due_at,) for _, _, due_at in TICKETS_DUE]
 
 
 def test_a_baseline_marks_what_is_due_in_working_time(conn: Conn, track: str) -> None:
