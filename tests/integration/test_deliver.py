@@ -422,3 +422,32 @@ def test_the_claim_and_mark_sent_commit_asynchronously_and_mark_dead_does_not(
         tx.execute(q["mark_dead"], {"ids": [third[0]], "owner": owner, "error": "x"})
         assert synchronous(tx) == "on"
     assert statuses(conn) == {"sent": 2, "dead": 1}
+
+
+def test_each_due_deliverys_alert_is_probed_by_its_key_whatever_the_costs(conn: Conn) -> None:
+    """The claim reads due deliveries in order from delivery_due and each one's alert by
+    its primary key. As a join, a planner that priced index probes high (statistics
+    gathered mid-drain did) hashed every alert and sorted every pending delivery for
+    each claim of 100 (100 ms instead of 2)."""
+    overdue_orders(conn, 3000)
+    conn.execute("ANALYZE slawatch.delivery, slawatch.alert")
+    conn.execute("SET random_page_cost = 40")
+    params = {"now": CLAIMED, "owner": uuid.uuid4(), "lease": timedelta(seconds=30)}
+    params |= NOTHING_SENT | {"limit": 100, "notifier": "console"}
+    (plan,) = conn.execute(
+        "EXPLAIN (FORMAT JSON) " + queries()["claim_deliveries"], params
+    ).fetchone()  # type: ignore[misc]
+    scans: list[tuple[str, str]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") in ("delivery", "alert") and node["Node Type"] != (
+            "ModifyTable"
+        ):
+            scans.append((node["Relation Name"], node.get("Index Name", node["Node Type"])))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    assert ("delivery", "delivery_due") in scans, scans
+    assert ("alert", "alert_pkey") in scans, scans
+    assert ("alert", "Seq Scan") not in scans, scans
