@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 import psycopg
-from benchdb import scratch_database
+from benchdb import Scratch, scratch_database
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import WebhookConfig
@@ -256,6 +256,108 @@ def one_round(args: argparse.Namespace, receiver: Receiver, concurrency: int) ->
     )
 
 
+def backlog_rule(batch: int = 1000) -> Rule:
+    """The drain's rule: four columns of an overdue paid order, to the webhook."""
+    return Rule.model_validate(
+        {
+            "name": "backlog",
+            "description": DESCRIPTION,
+            "table": "backlog",
+            "key": "id",
+            "deadline": "paid_at",
+            "after": "48h",
+            "open_when": "status = 'paid'",
+            "columns": ["id", "user_id", "total_cents", "paid_at"],
+            "batch": batch,
+            "notify": ["hook"],
+        }
+    )
+
+
+def drain_once(
+    server: str | None, receiver: Receiver, alerts: int, concurrency: int
+) -> tuple[float, list[bytes]]:
+    """``alerts`` claimed into the outbox, then delivered by workers started after:
+    alerts/s from the start of the workers to the last arrival, and the request bodies."""
+    scratch = Scratch()
+    if server:
+        scratch.server = server
+    with scratch, psycopg.connect(scratch.create("db"), autocommit=True) as conn:
+        dsn = scratch.dsn("db")
+        conn.execute(
+            "CREATE TABLE backlog (id bigint PRIMARY KEY, user_id bigint,"
+            " total_cents integer, status text, paid_at timestamptz)"
+        )
+        conn.execute(
+            "INSERT INTO backlog SELECT g, 100000 + g %% 7919, 1000 + g %% 90000, 'paid',"
+            " now() - interval '3 days' FROM generate_series(1, %s::int) g",
+            (alerts,),
+        )
+        rule = backlog_rule()
+        migrate(conn, [rule])
+        conn.execute("VACUUM ANALYZE backlog")
+        plan = plan_claim(rule, "timestamp with time zone")
+        while claim_batch(conn, plan, datetime.now(UTC)):
+            pass
+        conn.execute("VACUUM ANALYZE slawatch.alert, slawatch.delivery")
+        hook = WebhookNotifier(
+            WebhookConfig(name="hook", type="webhook", url=receiver.url, batch=100)
+        )
+        receiver.reset(alerts)
+        with Database(dsn, size=concurrency + 3, timeout=30) as db:
+            dispatcher = make_dispatcher(db, hook, concurrency)
+            start = time.perf_counter()
+            dispatcher.start()
+            if not receiver.done.wait(300):
+                raise SystemExit("drain: not every alert arrived within 300 s")
+            rate = alerts / (max(receiver.arrived.values()) - start)
+            dispatcher.stop()
+        hook.close()
+        return rate, list(receiver.bodies)
+
+
+def post_straight(receiver: Receiver, bodies: list[bytes], passes: int = 3) -> float:
+    """The same request bodies POSTed one after the other with one client, ``passes``
+    times over (one pass is a fraction of a second: on a shared machine a moment's load
+    would swing it): alerts/s."""
+    alerts = sum(len(json.loads(b)["alerts"]) for b in bodies)
+    receiver.reset(alerts * passes)
+    with httpx.Client() as client:
+        t0 = time.perf_counter()
+        for _ in range(passes):
+            for body in bodies:
+                client.post(
+                    receiver.url, content=body, headers={"content-type": "application/json"}
+                )
+        return alerts * passes / (time.perf_counter() - t0)
+
+
+def measure(
+    dsn: str | None = None, alerts: int = 20000, rounds: int = 3, concurrency: int = 4
+) -> dict[str, float]:
+    """The issue's delivery row: ``rounds`` drains of ``alerts`` (webhook batch 100,
+    ``concurrency`` batches in flight), each followed by the straight POSTs of its own
+    bodies. ``dsn``: the server to make scratch databases on (None: SLAWATCH_BENCH_DSN,
+    SLAWATCH_DSN or the embedded one). Medians: ``slawatch`` and ``straight`` in
+    alerts/s, ``ratio`` (of each round's two rates)."""
+    receiver = Receiver()
+    drained: list[float] = []
+    straight: list[float] = []
+    try:
+        for _ in range(rounds):
+            rate, bodies = drain_once(dsn, receiver, alerts, concurrency)
+            drained.append(rate)
+            straight.append(post_straight(receiver, bodies))
+    finally:
+        receiver.server.shutdown()
+    return {
+        "ratio": statistics.median(d / s for d, s in zip(drained, straight, strict=True)),
+        "slawatch": statistics.median(drained),
+        "straight": statistics.median(straight),
+        "rounds": float(rounds),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--due", type=int, default=20_000, help="alerts in the burst")
@@ -269,11 +371,23 @@ def main() -> None:
         "--compare", action="store_true", help="alternate rounds at concurrency 1 and the given"
     )
     parser.add_argument("--json", action="store_true", help="also print each round as JSON")
+    parser.add_argument(
+        "--drain-only", action="store_true", help="only the drain against straight POSTs"
+    )
     args = parser.parse_args()
     if args.due < 100 or args.rate < 10 or args.seconds < 1 or args.singles < 1:
         parser.error("--due >= 100, --rate >= 10, --seconds >= 1, --singles >= 1")
     if not 1 <= args.concurrency <= 64 or args.rounds < 1:
         parser.error("--concurrency from 1 to 64, --rounds >= 1")
+
+    if args.drain_only:
+        got = measure(None, args.due, args.rounds, args.concurrency)
+        print(
+            f"drain {args.due:,} alerts, webhook batch 100 x {args.concurrency},"
+            f" {args.rounds} round(s), medians: slawatch {got['slawatch']:,.0f} alerts/s,"
+            f" straight POSTs {got['straight']:,.0f} alerts/s, ratio {got['ratio']:.2f}"
+        )
+        return
 
     levels = [1, args.concurrency] if args.compare else [args.concurrency]
     receiver = Receiver()

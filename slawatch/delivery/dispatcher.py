@@ -302,7 +302,8 @@ def claim_deliveries(
     db: Database, notifier: Notifier, now: datetime, sent: _Batch | None = None
 ) -> _Batch:
     """Lease up to a batch of due deliveries to a fresh owner; settle ``sent`` (a batch
-    the receiver accepted) as sent in the same statement. If the statement fails, both
+    the receiver accepted) as sent in the same statement, and what of it that statement
+    could not lock at once in one more (mark_sent). If the statement fails, both
     stay undone: ``sent`` is sent again once its lease expires (at least once).
 
     For a notifier with ``storm``, the same transaction first folds storms into
@@ -319,6 +320,7 @@ def claim_deliveries(
     }
     query = queries()["claim_deliveries"]
     storm = notifier.storm
+    done: set[int] = set()  # of ``sent``, those the claim settled
 
     def run(conn: Connection) -> _Batch:
         # One unit, so Database.run may run it again. Without storm it is the one claim
@@ -327,7 +329,9 @@ def claim_deliveries(
         # storm the lock must be held from the fold to the end of the claim.
         with conn.transaction() if storm else one_statement(conn):
             folded = storm_summarize(conn, notifier.name, storm, now) if storm else []
-            rows = conn.cursor(row_factory=dict_row).execute(query, claim).fetchall()
+            got = conn.cursor(row_factory=dict_row).execute(query, claim).fetchall()
+            rows = [r for r in got if r["settled"] != "sent"]
+            done.update(r["id"] for r in got if r["settled"] == "sent")
             send = [r for r in rows if r["settled"] is None]
             summaries = [r["alert_id"] for r in send if r["kind"] == "summary"]
             listed = listings(conn, summaries, _listed(notifier))
@@ -336,6 +340,13 @@ def claim_deliveries(
         return _Batch(owner, send, silenced, folded, listed, acked)
 
     batch = db.run(f"claiming deliveries for {notifier.name}", run)
+    if sent is not None and (left := [r["id"] for r in sent.rows if r["id"] not in done]):
+        # Rows another claim held locked for a moment (see claim_deliveries in queries.sql).
+        mark = {"ids": left, "owner": sent.owner, "now": now}
+        db.run(
+            f"recording deliveries for {notifier.name}",
+            lambda conn: conn.execute(queries()["mark_sent"], mark),
+        )
     if batch.silenced:
         log.debug("notifier %s: %d deliveries silenced", notifier.name, batch.silenced)
     if batch.acknowledged:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,13 +18,20 @@ from freezegun import freeze_time
 from slawatch.clock import Clock
 from slawatch.config.notifiers import ConsoleConfig, RetrySettings
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import deliver_batch, deliver_due, deliver_notifier, replay
+from slawatch.delivery.dispatcher import (
+    claim_deliveries,
+    deliver_batch,
+    deliver_due,
+    deliver_notifier,
+    replay,
+)
 from slawatch.delivery.notifiers.base import BaseNotifier
 from slawatch.delivery.notifiers.console import ConsoleNotifier
 from slawatch.engine.claim import plan_claim
 from slawatch.engine.queries import queries
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn, claim_all, shop
+from tests.waiting import lock_waits, wait_until
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CLAIMED = T0 + timedelta(days=3)  # when the alerts were claimed and became deliverable
@@ -202,7 +210,10 @@ def test_the_next_claim_settles_the_batch_sent_and_never_takes_it_again(conn: Co
     later = CLAIMED + lease + timedelta(seconds=1)  # the sent batch is due again by now
     ids = [r[0] for r in sent]
     settle = {"now": later, "owner": uuid.uuid4(), "sent": ids, "sent_owner": owner}
-    (claimed,) = conn.execute(q["claim_deliveries"], claim | settle).fetchall()
+    rows = conn.execute(q["claim_deliveries"], claim | settle).fetchall()
+    # The rows it settled come back as 'sent' (the worker marks the rest itself).
+    assert sorted(r[0] for r in rows if r[3] == "sent") == sorted(ids)
+    (claimed,) = [r for r in rows if r[3] != "sent"]
     assert claimed[0] not in ids
     rows = conn.execute("SELECT id, status, attempts FROM slawatch.delivery").fetchall()
     assert {i: (s, n) for i, s, n in rows} == {
@@ -339,3 +350,104 @@ def test_a_claim_probes_each_alerts_delivery_by_its_key_even_with_stale_statisti
     # The due deliveries in order of next attempt; every other look is by a key.
     assert scans.count("delivery_due") == 1, scans
     assert "Seq Scan" not in scans, scans
+
+
+def test_a_claim_settling_a_batch_never_waits_for_a_row_another_claim_holds(
+    conn: Conn, db: Database, dsn: str
+) -> None:
+    """A claim's `due` may keep a row of another worker's sent batch locked for a moment
+    (it looked due in its snapshot). The claim settling that batch takes the rest at once
+    and never waits inside its statement (two such waits deadlocked); the held row is
+    marked sent once it is free, by a statement of its own."""
+    overdue_orders(conn, 6)
+    notifier = FlakyReceiver(failures=0, batch=3)
+    batch = claim_deliveries(db, notifier, CLAIMED)
+    ids = [r["id"] for r in batch.rows]
+    held, rest = ids[0], ids[1:]
+    with psycopg.connect(dsn) as other:  # not autocommit: the lock stays until rollback
+        other.execute("SELECT 1 FROM slawatch.delivery WHERE id = %s FOR UPDATE", (held,))
+        done: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: done.append(claim_deliveries(db, notifier, CLAIMED, sent=batch))
+        )
+        worker.start()
+        try:
+            # The claim committed (the rest settled, the next batch leased) while the
+            # row is still held: only then does anything wait for it.
+            wait_until(
+                lambda: statuses(conn) == {"sent": 2, "pending": 4},
+                "the claim to settle the rows it could lock",
+            )
+            wait_until(lambda: lock_waits(conn) == ["transactionid"], "mark_sent to wait")
+            (left,) = conn.execute(
+                "SELECT status FROM slawatch.delivery WHERE id = %s", (held,)
+            ).fetchone()  # type: ignore[misc]
+            assert left == "pending"
+        finally:
+            other.rollback()
+            worker.join(10)
+    assert not worker.is_alive()
+    sent = conn.execute("SELECT id FROM slawatch.delivery WHERE status = 'sent'").fetchall()
+    assert sorted(r[0] for r in sent) == sorted([held, *rest])
+    assert len(done[0].rows) == 3 and {r["id"] for r in done[0].rows}.isdisjoint(ids)
+
+
+def test_the_claim_and_mark_sent_commit_asynchronously_and_mark_dead_does_not(
+    conn: Conn, dsn: str
+) -> None:
+    """A lost lease or 'sent' only means a resend: those commits do not wait for the WAL
+    flush (a claim that leases, one that only settles a batch, mark_sent). A dead letter
+    does."""
+    overdue_orders(conn, 3)
+    q = queries()
+    owner = uuid.uuid4()
+    claim = {"limit": 3, "lease": timedelta(seconds=30), "notifier": "console", "now": CLAIMED}
+
+    def synchronous(tx: psycopg.Connection[Any]) -> str:
+        (value,) = tx.execute("SHOW synchronous_commit").fetchone()  # type: ignore[misc]
+        tx.commit()
+        return str(value)
+
+    with psycopg.connect(dsn) as tx:  # not autocommit: the setting is the transaction's
+        first, second, third = tx.execute(
+            q["claim_deliveries"], claim | NOTHING_SENT | {"owner": owner}
+        ).fetchall()
+        assert synchronous(tx) == "off"
+        assert synchronous(tx) == "on"  # for that transaction only
+        settle = claim | {"owner": uuid.uuid4(), "sent": [first[0]], "sent_owner": owner}
+        assert [r[3] for r in tx.execute(q["claim_deliveries"], settle).fetchall()] == ["sent"]
+        assert synchronous(tx) == "off"  # nothing more was due: settling alone
+        tx.execute(q["mark_sent"], {"ids": [second[0]], "owner": owner, "now": CLAIMED})
+        assert synchronous(tx) == "off"
+        tx.execute(q["mark_dead"], {"ids": [third[0]], "owner": owner, "error": "x"})
+        assert synchronous(tx) == "on"
+    assert statuses(conn) == {"sent": 2, "dead": 1}
+
+
+def test_each_due_deliverys_alert_is_probed_by_its_key_whatever_the_costs(conn: Conn) -> None:
+    """The claim reads due deliveries in order from delivery_due and each one's alert by
+    its primary key. As a join, a planner that priced index probes high (statistics
+    gathered mid-drain did) hashed every alert and sorted every pending delivery for
+    each claim of 100 (100 ms instead of 2)."""
+    overdue_orders(conn, 3000)
+    conn.execute("ANALYZE slawatch.delivery, slawatch.alert")
+    conn.execute("SET random_page_cost = 40")
+    params = {"now": CLAIMED, "owner": uuid.uuid4(), "lease": timedelta(seconds=30)}
+    params |= NOTHING_SENT | {"limit": 100, "notifier": "console"}
+    (plan,) = conn.execute(
+        "EXPLAIN (FORMAT JSON) " + queries()["claim_deliveries"], params
+    ).fetchone()  # type: ignore[misc]
+    scans: list[tuple[str, str]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") in ("delivery", "alert") and node["Node Type"] != (
+            "ModifyTable"
+        ):
+            scans.append((node["Relation Name"], node.get("Index Name", node["Node Type"])))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    assert ("delivery", "delivery_due") in scans, scans
+    assert ("alert", "alert_pkey") in scans, scans
+    assert ("alert", "Seq Scan") not in scans, scans

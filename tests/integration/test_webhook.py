@@ -332,3 +332,83 @@ def test_an_answer_sent_a_byte_at_a_time_is_cut_at_the_timeout() -> None:
         stop.set()
         notifier.close()
         server.close()
+
+
+def test_batches_go_over_one_kept_alive_connection() -> None:
+    """An accepted answer is read, so its connection goes back to the pool: unread,
+    httpx closed it, and every batch paid for a new connection (a TLS handshake, and a
+    new thread or process at many receivers)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    peers: list[tuple[str, int]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keeps the connection open unless told otherwise
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            peers.append(self.client_address)
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    ).start()
+    notifier = webhook(f"http://127.0.0.1:{server.server_address[1]}/hook")
+    try:
+        for _ in range(3):
+            notifier.send([ALERT])
+    finally:
+        notifier.close()
+        server.shutdown()
+        server.server_close()
+    assert len(peers) == 3 and len(set(peers)) == 1, peers
+
+
+@pytest.mark.parametrize("dribble", [False, True], ids=["stalled", "dribbled"])
+def test_an_accepted_answer_whose_body_never_comes_is_still_accepted(dribble: bool) -> None:
+    """Reading an accepted answer (for the connection's sake) is bounded by the timeout,
+    whether the body stalls or comes a byte at a time, and a failure there is no failure
+    of the delivery: the receiver said 2xx."""
+    import socket
+    import threading
+    import time
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 60\r\n\r\nnot all")
+            while not stop.wait(0.3):
+                try:
+                    if dribble:
+                        conn.sendall(b"x")
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    config = WebhookConfig.model_validate(
+        {"name": "stall", "type": "webhook", "url": url, "timeout": "1s"}
+    )
+    notifier = WebhookNotifier(config)
+    started = time.monotonic()
+    try:
+        assert notifier.post(url, b"{}") == 200
+        assert time.monotonic() - started < 5
+    finally:
+        stop.set()
+        notifier.close()
+        server.close()

@@ -67,6 +67,20 @@ def retry_after(value: str | None) -> float | None:
     return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
+def _drain(response: httpx.Response, deadline: float) -> None:
+    """Read an accepted answer's body, up to ANSWER_LIMIT bytes and ``deadline``; a
+    failure here changes nothing (the receiver has accepted), it only costs the
+    connection."""
+    read = 0
+    try:
+        for chunk in response.iter_raw():
+            read += len(chunk)
+            if read > ANSWER_LIMIT or time.monotonic() > deadline:
+                return
+    except httpx.HTTPError:
+        return
+
+
 class HttpNotifier(BaseNotifier):
     """A notifier that POSTs to an HTTP service; subclasses build the bodies."""
 
@@ -136,7 +150,12 @@ class HttpNotifier(BaseNotifier):
             ) as response:
                 status = response.status_code
                 if 200 <= status < 300:
-                    return status  # accepted: the body does not matter
+                    # Accepted: the body does not matter, but reading it (what fits in
+                    # ANSWER_LIMIT, before the deadline) lets the connection go back to
+                    # the pool. Left unread, httpx closes it: every batch paid for a new
+                    # connection (and the receiver for a new thread or process).
+                    _drain(response, deadline)
+                    return status
                 answer = bytearray()
                 for chunk in response.iter_bytes():
                     if time.monotonic() > deadline:
