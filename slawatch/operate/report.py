@@ -7,7 +7,7 @@ Everything but ``due`` comes from slawatch's own episode history (``slawatch.epi
 episodes that fell due in the window read through ``episode_due``, those that ended in
 it through ``episode_ended``, those due before it and still open through ``episode_due``
 too (ended_at is among its INCLUDE columns: no index of open episodes for the claim to
-write, 0008_lean_claim.sql), each grouped
+write, 0007_lean_claim.sql), each grouped
 per period with ``percentile_cont``; ``open`` is a running sum (open before the window,
 plus breached, less ended), so no period is joined to every episode.
 

@@ -1,2 +1,0 @@
--- Reserved for another branch's 0007 (issue 18, the delivery helper: slawatch.delivery's
--- indexes); on this branch only so that 0008 follows no gap. The merge drops this file.
