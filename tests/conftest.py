@@ -94,12 +94,14 @@ def stop_embedded(pgdata: Path) -> None:
 class Dropper:
     """Drops the tests' databases in a thread of its own, so that the next test need
     not wait for it (DROP DATABASE takes 0.5 to 2 s on a busy server). One at a time,
-    in order; :meth:`close` waits for the last one and raises the first failure."""
+    in order; :meth:`close` waits for the last one and raises if any failed or any
+    database this session created is still there."""
 
     def __init__(self, server_dsn: str) -> None:
         self.server_dsn = server_dsn
         self.names: queue.Queue[str | None] = queue.Queue()
         self.failures: list[str] = []
+        self.created: list[str] = []
         self.thread = threading.Thread(target=self._run, name="drop-databases", daemon=True)
         self.thread.start()
 
@@ -127,6 +129,12 @@ class Dropper:
             raise RuntimeError(f"test databases were still being dropped after {timeout} s")
         if self.failures:
             raise RuntimeError("; ".join(self.failures))
+        with psycopg.connect(self.server_dsn, autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT datname FROM pg_database WHERE datname = ANY(%s)", (self.created,)
+            ).fetchall()
+        if left:
+            raise RuntimeError(f"test databases left behind: {[r[0] for r in left]}")
 
 
 @pytest.fixture(scope="session")
@@ -145,6 +153,7 @@ def dsn(server_dsn: str, dropper: Dropper) -> Iterator[str]:
     name = f"slawatch_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
+    dropper.created.append(name)
     try:
         yield with_database(server_dsn, name)
     finally:
