@@ -15,6 +15,12 @@ from slawatch.engine.migrate import migrate, render
 from slawatch.errors import ConfigError
 from tests.integration.helpers import Conn, shop
 
+# The printed script grants to the role slawatch_app, which a test creates and drops:
+# roles are cluster-wide, so under xdist these tests run on one worker
+# (the same group in test_track_switch.py).
+ROLE_APP = pytest.mark.xdist_group("role_slawatch_app")
+
+
 TABLE = """
 CREATE TABLE orders (
     id bigint PRIMARY KEY, ref text, status text NOT NULL, paid_at timestamptz,
@@ -176,6 +182,7 @@ def run_script(conn: Conn, script: str) -> None:
     assert not "\n".join(statement).strip()
 
 
+@ROLE_APP
 def test_printed_migration_runs_as_is(conn: Conn) -> None:
     """What --print shows without a database is what a DBA can run, and it is
     equivalent to migrate, whatever state the database was in."""
@@ -200,6 +207,7 @@ def test_printed_migration_runs_as_is(conn: Conn) -> None:
         conn.execute("DROP ROLE slawatch_app")
 
 
+@ROLE_APP
 def test_printed_against_the_database_is_only_the_change(conn: Conn) -> None:
     """The DBA path after a rule change: the plan drops and rebuilds what changed, and
     after it is applied by hand, migrate and run agree that all is well."""

@@ -187,6 +187,9 @@ def _run_script(conn: Conn, script: str) -> None:
     assert not "\n".join(statement).strip()
 
 
+# Creates and drops the cluster-wide role slawatch_app: on one xdist worker with the
+# tests in test_migrate.py that do.
+@pytest.mark.xdist_group("role_slawatch_app")
 @BOTH_WAYS
 def test_the_printed_switch_does_what_migrate_does(conn: Conn, before: str, after: str) -> None:
     conn.execute(TABLE)
