@@ -252,14 +252,17 @@ def test_an_idle_table_drain_is_one_read_only_statement(conn: Conn, pooled: Data
     mark = watermark(conn)
     assert mark == (NOW, NOW)
     order(conn, 4, NOW - 10 * DUE)  # a backfill: found by the next sweep, not by a scan
-    for later in (NOW + S, NOW + 5 * timedelta(minutes=1)):
+    five = NOW + 5 * timedelta(minutes=1)
+    for later in (NOW + S, five, five + S):
         sent = sent_statements(pooled, lambda at=later: drain(pooled, plan, Fixed(at)))
         assert len(sent) == 1 and '"SELECT EXISTS (SELECT 1 FROM' in sent[0]  # no write
+        if later == five:  # due 4 minutes ago, committed now: before the idle probes'
+            order(conn, 5, NOW - DUE + 60 * S)  # window too (it moved on): the sweep's
     assert watermark(conn) == mark
-    swept = NOW + 11 * timedelta(minutes=1)  # the sweep is due: it finds the backfill
-    assert drain(pooled, plan, Fixed(swept)).claimed == 1
+    swept = NOW + 11 * timedelta(minutes=1)  # the sweep is due: it finds the backfills
+    assert drain(pooled, plan, Fixed(swept)).claimed == 2
     assert watermark(conn) == (swept, swept)
-    assert [k for k, _, _ in episodes(conn, "order_unshipped")] == ["2", "4"]
+    assert [k for k, _, _ in episodes(conn, "order_unshipped")] == ["2", "4", "5"]
 
 
 def test_work_found_after_idle_table_scans_is_claimed_by_the_next(
@@ -309,6 +312,9 @@ def test_the_watermark_is_written_after_a_sweep_or_a_claim_a_minute_after_the_la
     renotified = NOW + 10 * S + 6 * H + S
     assert drain(pooled, plan, Fixed(renotified)).claimed == 1
     assert watermark(conn) == (later, NOW)  # a re-notification: the window is as it was
+    swept = NOW + 2 * timedelta(days=1)  # the sweep is due; nothing fresh: written
+    assert drain(pooled, plan, Fixed(swept)).claimed == 2  # re-notifications
+    assert watermark(conn) == (swept, swept)
 
 
 def test_a_restart_after_idle_table_scans_misses_nothing(conn: Conn, pooled: Database) -> None:
