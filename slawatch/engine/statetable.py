@@ -497,9 +497,10 @@ def _claim_acting(
 class TableScan:
     """One drain of a ``track: table`` rule, batch by batch.
 
-    ``begin`` reads the watermark and sweeps when one is due; each ``batch`` claims
-    fresh rows from where the last full batch ended (``since``) and due
-    re-notifications; ``finish`` records the watermark once a batch came back short.
+    ``start`` probes between sweeps, else ``begin`` reads the watermark and sweeps
+    when one is due; each ``batch`` claims fresh rows from where the last full batch
+    ended (``since``) and due re-notifications; once a batch came back short,
+    ``done`` moves the rule's :class:`Mark` on and says whether ``store`` records it.
     ``params_at(now)`` gives the claim's parameters; ``to_deadline(t)`` turns an aware
     time into a value comparable with the deadline column.
     """
