@@ -4,8 +4,11 @@
 second by ``slawatch run`` in this process (a :class:`Runner` with a console
 notifier), beside the raw probes: per rule and second, one prepared
 ``SELECT 1 ... LIMIT 1`` on the rule's first-notice partial index, on one
-connection (what a hand-written poller would send). The two take turns, ``seconds``
-each, three times (medians of the interleaved runs), on one scratch database.
+connection (what a hand-written poller would send). With ``--track table`` the
+rules are ``track: table`` and the raw probe reads their due index
+(``paid_at < cutoff AND status = 'paid'``: no tracking column on the table).
+The two take turns, ``seconds`` each, three times (medians of the interleaved
+runs), on one scratch database.
 
 How it counts, per scratch database:
 
@@ -28,7 +31,7 @@ reach it when a backend flushes them (about once a second for a busy one), so th
 figures are good to a cycle or so per window; ``pg_stat_statements`` counts at once.
 
     .venv/bin/python bench/idle.py [--rules 100] [--seconds 10] [--reps 3]
-                                   [--pooler auto|none] [--warm 10]
+                                   [--pooler auto|none] [--warm 10] [--track inline|table]
 """
 
 from __future__ import annotations
@@ -64,10 +67,11 @@ ROWS = 1_000  # open rows per table, none due
 PG15 = Path("/usr/lib/postgresql/15/bin")
 
 
-def rule(i: int) -> Rule:
+def rule(i: int, track: str = "inline") -> Rule:
     return Rule.model_validate(
         {
             "name": f"idle{i:03}",
+            "track": track,
             "table": f"public.w{i:03}",
             "key": "id",
             "deadline": "paid_at",
@@ -81,9 +85,9 @@ def rule(i: int) -> Rule:
     )
 
 
-def setup(dsn: str, rules: int) -> list[Rule]:
+def setup(dsn: str, rules: int, track: str = "inline") -> list[Rule]:
     """``rules`` tables and rules, migrated; every row paid a moment ago (due in 48 h)."""
-    made = [rule(i) for i in range(rules)]
+    made = [rule(i, track) for i in range(rules)]
     with psycopg.connect(dsn, autocommit=True) as conn:
         for r in made:
             t = sql.Identifier(r.table_name)
@@ -207,6 +211,11 @@ def raw_phase(
             "SELECT 1 FROM {t} WHERE paid_at < %s AND {seen} IS DISTINCT FROM paid_at"
             " AND (status = 'paid') LIMIT 1"
         ).format(t=sql.Identifier(r.table_name), seen=sql.Identifier(r.seen_column))
+        if r.track == "inline"
+        # track: table: no tracking column on the table; its due index answers.
+        else sql.SQL("SELECT 1 FROM {t} WHERE paid_at < %s AND (status = 'paid') LIMIT 1").format(
+            t=sql.Identifier(r.table_name)
+        )
         for r in rules
     ]
     stop = threading.Event()
@@ -239,11 +248,12 @@ def measure(
     reps: int = 3,
     pooler: Pooler = "auto",
     warm: float = WARM,
+    track: str = "inline",
 ) -> dict[str, float]:
     """slawatch's idle cost against the raw probes', per cycle, on a scratch database of
     ``dsn``'s server: ratios and slawatch's own figures (medians of ``reps`` interleaved
     runs). ``pooler``: slawatch's SLAWATCH_POOLER (``auto``, the default: nothing
-    prepared; ``none``: prepared statements)."""
+    prepared; ``none``: prepared statements); ``track``: the rules' ``track``."""
     name = f"slawatch_idle_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -263,7 +273,7 @@ def measure(
                     )
                 )
                 statements = _has_statements(conn)
-        made = setup(db, rules)
+        made = setup(db, rules, track)
         runs: dict[str, list[dict[str, float]]] = {"slawatch": [], "raw": []}
         for _ in range(reps):
             runs["slawatch"].append(slawatch_phase(db, made, seconds, statements, pooler, warm))
@@ -342,6 +352,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--pooler", choices=["auto", "none"], default="auto")
+    parser.add_argument("--track", choices=["inline", "table"], default="inline")
     parser.add_argument(
         "--warm", type=float, default=WARM, help="seconds each load runs before its window"
     )
@@ -351,10 +362,11 @@ def main() -> None:
     given = os.environ.get("SLAWATCH_BENCH_DSN")
     with contextlib.ExitStack() as stack:
         dsn = given or stack.enter_context(counting_server())
-        m = measure(dsn, args.rules, args.seconds, args.reps, args.pooler, args.warm)
+        m = measure(dsn, args.rules, args.seconds, args.reps, args.pooler, args.warm, args.track)
     print(
-        f"IDLE: {args.rules} rules x every 1s, nothing due; per cycle (1 s), medians of"
-        f" {args.reps} interleaved runs of {args.seconds:.0f} s; SLAWATCH_POOLER={args.pooler}"
+        f"IDLE: {args.rules} rules (track: {args.track}) x every 1s, nothing due; per cycle"
+        f" (1 s), medians of {args.reps} interleaved runs of {args.seconds:.0f} s;"
+        f" SLAWATCH_POOLER={args.pooler}"
         + ("" if m["pg_stat_statements"] else " (no pg_stat_statements: statements ~ xacts)")
     )
     print(f"{'':24}{'slawatch':>12}{'raw':>12}{'ratio':>8}")

@@ -465,14 +465,26 @@ def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], in
     if plan.table is None:
         # Each call as a drain's first batch: the probe, then the claim if anything is due.
         return lambda: claim_batch(conn, plan, now) if anything_due(conn, plan, now) else 0
-    scan = TableScan(plan.table, plan.params, plan.to_deadline)
-    scan.begin(conn, now)
     table = plan.table
+    # As drain_table does: a drain starts with the probe between sweeps (or reads the
+    # watermark and sweeps: the first here, before the first call), claims batch after
+    # batch, and after a short batch records the watermark when that matters.
+    first = TableScan(table, plan.params, plan.to_deadline)
+    due = first.start(conn, now)
+    scan: TableScan | None = first
 
     def step() -> int:
+        nonlocal scan, due
+        if scan is None:  # a new drain
+            scan = TableScan(table, plan.params, plan.to_deadline)
+            due = scan.start(conn, now)
+        if not due:
+            scan = None
+            return 0
         got = scan.batch(conn, now)
         if not got.full(table.rule.batch):
-            scan.finish(conn, now)  # as drain_table does: the next drain starts from here
+            scan.finish(conn, now)
+            scan = None
         return got.alerts
 
     return step

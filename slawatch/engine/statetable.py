@@ -21,6 +21,11 @@ A scan finds work in three ways, each costing what it finds:
   that became open with a deadline already older than the look-back
   (backfills, a job restarted, a refund reopened).
 
+Between sweeps a scan first asks, in one read-only statement (:data:`_PROBE`),
+whether the first two find anything; only then it claims. The watermark is kept
+in memory per rule (:class:`Mark`) and written only when it matters: see
+:meth:`Mark.should_store`.
+
 Concurrent scanners cannot lock the watched rows (no UPDATE privilege); the
 state table's primary key decides instead: an episode is opened by an upsert
 that changes a state row only when its deadline value differs, so of two
@@ -182,6 +187,19 @@ _SWEPT_EPISODES = """\
       FROM closed c
      WHERE c.n > 0"""
 
+# "Anything to do?" between sweeps: the claim's `fresh` and `again` cases, each
+# answered by the first entry of a partial index (the watched table's due index over
+# the watermark's window; the state table's index on sw_next), no lock and no write.
+# Episodes that ended are closed by `again` (at their re-notification time) or by the
+# sweep, which is decided in memory (Mark), so neither needs a case here. A row that
+# falls due between the probe and the claim is the next scan's.
+_PROBE = """\
+SELECT EXISTS (SELECT 1 FROM {table} t
+                WHERE {td} >= %(since)s AND {td} < %(cutoff)s AND ({open_when}
+                      )
+                  AND NOT EXISTS (SELECT 1 FROM {state} s WHERE {s_is_t} AND s.sw_seen = {td}))
+    OR EXISTS (SELECT 1 FROM {state} s WHERE s.sw_next < %(now)s::timestamptz)"""
+
 _WATERMARK = """\
 SELECT scanned_to, swept_at FROM slawatch.watermark WHERE rule = %(rule)s"""
 
@@ -215,6 +233,63 @@ def lookback(rule: Rule) -> timedelta:
     return min(max(rule.every, LOOKBACK_MIN), LOOKBACK_MAX)
 
 
+# How old the stored watermark may be before a drain that claimed fresh rows stores
+# it again (Mark.should_store).
+STORE_AFTER = timedelta(minutes=1)
+
+
+@dataclass
+class Mark:
+    """A ``track: table`` rule's watermark as this process knows it, kept across drains.
+
+    ``scanned_to``: every row due by ``rule.cutoff(scanned_to)`` (less the look-back)
+    was claimed: the latest of the stored watermark and this process's own complete
+    drains (a probe that found nothing is one). ``swept_at``: the last sweep, stored
+    or this process's. ``stored``: the ``scanned_to`` the database holds, as far as
+    this process knows (read by the last full begin, or written by it since).
+    """
+
+    scanned_to: datetime | None = None
+    swept_at: datetime | None = None
+    stored: datetime | None = None
+
+    def between_sweeps(self, rule: Rule, now: datetime) -> bool:
+        """Whether a drain at ``now`` may start with the probe: the watermark is known
+        and no sweep is due (else it reads the stored watermark, and sweeps if due)."""
+        return (
+            self.scanned_to is not None
+            and self.swept_at is not None
+            and now - self.swept_at < rule.sweep
+        )
+
+    def advance(self, now: datetime) -> None:
+        """A drain (or a probe) at ``now`` found everything due up to ``now`` claimed."""
+        self.scanned_to = now if self.scanned_to is None else max(self.scanned_to, now)
+
+    def should_store(self, now: datetime, swept: bool, fresh: int) -> bool:
+        """Whether a complete drain at ``now`` writes the watermark.
+
+        Always after a sweep: ``swept_at`` is shared, so the processes sweep once per
+        ``sweep`` between them and a restart does not sweep again. Otherwise only a
+        drain that claimed fresh rows, and only when the stored watermark is
+        :data:`STORE_AFTER` old or more: an idle rule writes nothing but its sweep's
+        watermark (once per ``sweep``, 10 min by default), a busy one once a minute.
+
+        What a crash or a restart then re-reads: its first drain starts the fresh
+        window at ``cutoff(stored) - look-back`` instead of this process's own mark.
+        Nothing is missed: the stored value is the time of a complete drain (written
+        at its end, never moved back: GREATEST), so every row due before the window
+        was claimed, and a row that opened with an older deadline is the sweep's, as
+        ever. The extra re-read is bounded: every row that fell due after the stored
+        time and was claimed by a drain at least a minute after it made that drain
+        store, so the window holds at most a minute's fresh rows beyond the
+        look-back, read once and skipped (their state rows hold that deadline).
+        """
+        if swept or self.stored is None:
+            return True
+        return fresh > 0 and now - self.stored >= STORE_AFTER
+
+
 @dataclass(frozen=True)
 class TablePlan:
     """A ``track: table`` rule's statements, composed once."""
@@ -223,6 +298,9 @@ class TablePlan:
     claim: sql.Composed
     close: sql.Composed
     act: Act | None = None  # the rule's action (engine/acting.py), run before the commit
+    probe: sql.Composed | None = None  # whether anything is due between sweeps (_PROBE)
+    # This process's watermark, kept across drains (dataclasses.replace keeps it).
+    mark: Mark = field(default_factory=Mark, compare=False)
 
 
 def compose(
@@ -362,7 +440,10 @@ def compose(
         history=history_ended(sql.SQL("SELECT key FROM closed")),
         wake=close_wake,
     )
-    return TablePlan(rule, claim, close)
+    probe = sql.SQL(_PROBE).format(
+        table=table, state=state_table(rule), td=td, open_when=open_when, s_is_t=eq("s", "t")
+    )
+    return TablePlan(rule, claim, close, probe=probe)
 
 
 @dataclass(frozen=True)
@@ -416,9 +497,10 @@ def _claim_acting(
 class TableScan:
     """One drain of a ``track: table`` rule, batch by batch.
 
-    ``begin`` reads the watermark and sweeps when one is due; each ``batch`` claims
-    fresh rows from where the last full batch ended (``since``) and due
-    re-notifications; ``finish`` records the watermark once a batch came back short.
+    ``start`` probes between sweeps, else ``begin`` reads the watermark and sweeps
+    when one is due; each ``batch`` claims fresh rows from where the last full batch
+    ended (``since``) and due re-notifications; once a batch came back short,
+    ``done`` moves the rule's :class:`Mark` on and says whether ``store`` records it.
     ``params_at(now)`` gives the claim's parameters; ``to_deadline(t)`` turns an aware
     time into a value comparable with the deadline column.
     """
@@ -433,13 +515,43 @@ class TableScan:
         self.since: Any = "-infinity"
         self.swept = False
         self.closed = 0  # episodes the sweep closed
+        self.fresh = 0  # rows claimed from the due index (fresh episodes)
+
+    def start(self, conn: Connection, now: datetime, sweep: bool = False) -> bool:
+        """Start a drain at ``now``: whether to claim.
+
+        Between sweeps (:meth:`Mark.between_sweeps`) one read-only statement,
+        :data:`_PROBE` from this process's watermark on, prepared where the pooler
+        allows; a probe that finds nothing ends the drain (the watermark moves on in
+        memory only). Else :meth:`begin`: read the stored watermark, sweep if due."""
+        rule, mark = self.plan.rule, self.plan.mark
+        if sweep or self.plan.probe is None or not mark.between_sweeps(rule, now):
+            self.begin(conn, now, sweep)
+            return True
+        assert mark.scanned_to is not None
+        self.since = self.to_deadline(rule.cutoff(mark.scanned_to) - lookback(rule))
+        params = self.params_at(now)
+        with translate(f"probe for rule {rule.name}"), one_statement(conn):
+            # prepare=True is ignored where prepared statements are off (SLAWATCH_POOLER).
+            row = conn.execute(
+                self.plan.probe,
+                {"since": self.since, "cutoff": params["cutoff"], "now": params["now"]},
+                prepare=True,
+            ).fetchone()
+        if row and row[0]:
+            return True
+        mark.advance(now)
+        return False
 
     def begin(self, conn: Connection, now: datetime, sweep: bool = False) -> None:
         """Read the watermark and sweep when one is due, or always with ``sweep``."""
-        rule = self.plan.rule
+        rule, known = self.plan.rule, self.plan.mark
         with translate(f"reading the watermark of rule {rule.name}"):
             mark = conn.execute(_WATERMARK, {"rule": rule.name}).fetchone()
         scanned_to, swept_at = mark if mark else (None, None)
+        known.stored, known.swept_at = scanned_to, swept_at
+        if scanned_to is not None and known.scanned_to is not None:
+            scanned_to = max(scanned_to, known.scanned_to)  # this process's own drains
         if sweep or scanned_to is None or swept_at is None or now - swept_at >= rule.sweep:
             with translate(f"sweep of rule {rule.name}"):
                 row = conn.execute(self.plan.close, self.params_at(now)).fetchone()
@@ -453,18 +565,34 @@ class TableScan:
 
     def batch(self, conn: Connection, now: datetime) -> TableBatch:
         got = claim_table_batch(conn, self.plan, self.params_at(now), self.since)
+        self.fresh += got.fresh
         if got.fresh >= self.plan.rule.batch and got.last_deadline is not None:
             self.since = got.last_deadline  # rows before it are notified; ties are re-read
         return got
 
-    def finish(self, conn: Connection, now: datetime) -> None:
-        """The drain read everything due up to ``now``: the next starts from there."""
+    def done(self, now: datetime) -> bool:
+        """The drain read everything due up to ``now``: the next starts from there.
+        Whether to write that down (:meth:`store`, see :meth:`Mark.should_store`)."""
+        mark = self.plan.mark
+        mark.advance(now)
+        if self.swept:
+            mark.swept_at = now if mark.swept_at is None else max(mark.swept_at, now)
+        return mark.should_store(now, self.swept, self.fresh)
+
+    def store(self, conn: Connection, now: datetime) -> None:
+        """Write the watermark: the drain at ``now`` was complete."""
         rule = self.plan.rule
         with translate(f"recording the watermark of rule {rule.name}"):
             conn.execute(
                 _SET_WATERMARK,
                 {"rule": rule.name, "scanned_to": now, "swept_at": now if self.swept else None},
             )
+        self.plan.mark.stored = now
+
+    def finish(self, conn: Connection, now: datetime) -> None:
+        """:meth:`done`, and :meth:`store` when it says so."""
+        if self.done(now):
+            self.store(conn, now)
 
 
 def drain_table(
@@ -486,8 +614,10 @@ def drain_table(
     scan = TableScan(plan, params_at, to_deadline)
     now = clock.now()
     with connection() as conn:
-        scan.begin(conn, now, sweep)
+        due = scan.start(conn, now, sweep)
     tally.closed += scan.closed
+    if not due:  # idle: the probe alone
+        return 0, 0
     started = time.monotonic()
     alerts = batches = 0
     while True:
@@ -501,8 +631,9 @@ def drain_table(
         alerts += got.alerts
         batches += 1
         if not got.full(rule.batch):
-            with connection() as conn:
-                scan.finish(conn, now)
+            if scan.done(now):
+                with connection() as conn:
+                    scan.store(conn, now)
             return alerts, batches
         if time.monotonic() - started >= budget.total_seconds():
             log.warning(

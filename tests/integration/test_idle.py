@@ -1,5 +1,7 @@
 """An idle scan costs one cheap statement: the probe ("anything due?") on the partial
-indexes, before the claim, which runs only when the probe finds something (issue 18)."""
+indexes, before the claim, which runs only when the probe finds something (issue 18).
+A ``track: table`` rule's too, between sweeps, and its watermark is written only
+when it matters (statetable.Mark)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from slawatch.errors import SlawatchError
 from slawatch.runtime import scans
 from slawatch.runtime.scans import ScanRecords
 from slawatch.runtime.scheduler import Runner
-from tests.integration.helpers import Conn, shop
+from tests.integration.helpers import Conn, episodes, shop
 from tests.integration.test_events import T0, M, parcel, send, timer
 from tests.integration.test_round_trips import round_trips
 from tests.waiting import wait_until
@@ -211,3 +213,124 @@ def test_the_probe_is_prepared_where_the_pooler_allows_and_stays_so(
                 "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT EXISTS%%'"
             ).fetchone()
     assert prepared == ((1,) if pooler == "none" else (0,))
+
+
+# --------------------------------------------------------------------- track: table
+
+H, S = timedelta(hours=1), timedelta(seconds=1)
+DUE = 48 * H  # order_unshipped: due 48 h after paid_at; look-back 30 s (its `every`)
+
+
+def table_plan(conn: Conn, sweep: timedelta = timedelta(days=1)) -> ClaimPlan:
+    """order_unshipped tracked ``table``; its sweep a day apart unless said, so the
+    scans in between are the probe's."""
+    rule = shop(conn, "table")["order_unshipped"]
+    return prepare(conn, rule.model_copy(update={"sweep": sweep}))
+
+
+def watermark(conn: Conn) -> tuple[object, ...] | None:
+    return conn.execute("SELECT scanned_to, swept_at FROM slawatch.watermark").fetchone()
+
+
+def order(conn: Conn, order: int, at: datetime, status: str = "paid") -> None:
+    conn.execute(
+        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+        " VALUES (%s, 7, 100, %s, %s)",
+        (order, status, at),
+    )
+
+
+def test_an_idle_table_drain_is_one_read_only_statement(conn: Conn, pooled: Database) -> None:
+    """Between sweeps an idle scan is the probe alone, and no scan writes the watermark
+    until one claims a fresh row: rows not due, notified, not open, or due before the
+    look-back (a backfill: the sweep's) make no claim run."""
+    plan = table_plan(conn, sweep=timedelta(minutes=10))
+    order(conn, 1, NOW - H)  # due in 47 h
+    order(conn, 2, NOW - DUE - 10 * S)  # due 10 s ago: notified by the first drain
+    order(conn, 3, NOW - DUE - 5 * S, status="shipped")  # due, in the look-back: not open
+    assert drain(pooled, plan, Fixed(NOW)).claimed == 1  # the first: sweeps, claims 2
+    mark = watermark(conn)
+    assert mark == (NOW, NOW)
+    order(conn, 4, NOW - 10 * DUE)  # a backfill: found by the next sweep, not by a scan
+    five = NOW + 5 * timedelta(minutes=1)
+    for later in (NOW + S, five, five + S):
+        sent = sent_statements(pooled, lambda at=later: drain(pooled, plan, Fixed(at)))
+        assert len(sent) == 1 and '"SELECT EXISTS (SELECT 1 FROM' in sent[0]  # no write
+        if later == five:  # due 4 minutes ago, committed now: before the idle probes'
+            order(conn, 5, NOW - DUE + 60 * S)  # window too (it moved on): the sweep's
+    assert watermark(conn) == mark
+    swept = NOW + 11 * timedelta(minutes=1)  # the sweep is due: it finds the backfills
+    assert drain(pooled, plan, Fixed(swept)).claimed == 2
+    assert watermark(conn) == (swept, swept)
+    assert [k for k, _, _ in episodes(conn, "order_unshipped")] == ["2", "4", "5"]
+
+
+def test_work_found_after_idle_table_scans_is_claimed_by_the_next(
+    conn: Conn, pooled: Database
+) -> None:
+    """A row falling due, one committed late (within the look-back), a deadline moved
+    to a time already due, a re-notification: each after idle scans, each claimed by
+    the next scan (probe + claim), and idle again after."""
+    plan = table_plan(conn)
+    assert drain(pooled, plan, Fixed(NOW)).claimed == 0  # the first: sweeps
+    order(conn, 1, NOW - DUE + 30 * S)  # due at NOW + 30 s
+    assert traced_drain(pooled, plan, NOW + 10 * S) == (1, 0)
+    assert traced_drain(pooled, plan, NOW + 20 * S) == (1, 0)
+    order(conn, 2, NOW - DUE + 15 * S)  # due at NOW + 15 s, committed after the last scan
+    assert traced_drain(pooled, plan, NOW + 25 * S) == (2, 1)
+    assert traced_drain(pooled, plan, NOW + 31 * S) == (2, 1)
+    assert traced_drain(pooled, plan, NOW + 35 * S) == (1, 0)
+    conn.execute("UPDATE orders SET paid_at = %s WHERE id = 1", (NOW - DUE + 36 * S,))
+    assert traced_drain(pooled, plan, NOW + 40 * S) == (2, 1)  # episode 2 of order 1
+    assert traced_drain(pooled, plan, NOW + 6 * H) == (1, 0)
+    assert traced_drain(pooled, plan, NOW + 6 * H + 30 * S) == (2, 1)  # order 2's #2
+    assert traced_drain(pooled, plan, NOW + 6 * H + 35 * S) == (1, 0)
+    assert traced_drain(pooled, plan, NOW + 6 * H + 41 * S) == (2, 1)  # order 1's #2
+    assert traced_drain(pooled, plan, NOW + 6 * H + 45 * S) == (1, 0)
+    assert episodes(conn, "order_unshipped") == [
+        ("1", 1, 1),
+        ("1", 2, 1),
+        ("1", 2, 2),
+        ("2", 1, 1),
+        ("2", 1, 2),
+    ]
+
+
+def test_the_watermark_is_written_after_a_sweep_or_a_claim_a_minute_after_the_last(
+    conn: Conn, pooled: Database
+) -> None:
+    plan = table_plan(conn)
+    assert drain(pooled, plan, Fixed(NOW)).claimed == 0
+    assert watermark(conn) == (NOW, NOW)  # swept: written
+    order(conn, 1, NOW - DUE + 5 * S)
+    assert drain(pooled, plan, Fixed(NOW + 10 * S)).claimed == 1
+    assert watermark(conn) == (NOW, NOW)  # a fresh claim, 10 s after the last write
+    order(conn, 2, NOW - DUE + 90 * S)
+    later = NOW + 100 * S
+    assert drain(pooled, plan, Fixed(later)).claimed == 1
+    assert watermark(conn) == (later, NOW)  # a fresh claim, over a minute after
+    renotified = NOW + 10 * S + 6 * H + S
+    assert drain(pooled, plan, Fixed(renotified)).claimed == 1
+    assert watermark(conn) == (later, NOW)  # a re-notification: the window is as it was
+    swept = NOW + 2 * timedelta(days=1)  # the sweep is due; nothing fresh: written
+    assert drain(pooled, plan, Fixed(swept)).claimed == 2  # re-notifications
+    assert watermark(conn) == (swept, swept)
+
+
+def test_a_restart_after_idle_table_scans_misses_nothing(conn: Conn, pooled: Database) -> None:
+    """The idle scans moved the watermark in memory only: a new process (a crash, a
+    restart) reads the stored one, re-reads from there, and claims what fell due after
+    the old process's last scan, without notifying again what it had claimed."""
+    plan = table_plan(conn)
+    assert drain(pooled, plan, Fixed(NOW)).claimed == 0  # stored: NOW
+    order(conn, 1, NOW - DUE + 30 * S)
+    assert drain(pooled, plan, Fixed(NOW + 40 * S)).claimed == 1  # not stored (40 s)
+    for minutes in (2, 3):
+        assert traced_drain(pooled, plan, NOW + minutes * timedelta(minutes=1)) == (1, 0)
+    assert watermark(conn) == (NOW, NOW)
+    order(conn, 2, NOW - DUE + 200 * S)  # due after the last scan (NOW + 180 s)
+    order(conn, 3, NOW - DUE + 170 * S)  # due before it, committed after it
+    restarted = prepare(conn, plan.rule)  # a new process: its watermark is the stored one
+    assert drain(pooled, restarted, Fixed(NOW + 4 * timedelta(minutes=1))).claimed == 2
+    assert [k for k, _, _ in episodes(conn, "order_unshipped")] == ["1", "2", "3"]
+    assert traced_drain(pooled, restarted, NOW + 5 * timedelta(minutes=1)) == (1, 0)
