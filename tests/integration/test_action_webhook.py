@@ -42,7 +42,7 @@ from slawatch.engine.outbox import alert_payload
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock, claim_all
-from tests.integration.test_actions import job_rule_with
+from tests.integration.test_actions import job_rule_with, silence_1_ack_2
 from tests.integration.test_events import send
 from tests.receivers import Reply, WebhookReceiver, closed_port, receiver
 
@@ -260,16 +260,7 @@ def test_an_acknowledged_or_silenced_episode_is_skipped_and_not_sent(
 ) -> None:
     rule = hook_rule(receiver.url)
     plan = setup(conn, rule, jobs=3)
-    conn.execute(
-        "INSERT INTO slawatch.silence (rule, key, starts_at, ends_at, created_at, author)"
-        " VALUES ('job_hung', '1', %s, %s, %s, 'test')",
-        (T0, T0 + 60 * M, T0),
-    )
-    conn.execute(
-        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
-        " VALUES ('job_hung', '2', 1, 0, %s, 'test')",
-        (T0,),
-    )
+    silence_1_ack_2(conn)
     assert claim_all(conn, plan, DUE) == 3
     assert [(r[0], r[4], r[5]) for r in actions(conn)] == [
         ("1", "skipped", "silenced"),

@@ -208,19 +208,24 @@ def test_concurrent_claimers_act_on_each_row_exactly_once(dsn: str, conn: Conn, 
     assert {r[3] for r in rows} == {"ok"}
 
 
-def test_a_silenced_or_acknowledged_episode_is_not_acted_on(conn: Conn) -> None:
-    plan = setup(conn, job_rule(), jobs=3)
+def silence_1_ack_2(conn: Conn) -> None:
+    """Job 1 silenced for the hour from T0; job 2's episode 1 acknowledged at T0 (as an
+    ack that committed while a claim ran would be)."""
     conn.execute(
         "INSERT INTO slawatch.silence (rule, key, starts_at, ends_at, created_at, author)"
         " VALUES ('job_hung', '1', %s, %s, %s, 'test')",
         (T0, T0 + 60 * M, T0),
     )
-    # An ack that committed while this claim ran (here: before it, for episode 1 of 2).
     conn.execute(
         "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
         " VALUES ('job_hung', '2', 1, 0, %s, 'test')",
         (T0,),
     )
+
+
+def test_a_silenced_or_acknowledged_episode_is_not_acted_on(conn: Conn) -> None:
+    plan = setup(conn, job_rule(), jobs=3)
+    silence_1_ack_2(conn)
     assert claim_all(conn, plan, T0 + 15 * M + S) == 3
     assert restarts(conn) == [3]
     assert [(r[0], r[3], r[5]) for r in actions(conn)] == [
