@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal, cast, get_args
@@ -39,6 +37,7 @@ from slawatch.config.rules import Rule
 from slawatch.db import Connection, translate
 from slawatch.engine.catalog import inspect_table, table_ident
 from slawatch.errors import BadInput
+from slawatch.operate.inspect import check_rule_name
 
 By = Literal["hour", "day", "week"]
 Format = Literal["table", "json", "csv"]
@@ -49,7 +48,6 @@ STEPS: dict[str, timedelta] = {
 }
 DEFAULT_SINCE = "7d"
 MAX_PERIODS = 2000  # a report is for people: 83 days by hour, 5 years by day
-RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 REPORT_SQL = """\
 WITH periods AS (
@@ -202,8 +200,7 @@ def query(
         raise BadInput(f"since: {shorten(since or '')} must be more than 0")
     chosen = rules
     if rule is not None:
-        if not RULE_NAME.fullmatch(rule):
-            raise BadInput(f"rule: {shorten(rule)} is not a rule name ([a-z][a-z0-9_]{{0,39}})")
+        check_rule_name(rule)
         chosen = [r for r in rules if r.name == rule]
         if not chosen:
             raise BadInput(f"rule: no rule named {rule!r}")
@@ -338,7 +335,7 @@ def as_csv(r: Report) -> str:
     out = csv.writer(buf, lineterminator="\n")
     out.writerow(COLUMNS)
     for row in r.rows:
-        values = json.loads(row.model_dump_json())
+        values = row.model_dump(mode="json")
         out.writerow(["" if values[c] is None else values[c] for c in COLUMNS])
     return buf.getvalue()
 
