@@ -270,17 +270,14 @@ def runner(mode: Mode, counted: Callable[[str, str], None] | None = None) -> Act
                 todo.append(due)
         # Skipped and would-run records: written below whichever way the others ran.
         unrun = [r for r in records if r is not None]
+        path = None
         if todo:
             ran, path = run_batch(conn, rule, todo, now)
             log.debug("rule %s: %d actions ran (%s)", rule.name, len(ran), path)
             done = iter(ran)
             records = [r if r is not None else next(done) for r in records]
-            if path == "set":  # the set statement wrote its records itself
-                record(conn, rule, unrun, now)
-            else:
-                record(conn, rule, [r for r in records if r is not None], now)
-        else:
-            record(conn, rule, unrun, now)
+        # The set statement wrote its own records; otherwise all are written here.
+        record(conn, rule, unrun if path == "set" else [r for r in records if r is not None], now)
         if counted is not None:
             for r in records:
                 if r is not None:
