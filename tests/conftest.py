@@ -22,6 +22,7 @@ import pytest
 from psycopg import sql
 
 from slawatch.db import embedded_dsn, with_database
+from tests.pgcluster import system_user
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,6 +75,8 @@ def server_dsn() -> Iterator[str]:
     # (PANIC: could not open file ".../global/pg_control": Permission denied).
     # A folder of our own keeps the modes the server gave it.
     private = Path(tempfile.mkdtemp(prefix="slawatch-test-pg-"))
+    if os.geteuid() == 0:
+        system_user()  # the embedded server's own useradd is not safe in parallel workers
     try:
         yield embedded_dsn(private)
     finally:

