@@ -12,11 +12,17 @@ per period with ``percentile_cont``; ``open`` is a running sum (open before the 
 plus breached, less ended), so no period is joined to every episode.
 
 ``due`` counts deadlines, which live in the watched table (an event rule's: its timer
-table). It is counted only where an index on the deadline column covers every row (a
-btree index led by it, with no WHERE: the rule's own partial indexes hold only open
-rows), one index range scan per rule; otherwise ``due`` and ``compliance`` are unknown
-(``-`` in the table, null in JSON) and the report says why: it never reads a watched
-table without an index.
+table), by when they fell due as the claim decides it: a deadline is due at ``t`` when
+it is less than the claim's cutoff at ``t`` (``Rule.cutoff``: ``t - after``, or with a
+calendar ``after`` of working time), so the deadlines due in a period are those
+between the cutoffs at its start and its end, one ``width_bucket`` over the periods'
+cutoffs. It is counted only where an index on the deadline covers every row (a btree
+index led by the column or expression, with no WHERE: the rule's own partial indexes
+hold only open rows), one index range scan per rule; otherwise ``due`` and
+``compliance`` are unknown (``-`` in the table, null in JSON) and the report says why:
+it never reads a watched table without an index.
+
+All of it is read in one READ ONLY transaction (one snapshot), with JIT off.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ import csv
 import io
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import accumulate
 from typing import Literal, cast, get_args
-from zoneinfo import ZoneInfo
 
 from psycopg import sql
 from pydantic import BaseModel
@@ -35,8 +41,10 @@ from slawatch.config.durations import parse_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, translate
-from slawatch.engine.catalog import inspect_table, table_ident
-from slawatch.errors import BadInput
+from slawatch.engine.catalog import TIMESTAMP_TYPES, deadline_type_of, rule_table, table_ident
+from slawatch.engine.claim import ClaimPlan, sql_text
+from slawatch.engine.migrate import index_specs
+from slawatch.errors import BadInput, ConfigError
 from slawatch.operate.inspect import check_rule_name
 
 By = Literal["hour", "day", "week"]
@@ -114,23 +122,30 @@ SELECT r.rule, p.start, COALESCE(f.breached, 0) AS breached,
 WINDOW w AS (PARTITION BY r.rule ORDER BY p.start)
  ORDER BY r.rule, p.start"""
 
-# The deadline column is indexed for every row: a valid btree index, without a WHERE,
-# whose first column it is (a partitioned table's own index counts: each partition has one).
+# The deadline is indexed for every row: a valid btree index, without a WHERE, whose
+# first key is the deadline as PostgreSQL prints it (a partitioned table's own index
+# counts: each partition has one). A column prints as its quoted name; an expression as
+# the rule's own partial index on it prints it (``own``: migrate makes that index; equal
+# expressions print alike, however they were written). ``key`` is NULL when the rule's
+# own index is not there.
 _INDEXED = """\
-SELECT EXISTS (
+SELECT k.key IS NOT NULL, EXISTS (
     SELECT 1 FROM pg_index i
       JOIN pg_class c ON c.oid = i.indexrelid
       JOIN pg_am m ON m.oid = c.relam
-      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
      WHERE i.indrelid = %(table)s::regclass AND i.indpred IS NULL AND i.indisvalid
-       AND m.amname = 'btree' AND a.attname = %(column)s)"""
+       AND m.amname = 'btree' AND pg_get_indexdef(i.indexrelid, 1, false) = k.key)
+  FROM (SELECT COALESCE(quote_ident(%(column)s::text),
+                        (SELECT pg_get_indexdef(o.indexrelid, 1, false) FROM pg_index o
+                          WHERE o.indexrelid = to_regclass(%(own)s::text)
+                            AND o.indrelid = %(table)s::regclass)) AS key) k"""
 
-# Deadlines that fell due (deadline + after) in each period, read through that index.
+# Deadlines that fell due in each period, read through that index: bucket i holds those
+# between the claim's cutoffs at the start and the end of period i (1-based).
 _DUE = """\
-SELECT date_bin(%(step)s::interval, {d_tz} + %(after)s::interval, %(start)s::timestamptz),
-       count(*)
+SELECT width_bucket({d}, %(cutoffs)s::{kind}[]), count(*)
   FROM {table}
- WHERE {d} >= %(low)s AND {d} < %(high)s
+ WHERE {d} >= %(low)s::{kind} AND {d} < %(high)s::{kind}
  GROUP BY 1"""
 
 
@@ -227,24 +242,26 @@ def _floor(t: datetime, by: By) -> datetime:
 
 def report(conn: Connection, q: ReportQuery) -> Report:
     """The report for ``q``: one statement over the episode history, and one index range
-    scan per rule whose deadline is indexed for ``due``."""
+    scan per rule whose deadline is indexed for ``due``; all in one READ ONLY
+    transaction of its own on ``conn``, so every figure is of one snapshot."""
     params = {
         "rules": [r.name for r in q.rules],
         "start": q.start,
         "until": q.until,
         "step": q.step,
     }
+    dues: dict[str, dict[datetime, int] | None] = {}
+    notes = []
     with translate("reading the episode history"), conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         # The planner's guess for generate_series (1000 rows) prices the statement high
         # enough for JIT, whose compilation took 5 s of a 5.4 s report (bench/report.py).
         conn.execute("SET LOCAL jit = off")
         rows = conn.execute(REPORT_SQL, params).fetchall()
-    dues: dict[str, dict[datetime, int] | None] = {}
-    notes = []
-    for rule in q.rules:
-        dues[rule.name], note = _due(conn, rule, q)
-        if note:
-            notes.append(note)
+        for rule in q.rules:
+            dues[rule.name], note = due_by_period(conn, rule, q)
+            if note:
+                notes.append(note)
     by_name = {r.name: r for r in q.rules}
     out = []
     for name, start, breached, open_, late, ack, ok, failed in rows:
@@ -274,36 +291,64 @@ def report(conn: Connection, q: ReportQuery) -> Report:
     return Report(by=q.by, start=q.start, until=q.until, rows=out, notes=notes)
 
 
-def _due(conn: Connection, rule: Rule, q: ReportQuery) -> tuple[dict[datetime, int] | None, str]:
-    """Deadlines of ``rule`` due in each period, or None and why they are not counted."""
-    info = inspect_table(conn, rule.schema_name, rule.table_name)
-    kind = info.columns.get(rule.deadline) if info is not None else None
-    if info is None or kind not in ("timestamp with time zone", "timestamp without time zone"):
-        return None, f"{rule.name}: due not counted: {rule.table}.{rule.deadline} is not there"
+def due_by_period(
+    conn: Connection, rule: Rule, q: ReportQuery
+) -> tuple[dict[datetime, int] | None, str]:
+    """Deadlines of ``rule`` due in each period of ``q`` (by its start), or None and why
+    they are not counted. Run it in the report's transaction (a snapshot, JIT off)."""
+    info = rule_table(conn, rule)
+    if info is None:
+        return None, f"{rule.name}: due not counted: {rule.table} is not there"
+    deadline = rule.deadline_column or rule.deadline_sql()
+    try:
+        kind: str | None = deadline_type_of(rule, info)
+    except ConfigError:  # its column or expression is not (or no longer) there
+        kind = None
+    if kind not in TIMESTAMP_TYPES:
+        return None, (
+            f"{rule.name}: due not counted: its deadline {deadline} is not a timestamp"
+            f" of {rule.table}"
+        )
     table = table_ident(rule)
+    own = index_specs(rule)[0]  # the rule's partial index on the deadline
     with translate(f"reading the indexes of {rule.table}"):
         row = conn.execute(
-            _INDEXED, {"table": table.as_string(conn), "column": rule.deadline}
+            _INDEXED,
+            {
+                "table": table.as_string(conn),
+                "column": rule.deadline_column,
+                "own": sql.Identifier(own.schema, own.name).as_string(conn),
+            },
         ).fetchone()
-    if not (row and row[0]):
+    if row is not None and not row[0]:
         return None, (
-            f"{rule.name}: due not counted: no index on {rule.table} ({rule.deadline}) for every"
+            f"{rule.name}: due not counted: the rule's index {own.name} on its deadline"
+            " expression is not there (slawatch migrate makes it)"
+        )
+    if not (row and row[1]):
+        return None, (
+            f"{rule.name}: due not counted: no index on {rule.table} ({deadline}) for every"
             " row; create one to count it"
         )
-    d = sql.Identifier(rule.deadline)
-    low, high = q.start - rule.after, q.until - rule.after
-    if kind == "timestamp with time zone":
-        d_tz: sql.Composable = d
-    else:  # wall time in the rule's zone: compare like with like, so the index is used
-        d_tz = sql.SQL("({} AT TIME ZONE {})").format(d, sql.Literal(rule.timezone))
-        zone = ZoneInfo(rule.timezone)
-        low = low.astimezone(zone).replace(tzinfo=None)
-        high = high.astimezone(zone).replace(tzinfo=None)
-    statement = sql.SQL(_DUE).format(d_tz=d_tz, table=table, d=d)
-    params = {"step": q.step, "start": q.start, "after": rule.after, "low": low, "high": high}
+    # The claim's cutoff at each period's start and at the window's end, as deadline
+    # values (ClaimPlan.params): a deadline is due at t exactly when it is below t's.
+    plan = ClaimPlan(rule, sql.Composed([]), kind == "timestamp with time zone")
+    periods = round((q.until - q.start) / q.step)
+    starts = [q.start + i * q.step for i in range(periods)]
+    # Non-decreasing, as width_bucket needs: a `timestamp` deadline's wall time runs back
+    # when summer time ends; a deadline in that hour counts once, in the first period
+    # whose cutoff passes it.
+    cutoffs = list(accumulate((plan.to_deadline(rule.cutoff(t)) for t in [*starts, q.until]), max))
+    d = sql_text(rule.deadline_sql())
+    statement = sql.SQL(_DUE).format(
+        d=d,
+        table=table,
+        kind=sql.SQL("timestamptz" if plan.deadline_has_tz else "timestamp"),
+    )
+    params = {"cutoffs": cutoffs, "low": cutoffs[0], "high": cutoffs[-1]}
     with translate(f"counting the deadlines of rule {rule.name}"):
         got = conn.execute(statement, params).fetchall()
-    return {start: int(n) for start, n in got}, ""
+    return {starts[int(i) - 1]: int(n) for i, n in got}, ""
 
 
 # ---------------------------------------------------------------- output

@@ -12,15 +12,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from slawatch.config.rules import Rule, load_rules
 from slawatch.db import Database
+from slawatch.engine.claim import fill_due
+from slawatch.engine.migrate import migrate
 from slawatch.errors import BadInput
 from slawatch.operate.admin import AdminServer, create_app, serve_in_thread
 from slawatch.operate.lifecycle import ack
 from slawatch.operate.report import ReportRow, as_table, query, report
 from tests.conftest import ROOT
+from tests.integration import test_calendar_claim as calendar_test
+from tests.integration import test_deadline_expr as expr_test
 from tests.integration.helpers import Conn, claim_all, plans, shop
 from tests.integration.test_cli import assert_one_line_error, slawatch
 
@@ -320,3 +325,122 @@ def test_an_event_rules_due_counts_its_timers(conn: Conn, db: Database) -> None:
     got = db.run("report", lambda c: report(c, q))
     assert [r.due for r in got.rows] == [2, 1]
     assert got.notes == []
+
+
+# ---------------------------------------------------------------- due as the claim has it
+
+
+def test_a_calendar_rules_due_falls_when_its_working_time_has_passed(
+    conn: Conn, db: Database
+) -> None:
+    """Tickets opened every 37 minutes from Friday 00:00 to Monday 20:00 (Berlin), never
+    answered; 2 h of office time (mon-fri 09-17, Tuesday 1 December a holiday). Each falls
+    due when its working time has passed: on Friday if opened by 15:00, on Monday if
+    opened by Monday 15:00, else on Wednesday; never at the weekend, as wall-clock
+    ``deadline + after`` would have it. Per hour, ``due`` is what the claim's history
+    says fell due (every ticket was breached)."""
+    conn.execute(calendar_test.TICKETS)
+    conn.execute("CREATE INDEX tickets_opened_at ON tickets (opened_at)")  # so due is counted
+    rule = calendar_test.ticket_rule("inline")
+    migrate(conn, [rule])
+    berlin = calendar_test.berlin
+    first, last = berlin(2026, 11, 27), berlin(2026, 11, 30, 20)
+    opened = [first + i * 37 * M for i in range(int((last - first) / (37 * M)) + 1)]
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO tickets VALUES (%s, %s, NULL)", [(i, t) for i, t in enumerate(opened)]
+        )
+    now = berlin(2026, 12, 3, 12)
+    assert claim_all(conn, plans(conn, {rule.name: rule})[rule.name], now) == len(opened)
+    while fill_due(conn, rule):  # the history's due_at, as a drain gives it
+        pass
+
+    def report_by(by: str) -> list[ReportRow]:
+        q = query([rule], rule=None, since="7d", by=by, now=now)
+        got = db.run("report", lambda c: report(c, q))
+        assert got.notes == []
+        return got.rows
+
+    friday, monday = berlin(2026, 11, 27, 15), berlin(2026, 11, 30, 15)
+    expected = {
+        datetime(2026, 11, 27, tzinfo=UTC): sum(t <= friday for t in opened),
+        datetime(2026, 11, 30, tzinfo=UTC): sum(friday < t <= monday for t in opened),
+        datetime(2026, 12, 2, tzinfo=UTC): sum(t > monday for t in opened),
+    }
+    days = report_by("day")
+    assert {r.period: r.due for r in days if r.due} == expected
+    assert [r.due for r in days] == [r.breached for r in days]
+    assert {r.compliance for r in days if r.due} == {0.0}
+    hours = report_by("hour")
+    assert [r.due for r in hours] == [r.breached for r in hours]
+    assert sum(r.due or 0 for r in hours) == len(opened)
+
+
+def test_an_expression_deadline_is_counted_through_an_index_on_it(conn: Conn, db: Database) -> None:
+    """tickets: created_at in UTC wall time plus each ticket's own SLA hours (a
+    ``timestamp`` expression), 30 min after. Counted through an index on the expression
+    written another way; without one, or before migrate made the rule's own index, the
+    report says why."""
+    rule = expr_test.rule()
+    expr_test.fill(conn, 300)  # 300 tickets created every 7 minutes before NOW
+    q = query([rule], rule=None, since="2d", by="hour", now=expr_test.NOW)
+
+    def got() -> Any:
+        return db.run("report", lambda c: report(c, q))
+
+    migrate(conn, [rule])
+    (note,) = got().notes
+    assert note == (
+        f"ticket_late: due not counted: no index on public.tickets (({expr_test.IN_UTC}))"
+        " for every row; create one to count it"
+    )
+    # The same expression, written without the parentheses (AT binds tighter than +).
+    conn.execute(
+        "CREATE INDEX tickets_due ON tickets"
+        " ((created_at at time zone 'UTC' + make_interval(hours => sla_hours)))"
+    )
+    counted = got()
+    assert counted.notes == []
+    conn.execute("DROP INDEX sw_ticket_late_first")  # no index of the rule's to compare with
+    (note,) = got().notes
+    assert note == (
+        "ticket_late: due not counted: the rule's index sw_ticket_late_first on its deadline"
+        " expression is not there (slawatch migrate makes it)"
+    )
+    due: dict[datetime, int] = {}
+    for g in range(1, 301):  # every ticket, open or closed: deadline + 30 min
+        created = expr_test.NOW - g * 7 * M
+        at = created + (1 + g % 48) * H + 30 * M
+        period = at.replace(minute=0, second=0, microsecond=0)
+        if q.start <= period < q.until:
+            due[period] = due.get(period, 0) + 1
+    assert {r.period: r.due for r in counted.rows if r.due} == due
+
+
+NOTED = """
+CREATE FUNCTION noted(t timestamptz) RETURNS timestamptz IMMUTABLE LANGUAGE plpgsql AS $$
+BEGIN
+    -- What the session is like when the report reads this row's deadline.
+    RAISE NOTICE 'read_only=% jit=% begun_before=%', current_setting('transaction_read_only'),
+        current_setting('jit'), transaction_timestamp() < statement_timestamp();
+    RETURN t;
+END $$"""
+
+
+def test_the_report_reads_in_one_read_only_transaction_without_jit(conn: Conn, dsn: str) -> None:
+    """A deadline expression that tells, for each row it is evaluated on, how the
+    session reading it is set: the count of ``due`` runs read-only, JIT off, in the
+    transaction that read the history before it."""
+    conn.execute(calendar_test.TICKETS)
+    conn.execute(NOTED)
+    rule = calendar_test.ticket_rule("inline", deadline="noted(opened_at)", calendar=None)
+    migrate(conn, [rule])
+    conn.execute("CREATE INDEX tickets_noted ON tickets (noted(opened_at))")
+    conn.execute("INSERT INTO tickets VALUES (1, %s, NULL)", (T0 + H,))
+    seen: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as reader:
+        reader.add_notice_handler(lambda d: seen.append(d.message_primary or ""))
+        q = query([rule], rule=None, since="1d", by="day", now=T0 + 25 * H)
+        got = report(reader, q)
+    assert [r.due for r in got.rows] == [1, 0] and got.notes == []
+    assert seen and set(seen) == {"read_only=on jit=off begun_before=t"}
