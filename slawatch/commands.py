@@ -562,7 +562,7 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
 
 def cmd_report(settings: Settings, rule: str | None, since: str, by: str, fmt: str) -> int:
     """The SLA report (operate/report.py) for the configured rules."""
-    rules = load_rules(settings.rules_dir)
+    rules, _ = load_config(settings)
     wanted = report_query(rules, rule=rule, since=since, by=by, now=Clock().now())
     with connect(database_dsn(settings)) as conn:
         print(render_report(sla_report(conn, wanted), check_format(fmt)))

@@ -9,6 +9,7 @@ import io
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -444,3 +445,57 @@ def test_the_report_reads_in_one_read_only_transaction_without_jit(conn: Conn, d
         got = report(reader, q)
     assert [r.due for r in got.rows] == [1, 0] and got.notes == []
     assert seen and set(seen) == {"read_only=on jit=off begun_before=t"}
+
+
+# ---------------------------------------------------------------- the CLI's configuration
+
+
+def _calendar_config(tmp_path: Path, calendar: str = "office") -> None:
+    for folder in ("rules", "notifiers", "calendars"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "notifiers" / "console.yaml").write_text("type: console\n")
+    (tmp_path / "rules" / "ticket_unanswered.yaml").write_text(
+        "table: tickets\nkey: id\ndeadline: opened_at\nafter: 2h\n"
+        f"open_when: answered_at IS NULL\nnotify: [console]\ncalendar: {calendar}\n"
+    )
+    (tmp_path / "calendars" / "office.yaml").write_text(
+        "timezone: Europe/Berlin\nhours: {mon-fri: '09:00-17:00'}\n"
+    )
+
+
+def test_cli_report_counts_a_calendar_rules_due_in_working_time(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """`slawatch report` loads the rules as every command does, with their calendars: a
+    ticket opened on a Saturday at 12:00 (Berlin) falls due on Monday at 11:00, not on
+    Saturday at 14:00."""
+    _calendar_config(tmp_path)
+    conn.execute(calendar_test.TICKETS)
+    conn.execute("CREATE INDEX tickets_opened_at ON tickets (opened_at)")
+    assert slawatch("migrate", dsn=dsn, cwd=tmp_path).returncode == 0
+    today = datetime.now(UTC).date() - timedelta(days=9)
+    saturday = today - timedelta(days=(today.weekday() - 5) % 7)  # 9 to 15 days ago
+    conn.execute(
+        "INSERT INTO tickets VALUES (1, %s, NULL)",
+        (datetime(saturday.year, saturday.month, saturday.day, 12, tzinfo=calendar_test.BERLIN),),
+    )
+    out = slawatch("report", "--since", "16d", "--format", "json", dsn=dsn, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout)
+    assert body["notes"] == []
+    monday = (saturday + timedelta(days=2)).isoformat()
+    assert {r["period"][:10]: r["due"] for r in body["rows"] if r["due"]} == {monday: 1}
+
+
+@pytest.mark.parametrize(
+    ("calendar", "text"),
+    [
+        ("ofice", "rules/ticket_unanswered.yaml: calendar: unknown calendar 'ofice'"),
+    ],
+)
+def test_cli_report_refuses_a_broken_config_as_check_does(
+    dsn: str, tmp_path: Path, calendar: str, text: str
+) -> None:
+    _calendar_config(tmp_path, calendar)
+    assert_one_line_error(slawatch("check", cwd=tmp_path), 2, text)
+    assert_one_line_error(slawatch("report", dsn=dsn, cwd=tmp_path), 2, text)
