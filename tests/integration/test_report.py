@@ -450,13 +450,13 @@ def test_the_report_reads_in_one_read_only_transaction_without_jit(conn: Conn, d
 # ---------------------------------------------------------------- the CLI's configuration
 
 
-def _calendar_config(tmp_path: Path, calendar: str = "office") -> None:
+def _calendar_config(tmp_path: Path, calendar: str = "office", notify: str = "console") -> None:
     for folder in ("rules", "notifiers", "calendars"):
         (tmp_path / folder).mkdir()
     (tmp_path / "notifiers" / "console.yaml").write_text("type: console\n")
     (tmp_path / "rules" / "ticket_unanswered.yaml").write_text(
         "table: tickets\nkey: id\ndeadline: opened_at\nafter: 2h\n"
-        f"open_when: answered_at IS NULL\nnotify: [console]\ncalendar: {calendar}\n"
+        f"open_when: answered_at IS NULL\nnotify: [{notify}]\ncalendar: {calendar}\n"
     )
     (tmp_path / "calendars" / "office.yaml").write_text(
         "timezone: Europe/Berlin\nhours: {mon-fri: '09:00-17:00'}\n"
@@ -488,14 +488,16 @@ def test_cli_report_counts_a_calendar_rules_due_in_working_time(
 
 
 @pytest.mark.parametrize(
-    ("calendar", "text"),
+    ("calendar", "notify", "text"),
     [
-        ("ofice", "rules/ticket_unanswered.yaml: calendar: unknown calendar 'ofice'"),
+        ("ofice", "console", "rules/ticket_unanswered.yaml: calendar: unknown calendar 'ofice'"),
+        ("office", "pager", "rules/ticket_unanswered.yaml: notify: unknown notifier 'pager'"),
     ],
 )
 def test_cli_report_refuses_a_broken_config_as_check_does(
-    dsn: str, tmp_path: Path, calendar: str, text: str
+    dsn: str, tmp_path: Path, calendar: str, notify: str, text: str
 ) -> None:
-    _calendar_config(tmp_path, calendar)
+    """The same one line and exit 2 as `check`, before any database is read."""
+    _calendar_config(tmp_path, calendar, notify)
     assert_one_line_error(slawatch("check", cwd=tmp_path), 2, text)
     assert_one_line_error(slawatch("report", dsn=dsn, cwd=tmp_path), 2, text)
