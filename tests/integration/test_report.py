@@ -16,7 +16,8 @@ import httpx
 import psycopg
 import pytest
 
-from slawatch.config.rules import Rule, load_rules
+from slawatch.config.calendars import Calendar
+from slawatch.config.rules import Rule, check_calendar_names, load_rules
 from slawatch.db import Database
 from slawatch.engine.claim import fill_due
 from slawatch.engine.migrate import migrate
@@ -501,3 +502,50 @@ def test_cli_report_refuses_a_broken_config_as_check_does(
     _calendar_config(tmp_path, calendar, notify)
     assert_one_line_error(slawatch("check", cwd=tmp_path), 2, text)
     assert_one_line_error(slawatch("report", dsn=dsn, cwd=tmp_path), 2, text)
+
+
+def test_a_timestamp_deadline_in_the_hour_summer_time_ends_counts_once(
+    conn: Conn, db: Database
+) -> None:
+    """Wall-time (``timestamp``) deadlines in Berlin, 5 min of a UTC calendar that stops
+    from 01:10 to 01:55 on Sunday 25 October 2026, when Berlin's clocks go back from
+    03:00 to 02:00 (01:00 UTC). The claim's cutoffs at the hours 00:00 to 04:00 UTC, as
+    wall times: 01:55, 02:55, 02:10 (back: 01:10 UTC is 02:10 in winter time), 03:55,
+    04:55. Each deadline counts once, in the period at whose end the claim first has it
+    due: 02:00 and 02:30 by 01:00 UTC (period 00:00), 02:58 and 03:30 by 03:00 (period
+    02:00), 04:00 by 04:00 (period 03:00); none in period 01:00."""
+    conn.execute("CREATE TABLE runs (id integer PRIMARY KEY, due timestamp NOT NULL)")
+    conn.execute("CREATE INDEX runs_due ON runs (due)")
+    rule = Rule.model_validate(
+        {
+            "name": "run_late",
+            "table": "runs",
+            "key": "id",
+            "deadline": "due",
+            "after": "5m",
+            "open_when": "true",
+            "notify": ["console"],
+            "timezone": "Europe/Berlin",
+            "calendar": "clock",
+        }
+    )
+    clock = Calendar.model_validate(
+        {
+            "name": "clock",
+            "timezone": "UTC",
+            "hours": {"mon-sat": "00:00-24:00", "sun": "00:00-01:10, 01:55-24:00"},
+        }
+    )
+    check_calendar_names([rule], {"clock": clock})
+    migrate(conn, [rule])
+    for i, wall in enumerate(("02:00", "02:30", "02:58", "03:30", "04:00")):
+        conn.execute("INSERT INTO runs VALUES (%s, %s)", (i, f"2026-10-25 {wall}"))
+    sunday = datetime(2026, 10, 25, tzinfo=UTC)
+    q = query([rule], rule=None, since="3h", by="hour", now=sunday + 3 * H)
+    got = db.run("report", lambda c: report(c, q))
+    assert [(r.period, r.due) for r in got.rows] == [
+        (sunday, 2),
+        (sunday + H, 0),
+        (sunday + 2 * H, 2),
+        (sunday + 3 * H, 1),
+    ]
