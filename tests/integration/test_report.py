@@ -552,3 +552,18 @@ def test_a_timestamp_deadline_in_the_hour_summer_time_ends_counts_once(
         (sunday + 2 * H, 2),
         (sunday + 3 * H, 1),
     ]
+
+
+def test_due_not_counted_when_the_deadline_or_table_is_gone(conn: Conn, db: Database) -> None:
+    """Renamed or dropped since migrate: one note each, and the history's figures still."""
+    rules = shop(conn)
+    gone = rules["job_hung"].model_copy(update={"table": "public.nowhere"})
+    conn.execute("ALTER TABLE orders RENAME COLUMN paid_at TO paid_on")
+    q = query([rules["order_unshipped"], gone], rule=None, since="1d", by="day", now=T0)
+    got = db.run("report", lambda c: report(c, q))
+    assert {r.due for r in got.rows} == {None}
+    assert got.notes == [
+        "job_hung: due not counted: public.nowhere is not there",
+        "order_unshipped: due not counted: its deadline paid_at is not a timestamp of"
+        " public.orders",
+    ]
