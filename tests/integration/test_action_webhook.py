@@ -33,6 +33,7 @@ from slawatch.delivery.dispatcher import (
     deliver_notifier,
     lease_for,
     replay,
+    replay_problem,
 )
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.demo import SHOP
@@ -208,6 +209,49 @@ def test_plain_replay_of_the_dead_delivery_is_the_next_attempt(
     assert replay(conn, DUE + M, "job_hung", "action:job_hung") == 1
     assert deliver(db, rule, DUE + M) == (1, 0, 0)
     assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("ok", 2)]
+
+
+def test_a_replayed_action_is_not_followed_by_the_resolved_notice(
+    conn: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """A replayed firing notification is followed by its episode's resolved notice to
+    the same notifier; an action's target is not a notifier: the replay of its dead
+    delivery sends the action's alert again, never the resolved notice."""
+    receiver.default = Reply(status=400)  # permanent: dead at once
+    rule = hook_rule(receiver.url).model_copy(update={"resolve": True})
+    plan = setup(conn, rule)
+    assert claim_all(conn, plan, DUE) == 1
+    assert deliver(db, rule, DUE) == (0, 0, 1)
+    # The job completes: the episode ends with its resolved notice (to console only).
+    conn.execute("UPDATE jobs SET status = 'done'")
+    claim_all(conn, plan, DUE + M)
+    resolved = "SELECT count(*) FROM slawatch.alert WHERE n = 0"
+    assert conn.execute(resolved).fetchone() == (1,)
+    receiver.default = Reply()
+    assert replay(conn, DUE + 2 * M, "job_hung", None) == 1
+    assert action_deliveries(conn) == [(1, "pending")]
+    assert deliver(db, rule, DUE + 2 * M) == (1, 0, 0)
+    assert receiver.alert_ids == ["job_hung:1:e1:n1"] * 2
+    assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("ok", 2)]
+
+
+def test_replay_moves_nothing_to_or_from_an_action(conn: Conn, db: Database) -> None:
+    """``replay --notifier N --to NEW``: an action's target is neither (its alerts are
+    the action's, and a notifier's would make the action run again)."""
+    rule = hook_rule("http://127.0.0.1:9/hook")
+    setup(conn, rule)
+    configured = {"console", "action:job_hung"}
+    to_action = replay_problem(conn, "console", "action:job_hung", configured, "--")
+    assert to_action == (
+        "--to: 'action:job_hung' is a rule's webhook action, not a notifier:"
+        " nothing is moved to it"
+    )
+    from_action = replay_problem(conn, "action:job_hung", "console", configured, "--")
+    assert from_action == (
+        "--notifier: 'action:job_hung' is a rule's webhook action: its deliveries are"
+        " not moved to a notifier ('replay --actions' sends them again)"
+    )
+    assert replay_problem(conn, "action:job_hung", None, configured, "--") is None
 
 
 def test_a_crash_between_send_and_settle_loses_no_record(
