@@ -35,12 +35,14 @@ from slawatch.delivery.dispatcher import (
     lease_for,
     replay,
     replay_problem,
+    settle_orphans,
 )
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.demo import SHOP
 from slawatch.engine.claim import ClaimPlan, drain, prepare
 from slawatch.engine.migrate import grants, migrate
 from slawatch.engine.outbox import alert_payload
+from slawatch.operate.metrics import Metrics
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock, claim_all
@@ -245,8 +247,7 @@ def test_replay_moves_nothing_to_or_from_an_action(conn: Conn, db: Database) -> 
     configured = {"console", "action:job_hung"}
     to_action = replay_problem(conn, "console", "action:job_hung", configured, "--")
     assert to_action == (
-        "--to: 'action:job_hung' is a rule's webhook action, not a notifier:"
-        " nothing is moved to it"
+        "--to: 'action:job_hung' is a rule's webhook action, not a notifier: nothing is moved to it"
     )
     from_action = replay_problem(conn, "action:job_hung", "console", configured, "--")
     assert from_action == (
@@ -349,6 +350,70 @@ def test_two_settles_numbering_the_same_attempt_at_once_do_not_abort(
         (2, "failed", 2),
         (1, "pending", 3),
     ]
+
+
+def test_outcomes_are_counted_in_slawatch_actions(
+    conn: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """``slawatch_actions_total{rule, status}`` counts a webhook action's outcome when
+    its delivery settles, as an sql action's when it runs: sent is ok, dead or orphaned
+    failed, acknowledged or silenced before the send skipped (beside the claim's
+    pending record, and the delivery metrics of the notifier ``action:<rule>``)."""
+    metrics = Metrics(db, FixedClock(DUE), lambda: ["console", "action:job_hung"])
+    rule = hook_rule(receiver.url)
+    setup(conn, rule, jobs=4)
+    plan = prepare(conn, rule).with_act(runner("on", metrics.acted))
+    assert claim_all(conn, plan, DUE) == 4
+    # After the claim, before the send: job 3's episode acknowledged, job 4 silenced.
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " SELECT rule, key, episode, id, %s, 'test' FROM slawatch.alert WHERE key = '3'",
+        (DUE,),
+    )
+    conn.execute(
+        "INSERT INTO slawatch.silence (rule, key, starts_at, ends_at, created_at, author)"
+        " VALUES ('job_hung', '4', %s, %s, %s, 'test')",
+        (DUE, DUE + 60 * M, DUE),
+    )
+    receiver.replies = [Reply(), Reply(status=400)]  # job 1 taken, job 2 dead at once
+    for i in range(4):
+        deliver_notifier(db, target(rule), FixedClock(DUE + i * S), {}, metrics=metrics)
+    assert [(r[0], r[4]) for r in actions(conn)] == [
+        ("1", "ok"),
+        ("2", "failed"),
+        ("3", "skipped"),
+        ("4", "skipped"),
+    ]
+    # A 5th hung job, its delivery orphaned (the rule lost its action): failed.
+    conn.execute(
+        "INSERT INTO jobs VALUES (5, 'sync', 'w1', 'running', %s)", (T0.replace(tzinfo=None),)
+    )
+    assert claim_all(conn, plan, DUE + M) == 1
+    counts = settle_orphans(db, {"console"}, FixedClock(DUE + M))
+    assert counts == {"action:job_hung": 1}
+    metrics.orphaned(counts)
+
+    def counted(status: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            "slawatch_actions_total", {"rule": "job_hung", "status": status}
+        )
+
+    assert [counted(s) for s in ("pending", "ok", "failed", "skipped")] == [5, 1, 2, 2]
+    # A notifier's deliveries are not actions.
+    console = build(ConsoleConfig.model_validate({"name": "console", "type": "console"}))
+    assert deliver_notifier(db, console, FixedClock(DUE + M), {}, metrics=metrics).sent == 3
+    rules = {
+        sample.labels["rule"]
+        for family in metrics.registry.collect()
+        if family.name == "slawatch_actions"
+        for sample in family.samples
+    }
+    assert rules == {"job_hung"}
+    deliveries = "slawatch_deliveries_total"
+    got = metrics.registry.get_sample_value(
+        deliveries, {"notifier": "action:job_hung", "outcome": "sent"}
+    )
+    assert got == 1
 
 
 def test_a_crash_between_send_and_settle_loses_no_record(
