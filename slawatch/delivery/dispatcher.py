@@ -48,6 +48,7 @@ from psycopg.rows import dict_row
 
 from slawatch.clock import Clock
 from slawatch.config.files import shorten
+from slawatch.config.rules import ACTION_TARGET
 from slawatch.db import Connection, Database, DatabaseUnavailable, one_statement
 from slawatch.delivery.notifiers import Notifier
 from slawatch.delivery.storm import Folded, listings, summary_payload
@@ -178,7 +179,19 @@ def replay_problem(
     """Why ``replay`` cannot take these names, as one line naming the option (``flag``
     before each option's name: ``--`` on the command line); None when it can. A
     notifier no longer configured may be named with ``to`` (where its dead and orphaned
-    deliveries go), as long as it has some."""
+    deliveries go), as long as it has some. A webhook action's target (``action:<rule>``)
+    is not a notifier: nothing moves to it (its receiver would take a notification as
+    the action) or from it (the action would be sent to a notifier, never settled)."""
+    if to is not None and to.startswith(ACTION_TARGET):
+        return (
+            f"{flag}to: {shorten(to)} is a rule's webhook action, not a notifier:"
+            " nothing is moved to it"
+        )
+    if to is not None and notifier is not None and notifier.startswith(ACTION_TARGET):
+        return (
+            f"{flag}notifier: {shorten(notifier)} is a rule's webhook action: its deliveries"
+            " are not moved to a notifier ('replay --actions' sends them again)"
+        )
     if to is not None and to not in configured:
         return f"{flag}to: no notifier named {shorten(to)} is configured"
     if to is not None and notifier is None:

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from psycopg import sql
 
 from slawatch.clock import Clock
-from slawatch.config.rules import Rule
+from slawatch.config.rules import ACTION_TARGET, Rule
 from slawatch.db import Connection, Database, DatabaseUnavailable, translate
 from slawatch.engine.queries import queries
 from slawatch.engine.timers import event_rules, known_types
@@ -120,7 +120,8 @@ class Metrics:
         self.actions = Counter(
             "slawatch_actions",
             "Attempts of rules' actions, per rule and status (ok, failed, skipped: its "
-            "episode was acknowledged or silenced, would_run: SLAWATCH_ACTIONS off/dry-run)",
+            "episode was acknowledged or silenced, would_run: SLAWATCH_ACTIONS off/dry-run, "
+            "pending: a webhook action queued, its outcome counted when its delivery settles)",
             ["rule", "status"],
             registry=self.registry,
         )
@@ -179,6 +180,9 @@ class Metrics:
                 self.deliveries.labels(notifier, outcome).inc(count)
         if summaries:
             self.summaries.labels(notifier).inc(summaries)
+        # A webhook action's delivery settles its attempt (0005/0008's trigger): counted
+        # as an sql action's attempt is when it runs. A retry leaves it pending.
+        self._webhook_acted(notifier, ok=sent, failed=dead, skipped=silenced + acknowledged)
 
     def events_ingested(self, source: str, got: Ingested) -> None:
         """What one batch from ``source`` stored (:func:`slawatch.events.ingest.ingest`)."""
@@ -200,10 +204,22 @@ class Metrics:
             self.events.labels(label, source, "rejected").inc(count)
 
     def orphaned(self, counts: Mapping[str, int]) -> None:
-        """Deliveries settled 'orphaned', per notifier no longer configured."""
+        """Deliveries settled 'orphaned', per notifier no longer configured (a webhook
+        action's: its attempt 'failed')."""
         for notifier, count in counts.items():
             if count:
                 self.deliveries.labels(notifier, "orphaned").inc(count)
+                self._webhook_acted(notifier, failed=count)
+
+    def _webhook_acted(self, notifier: str, ok: int = 0, failed: int = 0, skipped: int = 0) -> None:
+        """Count the attempts that settled with deliveries to ``notifier`` when it is a
+        webhook action's target (``action:<rule>``)."""
+        if not notifier.startswith(ACTION_TARGET):
+            return
+        rule = notifier.removeprefix(ACTION_TARGET)
+        for status, count in (("ok", ok), ("failed", failed), ("skipped", skipped)):
+            if count:
+                self.actions.labels(rule, status).inc(count)
 
 
 class OutboxCollector:

@@ -290,7 +290,9 @@ UPDATE slawatch.delivery
 -- A replayed firing notification of an episode whose resolved notice has gone out would
 -- page after the all-clear (a PagerDuty incident opened for good): the resolved notice
 -- goes to the same notifier again, after it (pending; the claim holds it back until the
--- firing one is settled), unless it is pending there already.
+-- firing one is settled), unless it is pending there already. Not to a webhook action's
+-- target (`action:<rule>`): an action is not a notifier, and its receiver is never sent a
+-- resolved notice (its replayed delivery is the action's next attempt, nothing more).
 WITH picked AS (
     SELECT d.id, d.alert_id, d.status, t.target,
            (%(configured)s::text[] IS NULL OR t.target = ANY(%(configured)s::text[])) AS known,
@@ -315,7 +317,8 @@ WITH picked AS (
       JOIN slawatch.alert f ON f.id = x.alert_id AND f.kind = 'firing'
       JOIN slawatch.alert r
         ON r.rule = f.rule AND r.key = f.key AND r.episode = f.episode AND r.n = 0
-     WHERE NOT EXISTS (SELECT 1 FROM replayed y WHERE y.alert_id = r.id AND y.target = x.target)
+     WHERE NOT starts_with(x.target, 'action:')
+       AND NOT EXISTS (SELECT 1 FROM replayed y WHERE y.alert_id = r.id AND y.target = x.target)
 ), resent AS (
     -- (A row `replayed` moved is left out above: one statement must not write it twice.)
     INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)

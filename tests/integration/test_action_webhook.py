@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -33,18 +34,22 @@ from slawatch.delivery.dispatcher import (
     deliver_notifier,
     lease_for,
     replay,
+    replay_problem,
+    settle_orphans,
 )
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.demo import SHOP
 from slawatch.engine.claim import ClaimPlan, drain, prepare
 from slawatch.engine.migrate import grants, migrate
 from slawatch.engine.outbox import alert_payload
+from slawatch.operate.metrics import Metrics
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock, claim_all
 from tests.integration.test_actions import job_rule_with, silence_1_ack_2
 from tests.integration.test_events import send
 from tests.receivers import Reply, WebhookReceiver, closed_port, receiver
+from tests.waiting import WAIT, lock_waits, wait_until
 
 __all__ = ["receiver"]
 
@@ -208,6 +213,207 @@ def test_plain_replay_of_the_dead_delivery_is_the_next_attempt(
     assert replay(conn, DUE + M, "job_hung", "action:job_hung") == 1
     assert deliver(db, rule, DUE + M) == (1, 0, 0)
     assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("ok", 2)]
+
+
+def test_a_replayed_action_is_not_followed_by_the_resolved_notice(
+    conn: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """A replayed firing notification is followed by its episode's resolved notice to
+    the same notifier; an action's target is not a notifier: the replay of its dead
+    delivery sends the action's alert again, never the resolved notice."""
+    receiver.default = Reply(status=400)  # permanent: dead at once
+    rule = hook_rule(receiver.url).model_copy(update={"resolve": True})
+    plan = setup(conn, rule)
+    assert claim_all(conn, plan, DUE) == 1
+    assert deliver(db, rule, DUE) == (0, 0, 1)
+    # The job completes: the episode ends with its resolved notice (to console only).
+    conn.execute("UPDATE jobs SET status = 'done'")
+    claim_all(conn, plan, DUE + M)
+    resolved = "SELECT count(*) FROM slawatch.alert WHERE n = 0"
+    assert conn.execute(resolved).fetchone() == (1,)
+    receiver.default = Reply()
+    assert replay(conn, DUE + 2 * M, "job_hung", None) == 1
+    assert action_deliveries(conn) == [(1, "pending")]
+    assert deliver(db, rule, DUE + 2 * M) == (1, 0, 0)
+    assert receiver.alert_ids == ["job_hung:1:e1:n1"] * 2
+    assert [(r[4], r[6]) for r in actions(conn)] == [("failed", 1), ("ok", 2)]
+
+
+def test_replay_moves_nothing_to_or_from_an_action(conn: Conn, db: Database) -> None:
+    """``replay --notifier N --to NEW``: an action's target is neither (its alerts are
+    the action's, and a notifier's would make the action run again)."""
+    rule = hook_rule("http://127.0.0.1:9/hook")
+    setup(conn, rule)
+    configured = {"console", "action:job_hung"}
+    to_action = replay_problem(conn, "console", "action:job_hung", configured, "--")
+    assert to_action == (
+        "--to: 'action:job_hung' is a rule's webhook action, not a notifier: nothing is moved to it"
+    )
+    from_action = replay_problem(conn, "action:job_hung", "console", configured, "--")
+    assert from_action == (
+        "--notifier: 'action:job_hung' is a rule's webhook action: its deliveries are"
+        " not moved to a notifier ('replay --actions' sends them again)"
+    )
+    assert replay_problem(conn, "action:job_hung", None, configured, "--") is None
+
+
+def test_a_settle_whose_next_attempt_is_taken_does_not_abort(
+    conn: Conn, db: Database, receiver: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """action_once is per episode, not per delivery: when the episode already has an
+    attempt numbered after the delivery's latest (here the one an older release's
+    ``replay --actions`` wrote, running a webhook's failed attempt as SQL), 0005's
+    trigger numbered the replayed delivery's attempt the same and the unique violation
+    aborted the whole replay. Migration 0008 numbers it after the episode's latest."""
+    from slawatch.engine import schema
+
+    shipped = schema.migrations()
+    assert shipped[-1].filename == "0008_action_settled.sql"
+    monkeypatch.setattr(schema, "migrations", lambda: shipped[:-1])  # the previous release
+    receiver.default = Reply(status=400)  # permanent: dead at once
+    rule = hook_rule(receiver.url)
+    plan = setup(conn, rule)
+    assert claim_all(conn, plan, DUE) == 1
+    assert deliver(db, rule, DUE) == (0, 0, 1)
+    conn.execute(
+        "INSERT INTO slawatch.action (rule, key, episode, n, kind, status, error, at, attempt)"
+        " VALUES ('job_hung', '1', 1, 1, 'sql', 'failed', 'no such table', %s, 2)",
+        (DUE + S,),
+    )
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        replay(conn, DUE + M, "job_hung", "action:job_hung")
+    assert action_deliveries(conn) == [(1, "dead")]  # the replay rolled back whole
+    monkeypatch.setattr(schema, "migrations", lambda: shipped)
+    migrate(conn, [rule])
+    # Replayed, dead again, replayed again (replay --actions this time): each settle
+    # is the episode's next attempt.
+    assert replay(conn, DUE + M, "job_hung", "action:job_hung") == 1
+    assert deliver(db, rule, DUE + M) == (0, 0, 1)
+    receiver.default = Reply()
+    assert replay_actions(db, [rule], DUE + 2 * M).queued == 1
+    assert deliver(db, rule, DUE + 2 * M) == (1, 0, 0)
+    assert [(r[3], r[4], r[6]) for r in actions(conn)] == [
+        ("webhook", "failed", 1),
+        ("sql", "failed", 2),
+        ("webhook", "failed", 3),
+        ("webhook", "ok", 4),
+    ]
+    assert receiver.alert_ids == ["job_hung:1:e1:n1"] * 3
+
+
+def test_two_settles_numbering_the_same_attempt_at_once_do_not_abort(
+    conn: Conn, db: Database, dsn: str, receiver: WebhookReceiver
+) -> None:
+    """Two deliveries of one episode's action (a state the claim does not make, one
+    attempt per episode, but the trigger must not abort on) back to pending at the same
+    moment, in two transactions: both number their attempt 3; the second waits for the
+    first, then records nothing rather than abort (ON CONFLICT DO NOTHING)."""
+    receiver.default = Reply(status=400)
+    rule = hook_rule(receiver.url)
+    plan = setup(conn, rule)
+    assert claim_all(conn, plan, DUE) == 1
+    assert deliver(db, rule, DUE) == (0, 0, 1)
+    assert claim_all(conn, plan, T0 + 30 * M + 2 * S) == 1  # the episode's n = 2
+    conn.execute(
+        "WITH d AS (INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)"
+        " SELECT id, 'action:job_hung', 'dead', %(at)s FROM slawatch.alert WHERE n = 2"
+        " RETURNING id)"
+        " INSERT INTO slawatch.action (rule, key, episode, n, kind, status, at, attempt,"
+        " delivery_id) SELECT 'job_hung', '1', 1, 2, 'webhook', 'failed', %(at)s, 2, id FROM d",
+        {"at": DUE + M},
+    )
+    settle = (
+        "UPDATE slawatch.delivery SET status = 'pending' WHERE status = 'dead'"
+        " AND alert_id = (SELECT id FROM slawatch.alert WHERE n = %s)"
+        " AND notifier = 'action:job_hung'"
+    )
+    errors: list[BaseException] = []
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+        assert first.execute(settle, (1,)).rowcount == 1  # attempt 3, not committed yet
+
+        def other() -> None:
+            try:
+                assert second.execute(settle, (2,)).rowcount == 1
+                second.commit()
+            except BaseException as exc:  # reported by the test's thread
+                errors.append(exc)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        wait_until(lambda: lock_waits(conn) == ["transactionid"], "the second settle to wait")
+        first.commit()
+        thread.join(WAIT)
+    assert not thread.is_alive() and errors == []
+    assert action_deliveries(conn) == [(1, "pending"), (2, "pending")]
+    assert [(r[2], r[4], r[6]) for r in actions(conn)] == [
+        (1, "failed", 1),
+        (2, "failed", 2),
+        (1, "pending", 3),
+    ]
+
+
+def test_outcomes_are_counted_in_slawatch_actions(
+    conn: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """``slawatch_actions_total{rule, status}`` counts a webhook action's outcome when
+    its delivery settles, as an sql action's when it runs: sent is ok, dead or orphaned
+    failed, acknowledged or silenced before the send skipped (beside the claim's
+    pending record, and the delivery metrics of the notifier ``action:<rule>``)."""
+    metrics = Metrics(db, FixedClock(DUE), lambda: ["console", "action:job_hung"])
+    rule = hook_rule(receiver.url)
+    setup(conn, rule, jobs=4)
+    plan = prepare(conn, rule).with_act(runner("on", metrics.acted))
+    assert claim_all(conn, plan, DUE) == 4
+    # After the claim, before the send: job 3's episode acknowledged, job 4 silenced.
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " SELECT rule, key, episode, id, %s, 'test' FROM slawatch.alert WHERE key = '3'",
+        (DUE,),
+    )
+    conn.execute(
+        "INSERT INTO slawatch.silence (rule, key, starts_at, ends_at, created_at, author)"
+        " VALUES ('job_hung', '4', %s, %s, %s, 'test')",
+        (DUE, DUE + 60 * M, DUE),
+    )
+    receiver.replies = [Reply(), Reply(status=400)]  # job 1 taken, job 2 dead at once
+    for i in range(4):
+        deliver_notifier(db, target(rule), FixedClock(DUE + i * S), {}, metrics=metrics)
+    assert [(r[0], r[4]) for r in actions(conn)] == [
+        ("1", "ok"),
+        ("2", "failed"),
+        ("3", "skipped"),
+        ("4", "skipped"),
+    ]
+    # A 5th hung job, its delivery orphaned (the rule lost its action): failed.
+    conn.execute(
+        "INSERT INTO jobs VALUES (5, 'sync', 'w1', 'running', %s)", (T0.replace(tzinfo=None),)
+    )
+    assert claim_all(conn, plan, DUE + M) == 1
+    counts = settle_orphans(db, {"console"}, FixedClock(DUE + M))
+    assert counts == {"action:job_hung": 1}
+    metrics.orphaned(counts)
+
+    def counted(status: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            "slawatch_actions_total", {"rule": "job_hung", "status": status}
+        )
+
+    assert [counted(s) for s in ("pending", "ok", "failed", "skipped")] == [5, 1, 2, 2]
+    # A notifier's deliveries are not actions.
+    console = build(ConsoleConfig.model_validate({"name": "console", "type": "console"}))
+    assert deliver_notifier(db, console, FixedClock(DUE + M), {}, metrics=metrics).sent == 3
+    rules = {
+        sample.labels["rule"]
+        for family in metrics.registry.collect()
+        if family.name == "slawatch_actions"
+        for sample in family.samples
+    }
+    assert rules == {"job_hung"}
+    deliveries = "slawatch_deliveries_total"
+    got = metrics.registry.get_sample_value(
+        deliveries, {"notifier": "action:job_hung", "outcome": "sent"}
+    )
+    assert got == 1
 
 
 def test_a_crash_between_send_and_settle_loses_no_record(
