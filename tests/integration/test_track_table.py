@@ -254,6 +254,20 @@ def test_a_batch_builds_the_json_of_its_own_rows_only(conn: Conn) -> None:
     assert built and max(built) == 2
 
 
+def test_an_alert_carries_the_columns_asked_for_whatever_the_key_and_deadline(
+    conn: Conn,
+) -> None:
+    """The batch reads the key, the deadline's columns and the alert's columns from
+    the watched row, even when ``columns`` names neither the key nor the deadline."""
+    conn.execute(TABLE)
+    late = rule(columns=["note"], renotify=None)
+    migrate(conn, [late])
+    conn.execute("INSERT INTO orders VALUES (1, 7, 'paid', %s, 'fragile')", (T0 - 2 * H,))
+    assert claim_all(conn, prepare(conn, late), T0) == 1
+    row = conn.execute("SELECT key, deadline, row_data FROM slawatch.alert").fetchone()
+    assert row == ("1", T0 - 2 * H, {"note": "fragile"})
+
+
 def test_four_scanners_without_row_locks_page_each_row_once(conn: Conn, dsn: str) -> None:
     conn.execute(TABLE)
     late = rule(renotify={"every": "1m", "max": 3}, batch=50)
