@@ -288,7 +288,7 @@ class _Batch:
     @property
     def full(self) -> bool:
         """The claim got as many as it asked for: more may be due."""
-        return self.limit > 0 and self.claimed >= self.limit
+        return self.claimed >= self.limit
 
     @property
     def holds(self) -> bool:
