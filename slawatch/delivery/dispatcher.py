@@ -8,7 +8,8 @@ or dead, with the error text, after the last attempt or at once when the
 failure is permanent. Every write after the claim re-checks the lease owner,
 so a process that stalled past its lease changes nothing; a claimed delivery's
 next attempt is its lease expiry, so the deliveries of a process that died
-become due again by themselves.
+become due again by themselves. While a backlog lasts, one claim takes
+:data:`CLAIM_BATCHES` batches and sends them one request each, in order.
 
 Per episode and notifier, a resolved notice waits until the episode's firing
 notifications to that notifier are settled (``claim_deliveries``): a receiver is
