@@ -432,6 +432,7 @@ def _deliver(
     claim_next: bool,
     metrics: Metrics | None = None,
     admin_url: str | None = None,
+    stop: threading.Event | None = None,
 ) -> tuple[PassResult, _Batch]:
     """Send a claimed batch and settle it. With ``claim_next``, a full batch that was
     accepted is settled by the claim of the next one (of :data:`CLAIM_BATCHES`
@@ -440,7 +441,9 @@ def _deliver(
     A claim of several batches is sent as one request per ``notifier.batch``
     deliveries, in order; the first that fails ends it: those sent before are settled
     sent, the failed one retries or goes dead, and the ones after it were not tried
-    (released: due again when the failed one retries, the attempt not counted).
+    (released: due again when the failed one retries, the attempt not counted). Once
+    ``stop`` is set, the batches not yet sent are released, due at once (another
+    process may take them): stopping waits for one send, not for the claim's.
 
     A batch that ``holds`` a resolved notice back is settled by a claim even when it
     is short: that claim takes the notice now that its firing notifications went out.
@@ -464,7 +467,11 @@ def _deliver(
     size = max(notifier.batch, 1)
     sent: list[dict[str, Any]] = []
     error: DeliveryError | None = None
+    untried: list[dict[str, Any]] = []
     for start in range(0, len(batch.rows), size):
+        if start and stop is not None and stop.is_set():
+            untried = batch.rows[start:]
+            break
         rows = batch.rows[start : start + size]
         error = _send(notifier, batch, rows, descriptions, admin_url)
         if error is not None:
@@ -479,6 +486,12 @@ def _deliver(
         failed += unsent
         _settled(notifier, failed, started, metrics, accepted, [r["fired_at"] for r in sent])
         return failed, _Batch(batch.owner, [])
+    if untried:  # stopping
+        _release(db, notifier, batch.owner, sent, untried, clock.now())
+        done = PassResult(sent=len(sent))
+        done += unsent
+        _settled(notifier, done, started, metrics, accepted, [r["fired_at"] for r in sent])
+        return done, _Batch(batch.owner, [])
     done = PassResult(sent=len(batch.rows))
     done += unsent
     fired = [r["fired_at"] for r in batch.rows]
@@ -492,6 +505,30 @@ def _deliver(
     db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, mark))
     _settled(notifier, done, started, metrics, accepted, fired)
     return done, _Batch(batch.owner, [])
+
+
+def _release(
+    db: Database,
+    notifier: Notifier,
+    owner: uuid.UUID,
+    sent: list[dict[str, Any]],
+    untried: list[dict[str, Any]],
+    now: datetime,
+) -> None:
+    """Settle ``sent`` as sent and put ``untried`` back to pending, due at ``now``, in
+    one transaction (asynchronous commit, as mark_sent's: lost, the lease runs out)."""
+    q = queries()
+
+    def settle(conn: Connection) -> None:
+        with conn.transaction():
+            if sent:
+                mark = {"ids": [r["id"] for r in sent], "owner": owner, "now": now}
+                conn.execute(q["mark_sent"], mark)
+            release = {"ids": [r["id"] for r in untried], "owner": owner, "next": now}
+            conn.execute(q["release_deliveries"], release)
+
+    db.run(f"recording deliveries for {notifier.name}", settle)
+    log.debug("notifier %s: stopping, %d deliveries due again", notifier.name, len(untried))
 
 
 def _settled(
@@ -650,7 +687,8 @@ def deliver_notifier(
     admin_url: str | None = None,
 ) -> PassResult:
     """Batches one after the other until none is due; stops early when the receiver
-    fails (it is down), or after the batch in hand once ``stop`` is set.
+    fails (it is down), or after the request in hand once ``stop`` is set (the rest
+    of its claim released, due at once).
 
     Each accepted full batch is settled by the statement that claims the next.
     ``admin_url``: the admin API's address, for the link in storm summaries.
@@ -662,7 +700,7 @@ def deliver_notifier(
     while batch.claimed or batch.folded:
         more = stop is None or not stop.is_set()
         result, batch = _deliver(
-            db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url
+            db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url, stop
         )
         total += result
     return total
@@ -767,7 +805,7 @@ class Dispatcher:
             self._start(group)
 
     def remove(self, name: str) -> Notifier | None:
-        """Stop ``name``'s workers, each after the batch in hand; return its notifier."""
+        """Stop ``name``'s workers, each after the request in hand; return its notifier."""
         with self._lock:
             group = self._groups.pop(name, None)
         if group is None:
@@ -780,7 +818,8 @@ class Dispatcher:
         return group.notifier
 
     def stop(self) -> None:
-        """Let each worker finish the batch in hand, then return."""
+        """Let each worker finish the request in hand (the rest of its claim due again
+        at once), then return."""
         self._stop.set()
         with self._lock:
             groups = list(self._groups.values())

@@ -5,7 +5,8 @@ untried (its attempt not counted)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -35,10 +36,15 @@ class Watching(BaseNotifier):
     deliveries under a lease (how many, how many owners, their expiries); refuses
     the requests whose number (from 1) is in ``refuse``."""
 
-    def __init__(self, conn: Conn, refuse: dict[int, DeliveryError] | None = None) -> None:
+    def __init__(
+        self,
+        conn: Conn,
+        refuse: dict[int, DeliveryError] | None = None,
+        then: Callable[[int], None] | None = None,
+    ) -> None:
         retry = RetrySettings(first=timedelta(seconds=10), max=timedelta(seconds=60))
         super().__init__(ConsoleConfig(name="console", type="console", batch=BATCH, retry=retry))
-        self.conn, self.refuse = conn, refuse or {}
+        self.conn, self.refuse, self.then = conn, refuse or {}, then
         self.requests: list[list[str]] = []
         self.leases: list[tuple[int, int, list[Any]]] = []
 
@@ -51,6 +57,8 @@ class Watching(BaseNotifier):
         ).fetchone()
         assert row is not None
         self.leases.append((row[0], row[1], row[2]))
+        if self.then is not None:
+            self.then(len(self.requests))
         if len(self.requests) in self.refuse:
             raise self.refuse[len(self.requests)]
 
@@ -109,3 +117,24 @@ def test_a_refused_request_ends_the_claim_and_releases_the_batches_after_it(
     released = CLAIMED if permanent else retry_at
     assert [by_key[k] for k in range(7, 11)] == [("pending", 0, released, None)] * 4
     assert [by_key[k] for k in (11, 12)] == [("pending", 0, CLAIMED, None)] * 2
+
+
+def test_a_stop_between_requests_releases_the_rest_of_the_claim_due_at_once(
+    conn: Conn, db: Database
+) -> None:
+    """Stop is set during request 2 (the first of a claim of 4 batches): the worker
+    sends nothing more; keys 1 to 4 are sent, 5 to 10 pending again at once, with no
+    lease and no attempt counted, for whichever process runs next."""
+    overdue_orders(conn, 12)
+    stop = threading.Event()
+    hook = Watching(conn, then=lambda n: stop.set() if n == 2 else None)
+    with freeze_time(CLAIMED):
+        result = deliver_notifier(db, hook, Clock(), stop=stop)
+    assert (result.sent, result.retried, result.dead) == (4, 0, 0)
+    assert hook.requests == [["1", "2"], ["3", "4"]]
+    rows = conn.execute(
+        "SELECT a.key::int, d.status, d.attempts, d.next_attempt_at, d.lease_owner"
+        " FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id ORDER BY 1"
+    ).fetchall()
+    assert [r[1] for r in rows[:4]] == ["sent"] * 4
+    assert [r[1:] for r in rows[4:]] == [("pending", 0, CLAIMED, None)] * 8
