@@ -29,9 +29,11 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -274,11 +276,47 @@ def backlog_rule(batch: int = 1000) -> Rule:
     )
 
 
+def server_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float] | None:
+    """A reading of the CPU seconds the server of ``conn`` has used so far: every child
+    of its postmaster, and what exited ones left in the postmaster's own account
+    (cutime, cstime), from /proc. None when the server is not a process of this
+    machine that we may read (elsewhere, in a container)."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    try:
+        with open(f"/proc/{row[0] if row else 0}/stat") as f:
+            postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def read() -> float:
+        total = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited meanwhile: its time is in the postmaster's cutime
+            if int(pid) == postmaster:
+                total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+            elif int(fields[1]) == postmaster:
+                total += int(fields[11]) + int(fields[12])
+        return total / tick
+
+    return read
+
+
 def drain_once(
-    server: str | None, receiver: Receiver, alerts: int, concurrency: int
+    server: str | None,
+    receiver: Receiver,
+    alerts: int,
+    concurrency: int,
+    cpu: dict[str, float] | None = None,
 ) -> tuple[float, list[bytes]]:
     """``alerts`` claimed into the outbox, then delivered by workers started after:
-    alerts/s from the start of the workers to the last arrival, and the request bodies."""
+    alerts/s from the start of the workers to the last arrival, and the request bodies.
+    ``cpu``, if given, gets the CPU seconds of the drain: ``python`` (this process, its
+    receiver thread included) and ``server`` (when :func:`server_cpu` can read it)."""
     scratch = Scratch()
     if server:
         scratch.server = server
@@ -304,13 +342,19 @@ def drain_once(
             WebhookConfig(name="hook", type="webhook", url=receiver.url, batch=100)
         )
         receiver.reset(alerts)
+        server_seconds = server_cpu(conn)
         with Database(dsn, size=concurrency + 3, timeout=30) as db:
             dispatcher = make_dispatcher(db, hook, concurrency)
+            python0, server0 = time.process_time(), server_seconds() if server_seconds else 0.0
             start = time.perf_counter()
             dispatcher.start()
             if not receiver.done.wait(300):
                 raise SystemExit("drain: not every alert arrived within 300 s")
             rate = alerts / (max(receiver.arrived.values()) - start)
+            if cpu is not None:
+                cpu["python"] = time.process_time() - python0
+                if server_seconds:
+                    cpu["server"] = server_seconds() - server0
             dispatcher.stop()
         hook.close()
         return rate, list(receiver.bodies)
@@ -339,23 +383,31 @@ def measure(
     ``concurrency`` batches in flight), each followed by the straight POSTs of its own
     bodies. ``dsn``: the server to make scratch databases on (None: SLAWATCH_BENCH_DSN,
     SLAWATCH_DSN or the embedded one). Medians: ``slawatch`` and ``straight`` in
-    alerts/s, ``ratio`` (of each round's two rates)."""
+    alerts/s, ``ratio`` (of each round's two rates); CPU ms per 100 alerts delivered,
+    ``python_cpu`` (the workers and the receiver) and, where it can be read,
+    ``server_cpu`` (every process of the PostgreSQL server)."""
     receiver = Receiver()
     drained: list[float] = []
     straight: list[float] = []
+    cpus: list[dict[str, float]] = []
     try:
         for _ in range(rounds):
-            rate, bodies = drain_once(dsn, receiver, alerts, concurrency)
+            cpus.append({})
+            rate, bodies = drain_once(dsn, receiver, alerts, concurrency, cpus[-1])
             drained.append(rate)
             straight.append(post_straight(receiver, bodies))
     finally:
         receiver.server.shutdown()
-    return {
+    got = {
         "ratio": statistics.median(d / s for d, s in zip(drained, straight, strict=True)),
         "slawatch": statistics.median(drained),
         "straight": statistics.median(straight),
         "rounds": float(rounds),
     }
+    for key in ("python", "server"):
+        if all(key in c for c in cpus):
+            got[f"{key}_cpu"] = statistics.median(c[key] for c in cpus) * 1e5 / alerts
+    return got
 
 
 def main() -> None:
@@ -385,7 +437,9 @@ def main() -> None:
         print(
             f"drain {args.due:,} alerts, webhook batch 100 x {args.concurrency},"
             f" {args.rounds} round(s), medians: slawatch {got['slawatch']:,.0f} alerts/s,"
-            f" straight POSTs {got['straight']:,.0f} alerts/s, ratio {got['ratio']:.2f}"
+            f" straight POSTs {got['straight']:,.0f} alerts/s, ratio {got['ratio']:.2f};"
+            f" CPU per 100 alerts: Python {got['python_cpu']:.2f} ms, server "
+            + (f"{got['server_cpu']:.2f} ms" if "server_cpu" in got else "not readable")
         )
         return
 
