@@ -1,0 +1,131 @@
+"""One action per episode when the rule's action or its ``on`` changes while the
+episode is open (DESIGN.md §8): a reload, or a restart with an edited rule.
+
+The episode's action already ran (attempt 1 recorded for its rule, key and episode);
+the edited rule's ``on`` is a later notification, or its action the other kind (SQL,
+webhook). The next claims must keep the alerts flowing and neither run the action
+again nor record a second attempt 1 (``action_once``: the unique violation rolled the
+whole claim back, tick after tick, until the episode ended).
+
+The rules are test_actions.py's (job_hung, renotified every 15 minutes, 3 times).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from slawatch.actions.run import runner
+from slawatch.config.rules import Rule
+from slawatch.engine.claim import prepare
+from slawatch.engine.migrate import migrate
+from tests.integration.helpers import Conn, claim_all, episodes
+from tests.integration.test_action_webhook import SECRET
+from tests.integration.test_actions import RESTART, restarts, setup
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+M = timedelta(minutes=1)
+S = timedelta(seconds=1)
+HOOK = {"url": "http://127.0.0.1:9/unused", "secret": SECRET}
+
+
+def rule_with(action: dict[str, Any], track: str) -> Rule:
+    """job_hung with ``action`` and room for a fourth notification."""
+    return Rule.model_validate(
+        {
+            "name": "job_hung",
+            "table": "public.jobs",
+            "key": "id",
+            "track": track,
+            "deadline": "heartbeat_at",
+            "after": "15m",
+            "open_when": "status = 'running'",
+            "renotify": {"every": "15m", "max": 4},
+            "columns": ["id", "kind", "worker", "heartbeat_at"],
+            "notify": ["console"],
+            "action": action,
+        }
+    )
+
+
+def notification(k: int) -> datetime:
+    """A moment at which notification ``k`` of job 1's first episode is due."""
+    return T0 + 15 * M * k + k * S
+
+
+def attempts(conn: Conn) -> list[tuple[Any, ...]]:
+    """(key, episode, n, kind, status, attempt) of every attempt, in order."""
+    return conn.execute(
+        "SELECT key, episode, n, kind, status, attempt FROM slawatch.action"
+        " ORDER BY key, episode, attempt"
+    ).fetchall()
+
+
+def action_deliveries(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM slawatch.delivery WHERE notifier = 'action:job_hung'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+SQL_ON_2 = {"sql": RESTART, "on": 2}
+SQL_ON_3 = {"sql": RESTART, "on": 3}
+HOOK_ON_2 = {"webhook": HOOK, "on": 2}
+HOOK_ON_3 = {"webhook": HOOK, "on": 3}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "kind"),
+    [
+        (SQL_ON_2, SQL_ON_3, "sql"),  # `on` moved on
+        (SQL_ON_2, HOOK_ON_3, "sql"),  # ... and SQL became a webhook
+        (HOOK_ON_2, SQL_ON_3, "webhook"),  # ... and a webhook became SQL
+        (HOOK_ON_2, HOOK_ON_3, "webhook"),
+    ],
+    ids=["sql-sql", "sql-webhook", "webhook-sql", "webhook-webhook"],
+)
+def test_an_on_moved_mid_episode_does_not_act_again_and_alerts_flow(
+    conn: Conn, track: str, before: dict[str, Any], after: dict[str, Any], kind: str
+) -> None:
+    plan = setup(conn, rule_with(before, track))
+    for k in (1, 2):
+        assert claim_all(conn, plan, notification(k)) == 1
+    acted = [("1", 1, 2, kind, "ok" if kind == "sql" else "pending", 1)]
+    assert attempts(conn) == acted
+    ran = restarts(conn)
+    assert ran == ([1] if kind == "sql" else [])
+    sent = action_deliveries(conn)
+    # The edited rule, as a reload or a restart prepares it.
+    edited = rule_with(after, track)
+    migrate(conn, [edited])
+    plan = prepare(conn, edited).with_act(runner("on"))
+    for k in (3, 4):
+        assert claim_all(conn, plan, notification(k)) == 1
+    assert [n for _, _, n in episodes(conn, "job_hung")] == [1, 2, 3, 4]
+    # The episode's action was attempted once: not run, sent or recorded again.
+    assert attempts(conn) == acted
+    assert restarts(conn) == ran
+    assert action_deliveries(conn) == sent
+
+
+def test_the_next_episode_acts_at_the_new_on(conn: Conn, track: str) -> None:
+    """Only the episode that was acted on is left alone: the next one acts at the
+    edited rule's ``on``."""
+    plan = setup(conn, rule_with(SQL_ON_2, track))
+    for k in (1, 2):
+        assert claim_all(conn, plan, notification(k)) == 1
+    plan = prepare(conn, rule_with(SQL_ON_3, track)).with_act(runner("on"))
+    # The job recovers (its heartbeat moves on), then hangs again: episode 2.
+    recovered = T0 + 40 * M
+    conn.execute("UPDATE jobs SET heartbeat_at = %s", (recovered.replace(tzinfo=None),))
+    claim_all(conn, plan, recovered + S)  # ends episode 1 (track: table: at its next check)
+    for k in (1, 2, 3):
+        assert claim_all(conn, plan, recovered + 15 * M * k + k * S) == 1
+    assert restarts(conn) == [1, 1]
+    assert [(e, n, attempt) for _, e, n, _, _, attempt in attempts(conn)] == [
+        (1, 2, 1),
+        (2, 3, 1),
+    ]
