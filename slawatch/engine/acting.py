@@ -28,6 +28,12 @@ from slawatch.db import Connection
 # for a batch of 1,000 (measured alone, 1,000 rows made up in a CTE). The ack and silence
 # lookups per alert run only when the rule has an ack or a silence at all (each
 # guard is an InitPlan: evaluated once per statement, short-circuiting the AND).
+# An episode whose action already has an attempt is left out (one action per episode,
+# DESIGN.md §8): the rule's `on` or its action changed after it acted (a reload, a
+# restart with an edited rule). Acting again ran the statement (or queued the POST) a
+# second time and recorded attempt 1 again: a unique violation (action_once) that
+# rolled the whole claim back, every tick, until the episode ended. One probe of
+# action_once's index per alert numbered `on`.
 _DUE = """,
        (SELECT coalesce(json_agg(json_build_array(
                 a.key, a.episode, a.n, json_build_array({params}),
@@ -45,7 +51,10 @@ _DUE = """,
                                      AND a.row_data @> s.matchers) THEN 'silenced' END)
                 ORDER BY a.key), '[]'::json)
           FROM alerts a
-         WHERE a.n = %(action_on)s::integer)"""
+         WHERE a.n = %(action_on)s::integer
+           AND NOT EXISTS (SELECT 1 FROM slawatch.action x
+                            WHERE x.rule = %(rule)s AND x.key = a.key
+                              AND x.episode = a.episode))"""
 
 
 @dataclass(frozen=True)

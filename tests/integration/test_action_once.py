@@ -22,8 +22,10 @@ from slawatch.config.rules import Rule
 from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import migrate
 from tests.integration.helpers import Conn, claim_all, episodes
+from tests.integration.test_action_examples import predicted
 from tests.integration.test_action_webhook import SECRET
-from tests.integration.test_actions import RESTART, restarts, setup
+from tests.integration.test_actions import RESTART, naive, restarts, setup
+from tests.integration.test_events import send
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 M = timedelta(minutes=1)
@@ -102,6 +104,8 @@ def test_an_on_moved_mid_episode_does_not_act_again_and_alerts_flow(
     edited = rule_with(after, track)
     migrate(conn, [edited])
     plan = prepare(conn, edited).with_act(runner("on"))
+    # `run --dry-run` does not list it either.
+    assert predicted(conn, edited, notification(3)) == []
     for k in (3, 4):
         assert claim_all(conn, plan, notification(k)) == 1
     assert [n for _, _, n in episodes(conn, "job_hung")] == [1, 2, 3, 4]
@@ -117,15 +121,61 @@ def test_the_next_episode_acts_at_the_new_on(conn: Conn, track: str) -> None:
     plan = setup(conn, rule_with(SQL_ON_2, track))
     for k in (1, 2):
         assert claim_all(conn, plan, notification(k)) == 1
-    plan = prepare(conn, rule_with(SQL_ON_3, track)).with_act(runner("on"))
+    rule = rule_with(SQL_ON_3, track)
+    plan = prepare(conn, rule).with_act(runner("on"))
     # The job recovers (its heartbeat moves on), then hangs again: episode 2.
     recovered = T0 + 40 * M
     conn.execute("UPDATE jobs SET heartbeat_at = %s", (recovered.replace(tzinfo=None),))
     claim_all(conn, plan, recovered + S)  # ends episode 1 (track: table: at its next check)
     for k in (1, 2, 3):
+        if k == 3:
+            assert predicted(conn, rule, recovered + 15 * M * k + k * S) == [
+                ("1", 3, {"id": "1", "kind": "sync"})
+            ]
         assert claim_all(conn, plan, recovered + 15 * M * k + k * S) == 1
     assert restarts(conn) == [1, 1]
     assert [(e, n, attempt) for _, e, n, _, _, attempt in attempts(conn)] == [
         (1, 2, 1),
         (2, 3, 1),
     ]
+
+
+def test_another_keys_episode_acts_at_the_new_on(conn: Conn, track: str) -> None:
+    """Left out: the episode that acted, not the rule's other rows. Job 2 hangs half an
+    hour after job 1, once the edited rule runs."""
+    plan = setup(conn, rule_with(SQL_ON_2, track))
+    for k in (1, 2):
+        assert claim_all(conn, plan, notification(k)) == 1
+    conn.execute("INSERT INTO jobs VALUES (2, 'sync', 'w1', 'running', %s)", (naive(T0 + 30 * M),))
+    rule = rule_with(SQL_ON_3, track)
+    plan = prepare(conn, rule).with_act(runner("on"))
+    assert claim_all(conn, plan, notification(3)) == 2  # job 1's #3, job 2's #1
+    assert claim_all(conn, plan, notification(4)) == 2  # #4, #2
+    assert claim_all(conn, plan, notification(5)) == 1  # job 2's #3: it acts
+    assert restarts(conn) == [1, 2]
+    assert [(key, n) for key, _, n, _, _, _ in attempts(conn)] == [("1", 2), ("2", 3)]
+
+
+def test_an_event_rules_webhook_action_moved_on_is_not_sent_again(conn: Conn) -> None:
+    def parcel(on: int) -> Rule:
+        return Rule.model_validate(
+            {
+                "name": "job_hung",  # action_deliveries() counts action:job_hung's
+                "events": {"start": "parcel_shipped", "stop": "parcel_delivered", "within": "1h"},
+                "renotify": {"every": "1h", "max": 3},
+                "notify": ["console"],
+                "action": {"webhook": HOOK, "on": on},
+            }
+        )
+
+    migrate(conn, [parcel(1)])
+    send(conn, "parcel_shipped", "1Z999", T0)
+    plan = prepare(conn, parcel(1)).with_act(runner("on"))
+    assert claim_all(conn, plan, T0 + 60 * M + S) == 1
+    assert action_deliveries(conn) == 1
+    plan = prepare(conn, parcel(2)).with_act(runner("on"))
+    assert claim_all(conn, plan, T0 + 120 * M + 2 * S) == 1
+    assert claim_all(conn, plan, T0 + 180 * M + 3 * S) == 1
+    assert [n for _, _, n in episodes(conn, "job_hung")] == [1, 2, 3]
+    assert action_deliveries(conn) == 1
+    assert attempts(conn) == [("1Z999", 1, 1, "webhook", "pending", 1)]
