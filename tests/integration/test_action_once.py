@@ -12,6 +12,7 @@ The rules are test_actions.py's (job_hung, renotified every 15 minutes, 3 times)
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -179,3 +180,39 @@ def test_an_event_rules_webhook_action_moved_on_is_not_sent_again(conn: Conn) ->
     assert [n for _, _, n in episodes(conn, "job_hung")] == [1, 2, 3]
     assert action_deliveries(conn) == 1
     assert attempts(conn) == [("1Z999", 1, 1, "webhook", "pending", 1)]
+
+
+def test_another_rules_attempt_is_not_this_rules(conn: Conn, track: str) -> None:
+    """Two rules on one table: the same key and episode acted on by one rule is still
+    acted on by the other."""
+    plan = setup(conn, rule_with(SQL_ON_2, track))
+    other = rule_with(SQL_ON_2, track).model_copy(update={"name": "job_stuck"})
+    migrate(conn, [other])
+    second = prepare(conn, other).with_act(runner("on"))
+    for k in (1, 2):
+        assert claim_all(conn, plan, notification(k)) == 1
+        if k == 2:  # job_hung acted: job_stuck still will, and `run --dry-run` says so
+            assert predicted(conn, other, notification(k)) == [
+                ("1", 2, {"id": "1", "kind": "sync"})
+            ]
+        assert claim_all(conn, second, notification(k)) == 1
+    assert restarts(conn) == [1, 1]
+    rows = conn.execute("SELECT rule, key, episode, n FROM slawatch.action ORDER BY rule")
+    assert rows.fetchall() == [("job_hung", "1", 1, 2), ("job_stuck", "1", 1, 2)]
+
+
+def test_the_acted_check_is_one_index_scan_hashed(conn: Conn) -> None:
+    """With slawatch.action empty when planned (a new install), NOT EXISTS was an anti
+    join reading every attempt of the rule for each alert; the check is one scan of
+    action_once's index by rule and the batch's keys, looked up in a hash."""
+    plan = setup(conn, rule_with(SQL_ON_3, "inline"))
+    explained = conn.execute(
+        b"EXPLAIN " + plan.statement.as_bytes(conn), plan.params(notification(3))
+    ).fetchall()
+    text = "\n".join(str(row[0]) for row in explained)
+    assert re.search(
+        r"NOT \(hashed SubPlan \d+\).*\n.*SubPlan \d+\n.*using action_once on action x.*\n"
+        r".*Index Cond: \(\(rule = 'job_hung'::text\) AND \(key = ANY ",
+        text,
+    ), text
+    assert "Anti Join" not in text, text
