@@ -282,7 +282,7 @@ def test_a_rule_whose_claims_fail_is_counted_and_logged_once(
     counts each failed scan."""
     caplog.set_level(logging.INFO)
     orders(conn, 2, T0 - timedelta(days=1))
-    clock = MovableClock(T0)
+    clock = BreakableClock(T0)
     runner = Runner(dsn, [late_rule()], [], clock=clock, backoff_cap=0.01)
     failures = "slawatch_scan_failures_total"
     try:
@@ -298,10 +298,23 @@ def test_a_rule_whose_claims_fail_is_counted_and_logged_once(
         wait_for(lambda: runner.scan("late") is not None, "a scan that works again")
         assert value(runner, failures, rule="late") == 3
         assert value(runner, "slawatch_database_outages_total") == 0
+        clock.broken = True  # a bug: counted too
+        wait_for(lambda: runner.scan("late") is None, "a scan that raises")
+        assert value(runner, failures, rule="late") == 4
     finally:
         runner.close()
-    assert logged(caplog, "rule late: scans failing", logging.ERROR) == 1
+    assert logged(caplog, "rule late: scans failing", logging.ERROR) == 2
+    assert logged(caplog, "unexpected RuntimeError: clock broke", logging.ERROR) == 1
     assert logged(caplog, "rule late: scans working again") == 1
+
+
+class BreakableClock(MovableClock):
+    broken = False
+
+    def now(self) -> datetime:
+        if self.broken:
+            raise RuntimeError("clock broke")
+        return super().now()
 
 
 def test_acknowledged_and_orphaned_deliveries_have_outcomes_of_their_own(
