@@ -12,14 +12,18 @@ batches three ways, interleaved, ROUNDS times each (the table reset between runs
   (the issue's baseline, as written);
 - ``raw, same work``: the same work as slawatch's by hand, in one transaction: the raw
   claim that also writes an alert and a delivery per row (data-modifying CTEs), the
-  set-based UPDATE, then one INSERT of the action records.
+  set-based UPDATE, then one INSERT of the action records;
+- ``before the acted check``: ``action`` with the claim's due column as it was before
+  it left out episodes acted on already (engine/acting.py: one probe of action_once's
+  index per acting alert), to read the probe's cost. ``--history K`` gives each hung job
+  K older episodes' attempts in slawatch.action, for the probe to look past.
 
 Prints each run, the medians (with the WAL each run wrote, and the server process's
 CPU seconds per run when the server is local), and the ratios action / raw pair (the issue's goal,
 >= 1.0x) and action / raw same work. Not a test: figures depend on the machine.
 
     .venv/bin/python bench/actions.py [--rows 200000] [--due 20000] [--batch 1000]
-                                      [--rounds 3]
+                                      [--rounds 3] [--history 0]
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
 """
@@ -38,6 +42,7 @@ from benchdb import scratch_database
 
 from slawatch.actions.run import runner
 from slawatch.config.rules import Rule
+from slawatch.engine import acting as acting_module
 from slawatch.engine.claim import claim_batch, plan_claim
 from slawatch.engine.migrate import migrate
 
@@ -86,6 +91,15 @@ SELECT 'bench', k::text, 1, 1, 'ok', 1, %(now)s::timestamptz, jsonb_build_object
 ACT_LABEL = "slawatch claim + action per row"
 RAW_LABEL = "raw pair (claim, then one UPDATE)"
 SAME_LABEL = "raw, same work (+outbox, +records)"
+BEFORE_LABEL = "action, before the acted check"
+# The due column's acted check (engine/acting.py), taken out for BEFORE_LABEL's plan.
+ACTED_CHECK = """
+           AND (a.key, a.episode) NOT IN (
+                SELECT x.key, x.episode FROM slawatch.action x
+                 WHERE x.rule = %(rule)s
+                   AND x.key = ANY (ARRAY(SELECT b.key FROM alerts b
+                                           WHERE b.n = %(action_on)s::integer)))"""
+
 Conn = psycopg.Connection[tuple[object, ...]]
 
 
@@ -121,13 +135,24 @@ def load(conn: Conn, rows: int, due: int) -> Rule:
     return rule
 
 
-def reset(conn: Conn) -> None:
+def reset(conn: Conn, history: int = 0) -> None:
     conn.execute(
         "UPDATE bench SET status = 'running', restarts = 0, sw_bench_n = 0,"
         " sw_bench_next = NULL, sw_bench_seen = NULL, sw_bench_ep = 0"
         " WHERE sw_bench_n > 0 OR restarts > 0"
     )
     conn.execute("TRUNCATE slawatch.alert, slawatch.delivery, slawatch.action")
+    if history:
+        # Older episodes' attempts of the hung jobs (episodes 1001, 1002, ...).
+        conn.execute(
+            "INSERT INTO slawatch.action (rule, key, episode, n, status, rows, at, params)"
+            " SELECT 'bench', b.id::text, 1000 + e, 1, 'ok', 1, %(now)s::timestamptz, '{}'"
+            "   FROM bench b, generate_series(1, %(history)s::int) e"
+            "  WHERE b.status = 'running'",
+            {"now": NOW, "history": history},
+        )
+        # As old rows are in a live database: hint bits set, visible to index-only scans.
+        conn.execute("VACUUM ANALYZE slawatch.action")
     conn.execute("VACUUM ANALYZE bench")
     conn.execute("CHECKPOINT")
 
@@ -159,6 +184,13 @@ def main() -> None:
     parser.add_argument("--due", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--history", type=int, default=0)
+    parser.add_argument(
+        "--acted-check",
+        action="store_true",
+        help="run only the action and its before-the-acted-check twin, alternating"
+        " which goes first from round to round",
+    )
     args = parser.parse_args()
 
     with scratch_database() as db, psycopg.connect(db, autocommit=True) as conn:
@@ -171,6 +203,13 @@ def main() -> None:
         kind = "timestamp with time zone"
         bare = plan_claim(rule.model_copy(update={"action": None}), kind)
         acting = plan_claim(rule, kind).with_act(runner("on"))
+        checked = acting_module._DUE
+        assert checked.count(ACTED_CHECK) == 1, "engine/acting.py's acted check moved"
+        acting_module._DUE = checked.replace(ACTED_CHECK, "")
+        try:
+            before = plan_claim(rule, kind).with_act(runner("on"))
+        finally:
+            acting_module._DUE = checked
         params = {"cutoff": NOW - timedelta(minutes=15), "batch": args.batch, "now": NOW}
 
         def raw_pair() -> int:
@@ -193,14 +232,21 @@ def main() -> None:
             ACT_LABEL: lambda: claim_batch(conn, acting, NOW),
             RAW_LABEL: raw_pair,
             SAME_LABEL: raw_same,
+            BEFORE_LABEL: lambda: claim_batch(conn, before, NOW),
         }
         rates: dict[str, list[float]] = {label: [] for label in variants}
         cpu: dict[str, list[float]] = {label: [] for label in variants}
         wal: dict[str, list[float]] = {label: [] for label in variants}
         print(f"{'variant':<36} {'run':>3} {'rows':>8} {'seconds':>8} {'rows/s':>9}")
+        if args.acted_check:
+            variants = {k: v for k, v in variants.items() if k in (ACT_LABEL, BEFORE_LABEL)}
+            rates = {label: rates[label] for label in variants}
         for round_ in range(args.rounds):
-            for label, step in variants.items():
-                reset(conn)
+            order = list(variants.items())
+            if args.acted_check and round_ % 2:
+                order.reverse()
+            for label, step in order:
+                reset(conn, args.history)
                 lsn = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
                 t, c = time.perf_counter(), backend_cpu(conn)
                 total = drain(step, args.batch)
@@ -219,16 +265,21 @@ def main() -> None:
                 rates[label].append(total / secs)
                 print(f"{label:<36} {round_ + 1:>3} {total:>8,} {secs:>8.2f} {total / secs:>9,.0f}")
         print("\nmedians (rows/s)")
-        median = {label: statistics.median(r) for label, r in rates.items()}
+        median = {label: statistics.median(r) for label, r in rates.items() if r}
         for label, value in median.items():
             used = f"   server CPU {statistics.median(cpu[label]):.2f} s" if cpu[label] else ""
             mb = statistics.median(wal[label]) / 1e6
             print(f"  {label:<36} {value:>9,.0f}   WAL {mb:5.1f} MB{used}")
+        if args.acted_check:
+            checked_ratio = median[ACT_LABEL] / median[BEFORE_LABEL]
+            print(f"\naction / before the acted check: {checked_ratio:.2f}x")
+            return
         acted, raw, same = median[ACT_LABEL], median[RAW_LABEL], median[SAME_LABEL]
         ratio = acted / raw
         verdict = "met" if ratio >= 1.0 else "MISSED"
         print(f"\naction / raw pair: {ratio:.2f}x   (goal >= 1.0x: {verdict})")
         print(f"action / raw, same work: {acted / same:.2f}x   (like with like)")
+        print(f"action / before the acted check: {acted / median[BEFORE_LABEL]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,15 @@ from slawatch.db import Connection
 # for a batch of 1,000 (measured alone, 1,000 rows made up in a CTE). The ack and silence
 # lookups per alert run only when the rule has an ack or a silence at all (each
 # guard is an InitPlan: evaluated once per statement, short-circuiting the AND).
+# An episode whose action already has an attempt is left out (one action per episode,
+# DESIGN.md §8): the rule's `on` or its action changed after it acted (a reload, a
+# restart with an edited rule). Acting again ran the statement (or queued the POST) a
+# second time and recorded attempt 1 again: a unique violation (action_once) that
+# rolled the whole claim back, every tick, until the episode ended. The check is one
+# index scan of action_once for the batch's keys (the attempts of all their episodes,
+# few per key), hashed: NOT EXISTS was planned as an anti join that, with
+# slawatch.action empty when planned (a new install), read all the rule's attempts
+# for each alert; a probe per alert cost a tenth of the claim's rate.
 _DUE = """,
        (SELECT coalesce(json_agg(json_build_array(
                 a.key, a.episode, a.n, json_build_array({params}),
@@ -45,7 +54,12 @@ _DUE = """,
                                      AND a.row_data @> s.matchers) THEN 'silenced' END)
                 ORDER BY a.key), '[]'::json)
           FROM alerts a
-         WHERE a.n = %(action_on)s::integer)"""
+         WHERE a.n = %(action_on)s::integer
+           AND (a.key, a.episode) NOT IN (
+                SELECT x.key, x.episode FROM slawatch.action x
+                 WHERE x.rule = %(rule)s
+                   AND x.key = ANY (ARRAY(SELECT b.key FROM alerts b
+                                           WHERE b.n = %(action_on)s::integer))))"""
 
 
 @dataclass(frozen=True)

@@ -303,13 +303,18 @@ def _acting(
             "EXISTS (SELECT 1 FROM slawatch.ack k WHERE k.rule = %(rule)s AND k.key = {key}"
             " AND k.episode = t.{ep})"
         ).format(key=_key_text("t", key), ep=sql.Identifier(rule.episode_column))
+        acted = sql.SQL(
+            "EXISTS (SELECT 1 FROM slawatch.action x WHERE x.rule = %(rule)s"
+            " AND x.key = {key} AND x.episode = t.{ep})"
+        ).format(key=_key_text("t", key), ep=sql.Identifier(rule.episode_column))
         return sql.SQL(
-            "t.{next} < %(now)s::timestamptz AND {again} AND NOT {acked}"
+            "t.{next} < %(now)s::timestamptz AND {again} AND NOT {acked} AND NOT {acted}"
             " AND t.{n} = %(before)s::integer"
         ).format(
             next=sql.Identifier(rule.next_column),
             again=again,
             acked=acked,
+            acted=acted,
             n=sql.Identifier(rule.n_column),
         )
     s = state_table(rule)
@@ -325,7 +330,9 @@ def _acting(
         "{ow} AND EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = {d}"
         " AND s.sw_next < %(now)s::timestamptz AND s.sw_n = %(before)s::integer"
         " AND NOT EXISTS (SELECT 1 FROM slawatch.ack k WHERE k.rule = %(rule)s"
-        " AND k.key = {key} AND k.episode = s.sw_ep))"
+        " AND k.key = {key} AND k.episode = s.sw_ep)"
+        " AND NOT EXISTS (SELECT 1 FROM slawatch.action x WHERE x.rule = %(rule)s"
+        " AND x.key = {key} AND x.episode = s.sw_ep))"
     ).format(ow=open_when, s=s, s_is_t=s_is_t, d=d, key=_key_text("s", key))
 
 

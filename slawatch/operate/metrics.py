@@ -106,6 +106,15 @@ class Metrics:
             buckets=SCAN_BUCKETS,
             registry=self.registry,
         )
+        self.scan_failures = Counter(
+            "slawatch_scan_failures",
+            "Scans of a rule that failed other than by the database being unreachable "
+            "(that is slawatch_database_outages): a claim the database refused, a bug. "
+            "The log says why, once when the rule's scans start failing ('rule R: scans "
+            "failing: ...') and once when they work again",
+            ["rule"],
+            registry=self.registry,
+        )
         self.events = Counter(
             "slawatch_events",
             "Events received by this process, per type, source (http: POST /v1/events; or "
@@ -139,9 +148,14 @@ class Metrics:
     def scanned(self, rule: str, seconds: float, severities: Mapping[str, int]) -> None:
         """A scan of ``rule`` took ``seconds`` and wrote these alerts per severity."""
         self.scan.labels(rule).observe(seconds)
+        self.scan_failures.labels(rule)  # shown as 0 from the first scan (rate() needs it)
         for severity, count in severities.items():
             if count:
                 self.alerts.labels(rule, severity).inc(count)
+
+    def scan_failed(self, rule: str) -> None:
+        """A scan of ``rule`` failed (the database was reachable)."""
+        self.scan_failures.labels(rule).inc()
 
     def delivered(
         self,

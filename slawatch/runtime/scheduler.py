@@ -338,9 +338,11 @@ class Runner:
             result = None  # the database's outage line says it
         except SlawatchError as exc:
             running.trouble.failed(str(exc), since)
+            self.metrics.scan_failed(rule)
             result = None
         except Exception as exc:  # a bug: keep scanning the other rules, and this one later
             running.trouble.failed(f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc)
+            self.metrics.scan_failed(rule)
             result = None
         if result is None:
             running.retry_at = time.monotonic() + running.backoff.next()

@@ -1,8 +1,10 @@
 -- Fixed queries of slawatch/actions, one block each under a "-- name --" header.
 
 -- record_actions --
--- Every attempt of one claim's actions, in the claim's transaction. action_once makes
--- a second record of the same attempt an error: the claim rolls back, not the rule.
+-- Every attempt of one claim's actions, in the claim's transaction. The claim leaves out
+-- an episode that has an attempt already (engine/acting.py: its rule's `on` or action
+-- changed after it acted), so a second record of the same attempt is a race the claim
+-- lost: action_once makes it an error, that claim rolls back and the next one sees it.
 INSERT INTO slawatch.action (rule, key, episode, n, kind, status, rows, error, at, attempt,
                              params)
 SELECT %(rule)s, r.key, r.episode, r.n, 'sql', r.status, r.rows, r.error, %(at)s,

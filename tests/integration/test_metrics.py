@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
 import yaml
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, generate_latest
@@ -21,7 +23,7 @@ from slawatch.operate.lifecycle import ack, add_silence
 from slawatch.operate.metrics import SCRAPE_BUDGET, Metrics
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn
-from tests.integration.test_outage import wait_for
+from tests.integration.test_outage import logged, wait_for
 from tests.receivers import Reply, WebhookReceiver, receiver
 from tests.tcpproxy import TcpProxy
 
@@ -269,6 +271,50 @@ def test_a_drain_counts_closed_episodes_and_alerts_per_severity(
         conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 4")
         swept = drain(db, plan, MovableClock(T0 + timedelta(days=1, minutes=1)))
         assert (swept.claimed, swept.closed, swept.severities) == (0, 1, {})
+
+
+def test_a_rule_whose_claims_fail_is_counted_and_logged_once(
+    conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim the database refuses (here its deadline column renamed away; once, an
+    action's ``on`` moved mid-episode: test_action_once.py) fails on every scan, the
+    database reachable: one ERROR line when it starts, slawatch_scan_failures_total
+    counts each failed scan."""
+    caplog.set_level(logging.INFO)
+    orders(conn, 2, T0 - timedelta(days=1))
+    clock = BreakableClock(T0)
+    runner = Runner(dsn, [late_rule()], [], clock=clock, backoff_cap=0.01)
+    failures = "slawatch_scan_failures_total"
+    try:
+        assert runner.scan("late") is not None
+        assert value(runner, failures, rule="late") == 0
+        conn.execute("ALTER TABLE orders RENAME COLUMN paid_at TO paid")
+        clock.at = T0 + HOUR + timedelta(seconds=1)  # re-notifications due: a claim runs
+        wait_for(
+            lambda: runner.scan("late") is None and value(runner, failures, rule="late") == 3,
+            "three failed scans",
+        )
+        conn.execute("ALTER TABLE orders RENAME COLUMN paid TO paid_at")
+        wait_for(lambda: runner.scan("late") is not None, "a scan that works again")
+        assert value(runner, failures, rule="late") == 3
+        assert value(runner, "slawatch_database_outages_total") == 0
+        clock.broken = True  # a bug: counted too
+        wait_for(lambda: runner.scan("late") is None, "a scan that raises")
+        assert value(runner, failures, rule="late") == 4
+    finally:
+        runner.close()
+    assert logged(caplog, "rule late: scans failing", logging.ERROR) == 2
+    assert logged(caplog, "unexpected RuntimeError: clock broke", logging.ERROR) == 1
+    assert logged(caplog, "rule late: scans working again") == 1
+
+
+class BreakableClock(MovableClock):
+    broken = False
+
+    def now(self) -> datetime:
+        if self.broken:
+            raise RuntimeError("clock broke")
+        return super().now()
 
 
 def test_acknowledged_and_orphaned_deliveries_have_outcomes_of_their_own(

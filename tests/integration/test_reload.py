@@ -314,3 +314,41 @@ def test_a_removed_notifiers_pending_deliveries_are_orphaned_by_the_reload(
     assert logged(caplog, orphaned, logging.WARNING) == 1
     rows = conn.execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY 1").fetchall()
     assert rows == [("orphaned", 2)]
+
+
+ACTING = """\
+table: public.orders
+key: id
+deadline: paid_at
+after: 1h
+every: 1s
+open_when: "status = 'paid'"
+renotify: {every: 2s, max: 4}
+notify: [hook]
+action: {sql: "insert into restarts (order_id) values (:id)", on: 2}
+"""
+
+
+def test_an_action_whose_on_moved_mid_episode_keeps_its_rule_alerting(
+    runner: Runner, config: Settings, conn: Conn, receiver: WebhookReceiver, caplog: Any
+) -> None:
+    """The episode acted at #2; a reload moves `on` to #3: #3 and #4 are still sent,
+    and the action neither runs again nor fails the rule's claims (test_action_once.py
+    has the claim's side)."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    conn.execute("CREATE TABLE restarts (order_id bigint NOT NULL)")
+    migrate(conn, [rule("acting", ACTING)])
+    (config.rules_dir / "acting.yaml").write_text(ACTING)
+    assert runner.reload() is True
+    overdue(conn, 1)
+    wait_for(lambda: "acting:1:e1:n2" in ids(receiver), "the acting notification")
+    assert conn.execute("SELECT order_id FROM restarts").fetchall() == [(1,)]
+    (config.rules_dir / "acting.yaml").write_text(ACTING.replace("on: 2", "on: 3"))
+    assert runner.reload() is True
+    wait_for(lambda: "acting:1:e1:n4" in ids(receiver), "the last notification, after the reload")
+    assert "acting:1:e1:n3" in ids(receiver)
+    assert conn.execute("SELECT order_id FROM restarts").fetchall() == [(1,)]
+    attempts = conn.execute("SELECT n, status FROM slawatch.action WHERE rule = 'acting'")
+    assert attempts.fetchall() == [(2, "ok")]
+    assert logged(caplog, "rule acting: scans failing") == 0
+    assert runner.health()["ok"] is True
