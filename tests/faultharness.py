@@ -65,8 +65,7 @@ renotify: {{every: 2s, max: {CAP}}}
 columns: [id, due_at]
 notify: [hook]
 """
-# The lease of a claimed delivery is 2 * timeout + 2 s (5 * timeout + 2 s for a claim of 4
-# batches, while a backlog lasts): what a killed process's batch waits.
+# The lease of a claimed delivery is 2 * timeout + 2 s: what a killed process's batch waits.
 NOTIFIER_YAML = """\
 type: webhook
 url: {url}

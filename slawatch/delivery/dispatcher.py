@@ -8,8 +8,7 @@ or dead, with the error text, after the last attempt or at once when the
 failure is permanent. Every write after the claim re-checks the lease owner,
 so a process that stalled past its lease changes nothing; a claimed delivery's
 next attempt is its lease expiry, so the deliveries of a process that died
-become due again by themselves. While a backlog lasts, one claim takes
-:data:`CLAIM_BATCHES` batches and sends them one request each, in order.
+become due again by themselves.
 
 Per episode and notifier, a resolved notice waits until the episode's firing
 notifications to that notifier are settled (``claim_deliveries``): a receiver is
@@ -88,11 +87,6 @@ POLL = 1.0  # seconds: the fallback when no NOTIFY arrives
 PROBE_WAIT = 3.0  # seconds for our own NOTIFY to come back after LISTEN
 BACKOFF_CAP = 30.0  # seconds: the longest wait of a worker after a failure
 DEFAULT_LISTED = 20  # alerts listed in a storm summary when the notifier says nothing
-# While a backlog lasts (the claim before was full), a worker claims this many batches
-# in one statement and sends them one after the other, each its own request: the
-# statement's fixed cost (parsing, planning, the round trip, the commit) is paid once
-# for all of them (bench/delivery.py).
-CLAIM_BATCHES = 4
 
 
 @dataclass
@@ -242,10 +236,9 @@ def settle_orphans(
     return db.run("settling orphaned deliveries", work)
 
 
-def lease_for(notifier: Notifier, sends: int = 1) -> timedelta:
-    """Long enough for ``sends`` sends one after the other to time out, with room (one
-    more timeout and 2 s) to record the outcome: 2 x timeout + 2 s for one."""
-    return timedelta(seconds=(sends + 1) * notifier.timeout + 2)
+def lease_for(notifier: Notifier) -> timedelta:
+    """Long enough for one send to time out, with room to record the outcome."""
+    return timedelta(seconds=2 * notifier.timeout + 2)
 
 
 def retry_delay(
@@ -293,16 +286,10 @@ class _Batch:
     folded: list[Folded] = field(default_factory=list)
     listings: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     acknowledged: int = 0
-    limit: int = 0  # how many the claim asked for: a claim that got as many was full
 
     @property
     def claimed(self) -> int:
         return len(self.rows) + self.silenced + self.acknowledged
-
-    @property
-    def full(self) -> bool:
-        """The claim got as many as it asked for: more may be due."""
-        return self.claimed >= self.limit
 
     @property
     def holds(self) -> bool:
@@ -325,27 +312,21 @@ def _listed(notifier: Notifier) -> int:
 
 
 def claim_deliveries(
-    db: Database,
-    notifier: Notifier,
-    now: datetime,
-    sent: _Batch | None = None,
-    batches: int = 1,
+    db: Database, notifier: Notifier, now: datetime, sent: _Batch | None = None
 ) -> _Batch:
-    """Lease up to ``batches`` batches of due deliveries to a fresh owner, for as long
-    as sending them one after the other may take (:func:`lease_for`); settle ``sent``
-    (what the receiver accepted) as sent in the same statement, and what of it that
-    statement could not lock at once in one more (mark_sent). If the statement fails,
-    both stay undone: ``sent`` is sent again once its lease expires (at least once).
+    """Lease up to a batch of due deliveries to a fresh owner; settle ``sent`` (a batch
+    the receiver accepted) as sent in the same statement, and what of it that statement
+    could not lock at once in one more (mark_sent). If the statement fails, both
+    stay undone: ``sent`` is sent again once its lease expires (at least once).
 
     For a notifier with ``storm``, the same transaction first folds storms into
     summaries under the notifier's storm lock (slawatch/delivery/storm.py)."""
     owner = uuid.uuid4()
-    limit = notifier.batch * batches
     claim = {
         "now": now,
         "owner": owner,
-        "lease": lease_for(notifier, batches),
-        "limit": limit,
+        "lease": lease_for(notifier),
+        "limit": notifier.batch,
         "notifier": notifier.name,
         "sent": [r["id"] for r in sent.rows] if sent else [],
         "sent_owner": sent.owner if sent else None,
@@ -369,7 +350,7 @@ def claim_deliveries(
             listed = listings(conn, summaries, _listed(notifier))
         silenced = sum(1 for r in rows if r["settled"] == "silenced")
         acked = len(rows) - len(send) - silenced
-        return _Batch(owner, send, silenced, folded, listed, acked, limit)
+        return _Batch(owner, send, silenced, folded, listed, acked)
 
     batch = db.run(f"claiming deliveries for {notifier.name}", run)
     if sent is not None and (left := [r["id"] for r in sent.rows if r["id"] not in done]):
@@ -397,34 +378,28 @@ def claim_deliveries(
 
 
 def _payloads(
-    notifier: Notifier,
-    batch: _Batch,
-    rows: list[dict[str, Any]],
-    descriptions: Mapping[str, str],
-    admin_url: str | None,
+    notifier: Notifier, batch: _Batch, descriptions: Mapping[str, str], admin_url: str | None
 ) -> list[dict[str, Any]]:
     listed = _listed(notifier)
     return [
         summary_payload(r, batch.listings.get(r["alert_id"], []), listed, descriptions, admin_url)
         if r["kind"] == "summary"
         else alert_payload(r, descriptions.get(r["rule"], ""))
-        for r in rows
+        for r in batch.rows
     ]
 
 
 def _send(
     notifier: Notifier,
     batch: _Batch,
-    rows: list[dict[str, Any]],
     descriptions: Mapping[str, str],
     admin_url: str | None = None,
 ) -> DeliveryError | None:
-    """Send ``rows`` of ``batch`` in one request (one notifier.send); the error if the
-    receiver did not take them (its outage recorded)."""
+    """Send one batch; the error if the receiver did not take it (its outage recorded)."""
     receiver = receiver_outage(notifier)
     started = time.monotonic()
     try:
-        notifier.send(_payloads(notifier, batch, rows, descriptions, admin_url))
+        notifier.send(_payloads(notifier, batch, descriptions, admin_url))
     except DeliveryError as exc:
         error = exc
     except Exception as exc:  # a notifier bug must not stop the loop; keep its words
@@ -445,18 +420,9 @@ def _deliver(
     claim_next: bool,
     metrics: Metrics | None = None,
     admin_url: str | None = None,
-    stop: threading.Event | None = None,
 ) -> tuple[PassResult, _Batch]:
     """Send a claimed batch and settle it. With ``claim_next``, a full batch that was
-    accepted is settled by the claim of the next one (of :data:`CLAIM_BATCHES`
-    batches), which is returned.
-
-    A claim of several batches is sent as one request per ``notifier.batch``
-    deliveries, in order; the first that fails ends it: those sent before are settled
-    sent, the failed one retries or goes dead, and the ones after it were not tried
-    (released: due again when the failed one retries, the attempt not counted). Once
-    ``stop`` is set, the batches not yet sent are released, due at once (another
-    process may take them): stopping waits for one send, not for the claim's.
+    accepted is settled by the claim of the next one, which is returned.
 
     A batch that ``holds`` a resolved notice back is settled by a claim even when it
     is short: that claim takes the notice now that its firing notifications went out.
@@ -474,74 +440,29 @@ def _deliver(
     )
     if not batch.rows:  # all settled by the claim already (silenced, acknowledged, summarized)
         _settled(notifier, unsent, started, metrics, clock.now(), [])
-        if claim_next and batch.full:
-            return unsent, claim_deliveries(db, notifier, clock.now(), batches=CLAIM_BATCHES)
+        if claim_next and batch.claimed >= notifier.batch:
+            return unsent, claim_deliveries(db, notifier, clock.now())
         return unsent, _Batch(batch.owner, [])
-    size = max(notifier.batch, 1)
-    sent: list[dict[str, Any]] = []
-    error: DeliveryError | None = None
-    untried: list[dict[str, Any]] = []
-    for start in range(0, len(batch.rows), size):
-        if start and stop is not None and stop.is_set():
-            untried = batch.rows[start:]
-            break
-        rows = batch.rows[start : start + size]
-        error = _send(notifier, batch, rows, descriptions, admin_url)
-        if error is not None:
-            untried = batch.rows[start + size :]
-            break
-        sent += rows
+    error = _send(notifier, batch, descriptions, admin_url)
     accepted = clock.now()
     if error is not None:
-        failed = _settle_failure(
-            db, notifier, clock.now(), batch.owner, rows, error, sent=sent, untried=untried
-        )
+        failed = _settle_failure(db, notifier, clock.now(), batch.owner, batch.rows, error)
         failed += unsent
-        _settled(notifier, failed, started, metrics, accepted, [r["fired_at"] for r in sent])
+        _settled(notifier, failed, started, metrics, accepted, [])
         return failed, _Batch(batch.owner, [])
-    if untried:  # stopping
-        _release(db, notifier, batch.owner, sent, untried, clock.now())
-        done = PassResult(sent=len(sent))
-        done += unsent
-        _settled(notifier, done, started, metrics, accepted, [r["fired_at"] for r in sent])
-        return done, _Batch(batch.owner, [])
     done = PassResult(sent=len(batch.rows))
     done += unsent
     fired = [r["fired_at"] for r in batch.rows]
-    if claim_next and (batch.full or batch.holds):
-        following = claim_deliveries(db, notifier, clock.now(), sent=batch, batches=CLAIM_BATCHES)
+    if claim_next and (batch.claimed >= notifier.batch or batch.holds):
+        following = claim_deliveries(db, notifier, clock.now(), sent=batch)
         _settled(notifier, done, started, metrics, accepted, fired)
         return done, following
     # A short batch: nothing more was due (or held back), so no claim to ride on.
-    mark = {"ids": [r["id"] for r in batch.rows], "owner": batch.owner, "now": clock.now()}
+    sent = {"ids": [r["id"] for r in batch.rows], "owner": batch.owner, "now": clock.now()}
     query = queries()["mark_sent"]
-    db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, mark))
+    db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, sent))
     _settled(notifier, done, started, metrics, accepted, fired)
     return done, _Batch(batch.owner, [])
-
-
-def _release(
-    db: Database,
-    notifier: Notifier,
-    owner: uuid.UUID,
-    sent: list[dict[str, Any]],
-    untried: list[dict[str, Any]],
-    now: datetime,
-) -> None:
-    """Settle ``sent`` as sent and put ``untried`` back to pending, due at ``now``, in
-    one transaction (asynchronous commit, as mark_sent's: lost, the lease runs out)."""
-    q = queries()
-
-    def settle(conn: Connection) -> None:
-        with conn.transaction():
-            if sent:
-                mark = {"ids": [r["id"] for r in sent], "owner": owner, "now": now}
-                conn.execute(q["mark_sent"], mark)
-            release = {"ids": [r["id"] for r in untried], "owner": owner, "next": now}
-            conn.execute(q["release_deliveries"], release)
-
-    db.run(f"recording deliveries for {notifier.name}", settle)
-    log.debug("notifier %s: stopping, %d deliveries due again", notifier.name, len(untried))
 
 
 def _settled(
@@ -622,13 +543,7 @@ def _settle_failure(
     owner: uuid.UUID,
     rows: list[dict[str, Any]],
     error: DeliveryError,
-    *,
-    sent: list[dict[str, Any]] | None = None,
-    untried: list[dict[str, Any]] | None = None,
 ) -> PassResult:
-    """Settle ``rows``, which the receiver refused with ``error``: retry or dead. Of the
-    same claim, ``sent`` went out before them (settled sent) and ``untried`` came after
-    (released, due when the first of ``rows`` retries: the receiver is failing)."""
     q = queries()
     last = notifier.retry.attempts
     dead = [r for r in rows if error.permanent or r["attempts"] >= last]
@@ -636,23 +551,9 @@ def _settle_failure(
     # One jitter for the batch: deliveries at the same attempt stay together.
     jitter = random.uniform(0.8, 1.0)
     nexts = [now + retry_delay(notifier, r["attempts"], error, jitter) for r in retry]
-    if sent:
-        # On its own: mark_sent's commit is asynchronous, mark_dead's must not be.
-        mark = {"ids": [r["id"] for r in sent], "owner": owner, "now": now}
-        db.run(
-            f"recording deliveries for {notifier.name}",
-            lambda conn: conn.execute(q["mark_sent"], mark),
-        )
 
     def settle(conn: Connection) -> None:
         with conn.transaction():  # one unit, so Database.run may run it again
-            if untried:
-                release = {
-                    "ids": [r["id"] for r in untried],
-                    "owner": owner,
-                    "next": min(nexts, default=now),
-                }
-                conn.execute(q["release_deliveries"], release)
             if dead:
                 conn.execute(
                     q["mark_dead"],
@@ -681,13 +582,7 @@ def _settle_failure(
             min(nexts).isoformat(timespec="seconds"),
             error,
         )
-    if untried:
-        log.debug(
-            "notifier %s: %d deliveries not tried after the failure, due again",
-            notifier.name,
-            len(untried),
-        )
-    return PassResult(sent=len(sent or []), retried=len(retry), dead=len(dead))
+    return PassResult(retried=len(retry), dead=len(dead))
 
 
 def deliver_notifier(
@@ -700,8 +595,7 @@ def deliver_notifier(
     admin_url: str | None = None,
 ) -> PassResult:
     """Batches one after the other until none is due; stops early when the receiver
-    fails (it is down), or after the request in hand once ``stop`` is set (the rest
-    of its claim released, due at once).
+    fails (it is down), or after the batch in hand once ``stop`` is set.
 
     Each accepted full batch is settled by the statement that claims the next.
     ``admin_url``: the admin API's address, for the link in storm summaries.
@@ -713,7 +607,7 @@ def deliver_notifier(
     while batch.claimed or batch.folded:
         more = stop is None or not stop.is_set()
         result, batch = _deliver(
-            db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url, stop
+            db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url
         )
         total += result
     return total
@@ -818,7 +712,7 @@ class Dispatcher:
             self._start(group)
 
     def remove(self, name: str) -> Notifier | None:
-        """Stop ``name``'s workers, each after the request in hand; return its notifier."""
+        """Stop ``name``'s workers, each after the batch in hand; return its notifier."""
         with self._lock:
             group = self._groups.pop(name, None)
         if group is None:
@@ -831,8 +725,7 @@ class Dispatcher:
         return group.notifier
 
     def stop(self) -> None:
-        """Let each worker finish the request in hand (the rest of its claim due again
-        at once), then return."""
+        """Let each worker finish the batch in hand, then return."""
         self._stop.set()
         with self._lock:
             groups = list(self._groups.values())

@@ -274,17 +274,6 @@ UPDATE slawatch.delivery d
   FROM unnest(%(ids)s::bigint[], %(nexts)s::timestamptz[]) AS r(id, next_at)
  WHERE d.id = r.id AND d.status = 'pending' AND d.lease_owner = %(owner)s;
 
--- release_deliveries --
--- Claimed but never sent: the batches of a claim of several that came after the one
--- the receiver refused (dispatcher._deliver). Due again at `next`, their lease dropped
--- and the attempt the claim counted taken back, so that only tries count towards the
--- last attempt; fenced like mark_sent. next_attempt_at changes, so delivery_due holds
--- them again at that time.
-UPDATE slawatch.delivery
-   SET next_attempt_at = %(next)s, lease_owner = NULL, lease_expires_at = NULL,
-       attempts = attempts - 1
- WHERE id = ANY(%(ids)s::bigint[]) AND lease_owner = %(owner)s;
-
 -- mark_dead --
 -- Fenced like mark_sent. Its commit stays synchronous: lost, the delivery would only be
 -- pending again (leased; tried once more when the lease runs out), but a dead letter is
