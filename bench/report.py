@@ -66,7 +66,8 @@ def rules_for(n: int) -> list[Rule]:
     ]
 
 
-def load(conn: psycopg.Connection[tuple[object, ...]], episodes: int, days: int, n: int) -> None:
+def orders(conn: psycopg.Connection[tuple[object, ...]], rows: int, days: int) -> None:
+    """``bench_orders``: ``rows`` shipped orders paid evenly over the ``days`` before NOW."""
     conn.execute(
         "CREATE TABLE bench_orders (id bigint PRIMARY KEY, status text NOT NULL,"
         " paid_at timestamptz)"
@@ -74,8 +75,12 @@ def load(conn: psycopg.Connection[tuple[object, ...]], episodes: int, days: int,
     conn.execute(
         "INSERT INTO bench_orders SELECT g, 'shipped', %(now)s::timestamptz"
         " - g * (%(days)s * interval '1 day' / %(rows)s) FROM generate_series(1, %(rows)s) g",
-        {"now": NOW, "days": days, "rows": episodes},
+        {"now": NOW, "days": days, "rows": rows},
     )
+
+
+def load(conn: psycopg.Connection[tuple[object, ...]], episodes: int, days: int, n: int) -> None:
+    orders(conn, episodes, days)
     migrate(conn, rules_for(n))
     # Due evenly over the window; 1 in 20 still open, 1 in 3 acked after 1-30 min,
     # the others ended 0-10 h after they fell due.

@@ -26,18 +26,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from datetime import UTC, datetime
 
 import psycopg
 from benchdb import scratch_database
+from report import NOW, orders
 
 from slawatch.config.calendars import Calendar
 from slawatch.config.rules import Rule, check_calendar_names
 from slawatch.engine.catalog import inspect_table
 from slawatch.engine.migrate import migrate
 from slawatch.operate.report import due_by_period, query
-
-NOW = datetime(2026, 6, 1, tzinfo=UTC)
 
 # The release before's check that the deadline column is indexed for every row.
 INDEXED = """\
@@ -88,15 +86,7 @@ def main() -> None:
 
     with scratch_database() as db, psycopg.connect(db, autocommit=True) as conn:
         version = conn.execute("SHOW server_version").fetchone()
-        conn.execute(
-            "CREATE TABLE bench_orders (id bigint PRIMARY KEY, status text NOT NULL,"
-            " paid_at timestamptz)"
-        )
-        conn.execute(
-            "INSERT INTO bench_orders SELECT g, 'shipped', %(now)s::timestamptz"
-            " - g * (%(days)s * interval '1 day' / %(rows)s) FROM generate_series(1, %(rows)s) g",
-            {"now": NOW, "days": args.days, "rows": args.rows},
-        )
+        orders(conn, args.rows, args.days)
         conn.execute("CREATE INDEX bench_orders_paid_at ON bench_orders (paid_at)")
         migrate(conn, [plain, cal])
         conn.execute("VACUUM ANALYZE bench_orders")

@@ -62,6 +62,10 @@ def free_port() -> int:
     """
     floor = _ephemeral_floor()
     low = max(1024, floor - 12000)
+    if floor - low < 1000:  # hardly a port below the ephemeral range: take the kernel's
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
     for _ in range(200):
         port = random.randrange(low, floor)
         with socket.socket() as s:
