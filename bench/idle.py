@@ -31,7 +31,8 @@ reach it when a backend flushes them (about once a second for a busy one), so th
 figures are good to a cycle or so per window; ``pg_stat_statements`` counts at once.
 
     .venv/bin/python bench/idle.py [--rules 100] [--seconds 10] [--reps 3]
-                                   [--pooler auto|none] [--warm 10] [--track inline|table]
+                                   [--pooler auto|none|transaction] [--warm 10]
+                                   [--track inline|table]
 """
 
 from __future__ import annotations
@@ -182,9 +183,10 @@ def window(dsn: str, statements: bool, seconds: float) -> dict[str, float]:
 
 
 # Seconds the load runs before the window opens: slawatch's start (catalog reads,
-# settling orphans, LISTEN) is not idle cost. With prepared statements (--pooler none)
-# each of 100 rules' probes is planned 5 times per connection before PostgreSQL
-# settles on its generic plan: --warm 30 measures that steady state.
+# settling orphans, LISTEN) is not idle cost. With prepared statements (--pooler auto
+# on a direct connection, or none) each of 100 rules' probes is planned 5 times per
+# connection before PostgreSQL settles on its generic plan: with 8 connections that
+# takes about 40 s, and --warm 60 measures the steady state after it.
 WARM = 10.0
 
 
@@ -252,8 +254,10 @@ def measure(
 ) -> dict[str, float]:
     """slawatch's idle cost against the raw probes', per cycle, on a scratch database of
     ``dsn``'s server: ratios and slawatch's own figures (medians of ``reps`` interleaved
-    runs). ``pooler``: slawatch's SLAWATCH_POOLER (``auto``, the default: nothing
-    prepared; ``none``: prepared statements); ``track``: the rules' ``track``."""
+    runs). ``pooler``: slawatch's SLAWATCH_POOLER (``auto``, the default: prepared
+    statements on the connections proven direct, which these are; ``none``: prepared
+    statements without looking; ``transaction``: nothing prepared, as behind a
+    pooler); ``track``: the rules' ``track``."""
     name = f"slawatch_idle_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -351,7 +355,7 @@ def main() -> None:
     parser.add_argument("--rules", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--pooler", choices=["auto", "none"], default="auto")
+    parser.add_argument("--pooler", choices=["auto", "none", "transaction"], default="auto")
     parser.add_argument("--track", choices=["inline", "table"], default="inline")
     parser.add_argument(
         "--warm", type=float, default=WARM, help="seconds each load runs before its window"

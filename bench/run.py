@@ -416,9 +416,9 @@ def measure_drain(
                 probes.append((time.perf_counter() - t) * 1e6)
         unprepared = []
         if v.name in ("inline", "table"):
-            # SLAWATCH_POOLER=auto (the default) and transaction: no prepared statements,
-            # since a transaction pooler may sit in between; the column above is
-            # SLAWATCH_POOLER=none/session (psycopg prepares after 5 runs).
+            # SLAWATCH_POOLER=transaction, and auto through a pooler or proxy: no prepared
+            # statements; the column above is SLAWATCH_POOLER=none/session, and auto on a
+            # connection proven direct (psycopg prepares after 5 runs).
             conn.prepare_threshold = None
             empty = v.stepper(conn, batch, quiet)  # type: ignore[misc]
             for _ in range(20):
@@ -1523,7 +1523,7 @@ def main() -> None:
         probe = probes.get(size, {})
         for name in ("inline", "table"):
             figure = (
-                f"empty probe, default settings (SLAWATCH_POOLER=auto: unprepared), track: {name},"
+                f"empty probe, unprepared (SLAWATCH_POOLER=transaction, or auto through a pooler), track: {name},"
                 f" {size:,} rows"
             )
             goal = "≤ 1.5× raw"
