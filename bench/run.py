@@ -1073,6 +1073,8 @@ def idle_rows(scratch: Scratch, quick: bool) -> list[Row]:
     more = {}
     if quick and "reps" in inspect.signature(measure).parameters:
         more["reps"] = 1  # bench/idle.py's own rounds (3 by default): one in a smoke test
+    if quick and "warm" in inspect.signature(measure).parameters:
+        more["warm"] = 10.0  # not the steady state (plans still warming): a smoke test
     res, failed = attempt(
         measure, scratch.server, rules=100, seconds=3.0 if quick else 10.0, **more
     )

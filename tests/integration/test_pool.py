@@ -124,3 +124,23 @@ def test_auto_prepares_nothing_through_a_proxy(dsn: str) -> None:
             assert not db.prepared_statements
     finally:
         proxy.close()
+
+
+def test_auto_stops_preparing_when_a_prepared_statement_is_lost(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a pooler that slipped past the check would do: a statement psycopg prepared
+    is not there (here: deallocated behind its back). The work runs again, and nothing
+    is prepared from then on, on any connection."""
+    with Database(dsn, size=1, timeout=10, pooler="auto") as db:
+        assert prepared_here(db) == 1
+        with db.connection("losing the prepared statements") as pooled:
+            pooled.execute("DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$")
+        row = db.run("after", lambda c: c.execute("SELECT %s::int", (7,), prepare=True).fetchone())
+        assert row == (7,)
+        assert not db.prepared_statements
+        assert prepared_here(db) == 0
+    assert [r.message for r in caplog.records if r.levelno == logging.WARNING] == [
+        'prepared statements turned off: prepared statement "_pg3_0" does not exist'
+        " (a pooler in transaction mode? set SLAWATCH_POOLER=transaction to start without them)"
+    ]
