@@ -374,7 +374,7 @@ def quiet(conn: Connection) -> bool:
     return not readable
 
 
-# psycopg's own default: a statement is prepared at its 5th run (prepare=True: at once).
+# psycopg's own default: a statement is prepared after 5 runs (prepare=True: at once).
 PREPARE_THRESHOLD = 5
 
 # The session as the server sees it: its process, where the connection comes from
