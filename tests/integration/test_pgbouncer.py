@@ -182,7 +182,8 @@ def test_claims_and_deliveries_through_pgbouncer_send_each_alert_once(
     caplog: pytest.LogCaptureFixture,
     pooler: Pooler,
 ) -> None:
-    """``auto`` (the default): no prepared statements, and the LISTEN probe finds out;
+    """``auto`` (the default): no prepared statements (PgBouncer is found in between), and
+    the LISTEN probe finds out;
     ``transaction``: SLAWATCH_POOLER says so."""
     caplog.set_level(logging.INFO)
     direct, via = fresh_database(cluster, bouncer)
