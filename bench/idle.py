@@ -25,13 +25,14 @@ How it counts, per scratch database:
   phase, sampled every 0.1 s.
 
 A cycle is one second (both run one a second): the counters' change over a window
-of ``seconds``, opened once the load has run for ``--warm`` seconds (10; slawatch's
-start is not idle cost), divided by its seconds. Counters in ``pg_stat_database``
+of ``seconds``, opened once the load has run for ``--warm`` seconds (75 for slawatch,
+at most 15 for the raw probes: see WARM), divided by its seconds. Counters in ``pg_stat_database``
 reach it when a backend flushes them (about once a second for a busy one), so those
 figures are good to a cycle or so per window; ``pg_stat_statements`` counts at once.
 
     .venv/bin/python bench/idle.py [--rules 100] [--seconds 10] [--reps 3]
-                                   [--pooler auto|none] [--warm 10] [--track inline|table]
+                                   [--pooler auto|none|transaction] [--warm 75]
+                                   [--track inline|table]
 """
 
 from __future__ import annotations
@@ -182,10 +183,16 @@ def window(dsn: str, statements: bool, seconds: float) -> dict[str, float]:
 
 
 # Seconds the load runs before the window opens: slawatch's start (catalog reads,
-# settling orphans, LISTEN) is not idle cost. With prepared statements (--pooler none)
-# each of 100 rules' probes is planned 5 times per connection before PostgreSQL
-# settles on its generic plan: --warm 30 measures that steady state.
-WARM = 10.0
+# settling orphans, LISTEN) is not idle cost, nor is its warming up. With prepared
+# statements (--pooler auto on a direct connection, or none) PostgreSQL plans each of
+# 100 rules' probes 5 times on each pooled connection before it keeps a generic plan,
+# which takes 40-60 s (measured: 2.8x the raw probes' DB time at 10 s, 1.4x at 60 s).
+# The window opens after that and before the scans' records are written again (a
+# minute after the first, then every minute): 60-70 s would hold those writes.
+WARM = 75.0
+# The raw probes' warming up: psycopg prepares each at its 6th run, PostgreSQL keeps a
+# generic plan after 5 more; one connection, one run a second.
+RAW_WARM = 15.0
 
 
 def slawatch_phase(
@@ -252,8 +259,10 @@ def measure(
 ) -> dict[str, float]:
     """slawatch's idle cost against the raw probes', per cycle, on a scratch database of
     ``dsn``'s server: ratios and slawatch's own figures (medians of ``reps`` interleaved
-    runs). ``pooler``: slawatch's SLAWATCH_POOLER (``auto``, the default: nothing
-    prepared; ``none``: prepared statements); ``track``: the rules' ``track``."""
+    runs). ``pooler``: slawatch's SLAWATCH_POOLER (``auto``, the default: prepared
+    statements on the connections proven direct, which these are; ``none``: prepared
+    statements without looking; ``transaction``: nothing prepared, as behind a
+    pooler); ``track``: the rules' ``track``."""
     name = f"slawatch_idle_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -277,7 +286,7 @@ def measure(
         runs: dict[str, list[dict[str, float]]] = {"slawatch": [], "raw": []}
         for _ in range(reps):
             runs["slawatch"].append(slawatch_phase(db, made, seconds, statements, pooler, warm))
-            runs["raw"].append(raw_phase(db, made, seconds, statements, warm))
+            runs["raw"].append(raw_phase(db, made, seconds, statements, min(warm, RAW_WARM)))
     finally:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(
@@ -351,7 +360,7 @@ def main() -> None:
     parser.add_argument("--rules", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--pooler", choices=["auto", "none"], default="auto")
+    parser.add_argument("--pooler", choices=["auto", "none", "transaction"], default="auto")
     parser.add_argument("--track", choices=["inline", "table"], default="inline")
     parser.add_argument(
         "--warm", type=float, default=WARM, help="seconds each load runs before its window"

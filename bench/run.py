@@ -416,9 +416,9 @@ def measure_drain(
                 probes.append((time.perf_counter() - t) * 1e6)
         unprepared = []
         if v.name in ("inline", "table"):
-            # SLAWATCH_POOLER=auto (the default) and transaction: no prepared statements,
-            # since a transaction pooler may sit in between; the column above is
-            # SLAWATCH_POOLER=none/session (psycopg prepares after 5 runs).
+            # SLAWATCH_POOLER=transaction, and auto through a pooler or proxy: no prepared
+            # statements; the column above is SLAWATCH_POOLER=none/session, and auto on a
+            # connection proven direct (psycopg prepares after 5 runs).
             conn.prepare_threshold = None
             empty = v.stepper(conn, batch, quiet)  # type: ignore[misc]
             for _ in range(20):
@@ -1073,6 +1073,8 @@ def idle_rows(scratch: Scratch, quick: bool) -> list[Row]:
     more = {}
     if quick and "reps" in inspect.signature(measure).parameters:
         more["reps"] = 1  # bench/idle.py's own rounds (3 by default): one in a smoke test
+    if quick and "warm" in inspect.signature(measure).parameters:
+        more["warm"] = 10.0  # not the steady state (plans still warming): a smoke test
     res, failed = attempt(
         measure, scratch.server, rules=100, seconds=3.0 if quick else 10.0, **more
     )
@@ -1523,7 +1525,7 @@ def main() -> None:
         probe = probes.get(size, {})
         for name in ("inline", "table"):
             figure = (
-                f"empty probe, default settings (SLAWATCH_POOLER=auto: unprepared), track: {name},"
+                f"empty probe, unprepared (SLAWATCH_POOLER=transaction, or auto through a pooler), track: {name},"
                 f" {size:,} rows"
             )
             goal = "≤ 1.5× raw"

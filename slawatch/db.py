@@ -11,17 +11,21 @@ starts, one when it ends).
 
 Behind PgBouncer in transaction mode a session's prepared statements are not
 there in the next transaction. ``pooler="transaction"`` turns psycopg's
-prepared statements off; without it, the first ``_pgN_N does not exist /
-already exists`` error turns them off for the pool (logged once) and
+prepared statements off; ``"auto"`` (the default) prepares only on a connection
+it has proven direct (:func:`direct`); otherwise the first ``_pgN_N does not
+exist / already exists`` error turns them off for the pool (logged once) and
 :meth:`Database.run` runs the failed work once more.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
+import os
 import re
 import select
+import socket
 import threading
 import time
 import warnings
@@ -370,6 +374,80 @@ def quiet(conn: Connection) -> bool:
     return not readable
 
 
+# psycopg's own default: a statement is prepared after 5 runs (prepare=True: at once).
+PREPARE_THRESHOLD = 5
+
+# The session as the server sees it: its process, where the connection comes from
+# (no address or port over a Unix socket), and the port it listens on.
+_SEEN = (
+    "SELECT pg_backend_pid(), host(inet_client_addr()), inet_client_port(),"
+    " current_setting('port')::int"
+)
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    address = ipaddress.ip_address(text.split("%", 1)[0])  # no IPv6 zone
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        return address.ipv4_mapped
+    return address
+
+
+def seen_as_sent(
+    key_pid: int,
+    family: int,
+    local: Any,
+    connected_port: int,
+    seen: tuple[Any, ...],
+) -> bool:
+    """Whether the server's view of a session (``seen``: :data:`_SEEN`'s row) is the
+    client's own: the server process is the one whose key came at startup
+    (``key_pid``), and the connection comes from the client's socket (``family``,
+    ``local``: its address) -- over TCP the same address and port; over a Unix socket
+    (no address) the socket file of the port the client connected to.
+
+    A pooler fails both: it sends a key of its own (PgBouncer, pgcat and Odyssey make
+    one up, since a client's transactions go to many server processes), and its
+    server connections come from its own sockets. A TCP proxy fails the second.
+    """
+    pid, address, port, server_port = seen
+    if pid != key_pid:
+        return False
+    if family == socket.AF_UNIX:
+        return address is None and port is None and connected_port == server_port
+    if family not in (socket.AF_INET, socket.AF_INET6) or address is None:
+        return False
+    try:
+        return _ip(str(local[0])) == _ip(str(address)) and int(local[1]) == port
+    except ValueError:
+        return False
+
+
+def direct(conn: Connection) -> bool:
+    """Whether ``conn`` reaches the server with nothing in between (no pooler, no
+    proxy): :func:`seen_as_sent`. One round trip; anything that cannot be read counts
+    as not direct."""
+    try:
+        seen = conn.execute(_SEEN).fetchone()
+        key_pid, connected_port = conn.info.backend_pid, conn.info.port
+        fd = os.dup(conn.pgconn.socket)
+    except (psycopg.Error, OSError):
+        return False
+    if seen is None:
+        os.close(fd)
+        return False
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return False
+    with sock:  # closes the duplicate only
+        try:
+            family, local = sock.family, sock.getsockname()
+        except OSError:
+            return False
+    return seen_as_sent(key_pid, family, local, connected_port, seen)
+
+
 # Prepared statements kept per pooled connection (psycopg's default: 100).
 PREPARED_MAX = 1000
 
@@ -382,8 +460,9 @@ class Database:
     ``pooler`` (``SLAWATCH_POOLER``): ``"none"`` (or ``"session"``) when slawatch
     talks to PostgreSQL directly (or through a pooler in session mode): prepared
     statements on; ``"transaction"`` for PgBouncer in transaction mode: no prepared
-    statements, no LISTEN; ``"auto"`` (the default): no prepared statements (a
-    transaction pooler may be in between), LISTEN probed.
+    statements, no LISTEN; ``"auto"`` (the default): prepared statements on the
+    connections proven direct (:func:`direct`, when each is made), off on the others
+    (a transaction pooler may be in between), LISTEN probed.
 
     Fails at once, with the DSN redacted, when the database cannot be reached.
     """
@@ -409,8 +488,11 @@ class Database:
         )
         # Only a direct (or session-pooled) connection may keep prepared statements: behind
         # a transaction pooler they reach other sessions' statements, often without an
-        # error. Unless told there is none ("none"/"session"), assume there may be one.
+        # error. Unless told there is none ("none"/"session"), assume there may be one,
+        # and with "auto" look: a connection proven direct (checked as it is made) may.
         self._prepared = pooler in ("none", "session")
+        self._detect = pooler == "auto"
+        self._direct: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._prepared_lock = threading.Lock()
         connect(dsn, timeout=timeout).close()  # a clear error now, not a pool retrying
         kwargs: dict[str, Any] = {"autocommit": True}
@@ -435,6 +517,8 @@ class Database:
 
     def _configure(self, conn: Connection) -> None:
         conn.execute(SESSION)
+        if self._detect and direct(conn):
+            self._direct.add(conn)
         # Every rule's probe and claim on every shared connection: psycopg's default of
         # 100 prepared statements would keep evicting them with a hundred rules.
         conn.prepared_max = PREPARED_MAX
@@ -451,8 +535,12 @@ class Database:
 
     @property
     def prepared_statements(self) -> bool:
-        """Whether psycopg may prepare statements (off behind a transaction pooler)."""
-        return self._prepared
+        """Whether psycopg may prepare statements on some connection (off behind a
+        transaction pooler)."""
+        return self._prepared or (self._detect and len(self._direct) > 0)
+
+    def _may_prepare(self, conn: Connection) -> bool:
+        return self._prepared or (self._detect and conn in self._direct)
 
     @contextlib.contextmanager
     def connection(self, what: str, *, wait: float | None = None) -> Iterator[Connection]:
@@ -468,8 +556,7 @@ class Database:
         since = time.monotonic()
         try:
             with self._pool.connection(timeout=wait) as conn:
-                if not self._prepared:
-                    conn.prepare_threshold = None
+                conn.prepare_threshold = PREPARE_THRESHOLD if self._may_prepare(conn) else None
                 try:
                     yield conn
                 finally:
@@ -529,10 +616,10 @@ class Database:
 
     def _prepared_statements_off(self, exc: psycopg.Error) -> None:
         with self._prepared_lock:
-            if not self._prepared:
+            if not (self._prepared or self._detect):
                 return
             # Every connection handed out from now on gets prepare_threshold=None.
-            self._prepared = False
+            self._prepared = self._detect = False
         log.warning(
             "prepared statements turned off: %s (a pooler in transaction mode? "
             "set SLAWATCH_POOLER=transaction to start without them)",

@@ -136,7 +136,8 @@ class Settings(BaseSettings):
     # "transaction": PgBouncer (or another pooler) in transaction mode: no prepared
     # statements, and no LISTEN (deliveries are polled).
     # "none"/"session": direct to PostgreSQL (or a session pooler): prepared statements.
-    # "auto" (default): none, since a transaction pooler may sit in between.
+    # "auto" (default): prepared statements only on a connection proven direct
+    # (db.direct), since a transaction pooler may sit in between.
     pooler: Literal["auto", "none", "session", "transaction"] = "auto"
     # Database connections that the scans of every rule share (however many rules):
     # `slawatch run` opens at most this + the notifiers' concurrency + the event

@@ -157,6 +157,23 @@ def test_a_lost_prepared_statement_turns_them_off_and_the_work_runs_again(
     assert logged(caplog, "prepared statements turned off", logging.WARNING) == 1
 
 
+def test_auto_finds_pgbouncer_in_between_and_prepares_nothing(
+    cluster: PgCluster, bouncer: PgBouncer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``auto`` prepares on a connection straight to the server, and through pgbouncer
+    never (a statement prepared there would soon be bound in another server session)."""
+    straight, via = fresh_database(cluster, bouncer)
+    for dsn, prepares in ((straight, True), (via, False)):
+        with Database(dsn, size=1, timeout=5, pooler="auto") as db:
+            for i in range(15):
+                row = db.run(
+                    "counting", lambda c, i=i: c.execute("SELECT %s::int", (i,)).fetchone()
+                )
+                assert row == (i,)
+            assert db.prepared_statements is prepares
+    assert logged(caplog, "prepared statements turned off", logging.WARNING) == 0
+
+
 @pytest.mark.parametrize("pooler", ["auto", "transaction"])
 def test_claims_and_deliveries_through_pgbouncer_send_each_alert_once(
     cluster: PgCluster,
@@ -165,7 +182,8 @@ def test_claims_and_deliveries_through_pgbouncer_send_each_alert_once(
     caplog: pytest.LogCaptureFixture,
     pooler: Pooler,
 ) -> None:
-    """``auto`` (the default): no prepared statements, and the LISTEN probe finds out;
+    """``auto`` (the default): no prepared statements (PgBouncer is found in between), and
+    the LISTEN probe finds out;
     ``transaction``: SLAWATCH_POOLER says so."""
     caplog.set_level(logging.INFO)
     direct, via = fresh_database(cluster, bouncer)
@@ -196,6 +214,7 @@ def test_claims_and_deliveries_through_pgbouncer_send_each_alert_once(
         serving.join(60)
         runner.close()
     counts = Counter(receiver.alert_ids)
+    assert logged(caplog, "prepared statements turned off", logging.WARNING) == 0
     assert len(counts) == 60
     assert {i: n for i, n in counts.items() if n > 1} == {}
     # No prepared statement ever reached another session: none were made.

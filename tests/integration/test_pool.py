@@ -1,6 +1,9 @@
 """The pool's check before it hands a connection out (slawatch/db.py): no round trip for
 a connection in use a moment ago, one for a connection idle longer than ``check_idle``,
-and a connection the server ended while it sat idle is replaced, never handed out."""
+and a connection the server ended while it sat idle is replaced, never handed out.
+With ``SLAWATCH_POOLER=auto`` statements are prepared on a connection proven direct
+(over TCP or a Unix socket), never on one through a proxy (PgBouncer:
+test_pgbouncer.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +11,13 @@ import logging
 import tempfile
 from collections.abc import Iterator
 
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from slawatch.db import Connection, Database, quiet
 from tests.integration.helpers import Conn
+from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
 
 
@@ -72,3 +78,69 @@ def test_a_connection_the_server_ended_while_idle_is_replaced(
 
     assert row is not None and row[0] != pid
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def prepared_here(db: Database) -> int:
+    """Runs a statement with prepare=True on the pool's connection; how many statements
+    the server then holds prepared for that session."""
+    with db.connection("preparing") as pooled:
+        pooled.execute("SELECT %s::int", (1,), prepare=True)
+        row = pooled.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def unix_socket_dsn(dsn: str, conn: Conn) -> str:
+    """``dsn``'s database over the server's Unix socket; skip when it has none."""
+    row = conn.execute("SELECT current_setting('unix_socket_directories')").fetchone()
+    folders = [f.strip() for f in str(row[0] if row else "").split(",") if f.strip()]
+    if not folders or folders[0].startswith("@"):
+        pytest.skip("the test server has no Unix socket in a folder")
+    port = conn.execute("SELECT current_setting('port')").fetchone()
+    assert port is not None
+    params = conninfo_to_dict(dsn)
+    params.update(host=folders[0], port=str(port[0]))
+    params.pop("hostaddr", None)
+    return make_conninfo("", **params)
+
+
+@pytest.mark.parametrize("over", ["tcp", "unix"])
+def test_auto_prepares_on_a_connection_proven_direct(dsn: str, conn: Conn, over: str) -> None:
+    target = dsn if over == "tcp" else unix_socket_dsn(dsn, conn)
+    try:
+        psycopg.connect(target).close()
+    except psycopg.OperationalError as exc:  # pragma: no cover - depends on pg_hba.conf
+        pytest.skip(f"no connection over {over}: {exc}")
+    with Database(target, size=1, timeout=10, pooler="auto") as db:
+        assert prepared_here(db) == 1
+        assert db.prepared_statements
+
+
+def test_auto_prepares_nothing_through_a_proxy(dsn: str) -> None:
+    proxy, via = TcpProxy.for_dsn(dsn)
+    try:
+        with Database(via, size=1, timeout=10, pooler="auto") as db:
+            assert prepared_here(db) == 0
+            assert not db.prepared_statements
+    finally:
+        proxy.close()
+
+
+def test_auto_stops_preparing_when_a_prepared_statement_is_lost(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a pooler that slipped past the check would do: a statement psycopg prepared
+    is not there (here: deallocated behind its back). The work runs again, and nothing
+    is prepared from then on, on any connection."""
+    with Database(dsn, size=1, timeout=10, pooler="auto") as db:
+        assert prepared_here(db) == 1
+        with db.connection("losing the prepared statements") as pooled:
+            pooled.execute("DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$")
+        row = db.run("after", lambda c: c.execute("SELECT %s::int", (7,), prepare=True).fetchone())
+        assert row == (7,)
+        assert not db.prepared_statements
+        assert prepared_here(db) == 0
+    assert [r.message for r in caplog.records if r.levelno == logging.WARNING] == [
+        'prepared statements turned off: prepared statement "_pg3_0" does not exist'
+        " (a pooler in transaction mode? set SLAWATCH_POOLER=transaction to start without them)"
+    ]

@@ -1,6 +1,9 @@
-"""Secrets never leave in a DSN: redaction by libpq's own reading of it, connect() errors."""
+"""Secrets never leave in a DSN: redaction by libpq's own reading of it, connect() errors;
+what proves a connection direct (seen_as_sent)."""
 
 from __future__ import annotations
+
+import socket
 
 import psycopg
 import pytest
@@ -12,6 +15,7 @@ from slawatch.db import (
     connect,
     redact,
     refused,
+    seen_as_sent,
     translate,
     unreachable,
 )
@@ -165,3 +169,33 @@ def test_refused_is_only_about_failed_connections() -> None:
     # A query's error carries its SQLSTATE; only a failed connection has none.
     assert not refused(psycopg.errors.UndefinedTable('relation "x" does not exist'))
     assert not refused(ValueError("permission denied"))
+
+
+# A session as the server reports it (pg_backend_pid, client address, client port, its
+# port), and the client's own view of the same connection.
+PID, HERE, PORT = 4242, ("10.0.0.7", 51234), 5432
+
+
+@pytest.mark.parametrize(
+    ("family", "local", "seen", "direct"),
+    [
+        (socket.AF_INET, HERE, (PID, "10.0.0.7", 51234, PORT), True),
+        (socket.AF_INET6, ("::ffff:10.0.0.7", 51234, 0, 0), (PID, "10.0.0.7", 51234, PORT), True),
+        (socket.AF_INET6, ("fe80::1%eth0", 51234, 0, 2), (PID, "fe80::1", 51234, PORT), True),
+        (socket.AF_UNIX, "", (PID, None, None, PORT), True),
+        # a pooler: a key of its own (the server's process is another)
+        (socket.AF_INET, HERE, (PID + 1, "10.0.0.7", 51234, PORT), False),
+        (socket.AF_UNIX, "", (PID + 1, None, None, PORT), False),
+        # a proxy or pooler: the server sees its socket, not ours
+        (socket.AF_INET, HERE, (PID, "10.0.0.8", 51234, PORT), False),
+        (socket.AF_INET, HERE, (PID, "10.0.0.7", 51235, PORT), False),
+        (socket.AF_INET, HERE, (PID, None, None, PORT), False),  # it came over a Unix socket
+        (socket.AF_UNIX, "", (PID, "10.0.0.7", 51234, PORT), False),  # ... over TCP
+        # over Unix sockets: another port's socket file (a pooler's, 6432) is not the server's
+        (socket.AF_UNIX, "", (PID, None, None, 6432), False),
+    ],
+)
+def test_a_connection_is_direct_only_when_the_server_sees_it_as_sent(
+    family: int, local: object, seen: tuple[object, ...], direct: bool
+) -> None:
+    assert seen_as_sent(PID, family, local, PORT, seen) is direct
