@@ -595,7 +595,13 @@ class Database:
         since = time.monotonic()
         try:
             with psycopg.connect(
-                self.dsn, autocommit=True, connect_timeout=max(2, round(self.timeout))
+                self.dsn,
+                autocommit=True,
+                connect_timeout=max(2, round(self.timeout)),
+                # Never prepared: its statements (LISTEN, readiness) are few and rare, and
+                # behind a transaction pooler psycopg's default (prepared at the 6th run)
+                # would fail from then on, or reach another session's statement.
+                prepare_threshold=None,
             ) as conn:
                 self.outage.ok()
                 yield conn

@@ -59,7 +59,10 @@ _DUE = """,
                 SELECT x.key, x.episode FROM slawatch.action x
                  WHERE x.rule = %(rule)s
                    AND x.key = ANY (ARRAY(SELECT b.key FROM alerts b
-                                           WHERE b.n = %(action_on)s::integer))))"""
+                                           WHERE b.n = %(action_on)s::integer))
+                   -- not every attempt of a recurring key: its episodes of this batch
+                   AND x.episode = ANY (ARRAY(SELECT b.episode FROM alerts b
+                                               WHERE b.n = %(action_on)s::integer))))"""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from slawatch.db import Connection, Database, quiet
+from slawatch.db import Connection, Database, Pooler, quiet
 from tests.integration.helpers import Conn
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
@@ -144,3 +144,17 @@ def test_auto_stops_preparing_when_a_prepared_statement_is_lost(
         'prepared statements turned off: prepared statement "_pg3_0" does not exist'
         " (a pooler in transaction mode? set SLAWATCH_POOLER=transaction to start without them)"
     ]
+
+
+@pytest.mark.parametrize("pooler", ["none", "auto", "transaction"])
+def test_a_dedicated_connection_prepares_nothing(dsn: str, pooler: Pooler) -> None:
+    """LISTEN's and readiness's connection: behind a transaction pooler psycopg's default
+    (prepared from the 6th run) failed every run after the 5th, or reached another
+    session's statement; they run few statements, rarely: never prepared."""
+    with Database(dsn, size=1, timeout=10, pooler=pooler) as database:
+        with database.dedicated("a dedicated connection") as conn:
+            for _ in range(8):
+                conn.execute("SELECT %s::int", (1,)).fetchone()
+                conn.execute("SELECT 1").fetchone()
+            prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert prepared == (0,)
