@@ -213,8 +213,9 @@ def test_the_acted_check_is_one_index_scan_hashed(conn: Conn) -> None:
     assert re.search(
         # PostgreSQL 15: NOT (hashed SubPlan 35); 17+: NOT (ANY ((key = (hashed SubPlan 35).col1)
         r"NOT \(.*hashed SubPlan (\d+)\).*\n.*SubPlan \1\n.*using action_once on action x.*\n"
-        # this batch's keys and episodes: not every attempt of a recurring key
-        r".*Index Cond: \(\(rule = 'job_hung'::text\) AND \(key = ANY .*\) AND \(episode = ANY ",
+        # this batch's keys and episodes, not every attempt of a recurring key (as index
+        # conditions, or on 15 with the table empty when planned, a filter of the scan)
+        r"(?:.*\n)?.*\(key = ANY .*\) AND \(episode = ANY ",
         text,
     ), text
     assert "Anti Join" not in text, text

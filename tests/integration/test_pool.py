@@ -151,10 +151,12 @@ def test_a_dedicated_connection_prepares_nothing(dsn: str, pooler: Pooler) -> No
     """LISTEN's and readiness's connection: behind a transaction pooler psycopg's default
     (prepared from the 6th run) failed every run after the 5th, or reached another
     session's statement; they run few statements, rarely: never prepared."""
-    with Database(dsn, size=1, timeout=10, pooler=pooler) as database:
-        with database.dedicated("a dedicated connection") as conn:
-            for _ in range(8):
-                conn.execute("SELECT %s::int", (1,)).fetchone()
-                conn.execute("SELECT 1").fetchone()
-            prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    with (
+        Database(dsn, size=1, timeout=10, pooler=pooler) as database,
+        database.dedicated("a dedicated connection") as conn,
+    ):
+        for _ in range(8):
+            conn.execute("SELECT %s::int", (1,)).fetchone()
+            conn.execute("SELECT 1").fetchone()
+        prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
     assert prepared == (0,)
