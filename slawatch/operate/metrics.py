@@ -145,10 +145,14 @@ class Metrics:
         """An attempt of ``rule``'s action was recorded with ``status``."""
         self.actions.labels(rule, status).inc()
 
+    def rule_added(self, rule: str) -> None:
+        """Show ``rule``'s failed scans as 0 before its first scan (increase() needs it:
+        a rule failing from its first scan would appear at 1, its first failure unseen)."""
+        self.scan_failures.labels(rule)
+
     def scanned(self, rule: str, seconds: float, severities: Mapping[str, int]) -> None:
         """A scan of ``rule`` took ``seconds`` and wrote these alerts per severity."""
         self.scan.labels(rule).observe(seconds)
-        self.scan_failures.labels(rule)  # shown as 0 from the first scan (rate() needs it)
         for severity, count in severities.items():
             if count:
                 self.alerts.labels(rule, severity).inc(count)

@@ -277,6 +277,8 @@ class Runner:
         self.registry: CollectorRegistry = self.metrics.registry
         for name in self.notifiers:
             self.metrics.notifier_added(name)
+        for name in self._running:
+            self.metrics.rule_added(name)
         self._stop = threading.Event()
         self._reload_lock = threading.Lock()
         self._reload_asked = False  # set by SIGHUP or request_reload(); serve() reloads
@@ -724,6 +726,7 @@ class Runner:
                 running[name] = before
             elif before is None:
                 running[name] = _Running.start(rule, plans[name], self.backoff_cap)
+                self.metrics.rule_added(name)
                 added.append(name)
             elif before.rule != rule:
                 running[name] = replace(before, rule=rule, plan=plans[name])

@@ -25,7 +25,7 @@ from slawatch.engine.migrate import migrate
 from tests.integration.helpers import Conn, claim_all, episodes
 from tests.integration.test_action_examples import predicted
 from tests.integration.test_action_webhook import SECRET
-from tests.integration.test_actions import RESTART, naive, restarts, setup
+from tests.integration.test_actions import RESTART, job_rule_with, naive, restarts, setup
 from tests.integration.test_events import send
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -36,21 +36,7 @@ HOOK = {"url": "http://127.0.0.1:9/unused", "secret": SECRET}
 
 def rule_with(action: dict[str, Any], track: str) -> Rule:
     """job_hung with ``action`` and room for a fourth notification."""
-    return Rule.model_validate(
-        {
-            "name": "job_hung",
-            "table": "public.jobs",
-            "key": "id",
-            "track": track,
-            "deadline": "heartbeat_at",
-            "after": "15m",
-            "open_when": "status = 'running'",
-            "renotify": {"every": "15m", "max": 4},
-            "columns": ["id", "kind", "worker", "heartbeat_at"],
-            "notify": ["console"],
-            "action": action,
-        }
-    )
+    return job_rule_with(action, track, notifications=4)
 
 
 def notification(k: int) -> datetime:

@@ -40,8 +40,9 @@ def naive(t: datetime) -> datetime:
     return t.astimezone(UTC).replace(tzinfo=None)
 
 
-def job_rule_with(action: dict[str, Any], track: str = "inline") -> Rule:
-    """The shop's job_hung rule (renotified every 15 minutes, 3 times) with ``action``."""
+def job_rule_with(action: dict[str, Any], track: str = "inline", notifications: int = 3) -> Rule:
+    """The shop's job_hung rule (renotified every 15 minutes, ``notifications`` times in
+    all) with ``action``."""
     return Rule.model_validate(
         {
             "name": "job_hung",
@@ -51,7 +52,7 @@ def job_rule_with(action: dict[str, Any], track: str = "inline") -> Rule:
             "deadline": "heartbeat_at",
             "after": "15m",
             "open_when": "status = 'running'",
-            "renotify": {"every": "15m", "max": 3},
+            "renotify": {"every": "15m", "max": notifications},
             "columns": ["id", "kind", "worker", "heartbeat_at"],
             "notify": ["console"],
             "action": action,

@@ -286,6 +286,7 @@ def test_a_rule_whose_claims_fail_is_counted_and_logged_once(
     runner = Runner(dsn, [late_rule()], [], clock=clock, backoff_cap=0.01)
     failures = "slawatch_scan_failures_total"
     try:
+        assert value(runner, failures, rule="late") == 0  # from the start, not the 1st scan
         assert runner.scan("late") is not None
         assert value(runner, failures, rule="late") == 0
         conn.execute("ALTER TABLE orders RENAME COLUMN paid_at TO paid")
