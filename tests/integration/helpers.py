@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import fcntl
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -117,3 +121,20 @@ def unversioned(conn: Conn) -> None:
         " DROP TRIGGER IF EXISTS action_settled ON slawatch.delivery;"
         " DROP FUNCTION IF EXISTS slawatch.action_delivery_settled()"
     )
+
+
+@contextmanager
+def role_slawatch_app(conn: Conn) -> Iterator[str]:
+    """The role ``slawatch_app``, which the printed scripts grant to: created, and dropped
+    after (with what it holds in ``conn``'s database). A role belongs to the whole
+    server, so one test at a time on this machine holds it: a file lock (the tests that
+    use it share an xdist group too; CI once found it taken all the same)."""
+    path = Path(tempfile.gettempdir()) / "slawatch-test-role-slawatch_app.lock"
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        conn.execute("CREATE ROLE slawatch_app")
+        try:
+            yield "slawatch_app"
+        finally:
+            conn.execute("DROP OWNED BY slawatch_app")
+            conn.execute("DROP ROLE slawatch_app")

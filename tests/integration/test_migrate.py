@@ -13,7 +13,7 @@ import pytest
 from slawatch.config.rules import Rule
 from slawatch.engine.migrate import migrate, render
 from slawatch.errors import ConfigError
-from tests.integration.helpers import Conn, shop
+from tests.integration.helpers import Conn, role_slawatch_app, shop
 
 # The printed script grants to the role slawatch_app, which a test creates and drops:
 # roles are cluster-wide, so under xdist these tests run on one worker
@@ -192,8 +192,7 @@ def test_printed_migration_runs_as_is(conn: Conn) -> None:
         'GRANT UPDATE ("sw_late_n", "sw_late_next", "sw_late_seen", "sw_late_ep")'
         ' ON "public"."orders"' in script
     )
-    conn.execute("CREATE ROLE slawatch_app")
-    try:
+    with role_slawatch_app(conn):
         run_script(conn, script)
         assert {"sw_late_first", "sw_late_again", "sw_late_ended"} == set(indexes(conn))
         assert migrate(conn, [rule()]) == []
@@ -202,9 +201,6 @@ def test_printed_migration_runs_as_is(conn: Conn) -> None:
         run_script(conn, render([changed]))
         assert migrate(conn, [changed]) == []
         assert "'packed'" in indexes(conn)["sw_late_first"]
-    finally:
-        conn.execute("DROP OWNED BY slawatch_app")
-        conn.execute("DROP ROLE slawatch_app")
 
 
 @ROLE_APP
@@ -225,12 +221,8 @@ def test_printed_against_the_database_is_only_the_change(conn: Conn) -> None:
     assert "ADD COLUMN" not in script  # the columns are there already
     with pytest.raises(ConfigError, match="not migrated or changed since the last migrate"):
         prepare(conn, changed)
-    conn.execute("CREATE ROLE slawatch_app")
-    try:
+    with role_slawatch_app(conn):
         run_script(conn, script)
-    finally:
-        conn.execute("DROP OWNED BY slawatch_app")
-        conn.execute("DROP ROLE slawatch_app")
     assert migrate(conn, [changed]) == []
     prepare(conn, changed)
 

@@ -25,7 +25,7 @@ from slawatch.engine.catalog import inspect_table
 from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import leftovers, migrate, plan, render
 from slawatch.errors import ConfigError, DatabaseError
-from tests.integration.helpers import Conn, claim_all, episodes
+from tests.integration.helpers import Conn, claim_all, episodes, role_slawatch_app
 from tests.integration.test_cli import slawatch
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -200,12 +200,8 @@ def test_the_printed_switch_does_what_migrate_does(conn: Conn, before: str, afte
         assert claim(conn, old) == 25
     script = render([new], plan(conn, [new]), leftovers(conn, [new]))
     assert "DO $slawatch_switch$" in script
-    conn.execute("CREATE ROLE slawatch_app")
-    try:
+    with role_slawatch_app(conn):
         _run_script(conn, script)
-    finally:
-        conn.execute("DROP OWNED BY slawatch_app")
-        conn.execute("DROP ROLE slawatch_app")
     assert migrate(conn, [new]) == []
     with freeze_time(T0 + 2 * H):
         assert claim(conn, new) == 0
