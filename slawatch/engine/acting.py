@@ -33,8 +33,8 @@ from slawatch.db import Connection
 # restart with an edited rule). Acting again ran the statement (or queued the POST) a
 # second time and recorded attempt 1 again: a unique violation (action_once) that
 # rolled the whole claim back, every tick, until the episode ended. The check is one
-# index scan of action_once for the batch's keys (the attempts of all their episodes,
-# few per key), hashed: NOT EXISTS was planned as an anti join that, with
+# index scan of action_once for the batch's keys and episodes (not every attempt of a
+# recurring key), hashed: NOT EXISTS was planned as an anti join that, with
 # slawatch.action empty when planned (a new install), read all the rule's attempts
 # for each alert; a probe per alert cost a tenth of the claim's rate.
 _DUE = """,
