@@ -265,7 +265,9 @@ def test_status_commands_at_once_beside_a_runner_prepare_nothing(
     )
     rules = load_rules(tmp_path / "rules")
     with psycopg.connect(direct, autocommit=True) as conn:
-        conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, status text, paid_at timestamptz)")
+        conn.execute(
+            "CREATE TABLE orders (id bigint PRIMARY KEY, status text, paid_at timestamptz)"
+        )
         migrate(conn, rules)
     overdue(direct, 1, 10)
     hook = WebhookConfig.model_validate(
@@ -329,8 +331,9 @@ def test_after_the_first_sign_of_a_pooler_no_connection_binds_another_clients_st
                 other.execute("DEALLOCATE ALL")
                 theirs = other.execute("SELECT %s::text", ("theirs",), prepare=True).fetchone()
                 assert theirs == ("theirs",)
+                other_pool = "SELECT %s::bigint"
                 row = second.run(
-                    "second", lambda c: c.execute("SELECT %s::bigint", (2,), prepare=True).fetchone()
+                    "second", lambda c: c.execute(other_pool, (2,), prepare=True).fetchone()
                 )
                 assert row == (2,)
                 assert held.execute(mine, (3,), prepare=True).fetchone() == (3,)
