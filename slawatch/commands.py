@@ -117,7 +117,7 @@ def cmd_check(settings: Settings) -> int:
         )
         return 0
     now = Clock().now()
-    with connect(settings.dsn) as conn:
+    with connect(settings.dsn, pooler=settings.pooler) as conn:
         tables = check(conn, rules)
         lines, unready = [], []
         schema = schema_current(conn)
@@ -198,14 +198,14 @@ def cmd_migrate(
                 )
             sys.stdout.write(render(rules))
             return 0
-        with connect(settings.dsn) as conn:
+        with connect(settings.dsn, pooler=settings.pooler) as conn:
             tables = check(conn, rules)
             sys.stdout.write(render(rules, plan(conn, rules), leftovers(conn, rules)))
         if baseline:
             sys.stdout.write("\n" + render_baselines(chosen, tables, Clock().now()))
         return 0
     dsn = database_dsn(settings)
-    with connect(dsn) as conn:
+    with connect(dsn, pooler=settings.pooler) as conn:
         done = migrate(conn, rules)
         for line in done:
             print(line)
@@ -327,7 +327,7 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
 
     rules, _ = load_config(settings)
     now = Clock().now()
-    with connect(database_dsn(settings)) as conn:
+    with connect(database_dsn(settings), pooler=settings.pooler) as conn:
         prepare_all(conn, rules)  # refuses what 'run' would refuse (not migrated, ...)
         counts = dry_run(conn, rules, now)
     total = sum(c.due.alerts for c in counts if c.due is not None)
@@ -520,7 +520,7 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
     re-notification, deliveries pending/dead, the last scan."""
     rules, _ = load_config(settings)
     now = Clock().now()
-    with connect(database_dsn(settings)) as conn:
+    with connect(database_dsn(settings), pooler=settings.pooler) as conn:
         report = rules_report(conn, rules, now)
     if as_json:
         _print_json(report)
@@ -564,7 +564,7 @@ def cmd_report(settings: Settings, rule: str | None, since: str, by: str, fmt: s
     """The SLA report (operate/report.py) for the configured rules."""
     rules, _ = load_config(settings)
     wanted = report_query(rules, rule=rule, since=since, by=by, now=Clock().now())
-    with connect(database_dsn(settings)) as conn:
+    with connect(database_dsn(settings), pooler=settings.pooler) as conn:
         print(render_report(sla_report(conn, wanted), check_format(fmt)))
     return 0
 
@@ -582,7 +582,7 @@ def cmd_alerts(
     """The latest alerts, newest first, with their deliveries."""
     since_at = None if since is None else parse_since(since, Clock().now())
     dsn = database_dsn(settings)
-    with connect(dsn) as conn:
+    with connect(dsn, pooler=settings.pooler) as conn:
         page = list_alerts(
             conn, rule=rule, status=status, since=since_at, cursor=cursor, limit=limit
         )
@@ -628,7 +628,7 @@ def cmd_explain(settings: Settings, name: str, as_json: bool) -> int:
     rule = next((r for r in rules if r.name == name), None)
     if rule is None:
         raise ConfigError(f"no rule named {name!r} in {settings.rules_dir}")
-    with connect(database_dsn(settings)) as conn:
+    with connect(database_dsn(settings), pooler=settings.pooler) as conn:
         result = explain(conn, rule, Clock().now(), rules)
     if as_json:
         _print_json(result)

@@ -10,11 +10,15 @@ keeps the process-wide record of a database outage (one log line when it
 starts, one when it ends).
 
 Behind PgBouncer in transaction mode a session's prepared statements are not
-there in the next transaction. ``pooler="transaction"`` turns psycopg's
-prepared statements off; ``"auto"`` (the default) prepares only on a connection
-it has proven direct (:func:`direct`); otherwise the first ``_pgN_N does not
-exist / already exists`` error turns them off for the pool (logged once) and
-:meth:`Database.run` runs the failed work once more.
+there in the next transaction, and a name psycopg gave one of ours may name
+another client's there. Every connection slawatch opens comes from here
+(:func:`connect`, the pool, :meth:`Database.dedicated`) and follows
+``SLAWATCH_POOLER``: ``"transaction"`` never prepares; ``"auto"`` (the default)
+prepares only on a connection it has proven direct (:func:`direct`); ``"none"``
+and ``"session"`` on every one. The first sign of a pooler on any connection
+(``prepared statement "_pgN_N" does not exist / already exists``) turns preparing
+off for the whole process (:data:`PREPARING`, logged once), checked before every
+statement; :meth:`Database.run` runs the failed work once more.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 from urllib.parse import unquote
 
 import psycopg
@@ -210,9 +214,82 @@ def _prepared_statement_lost(exc: BaseException) -> bool:
     )
 
 
+class Preparing:
+    """Whether this process may still prepare statements: the process-wide switch.
+
+    Behind a transaction pooler psycopg's statement names (``_pg3_0``, ``_pg3_1``, ...)
+    are every client's: a name one of our connections prepared may, in the next
+    transaction, name another client's statement in the server session the pooler
+    picked, and binding it runs theirs with our values. The first sign of a pooler on
+    any connection turns preparing off on every connection of the process at once --
+    pools, one-shot and dedicated connections -- since they all go through the same
+    pooler, and a pool that learnt it alone left the others binding names.
+    """
+
+    def __init__(self) -> None:
+        self._off = False
+        self._lock = threading.Lock()
+
+    @property
+    def off(self) -> bool:
+        """Whether a sign of a pooler was seen: nothing is prepared from then on."""
+        return self._off
+
+    def sign(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a sign of a pooler; if so, preparing is off from now on
+        (the first sign is logged, once per process)."""
+        if not _prepared_statement_lost(exc):
+            return False
+        with self._lock:
+            first, self._off = not self._off, True
+        if first:
+            log.warning(
+                "prepared statements turned off: %s (a pooler in transaction mode? "
+                "set SLAWATCH_POOLER=transaction to start without them)",
+                describe(exc),
+            )
+        return True
+
+    def follow(self, conn: Connection) -> None:
+        """Before a statement on ``conn``: no preparing once it is off. psycopg then
+        neither prepares nor binds a name it prepared before (``prepare=True`` too)."""
+        if self._off and conn.prepare_threshold is not None:
+            conn.prepare_threshold = None
+
+    def reset(self) -> None:
+        """On again, as in a new process (tests)."""
+        with self._lock:
+            self._off = False
+
+
+PREPARING = Preparing()
+
+
+class _Cursor(psycopg.Cursor[Any]):
+    """The cursor of every connection slawatch opens (``conn.execute`` uses it too):
+    reads :data:`PREPARING` before each statement and tells it what failed, so a sign
+    seen on one connection reaches a connection another thread holds right now."""
+
+    def execute(self, *args: Any, **kwargs: Any) -> Self:
+        PREPARING.follow(self.connection)
+        try:
+            return super().execute(*args, **kwargs)
+        except psycopg.Error as exc:
+            PREPARING.sign(exc)
+            raise
+
+    def executemany(self, *args: Any, **kwargs: Any) -> None:
+        PREPARING.follow(self.connection)
+        try:
+            super().executemany(*args, **kwargs)
+        except psycopg.Error as exc:
+            PREPARING.sign(exc)
+            raise
+
+
 def _translated(what: str, exc: psycopg.Error) -> DatabaseError:
     message = f"{what}: {describe(exc)}"
-    if _prepared_statement_lost(exc):
+    if PREPARING.sign(exc):
         return PreparedStatementLost(message)
     if unreachable(exc):
         return DatabaseUnavailable(message)
@@ -257,7 +334,8 @@ def attempt(
             if rows > max_rows or not keep:
                 raise psycopg.Rollback()  # to the savepoint; the transaction goes on
     except psycopg.Error as exc:
-        if unreachable(exc) or conn.broken or conn.closed:
+        # A lost prepared statement: nothing ran, the whole transaction may run again.
+        if unreachable(exc) or conn.broken or conn.closed or _prepared_statement_lost(exc):
             raise _translated("an action", exc) from exc
         return None, describe(exc)
     if rows is not None and rows > max_rows:
@@ -281,7 +359,8 @@ def in_savepoint(conn: Connection, what: str, work: Callable[[], T]) -> tuple[T 
     except Refuse as exc:
         return None, str(exc)
     except psycopg.Error as exc:
-        if unreachable(exc) or conn.broken or conn.closed:
+        # A lost prepared statement: nothing ran, the whole transaction may run again.
+        if unreachable(exc) or conn.broken or conn.closed or _prepared_statement_lost(exc):
             raise _translated(what, exc) from exc
         return None, describe(exc)
 
@@ -318,9 +397,35 @@ def retry_conflicts(work: Callable[[], T], tries: int = 3) -> T:
     raise AssertionError("unreachable")
 
 
-def connect(dsn: str, *, autocommit: bool = True, timeout: float = 10.0) -> Connection:
+def _connection_kwargs(timeout: float, autocommit: bool = True) -> dict[str, Any]:
+    """How every connection slawatch opens is made (the pool's too): nothing prepared
+    until the pooler setting and :data:`PREPARING` allow it (:func:`may_prepare`), and
+    the cursor that keeps to the process-wide switch."""
+    return {
+        "autocommit": autocommit,
+        "connect_timeout": max(2, round(timeout)),
+        "prepare_threshold": None,
+        "cursor_factory": _Cursor,
+    }
+
+
+def may_prepare(pooler: Pooler, conn: Connection) -> bool:
+    """Whether ``conn`` may prepare statements: never after a sign of a pooler
+    (:data:`PREPARING`); with ``"none"``/``"session"`` always (the operator said there
+    is no transaction pooler); with ``"auto"`` on a connection proven direct
+    (:func:`direct`, one round trip); with ``"transaction"`` never."""
+    if PREPARING.off or pooler == "transaction":
+        return False
+    return pooler in ("none", "session") or direct(conn)
+
+
+def connect(
+    dsn: str, *, pooler: Pooler = "auto", autocommit: bool = True, timeout: float = 10.0
+) -> Connection:
     """One connection, or a ``DatabaseError`` that names the (redacted) DSN.
 
+    ``pooler``: ``SLAWATCH_POOLER``; it decides whether the connection prepares
+    statements (:func:`may_prepare`), as on the pool's connections.
     :class:`DatabaseUnavailable` when the server is not there for us (yet): worth waiting
     for. A refusal that waiting cannot change (:func:`refused`) is a plain ``DatabaseError``;
     a DSN that cannot be parsed a ``ConfigError``.
@@ -331,12 +436,15 @@ def connect(dsn: str, *, autocommit: bool = True, timeout: float = 10.0) -> Conn
             "check SLAWATCH_DSN or --dsn"
         )
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=max(2, round(timeout)))
+        conn = psycopg.connect(dsn, **_connection_kwargs(timeout, autocommit))
     except psycopg.Error as exc:
         message = f"cannot connect to {redact(dsn)}: {_scrub(describe(exc), dsn)}"
         if unreachable(exc) and not refused(exc):
             raise DatabaseUnavailable(message) from exc
         raise DatabaseError(message) from exc
+    if may_prepare(pooler, conn):
+        conn.prepare_threshold = PREPARE_THRESHOLD
+    return conn
 
 
 # ---------------------------------------------------------------- the database
@@ -462,7 +570,8 @@ class Database:
     statements on; ``"transaction"`` for PgBouncer in transaction mode: no prepared
     statements, no LISTEN; ``"auto"`` (the default): prepared statements on the
     connections proven direct (:func:`direct`, when each is made), off on the others
-    (a transaction pooler may be in between), LISTEN probed.
+    (a transaction pooler may be in between), LISTEN probed. Whatever the setting,
+    none after a sign of a pooler anywhere in the process (:data:`PREPARING`).
 
     Fails at once, with the DSN redacted, when the database cannot be reached.
     """
@@ -486,18 +595,13 @@ class Database:
         self.outage = Outage(
             "database", log, down="unreachable", up="reachable again", grace=timeout
         )
-        # Only a direct (or session-pooled) connection may keep prepared statements: behind
-        # a transaction pooler they reach other sessions' statements, often without an
-        # error. Unless told there is none ("none"/"session"), assume there may be one,
-        # and with "auto" look: a connection proven direct (checked as it is made) may.
-        self._prepared = pooler in ("none", "session")
-        self._detect = pooler == "auto"
-        self._direct: weakref.WeakSet[Connection] = weakref.WeakSet()
-        self._prepared_lock = threading.Lock()
-        connect(dsn, timeout=timeout).close()  # a clear error now, not a pool retrying
-        kwargs: dict[str, Any] = {"autocommit": True}
-        if not self._prepared:
-            kwargs["prepare_threshold"] = None
+        # The connections that may prepare (may_prepare, decided as each is made): behind
+        # a transaction pooler a prepared statement's name may reach another client's.
+        self._preparing: weakref.WeakSet[Connection] = weakref.WeakSet()
+        # A clear error now, not a pool retrying (nothing runs on it: no pooler check).
+        connect(dsn, pooler="transaction", timeout=timeout).close()
+        kwargs = _connection_kwargs(timeout)
+        del kwargs["connect_timeout"]  # the pool's own timeout and reconnects govern
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             dsn,
             min_size=1,
@@ -517,8 +621,8 @@ class Database:
 
     def _configure(self, conn: Connection) -> None:
         conn.execute(SESSION)
-        if self._detect and direct(conn):
-            self._direct.add(conn)
+        if may_prepare(self.pooler, conn):
+            self._preparing.add(conn)
         # Every rule's probe and claim on every shared connection: psycopg's default of
         # 100 prepared statements would keep evicting them with a hundred rules.
         conn.prepared_max = PREPARED_MAX
@@ -536,11 +640,11 @@ class Database:
     @property
     def prepared_statements(self) -> bool:
         """Whether psycopg may prepare statements on some connection (off behind a
-        transaction pooler)."""
-        return self._prepared or (self._detect and len(self._direct) > 0)
+        transaction pooler, and in the whole process after a sign of one)."""
+        return not PREPARING.off and len(self._preparing) > 0
 
     def _may_prepare(self, conn: Connection) -> bool:
-        return self._prepared or (self._detect and conn in self._direct)
+        return not PREPARING.off and conn in self._preparing
 
     @contextlib.contextmanager
     def connection(self, what: str, *, wait: float | None = None) -> Iterator[Connection]:
@@ -594,15 +698,10 @@ class Database:
         """A connection of its own, outside the pool (LISTEN needs one); errors translated."""
         since = time.monotonic()
         try:
-            with psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=max(2, round(self.timeout)),
-                # Never prepared: its statements (LISTEN, readiness) are few and rare, and
-                # behind a transaction pooler psycopg's default (prepared at the 6th run)
-                # would fail from then on, or reach another session's statement.
-                prepare_threshold=None,
-            ) as conn:
+            # Never prepared (as made: prepare_threshold=None): its statements (LISTEN,
+            # readiness) are few and rare, and behind a transaction pooler psycopg's
+            # default (prepared at the 6th run) would reach another session's statement.
+            with psycopg.connect(self.dsn, **_connection_kwargs(self.timeout)) as conn:
                 self.outage.ok()
                 yield conn
         except psycopg.Error as exc:
@@ -613,24 +712,11 @@ class Database:
             raise self._failed(error, exc, since) from exc
 
     def _failed(self, error: DatabaseError, exc: psycopg.Error, since: float) -> DatabaseError:
-        """Record what ``exc`` says about the database; return the error to raise."""
-        if isinstance(error, PreparedStatementLost):
-            self._prepared_statements_off(exc)
-        elif isinstance(error, DatabaseUnavailable):
+        """Record what ``exc`` says about the database; return the error to raise.
+        (A lost prepared statement turned preparing off when it was translated.)"""
+        if isinstance(error, DatabaseUnavailable):
             self.outage.failed(str(error), since)
         return error
-
-    def _prepared_statements_off(self, exc: psycopg.Error) -> None:
-        with self._prepared_lock:
-            if not (self._prepared or self._detect):
-                return
-            # Every connection handed out from now on gets prepare_threshold=None.
-            self._prepared = self._detect = False
-        log.warning(
-            "prepared statements turned off: %s (a pooler in transaction mode? "
-            "set SLAWATCH_POOLER=transaction to start without them)",
-            describe(exc),
-        )
 
     def resize(self, size: int) -> None:
         """Allow at most ``size`` connections from now on (a reload added or removed work)."""

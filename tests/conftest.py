@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from slawatch.db import embedded_dsn, with_database
+from slawatch.db import PREPARING, embedded_dsn, with_database
 from tests.pgcluster import system_user
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,6 +138,15 @@ class Dropper:
             ).fetchall()
         if left:
             raise RuntimeError(f"test databases left behind: {[r[0] for r in left]}")
+
+
+@pytest.fixture(autouse=True)
+def preparing_on() -> Iterator[None]:
+    """Each test starts as a new process would: prepared statements not yet turned off
+    by a sign of a pooler (a process-wide switch) that an earlier test saw."""
+    PREPARING.reset()
+    yield
+    PREPARING.reset()
 
 
 @pytest.fixture(scope="session")

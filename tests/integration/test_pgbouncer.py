@@ -17,6 +17,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import uuid
@@ -29,9 +30,13 @@ import psycopg
 import pytest
 
 from slawatch.config.notifiers import WebhookConfig
-from slawatch.db import Database, Pooler
+from slawatch.config.rules import load_rules
+from slawatch.db import PREPARING, Database, Pooler, connect
+from slawatch.engine.migrate import migrate
 from slawatch.runtime.scheduler import Runner
-from tests.integration.test_outage import late_rule, logged, orders, overdue, wait_for
+from tests.conftest import ROOT
+from tests.integration.test_cli import clean_env
+from tests.integration.test_outage import RULE, late_rule, logged, orders, overdue, wait_for
 from tests.pgcluster import PgCluster, free_port
 from tests.receivers import WebhookReceiver, receiver
 
@@ -58,8 +63,8 @@ class PgBouncer:
     config in a directory of its own that everyone may read.
     """
 
-    def __init__(self, binary: str, cluster: PgCluster) -> None:
-        self.port = free_port()
+    def __init__(self, binary: str, cluster: PgCluster, servers: int = SERVERS) -> None:
+        self.port, self.servers = free_port(), servers
         self.dir = Path(tempfile.mkdtemp(prefix="slawatch-pgbouncer-"))
         self.dir.chmod(0o755)
         (self.dir / "userlist.txt").write_text('"postgres" ""\n')
@@ -75,7 +80,7 @@ unix_socket_dir =
 auth_type = trust
 auth_file = {self.dir}/userlist.txt
 pool_mode = transaction
-default_pool_size = {SERVERS}
+default_pool_size = {servers}
 server_round_robin = 1
 ignore_startup_parameters = extra_float_digits
 """
@@ -112,7 +117,7 @@ ignore_startup_parameters = extra_float_digits
     def warm(self, database: str) -> None:
         """Open all of ``database``'s server sessions now (otherwise they come on demand)."""
         with ExitStack() as stack:
-            for _ in range(SERVERS):
+            for _ in range(self.servers):
                 conn = stack.enter_context(psycopg.connect(self.dsn(database)))
                 conn.execute("SELECT 1")  # a transaction holds its server session
 
@@ -230,3 +235,116 @@ def test_claims_and_deliveries_through_pgbouncer_send_each_alert_once(
         )
     else:
         assert logged(caplog, "SLAWATCH_POOLER=transaction: no LISTEN; polling every 0.5s") == 1
+
+
+# Rules of one table: `slawatch status` reads each with the same statements, so psycopg's
+# default would prepare them from the 6th run (and bind the name in another session).
+RULES = 8
+STATUS_AT_ONCE = 3
+
+
+@pytest.mark.parametrize("pooler", ["auto", "transaction"])
+def test_status_commands_at_once_beside_a_runner_prepare_nothing(
+    cluster: PgCluster,
+    bouncer: PgBouncer,
+    receiver: WebhookReceiver,
+    tmp_path: Path,
+    pooler: Pooler,
+) -> None:
+    """One-shot commands' connections follow SLAWATCH_POOLER as the pools do: three
+    ``slawatch status`` at once through pgbouncer, beside a ``run`` at work, all exit 0
+    (their connections used to prepare from the 6th run whatever the setting:
+    ``prepared statement "_pg3_0" already exists / does not exist``, exit 1)."""
+    direct, via = fresh_database(cluster, bouncer)
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "notifiers").mkdir()
+    for i in range(RULES):
+        (tmp_path / "rules" / f"late{i}.yaml").write_text(RULE)
+    (tmp_path / "notifiers" / "hook.yaml").write_text(
+        f"type: webhook\nurl: {receiver.url}\nbatch: 3\ntimeout: 1s\n"
+    )
+    rules = load_rules(tmp_path / "rules")
+    with psycopg.connect(direct, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE orders (id bigint PRIMARY KEY, status text, paid_at timestamptz)"
+        )
+        migrate(conn, rules)
+    overdue(direct, 1, 10)
+    hook = WebhookConfig.model_validate(
+        {"name": "hook", "type": "webhook", "url": receiver.url, "batch": 3, "timeout": "1s"}
+    )
+    runner = Runner(via, rules, [hook], timeout=5, pooler=pooler, poll=0.5)
+    serving = threading.Thread(target=runner.serve, name="serve", daemon=True)
+    serving.start()
+    env = clean_env() | {
+        "SLAWATCH_DSN": via,
+        "SLAWATCH_POOLER": pooler,
+        "SLAWATCH_RULES_DIR": str(tmp_path / "rules"),
+        "SLAWATCH_NOTIFIERS_DIR": str(tmp_path / "notifiers"),
+    }
+    try:
+        wait_for(lambda: len(receiver.alert_ids) > 0, "the runner to send through pgbouncer")
+        statuses = [
+            subprocess.Popen(
+                [sys.executable, "-m", "slawatch", "status"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(STATUS_AT_ONCE)
+        ]
+        results = [(p.communicate(timeout=120), p.returncode) for p in statuses]
+    finally:
+        runner.stop()
+        serving.join(60)
+        runner.close()
+    for (out, err), code in results:
+        assert code == 0, err
+        assert "prepared statement" not in err
+        assert all(f"late{i}" in out for i in range(RULES)), out
+
+
+def test_after_the_first_sign_of_a_pooler_no_connection_binds_another_clients_statement(
+    cluster: PgCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``SLAWATCH_POOLER=none`` in front of a transaction pooler (wrong). psycopg names
+    every client's statements alike (``_pg3_0``, ...): through one server session, our
+    first pool prepares ``_pg3_0``; another client empties the session and prepares its
+    own ``_pg3_0`` (a text) there; our second pool meets it (``already exists``: the first
+    sign). From then on nothing in the process binds a name: not the first pool's
+    connection, held all along (it would run the other client's statement with its value:
+    ``invalid byte sequence``, or another type back), nor a later checkout or a one-shot
+    connection. One warning."""
+    single = PgBouncer(pgbouncer_binary(), cluster, servers=1)
+    try:
+        _, via = fresh_database(cluster, single)
+        with (
+            Database(via, size=1, timeout=5, pooler="none", name="first") as first,
+            Database(via, size=1, timeout=5, pooler="none", name="second") as second,
+            psycopg.connect(via, autocommit=True) as other,
+        ):
+            mine = "SELECT %s::int"
+            with first.connection("held") as held:
+                assert held.execute(mine, (1,), prepare=True).fetchone() == (1,)
+                other.execute("DEALLOCATE ALL")
+                theirs = other.execute("SELECT %s::text", ("theirs",), prepare=True).fetchone()
+                assert theirs == ("theirs",)
+                other_pool = "SELECT %s::bigint"
+                row = second.run(
+                    "second", lambda c: c.execute(other_pool, (2,), prepare=True).fetchone()
+                )
+                assert row == (2,)
+                assert held.execute(mine, (3,), prepare=True).fetchone() == (3,)
+            assert first.run("again", lambda c: c.execute(mine, (4,)).fetchone()) == (4,)
+            assert not first.prepared_statements and not second.prepared_statements
+            with connect(via, pooler="none") as one_shot:
+                assert one_shot.prepare_threshold is None
+                assert one_shot.execute(mine, (5,), prepare=True).fetchone() == (5,)
+            # The other client's statement is still there, never ours.
+            assert other.execute("SELECT %s::text", ("still",)).fetchone() == ("still",)
+    finally:
+        single.stop()
+    assert PREPARING.off
+    assert logged(caplog, "prepared statements turned off", logging.WARNING) == 1

@@ -3,7 +3,7 @@ a connection in use a moment ago, one for a connection idle longer than ``check_
 and a connection the server ended while it sat idle is replaced, never handed out.
 With ``SLAWATCH_POOLER=auto`` statements are prepared on a connection proven direct
 (over TCP or a Unix socket), never on one through a proxy (PgBouncer:
-test_pgbouncer.py)."""
+test_pgbouncer.py); a one-shot command's connection follows the setting too."""
 
 from __future__ import annotations
 
@@ -15,7 +15,16 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from slawatch.db import Connection, Database, Pooler, quiet
+from slawatch.db import (
+    PREPARING,
+    Connection,
+    Database,
+    Pooler,
+    PreparedStatementLost,
+    attempt,
+    connect,
+    quiet,
+)
 from tests.integration.helpers import Conn
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
@@ -144,6 +153,49 @@ def test_auto_stops_preparing_when_a_prepared_statement_is_lost(
         'prepared statements turned off: prepared statement "_pg3_0" does not exist'
         " (a pooler in transaction mode? set SLAWATCH_POOLER=transaction to start without them)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("pooler", "proxied", "prepares"),
+    [
+        ("none", True, True),  # told: no pooler (a NAT or a proxy may still be in between)
+        ("session", False, True),
+        ("auto", False, True),
+        ("auto", True, False),
+        ("transaction", False, False),
+    ],
+)
+def test_a_one_shot_connection_follows_the_pooler_setting(
+    dsn: str, pooler: Pooler, proxied: bool, prepares: bool
+) -> None:
+    """A one-shot command's connection (connect()) prepares as the pool's would: it used
+    to prepare from the 6th run whatever SLAWATCH_POOLER said."""
+    proxy, via = TcpProxy.for_dsn(dsn) if proxied else (None, dsn)
+    try:
+        with connect(via, pooler=pooler) as one_shot:
+            one_shot.execute("SELECT %s::int", (1,), prepare=True)
+            row = one_shot.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+        assert row == (int(prepares),)
+    finally:
+        if proxy is not None:
+            proxy.close()
+
+
+def test_an_action_statement_that_meets_a_lost_prepared_statement_did_not_run(
+    dsn: str,
+) -> None:
+    """Under attempt()'s savepoint (an action's statement) a lost prepared statement is
+    no refusal of the statement to record: nothing ran, preparing is off in the process,
+    and the whole transaction may run again."""
+    with connect(dsn, pooler="none") as conn:
+        conn.execute("SELECT %(v)s::int", {"v": 1}, prepare=True)
+        conn.execute("DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$")
+        with pytest.raises(PreparedStatementLost), conn.transaction():
+            attempt(conn, "SELECT %(v)s::int", {"v": 2}, max_rows=10)
+        assert PREPARING.off
+        assert conn.execute("SELECT %(v)s::int", {"v": 3}, prepare=True).fetchone() == (3,)
+        row = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert row == (0,)
 
 
 @pytest.mark.parametrize("pooler", ["none", "auto", "transaction"])

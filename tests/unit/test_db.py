@@ -3,6 +3,7 @@ what proves a connection direct (seen_as_sent)."""
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import psycopg
@@ -10,6 +11,7 @@ import pytest
 from psycopg_pool import PoolTimeout
 
 from slawatch.db import (
+    PREPARING,
     DatabaseUnavailable,
     PreparedStatementLost,
     connect,
@@ -127,6 +129,25 @@ def test_translate_names_the_work_and_keeps_the_kind() -> None:
     with pytest.raises(DatabaseError) as caught, translate("x"):
         raise other
     assert type(caught.value) is DatabaseError
+
+
+def test_the_first_sign_of_a_pooler_turns_preparing_off_for_the_process_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Either of psycopg's own names lost or taken is a sign; the application's own
+    statement names and other errors are not. One warning however many signs."""
+    assert not PREPARING.sign(psycopg.errors.InvalidSqlStatementName('"mine" does not exist'))
+    assert not PREPARING.sign(psycopg.errors.InvalidDatetimeFormat('"_pg3_0" of type timestamp'))
+    assert not PREPARING.off
+    for sign in (
+        psycopg.errors.DuplicatePreparedStatement('prepared statement "_pg3_0" already exists'),
+        psycopg.errors.InvalidSqlStatementName('prepared statement "_pg3_4" does not exist'),
+    ):
+        assert PREPARING.sign(sign)
+        assert PREPARING.off
+    turned_off = [r for r in caplog.records if "prepared statements turned off" in r.message]
+    assert [r.levelno for r in turned_off] == [logging.WARNING]
+    assert 'prepared statement "_pg3_0" already exists' in turned_off[0].message
 
 
 AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
