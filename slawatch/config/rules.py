@@ -403,6 +403,10 @@ _TABLE_ONLY = (
 )
 
 
+# How far ahead of a scan's time a re-notification is taken (Rule.renotify_cutoff).
+RENOTIFY_LEAD = timedelta(seconds=1)
+
+
 def _zone(v: str) -> str:
     try:
         ZoneInfo(v)
@@ -645,6 +649,14 @@ class Rule(FileModel):
         if self._calendar is None:
             raise ConfigError(f"{self.source}: calendar: {self.calendar!r} was not loaded")
         return self._calendar.cutoff(now, self.after)
+
+    def renotify_cutoff(self, now: datetime) -> datetime:
+        """The claim's cutoff for re-notifications at ``now``: one whose time is less than
+        this is due. A little after ``now`` (:data:`RENOTIFY_LEAD`, at most a tenth of
+        ``every``): a scan that starts a few milliseconds before a re-notification's time
+        takes it, instead of the next scan a whole ``every`` later (README "Reliability").
+        First notices have no lead (:meth:`cutoff`): a row is never paged before it is due."""
+        return now + min(RENOTIFY_LEAD, self.every / 10)
 
     def due_at(self, deadline: datetime) -> datetime:
         """When a row with this deadline (aware) falls due: it is due once this has passed."""
