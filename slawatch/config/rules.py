@@ -446,6 +446,9 @@ class Rule(FileModel):
     escalate: list[Tier] = Field(default_factory=list)
     # One "resolved" notice when a notified episode ends, to the notifiers it paged.
     resolve: bool = False
+    # An episode still open this long after its due time is ended as abandoned
+    # (engine/abandon.py): no more re-notifications; an event rule's timer is closed.
+    give_up_after: PositiveDuration | None = None
     # The zone that values of a `timestamp` (without time zone) deadline are in.
     timezone: str = "UTC"
     # What to do when a notification is claimed (DESIGN.md §8): a statement in the claim.

@@ -114,6 +114,11 @@ class RuleStatus(BaseModel):
         "partial index, counted up to the same limit); null for a rule without renotify. "
         "An episode that reached its cap is in no index and not counted."
     )
+    abandoned: int = Field(
+        default=0,
+        description="episodes ended as abandoned, open longer than the rule's give_up_after "
+        "(those still in the history: the retention prunes them)",
+    )
     pending: int = Field(description="deliveries of this rule's alerts still to send")
     dead: int = Field(description="deliveries given up on ('slawatch replay' sends them again)")
     orphaned: int = Field(
@@ -431,6 +436,10 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
         r[0]: LastScan(at=r[1], duration_ms=r[2], claimed=r[3], error=r[4])
         for r in _read(conn, "reading the last scans", q["last_scans"])
     }
+    abandoned = {
+        str(r[0]): int(r[1])
+        for r in _read(conn, "counting abandoned episodes", q["abandoned_episodes"])
+    }
     out = []
     for rule in rules:
         info = rule_table(conn, rule)
@@ -458,6 +467,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
                 not_notified=None if overdue is None else overdue[1],
                 not_notified_capped=overdue is not None and overdue[3],
                 notified=notified,
+                abandoned=abandoned.get(rule.name, 0),
                 pending=pending,
                 dead=dead,
                 orphaned=orphaned,
