@@ -308,14 +308,15 @@ def _problem(conn: Connection, rule: Rule, info: TableInfo | None) -> str | None
 
 def notified_statement(rule: Rule) -> sql.Composed:
     """Open episodes awaiting a re-notification, counted through the re-notify partial
-    index (the watched table's ``_again`` index, or the state table's)."""
+    index (the watched table's ``_again`` index, or the state table's). An episode
+    given up (``give_up_after``: next is ``infinity``) is not counted."""
     if rule.track == "table":
-        source: sql.Composable = sql.SQL("{} WHERE sw_next IS NOT NULL").format(state_table(rule))
+        source: sql.Composable = sql.SQL("{} WHERE sw_next < 'infinity'").format(state_table(rule))
     else:
         # The predicate word for word as the index has it, so the planner matches them
-        # (run without parameters: a `%` in it stays as it is); `next IS NOT NULL` is
-        # then a condition on the index's key (its non-null part).
-        source = sql.SQL("{} WHERE {} IS NOT NULL AND {}").format(
+        # (run without parameters: a `%` in it stays as it is); `next < 'infinity'` is
+        # then a condition on the index's key (its non-null, not given up part).
+        source = sql.SQL("{} WHERE {} < 'infinity' AND {}").format(
             table_ident(rule), sql.Identifier(rule.next_column), sql.SQL(predicates(rule)[1])
         )
     return sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT {}) a").format(

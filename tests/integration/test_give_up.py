@@ -17,7 +17,7 @@ from psycopg import sql
 from slawatch.config.notifiers import ConsoleConfig
 from slawatch.config.rules import Renotify, Rule
 from slawatch.db import Database
-from slawatch.engine.abandon import give_up
+from slawatch.engine.abandon import give_up, give_up_statement
 from slawatch.engine.claim import prepare
 from slawatch.engine.statetable import state_table
 from slawatch.operate.inspect import open_timers_statement, rule_status
@@ -49,30 +49,34 @@ def history(conn: Conn, rule: str) -> list[tuple[str, int, bool, bool]]:
     return [(k, e, bool(x), bool(a)) for k, e, x, a in rows]
 
 
-def next_time(conn: Conn, rule: Rule) -> object:
+def given_up(conn: Conn, rule: Rule) -> bool | None:
+    """Whether order 1's next notification is the given-up mark (``infinity``); None
+    when it has none."""
     if rule.track == "table":
-        row = conn.execute(sql.SQL("SELECT sw_next FROM {}").format(state_table(rule))).fetchone()
+        query = sql.SQL("SELECT sw_next = 'infinity' FROM {}").format(state_table(rule))
     else:
-        row = conn.execute(
-            sql.SQL("SELECT {} FROM orders WHERE id = 1").format(sql.Identifier(rule.next_column))
-        ).fetchone()
+        query = sql.SQL("SELECT {} = 'infinity' FROM orders WHERE id = 1").format(
+            sql.Identifier(rule.next_column)
+        )
+    row = conn.execute(query).fetchone()
     assert row is not None
-    return row[0]
+    return row[0]  # type: ignore[no-any-return]
 
 
 def metric(registry: CollectorRegistry, rule: str) -> float | None:
     return registry.get_sample_value("slawatch_abandoned_total", {"rule": rule})
 
 
+@pytest.mark.parametrize("renotify", [{"every": "6h"}, None], ids=["renotify", "once"])
 def test_a_row_that_stays_overdue_is_given_up_and_stops_renotifying(
-    conn: Conn, db: Database, track: str
+    conn: Conn, db: Database, track: str, renotify: dict[str, str] | None
 ) -> None:
-    """Renotify every 6 h without a max, give up after 3 days: re-notified until the
-    episode is 3 days past due, then ended as abandoned (history, status) and never
-    re-notified again; not a new episode while it stays overdue."""
+    """Renotify every 6 h without a max (or notify once), give up after 3 days:
+    re-notified until the episode is 3 days past due, then ended as abandoned (history,
+    status) and never re-notified again; not a new episode while it stays overdue."""
     rule = shop(conn, track)["order_unshipped"].model_copy(
         update={
-            "renotify": Renotify.model_validate({"every": "6h"}),
+            "renotify": None if renotify is None else Renotify.model_validate(renotify),
             "escalate": [],
             "give_up_after": 3 * D,
         }
@@ -82,17 +86,19 @@ def test_a_row_that_stays_overdue_is_given_up_and_stops_renotifying(
     due = T0 + rule.after
     assert claim_all(conn, plan, due + S) == 1
     assert give_up(db, [plan], due + 3 * D - S) == {}  # not yet
-    assert next_time(conn, rule) is not None
+    assert given_up(conn, rule) is not True
     assert give_up(db, [plan], due + 3 * D + S) == {"order_unshipped": 1}
     assert give_up(db, [plan], due + 3 * D + 2 * S) == {}  # once
     assert history(conn, "order_unshipped") == [("1", 1, True, True)]
-    assert next_time(conn, rule) is None
+    assert given_up(conn, rule) is True
     sent = len(episodes(conn, "order_unshipped"))
     for day in range(4, 30, 5):
         assert claim_all(conn, plan, due + day * D) == 0
     assert len(episodes(conn, "order_unshipped")) == sent
     (status,) = rule_status(conn, [rule], due + 30 * D)
     assert status.abandoned == 1
+    # Not an episode awaiting a re-notification any more; still overdue.
+    assert status.notified == (None if renotify is None else 0) and status.overdue == 1
 
 
 def test_a_start_without_its_stop_is_closed_and_then_pruned(
@@ -130,3 +136,37 @@ def test_a_start_without_its_stop_is_closed_and_then_pruned(
     pruned = prune_events(db, [rule], FixedClock(at + 30 * D), retention=10 * D)
     assert pruned.timers == 1
     assert timer(conn, "lost") is None
+
+
+def test_giving_up_reads_the_partial_indexes_not_the_table(conn: Conn) -> None:
+    """On a shop's table of 50,000 orders (nearly all shipped) and a history of 50,000
+    ended episodes, giving up reads the re-notify index, never the whole table, and
+    finds the history's rows by their primary key."""
+    from tests.integration.test_explain import big_shop, nodes
+
+    rule = big_shop(conn, "inline")["order_unshipped"].model_copy(update={"give_up_after": 3 * D})
+    plan = prepare(conn, rule)
+    now = T0 + 30 * D
+    conn.execute(
+        "INSERT INTO slawatch.episode (rule, key, episode, deadline, due_at, notified_at,"
+        " ended_at) SELECT 'order_unshipped', g::text, 1, t, t, t, CASE WHEN g > 10 THEN t END"
+        " FROM generate_series(1, 50000) g, LATERAL (SELECT %s - g * interval '30 seconds') x(t)",
+        (now - 4 * D,),
+    )
+    conn.execute("ANALYZE slawatch.episode")
+    params = {
+        "now": now,
+        "rule": rule.name,
+        "batch": 5000,
+        "before_deadline": rule.cutoff(now - 3 * D),
+    }
+    statement = give_up_statement(plan, ["id"])
+    with conn.transaction(force_rollback=True):
+        (explained,) = conn.execute(
+            b"EXPLAIN (FORMAT JSON) " + statement.as_bytes(conn), params
+        ).fetchone()  # type: ignore[misc]
+    tree = nodes(explained[0]["Plan"])
+    # (A bitmap index scan names its index, its heap scan the table.)
+    assert {rule.again_index, "episode_pkey"} <= {n.get("Index Name") for n in tree}
+    scanned = {n.get("Relation Name") for n in tree if n["Node Type"] == "Seq Scan"}
+    assert not scanned & {"orders", "episode"}, tree
