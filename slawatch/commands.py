@@ -547,6 +547,11 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
             notes.append(f"{r.name}: {r.problem}")
         if scan is not None and scan.error:
             notes.append(f"{r.name}: last scan failed: {scan.error}")
+        if r.abandoned:
+            notes.append(
+                f"{r.name}: {_many(r.abandoned, 'episode', 'episodes')} abandoned (open longer"
+                " than give_up_after)"
+            )
         if r.orphaned:
             notes.append(
                 f"{r.name}: {_many(r.orphaned, 'delivery', 'deliveries')} orphaned (notifier"

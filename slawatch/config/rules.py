@@ -403,6 +403,10 @@ _TABLE_ONLY = (
 )
 
 
+# How far ahead of a scan's time a re-notification is taken (Rule.renotify_cutoff).
+RENOTIFY_LEAD = timedelta(seconds=1)
+
+
 def _zone(v: str) -> str:
     try:
         ZoneInfo(v)
@@ -442,6 +446,9 @@ class Rule(FileModel):
     escalate: list[Tier] = Field(default_factory=list)
     # One "resolved" notice when a notified episode ends, to the notifiers it paged.
     resolve: bool = False
+    # An episode still open this long after its due time is ended as abandoned
+    # (engine/abandon.py): no more re-notifications; an event rule's timer is closed.
+    give_up_after: PositiveDuration | None = None
     # The zone that values of a `timestamp` (without time zone) deadline are in.
     timezone: str = "UTC"
     # What to do when a notification is claimed (DESIGN.md §8): a statement in the claim.
@@ -645,6 +652,14 @@ class Rule(FileModel):
         if self._calendar is None:
             raise ConfigError(f"{self.source}: calendar: {self.calendar!r} was not loaded")
         return self._calendar.cutoff(now, self.after)
+
+    def renotify_cutoff(self, now: datetime) -> datetime:
+        """The claim's cutoff for re-notifications at ``now``: one whose time is less than
+        this is due. A little after ``now`` (:data:`RENOTIFY_LEAD`, at most a tenth of
+        ``every``): a scan that starts a few milliseconds before a re-notification's time
+        takes it, instead of the next scan a whole ``every`` later (README "Reliability").
+        First notices have no lead (:meth:`cutoff`): a row is never paged before it is due."""
+        return now + min(RENOTIFY_LEAD, self.every / 10)
 
     def due_at(self, deadline: datetime) -> datetime:
         """When a row with this deadline (aware) falls due: it is due once this has passed."""

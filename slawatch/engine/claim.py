@@ -67,7 +67,7 @@ WITH first AS (
        FOR NO KEY UPDATE SKIP LOCKED
 ), again AS (
     SELECT tableoid, ctid, {key} AS sw_key, {ep} AS sw_episode FROM {table}
-     WHERE {next} < %(now)s::timestamptz AND {again}
+     WHERE {next} < %(renotify_by)s::timestamptz AND {again}
      ORDER BY {next}
      LIMIT %(batch)s::integer - (SELECT count(*) FROM first)
        FOR NO KEY UPDATE SKIP LOCKED
@@ -80,7 +80,7 @@ WITH first AS (
 ), quieted AS (
     UPDATE {table} SET {next} = NULL
      WHERE ctid = ANY (ARRAY(SELECT ctid FROM acked)){acked_match}
-       AND {next} < %(now)s::timestamptz AND {again}
+       AND {next} < %(renotify_by)s::timestamptz AND {again}
     RETURNING 1
 ), ended AS (
     SELECT tableoid, ctid{ended_cols} FROM {table}
@@ -106,7 +106,8 @@ WITH first AS (
            {next} = CASE WHEN {new_n} >= %(max)s::integer THEN NULL
                          ELSE %(now)s::timestamptz + {interval} END
      WHERE ctid = ANY (ARRAY(SELECT tid FROM targets)){partition_match}
-       AND ({deadline} < %(cutoff)s AND {first} OR {next} < %(now)s::timestamptz AND {again})
+       AND ({deadline} < %(cutoff)s AND {first}
+            OR {next} < %(renotify_by)s::timestamptz AND {again})
     RETURNING {key} AS key, {ep} AS episode, {n} AS n,
               CASE WHEN isfinite({deadline}) THEN {deadline_tz} END AS deadline,
               {row} AS row_data
@@ -122,7 +123,7 @@ SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
 # between the probe and the claim is the next scan's.
 _PROBE = """\
 SELECT EXISTS (SELECT 1 FROM {table} WHERE {deadline} < %(cutoff)s AND {first})
-    OR EXISTS (SELECT 1 FROM {table} WHERE {next} < %(now)s::timestamptz AND {again})
+    OR EXISTS (SELECT 1 FROM {table} WHERE {next} < %(renotify_by)s::timestamptz AND {again})
     OR EXISTS (SELECT 1 FROM {table} WHERE {ended})"""
 
 # rule `resolve: true`: the notified episodes this claim ends, for their resolved
@@ -179,6 +180,7 @@ class ClaimPlan:
         params: dict[str, Any] = {
             "now": now,
             "cutoff": cutoff,
+            "renotify_by": rule.renotify_cutoff(now),
             "max": rule.max_notifications,
             "batch": rule.batch,
             "rule": rule.name,
@@ -500,7 +502,8 @@ def anything_due(conn: Connection, plan: ClaimPlan, now: datetime) -> bool:
     with translate(f"probe for rule {plan.rule.name}"), one_statement(conn):
         # Prepared at once where the pooler allows (prepare=True is ignored when
         # prepared statements are off): the probe is what an idle scan costs.
-        row = conn.execute(plan.probe, {"cutoff": cutoff, "now": now}, prepare=True).fetchone()
+        params = {"cutoff": cutoff, "renotify_by": plan.rule.renotify_cutoff(now)}
+        row = conn.execute(plan.probe, params, prepare=True).fetchone()
     return bool(row and row[0])
 
 

@@ -171,7 +171,7 @@ def _inline(rule: Rule, info: TableInfo) -> Counts:
         ).format(t=t, d=d, first=first),
         sql.SQL(
             "SELECT n + 1, count(*) FROM (SELECT {n} AS n FROM {t}"
-            " WHERE {next} < %(now)s::timestamptz AND {again} AND NOT {acked}"
+            " WHERE {next} < %(renotify_by)s::timestamptz AND {again} AND NOT {acked}"
             " LIMIT %(limit)s) a GROUP BY 1"
         ).format(t=t, n=n, next=nxt, again=again, acked=acked),
         sql.SQL(
@@ -198,7 +198,7 @@ def _table(rule: Rule, info: TableInfo, open_when: sql.SQL) -> Counts:
         ).format(t=t, d=d, ow=open_when, s=s, s_is_t=s_is_t),
         sql.SQL(
             "SELECT n + 1, count(*) FROM (SELECT s.sw_n AS n FROM {s} s"
-            " WHERE s.sw_next < %(now)s::timestamptz AND {still}"
+            " WHERE s.sw_next < %(renotify_by)s::timestamptz AND {still}"
             " AND NOT EXISTS (SELECT 1 FROM slawatch.ack k WHERE k.rule = %(rule)s"
             " AND k.key = {key} AND k.episode = s.sw_ep)"
             " LIMIT %(limit)s) a GROUP BY 1"
@@ -308,7 +308,7 @@ def _acting(
             " AND x.key = {key} AND x.episode = t.{ep})"
         ).format(key=_key_text("t", key), ep=sql.Identifier(rule.episode_column))
         return sql.SQL(
-            "t.{next} < %(now)s::timestamptz AND {again} AND NOT {acked} AND NOT {acted}"
+            "t.{next} < %(renotify_by)s::timestamptz AND {again} AND NOT {acked} AND NOT {acted}"
             " AND t.{n} = %(before)s::integer"
         ).format(
             next=sql.Identifier(rule.next_column),
@@ -328,7 +328,7 @@ def _acting(
         ).format(d=d, ow=open_when, s=s, s_is_t=s_is_t)
     return sql.SQL(
         "{ow} AND EXISTS (SELECT 1 FROM {s} s WHERE {s_is_t} AND s.sw_seen = {d}"
-        " AND s.sw_next < %(now)s::timestamptz AND s.sw_n = %(before)s::integer"
+        " AND s.sw_next < %(renotify_by)s::timestamptz AND s.sw_n = %(before)s::integer"
         " AND NOT EXISTS (SELECT 1 FROM slawatch.ack k WHERE k.rule = %(rule)s"
         " AND k.key = {key} AND k.episode = s.sw_ep)"
         " AND NOT EXISTS (SELECT 1 FROM slawatch.action x WHERE x.rule = %(rule)s"

@@ -78,7 +78,7 @@ WITH fresh AS MATERIALIZED (
              LIMIT %(batch)s::integer) t
 ), again AS (
     SELECT {s_keys}, s.sw_ep, s.sw_n, s.sw_seen FROM {state} s
-     WHERE s.sw_next < %(now)s::timestamptz AND s.sw_next IS NOT NULL
+     WHERE s.sw_next < %(renotify_by)s::timestamptz AND s.sw_next IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM fresh f WHERE {s_is_f})
      ORDER BY s.sw_next
      LIMIT %(batch)s::integer - (SELECT count(*) FROM fresh)
@@ -203,7 +203,7 @@ SELECT EXISTS (SELECT 1 FROM {table} t
                 WHERE {td} >= %(since)s AND {td} < %(cutoff)s AND ({open_when}
                       )
                   AND NOT EXISTS (SELECT 1 FROM {state} s WHERE {s_is_t} AND s.sw_seen = {td}))
-    OR EXISTS (SELECT 1 FROM {state} s WHERE s.sw_next < %(now)s::timestamptz)"""
+    OR EXISTS (SELECT 1 FROM {state} s WHERE s.sw_next < %(renotify_by)s::timestamptz)"""
 
 _WATERMARK = """\
 SELECT scanned_to, swept_at FROM slawatch.watermark WHERE rule = %(rule)s"""
@@ -544,7 +544,11 @@ class TableScan:
             # prepare=True is ignored where prepared statements are off (SLAWATCH_POOLER).
             row = conn.execute(
                 self.plan.probe,
-                {"since": self.since, "cutoff": params["cutoff"], "now": params["now"]},
+                {
+                    "since": self.since,
+                    "cutoff": params["cutoff"],
+                    "renotify_by": params["renotify_by"],
+                },
                 prepare=True,
             ).fetchone()
         if row and row[0]:

@@ -114,6 +114,11 @@ class RuleStatus(BaseModel):
         "partial index, counted up to the same limit); null for a rule without renotify. "
         "An episode that reached its cap is in no index and not counted."
     )
+    abandoned: int = Field(
+        default=0,
+        description="episodes ended as abandoned, open longer than the rule's give_up_after "
+        "(those still in the history: the retention prunes them)",
+    )
     pending: int = Field(description="deliveries of this rule's alerts still to send")
     dead: int = Field(description="deliveries given up on ('slawatch replay' sends them again)")
     orphaned: int = Field(
@@ -303,14 +308,15 @@ def _problem(conn: Connection, rule: Rule, info: TableInfo | None) -> str | None
 
 def notified_statement(rule: Rule) -> sql.Composed:
     """Open episodes awaiting a re-notification, counted through the re-notify partial
-    index (the watched table's ``_again`` index, or the state table's)."""
+    index (the watched table's ``_again`` index, or the state table's). An episode
+    given up (``give_up_after``: next is ``infinity``) is not counted."""
     if rule.track == "table":
-        source: sql.Composable = sql.SQL("{} WHERE sw_next IS NOT NULL").format(state_table(rule))
+        source: sql.Composable = sql.SQL("{} WHERE sw_next < 'infinity'").format(state_table(rule))
     else:
         # The predicate word for word as the index has it, so the planner matches them
-        # (run without parameters: a `%` in it stays as it is); `next IS NOT NULL` is
-        # then a condition on the index's key (its non-null part).
-        source = sql.SQL("{} WHERE {} IS NOT NULL AND {}").format(
+        # (run without parameters: a `%` in it stays as it is); `next < 'infinity'` is
+        # then a condition on the index's key (its non-null, not given up part).
+        source = sql.SQL("{} WHERE {} < 'infinity' AND {}").format(
             table_ident(rule), sql.Identifier(rule.next_column), sql.SQL(predicates(rule)[1])
         )
     return sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT {}) a").format(
@@ -431,6 +437,10 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
         r[0]: LastScan(at=r[1], duration_ms=r[2], claimed=r[3], error=r[4])
         for r in _read(conn, "reading the last scans", q["last_scans"])
     }
+    abandoned = {
+        str(r[0]): int(r[1])
+        for r in _read(conn, "counting abandoned episodes", q["abandoned_episodes"])
+    }
     out = []
     for rule in rules:
         info = rule_table(conn, rule)
@@ -458,6 +468,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
                 not_notified=None if overdue is None else overdue[1],
                 not_notified_capped=overdue is not None and overdue[3],
                 notified=notified,
+                abandoned=abandoned.get(rule.name, 0),
                 pending=pending,
                 dead=dead,
                 orphaned=orphaned,

@@ -125,6 +125,13 @@ class Metrics:
             ["type", "source", "outcome"],
             registry=self.registry,
         )
+        self.abandoned_episodes = Counter(
+            "slawatch_abandoned",
+            "Episodes ended as abandoned, per rule: still open give_up_after past their due "
+            "time (an event rule's start without its stop, a row that stayed overdue)",
+            ["rule"],
+            registry=self.registry,
+        )
         self.registry.register(OutboxCollector(db, clock, notifiers, rules))
         self.actions = Counter(
             "slawatch_actions",
@@ -134,6 +141,11 @@ class Metrics:
             ["rule", "status"],
             registry=self.registry,
         )
+
+    def abandoned(self, counts: Mapping[str, int]) -> None:
+        """Episodes of these rules ended as abandoned (rule ``give_up_after``)."""
+        for rule, count in counts.items():
+            self.abandoned_episodes.labels(rule).inc(count)
 
     def notifier_added(self, name: str) -> None:
         """Show every outcome of ``name`` as 0 before its first delivery (rate() needs it)."""
@@ -147,8 +159,10 @@ class Metrics:
 
     def rule_added(self, rule: str) -> None:
         """Show ``rule``'s failed scans as 0 before its first scan (increase() needs it:
-        a rule failing from its first scan would appear at 1, its first failure unseen)."""
+        a rule failing from its first scan would appear at 1, its first failure unseen);
+        its abandoned episodes likewise."""
         self.scan_failures.labels(rule)
+        self.abandoned_episodes.labels(rule)
 
     def scanned(self, rule: str, seconds: float, severities: Mapping[str, int]) -> None:
         """A scan of ``rule`` took ``seconds`` and wrote these alerts per severity."""

@@ -43,6 +43,7 @@ from slawatch.delivery.dispatcher import (
     settle_orphans,
 )
 from slawatch.delivery.notifiers import Notifier, build
+from slawatch.engine.abandon import give_up
 from slawatch.engine.claim import (
     ClaimPlan,
     DrainResult,
@@ -419,6 +420,8 @@ class Runner:
             result = prune(self.db, self.clock, self.retention)
             result += prune_events(self.db, list(self.rules.values()), self.clock, self.retention)
             pruned_actions = prune_actions(self.db, self.clock.now() - self.retention)
+            # Rules with give_up_after: episodes open too long end as abandoned.
+            abandoned = give_up(self.db, list(self.plans.values()), self.clock.now())
             for rule in self.rules.values():  # what a crash left between claim and fill
                 if rule.calendar is not None:
                     with self.db.connection(f"due times of rule {rule.name}") as conn:
@@ -436,6 +439,13 @@ class Runner:
             )
             return None
         self._maintain_trouble.ok()
+        self.metrics.abandoned(abandoned)
+        for rule_name, count in sorted(abandoned.items()):
+            log.info(
+                "rule %s: %d episodes open longer than give_up_after ended as abandoned",
+                rule_name,
+                count,
+            )
         if result.timers or result.event_ids:
             log.info(
                 "pruned %d closed timers of event rules and %d event ids past their window",

@@ -553,6 +553,11 @@ ON CONFLICT (rule) DO UPDATE
 -- last_scans --
 SELECT rule, last_at, duration_ms, claimed, error FROM slawatch.scan;
 
+-- abandoned_episodes --
+-- Per rule: episodes ended as abandoned (give_up_after) still in the history, through
+-- the partial index episode_abandoned.
+SELECT rule, count(*) FROM slawatch.episode WHERE abandoned GROUP BY rule;
+
 -- delivery_backlog --
 -- Per rule: pending deliveries (through delivery_due) with the fired_at of the oldest
 -- one's alert, dead deliveries (through delivery_dead) and orphaned ones (through
