@@ -572,6 +572,11 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
                 f"{r.name}: {_many(r.orphaned, 'delivery', 'deliveries')} orphaned (notifier"
                 " removed): 'slawatch replay --notifier OLD --to NEW' sends them to another"
             )
+    for kind, count in report.held_events.items():
+        notes.append(
+            f"events held: {_many(count, 'event')} of type {kind!r}, which no rule knows:"
+            " 'slawatch migrate' with a rule for it applies them"
+        )
     header = ["RULE", "TRACK", "OVERDUE", "UNNOTIFIED", "NOTIFIED", "PENDING", "DEAD"]
     header += ["OLDEST PENDING", "LAST SCAN", "TOOK", "ALERTS"]
     print(_table(header, rows, right=set(range(2, 11))))

@@ -168,9 +168,7 @@ def _app_deadlock(dsn: str, db: Database, conn: Conn) -> tuple[list[Any], psycop
     return result, app
 
 
-def test_a_deadlock_with_the_application_is_tried_again(
-    dsn: str, db: Database, conn: Conn
-) -> None:
+def test_a_deadlock_with_the_application_is_tried_again(dsn: str, db: Database, conn: Conn) -> None:
     result, app = _app_deadlock(dsn, db, conn)
     app.close()
     assert isinstance(result[0], Ingested) and result[0].accepted == 2
