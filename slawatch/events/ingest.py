@@ -79,8 +79,8 @@ class Ingested:
 
     accepted: int = 0
     duplicates: int = 0
-    held: int = 0
     by_type: Counter[tuple[str, str]] = field(default_factory=Counter)  # (type, outcome)
+    held: int = 0
 
 
 def parse_time(value: Any) -> datetime:
