@@ -507,3 +507,19 @@ def test_the_events_of_one_batch_are_applied_in_the_batchs_order(conn: Conn, db:
     events = parse_events({"events": raw}, {"parcel_shipped"}, T0 + 3 * H, timedelta(days=30))
     assert ingest(db, events, T0 + 3 * H).accepted == 2
     assert timer(conn, "P") == (T0 + 73 * H, True)
+
+
+def test_the_run_prunes_event_ids_past_its_dedupe_window(conn: Conn, dsn: str) -> None:
+    """SLAWATCH_DEDUPE_WINDOW reaches the maintenance of ``slawatch run``."""
+    from slawatch.runtime.scheduler import Runner
+
+    setup(conn, parcel())
+    send(conn, "parcel_shipped", "a", T0, id="old")
+    send(conn, "parcel_shipped", "b", T0 + 2 * H, id="new")
+    runner = Runner(dsn, [], [], clock=FixedClock(T0 + 3 * H), dedupe_window=2 * H)
+    try:
+        result = runner.maintain()
+    finally:
+        runner.close()
+    assert result is not None and result.event_ids == 1
+    assert conn.execute("SELECT id FROM slawatch.event_seen").fetchall() == [("new",)]
