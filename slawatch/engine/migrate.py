@@ -358,8 +358,9 @@ def _event_function(conn: Connection, rules: list[Rule], drop: bool = False) -> 
     if not ours and not kept and installed is None:
         return []
     steps = []
+    types = sorted(set(timers.known_types(rules)).union(*map(timers.block_types, kept.values())))
     if installed is None or installed.get("all") != timers.wanted_tags(rules, kept)["all"]:
-        count = len(set(timers.known_types(rules)).union(*map(timers.block_types, kept.values())))
+        count = len(types)
         dropped = f" (removed rule{'s' if len(others) > 1 else ''} {', '.join(others)})"
         steps.append(
             Step(
@@ -369,7 +370,6 @@ def _event_function(conn: Connection, rules: list[Rule], drop: bool = False) -> 
                 + (dropped if drop and others else ""),
             )
         )
-    types = sorted(set(timers.known_types(rules)).union(*map(timers.block_types, kept.values())))
     held = timers.held_types(conn, types)
     if held:
         known = sorted(held)

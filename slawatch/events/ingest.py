@@ -221,7 +221,7 @@ def ingest(db: Database, events: list[Event], now: datetime) -> Ingested:
         return Ingested()
 
     def work(conn: Connection) -> Ingested:
-        with conn.transaction():  # an unknown type found by the database undoes the batch
+        with conn.transaction():  # a function of an earlier release may undo the batch
             return write(conn, events, now)
 
     for attempt in range(1, TRIES + 1):
