@@ -5,6 +5,7 @@ in ``slawatch.event_held`` until the migrate that brings its rule applies it."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,26 @@ def test_the_migrate_command_says_what_it_kept(
         "events held: 1 event of type 'parcel_shipped', which no rule knows: 'slawatch migrate'"
         " with a rule for it applies them"
     ) in capsys.readouterr().out.splitlines()
+
+
+def test_a_part_changed_by_hand_is_not_kept_blindly(conn: Conn) -> None:
+    """A rule's part that cannot be read back as migrate wrote it (its hash in the
+    comment differs) is refused in one line, never rebuilt from a guess."""
+    from slawatch.engine.timers import function_sql, installed_tags
+    from slawatch.errors import ConfigError
+
+    migrate(conn, [PARCEL_RULE, BACKUP_RULE])
+    comment = installed_tags(conn)
+    other = PARCEL_RULE.model_copy(
+        update={"events": PARCEL_RULE.events.model_copy(update={"within": 2 * H})}  # type: ignore[union-attr]
+    )
+    conn.execute(function_sql([other, BACKUP_RULE]).encode())  # by hand, outside migrate
+    conn.execute(
+        "COMMENT ON FUNCTION slawatch.event_at(timestamptz, text, text, timestamptz, jsonb,"
+        " text) IS " + psycopg.sql.Literal("slawatch " + json.dumps(comment)).as_string(None)
+    )
+    with pytest.raises(ConfigError, match="rule parcel_undelivered's part of the installed"):
+        migrate(conn, [BACKUP_RULE])
+    assert migrate(conn, [BACKUP_RULE], drop_event_types=True) == [
+        "slawatch.event(): updated for 1 event type (removed rule parcel_undelivered)"
+    ]
