@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
         " falls due from then on",
     )
     p.add_argument(
+        "--drop-event-types",
+        action="store_true",
+        help="remove from slawatch.event() the event types of rules not in this folder"
+        " (kept otherwise: the database may be using them)",
+    )
+    p.add_argument(
         "--rule",
         metavar="R",
         action="append",

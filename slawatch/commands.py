@@ -37,6 +37,7 @@ from slawatch.engine.due import RuleDue, count_due
 from slawatch.engine.migrate import (
     check,
     event_function_pending,
+    kept_event_types,
     leftovers,
     migrate,
     pending,
@@ -65,7 +66,13 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "check":
         return cmd_check(settings)
     if args.command == "migrate":
-        return cmd_migrate(settings, args.print_only, args.baseline, args.rule)
+        return cmd_migrate(
+            settings,
+            args.print_only,
+            args.baseline,
+            args.rule,
+            drop_event_types=args.drop_event_types,
+        )
     if args.command == "run":
         if args.dry_run:
             return cmd_dry_run(settings, args.json)
@@ -182,9 +189,15 @@ def _check_actions(conn: Connection, rules: list[Rule]) -> tuple[list[str], list
 
 
 def cmd_migrate(
-    settings: Settings, print_only: bool, baseline: bool = False, only: list[str] | None = None
+    settings: Settings,
+    print_only: bool,
+    baseline: bool = False,
+    only: list[str] | None = None,
+    *,
+    drop_event_types: bool = False,
 ) -> int:
-    """Migrate; with ``baseline``, then mark what is overdue now as seen (``only``: those rules)."""
+    """Migrate; with ``baseline``, then mark what is overdue now as seen (``only``: those
+    rules). Event types of rules not in the folder stay unless ``drop_event_types``."""
     rules, _ = load_config(settings)
     if only and not baseline:
         raise ConfigError("migrate: --rule goes with --baseline")
@@ -200,14 +213,20 @@ def cmd_migrate(
             return 0
         with connect(settings.dsn, pooler=settings.pooler) as conn:
             tables = check(conn, rules)
-            sys.stdout.write(render(rules, plan(conn, rules), leftovers(conn, rules)))
+            steps = plan(conn, rules, drop_event_types=drop_event_types)
+            sys.stdout.write(render(rules, steps, leftovers(conn, rules)))
+            if not drop_event_types:
+                for line in kept_event_types(conn, rules):
+                    print(f"-- {line}")
         if baseline:
             sys.stdout.write("\n" + render_baselines(chosen, tables, Clock().now()))
         return 0
     dsn = database_dsn(settings)
     with connect(dsn, pooler=settings.pooler) as conn:
-        done = migrate(conn, rules)
+        done = migrate(conn, rules, drop_event_types=drop_event_types)
         for line in done:
+            print(line)
+        for line in kept_event_types(conn, rules):
             print(line)
         print(f"ok: {len(rules)} rules migrated" + ("" if done else " (nothing to change)"))
         for left in leftovers(conn, rules):
@@ -272,6 +291,7 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
             timeout=settings.db_timeout,
             pooler=settings.pooler,
             retention=settings.retention,
+            dedupe_window=settings.dedupe_window,
             load=lambda: load_config(settings),
             admin_url=settings.admin_url,
             actions=settings.actions,
@@ -557,6 +577,11 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
                 f"{r.name}: {_many(r.orphaned, 'delivery', 'deliveries')} orphaned (notifier"
                 " removed): 'slawatch replay --notifier OLD --to NEW' sends them to another"
             )
+    for kind, count in report.held_events.items():
+        notes.append(
+            f"events held: {_many(count, 'event')} of type {kind!r}, which no rule knows:"
+            " 'slawatch migrate' with a rule for it applies them"
+        )
     header = ["RULE", "TRACK", "OVERDUE", "UNNOTIFIED", "NOTIFIED", "PENDING", "DEAD"]
     header += ["OLDEST PENDING", "LAST SCAN", "TOOK", "ALERTS"]
     print(_table(header, rows, right=set(range(2, 11))))
@@ -799,7 +824,8 @@ def cmd_event(
     ident: str | None = None,
 ) -> int:
     """Record one event, checked as ``POST /v1/events`` checks it (its type must be one
-    the rules use); prints ``accepted`` or ``duplicate`` (a repeat of TYPE and --id)."""
+    the rules use); prints ``accepted``, ``duplicate`` (a repeat of TYPE and --id) or
+    ``held`` (the database's slawatch.event() knows no rule for it yet: run migrate)."""
     from slawatch.engine.timers import known_types
     from slawatch.events.ingest import EventError, ingest, parse_event
 
@@ -822,5 +848,5 @@ def cmd_event(
         raise BadInput(f"{where}: {exc.reason}") from None
     with _lifecycle_db(settings) as db:
         got = ingest(db, [event], now)
-    print("accepted" if got.accepted else "duplicate")
+    print("accepted" if got.accepted else "held" if got.held else "duplicate")
     return 0

@@ -16,6 +16,9 @@ from slawatch.config.durations import parse_duration
 from slawatch.config.files import shorten
 
 DEFAULT_RETENTION = timedelta(days=30)
+DEFAULT_DEDUPE_WINDOW = timedelta(days=1)
+# Shorter than the maintenance's 10 minutes would not be kept to.
+MIN_DEDUPE_WINDOW, MIN_DEDUPE_WINDOW_TEXT = timedelta(minutes=10), "10m"
 # Shorter than an hour would prune what a receiver outage of a lunch break left dead;
 # longer than ten years is a typo, and would still be added to "now" in SQL.
 MIN_RETENTION, MIN_RETENTION_TEXT = timedelta(hours=1), "1h"
@@ -37,6 +40,21 @@ def _retention(value: Any) -> timedelta:
         )
         raise PydanticCustomError("retention", "{reason}", {"reason": reason})
     return retention
+
+
+def _dedupe_window(value: Any) -> timedelta:
+    """A duration from 10m to 10 years; the error is the reason alone."""
+    try:
+        window = parse_duration(value, MAX_RETENTION, MAX_RETENTION_TEXT)
+    except ValueError as exc:
+        raise PydanticCustomError("dedupe_window", "{reason}", {"reason": str(exc)}) from None
+    if window < MIN_DEDUPE_WINDOW:
+        reason = (
+            f"{shorten(value)} is shorter than {MIN_DEDUPE_WINDOW_TEXT}, the least slawatch"
+            " accepts (ids are pruned every 10 minutes)"
+        )
+        raise PydanticCustomError("dedupe_window", "{reason}", {"reason": reason})
+    return window
 
 
 def parse_bind(text: str) -> tuple[str, int] | None:
@@ -131,6 +149,9 @@ class Settings(BaseSettings):
     # How long alerts and their deliveries are kept (none with a delivery still pending
     # is removed); `slawatch run` prunes older history every 10 minutes.
     retention: Annotated[timedelta, BeforeValidator(_retention)] = DEFAULT_RETENTION
+    # How long event ids are kept to drop a repeat of (type, id); `slawatch run` prunes
+    # older ones every 10 minutes.
+    dedupe_window: Annotated[timedelta, BeforeValidator(_dedupe_window)] = DEFAULT_DEDUPE_WINDOW
     # Seconds to wait for a database connection before counting the database as down.
     db_timeout: float = Field(default=30.0, gt=0, le=3600)
     # "transaction": PgBouncer (or another pooler) in transaction mode: no prepared

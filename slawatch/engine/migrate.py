@@ -314,8 +314,9 @@ def schema_current(conn: Connection) -> bool:
     return schema.current(conn)
 
 
-def plan(conn: Connection, rules: list[Rule]) -> list[Step]:
+def plan(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False) -> list[Step]:
     """What the database needs for ``rules``; nothing when it is up to date.
+    ``drop_event_types``: see :func:`_event_function`.
 
     Raises ConfigError, listing every problem, when any rule fails its check.
     """
@@ -328,7 +329,7 @@ def plan(conn: Connection, rules: list[Rule]) -> list[Step]:
             steps.extend(_timer_table(rule))
             continue
         steps.extend(plan_rule(conn, rule, tables[rule.name]))
-    steps.extend(_event_function(conn, rules))
+    steps.extend(_event_function(conn, rules, drop_event_types))
     return steps
 
 
@@ -343,21 +344,61 @@ def _timer_table(rule: Rule) -> list[Step]:
     return steps
 
 
-def _event_function(conn: Connection, rules: list[Rule]) -> list[Step]:
-    """slawatch.event() and slawatch.events(), regenerated when the event rules change."""
+def _event_function(conn: Connection, rules: list[Rule], drop: bool = False) -> list[Step]:
+    """slawatch.event() and slawatch.events(), regenerated when the event rules change.
+
+    A rule the installed function serves and ``rules`` lack (another deployment's, a
+    partial checkout) keeps its part unless ``drop`` (``--drop-event-types``): migrate
+    never unregisters event types the database may be using. Then the events held for
+    types known now are applied (``slawatch.event_held``)."""
     installed = timers.installed_tags(conn)
-    if not timers.event_rules(rules) and installed is None:
+    ours = {r.name for r in timers.event_rules(rules)}
+    others = [n for n in timers.installed_rules(installed) if n not in ours]
+    kept = {} if drop else timers.installed_blocks(conn, installed, others)
+    if not ours and not kept and installed is None:
         return []
-    if installed is not None and installed.get("all") == timers.wanted_tags(rules)["all"]:
-        return []
-    count = len(timers.known_types(rules))
-    return [
-        Step(
-            timers.function_sql(rules),
-            f"slawatch.event(): {'created' if installed is None else 'updated'} for"
-            f" {count} event type{'' if count == 1 else 's'}",
+    steps = []
+    types = sorted(set(timers.known_types(rules)).union(*map(timers.block_types, kept.values())))
+    if installed is None or installed.get("all") != timers.wanted_tags(rules, kept)["all"]:
+        count = len(types)
+        dropped = f" (removed rule{'s' if len(others) > 1 else ''} {', '.join(others)})"
+        steps.append(
+            Step(
+                timers.function_sql(rules, kept),
+                f"slawatch.event(): {'created' if installed is None else 'updated'} for"
+                f" {count} event type{'' if count == 1 else 's'}"
+                + (dropped if drop and others else ""),
+            )
         )
-    ]
+    held = timers.held_types(conn, types)
+    if held:
+        known = sorted(held)
+        steps.append(
+            Step(
+                timers.apply_held_sql(known),
+                f"slawatch.event_held: applied the held events of {', '.join(map(repr, known))}",
+                run=lambda c: timers.apply_held(c, known),
+            )
+        )
+    return steps
+
+
+def kept_event_types(conn: Connection, rules: list[Rule]) -> list[str]:
+    """One line per rule whose event types the installed slawatch.event() keeps though
+    ``rules`` lack it (what :func:`migrate` kept)."""
+    ours = {r.name for r in timers.event_rules(rules)}
+    installed = timers.installed_tags(conn)
+    others = [n for n in timers.installed_rules(installed) if n not in ours]
+    out = []
+    for name, block in timers.installed_blocks(conn, installed, others).items():
+        types = timers.block_types(block)
+        many = len(types) > 1
+        out.append(
+            f"kept event type{'s' if many else ''} {', '.join(map(repr, types))} of rule {name}"
+            f" (no rule in this folder); pass --drop-event-types to remove"
+            f" {'them' if many else 'it'}"
+        )
+    return out
 
 
 def event_function_pending(conn: Connection, rules: list[Rule]) -> list[str]:
@@ -710,8 +751,10 @@ def pending(conn: Connection, rule: Rule, info: TableInfo) -> list[str]:
     return [step.done for step in plan_rule(conn, rule, info) if not step.detail]
 
 
-def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
+def migrate(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False) -> list[str]:
     """Check, then bring the database in line with ``rules``; returns what was done.
+    ``drop_event_types``: remove the event types of rules not among ``rules`` from
+    slawatch.event() (else kept: :func:`kept_event_types` names them).
 
     ``conn`` must be in autocommit mode (CREATE INDEX CONCURRENTLY needs it).
     Nothing is changed when any rule fails its check. Concurrent migrates take turns
@@ -719,7 +762,7 @@ def migrate(conn: Connection, rules: list[Rule]) -> list[str]:
     """
     with schema.migrate_lock(conn):
         done = []
-        for step in plan(conn, rules):
+        for step in plan(conn, rules, drop_event_types=drop_event_types):
             if step.change is not None:
                 if schema.apply(conn, step.change, Clock().now()):
                     done.append(step.done)

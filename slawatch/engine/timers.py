@@ -24,7 +24,14 @@ ways in (HTTP, brokers, the CLI). What an event does to its key's row:
 - fail: pages at once: the open episode's next notification is due now, a deadline
   not yet passed is moved to now, and with none open one is opened, due now.
 
-A repeated (type, id) within :data:`DEDUPE` is dropped (``slawatch.event_seen``).
+A repeated (type, id) is dropped while its id is kept in ``slawatch.event_seen``
+(the dedupe window, ``SLAWATCH_DEDUPE_WINDOW``: maintenance removes older ids). An
+event of a type no rule knows is kept in ``slawatch.event_held`` (``held``), never
+dropped, and applied by the ``migrate`` that brings a rule for it.
+
+``slawatch.events`` takes its row locks in one order (the ids by type and id first,
+then the events by key, each key's in the batch's order), so concurrent batches
+over the same keys wait for each other instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,10 +48,11 @@ from psycopg import sql
 
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, Database, translate
+from slawatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-DEDUPE = timedelta(days=1)  # a repeat of (type, id) within this is dropped
+DEDUPE = timedelta(days=1)  # the default dedupe window: event ids kept this long
 FUTURE = timedelta(minutes=5)  # an event's `at` may be this far ahead of the clock
 KEY_MAX = 200  # characters in a key
 EVENTS_KEPT = 10  # the last events a timer row keeps (the alert's row.events)
@@ -74,6 +84,15 @@ def known_types(rules: list[Rule]) -> dict[str, list[str]]:
         for name in rule.events.types():
             out.setdefault(name, []).append(rule.name)
     return out
+
+
+def block_types(block: str) -> list[str]:
+    """The event types one rule's part of the function (:func:`_rule_block`) handles."""
+    found: list[str] = []
+    for line in block.splitlines():
+        if line.strip().startswith("IF v_type IN ("):
+            found += [t.replace("''", "'") for t in re.findall(r"'((?:[^']|'')*)'", line)]
+    return list(dict.fromkeys(found))
 
 
 def create_table(rule: Rule) -> list[str]:
@@ -207,13 +226,21 @@ def _rule_block(rule: Rule) -> str:
     return "\n".join(out)
 
 
-def function_sql(rules: list[Rule]) -> str:
+def _known(expr: str, types: list[str]) -> str:
+    return f"{expr} IN ({', '.join(_lit(x) for x in types)})" if types else "false"
+
+
+def function_sql(rules: list[Rule], kept: Mapping[str, str] | None = None) -> str:
     """``slawatch.event_at`` (the work), ``slawatch.event`` (the application's call, at
-    the transaction's time) and ``slawatch.events`` (a batch, at slawatch's clock)."""
-    ers = sorted(event_rules(rules), key=lambda r: r.name)  # the same text in any order
-    all_types = sorted(known_types(rules))
-    known = f"v_type IN ({', '.join(_lit(x) for x in all_types)})" if all_types else "false"
-    blocks = "\n".join(_rule_block(r) for r in ers)
+    the transaction's time) and ``slawatch.events`` (a batch, at slawatch's clock).
+
+    ``kept``: parts of the installed function (by rule name) of rules not among
+    ``rules`` that the database keeps using (:func:`installed_blocks`)."""
+    parts = {r.name: _rule_block(r) for r in event_rules(rules)}
+    parts = {**(kept or {}), **parts}
+    names = sorted(parts)  # the same text in any order
+    all_types = sorted(set(known_types(rules)).union(*(block_types(b) for b in parts.values())))
+    blocks = "\n".join(parts[n] for n in names)
     body = f"""CREATE OR REPLACE FUNCTION slawatch.event_at(
     p_received timestamptz, p_type text, p_key text, p_at timestamptz, p_data jsonb,
     p_id text)
@@ -243,13 +270,17 @@ BEGIN
         RAISE EXCEPTION 'slawatch.event: data must be a JSON object, not %', jsonb_typeof(v_data)
             USING ERRCODE = '22023';
     END IF;
-    IF NOT ({known}) THEN
-        RETURN 'unknown';
+    IF NOT ({_known("v_type", all_types)}) THEN
+        -- No rule knows the type (yet): kept for the migrate that brings one, so the
+        -- application's transaction neither fails nor loses it.
+        INSERT INTO slawatch.event_held (received, type, key, at, data, id)
+        VALUES (p_received, v_type, v_key, v_at, v_data, p_id);
+        RETURN 'held';
     END IF;
     IF p_id IS NOT NULL THEN
-        INSERT INTO slawatch.event_seen AS s (type, id, at) VALUES (v_type, p_id, p_received)
-        ON CONFLICT (type, id) DO UPDATE SET at = excluded.at
-         WHERE s.at < excluded.at - {_interval(DEDUPE)};
+        -- A repeat while its id is kept (the dedupe window: maintenance prunes older ids).
+        INSERT INTO slawatch.event_seen (type, id, at) VALUES (v_type, p_id, p_received)
+        ON CONFLICT (type, id) DO NOTHING;
         IF NOT FOUND THEN
             RETURN 'duplicate';
         END IF;
@@ -268,28 +299,55 @@ $slawatch$"""
     id text DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $slawatch$ BEGIN RETURN slawatch.event_at(now(), $1, $2, $3, $4, $5); END $slawatch$"""
-    batch = """CREATE OR REPLACE FUNCTION slawatch.events(
+    # One order of row locks for every batch, so that concurrent batches over the same
+    # keys wait for each other instead of deadlocking: the ids first, by (type, id); then
+    # the timers, by key (in "C" order), each key's events in the batch's order (a start
+    # and its stop may share a batch). An id found new here is not looked up again.
+    batch = f"""CREATE OR REPLACE FUNCTION slawatch.events(
     batch jsonb, received timestamptz DEFAULT NULL)
 RETURNS TABLE (type text, outcome text, events bigint)
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $slawatch$
-SELECT s.type, s.outcome, count(*)
-  FROM (SELECT e->>'type' AS type,
-               slawatch.event_at(COALESCE(received, now()), e->>'type', e->>'key',
-                                 (e->>'at')::timestamptz, e->'data', e->>'id') AS outcome
+#variable_conflict use_column
+DECLARE
+    v_received timestamptz := COALESCE(received, now());
+    v_out text[] := array_fill(NULL::text, ARRAY[jsonb_array_length(batch)]);
+    v_new boolean[] := array_fill(false, ARRAY[jsonb_array_length(batch)]);
+    r record;
+BEGIN
+    FOR r IN SELECT x.i, x.e->>'type' AS t, x.e->>'id' AS id
+               FROM jsonb_array_elements(batch) WITH ORDINALITY AS x(e, i)
+              WHERE x.e->>'id' IS NOT NULL AND {_known("x.e->>'type'", all_types)}
+              ORDER BY x.e->>'type' COLLATE "C", x.e->>'id' COLLATE "C", x.i
+    LOOP
+        INSERT INTO slawatch.event_seen (type, id, at) VALUES (r.t, r.id, v_received)
+        ON CONFLICT (type, id) DO NOTHING;
+        v_new[r.i] := FOUND;
+        IF NOT FOUND THEN
+            v_out[r.i] := 'duplicate';
+        END IF;
+    END LOOP;
+    FOR r IN SELECT x.i, x.e FROM jsonb_array_elements(batch) WITH ORDINALITY AS x(e, i)
+              ORDER BY x.e->>'key' COLLATE "C", x.i
+    LOOP
+        CONTINUE WHEN v_out[r.i] IS NOT NULL;
+        v_out[r.i] := slawatch.event_at(v_received, r.e->>'type', r.e->>'key',
+                                        (r.e->>'at')::timestamptz, r.e->'data',
+                                        CASE WHEN v_new[r.i] THEN NULL ELSE r.e->>'id' END);
+    END LOOP;
+    RETURN QUERY
+        SELECT x.e->>'type', o.v, count(*)
           FROM jsonb_array_elements(batch) WITH ORDINALITY AS x(e, i)
-         -- In the batch's order (a start and its stop may share a batch): a volatile
-         -- call in the select list is evaluated after the sort; OFFSET 0 keeps the
-         -- subquery whole.
-         ORDER BY x.i OFFSET 0) s
- GROUP BY 1, 2
+          JOIN unnest(v_out) WITH ORDINALITY AS o(v, i) ON o.i = x.i
+         GROUP BY 1, 2;
+END
 $slawatch$"""
     # What is installed: the whole text's hash, and each rule's part's, so that a
     # process running some of the rules can tell its rules are known (tags()).
     tag = json.dumps(
         {
             "all": _hash("\n".join([body, event, batch])),
-            "rules": {r.name: _hash(_rule_block(r)) for r in ers},
+            "rules": {n: _hash(parts[n]) for n in names},
         },
         sort_keys=True,
     )
@@ -309,9 +367,9 @@ def _hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def wanted_tags(rules: list[Rule]) -> dict[str, Any]:
-    """What the function's comment holds once ``function_sql(rules)`` is in place."""
-    text = function_sql(rules)
+def wanted_tags(rules: list[Rule], kept: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What the function's comment holds once ``function_sql(rules, kept)`` is in place."""
+    text = function_sql(rules, kept)
     comment = text.rsplit(" IS ", 1)[1]
     return dict(json.loads(comment[1:-1].replace("''", "'").removeprefix("slawatch ")))
 
@@ -334,6 +392,56 @@ def installed_tags(conn: Connection) -> dict[str, Any] | None:
     return tags if isinstance(tags, dict) else {}
 
 
+# Where the rules' parts sit in the installed event_at (the text function_sql writes).
+_BLOCKS_FROM = "    v_ev := jsonb_build_object('type', v_type, 'at', v_at);\n"
+_BLOCKS_TO = "\n    RETURN CASE WHEN v_hit"
+
+
+def installed_rules(installed: dict[str, Any] | None) -> list[str]:
+    """The rules whose parts the installed function holds (its comment's tags)."""
+    names = (installed or {}).get("rules") or {}
+    return sorted(names) if isinstance(names, dict) else []
+
+
+def installed_blocks(
+    conn: Connection, installed: dict[str, Any] | None, only: list[str]
+) -> dict[str, str]:
+    """The parts of the installed ``slawatch.event_at`` of the rules ``only`` names, read
+    back from its text, so that ``migrate`` with another rules folder can keep them;
+    each checked against the hash the function's comment (``installed``) holds for it.
+
+    ConfigError when one cannot be read back (the function was changed by hand): it
+    could not be kept as it is."""
+    tags = (installed or {}).get("rules") or {}
+    names = {n: tags[n] for n in only if isinstance(tags, dict) and n in tags}
+    if not names:
+        return {}
+    with translate("reading slawatch.event"):
+        row = conn.execute(
+            "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = 'slawatch' AND p.proname = 'event_at'"
+        ).fetchone()
+    text = str(row[0]) if row is not None else ""
+    found: dict[str, str] = {}
+    if _BLOCKS_FROM in text and _BLOCKS_TO in text:
+        section = text.split(_BLOCKS_FROM, 1)[1].split(_BLOCKS_TO, 1)[0]
+        for block in re.split(r"\n(?=    -- rule )", section):
+            first = block.split("\n", 1)[0]
+            if first.startswith("    -- rule "):
+                found[first.removeprefix("    -- rule ")] = block
+    out = {}
+    for name, digest in sorted(names.items()):
+        block = found.get(name)
+        if block is None or _hash(block) != digest:
+            raise ConfigError(
+                f"slawatch.event(): rule {name}'s part of the installed function cannot be"
+                " read back (changed by hand?); run migrate with that rule in the folder, or"
+                " pass --drop-event-types to remove what no rule in this folder uses"
+            )
+        out[name] = block
+    return out
+
+
 def unknown_rules(installed: dict[str, Any] | None, rules: list[Rule]) -> list[str]:
     """The event rules among ``rules`` whose part of the installed function is not the
     one they need (added or changed since the last migrate)."""
@@ -343,6 +451,40 @@ def unknown_rules(installed: dict[str, Any] | None, rules: list[Rule]) -> list[s
         for r in event_rules(rules)
         if not isinstance(known, dict) or known.get(r.name) != _hash(_rule_block(r))
     ]
+
+
+def held_types(conn: Connection, types: list[str]) -> dict[str, int]:
+    """How many events of each of ``types`` wait in ``slawatch.event_held`` (none before
+    the table exists: its migration not applied yet)."""
+    if not types:
+        return {}
+    with translate("reading slawatch.event_held"):
+        row = conn.execute("SELECT to_regclass('slawatch.event_held') IS NOT NULL").fetchone()
+        if row is None or not row[0]:
+            return {}
+        rows = conn.execute(
+            "SELECT type, count(*) FROM slawatch.event_held WHERE type = ANY(%s) GROUP BY 1",
+            (types,),
+        ).fetchall()
+    return {str(t): int(n) for t, n in rows}
+
+
+def apply_held_sql(types: list[str]) -> str:
+    """The statement that applies the held events of ``types`` (known now) through
+    ``slawatch.event_at``, each at the time it was received, and removes them: by key,
+    each key's in the order they came (the order of locks ``slawatch.events`` takes)."""
+    return f"""WITH held AS (
+    DELETE FROM slawatch.event_held WHERE type IN ({", ".join(_lit(t) for t in types)})
+    RETURNING n, received, type, key, at, data, id)
+SELECT count(slawatch.event_at(h.received, h.type, h.key, h.at, h.data, h.id))
+  FROM (SELECT * FROM held ORDER BY key COLLATE "C", n OFFSET 0) h"""
+
+
+def apply_held(conn: Connection, types: list[str]) -> int:
+    """Run :func:`apply_held_sql` in one transaction; the events it applied."""
+    with conn.transaction():
+        row = conn.execute(apply_held_sql(types).encode()).fetchone()
+    return int(row[0]) if row else 0
 
 
 def housekeep(db: Database, rule: Rule) -> None:

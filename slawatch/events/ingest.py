@@ -4,11 +4,18 @@ HTTP (``POST /v1/events``), the brokers (sources.py) and ``slawatch event`` all 
 in :func:`ingest`. A batch is all or nothing: :func:`parse_events` refuses it whole,
 naming the index and field of the first bad event, before anything is written; the
 database writes it through ``slawatch.events`` (engine/timers.py) in one statement
-and one transaction, so a crash or an outage leaves none of it or all of it.
+and one transaction, so a crash or an outage leaves none of it or all of it. That
+function takes its row locks in one order, so batches over the same keys wait for
+each other; a deadlock with another writer (the application's own transactions
+calling ``slawatch.event()``) or a serialization failure undoes the batch, and
+:func:`ingest` tries it again a few times before it answers.
 """
 
 from __future__ import annotations
 
+import logging
+import random
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,12 +29,17 @@ from slawatch.config.files import shorten
 from slawatch.config.rules import EVENT_TYPE
 from slawatch.db import Connection, Database, translate
 from slawatch.engine.timers import FUTURE, KEY_MAX
-from slawatch.errors import BadInput, ConfigError
+from slawatch.errors import BadInput, ConfigError, DatabaseError
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 10_000  # events in one request or call
 MAX_DATA = 64 * 1024  # bytes of one event's data, as JSON
 MAX_ID = 200  # characters of an event id
 FIELDS = ("type", "key", "at", "data", "id")
+TRIES = 4  # attempts of a batch that hit a deadlock or a serialization failure
+PAUSE = 0.05  # seconds before the second attempt, doubled each time, jittered
+_RETRY_STATES = {"40P01": "deadlock", "40001": "serialization failure"}
 
 
 @dataclass(frozen=True)
@@ -62,11 +74,13 @@ class EventError(BadInput):
 
 @dataclass
 class Ingested:
-    """What one :func:`ingest` stored: events accepted and repeats dropped, by type."""
+    """What one :func:`ingest` stored: events accepted, repeats dropped, events of types
+    the database knows no rule for kept in ``slawatch.event_held``, by type."""
 
     accepted: int = 0
     duplicates: int = 0
     by_type: Counter[tuple[str, str]] = field(default_factory=Counter)  # (type, outcome)
+    held: int = 0
 
 
 def parse_time(value: Any) -> datetime:
@@ -188,8 +202,10 @@ def write(conn: Connection, events: list[Event], now: datetime) -> Ingested:
             got.accepted += int(count)
         elif outcome == "duplicate":
             got.duplicates += int(count)
+        elif outcome == "held":
+            got.held += int(count)
         else:
-            # Not the sender's error: the database is behind these rules (HTTP 503).
+            # A function of an earlier release: the database is behind (HTTP 503).
             raise ConfigError(
                 f"type {kind!r}: the database's slawatch.event() has no rule for it;"
                 " run 'slawatch migrate' with these rules"
@@ -198,12 +214,33 @@ def write(conn: Connection, events: list[Event], now: datetime) -> Ingested:
 
 
 def ingest(db: Database, events: list[Event], now: datetime) -> Ingested:
-    """Write ``events`` in one transaction; nothing of it is stored when it fails."""
+    """Write ``events`` in one transaction; nothing of it is stored when it fails. A
+    deadlock or a serialization failure is tried again (:data:`TRIES` in all, after a
+    short jittered pause); one that persists is logged and raised."""
     if not events:
         return Ingested()
 
     def work(conn: Connection) -> Ingested:
-        with conn.transaction():  # an unknown type found by the database undoes the batch
+        with conn.transaction():  # a function of an earlier release may undo the batch
             return write(conn, events, now)
 
-    return db.run("storing events", work)
+    for attempt in range(1, TRIES + 1):
+        try:
+            return db.run("storing events", work)
+        except DatabaseError as exc:
+            state = getattr(exc.__cause__, "sqlstate", None)
+            if state not in _RETRY_STATES:
+                raise
+            if attempt == TRIES:
+                log.warning(
+                    "storing %d events: %s %d times in a row, the batch is refused: %s",
+                    len(events),
+                    _RETRY_STATES[state],
+                    TRIES,
+                    exc,
+                    extra={"events": len(events), "sqlstate": state},
+                )
+                raise
+            log.debug("storing events: %s, trying again: %s", _RETRY_STATES[state], exc)
+            time.sleep(PAUSE * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")

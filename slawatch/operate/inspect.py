@@ -138,6 +138,12 @@ class RulesReport(BaseModel):
 
     at: datetime
     rules: list[RuleStatus]
+    held_events: dict[str, int] = Field(
+        default_factory=dict,
+        description="events of types slawatch.event() knows no rule for, kept, by type"
+        f" (counted up to {COUNT_LIMIT:,} in all): the migrate that brings a rule for a type"
+        " applies its events",
+    )
 
 
 class Delivery(BaseModel):
@@ -485,7 +491,21 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
 def rules_report(conn: Connection, rules: Iterable[Rule], now: datetime) -> RulesReport:
     """:func:`rule_status` of every rule; ConfigError before ``slawatch migrate``."""
     require_schema(conn)
-    return RulesReport(at=now, rules=rule_status(conn, rules, now))
+    return RulesReport(at=now, rules=rule_status(conn, rules, now), held_events=held_events(conn))
+
+
+_HELD = f"""\
+SELECT type, count(*) FROM (
+    SELECT type FROM slawatch.event_held ORDER BY type LIMIT {COUNT_LIMIT}) h
+ GROUP BY type ORDER BY type"""
+
+
+def held_events(conn: Connection) -> dict[str, int]:
+    """Events held in ``slawatch.event_held`` by type (of a type no rule knew when they
+    came), read through its type index, counted up to :data:`COUNT_LIMIT` in all."""
+    with translate("counting held events"):
+        rows = conn.execute(_HELD).fetchall()
+    return {str(t): int(n) for t, n in rows}
 
 
 def _alerts(conn: Connection, rows: list[tuple[Any, ...]]) -> list[Alert]:

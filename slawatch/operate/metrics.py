@@ -51,6 +51,8 @@ OUTCOMES = ("sent", "retry", "dead", "silenced", "summarized", "acknowledged", "
 # The type label of a rejected event whose type no rule uses (or that has none): the
 # label takes only the rules' types, so a producer's garbage cannot grow the series.
 OTHER_TYPE = "-"
+# Held events (slawatch.event_held), counted up to COUNT_LIMIT.
+_HELD = f"SELECT count(*) FROM (SELECT 1 FROM slawatch.event_held LIMIT {COUNT_LIMIT}) h"
 # Per notifier: (pending deliveries, when the oldest one's alert fired, dead deliveries).
 _Outbox = dict[str, tuple[int, datetime | None, int]]
 
@@ -279,9 +281,9 @@ class OutboxCollector:
         yield from self._families()
 
     def collect(self) -> Iterator[Metric]:
-        up, pending, oldest, dead, outages, outage, timers = self._families()
+        up, pending, oldest, dead, outages, outage, timers, held = self._families()
         try:
-            rows, open_timers = self._read_within(SCRAPE_BUDGET)
+            rows, open_timers, held_events = self._read_within(SCRAPE_BUDGET)
         except DatabaseError as exc:
             log.debug("metrics: outbox not read: %s", exc)
             up.add_metric([], 0)
@@ -304,13 +306,15 @@ class OutboxCollector:
             for rule, count in sorted(open_timers.items()):
                 timers.add_metric([rule], count)
             yield timers
+            held.add_metric([], held_events)
+            yield held
         yield up
         outages.add_metric([], self.db.outage.started)
         outage.add_metric([], 1 if self.db.outage.down else 0)
         yield outages
         yield outage
 
-    def _read_within(self, budget: float) -> tuple[_Outbox, dict[str, int]]:
+    def _read_within(self, budget: float) -> tuple[_Outbox, dict[str, int], int]:
         """:meth:`_read` in a thread of its own, given up on after ``budget`` seconds.
 
         A connection check or a query on a network that drops every packet waits for
@@ -318,7 +322,7 @@ class OutboxCollector:
         scrapes start none (at most one thread waits on a dead network).
         """
         done = threading.Event()
-        got: list[tuple[_Outbox, dict[str, int]]] = []
+        got: list[tuple[_Outbox, dict[str, int], int]] = []
         failed: list[BaseException] = []
 
         def read() -> None:
@@ -340,9 +344,9 @@ class OutboxCollector:
             raise failed[0]
         return got[0]
 
-    def _read(self) -> tuple[_Outbox, dict[str, int]]:
+    def _read(self) -> tuple[_Outbox, dict[str, int], int]:
         """Per notifier: (pending, when the oldest pending one's alert fired, dead); per
-        event rule: its open timers."""
+        event rule: its open timers; the events held (types no rule knew)."""
         query = queries()["outbox_gauges"]
         what = "reading the outbox for metrics"
         with self.db.connection(what, wait=SCRAPE_WAIT) as conn, conn.transaction():
@@ -352,7 +356,10 @@ class OutboxCollector:
             )
             rows = conn.execute(query).fetchall()
             timers = _open_timers(conn, event_rules(list(self.rules())))
-        return {str(name): (int(p), fired, int(d)) for name, p, fired, d in rows}, timers
+            with translate("counting held events for metrics"):
+                row = conn.execute(_HELD).fetchone()
+        outbox = {str(name): (int(p), fired, int(d)) for name, p, fired, d in rows}
+        return outbox, timers, int(row[0]) if row else 0
 
     @staticmethod
     def _families() -> tuple[
@@ -361,6 +368,7 @@ class OutboxCollector:
         GaugeMetricFamily,
         GaugeMetricFamily,
         CounterMetricFamily,
+        GaugeMetricFamily,
         GaugeMetricFamily,
         GaugeMetricFamily,
     ]:
@@ -398,6 +406,11 @@ class OutboxCollector:
                 "Open deadlines (timers) of each event rule: started, not yet stopped; "
                 f"counted up to {COUNT_LIMIT} through the timer table's partial indexes",
                 labels=["rule"],
+            ),
+            GaugeMetricFamily(
+                "slawatch_events_held",
+                "Events of types slawatch.event() knew no rule for, kept in slawatch.event_held"
+                f" until a migrate brings their rule (counted up to {COUNT_LIMIT})",
             ),
         )
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -58,6 +59,7 @@ class PruneResult:
     orphans: int = 0  # of the acks, those whose alert was gone already
     timers: int = 0  # event rules' closed timers (and stops that never met their start)
     event_ids: int = 0  # event ids older than the dedupe window
+    held: int = 0  # held events (of types no rule knew) older than the retention
     episodes: int = 0  # the episode history's rows of episodes ended before the window
 
     def __iadd__(self, other: PruneResult) -> PruneResult:
@@ -69,6 +71,7 @@ class PruneResult:
         self.orphans += other.orphans
         self.timers += other.timers
         self.event_ids += other.event_ids
+        self.held += other.held
         self.episodes += other.episodes
         return self
 
@@ -138,6 +141,9 @@ def prune(
 _PRUNE_EVENT_IDS = """\
 DELETE FROM slawatch.event_seen WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM slawatch.event_seen WHERE at < %(cutoff)s LIMIT %(batch)s))"""
+_PRUNE_HELD = """\
+DELETE FROM slawatch.event_held WHERE n = ANY (ARRAY(
+    SELECT n FROM slawatch.event_held WHERE received < %(cutoff)s LIMIT %(batch)s))"""
 
 
 def prune_events(
@@ -148,10 +154,12 @@ def prune_events(
     *,
     batch: int = BATCH,
     budget: timedelta = BUDGET,
+    dedupe: timedelta = DEDUPE,
 ) -> PruneResult:
     """Remove event rules' closed timers older than ``retention`` (a stop that waited
-    ``within`` for its start sooner), and event ids older than the dedupe window,
-    batch after batch within ``budget``."""
+    ``within`` for its start sooner), held events older than ``retention``, and event
+    ids older than the dedupe window ``dedupe`` (``SLAWATCH_DEDUPE_WINDOW``), batch
+    after batch within ``budget``."""
     now = clock.now()
     started = time.monotonic()
     result = PruneResult()
@@ -172,16 +180,31 @@ def prune_events(
             result.batches += 1
             if got < batch:
                 break
+    ids, batches = _prune_rows(db, "event ids", _PRUNE_EVENT_IDS, now - dedupe, batch, spent)
+    held, more = _prune_rows(db, "held events", _PRUNE_HELD, now - retention, batch, spent)
+    result.event_ids, result.held, result.batches = ids, held, result.batches + batches + more
+    return result
+
+
+def _prune_rows(
+    db: Database,
+    what: str,
+    statement: str,
+    cutoff: datetime,
+    batch: int,
+    spent: Callable[[], bool],
+) -> tuple[int, int]:
+    """Run a DELETE of at most ``batch`` rows older than ``cutoff`` until one comes back
+    short or the time is ``spent``: the rows removed, in how many statements."""
+    removed = batches = 0
+
+    def old(conn: Connection) -> int:
+        with translate(f"pruning {what}"):
+            return conn.execute(statement, {"cutoff": cutoff, "batch": batch}).rowcount
+
     while not spent():
-
-        def ids(conn: Connection) -> int:
-            with translate("pruning event ids"):
-                cur = conn.execute(_PRUNE_EVENT_IDS, {"cutoff": now - DEDUPE, "batch": batch})
-            return cur.rowcount
-
-        got = db.run("pruning event ids", ids)
-        result.event_ids += got
-        result.batches += 1
+        got = db.run(f"pruning {what}", old)
+        removed, batches = removed + got, batches + 1
         if got < batch:
             break
-    return result
+    return removed, batches

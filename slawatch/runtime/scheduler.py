@@ -52,7 +52,7 @@ from slawatch.engine.claim import (
     prepare_all,
     prepare_ready,
 )
-from slawatch.engine.timers import known_types
+from slawatch.engine.timers import DEDUPE, known_types
 from slawatch.errors import ConfigError, SlawatchError
 from slawatch.events.ingest import Ingested
 from slawatch.events.sources import Drained, Recorder, SourceRunner
@@ -231,6 +231,7 @@ class Runner:
         backoff_cap: float = BACKOFF_CAP,
         retention: timedelta = DEFAULT_RETENTION,
         maintain_every: timedelta = MAINTAIN_EVERY,
+        dedupe_window: timedelta = DEDUPE,
         load: Loader | None = None,
         admin_url: str | None = None,
         actions: Mode = "on",
@@ -244,6 +245,7 @@ class Runner:
         self.admin_url = admin_url  # for the link in storm summaries
         self.poll, self.backoff_cap = poll, backoff_cap
         self.retention, self.maintain_every = retention, maintain_every
+        self.dedupe_window = dedupe_window  # SLAWATCH_DEDUPE_WINDOW: event ids kept
         self._load = load
         self._configs = {c.name: c for c in notifiers}
         self._source_configs = list(sources or [])
@@ -418,7 +420,13 @@ class Runner:
         since = time.monotonic()
         try:
             result = prune(self.db, self.clock, self.retention)
-            result += prune_events(self.db, list(self.rules.values()), self.clock, self.retention)
+            result += prune_events(
+                self.db,
+                list(self.rules.values()),
+                self.clock,
+                self.retention,
+                dedupe=self.dedupe_window,
+            )
             pruned_actions = prune_actions(self.db, self.clock.now() - self.retention)
             # Rules with give_up_after: episodes open too long end as abandoned.
             abandoned = give_up(self.db, list(self.plans.values()), self.clock.now())
@@ -446,11 +454,13 @@ class Runner:
                 rule_name,
                 count,
             )
-        if result.timers or result.event_ids:
+        if result.timers or result.event_ids or result.held:
             log.info(
-                "pruned %d closed timers of event rules and %d event ids past their window",
+                "pruned %d closed timers of event rules, %d event ids past their window"
+                " and %d held events older than the retention",
                 result.timers,
                 result.event_ids,
+                result.held,
             )
         if result.alerts or result.deliveries or result.acks or result.silences:
             log.info(

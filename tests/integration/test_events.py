@@ -21,7 +21,6 @@ from slawatch.db import Database
 from slawatch.engine.claim import drain, prepare, prepare_ready
 from slawatch.engine.migrate import migrate
 from slawatch.engine.timers import prune_timers
-from slawatch.errors import ConfigError
 from slawatch.events.ingest import ingest, parse_events
 from slawatch.runtime.maintain import prune_events
 from tests.integration.helpers import Conn, FixedClock
@@ -192,7 +191,9 @@ def test_a_new_start_after_a_closed_cycle_opens_the_next(conn: Conn, db: Databas
     assert scan(db, rule, T0 + 74 * H + S) == 1
 
 
-def test_a_repeat_of_type_and_id_within_a_day_is_dropped(conn: Conn, db: Database) -> None:
+def test_a_repeat_of_type_and_id_is_dropped_until_the_dedupe_window_prunes_its_id(
+    conn: Conn, db: Database
+) -> None:
     rule = parcel()
     setup(conn, rule)
     assert send(conn, "parcel_shipped", "F", T0, id="evt-1") == "accepted"
@@ -200,8 +201,14 @@ def test_a_repeat_of_type_and_id_within_a_day_is_dropped(conn: Conn, db: Databas
     assert timer(conn, "G") is None
     # The same id of another type is another event.
     assert send(conn, "parcel_delivered", "F", T0 + H, id="evt-1") == "accepted"
-    # After the window the id may come again.
-    later = T0 + 25 * H
+    # The window is a setting (SLAWATCH_DEDUPE_WINDOW): 2 hours here. Within it the
+    # maintenance keeps the id; past it, it prunes the id, which may then come again.
+    window = timedelta(hours=2)
+    prune_events(db, [rule], FixedClock(T0 + 2 * H - S), timedelta(days=30), dedupe=window)
+    assert send(conn, "parcel_shipped", "G", T0, id="evt-1", received=T0 + 2 * H) == "duplicate"
+    got = prune_events(db, [rule], FixedClock(T0 + 2 * H + S), timedelta(days=30), dedupe=window)
+    assert got.event_ids == 1  # evt-1 of parcel_shipped; that of parcel_delivered is newer
+    later = T0 + 2 * H + M
     assert send(conn, "parcel_shipped", "G", later, id="evt-1") == "accepted"
 
 
@@ -325,10 +332,12 @@ def test_the_sql_function_refuses_bad_events(
     assert conn.execute("SELECT count(*) FROM slawatch.parcel_timers").fetchone() == (0,)
 
 
-def test_an_unknown_type_is_reported_not_stored(conn: Conn) -> None:
+def test_an_unknown_type_is_held_not_applied(conn: Conn) -> None:
     setup(conn, parcel())
-    assert conn.execute("SELECT slawatch.event('parcel_shiped', 'k')").fetchone() == ("unknown",)
+    assert conn.execute("SELECT slawatch.event('parcel_shiped', 'k')").fetchone() == ("held",)
     assert conn.execute("SELECT count(*) FROM slawatch.parcel_timers").fetchone() == (0,)
+    held = conn.execute("SELECT type, key FROM slawatch.event_held").fetchall()
+    assert held == [("parcel_shiped", "k")]
 
 
 def test_a_batch_is_all_or_nothing(conn: Conn, db: Database) -> None:
@@ -346,16 +355,16 @@ def test_a_batch_is_all_or_nothing(conn: Conn, db: Database) -> None:
     again = ingest(db, events, now)
     assert (again.accepted, again.duplicates) == (0, 5)
     # A type the database's function does not know (rules changed, not migrated):
-    # the whole batch is undone.
-    bad = parse_events(
+    # held, and the rest of the batch stored.
+    mixed = parse_events(
         {"events": [{"type": "parcel_shipped", "key": "new"}, {"type": "other", "key": "x"}]},
         {"parcel_shipped", "other"},
         now,
         timedelta(days=30),
     )
-    with pytest.raises(ConfigError, match="run 'slawatch migrate'"):
-        ingest(db, bad, now)
-    assert timer(conn, "new") is None
+    got = ingest(db, mixed, now)
+    assert (got.accepted, got.duplicates, got.held) == (1, 0, 1)
+    assert timer(conn, "new") is not None
 
 
 def test_changed_event_types_need_a_migrate_before_the_rule_runs(conn: Conn) -> None:
@@ -406,7 +415,7 @@ def test_maintenance_prunes_timers_and_old_event_ids_in_bounded_batches(
     now = T0 + 48 * H
     result = prune_events(db, [rule], FixedClock(now), timedelta(days=1), batch=2)
     assert (result.timers, result.event_ids) == (5, 10)
-    assert result.batches == 3 + 6  # 2+2+1 timers, 2*5+0 ids
+    assert result.batches == 3 + 6 + 1  # 2+2+1 timers, 2*5+0 ids, 0 held events
     left = conn.execute("SELECT id FROM slawatch.event_seen").fetchall()
     assert left == [("fresh",)]
 
@@ -498,3 +507,19 @@ def test_the_events_of_one_batch_are_applied_in_the_batchs_order(conn: Conn, db:
     events = parse_events({"events": raw}, {"parcel_shipped"}, T0 + 3 * H, timedelta(days=30))
     assert ingest(db, events, T0 + 3 * H).accepted == 2
     assert timer(conn, "P") == (T0 + 73 * H, True)
+
+
+def test_the_run_prunes_event_ids_past_its_dedupe_window(conn: Conn, dsn: str) -> None:
+    """SLAWATCH_DEDUPE_WINDOW reaches the maintenance of ``slawatch run``."""
+    from slawatch.runtime.scheduler import Runner
+
+    setup(conn, parcel())
+    send(conn, "parcel_shipped", "a", T0, id="old")
+    send(conn, "parcel_shipped", "b", T0 + 2 * H, id="new")
+    runner = Runner(dsn, [], [], clock=FixedClock(T0 + 3 * H), dedupe_window=2 * H)
+    try:
+        result = runner.maintain()
+    finally:
+        runner.close()
+    assert result is not None and result.event_ids == 1
+    assert conn.execute("SELECT id FROM slawatch.event_seen").fetchall() == [("new",)]

@@ -598,6 +598,7 @@ def test_the_index_retention_reads_acks_by_is_part_of_the_schema(outbox: Conn) -
         " DROP FUNCTION slawatch.action_delivery_settled()"
     )
     outbox.execute("DROP TABLE slawatch.episode")  # 0006_episode_history.sql
+    outbox.execute("DROP TABLE slawatch.event_held")  # 0010_held_events.sql
     assert not schema_current(outbox)
     migrate(outbox, [])
     assert schema_current(outbox)

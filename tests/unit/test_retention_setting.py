@@ -44,3 +44,30 @@ def test_a_bad_retention_is_one_line_and_exit_2(
     assert err.count("\n") == 1 and err.startswith("slawatch: error: "), err
     assert message in err
     assert len(err) < 200  # an absurd value is quoted short
+
+
+def test_the_dedupe_window_is_a_setting_of_a_day_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SLAWATCH_DEDUPE_WINDOW", raising=False)
+    assert Settings().dedupe_window == timedelta(days=1)
+    monkeypatch.setenv("SLAWATCH_DEDUPE_WINDOW", "2h")
+    assert Settings().dedupe_window == timedelta(hours=2)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("soon", "SLAWATCH_DEDUPE_WINDOW: 'soon' is not a duration"),
+        ("5m", "SLAWATCH_DEDUPE_WINDOW: '5m' is shorter than 10m, the least slawatch accepts"),
+        ("3651d", "SLAWATCH_DEDUPE_WINDOW: '3651d' is longer than 10 years"),
+    ],
+)
+def test_a_bad_dedupe_window_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str, message: str
+) -> None:
+    monkeypatch.setenv("SLAWATCH_DEDUPE_WINDOW", value)
+    assert main(["check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("slawatch: error: "), err
+    assert message in err

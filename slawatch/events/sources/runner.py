@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from slawatch.clock import Clock
-from slawatch.db import Database, DatabaseUnavailable, retry_conflicts
+from slawatch.db import Database, DatabaseUnavailable
 from slawatch.errors import SlawatchError
 from slawatch.events.ingest import Event, Ingested, ingest
 from slawatch.events.sources.base import (
@@ -239,7 +239,7 @@ class SourceRunner:
             while True:
                 since = time.monotonic()
                 try:
-                    got = retry_conflicts(lambda: ingest(self.db, events, now))
+                    got = ingest(self.db, events, now)  # tries a deadlock again itself
                 except DatabaseUnavailable:
                     if not hold:
                         raise
