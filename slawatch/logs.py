@@ -46,9 +46,23 @@ def printable(text: str) -> str:
     return _CONTROL.sub(_escape, text)
 
 
+# The lines a traceback is made of: indented frames and code, its headings, a blank,
+# and "Type: message" lines. A line break before anything else is a message's own.
+_TRACE_LINE = re.compile(
+    r"(\s|Traceback \(|During handling |The above exception |[A-Za-z_][\w.]*(:|$)|$)"
+)
+
+
 def _traceback(text: str) -> str:
-    """A traceback's control characters written out, its own line breaks kept."""
-    return "\n".join(printable(line) for line in text.split("\n"))
+    """A traceback's control characters written out, its own line breaks kept (an
+    exception's message cannot start a line that looks like a log line)."""
+    lines: list[str] = []
+    for line in text.split("\n"):
+        if lines and not _TRACE_LINE.match(line):
+            lines[-1] += "\\n" + printable(line)
+        else:
+            lines.append(printable(line))
+    return "\n".join(lines)
 
 
 class TextFormatter(logging.Formatter):

@@ -170,7 +170,7 @@ def _ingest_tokens(value: Any) -> list[IngestScope]:
         return []
     if isinstance(value, str | bytes):
         text = value.decode() if isinstance(value, bytes) else value
-        if not text.lstrip().startswith("["):
+        if not text.lstrip().startswith(("[", "{")):
             try:
                 text = Path(text.strip()).read_text()
             except OSError as exc:
