@@ -44,8 +44,8 @@ class Limits:
     own, so that readers never turn producers away. ``header_timeout``: seconds from a
     connection's opening (or the first byte of a request on a kept-alive connection)
     to the end of the request's headers. ``keep_alive``: seconds a connection may
-    stay idle after a response (longer than the idle time of clients' connection
-    pools, so that a producer never sends on a connection the server is closing).
+    stay idle after a response (longer than clients' connection pools keep one idle,
+    Go's 90 s the longest: a producer never sends on a connection being closed).
     ``body_timeout``: seconds to receive a whole request body. ``idle``: connections
     waiting for a request; past it the oldest is closed. ``body``: bytes of a request
     body, unless ``bodies`` names the path (an upload endpoint may allow more).
@@ -54,7 +54,7 @@ class Limits:
     requests: int = 16
     ingest: int = 16
     header_timeout: float = 5.0
-    keep_alive: float = 75.0
+    keep_alive: float = 100.0
     body_timeout: float = 10.0
     idle: int = 200
     body: int = MIB
