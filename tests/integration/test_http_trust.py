@@ -114,6 +114,8 @@ def test_every_503_is_json_and_says_when_to_retry(
     proxy.close()
     for answer in (away.api.post("/v1/events", json=shipped("p3")), away.api.get("/v1/rules")):
         assert error(answer, 503) and answer.headers["retry-after"] == "5", answer.headers
+    page = away.api.get("/")  # a person's browser: HTML, and the same header
+    assert page.status_code == 503 and page.headers["retry-after"] == "5", page.headers
     wait_until(lambda: away.api.get("/readyz").status_code == 503, "not ready")
     assert away.api.get("/readyz").headers["retry-after"] == "5"
     assert parcels(conn) == {"p2"}
