@@ -733,6 +733,62 @@ class Database:
         self.close()
 
 
+class Interrupted(DatabaseError):
+    """The work was not done: its pool was interrupted (:meth:`Interruptible.interrupt`)."""
+
+
+class Interruptible(Database):
+    """A :class:`Database` whose work can be cut short: :meth:`interrupt` refuses every
+    connection asked for from then on (:class:`Interrupted`) and cancels the statements
+    running on those handed out, so that work stuck behind a lock fails (rolled back)
+    instead of holding a stopping server. Used by the admin API for the batches of
+    events it writes: each is then answered, stored or not."""
+
+    def __init__(self, dsn: str, **kwargs: Any) -> None:
+        super().__init__(dsn, **kwargs)
+        self._handed = threading.Condition()
+        self._out: set[Connection] = set()
+        self._interrupted = False
+
+    @contextlib.contextmanager
+    def connection(self, what: str, *, wait: float | None = None) -> Iterator[Connection]:
+        if self._interrupted:  # not even a wait for the pool
+            raise Interrupted(f"{what}: interrupted (slawatch is stopping)")
+        with super().connection(what, wait=wait) as conn:
+            with self._handed:
+                if self._interrupted:
+                    raise Interrupted(f"{what}: interrupted (slawatch is stopping)")
+                self._out.add(conn)
+            try:
+                yield conn
+            finally:
+                with self._handed:
+                    self._out.discard(conn)
+                    self._handed.notify_all()
+
+    def interrupt(self, within: float) -> bool:
+        """Refuse connections from now on and cancel what runs on those handed out until
+        every one is given back, for at most ``within`` seconds; whether they all were."""
+        deadline = time.monotonic() + within
+        with self._handed:
+            self._interrupted = True
+        while True:
+            with self._handed:
+                running = list(self._out)
+            if not running:
+                return True
+            # Again each round: a cancel that arrives before its statement starts is lost.
+            for conn in running:
+                with contextlib.suppress(psycopg.Error):
+                    conn.cancel_safe(timeout=max(deadline - time.monotonic(), 0.1))
+            with self._handed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return not self._out
+                if self._out:
+                    self._handed.wait(min(left, 0.2))
+
+
 # ---------------------------------------------------------------- the embedded server
 
 

@@ -6,6 +6,10 @@ log shipper). A JSON line has ``time`` (UTC, ISO 8601), ``level``, ``logger``
 and ``message``, then the record's structured fields (``extra=`` at the call:
 ``rule``, ``claimed``, ``notifier``, ``sent``, ...), and ``exc`` for a traceback.
 
+Control characters in a message (a key that came in an event or a row: ESC, OSC,
+BEL, CR LF) are escaped in both formats (:func:`printable`): a log line cannot
+retitle or clear the terminal it is read on, nor forge a line of its own.
+
 The formatter is ours (a few lines) rather than python-json-logger: we need
 exactly these field names and the extras as they are, nothing else, and one
 dependency less to keep current.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -24,6 +29,53 @@ from slawatch.errors import ConfigError
 LogFormat = Literal["auto", "text", "json"]
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# C0, DEL and C1 (a terminal in UTF-8 takes U+009B as CSI, as it takes ESC [).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(found: re.Match[str]) -> str:
+    char = found.group()
+    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters written out (``\\x1b``, ``\\r``, ``\\n``):
+    safe to print on a terminal and to write as one line of a log."""
+    return _CONTROL.sub(_escape, text)
+
+
+# The lines a traceback is made of: indented frames and code, its headings, a blank,
+# and "Type: message" lines. A line break before anything else is a message's own.
+_TRACE_LINE = re.compile(
+    r"(\s|Traceback \(|During handling |The above exception |[A-Za-z_][\w.]*(:|$)|$)"
+)
+
+
+def _traceback(text: str) -> str:
+    """A traceback's control characters written out, its own line breaks kept (an
+    exception's message cannot start a line that looks like a log line)."""
+    lines: list[str] = []
+    for line in text.split("\n"):
+        if lines and not _TRACE_LINE.match(line):
+            lines[-1] += "\\n" + printable(line)
+        else:
+            lines.append(printable(line))
+    return "\n".join(lines)
+
+
+class TextFormatter(logging.Formatter):
+    """The readable format: a message's control characters written out."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return _traceback(super().formatException(ei))
+
+
+_C1 = re.compile(r"[\x7f-\x9f]")
 
 # What every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = {*vars(logging.LogRecord("", 0, "", 0, "", None, None)), "message", "asctime"}
@@ -48,7 +100,9 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             doc["stack"] = self.formatStack(record.stack_info)
         # default=str: a field that is no JSON type (a Path, a datetime) is still shown.
-        return json.dumps(doc, default=str, ensure_ascii=False)
+        # JSON escapes C0 itself; DEL and C1 are written out here (inside strings only).
+        line = json.dumps(doc, default=str, ensure_ascii=False)
+        return _C1.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
 
 
 def setup(level: str, log_format: LogFormat = "auto") -> None:
@@ -60,7 +114,7 @@ def setup(level: str, log_format: LogFormat = "auto") -> None:
         )
     as_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if as_json else logging.Formatter(TEXT))
+    handler.setFormatter(JsonFormatter() if as_json else TextFormatter(TEXT))
     logging.basicConfig(level=numeric, handlers=[handler])
     # APScheduler logs every job run at INFO, and warns of each tick skipped while a
     # scan is still running (max_instances=1 is on purpose; during an outage a scan

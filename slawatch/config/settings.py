@@ -8,12 +8,23 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, ValidationInfo, field_validator
+import orjson
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from slawatch.config.durations import parse_duration
-from slawatch.config.files import shorten
+from slawatch.config.files import describe_validation_error, shorten
+from slawatch.config.rules import EVENT_TYPE
 
 DEFAULT_RETENTION = timedelta(days=30)
 DEFAULT_DEDUPE_WINDOW = timedelta(days=1)
@@ -116,6 +127,24 @@ def _public_url(value: Any) -> str | None:
     return text.rstrip("/")
 
 
+def _forwarded(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    for part in (p.strip() for p in text.split(",")):
+        if part == "*":
+            continue
+        try:
+            ipaddress.ip_network(part, strict=False)
+        except ValueError:
+            reason = (
+                f"{shorten(part)} is not an IP address or network (e.g. 10.0.0.5,10.1.0.0/16, "
+                "or * for any)"
+            )
+            raise PydanticCustomError("forwarded", "{reason}", {"reason": reason}) from None
+    return text
+
+
 def _token(value: Any) -> str | None:
     if value is None or value == "":
         return None
@@ -127,6 +156,63 @@ def _token(value: Any) -> str | None:
         )
         raise PydanticCustomError("token", "{reason}", {"reason": reason})
     return text
+
+
+def _event_type(value: Any) -> str:
+    if not isinstance(value, str) or not EVENT_TYPE.fullmatch(value):
+        raise ValueError(f"{shorten(value)} is not an event type")
+    return value
+
+
+class IngestScope(BaseModel):
+    """One producer token of ``SLAWATCH_INGEST_TOKENS``: accepted on ``POST /v1/events``
+    for events of ``types`` (and, with ``key_prefix``, keys that start with it) only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    token: Annotated[SecretStr, BeforeValidator(_token)]
+    types: list[Annotated[str, BeforeValidator(_event_type)]] = Field(min_length=1)
+    key_prefix: str | None = Field(default=None, min_length=1, max_length=200)
+
+    def refuses(self, kind: str, key: str) -> str | None:
+        """Why an event of ``kind`` and ``key`` is outside this token's scope (None: inside)."""
+        if kind not in self.types:
+            return f"{kind!r} is not a type this token may post ({', '.join(self.types)})"
+        if self.key_prefix is not None and not key.startswith(self.key_prefix):
+            return f"{shorten(key)} does not start with this token's key_prefix {self.key_prefix!r}"
+        return None
+
+
+def _ingest_tokens(value: Any) -> list[IngestScope]:
+    """A JSON list of scopes, or the path of a file holding one (a mounted secret)."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, str | bytes):
+        text = value.decode() if isinstance(value, bytes) else value
+        if not text.lstrip().startswith(("[", "{")):
+            try:
+                text = Path(text.strip()).read_text()
+            except OSError as exc:
+                reason = f"not a JSON list, nor a file that can be read ({exc.strerror or exc})"
+                raise PydanticCustomError("tokens", "{reason}", {"reason": reason}) from None
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            reason = f"not JSON: {str(exc).splitlines()[0]}"
+            raise PydanticCustomError("tokens", "{reason}", {"reason": reason}) from None
+    if not isinstance(value, list):
+        reason = 'a JSON list: [{"token": "...", "types": ["..."], "key_prefix": "..."}]'
+        raise PydanticCustomError("tokens", "{reason}", {"reason": reason})
+    scopes = []
+    for i, item in enumerate(value):
+        try:
+            scopes.append(IngestScope.model_validate(item))
+        except ValidationError as exc:
+            # The token itself is never quoted back: a secret.
+            first = describe_validation_error(exc, IngestScope)[0]
+            first = "token: " + first.split(": ", 2)[-1] if first.startswith("token:") else first
+            reason = f"[{i}].{first}"
+            raise PydanticCustomError("tokens", "{reason}", {"reason": reason}) from None
+    return scopes
 
 
 class Settings(BaseSettings):
@@ -171,9 +257,16 @@ class Settings(BaseSettings):
     api_token: Annotated[SecretStr | None, BeforeValidator(_token)] = None
     # Accepted on POST /v1/events only: producers post events, and can do nothing else.
     ingest_token: Annotated[SecretStr | None, BeforeValidator(_token)] = None
+    # Producer tokens limited to some event types (and a key prefix): a JSON list, or the
+    # path of a file holding one (README "Events over HTTP").
+    ingest_tokens: Annotated[list[IngestScope], NoDecode, BeforeValidator(_ingest_tokens)] = []
     # The admin API's address as people reach it (a DNS name, a proxy), for the link in
     # storm summaries; unset: http://<SLAWATCH_HTTP> unless that binds every interface.
     public_url: Annotated[str | None, BeforeValidator(_public_url)] = None
+    # Proxies whose X-Forwarded-Proto/-For the admin API believes (uvicorn's
+    # forwarded_allow_ips: addresses, networks, or *); unset: FORWARDED_ALLOW_IPS, else
+    # 127.0.0.1 and ::1.
+    forwarded_allow_ips: Annotated[str | None, BeforeValidator(_forwarded)] = None
     # Rules' actions (DESIGN.md §8): "on" runs them; "off" and "dry-run" record and log
     # each as "would run" instead.
     actions: Literal["on", "off", "dry-run"] = "on"
@@ -187,6 +280,23 @@ class Settings(BaseSettings):
                 "token",
                 "must differ from SLAWATCH_API_TOKEN (the ingest token may only post events)",
             )
+        return v
+
+    @field_validator("ingest_tokens")
+    @classmethod
+    def _scoped_differ(cls, v: list[IngestScope], info: ValidationInfo) -> list[IngestScope]:
+        others = [info.data.get("api_token"), info.data.get("ingest_token")]
+        seen = {t.get_secret_value() for t in others if t is not None}
+        for i, scope in enumerate(v):
+            token = scope.token.get_secret_value()
+            if token in seen:
+                raise PydanticCustomError(
+                    "token",
+                    "[{i}].token: must differ from SLAWATCH_API_TOKEN, SLAWATCH_INGEST_TOKEN "
+                    "and the other tokens (a token has one scope)",
+                    {"i": i},
+                )
+            seen.add(token)
         return v
 
     @property

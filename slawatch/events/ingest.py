@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -40,6 +41,9 @@ FIELDS = ("type", "key", "at", "data", "id")
 TRIES = 4  # attempts of a batch that hit a deadlock or a serialization failure
 PAUSE = 0.05  # seconds before the second attempt, doubled each time, jittered
 _RETRY_STATES = {"40P01": "deadlock", "40001": "serialization failure"}
+# C0, DEL and C1: in a key they would reach terminals and log lines (ESC, OSC, BEL
+# sequences, a CR LF that forges a line).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,17 @@ def parse_time(value: Any) -> datetime:
     return t
 
 
+def _control(text: str) -> str | None:
+    """Why ``text`` is refused for a control character in it (None: it has none)."""
+    found = _CONTROL.search(text)
+    if found is None:
+        return None
+    return (
+        f"contains a control character (U+{ord(found.group()):04X} at {found.start()});"
+        " keys and types are printable text"
+    )
+
+
 def parse_event(
     raw: Any,
     index: int | None,
@@ -119,6 +134,8 @@ def parse_event(
     kind = raw.get("type")
     if kind is None:
         raise bad("type", "is required")
+    if isinstance(kind, str) and (control := _control(kind)):
+        raise bad("type", control)
     if not isinstance(kind, str) or not EVENT_TYPE.fullmatch(kind):
         raise bad("type", f"{shorten(kind)} is not an event type")
     known = set(known)
@@ -131,8 +148,10 @@ def parse_event(
     if isinstance(key, bool) or not isinstance(key, str | int):
         raise bad("key", f"{shorten(key)}: a key is text (or a whole number)")
     key = str(key)
-    if not 1 <= len(key) <= KEY_MAX or "\x00" in key:
-        raise bad("key", f"must be 1 to {KEY_MAX} characters without NUL, not {len(key):,}")
+    if not 1 <= len(key) <= KEY_MAX:
+        raise bad("key", f"must be 1 to {KEY_MAX} characters, not {len(key):,}")
+    if control := _control(key):
+        raise bad("key", control)
     at = None
     if raw.get("at") is not None:
         try:

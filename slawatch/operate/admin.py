@@ -9,10 +9,11 @@ pool of their own, so looking never takes a connection from the claim.
 Every request first passes :class:`_Gate`, cheapest check first: who may ask
 (:func:`refusal`: the Host, the Origin of a write, the token), a declared body over
 its limit (413 before a byte of it is read), then one of ``Limits.requests``
-slots (more are answered 503 at once; ``/healthz`` and ``/readyz`` need none), a
-page session's lookup in the database, and the body, read whole within its size
-and time limits (:mod:`slawatch.operate.guard`, which also closes connections that send no
-request in time).
+slots, or for ``POST /v1/events`` one of ``Limits.ingest`` (slots of its own: readers
+never turn producers away; more are answered 503 at once; ``/healthz`` and ``/readyz``
+need none), a page session's lookup in the database, and the body, read whole
+within its size and time limits (:mod:`slawatch.operate.guard`, which also closes
+connections that send no request in time).
 
 Auth: with a token, every request but ``/healthz`` (and the page's login and
 static files) needs ``Authorization: Bearer <token>`` (compared in constant time)
@@ -21,10 +22,15 @@ a loopback ``Host`` is answered (DNS rebinding: another site's name resolved to
 127.0.0.1 reads nothing), ``/healthz`` excepted, and writes are refused unless
 the server listens on loopback only. The ingest token (``SLAWATCH_INGEST_TOKEN``)
 is accepted on ``POST /v1/events`` and nowhere else: producers post events without
-the power to read, ack, silence or replay. A write from a browser must come from this
+the power to read, ack, silence or replay; a token of ``SLAWATCH_INGEST_TOKENS``
+posts only the event types (and keys) of its scope. A write from a browser must come from this
 server's own page: its ``Origin`` must be this server, and one carried by the
 cookie needs the page's header. Bad input is a 4xx with ``{"error": "..."}``;
 values reach SQL only as parameters.
+
+Every 503 is JSON with ``Retry-After``. :meth:`AdminServer.stop` (SIGTERM) answers
+every batch of events in flight: 202 once committed, or 503 when it was interrupted
+before its commit (:class:`Drain`), never a 500.
 
 ``/readyz`` answers from :class:`Readiness`, a probe of the database on a
 connection of its own every scan interval (at most 5 s), so it tells an outage and
@@ -33,12 +39,14 @@ its end within one interval and never waits for a connection itself.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
+import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar
@@ -46,6 +54,7 @@ from urllib.parse import urlsplit
 
 import orjson
 import uvicorn
+from anyio import CapacityLimiter, to_thread
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -53,20 +62,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slawatch import __version__
 from slawatch.actions.history import MAX_LIST as MAX_ACTIONS
 from slawatch.actions.history import ActionList, ActionStatus, list_actions
 from slawatch.clock import Clock
 from slawatch.config.rules import EVENT_TYPE, Rule
-from slawatch.config.settings import DEFAULT_RETENTION, is_loopback
-from slawatch.db import Connection, Database, DatabaseUnavailable, Pooler
+from slawatch.config.settings import DEFAULT_RETENTION, IngestScope, is_loopback
+from slawatch.db import (
+    Connection,
+    Database,
+    DatabaseUnavailable,
+    Interruptible,
+    Pooler,
+)
 from slawatch.delivery.dispatcher import Replayed as ReplayCount
 from slawatch.delivery.dispatcher import replay_deliveries, replay_problem
 from slawatch.engine.migrate import schema_current
 from slawatch.engine.timers import KEY_MAX, known_types
-from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
+from slawatch.errors import BadInput, ConfigError, DatabaseError, NotFound, SlawatchError
 from slawatch.events.ingest import MAX_BATCH, MAX_ID, EventError, ingest, parse_events
 from slawatch.operate.guard import (
     MIB,
@@ -160,6 +175,14 @@ MAX_EVENTS_BODY = 16 * MIB
 # pool as a database outage.
 EVENTS_AT_ONCE = 4
 EVENTS_WAIT = 30.0
+# Retry-After of a 503: busy slots free within a second; a database that is away, or a
+# server that is stopping (a restart, another instance), takes longer.
+RETRY_BUSY, RETRY_LATER = "1", "5"
+# At a stop, batches of events in flight get this long to commit; then those still
+# writing are interrupted (rolled back, answered 503) within INTERRUPT more seconds.
+DRAIN, INTERRUPT = 10.0, 5.0
+GRACE_MARGIN = 3.0  # for the answers to be written after the interruption
+STOPPING = "slawatch is stopping; send it again (nothing of this request was stored)"
 # The bounds of `slawatch run`'s admin server.
 LIMITS = Limits()
 # /readyz's database probe: every scan interval of the fastest rule, within these.
@@ -347,7 +370,7 @@ def refusal(
         if method == "POST" and path == EVENTS:
             return None
         if path not in _OPEN:
-            return 403, f"the ingest token (SLAWATCH_INGEST_TOKEN) is only for POST {EVENTS}"
+            return 403, f"an ingest token is only for POST {EVENTS}"
     if (
         token is None
         and path not in _ANY_HOST
@@ -407,11 +430,67 @@ def _same_origin(origin: str, host: str | None) -> bool:
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    if status == 503 and not (headers and "Retry-After" in headers):
+        headers = {**(headers or {}), "Retry-After": RETRY_LATER}  # every 503 says when
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _html(body: str, status: int = 200) -> HTMLResponse:
-    return HTMLResponse(body, status_code=status, headers=HEADERS)
+    more = {"Retry-After": RETRY_LATER} if status == 503 else {}
+    return HTMLResponse(body, status_code=status, headers=HEADERS | more)
+
+
+def _producer(
+    authorization: str | None, tokens: Sequence[tuple[str, IngestScope | None]]
+) -> tuple[str, IngestScope | None] | None:
+    """The ingest token an ``Authorization`` header carries, with its scope (None: the
+    unscoped one), or None; every token is compared, in constant time."""
+    found = None
+    for token, scope in tokens:
+        if _bearer(authorization, token) and found is None:
+            found = (token, scope)
+    return found
+
+
+class Drain:
+    """The admin server's stop as its requests see it.
+
+    From :meth:`begin` no request is let in (503 ``STOPPING``); the batches of events in
+    flight are counted, so that the stop can wait for them (:meth:`wait`). From
+    :meth:`cut` no batch starts writing and the ``pools`` interrupt the statements
+    still running: each such batch is rolled back and answered 503, and a 202 is only
+    ever sent for a committed batch.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self.stopping = False
+        self.cut_off = False
+        self._batches = 0
+        self.pools: list[Interruptible] = []
+
+    def begin(self) -> None:
+        self.stopping = True
+
+    def enter(self) -> None:
+        with self._changed:
+            self._batches += 1
+
+    def leave(self) -> None:
+        with self._changed:
+            self._batches -= 1
+            self._changed.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether every batch in flight was answered within ``timeout`` seconds."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._batches == 0, timeout)
+
+    def cut(self, within: float) -> None:
+        """No batch starts writing from now on; interrupt those writing (``within`` s)."""
+        self.cut_off = True
+        for pool in self.pools:
+            pool.interrupt(within)
 
 
 def _checks(report: Mapping[str, Any], prefix: str = "") -> dict[str, bool]:
@@ -441,11 +520,20 @@ class _Gate:
         clock: Clock,
         limits: Limits,
         ingest_token: str | None = None,
+        ingest_tokens: Sequence[IngestScope] = (),
+        drain: Drain | None = None,
     ) -> None:
         self.app = app
-        self.token, self.allow_writes, self.ingest_token = token, allow_writes, ingest_token
+        self.token, self.allow_writes = token, allow_writes
+        self.producers: list[tuple[str, IngestScope | None]] = [
+            (s.token.get_secret_value(), s) for s in ingest_tokens
+        ]
+        if ingest_token is not None:
+            self.producers.append((ingest_token, None))
         self.db, self.clock, self.limits = db, clock, limits
-        self.busy = 0  # requests holding a slot (only ever changed on the event loop)
+        self.drain = drain or Drain()
+        # Requests holding a slot, reads and producers apart (changed on the event loop only).
+        self.busy = {False: 0, True: 0}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -454,6 +542,10 @@ class _Gate:
         request = Request(scope)
         path, headers = str(scope["path"]), request.headers
         cookie = request.cookies.get(COOKIE)
+        producer = _producer(headers.get("authorization"), self.producers)
+        if producer is not None:
+            # The scope is checked against the events themselves (take_events).
+            scope.setdefault("state", {})[_SCOPE] = producer[1]
 
         def refused(session: bool) -> tuple[int, str] | None:
             return refusal(
@@ -466,7 +558,7 @@ class _Gate:
                 page=PAGE_HEADER.lower() in headers,
                 origin=headers.get("origin"),
                 host=headers.get("host"),
-                ingest_token=self.ingest_token,
+                ingest_token=None if producer is None else producer[0],
             )
 
         answer = refused(False)
@@ -492,12 +584,22 @@ class _Gate:
             await _too_large(limit)(scope, receive, send)
             return
         counted = path not in _UNCOUNTED
+        events = path == EVENTS and request.method == "POST"
         if counted:
-            if self.busy >= self.limits.requests:
-                busy = f"the admin API is busy ({self.limits.requests} requests at once); retry"
-                await _error(503, busy, {"Retry-After": "1"})(scope, receive, send)
+            if self.drain.stopping:
+                await _error(503, STOPPING, {"Retry-After": RETRY_LATER, **_CLOSE})(
+                    scope, receive, send
+                )
                 return
-            self.busy += 1
+            slots = self.limits.ingest if events else self.limits.requests
+            if self.busy[events] >= slots:
+                what = "batches of events" if events else "requests"
+                busy = f"the admin API is busy ({slots} {what} at once); retry"
+                await _error(503, busy, {"Retry-After": RETRY_BUSY})(scope, receive, send)
+                return
+            self.busy[events] += 1
+            if events:
+                self.drain.enter()
         try:
             if ask:
                 token = self.token
@@ -524,10 +626,26 @@ class _Gate:
                 return
             except Disconnected:
                 return
-            await self.app(scope, replay_body(body, receive), send)
+            started = False
+
+            async def sending(message: Message) -> None:
+                nonlocal started
+                started = started or message["type"] == "http.response.start"
+                await send(message)
+
+            try:
+                await self.app(scope, replay_body(body, receive), sending)
+            except asyncio.CancelledError:
+                # uvicorn's last resort at a stop (its grace ran out): an answer all the
+                # same, never its bare 500 and a traceback.
+                if not started:
+                    stopping = _error(503, STOPPING, {"Retry-After": RETRY_LATER, **_CLOSE})
+                    await stopping(scope, receive, send)
         finally:
             if counted:
-                self.busy -= 1
+                self.busy[events] -= 1
+                if events:
+                    self.drain.leave()
 
     async def _refuse(
         self, answer: tuple[int, str], scope: Scope, receive: Receive, send: Send
@@ -543,6 +661,8 @@ class _Gate:
 
 # Whoever sent a body that is refused may still be sending it: end the connection.
 _CLOSE = {"Connection": "close"}
+# Where the gate leaves the scope of the ingest token a request carries (scope["state"]).
+_SCOPE = "slawatch_ingest_scope"
 
 
 def _too_large(limit: int) -> JSONResponse:
@@ -637,6 +757,8 @@ def create_app(
     retention: timedelta = DEFAULT_RETENTION,
     runner_metrics: Metrics | None = None,
     events_db: Database | None = None,
+    ingest_tokens: Sequence[IngestScope] = (),
+    public_url: str | None = None,
 ) -> FastAPI:
     """The admin API over ``db`` for the configured ``rules`` and ``notifiers`` (names);
     either may be a callable, read per request, so that a reload shows at once.
@@ -652,7 +774,12 @@ def create_app(
     older than this are refused (they would be pruned at once); ``runner_metrics``:
     where events are counted (``slawatch_events_total``); ``events_db``: the pool
     events are written on (:data:`EVENTS_AT_ONCE` connections; default: one of ``db``'s
-    at a time, leaving the other to the reads).
+    at a time, leaving the other to the reads); ``ingest_tokens``: producer tokens
+    limited to event types and keys; ``public_url``: the page's address as people
+    reach it (https: the login cookie is ``Secure`` whatever the request's scheme).
+
+    ``app.state.drain`` is the server's stop (:class:`Drain`): pools of ``db`` and
+    ``events_db`` that are :class:`~slawatch.db.Interruptible` are interrupted by it.
     """
     clock = clock or Clock()
 
@@ -684,7 +811,11 @@ def create_app(
     limits = replace(
         limits, bodies={"/login": MAX_LOGIN_BODY, EVENTS: MAX_EVENTS_BODY, **limits.bodies}
     )
-    app.state.readiness, app.state.limits = readiness, limits
+    drain = Drain()
+    drain.pools = [
+        p for p in {id(p): p for p in (db, events_db)}.values() if isinstance(p, Interruptible)
+    ]
+    app.state.readiness, app.state.limits, app.state.drain = readiness, limits, drain
     app.add_middleware(
         _Gate,
         token=token,
@@ -693,7 +824,12 @@ def create_app(
         clock=clock,
         limits=limits,
         ingest_token=ingest_token,
+        ingest_tokens=ingest_tokens,
+        drain=drain,
     )
+    # Producers' batches run on threads of their own: reads holding every thread of
+    # the shared pool cannot hold a batch up.
+    producers = CapacityLimiter(limits.ingest)
 
     @app.exception_handler(BadInput)
     async def bad_input(request: Request, exc: BadInput) -> JSONResponse:
@@ -752,7 +888,8 @@ def create_app(
                     error = f"{name} is not running"
         ready = all(checks.values())
         body = Ready(ready=ready, checks=checks, error=error)
-        return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+        later = {} if ready else {"Retry-After": RETRY_LATER}
+        return JSONResponse(body.model_dump(), status_code=200 if ready else 503, headers=later)
 
     @app.get(
         "/metrics",
@@ -913,8 +1050,9 @@ def create_app(
     writer = events_db or db
     writing = threading.BoundedSemaphore(EVENTS_AT_ONCE if events_db is not None else 1)
 
-    def take_events(body: bytes) -> EventsTaken:
-        """Check a body of events whole, then store it in one transaction."""
+    def take_events(body: bytes, scope: IngestScope | None) -> EventsTaken:
+        """Check a body of events whole (against the ``scope`` of the token that sent
+        it, if any), then store it in one transaction."""
         now = clock.now()
         try:
             payload = orjson.loads(body)
@@ -928,11 +1066,30 @@ def create_app(
             if runner_metrics is not None:
                 runner_metrics.events_rejected("http", _types_of(payload))
             raise
+        if scope is not None:
+            batch = not (isinstance(payload, dict) and "type" in payload)
+            for i, event in enumerate(events):
+                why = scope.refuses(event.type, event.key)
+                if why is not None:
+                    if runner_metrics is not None:
+                        runner_metrics.events_rejected("http", [e.type for e in events])
+                    where = f"events[{i}]" if batch else "event"
+                    raise StarletteHTTPException(403, f"{where}: {why}; nothing was stored")
+        stopped = StarletteHTTPException(
+            503, STOPPING, headers={"Retry-After": RETRY_LATER, **_CLOSE}
+        )
         if not writing.acquire(timeout=EVENTS_WAIT):
             busy = f"{EVENTS_AT_ONCE} batches of events are being written; retry"
-            raise StarletteHTTPException(503, busy, headers={"Retry-After": "1"})
+            raise StarletteHTTPException(503, busy, headers={"Retry-After": RETRY_BUSY})
         try:
+            if drain.cut_off:
+                raise stopped
             got = ingest(writer, events, now)
+        except DatabaseError as exc:
+            # Interrupted by the stop: rolled back (an error before the commit is no commit).
+            if drain.cut_off:
+                raise stopped from exc
+            raise
         finally:
             writing.release()
         if runner_metrics is not None:
@@ -952,7 +1109,8 @@ def create_app(
         names the index and field of the first bad one). A type no rule uses is a 400.
         Answered once the batch is committed."""
         body = await request.body()  # read whole, within its limit, by the gate
-        return await run_in_threadpool(take_events, body)
+        scope: IngestScope | None = request.scope.get("state", {}).get(_SCOPE)
+        return await to_thread.run_sync(take_events, body, scope, limiter=producers)
 
     # ------------------------------------------------------------ the on-call page
 
@@ -1007,6 +1165,11 @@ def create_app(
         body, media = STATIC[name]
         return Response(body, media_type=media, headers={"Cache-Control": "no-cache"})
 
+    def secure(request: Request) -> bool:
+        # Behind a TLS proxy the request may look like plain http (an untrusted proxy's
+        # X-Forwarded-Proto is ignored): the public URL says what browsers use.
+        return request.url.scheme == "https" or (public_url or "").startswith("https://")
+
     @app.get("/login", include_in_schema=False)
     def login_form() -> Response:
         return RedirectResponse("/", status_code=303)
@@ -1034,7 +1197,7 @@ def create_app(
             path="/",
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
+            secure=secure(request),
         )
         return response
 
@@ -1045,7 +1208,9 @@ def create_app(
             # A database that is away is a 503: the cookie stays until the session ends.
             await run_in_threadpool(close_session, db, request.cookies.get(COOKIE), token)
         response = RedirectResponse("/", status_code=303)
-        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        response.delete_cookie(
+            COOKIE, path="/", httponly=True, samesite="strict", secure=secure(request)
+        )
         return response
 
     return app
@@ -1060,6 +1225,7 @@ class AdminServer:
         self._server, self._thread = server, thread
         self.host, self.port = address
         self.readiness: Readiness | None = None  # /readyz's probe, stopped with the server
+        self.drain: Drain | None = None  # the app's (create_app), for the stop
         self.on_stop: Callable[[], None] | None = None
 
     @property
@@ -1067,20 +1233,37 @@ class AdminServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop accepting, let running requests finish (up to ``timeout``), end the thread."""
+    def stop(self, drain: float = DRAIN) -> None:
+        """Stop accepting; let the batches of events in flight commit for up to ``drain``
+        seconds, then interrupt the rest (rolled back, answered 503); end the thread.
+
+        Every request in flight is answered: uvicorn's own cancellation (a bare 500) is
+        set later than the drain and its interruption."""
+        if self.drain is not None:
+            self.drain.begin()  # requests still arriving on open connections: 503
         self._server.should_exit = True
-        self._thread.join(timeout)
+        if self.drain is not None:
+            if not self.drain.wait(drain):
+                log.warning(
+                    "stopping: batches of events still writing after %gs are interrupted"
+                    " (answered 503: their producers send them again)",
+                    drain,
+                )
+            self.drain.cut(INTERRUPT)
+        self._thread.join(drain + INTERRUPT + GRACE_MARGIN)
         if self.readiness is not None:
             self.readiness.stop()
         if self.on_stop is not None:
             self.on_stop()
 
 
-def serve_in_thread(app: FastAPI, host: str, port: int) -> AdminServer:
+def serve_in_thread(
+    app: FastAPI, host: str, port: int, *, forwarded_allow_ips: str | None = None
+) -> AdminServer:
     """Serve ``app`` on ``host:port`` (port 0: any free port) from a daemon thread,
     with the connection bounds of ``create_app``'s ``limits``, and start its
-    ``/readyz`` probe.
+    ``/readyz`` probe. ``forwarded_allow_ips``: the proxies whose ``X-Forwarded-*``
+    headers are believed (None: uvicorn's ``FORWARDED_ALLOW_IPS``, else loopback).
 
     The socket is bound here, so a port in use is a ConfigError now, not a log line
     from a thread that quietly ended.
@@ -1105,12 +1288,15 @@ def serve_in_thread(app: FastAPI, host: str, port: int) -> AdminServer:
         # No limit_concurrency: uvicorn counts open connections against it, so idle
         # sockets would turn every request away; the gate counts requests instead.
         http=guarded_protocol(limits),
-        timeout_keep_alive=max(1, round(limits.header_timeout)),
+        # The guard closes idle connections (limits.keep_alive); uvicorn's own timer agrees.
+        timeout_keep_alive=max(1, math.ceil(limits.keep_alive)),
+        forwarded_allow_ips=forwarded_allow_ips,
         log_config=None,  # slawatch's logging stays as it is
         log_level="warning",
         access_log=False,
         lifespan="off",
-        timeout_graceful_shutdown=3,
+        # Later than AdminServer.stop's drain and interruption: those answer every batch.
+        timeout_graceful_shutdown=math.ceil(DRAIN + INTERRUPT + GRACE_MARGIN),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(
@@ -1130,6 +1316,7 @@ def serve_in_thread(app: FastAPI, host: str, port: int) -> AdminServer:
     bound = sock.getsockname()
     served = AdminServer(server, thread, (bound[0], bound[1]))
     served.readiness = readiness
+    served.drain = getattr(app.state, "drain", None)
     return served
 
 
@@ -1147,13 +1334,18 @@ def serve_admin(
     ingest_token: str | None = None,
     retention: timedelta = DEFAULT_RETENTION,
     runner_metrics: Metrics | None = None,
+    ingest_tokens: Sequence[IngestScope] = (),
+    public_url: str | None = None,
+    forwarded_allow_ips: str | None = None,
 ) -> AdminServer:
     """``slawatch run``'s admin API on ``bind``, with a pool of its own; logs its address."""
     host, port = bind
     # A request waits at most a few seconds for one of the admin pool's connections.
-    db = Database(dsn, size=POOL_SIZE, timeout=min(timeout, 5.0), pooler=pooler, name="admin")
+    # Both pools are interrupted at a stop (Drain): a request stuck in the database is
+    # answered, not abandoned.
+    db = Interruptible(dsn, size=POOL_SIZE, timeout=min(timeout, 5.0), pooler=pooler, name="admin")
     try:
-        events_db = Database(
+        events_db = Interruptible(
             dsn, size=EVENTS_AT_ONCE, timeout=min(timeout, 5.0), pooler=pooler, name="events"
         )
     except BaseException:
@@ -1177,8 +1369,10 @@ def serve_admin(
             retention=retention,
             runner_metrics=runner_metrics,
             events_db=events_db,
+            ingest_tokens=ingest_tokens,
+            public_url=public_url,
         )
-        server = serve_in_thread(app, host, port)
+        server = serve_in_thread(app, host, port, forwarded_allow_ips=forwarded_allow_ips)
     except BaseException:
         close()
         raise
@@ -1190,7 +1384,8 @@ def serve_admin(
     else:
         # The Host check answers loopback names only: other machines' browsers get 403s.
         access = "no token: read-only, loopback Host names only (set SLAWATCH_API_TOKEN)"
-    if ingest_token is not None:
-        access += f"; the ingest token for POST {EVENTS} only"
+    if ingest_token is not None or ingest_tokens:
+        scoped = f" ({len(ingest_tokens)} scoped)" if ingest_tokens else ""
+        access += f"; ingest tokens{scoped} for POST {EVENTS} only"
     log.info("admin API on %s (%s); metrics at %s/metrics", server.url, access, server.url)
     return server

@@ -7,12 +7,14 @@ keep-alive timeout starts only after a first response, so a socket that connects
 and sends nothing (or a byte a minute) stays open. Its ``limit_concurrency``
 counts *connections*, so such sockets also turn every request away with a 503,
 ``/healthz`` included. :func:`guarded_protocol` is uvicorn's h11 protocol with a
-timer: armed when a connection opens and whenever a response is complete,
-disarmed when the next request's headers are complete; when it fires the
-connection is closed. The connections whose timer runs are kept in arrival order,
-and past ``Limits.idle`` the oldest is closed at once, so open sockets cannot use
-up the process's file descriptors either. How many requests run at once is
-counted per request by the admin API (``admin._Gate``), after its cheap checks.
+timer: armed when a connection opens (``header_timeout``) and whenever a response is
+complete (``keep_alive``: an idle kept-alive connection, until the next request's
+first byte, then ``header_timeout`` again), disarmed when the next request's headers
+are complete; when it fires the connection is closed. The connections whose timer
+runs are kept in arrival order, and past ``Limits.idle`` the oldest is closed at
+once, so open sockets cannot use up the process's file descriptors either. How many
+requests run at once is counted per request by the admin API (``admin._Gate``),
+after its cheap checks.
 
 :func:`read_body` reads a request body before the application sees it: a declared
 ``Content-Length`` over the limit is refused before a byte of the body is read
@@ -38,15 +40,21 @@ class Limits:
 
     ``requests``: requests served at once (``/healthz`` and ``/readyz`` are not
     counted: they read no database and must answer when the rest is busy); more are
-    answered 503 at once. ``header_timeout``: seconds from a connection's opening
-    (or its previous response) to the end of the next request's headers.
+    answered 503 at once. ``ingest``: the same for ``POST /v1/events``, slots of its
+    own, so that readers never turn producers away. ``header_timeout``: seconds from a
+    connection's opening (or the first byte of a request on a kept-alive connection)
+    to the end of the request's headers. ``keep_alive``: seconds a connection may
+    stay idle after a response (longer than clients' connection pools keep one idle,
+    Go's 90 s the longest: a producer never sends on a connection being closed).
     ``body_timeout``: seconds to receive a whole request body. ``idle``: connections
     waiting for a request; past it the oldest is closed. ``body``: bytes of a request
     body, unless ``bodies`` names the path (an upload endpoint may allow more).
     """
 
     requests: int = 16
+    ingest: int = 16
     header_timeout: float = 5.0
+    keep_alive: float = 100.0
     body_timeout: float = 10.0
     idle: int = 200
     body: int = MIB
@@ -126,10 +134,17 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
 
     class Guarded(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
+        _idle = False  # kept alive after a response, and no byte of a request yet
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._await_request()
+            self._await_request(limits.header_timeout)
+
+        def data_received(self, data: bytes) -> None:
+            if self._idle:
+                # A request begins: its headers are due within the header timeout.
+                self._await_request(limits.header_timeout)
+            super().data_received(data)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._got_request()
@@ -143,17 +158,19 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
         def on_response_complete(self) -> None:
             # Armed first: the call below may start a pipelined request (disarming it).
             if not self.transport.is_closing():
-                self._await_request()
+                self._await_request(limits.keep_alive, idle=True)
             super().on_response_complete()
 
-        def _await_request(self) -> None:
+        def _await_request(self, timeout: float, *, idle: bool = False) -> None:
             self._got_request()
-            self._deadline = self.loop.call_later(limits.header_timeout, self._too_slow)
+            self._deadline = self.loop.call_later(timeout, self._too_slow)
+            self._idle = idle
             waiting[self] = None
             while len(waiting) > limits.idle:
                 next(iter(waiting))._too_slow()
 
         def _got_request(self) -> None:
+            self._idle = False
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None

@@ -134,6 +134,9 @@ def start_admin(
             ),
             retention=settings.retention,
             runner_metrics=runner.metrics,
+            ingest_tokens=settings.ingest_tokens,
+            public_url=settings.public_url,
+            forwarded_allow_ips=settings.forwarded_allow_ips,
         )
 
     try:
