@@ -111,6 +111,22 @@ def _token(value: Any) -> str | None:
     return text
 
 
+# A role name as in the catalog (set with set_config, so case matters): as a rule's
+# action.role.
+ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+
+
+def _action_role(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if not ROLE_NAME.fullmatch(text) or text.lower() in ("none", "public"):
+        raise PydanticCustomError(
+            "role", "{reason}", {"reason": f"{text!r} is not a role name (letters, digits, _, $)"}
+        )
+    return text
+
+
 class Settings(BaseSettings):
     """Where the rules, notifiers, database and data live."""
 
@@ -156,6 +172,10 @@ class Settings(BaseSettings):
     # Rules' actions (DESIGN.md §8): "on" runs them; "off" and "dry-run" record and log
     # each as "would run" instead.
     actions: Literal["on", "off", "dry-run"] = "on"
+    # The role rules' sql actions run as (SET LOCAL ROLE), unless a rule's action names
+    # its own (action.role); unset: the role slawatch connects as (README "What a rule
+    # file can do").
+    action_role: Annotated[str | None, BeforeValidator(_action_role)] = None
 
     @field_validator("ingest_token")
     @classmethod
