@@ -377,8 +377,10 @@ def held(rule: Rule, due: Due, error: str | None) -> Record:
 
 def format_duration_ms(value: timedelta) -> str:
     """``value`` as the rule would write it (``2s``), or in ms below a second."""
-    if value < timedelta(seconds=1) or value.microseconds:
+    if value < timedelta(seconds=1):
         return f"{round(value.total_seconds() * 1000)}ms"
+    if value.microseconds:
+        return f"{value.total_seconds():g}s"
     return format_duration(value)
 
 

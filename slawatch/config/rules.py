@@ -299,15 +299,25 @@ class ActionWebhook(WebhookConfig):
 
 # An action's statement timeout and lock timeout by default (README "Actions"), and the
 # most either may be: the claim holds its batch's row locks while actions run.
-ACTION_TIMEOUT = timedelta(seconds=2)
-ACTION_LOCK_TIMEOUT = timedelta(seconds=1)
+ACTION_TIMEOUT = timedelta(milliseconds=1500)
+ACTION_LOCK_TIMEOUT = timedelta(milliseconds=500)
 MAX_ACTION_TIMEOUT = timedelta(minutes=1)
+
+
+def _milliseconds(v: object) -> object:
+    """``500ms`` as well as a duration (1.5s is 1500ms, or 1.5)."""
+    if isinstance(v, str) and re.fullmatch(r"\s*\d{1,6}\s*ms\s*", v):
+        return timedelta(milliseconds=int(v.strip().removesuffix("ms")))
+    return v
 
 
 def _action_timeout(v: timedelta) -> timedelta:
     if not timedelta(milliseconds=1) <= v <= MAX_ACTION_TIMEOUT:
         raise ValueError("must be from 1ms to 1m (the claim holds its locks meanwhile)")
     return v
+
+
+ActionTimeout = Annotated[Duration, BeforeValidator(_milliseconds), AfterValidator(_action_timeout)]
 
 
 def _role(v: object) -> object:
@@ -336,9 +346,9 @@ class Action(FileModel):
     max_rows: int = Field(default=1, ge=0, le=1_000_000)
     # How long one statement of the action may run, and wait for a row's lock: the
     # claim holds its batch's locks meanwhile (README "Actions"). The batch's actions
-    # together get twice ``timeout`` (:attr:`budget`).
-    timeout: Annotated[Duration, AfterValidator(_action_timeout)] = ACTION_TIMEOUT
-    lock_timeout: Annotated[Duration, AfterValidator(_action_timeout)] = ACTION_LOCK_TIMEOUT
+    # together get three times ``timeout`` (:attr:`budget`).
+    timeout: ActionTimeout = ACTION_TIMEOUT
+    lock_timeout: ActionTimeout = ACTION_LOCK_TIMEOUT
     # The role the statement runs as (SET LOCAL ROLE); unset: SLAWATCH_ACTION_ROLE, else
     # the role slawatch connects as.
     role: Annotated[str | None, BeforeValidator(_role)] = None
@@ -366,6 +376,10 @@ class Action(FileModel):
                     raise ValueError(f"{name}: not for a webhook action (it runs no SQL)")
             if "timeout" in self.model_fields_set:
                 raise ValueError("timeout: a webhook action's is webhook.timeout")
+        if self.lock_timeout > self.timeout:
+            raise ValueError(
+                "lock_timeout: longer than timeout (a lock not had would end as a timeout)"
+            )
         if self.sql is not None:
             found = unsafe_objects(self.sql)
             extra = sorted(set(self.allow) - {name for name, _why in found})
@@ -384,8 +398,11 @@ class Action(FileModel):
     @property
     def budget(self) -> timedelta:
         """The time a claim batch's actions get in all (each statement at most
-        ``timeout``): what the batch's locks are held for beyond the claim itself."""
-        return 2 * self.timeout
+        ``timeout``): what the batch's locks are held for beyond the claim itself.
+        Three timeouts: the batch as one statement, then (when that did not go) one
+        action alone that takes all of its own, and the rest; so each scan settles at
+        least one action of a batch, and a slow one is recorded failed, not put off."""
+        return 3 * self.timeout
 
     @field_validator("on", mode="before")
     @classmethod
