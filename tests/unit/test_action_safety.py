@@ -6,14 +6,18 @@ the action's timeouts and role as configured."""
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from slawatch.cli import main
 from slawatch.config.rules import Rule, with_action_role
 from slawatch.engine.migrate import grants
-from tests.unit.test_actions import error_of, load
+from tests.conftest import ROOT
+from tests.unit.test_actions import GOOD, error_of, load
 
 REFUSED = [
     ("insert into jobs (kind) select rolpassword from pg_authid where :id > 0", "pg_authid"),
@@ -188,3 +192,20 @@ def test_migrate_print_grants_an_actions_role_what_its_statement_needs(tmp_path:
     assert printed.count('GRANT "slawatch_action" TO "slawatch_app"') == 1
     # slawatch's own role gets nothing of the actions' (it reads the table, no more).
     assert not [g for g in printed if "slawatch_app" in g and ('("kind")' in g or "ops" in g)]
+
+
+def test_the_readme_shows_checks_refusal_and_the_opt_in_as_they_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## What a rule file can do", 1)[1].split("\n## ", 1)[0]
+    (tmp_path / "rules").mkdir()
+    leak = {"sql": "insert into jobs (kind) select rolpassword from pg_authid where :id > 0"}
+    (tmp_path / "rules" / "leak.yaml").write_text(GOOD + f"action: {json.dumps(leak)}\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["--rules", "rules", "--notifiers", str(ROOT / "notifiers"), "check"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"$ slawatch check\n{line}\n" in section
+    (example,) = re.findall(r"```yaml\n(action:.*?)```", section, re.S)
+    (tmp_path / "rules" / "leak.yaml").write_text(GOOD + example)
+    assert main(["--rules", "rules", "--notifiers", str(ROOT / "notifiers"), "check"]) == 0
