@@ -198,16 +198,23 @@ def action_role(conn: Conn) -> Iterator[str]:
 
 
 LOGGED = "insert into ops.restarts (job_id, who) values (:id, current_user)"
+# Who ran it, as each statement records it.
+WHO = {
+    LOGGED: "SELECT who FROM ops.restarts",
+    "update jobs set status = 'queued', worker = current_user where id = :id"
+    " and status = 'running'": "SELECT worker FROM jobs WHERE status = 'queued'",
+}
 
 
+@pytest.mark.parametrize("sql", list(WHO))
 def test_the_action_runs_as_its_role_with_exactly_the_printed_grants(
-    conn: Conn, role: tuple[str, str], action_role: str
+    conn: Conn, role: tuple[str, str], action_role: str, sql: str
 ) -> None:
     """slawatch connects as a least-privilege role; its actions run as a role of their
     own (current_user inside the action). The printed GRANTs are enough, and each one
     to the actions' role is needed."""
     name, as_role = role
-    (rule,) = with_action_role([job_rule(LOGGED)], action_role)
+    (rule,) = with_action_role([job_rule(sql)], action_role)
     shop(conn, rule)
     conn.execute("CREATE SCHEMA ops")
     conn.execute("CREATE TABLE ops.restarts (job_id bigint, who text)")
@@ -221,13 +228,14 @@ def test_the_action_runs_as_its_role_with_exactly_the_printed_grants(
         # Recorded by slawatch's role after the action: the actions' role cannot.
         assert app.execute("SELECT status FROM slawatch.action").fetchall() == [("ok",)]
         assert app.execute("SELECT current_user").fetchone() == (name,)
-    assert conn.execute("SELECT job_id, who FROM ops.restarts").fetchall() == [(1, action_role)]
+    assert conn.execute(WHO[sql]).fetchall() == [(action_role,)]
     due = Due("1", 1, 1, {"id": "1"})
     theirs = [g.as_string(None) for g in grants([rule], name)]
     theirs = [g for g in theirs if g.endswith(f'TO "{action_role}"')]
     # PUBLIC has USAGE on schema public by default: that one is printed, not needed here.
     needed = [g for g in theirs if g != f'GRANT USAGE ON SCHEMA "public" TO "{action_role}"']
-    assert len(needed) == 2, theirs  # USAGE on ops, INSERT (job_id, who)
+    # USAGE on ops and INSERT (job_id, who); or UPDATE (status, worker), SELECT (id, status)
+    assert len(needed) == 2, theirs
     with psycopg.connect(as_role, autocommit=True) as app:
         for g in needed:
             conn.execute(g.replace("GRANT ", "REVOKE ", 1).replace(" TO ", " FROM "))
