@@ -225,13 +225,19 @@ def run_batch(
             why,
         )
         probes: list[Record | None] = []  # None: it went (rolled back, to run below)
-        for d in dues:
+        # Not run again below: it waited for a lock or its time ran out (the batch's
+        # time is not spent on it twice).
+        timed_out: set[int] = set()
+        for i, d in enumerate(dues):
             if not bounds.next():
                 probes.append(held(rule, d, None))
+                timed_out.add(i)
                 continue
             rows, error, state = attempt_state(
                 conn, action.statement, d.params, action.max_rows, keep=False
             )
+            if state in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
+                timed_out.add(i)
             if error is None:
                 probes.append(None)
             elif waited(state, bounds):
@@ -257,6 +263,10 @@ def run_batch(
             len(went),
             why,
         )
+        return [
+            p if i in timed_out and p is not None else run_one(conn, rule, d, None, bounds)
+            for i, (d, p) in enumerate(zip(dues, probes, strict=True))
+        ], "one by one"
     return [run_one(conn, rule, due, None, bounds) for due in dues], "one by one"
 
 

@@ -5,6 +5,7 @@ and runs again at the rule's next scan, while the rest of the batch goes ahead."
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -142,3 +143,28 @@ def test_a_batch_of_held_rows_takes_its_budget_not_a_lock_timeout_each(
     errors = [r[5] for r in rows]
     assert any("lock timeout" in e for e in errors)
     assert any(e.startswith("the batch's time for actions (3s) ran out") for e in errors)
+
+
+def test_an_action_that_timed_out_alone_is_not_run_again_one_by_one(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Jobs 1 and 2 insert the same row (the batch's statement cannot hold both, so the
+    batch ends one by one); job 3's action sleeps. Its probe ran out its timeout: it is
+    failed once, not run (and waited for) a second time one by one."""
+    sql = (
+        "insert into restarts (job_id, kind) select 1, :kind"
+        " where :id <> 3 or (select true from pg_sleep(60))"
+    )
+    rule = job_rule_with({"sql": sql, "timeout": "500ms"}, track="table")
+    plan = setup(conn, rule, jobs=3)
+    conn.execute("CREATE UNIQUE INDEX ON restarts (job_id)")
+    with caplog.at_level(logging.INFO, logger="slawatch.actions.run"):
+        assert claim_all(conn, plan, LATE) == 3
+    got = [(k, status, (error or "")[:30]) for k, _e, _n, status, _r, error, _a in actions(conn)]
+    assert got == [
+        ("1", "ok", ""),
+        ("2", "failed", "duplicate key value violates u"),
+        ("3", "failed", "canceling statement due to sta"),
+    ]
+    about_3 = [r.getMessage() for r in caplog.records if "for key 3 " in r.getMessage()]
+    assert len(about_3) == 1, about_3
