@@ -222,7 +222,8 @@ def grants(
                 rule.action.sql,
                 sql.Identifier(rule.action.role),
                 theirs[rule.action.role],
-                rule.schema_name,
+                # An event rule's table is slawatch's own: not where its action writes.
+                rule.schema_name if rule.events is None else "public",
             )
         )
     return out
