@@ -385,6 +385,22 @@ def held(rule: Rule, due: Due, error: str | None) -> Record:
     return Record(due.key, due.episode, due.n, "retry", None, reason, due.attempt, due.params)
 
 
+def gave_up(rule: Rule, held_again: Record) -> Record:
+    """``held_again`` (status retry), recorded failed instead at :data:`RETRY_LIMIT`."""
+    if held_again.attempt < RETRY_LIMIT:
+        return held_again
+    error = (held_again.error or "").removesuffix(": runs again at the rule's next scan")
+    error = f"{error}: still held at attempt {held_again.attempt}, given up"
+    log.warning(
+        "rule %s: action for key %s (episode %d) failed: %s",
+        rule.name,
+        held_again.key,
+        held_again.episode,
+        error,
+    )
+    return replace(held_again, status="failed", error=error)
+
+
 def format_duration_ms(value: timedelta) -> str:
     """``value`` as the rule would write it (``2s``), or in ms below a second."""
     if value < timedelta(seconds=1):
@@ -469,6 +485,9 @@ def params_of(value: Any) -> dict[str, str | None]:
 
 # The most attempts recorded 'retry' one scan runs again (one batch, one transaction).
 RETRY_BATCH = 100
+# An action still held at this attempt is recorded failed: a row the application holds
+# for good is left to a person (`slawatch replay --actions`), not waited for each scan.
+RETRY_LIMIT = 10
 
 
 def retry_held(
@@ -494,6 +513,7 @@ def retry_held(
             return 0
         records, path = run_batch(conn, rule, dues)
         log.info("rule %s: %d held actions ran again (%s)", rule.name, len(records), path)
+        records = [gave_up(rule, r) if r.status == "retry" else r for r in records]
         record(conn, rule, records, now)
     if counted is not None:
         for r in records:

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from slawatch.actions import run
 from slawatch.actions.run import retry_held
 from slawatch.cli import main
 from tests.conftest import ROOT
@@ -168,3 +169,24 @@ def test_an_action_that_timed_out_alone_is_not_run_again_one_by_one(
     ]
     about_3 = [r.getMessage() for r in caplog.records if "for key 3 " in r.getMessage()]
     assert len(about_3) == 1, about_3
+
+
+def test_a_row_held_for_good_is_given_up_at_the_retry_limit(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each scan waits lock_timeout for it once more, up to RETRY_LIMIT attempts; then
+    it is failed (for ``slawatch replay --actions``), and scans stop waiting for it."""
+    monkeypatch.setattr(run, "RETRY_LIMIT", 3)
+    rule = job_rule_with({"sql": RESTART, "lock_timeout": "100ms"}, track="table")
+    plan = setup(conn, rule, jobs=1)
+    with psycopg.connect(dsn) as app:
+        app.execute("UPDATE jobs SET kind = 'held' WHERE id = 1")
+        assert claim_all(conn, plan, LATE) == 1
+        assert retry_held(conn, rule, LATE + M) == 1
+        assert retry_held(conn, rule, LATE + 2 * M) == 1
+        assert retry_held(conn, rule, LATE + 3 * M) == 0
+        app.rollback()
+    rows = actions(conn)
+    assert [(r[3], r[6]) for r in rows] == [("retry", 1), ("retry", 2), ("failed", 3)]
+    assert rows[2][5].startswith("canceling statement due to lock timeout (lock_timeout 100ms)")
+    assert rows[2][5].endswith(": still held at attempt 3, given up")
