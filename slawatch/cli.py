@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("actions", "the latest attempts of rules' actions, newest first")
     p.add_argument("--rule", type=_checked(check_rule_name), help="only actions of this rule")
     p.add_argument(
-        "--status", choices=["ok", "failed", "skipped", "would_run"], help="only this status"
+        "--status",
+        choices=["ok", "failed", "skipped", "would_run", "pending", "retry"],
+        help="only this status",
     )
     _json_option(p)
     p = command("status", "per rule: overdue now, notified, deliveries pending/dead, last scan")

@@ -327,6 +327,16 @@ def attempt(
     savepoint even when it went (a probe: its rows and its error, and no lasting
     subtransaction).
     """
+    rows, error, _state = attempt_state(conn, statement, params, max_rows, keep=keep)
+    return rows, error
+
+
+def attempt_state(
+    conn: Connection, statement: Any, params: dict[str, Any], max_rows: int, *, keep: bool = True
+) -> tuple[int | None, str | None, str | None]:
+    """:func:`attempt`, and the SQLSTATE of the database's refusal (None when it went,
+    or when it touched too many rows): ``55P03`` is a lock not had within
+    ``lock_timeout``, ``57014`` a statement cancelled by ``statement_timeout``."""
     rows: int | None = None
     try:
         with conn.transaction():  # nested: SAVEPOINT ... RELEASE, or ROLLBACK TO
@@ -337,10 +347,10 @@ def attempt(
         # A lost prepared statement: nothing ran, the whole transaction may run again.
         if unreachable(exc) or conn.broken or conn.closed or _prepared_statement_lost(exc):
             raise _translated("an action", exc) from exc
-        return None, describe(exc)
+        return None, describe(exc), exc.sqlstate
     if rows is not None and rows > max_rows:
-        return rows, f"touched {rows} rows, more than max_rows {max_rows}: rolled back"
-    return rows, None
+        return rows, f"touched {rows} rows, more than max_rows {max_rows}: rolled back", None
+    return rows, None, None
 
 
 class Refuse(Exception):

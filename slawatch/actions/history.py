@@ -28,8 +28,8 @@ from slawatch.db import Connection, Database, translate
 from slawatch.engine.acting import Due
 from slawatch.errors import BadInput
 
-ActionStatus = Literal["ok", "failed", "skipped", "would_run", "pending"]
-STATUSES: tuple[ActionStatus, ...] = ("ok", "failed", "skipped", "would_run", "pending")
+ActionStatus = Literal["ok", "failed", "skipped", "would_run", "pending", "retry"]
+STATUSES: tuple[ActionStatus, ...] = ("ok", "failed", "skipped", "would_run", "pending", "retry")
 # The most attempts one list returns (GET /v1/actions?limit=, slawatch actions).
 MAX_LIST = 1000
 # A list never holds a connection longer than this (as the operator's other reads).
@@ -48,7 +48,9 @@ class ActionAttempt(BaseModel):
     status: ActionStatus = Field(
         description="ok: ran (a webhook: delivered); failed: rolled back, or a webhook's "
         "delivery went dead (see error); skipped: the episode was acknowledged or silenced; "
-        "would_run: SLAWATCH_ACTIONS was off or dry-run; pending: a webhook not yet delivered"
+        "would_run: SLAWATCH_ACTIONS was off or dry-run; pending: a webhook not yet delivered; "
+        "retry: a row was locked past lock_timeout, or the batch's time ran out: runs again "
+        "at the rule's next scan"
     )
     rows: int | None = Field(description="rows the statement touched")
     error: str | None = Field(description="why it failed, or why it was skipped")

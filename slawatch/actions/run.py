@@ -18,6 +18,14 @@ that went as one statement writes its records in that statement), so a
 crash before the commit leaves neither alert nor action, and ``alert_once`` with
 ``action_once`` keep each action to one attempt per episode however many instances claim.
 
+Every statement of a batch's actions runs under :class:`Bounds`: as the action's
+role, with its ``lock_timeout``, and a statement timeout of its ``timeout`` or what is
+left of the batch's ``budget``: the claim holds the batch's locks until it commits,
+so a slow or blocked action must not hold them for long. An action that waited past
+``lock_timeout`` for a row the application holds, or that the batch's time did not
+reach, is recorded ``retry`` and runs again at the rule's next scan
+(:func:`retry_held`); the others of the batch go ahead.
+
 ``SLAWATCH_ACTIONS=off`` or ``dry-run`` records ``would_run`` and logs the
 statement with its values instead of running it; an acknowledged or silenced
 episode is recorded ``skipped``.
@@ -26,10 +34,11 @@ episode is recorded ``skipped``.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from functools import cache
 from importlib import resources
 from typing import Any, Literal, LiteralString
@@ -38,15 +47,28 @@ from psycopg.types.json import Jsonb
 
 from slawatch.actions import webhook
 from slawatch.config.batched import COUNTS, batch_relation
+from slawatch.config.durations import format_duration
 from slawatch.config.rules import Action, Rule, action_numbered
-from slawatch.db import Connection, Refuse, attempt, in_savepoint, parameter_types, translate
+from slawatch.db import (
+    Connection,
+    Refuse,
+    attempt_state,
+    in_savepoint,
+    parameter_types,
+    translate,
+)
 from slawatch.engine.acting import Act, Due
 from slawatch.engine.queries import parse_queries
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["on", "off", "dry-run"]
-Status = Literal["ok", "failed", "skipped", "would_run"]
+Status = Literal["ok", "failed", "skipped", "would_run", "retry"]
+
+# The SQLSTATEs of a statement that waited too long: for a row's lock (lock_timeout),
+# or in all (statement_timeout).
+LOCK_NOT_AVAILABLE = "55P03"
+QUERY_CANCELED = "57014"
 
 
 @cache
@@ -70,13 +92,102 @@ class Record:
     params: dict[str, str | None]
 
 
-def run_one(conn: Connection, rule: Rule, due: Due, attempt_no: int = 1) -> Record:
-    """Run ``rule``'s action for ``due`` under a savepoint; the record of the attempt."""
+def _ms(seconds: float) -> str:
+    return f"{max(1, int(seconds * 1000))}ms"
+
+
+class Bounds:
+    """The claim's transaction while a batch's actions run: as ``action.role`` (when
+    set), each statement with the action's ``lock_timeout`` and a statement timeout
+    of its ``timeout``, or what is left of its ``budget`` when that is less (set
+    before each statement by :meth:`next`). Entered and left outside any savepoint,
+    with ``SET LOCAL`` (``set_config(..., true)``): a savepoint rolled back does not
+    undo it, and the commit does. The batch's actions so hold the claim's locks for
+    at most about ``budget``, whatever each does."""
+
+    def __init__(self, conn: Connection, rule: Rule) -> None:
+        assert rule.action is not None
+        self.conn = conn
+        self.rule = rule
+        self.action = rule.action
+        self.timeout = rule.action.timeout.total_seconds()
+        self.deadline = 0.0
+        self.current = self.timeout  # the statement timeout in force
+        self.saved: tuple[str, str, str] | None = None
+
+    def __enter__(self) -> Bounds:
+        self.deadline = time.monotonic() + self.action.budget.total_seconds()
+        params = {
+            "timeout": _ms(self.timeout),
+            "lock_timeout": _ms(self.action.lock_timeout.total_seconds()),
+            "role": self.action.role,
+        }
+        with translate(f"setting the role and timeouts of rule {self.rule.name}'s action"):
+            row = self.conn.execute(queries()["enter_action"], params).fetchone()
+        assert row is not None
+        self.saved = (str(row[0]), str(row[1]), str(row[2]))
+        return self
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        if kind is not None or self.saved is None:
+            return  # the transaction is lost anyway, and its SET LOCALs with it
+        role, timeout, lock_timeout = self.saved
+        with translate(f"resetting the role and timeouts after rule {self.rule.name}'s action"):
+            self.conn.execute(
+                queries()["leave_action"],
+                {"role": role, "timeout": timeout, "lock_timeout": lock_timeout},
+            )
+
+    def next(self) -> bool:
+        """Whether the batch's time allows another statement; its statement timeout
+        is then at most what is left."""
+        left = self.deadline - time.monotonic()
+        if left < 0.01:
+            return False
+        if left < self.current:
+            with translate(f"shortening rule {self.rule.name}'s action timeout"):
+                self.conn.execute(queries()["action_timeout"], {"timeout": _ms(left)})
+            self.current = left
+        return True
+
+    @property
+    def shortened(self) -> bool:
+        """Whether the statement timeout in force is less than the action's own."""
+        return self.current < self.timeout
+
+
+def run_one(
+    conn: Connection,
+    rule: Rule,
+    due: Due,
+    attempt_no: int | None = None,
+    bounds: Bounds | None = None,
+) -> Record:
+    """Run ``rule``'s action for ``due`` under a savepoint (and :class:`Bounds`); the
+    record of the attempt (number ``attempt_no``, else ``due.attempt``)."""
     assert rule.action is not None
-    rows, error = attempt(conn, rule.action.statement, due.params, rule.action.max_rows)
+    if attempt_no is not None:
+        due = replace(due, attempt=attempt_no)
+    if bounds is None:
+        with Bounds(conn, rule) as fresh:
+            return run_one(conn, rule, due, None, fresh)
+    if not bounds.next():
+        return held(rule, due, None)
+    rows, error, state = attempt_state(
+        conn, rule.action.statement, due.params, rule.action.max_rows
+    )
     if error is not None:
-        return failed(rule, due, rows, error, attempt_no)
-    return ok(due, rows or 0, attempt_no)
+        if waited(state, bounds):
+            return held(rule, due, error)
+        return failed(rule, due, rows, error)
+    return ok(due, rows or 0)
+
+
+def waited(state: str | None, bounds: Bounds) -> bool:
+    """Whether a statement that failed with ``state`` is to run again at the next scan:
+    it waited for a row's lock past ``lock_timeout``, or was stopped by what was left
+    of the batch's time (not by the action's own ``timeout``: that is its failure)."""
+    return state == LOCK_NOT_AVAILABLE or (state == QUERY_CANCELED and bounds.shortened)
 
 
 # How a batch's actions ran (logged, and returned for tests and the bench).
@@ -84,16 +195,26 @@ Path = Literal["set", "probed", "one by one"]
 
 
 def run_batch(
-    conn: Connection, rule: Rule, dues: Sequence[Due], at: datetime | None = None
+    conn: Connection,
+    rule: Rule,
+    dues: Sequence[Due],
+    at: datetime | None = None,
+    bounds: Bounds | None = None,
 ) -> tuple[list[Record], Path]:
-    """Run ``rule``'s action for each of ``dues`` in the transaction ``conn`` is in:
-    one statement for all when it can, else one by one (see the module's doc); the
-    records in the order of ``dues``, and which way they ran. With ``at``, the
-    records of a batch that ran as one statement (path "set") were written by that
-    statement (at ``at``); the caller writes the others (:func:`record`)."""
+    """Run ``rule``'s action for each of ``dues`` in the transaction ``conn`` is in,
+    under :class:`Bounds`: one statement for all when it can, else one by one (see
+    the module's doc); the records in the order of ``dues``, and which way they ran.
+    With ``at``, the records of a batch that ran as one statement (path "set") were
+    written by that statement (at ``at``: only for attempts 1, run as slawatch's own
+    role); the caller writes the others (:func:`record`)."""
     action = rule.action
     assert action is not None
+    if bounds is None:
+        with Bounds(conn, rule) as fresh:
+            return run_batch(conn, rule, dues, at, fresh)
     if action.set_form is not None and dues:
+        if not bounds.next():
+            return [held(rule, d, None) for d in dues], "one by one"
         counts, why = run_set(conn, action, dues, None if at is None else (rule.name, at))
         if counts is not None:
             return [ok(due, rows) for due, rows in zip(dues, counts, strict=True)], "set"
@@ -103,18 +224,35 @@ def run_batch(
             len(dues),
             why,
         )
-        probes = [
-            attempt(conn, action.statement, d.params, action.max_rows, keep=False) for d in dues
-        ]
-        went = [i for i, (_rows, error) in enumerate(probes) if error is None]
+        probes: list[Record | None] = []  # None: it went (rolled back, to run below)
+        # Not run again below: it waited for a lock or its time ran out (the batch's
+        # time is not spent on it twice).
+        timed_out: set[int] = set()
+        for i, d in enumerate(dues):
+            if not bounds.next():
+                probes.append(held(rule, d, None))
+                timed_out.add(i)
+                continue
+            rows, error, state = attempt_state(
+                conn, action.statement, d.params, action.max_rows, keep=False
+            )
+            if state in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
+                timed_out.add(i)
+            if error is None:
+                probes.append(None)
+            elif waited(state, bounds):
+                probes.append(held(rule, d, error))
+            else:
+                probes.append(failed(rule, d, rows, error))
+        went = [i for i, probe in enumerate(probes) if probe is None]
+        if went and not bounds.next():
+            return [p or held(rule, d, None) for d, p in zip(dues, probes, strict=True)], "probed"
         counts, why = run_set(conn, action, [dues[i] for i in went]) if went else ([], None)
         if counts is not None:
             applied = dict(zip(went, counts, strict=True))
             records = [
-                ok(d, applied[i])
-                if i in applied
-                else failed(rule, d, probes[i][0], probes[i][1] or "")
-                for i, d in enumerate(dues)
+                ok(d, applied[i]) if p is None else p
+                for i, (d, p) in enumerate(zip(dues, probes, strict=True))
             ]
             return records, "probed"
         log.warning(
@@ -125,7 +263,11 @@ def run_batch(
             len(went),
             why,
         )
-    return [run_one(conn, rule, due) for due in dues], "one by one"
+        return [
+            p if i in timed_out and p is not None else run_one(conn, rule, d, None, bounds)
+            for i, (d, p) in enumerate(zip(dues, probes, strict=True))
+        ], "one by one"
+    return [run_one(conn, rule, due, None, bounds) for due in dues], "one by one"
 
 
 # The placeholders' types of each action statement, per connection: PREPARE, read,
@@ -205,12 +347,12 @@ def run_set(
     return counts, why
 
 
-def ok(due: Due, rows: int, attempt_no: int = 1) -> Record:
+def ok(due: Due, rows: int) -> Record:
     """The record of an action that went."""
-    return Record(due.key, due.episode, due.n, "ok", rows, None, attempt_no, due.params)
+    return Record(due.key, due.episode, due.n, "ok", rows, None, due.attempt, due.params)
 
 
-def failed(rule: Rule, due: Due, rows: int | None, error: str, attempt_no: int = 1) -> Record:
+def failed(rule: Rule, due: Due, rows: int | None, error: str) -> Record:
     """The record (and the log line) of an action that failed."""
     log.warning(
         "rule %s: action for key %s (episode %d) failed: %s",
@@ -219,7 +361,53 @@ def failed(rule: Rule, due: Due, rows: int | None, error: str, attempt_no: int =
         due.episode,
         error,
     )
-    return Record(due.key, due.episode, due.n, "failed", rows, error, attempt_no, due.params)
+    return Record(due.key, due.episode, due.n, "failed", rows, error, due.attempt, due.params)
+
+
+def held(rule: Rule, due: Due, error: str | None) -> Record:
+    """The record (and the log line) of an action to run again at the rule's next
+    scan: it waited for a row's lock past ``lock_timeout`` (``error``: the database's
+    message), or the batch's time ran out before it (``error`` None)."""
+    action = rule.action
+    assert action is not None
+    if error is None:
+        why = f"the batch's time for actions ({format_duration_ms(action.budget)}) ran out"
+    else:
+        why = f"{error} (lock_timeout {format_duration_ms(action.lock_timeout)})"
+    log.info(
+        "rule %s: action for key %s (episode %d) runs again at the next scan: %s",
+        rule.name,
+        due.key,
+        due.episode,
+        why,
+    )
+    reason = f"{why}: runs again at the rule's next scan"
+    return Record(due.key, due.episode, due.n, "retry", None, reason, due.attempt, due.params)
+
+
+def gave_up(rule: Rule, held_again: Record) -> Record:
+    """``held_again`` (status retry), recorded failed instead at :data:`RETRY_LIMIT`."""
+    if held_again.attempt < RETRY_LIMIT:
+        return held_again
+    error = (held_again.error or "").removesuffix(": runs again at the rule's next scan")
+    error = f"{error}: still held at attempt {held_again.attempt}, given up"
+    log.warning(
+        "rule %s: action for key %s (episode %d) failed: %s",
+        rule.name,
+        held_again.key,
+        held_again.episode,
+        error,
+    )
+    return replace(held_again, status="failed", error=error)
+
+
+def format_duration_ms(value: timedelta) -> str:
+    """``value`` as the rule would write it (``2s``), or in ms below a second."""
+    if value < timedelta(seconds=1):
+        return f"{round(value.total_seconds() * 1000)}ms"
+    if value.microseconds:
+        return f"{value.total_seconds():g}s"
+    return format_duration(value)
 
 
 def record(conn: Connection, rule: Rule, records: list[Record], at: datetime) -> None:
@@ -271,13 +459,17 @@ def runner(mode: Mode, counted: Callable[[str, str], None] | None = None) -> Act
         # Skipped and would-run records: written below whichever way the others ran.
         unrun = [r for r in records if r is not None]
         path = None
+        # The set statement writes its records only as slawatch's own role: an action's
+        # role has no business writing slawatch.action.
+        own = rule.action.role is None
         if todo:
-            ran, path = run_batch(conn, rule, todo, now)
+            ran, path = run_batch(conn, rule, todo, now if own else None)
             log.debug("rule %s: %d actions ran (%s)", rule.name, len(ran), path)
             done = iter(ran)
             records = [r if r is not None else next(done) for r in records]
         # The set statement wrote its own records; otherwise all are written here.
-        record(conn, rule, unrun if path == "set" else [r for r in records if r is not None], now)
+        written = path == "set" and own
+        record(conn, rule, unrun if written else [r for r in records if r is not None], now)
         if counted is not None:
             for r in records:
                 if r is not None:
@@ -289,3 +481,41 @@ def runner(mode: Mode, counted: Callable[[str, str], None] | None = None) -> Act
 def params_of(value: Any) -> dict[str, str | None]:
     """Stored ``params`` as read back."""
     return {str(k): (None if v is None else str(v)) for k, v in dict(value or {}).items()}
+
+
+# The most attempts recorded 'retry' one scan runs again (one batch, one transaction).
+RETRY_BATCH = 100
+# An action still held at this attempt is recorded failed: a row the application holds
+# for good is left to a person (`slawatch replay --actions`), not waited for each scan.
+RETRY_LIMIT = 10
+
+
+def retry_held(
+    conn: Connection,
+    rule: Rule,
+    now: datetime,
+    counted: Callable[[str, str], None] | None = None,
+) -> int:
+    """Run again, in one transaction on ``conn``, the actions of ``rule`` recorded
+    ``retry`` and not run since (at most :data:`RETRY_BATCH`, those another instance
+    is running left out), each recorded as its next attempt; how many it ran."""
+    if rule.action is None or rule.action.sql is None:
+        return 0
+    with translate(f"running rule {rule.name}'s held actions again"), conn.transaction():
+        rows = conn.execute(
+            queries()["held_actions"], {"rule": rule.name, "limit": RETRY_BATCH}
+        ).fetchall()
+        dues = [
+            Due(key, episode, n, params_of(params), attempt=attempt + 1)
+            for key, episode, n, attempt, params in rows
+        ]
+        if not dues:
+            return 0
+        records, path = run_batch(conn, rule, dues)
+        log.info("rule %s: %d held actions ran again (%s)", rule.name, len(records), path)
+        records = [gave_up(rule, r) if r.status == "retry" else r for r in records]
+        record(conn, rule, records, now)
+    if counted is not None:
+        for r in records:
+            counted(rule.name, r.status)
+    return len(records)

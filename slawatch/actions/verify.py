@@ -3,7 +3,8 @@ action (DESIGN.md §8)?
 
 The server decides, not a reading of the statement: each statement is planned with
 ``EXPLAIN`` (never run), its placeholders bound to NULL, as the connected role,
-inside a transaction that is rolled back. Planning checks every privilege the
+inside a transaction that is rolled back, as the role the action runs as
+(``action.role``, SLAWATCH_ACTION_ROLE) when it has one. Planning checks every privilege the
 statement needs (column UPDATE and SELECT, INSERT, DELETE, function EXECUTE) and
 that its tables, columns and functions exist, so a refusal is found here rather
 than at 3 a.m. as a ``failed`` attempt. What it cannot see: privileges used only
@@ -43,8 +44,17 @@ def refused(conn: Connection, rules: list[Rule]) -> list[Refused]:
         params = dict.fromkeys(rule.action.placeholders)
         explain = "EXPLAIN " + rule.action.statement
         with translate(f"checking the action of rule {rule.name}"), conn.transaction():
-            # Nothing runs (EXPLAIN only plans), and the transaction is rolled back anyway.
-            _, reason = attempt(conn, explain, params, max_rows=1_000_000_000)
+            reason = None
+            if rule.action.role is not None:
+                # As the role the action runs as (SET LOCAL: the rollback undoes it).
+                _, reason = attempt(
+                    conn, "SELECT set_config('role', %(role)s, true)", {"role": rule.action.role}, 1
+                )
+                if reason is not None:
+                    reason = f"cannot run as role {rule.action.role}: {reason}"
+            if reason is None:
+                # Nothing runs (EXPLAIN only plans), and the transaction is rolled back.
+                _, reason = attempt(conn, explain, params, max_rows=1_000_000_000)
             raise psycopg.Rollback()
         if reason is not None:
             out.append(Refused(rule.name, reason))

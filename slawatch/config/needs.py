@@ -1,6 +1,7 @@
 """What an action's statement needs of the database (DESIGN.md §8): the privileges,
 read from PostgreSQL's parse tree (pglast), so ``migrate --print`` can print the
-GRANTs a least-privilege role needs for it.
+GRANTs a least-privilege role (the action's own, README "What a rule file can do")
+needs for it.
 
 An UPDATE needs UPDATE on the columns it sets and SELECT on the columns it reads
 (its WHERE, its SET expressions, RETURNING); a DELETE needs DELETE and SELECT on
@@ -52,7 +53,30 @@ def needs(text: str) -> list[Need]:
         parts = [p.sval for p in call.funcname]
         schema, name = (parts[-2], parts[-1]) if len(parts) > 1 else (None, parts[-1])
         out = [Need("EXECUTE", schema, name, function=True)]
-        return out + _other_reads(stmt, None)
+        return out + _other_reads(stmt, None) + _calls(stmt, call)
+    return _dml_needs(stmt) + _calls(stmt, None)
+
+
+def _calls(stmt: Any, top: Any) -> list[Need]:
+    """EXECUTE on each function the statement calls by a schema-qualified name outside
+    pg_catalog (besides ``top``, the ``SELECT fn(...)`` itself). An unqualified one is
+    taken as PostgreSQL's own, which PUBLIC may run; ``check`` with a database plans
+    the statement as the role and names one it may not."""
+    from pglast import ast
+
+    seen: dict[tuple[str, str], None] = {}
+    for node in walk(stmt):
+        if isinstance(node, ast.FuncCall) and node is not top:
+            parts = [str(p.sval) for p in node.funcname or () if isinstance(p, ast.String)]
+            if len(parts) > 1 and parts[-2] != "pg_catalog":
+                seen[(parts[-2], parts[-1])] = None
+    return [Need("EXECUTE", s, n, function=True) for s, n in seen]
+
+
+def _dml_needs(stmt: Any) -> list[Need]:
+    """The privileges of an INSERT, UPDATE or DELETE."""
+    from pglast import ast
+
     target = stmt.relation
     schema, name = target.schemaname, target.relname
     alias = target.alias.aliasname if target.alias else name

@@ -297,6 +297,37 @@ class ActionWebhook(WebhookConfig):
         return data
 
 
+# An action's statement timeout and lock timeout by default (README "Actions"), and the
+# most either may be: the claim holds its batch's row locks while actions run.
+ACTION_TIMEOUT = timedelta(milliseconds=1500)
+ACTION_LOCK_TIMEOUT = timedelta(milliseconds=500)
+MAX_ACTION_TIMEOUT = timedelta(minutes=1)
+
+
+def _milliseconds(v: object) -> object:
+    """``500ms`` as well as a duration (1.5s is 1500ms, or 1.5)."""
+    if isinstance(v, str) and re.fullmatch(r"\s*\d{1,6}\s*ms\s*", v):
+        return timedelta(milliseconds=int(v.strip().removesuffix("ms")))
+    return v
+
+
+def _action_timeout(v: timedelta) -> timedelta:
+    if not timedelta(milliseconds=1) <= v <= MAX_ACTION_TIMEOUT:
+        raise ValueError("must be from 1ms to 1m (the claim holds its locks meanwhile)")
+    return v
+
+
+ActionTimeout = Annotated[Duration, BeforeValidator(_milliseconds), AfterValidator(_action_timeout)]
+
+
+def _role(v: object) -> object:
+    if v is None:
+        return v
+    if not isinstance(v, str) or not IDENT.fullmatch(v) or v.lower() in ("none", "public"):
+        raise ValueError(f"{shorten(v)} is not a role name (letters, digits, _ and $)")
+    return v
+
+
 class Action(FileModel):
     """``action:`` of a rule (DESIGN.md §8), run when notification number ``on`` of an
     episode is claimed: either ``sql``, one statement run in the claim's transaction,
@@ -313,6 +344,17 @@ class Action(FileModel):
     on: int | Literal["cap"] = Field(default=1)
     # A statement touching more rows is rolled back and recorded failed.
     max_rows: int = Field(default=1, ge=0, le=1_000_000)
+    # How long one statement of the action may run, and wait for a row's lock: the
+    # claim holds its batch's locks meanwhile (README "Actions"). The batch's actions
+    # together get three times ``timeout`` (:attr:`budget`).
+    timeout: ActionTimeout = ACTION_TIMEOUT
+    lock_timeout: ActionTimeout = ACTION_LOCK_TIMEOUT
+    # The role the statement runs as (SET LOCAL ROLE); unset: SLAWATCH_ACTION_ROLE, else
+    # the role slawatch connects as.
+    role: Annotated[str | None, BeforeValidator(_role)] = None
+    # Objects the statement may touch although check refuses them (unsafe_objects):
+    # each named, e.g. [set_config] or [pg_catalog.pg_stat_activity].
+    allow: list[str] = Field(default_factory=list, max_length=50)
 
     @model_validator(mode="before")
     @classmethod
@@ -328,9 +370,39 @@ class Action(FileModel):
             raise ValueError("needs sql: (a statement) or webhook: (a URL to POST the alert to)")
         if self.sql is not None and self.webhook is not None:
             raise ValueError("sql: and webhook: both given; an action is one of them")
-        if self.webhook is not None and "max_rows" in self.model_fields_set:
-            raise ValueError("max_rows: not for a webhook action (it touches no rows)")
+        if self.webhook is not None:
+            for name in ("max_rows", "lock_timeout", "role", "allow"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name}: not for a webhook action (it runs no SQL)")
+            if "timeout" in self.model_fields_set:
+                raise ValueError("timeout: a webhook action's is webhook.timeout")
+        if self.lock_timeout > self.timeout:
+            raise ValueError(
+                "lock_timeout: longer than timeout (a lock not had would end as a timeout)"
+            )
+        if self.sql is not None:
+            found = unsafe_objects(self.sql)
+            extra = sorted(set(self.allow) - {name for name, _why in found})
+            if extra:
+                raise ValueError(
+                    f"allow: {shorten(extra[0])} is not something the statement needs allowed"
+                )
+            for name, why in found:
+                if name not in self.allow:
+                    raise ValueError(
+                        f"{why} is refused (a rule file is code: add allow: [{name}]"
+                        " to the action to run it anyway)"
+                    )
         return self
+
+    @property
+    def budget(self) -> timedelta:
+        """The time a claim batch's actions get in all (each statement at most
+        ``timeout``): what the batch's locks are held for beyond the claim itself.
+        Three timeouts: the batch as one statement, then (when that did not go) one
+        action alone that takes all of its own, and the rest; so each scan settles at
+        least one action of a batch, and a slow one is recorded failed, not put off."""
+        return 3 * self.timeout
 
     @field_validator("on", mode="before")
     @classmethod
@@ -994,6 +1066,81 @@ def action_problem(text: str) -> str | None:
     return f"{what} is not allowed: one INSERT, UPDATE, DELETE or SELECT fn(...)"
 
 
+# Schemas of the system catalogs: an action reads and writes the application's tables.
+_CATALOG_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
+# Functions that reach outside the database (files, other servers, processes), change
+# settings or other sessions, or run SQL given as text (which no reading of the
+# statement can see into). A name ending in "*" is a prefix.
+_UNSAFE_FUNCTIONS = (
+    "pg_read_file",
+    "pg_read_binary_file",
+    "pg_ls_*",
+    "pg_stat_file",
+    "pg_file_*",
+    "lo_*",
+    "dblink*",
+    "set_config",
+    "pg_terminate_backend",
+    "pg_cancel_backend",
+    "pg_reload_conf",
+    "pg_rotate_logfile",
+    "pg_promote",
+    "pg_switch_wal",
+    "pg_create_restore_point",
+    "pg_backup_*",
+    "pg_start_backup",
+    "pg_stop_backup",
+    "pg_logical_emit_message",
+    "pg_*_replication_slot",
+    "pg_replication_origin_*",
+    "pg_import_system_collations",
+    "query_to_xml*",
+    "cursor_to_xml*",
+    "table_to_xml*",
+    "schema_to_xml*",
+    "database_to_xml*",
+)
+
+
+def _unsafe_function(name: str) -> bool:
+    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in _UNSAFE_FUNCTIONS)
+
+
+def unsafe_objects(text: str) -> list[tuple[str, str]]:
+    """What the action statement ``text`` touches that a rule must allow by name
+    (``action.allow``): (the name to allow, what it is), read from PostgreSQL's parse
+    tree. A system catalog's table or view (a schema of the catalogs, or a ``pg_``
+    name, which PostgreSQL looks up in pg_catalog first), or a function of
+    :data:`_UNSAFE_FUNCTIONS`. Statements other than one INSERT, UPDATE, DELETE or
+    ``SELECT fn(...)`` (COPY, SET, DO, CALL, DDL, GRANT) are refused outright
+    (:func:`action_problem`); ``text`` that does not parse touches nothing here."""
+    import pglast
+    from pglast import ast
+
+    try:
+        statement, names = action_statement(text)
+        tree = pglast.parse_sql(action_numbered(statement, names))
+    except (ValueError, pglast.parser.ParseError):
+        return []
+    found: dict[str, str] = {}
+    for node in walk(tree):
+        if isinstance(node, ast.RangeVar):
+            schema, rel = node.schemaname, str(node.relname)
+            if (schema or "").lower() in _CATALOG_SCHEMAS or (
+                schema is None and rel.lower().startswith("pg_")
+            ):
+                name = f"{schema}.{rel}" if schema else rel
+                found.setdefault(name, f"{name}: a system catalog")
+        elif isinstance(node, ast.FuncCall):
+            parts = [str(p.sval) for p in node.funcname or () if isinstance(p, ast.String)]
+            fn = parts[-1].lower() if parts else ""
+            if _unsafe_function(fn):
+                found.setdefault(
+                    fn, f"{fn}(): a function that reaches files, servers, settings or sessions"
+                )
+    return list(found.items())
+
+
 def action_numbered(statement: str, names: list[str]) -> str:
     """``statement`` (of :func:`action_statement`) as the server parses it: each
     ``%(name)s`` of ``names`` as ``$1``, ``$2``, ... in that order."""
@@ -1062,6 +1209,20 @@ def walk(node: object) -> list[object]:
         elif isinstance(item, ast.Node):
             out.append(item)
             stack.extend(getattr(item, slot) for slot in getattr(item, "__slots__", ()))
+    return out
+
+
+def with_action_role(rules: list[Rule], role: str | None) -> list[Rule]:
+    """``rules`` with ``role`` (SLAWATCH_ACTION_ROLE) as the role of each sql action
+    that names none of its own."""
+    if role is None:
+        return rules
+    out = []
+    for rule in rules:
+        action = rule.action
+        if action is not None and action.sql is not None and action.role is None:
+            rule = rule.model_copy(update={"action": action.model_copy(update={"role": role})})
+        out.append(rule)
     return out
 
 

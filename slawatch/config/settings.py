@@ -213,6 +213,20 @@ def _ingest_tokens(value: Any) -> list[IngestScope]:
             reason = f"[{i}].{first}"
             raise PydanticCustomError("tokens", "{reason}", {"reason": reason}) from None
     return scopes
+# A role name as in the catalog (set with set_config, so case matters): as a rule's
+# action.role.
+ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+
+
+def _action_role(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if not ROLE_NAME.fullmatch(text) or text.lower() in ("none", "public"):
+        raise PydanticCustomError(
+            "role", "{reason}", {"reason": f"{text!r} is not a role name (letters, digits, _, $)"}
+        )
+    return text
 
 
 class Settings(BaseSettings):
@@ -270,6 +284,10 @@ class Settings(BaseSettings):
     # Rules' actions (DESIGN.md §8): "on" runs them; "off" and "dry-run" record and log
     # each as "would run" instead.
     actions: Literal["on", "off", "dry-run"] = "on"
+    # The role rules' sql actions run as (SET LOCAL ROLE), unless a rule's action names
+    # its own (action.role); unset: the role slawatch connects as (README "What a rule
+    # file can do").
+    action_role: Annotated[str | None, BeforeValidator(_action_role)] = None
 
     @field_validator("ingest_token")
     @classmethod

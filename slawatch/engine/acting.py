@@ -76,6 +76,7 @@ class Due:
     n: int
     params: dict[str, str | None]
     skip: str | None = None
+    attempt: int = 1  # a later one: an attempt recorded 'retry', run again (actions/run.py)
 
 
 # Runs and records a claim's due actions on its connection, inside its transaction.

@@ -205,21 +205,44 @@ def grants(
                 )
             )
     schemas = {rule.schema_name for rule in rules if rule.events is None}
+    # An action's own role (action.role, SLAWATCH_ACTION_ROLE) gets what its statements
+    # need, and slawatch's role the right to SET ROLE to it; without one, slawatch's role.
+    theirs: dict[str, set[str]] = {}
     for rule in rules:
-        if rule.action is not None and rule.action.sql is not None:
+        if rule.action is None or rule.action.sql is None:
+            continue
+        if rule.action.role is None:
             out.extend(action_grants(rule.action.sql, r, schemas))
+            continue
+        if rule.action.role not in theirs:
+            theirs[rule.action.role] = set()
+            out.append(sql.SQL("GRANT {} TO {}").format(sql.Identifier(rule.action.role), r))
+        out.extend(
+            action_grants(
+                rule.action.sql,
+                sql.Identifier(rule.action.role),
+                theirs[rule.action.role],
+                # An event rule's table is slawatch's own: not where its action writes.
+                rule.schema_name if rule.events is None else "public",
+            )
+        )
     return out
 
 
-def action_grants(text: str, role: sql.Identifier, schemas: set[str]) -> list[sql.Composed]:
+def action_grants(
+    text: str, role: sql.Identifier, schemas: set[str], unqualified: str | None = None
+) -> list[sql.Composed]:
     """The GRANTs an action statement needs (config/needs.py), USAGE on a schema it
-    names first unless ``schemas`` (granted already) has it; adds those to ``schemas``."""
+    names first unless ``schemas`` (granted already) has it; adds those to ``schemas``.
+    ``unqualified``: the schema an unqualified name is taken to be in (the rule's
+    table's), whose USAGE is granted as well (an action's own role has none yet)."""
     out = []
     for need in needs(text):
-        if need.schema is not None and need.schema not in schemas:
-            schemas.add(need.schema)
+        schema = need.schema or unqualified
+        if schema is not None and schema not in schemas:
+            schemas.add(schema)
             out.append(
-                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(need.schema), role)
+                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), role)
             )
         parts = [need.schema, need.name] if need.schema is not None else [need.name]
         target = sql.Identifier(*parts)

@@ -42,7 +42,13 @@ from psycopg import sql
 
 from slawatch.config.calendars import load_calendars
 from slawatch.config.notifiers import NotifierConfig, load_notifiers
-from slawatch.config.rules import Rule, check_calendar_names, check_notifier_names, load_rules
+from slawatch.config.rules import (
+    Rule,
+    check_calendar_names,
+    check_notifier_names,
+    load_rules,
+    with_action_role,
+)
 from slawatch.config.settings import Settings, parse_bind
 from slawatch.config.sources import SourceConfig, check_sources, load_sources
 from slawatch.db import DatabaseUnavailable, connect, embedded_dsn, redact, with_database
@@ -59,7 +65,7 @@ def load_config(settings: Settings) -> tuple[list[Rule], list[NotifierConfig]]:
     """Rules and notifiers from their folders, cross-checked (rules given their
     calendars); ConfigError otherwise."""
     notifiers = load_notifiers(settings.notifiers_dir)
-    rules = load_rules(settings.rules_dir)
+    rules = with_action_role(load_rules(settings.rules_dir), settings.action_role)
     check_notifier_names(rules, {n.name for n in notifiers})
     calendars = load_calendars(
         settings.calendars_dir, required="calendars_dir" in settings.model_fields_set

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from slawatch import __version__
 from slawatch.actions.history import prune_actions
-from slawatch.actions.run import Mode, runner
+from slawatch.actions.run import Mode, retry_held, runner
 from slawatch.clock import Clock
 from slawatch.config.durations import format_duration
 from slawatch.config.notifiers import NotifierConfig
@@ -276,7 +276,11 @@ class Runner:
         )
         # Rules' actions run inside their claims (slawatch/actions/run.py).
         self.actions = actions
-        self._act = runner(actions, self.metrics.acted)
+        self._act = runner(actions, self._acted)
+        # Rules that may have actions recorded 'retry' (run again at their next scan):
+        # every rule at start (another run may have left some), then those that
+        # recorded one, until a look finds none.
+        self._held: set[str] = set(self._running)
         self.registry: CollectorRegistry = self.metrics.registry
         for name in self.notifiers:
             self.metrics.notifier_added(name)
@@ -473,13 +477,35 @@ class Runner:
             )
         return result
 
+    def _acted(self, rule: str, status: str) -> None:
+        self.metrics.acted(rule, status)
+        if status == "retry":
+            self._held.add(rule)
+
     def _drain(self, plan: ClaimPlan, sweep: bool = False) -> DrainResult:
+        self._retry_held(plan.rule)
         plan = plan.with_act(self._act)
         try:
             return drain(self.db, plan, self.clock, sweep=sweep)
         except PreparedStatementLost:
             # The failed batch rolled back and prepared statements are off now.
             return drain(self.db, plan, self.clock, sweep=sweep)
+
+    def _retry_held(self, rule: Rule) -> None:
+        """Run again the rule's actions recorded 'retry' (a row the application held,
+        or the batch's time ran out), before its claim: a scan's look when it may have
+        some, none otherwise."""
+        if rule.name not in self._held or self.actions != "on":
+            return
+        if rule.action is None or rule.action.sql is None:
+            self._held.discard(rule.name)
+            return
+        ran = self.db.run(
+            f"running rule {rule.name}'s held actions again",
+            lambda conn: retry_held(conn, rule, self.clock.now(), self._acted),
+        )
+        if ran == 0:
+            self._held.discard(rule.name)
 
     def _drain_running(self, rule: str) -> DrainResult:
         # run --once sweeps `track: table` rules too: it drains every due row, backfills
@@ -754,6 +780,7 @@ class Runner:
             else:
                 running[name] = before
         removed = [name for name in old if name not in running]
+        self._held.update(added + changed)  # a changed action may run what the old held
         # Scans look their rule up when they start: one assignment switches them over.
         self._running = running
         for name, r in running.items():

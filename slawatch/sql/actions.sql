@@ -78,3 +78,42 @@ SELECT a.id, a.rule, a.key, a.episode, a.n, a.kind, a.status, a.rows, a.error, a
   JOIN slawatch.action a ON a.rule = w.rule AND a.key = w.key AND a.episode = w.episode
                         AND a.n = w.n
  ORDER BY a.rule, a.key, a.episode, a.attempt
+
+-- enter_action --
+-- Before a batch's actions run, in the claim's transaction (not under a savepoint, so
+-- no rollback of one action undoes it): each statement's timeouts, and the role the
+-- actions run as (NULL: the role slawatch connects as). All SET LOCAL, undone by the
+-- commit; the settings before are returned for leave_action. The sub-SELECT reads
+-- them before the set_config calls run (OFFSET 0 keeps it from being merged).
+SELECT s.role, s.statement_timeout, s.lock_timeout,
+       set_config('statement_timeout', %(timeout)s, true),
+       set_config('lock_timeout', %(lock_timeout)s, true),
+       CASE WHEN %(role)s::text IS NOT NULL THEN set_config('role', %(role)s, true) END
+  FROM (SELECT current_setting('role') AS role,
+               current_setting('statement_timeout') AS statement_timeout,
+               current_setting('lock_timeout') AS lock_timeout
+        OFFSET 0) s
+
+-- action_timeout --
+-- A statement timeout for what is left of the batch's budget (shorter than the action's).
+SELECT set_config('statement_timeout', %(timeout)s, true)
+
+-- leave_action --
+-- After the batch's actions: slawatch's role and timeouts again (what enter_action read).
+SELECT set_config('role', %(role)s, true),
+       set_config('statement_timeout', %(timeout)s, true),
+       set_config('lock_timeout', %(lock_timeout)s, true)
+
+-- held_actions --
+-- A rule's attempts recorded 'retry' (a row the application held, or the batch's time
+-- ran out) and not retried since, locked so that two instances take disjoint ones;
+-- run again at the rule's next scan (action_retry).
+SELECT a.key, a.episode, a.n, a.attempt, a.params
+  FROM slawatch.action a
+ WHERE a.status = 'retry' AND a.rule = %(rule)s AND a.kind = 'sql'
+   AND NOT EXISTS (SELECT 1 FROM slawatch.action b
+                    WHERE b.rule = a.rule AND b.key = a.key AND b.episode = a.episode
+                      AND b.attempt > a.attempt)
+ ORDER BY a.id
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED

@@ -15,10 +15,11 @@ import pytest
 import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from slawatch.actions.run import runner
+from slawatch.actions.run import run_one, runner
 from slawatch.cli import main
-from slawatch.config.rules import Rule
+from slawatch.config.rules import Rule, with_action_role
 from slawatch.demo import SHOP
+from slawatch.engine.acting import Due
 from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import grants, migrate
 from tests.conftest import ROOT
@@ -182,3 +183,97 @@ def test_check_names_an_action_on_a_missing_column(
     code, out = check(tmp_path, dsn, rule, capsys)
     assert code == 2, out
     assert '\n  job_hung: action: column "attempts" does not exist\n' in out
+
+
+@pytest.fixture
+def action_role(conn: Conn) -> Iterator[str]:
+    """A role for actions only (no login), holding nothing yet."""
+    name = f"slawatch_act_{uuid.uuid4().hex[:6]}"
+    conn.execute(f"CREATE ROLE {name}")
+    try:
+        yield name
+    finally:
+        conn.execute(f"DROP OWNED BY {name}")
+        conn.execute(f"DROP ROLE {name}")
+
+
+LOGGED = "insert into ops.restarts (job_id, who) values (:id, current_user)"
+# Who ran it, as each statement records it.
+WHO = {
+    LOGGED: "SELECT who FROM ops.restarts",
+    "update jobs set status = 'queued', worker = current_user where id = :id"
+    " and status = 'running'": "SELECT worker FROM jobs WHERE status = 'queued'",
+}
+
+
+@pytest.mark.parametrize("sql", list(WHO))
+def test_the_action_runs_as_its_role_with_exactly_the_printed_grants(
+    conn: Conn, role: tuple[str, str], action_role: str, sql: str
+) -> None:
+    """slawatch connects as a least-privilege role; its actions run as a role of their
+    own (current_user inside the action). The printed GRANTs are enough, and each one
+    to the actions' role is needed."""
+    name, as_role = role
+    (rule,) = with_action_role([job_rule(sql)], action_role)
+    shop(conn, rule)
+    conn.execute("CREATE SCHEMA ops")
+    conn.execute("CREATE TABLE ops.restarts (job_id bigint, who text)")
+    printed = grants([rule], name)
+    assert f'GRANT "{action_role}" TO "{name}"' in [g.as_string(None) for g in printed]
+    for g in printed:
+        conn.execute(g)
+    with psycopg.connect(as_role, autocommit=True) as app:
+        plan = prepare(app, rule).with_act(runner("on"))
+        assert claim_all(app, plan, datetime.now(UTC)) == 1
+        # Recorded by slawatch's role after the action: the actions' role cannot.
+        assert app.execute("SELECT status FROM slawatch.action").fetchall() == [("ok",)]
+        assert app.execute("SELECT current_user").fetchone() == (name,)
+    assert conn.execute(WHO[sql]).fetchall() == [(action_role,)]
+    due = Due("1", 1, 1, {"id": "1"})
+    theirs = [g.as_string(None) for g in grants([rule], name)]
+    theirs = [g for g in theirs if g.endswith(f'TO "{action_role}"')]
+    # PUBLIC has USAGE on schema public by default: that one is printed, not needed here.
+    needed = [g for g in theirs if g != f'GRANT USAGE ON SCHEMA "public" TO "{action_role}"']
+    # USAGE on ops and INSERT (job_id, who); or UPDATE (status, worker), SELECT (id, status)
+    assert len(needed) == 2, theirs
+    with psycopg.connect(as_role, autocommit=True) as app:
+        for g in needed:
+            conn.execute(g.replace("GRANT ", "REVOKE ", 1).replace(" TO ", " FROM "))
+            with app.transaction():
+                got = run_one(app, rule, due)
+                assert got.status == "failed" and got.error is not None
+                assert got.error.startswith("permission denied"), (g, got.error)
+                raise psycopg.Rollback()
+            conn.execute(g)
+        with app.transaction():
+            assert run_one(app, rule, due).status == "ok"
+            raise psycopg.Rollback()
+
+
+def test_check_plans_the_action_as_its_role(
+    conn: Conn,
+    role: tuple[str, str],
+    action_role: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SLAWATCH_ACTION_ROLE: check plans each action as that role: one line when
+    slawatch's role may not switch to it, or the role lacks a privilege."""
+    name, as_role = role
+    rule = job_rule()
+    shop(conn, rule)
+    for g in grants([rule], name):  # the statement's privileges to slawatch's own role
+        conn.execute(g)
+    monkeypatch.setenv("SLAWATCH_ACTION_ROLE", action_role)
+    code, out = check(tmp_path, as_role, rule, capsys)
+    assert code == 2, out
+    assert f"  job_hung: action: cannot run as role {action_role}: permission denied" in out
+    conn.execute(f"GRANT {action_role} TO {name}")
+    code, out = check(tmp_path, as_role, rule, capsys)
+    assert code == 2, out
+    assert "  job_hung: action: permission denied for table jobs\n" in out
+    for g in grants(with_action_role([rule], action_role), name):
+        conn.execute(g)
+    code, out = check(tmp_path, as_role, rule, capsys)
+    assert code == 0, out

@@ -46,6 +46,22 @@ from slawatch.config.needs import Need, needs, numbered
             ],
         ),
         ("select ops.requeue(:id, :kind)", [Need("EXECUTE", "ops", "requeue", function=True)]),
+        # A function called by a qualified name: EXECUTE; PostgreSQL's own: nothing.
+        (
+            "update t set a = ops.label(:id), b = lower(b), c = pg_catalog.upper(c) where id = :id",
+            [
+                Need("UPDATE", None, "t", ("a", "b", "c")),
+                Need("SELECT", None, "t", ("b", "c", "id")),
+                Need("EXECUTE", "ops", "label", function=True),
+            ],
+        ),
+        (
+            "select ops.requeue(ops.pick(:id))",
+            [
+                Need("EXECUTE", "ops", "requeue", function=True),
+                Need("EXECUTE", "ops", "pick", function=True),
+            ],
+        ),
     ],
 )
 def test_needs(sql: str, expected: list[Need]) -> None:
