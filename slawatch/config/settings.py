@@ -213,6 +213,8 @@ def _ingest_tokens(value: Any) -> list[IngestScope]:
             reason = f"[{i}].{first}"
             raise PydanticCustomError("tokens", "{reason}", {"reason": reason}) from None
     return scopes
+
+
 # A role name as in the catalog (set with set_config, so case matters): as a rule's
 # action.role.
 ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
