@@ -157,9 +157,7 @@ def gate(conn: Connection, rule: Rule) -> None:
     """Call the gate in the transaction ``conn`` is in (before statements that are not
     claims: an event rule's housekeeping); raises as the claims do (:func:`refusal`)."""
     with translate(f"checking the definition of rule {rule.name}"):
-        conn.execute(
-            "SELECT slawatch.claim_gate(%s, %s)", (rule.name, generation(rule))
-        ).fetchone()
+        conn.execute("SELECT slawatch.claim_gate(%s, %s)", (rule.name, generation(rule))).fetchone()
 
 
 def refusal(exc: BaseException) -> str | None:

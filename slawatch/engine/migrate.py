@@ -844,8 +844,7 @@ def render(
             out.append("-- Each rule's definition, recorded last (instances running another")
             out.append("-- definition stop claiming the rule until reloaded)")
             out.extend(
-                _printed(Step(generation.record_statement(rule), "", locked=True))
-                for rule in rules
+                _printed(Step(generation.record_statement(rule), "", locked=True)) for rule in rules
             )
             out.append("")
         out.append(
