@@ -1,0 +1,126 @@
+"""One definition of a rule at a time (issue 24): migrate records each rule's
+generation, and every claim, sweep and timer housekeeping of an instance running
+another definition of the rule is refused by the database and changes nothing.
+The fleet itself (two real ``slawatch run``, reloaded one after the other) is
+test_reload.py's."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from slawatch.config.rules import Rule
+from slawatch.engine import generation
+from slawatch.engine.claim import prepare
+from slawatch.engine.migrate import migrate, plan, render
+from slawatch.errors import DatabaseError
+from tests.integration.helpers import DAY, Conn, claim_all, shop
+from tests.waiting import lock_waits, wait_until
+
+NOW = datetime(2026, 3, 10, tzinfo=UTC)
+WIDE = "status IN ('paid', 'packed')"
+
+
+def widened(rule: Rule) -> Rule:
+    return rule.model_copy(update={"open_when": WIDE})
+
+
+def orders(conn: Conn) -> None:
+    conn.execute("INSERT INTO orders VALUES (1, 7, 100, 'paid', %s)", (NOW - 3 * DAY,))
+    conn.execute("INSERT INTO orders VALUES (2, 7, 100, 'packed', %s)", (NOW - 3 * DAY,))
+
+
+def written(conn: Conn) -> tuple[int, int]:
+    """Alerts and episode history rows: what a claim writes."""
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM slawatch.alert), (SELECT count(*) FROM slawatch.episode)"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def test_migrate_records_each_rules_definition_and_names_what_changed(conn: Conn) -> None:
+    rules = shop(conn)
+    got = generation.recorded(conn)
+    assert set(got) == set(rules)
+    rule = rules["order_unshipped"]
+    assert got[rule.name].generation == generation.generation(rule)
+    assert set(got[rule.name].definition) == set(generation.PARTS)
+    # Only what decides episodes counts: a severity is not part of the definition.
+    assert generation.generation(rule.model_copy(update={"severity": "critical"})) == (
+        generation.generation(rule)
+    )
+    wide = widened(rule)
+    assert plan(conn, list(rules.values())) == []  # recorded: nothing to do
+    done = migrate(conn, [wide])
+    assert (
+        "rule order_unshipped: definition recorded (open_when changed): instances running"
+        " the previous one stop claiming it until they are reloaded"
+    ) in done
+    assert generation.recorded(conn)[rule.name].generation == generation.generation(wide)
+    printed = render([wide])  # without a database: every rule's record, last
+    assert "SELECT slawatch.record_generation('order_unshipped', " in printed
+
+
+@pytest.mark.parametrize("track", ["inline", "table"])
+def test_a_claim_of_a_definition_not_recorded_changes_nothing(conn: Conn, track: str) -> None:
+    """The instance not reloaded yet: its claims (and, track: table, its sweep) are
+    refused by the database; the reloaded one's go through."""
+    rule = shop(conn, track)["order_unshipped"]
+    orders(conn)
+    old = prepare(conn, rule)
+    migrate(conn, [widened(rule)])
+    with pytest.raises(DatabaseError) as refused:
+        claim_all(conn, old, NOW)
+    assert generation.refusal(refused.value) == "stale"
+    assert "this instance runs definition" in str(refused.value)
+    assert written(conn) == (0, 0)
+    assert claim_all(conn, prepare(conn, widened(rule)), NOW) == 2  # both orders
+
+
+def test_a_rule_never_recorded_is_claimed_as_before(conn: Conn) -> None:
+    """A database upgraded to the record but not migrated with the rule since: claimed."""
+    rule = shop(conn)["order_unshipped"]
+    orders(conn)
+    conn.execute("DELETE FROM slawatch.rule_generation")
+    assert claim_all(conn, prepare(conn, rule), NOW) == 1
+
+
+def test_recording_waits_for_claims_in_flight_and_claims_meanwhile_give_way(
+    conn: Conn, dsn: str
+) -> None:
+    """The fleet race: migrate records a definition (here a longer ``after``) while a
+    claim under the old one is in flight. The record waits for that claim's commit; a
+    claim that starts while the record waits or holds gives way at once ('busy',
+    nothing written), and after the record only the recorded definition claims."""
+    rule = shop(conn)["order_unshipped"]
+    later = rule.model_copy(update={"after": rule.after + timedelta(hours=1)})
+    orders(conn)
+    old = prepare(conn, rule)
+
+    def record() -> None:
+        with psycopg.connect(dsn, autocommit=True) as own:
+            migrate(own, [later])
+
+    with psycopg.connect(dsn) as in_flight:  # a claim of the old definition, not committed
+        in_flight.execute(
+            "SELECT slawatch.claim_gate(%s, %s)", (rule.name, generation.generation(rule))
+        )
+        recording = threading.Thread(target=record)
+        recording.start()
+        wait_until(lambda: lock_waits(conn) == ["advisory"], "the record waiting for the claim")
+        with pytest.raises(DatabaseError) as gave_way:
+            claim_all(conn, old, NOW)
+        assert generation.refusal(gave_way.value) == "busy"
+        assert written(conn) == (0, 0)
+        assert recording.is_alive()
+        in_flight.commit()
+    recording.join(30)
+    assert not recording.is_alive()
+    with pytest.raises(DatabaseError) as refused:
+        claim_all(conn, old, NOW)
+    assert generation.refusal(refused.value) == "stale"
+    assert claim_all(conn, prepare(conn, later), NOW) == 1
