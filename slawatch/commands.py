@@ -30,6 +30,7 @@ from slawatch.db import (
 )
 from slawatch.delivery.dispatcher import replay_deliveries, replay_problem
 from slawatch.demo import run_demo
+from slawatch.engine import generation
 from slawatch.engine.baseline import recorded, select
 from slawatch.engine.baseline import render_all as render_baselines
 from slawatch.engine.catalog import TableInfo
@@ -123,6 +124,7 @@ def cmd_check(settings: Settings) -> int:
         schema = schema_current(conn)
         baselined = recorded(conn)
         stale_function = set(event_function_pending(conn, rules))
+        records = generation.recorded(conn)
         for rule in rules:
             info = tables.get(rule.name)
             if info is None:  # an event rule whose timer table migrate creates
@@ -132,6 +134,9 @@ def cmd_check(settings: Settings) -> int:
             todo = pending(conn, rule, info)
             if rule.name in stale_function:
                 todo.append("slawatch.event() does not know its event types yet")
+            differs = generation.unrecorded(rule, records.get(rule.name))
+            if differs:
+                todo.append(differs)
             due = count_due(conn, rule, info, now)
             count = "could not count in 30 s" if due is None else f"{due:,}"
             if due is not None and due >= 1_000_000:
@@ -545,6 +550,8 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
         )
         if r.problem:
             notes.append(f"{r.name}: {r.problem}")
+        if r.definition:
+            notes.append(f"{r.name}: {r.definition}")
         if scan is not None and scan.error:
             notes.append(f"{r.name}: last scan failed: {scan.error}")
         if r.orphaned:

@@ -153,6 +153,18 @@ def mismatch(rule: Rule, record: Recorded | None) -> str | None:
     )
 
 
+def unrecorded(rule: Rule, record: Recorded | None) -> str | None:
+    """What ``check`` and ``status`` say of a rule whose files define it otherwise than
+    migrate recorded (None when they match, or nothing is recorded)."""
+    if record is None or record.generation == generation(rule):
+        return None
+    return (
+        f"not the definition slawatch migrate recorded at {record.at:%Y-%m-%d %H:%M:%S%z}"
+        f" ({', '.join(differing(rule, record))} differ): an instance running these files"
+        " does not claim it until 'slawatch migrate' records them"
+    )
+
+
 def gate(conn: Connection, rule: Rule) -> None:
     """Call the gate in the transaction ``conn`` is in (before statements that are not
     claims: an event rule's housekeeping); raises as the claims do (:func:`refusal`)."""

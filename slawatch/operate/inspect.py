@@ -33,6 +33,7 @@ from slawatch.config.durations import format_duration, parse_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import RULE_NAME, Rule
 from slawatch.db import Connection, translate
+from slawatch.engine import generation
 from slawatch.engine.catalog import (
     TableInfo,
     deadline_type_of,
@@ -126,6 +127,12 @@ class RuleStatus(BaseModel):
     )
     last_scan: LastScan | None
     problem: str | None = Field(description="why the rule cannot be counted or scanned")
+    definition: str | None = Field(
+        default=None,
+        description="set when this rule as configured here is not the definition 'slawatch "
+        "migrate' recorded: instances running it do not claim it (README: Rolling deploys: "
+        "one definition per rule)",
+    )
 
 
 class RulesReport(BaseModel):
@@ -431,6 +438,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
         r[0]: LastScan(at=r[1], duration_ms=r[2], claimed=r[3], error=r[4])
         for r in _read(conn, "reading the last scans", q["last_scans"])
     }
+    records = generation.recorded(conn)
     out = []
     for rule in rules:
         info = rule_table(conn, rule)
@@ -466,6 +474,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
                 else max((now - oldest).total_seconds(), 0.0),
                 last_scan=scans.get(rule.name),
                 problem=problem,
+                definition=generation.unrecorded(rule, records.get(rule.name)),
             )
         )
     return out

@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
 
+from slawatch.commands import cmd_check
+from slawatch.config.notifiers import ConsoleConfig
 from slawatch.config.rules import Rule
+from slawatch.config.settings import Settings
 from slawatch.engine import generation
 from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import migrate, plan, render
 from slawatch.errors import DatabaseError
+from slawatch.operate.inspect import rule_status
+from slawatch.runtime.scheduler import Runner
+from tests.conftest import ROOT
 from tests.integration.helpers import DAY, Conn, claim_all, shop
 from tests.waiting import lock_waits, wait_until
 
@@ -124,3 +131,47 @@ def test_recording_waits_for_claims_in_flight_and_claims_meanwhile_give_way(
         claim_all(conn, old, NOW)
     assert generation.refusal(refused.value) == "stale"
     assert claim_all(conn, prepare(conn, later), NOW) == 1
+
+
+def test_status_and_check_name_a_rule_whose_files_are_not_the_recorded_definition(
+    conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rule = shop(conn)["order_unshipped"]
+    wide = widened(rule)
+    (tmp_path / "rules").mkdir()
+    shipped = (ROOT / "rules" / "order_unshipped.yaml").read_text()
+    (tmp_path / "rules" / "order_unshipped.yaml").write_text(
+        shipped.replace("status = 'paid'", WIDE)
+    )
+    ((status,),) = [rule_status(conn, [wide], NOW)]
+    assert status.definition is not None and "(open_when differ)" in status.definition
+    assert rule_status(conn, [rule], NOW)[0].definition is None
+    settings = Settings(rules_dir=tmp_path / "rules", notifiers_dir=ROOT / "notifiers", dsn=dsn)
+    assert cmd_check(settings) == 1  # not ready: run would not claim it
+    out = capsys.readouterr().out
+    assert "; not the definition slawatch migrate recorded at " in out
+    assert "(open_when differ)" in out
+
+
+def test_an_idle_instance_sees_its_rule_turn_stale_and_current_again(conn: Conn, dsn: str) -> None:
+    """Nothing due, so no claim asks the gate: the records read again (every
+    REREAD; here at once) tell /readyz and the metric, one log line each way."""
+    rule = shop(conn)["order_unshipped"]
+    later = rule.model_copy(update={"after": rule.after + timedelta(hours=1)})
+    runner = Runner(dsn, [rule], [ConsoleConfig(name="console", type="console")], poll=0.2)
+    runner.definitions.reread = 0.0
+    turns: list[tuple[str, bool]] = []
+    runner.definitions.changed = lambda name, stale: turns.append((name, stale))
+    try:
+        assert runner.scan(rule.name) is not None and turns == []
+        migrate(conn, [later])
+        assert runner.scan(rule.name) is None  # skipped: not this instance's to claim
+        assert turns == [(rule.name, True)]
+        assert runner.health()["definition"] == {rule.name: False}
+        assert runner.scan(rule.name) is None and turns == [(rule.name, True)]  # said once
+        migrate(conn, [rule])  # the record moves back to this instance's definition
+        assert runner.scan(rule.name) is not None
+        assert turns == [(rule.name, True), (rule.name, False)]
+        assert runner.health()["definition"] == {rule.name: True}
+    finally:
+        runner.close()
