@@ -335,6 +335,9 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
     with connect(database_dsn(settings)) as conn:
         prepare_all(conn, rules)  # refuses what 'run' would refuse (not migrated, ...)
         counts = dry_run(conn, rules, now)
+        records = generation.recorded(conn)
+    # What 'run' with these files would not claim at all (README: Rolling deploys).
+    stale = {r.name: generation.unrecorded(r, records.get(r.name)) for r in rules}
     total = sum(c.due.alerts for c in counts if c.due is not None)
     per_notifier: dict[str, int] = {}
     for c in counts:
@@ -366,6 +369,8 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
             kinds += f", {sum(d.resolved.values()):,} resolved"
         print(f"  {c.rule.name}: {_many(d.alerts, 'alert')} ({kinds}){to(d.deliveries(c.rule))}")
         _print_acts(c)
+        if stale[c.rule.name]:
+            print(f"    but {stale[c.rule.name]}")
     deliveries = _many(sum(per_notifier.values()), "delivery", "deliveries")
     print(f"total: {_many(total, 'alert')}, {deliveries}{to(per_notifier)}")
     return 0

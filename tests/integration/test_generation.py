@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from slawatch.commands import cmd_check
+from slawatch.commands import cmd_check, cmd_dry_run
 from slawatch.config.notifiers import ConsoleConfig
 from slawatch.config.rules import Rule
 from slawatch.config.settings import Settings
@@ -151,6 +151,10 @@ def test_status_and_check_name_a_rule_whose_files_are_not_the_recorded_definitio
     out = capsys.readouterr().out
     assert "; not the definition slawatch migrate recorded at " in out
     assert "(open_when differ)" in out
+    # A change that needs no new index: run would start, and not claim it.
+    (tmp_path / "rules" / "order_unshipped.yaml").write_text(shipped.replace("48h", "49h"))
+    assert cmd_dry_run(settings, as_json=False) == 0
+    assert "    but not the definition slawatch migrate recorded at " in capsys.readouterr().out
 
 
 def test_an_idle_instance_sees_its_rule_turn_stale_and_current_again(conn: Conn, dsn: str) -> None:
