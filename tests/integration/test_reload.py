@@ -343,7 +343,9 @@ def test_an_action_whose_on_moved_mid_episode_keeps_its_rule_alerting(
     overdue(conn, 1)
     wait_for(lambda: "acting:1:e1:n2" in ids(receiver), "the acting notification")
     assert conn.execute("SELECT order_id FROM restarts").fetchall() == [(1,)]
-    (config.rules_dir / "acting.yaml").write_text(ACTING.replace("on: 2", "on: 3"))
+    moved = ACTING.replace("on: 2", "on: 3")
+    (config.rules_dir / "acting.yaml").write_text(moved)
+    migrate(conn, [rule("acting", moved)])  # migrate, then reload (README: Rolling deploys)
     assert runner.reload() is True
     wait_for(lambda: "acting:1:e1:n4" in ids(receiver), "the last notification, after the reload")
     assert "acting:1:e1:n3" in ids(receiver)
