@@ -598,6 +598,10 @@ def test_the_index_retention_reads_acks_by_is_part_of_the_schema(outbox: Conn) -
         " DROP FUNCTION slawatch.action_delivery_settled()"
     )
     outbox.execute("DROP TABLE slawatch.episode")  # 0006_episode_history.sql
+    outbox.execute(  # 0009_generation.sql
+        "DROP TABLE slawatch.rule_generation; DROP FUNCTION slawatch.claim_gate(text, text),"
+        " slawatch.record_generation(text, text, jsonb)"
+    )
     assert not schema_current(outbox)
     migrate(outbox, [])
     assert schema_current(outbox)
