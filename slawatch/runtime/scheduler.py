@@ -834,7 +834,8 @@ class Runner:
     def health(self) -> dict[str, Any]:
         """Whether :meth:`serve` is running whole (``/readyz``): the scheduler, every
         delivery worker, the NOTIFY listener (or polling instead, by design), and each
-        event source's consumer thread (``sources``, when there are any).
+        event source's consumer thread (``sources``, when there are any), and per rule
+        whether it runs the definition migrate recorded (``definition``).
         ``ok`` is all of them.
 
         The database is not among them: this runner's view of it changes only when its

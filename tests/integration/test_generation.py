@@ -179,3 +179,22 @@ def test_an_idle_instance_sees_its_rule_turn_stale_and_current_again(conn: Conn,
         assert runner.health()["definition"] == {rule.name: True}
     finally:
         runner.close()
+
+
+def test_run_once_with_a_stale_rule_fails_naming_it_and_records_no_scan(
+    conn: Conn, dsn: str
+) -> None:
+    rule = shop(conn)["order_unshipped"]
+    orders(conn)
+    runner = Runner(dsn, [rule], [ConsoleConfig(name="console", type="console")])
+    try:
+        migrate(conn, [widened(rule)])
+        result = runner.once()
+    finally:
+        runner.close()
+    assert result.failed and result.rules == {rule.name: None}
+    (error,) = result.errors
+    assert f"rule {rule.name}: this instance runs definition" in error
+    assert written(conn) == (0, 0)
+    # Not a failure of the rule's scans: the instances running the recorded one scan it.
+    assert conn.execute("SELECT count(*) FROM slawatch.scan").fetchone() == (0,)
