@@ -30,6 +30,7 @@ from slawatch.db import (
 )
 from slawatch.delivery.dispatcher import replay_deliveries, replay_problem
 from slawatch.demo import run_demo
+from slawatch.engine import generation
 from slawatch.engine.baseline import recorded, select
 from slawatch.engine.baseline import render_all as render_baselines
 from slawatch.engine.catalog import TableInfo
@@ -130,6 +131,7 @@ def cmd_check(settings: Settings) -> int:
         schema = schema_current(conn)
         baselined = recorded(conn)
         stale_function = set(event_function_pending(conn, rules))
+        records = generation.recorded(conn)
         for rule in rules:
             info = tables.get(rule.name)
             if info is None:  # an event rule whose timer table migrate creates
@@ -139,6 +141,9 @@ def cmd_check(settings: Settings) -> int:
             todo = pending(conn, rule, info)
             if rule.name in stale_function:
                 todo.append("slawatch.event() does not know its event types yet")
+            differs = generation.unrecorded(rule, records.get(rule.name))
+            if differs:
+                todo.append(differs)
             due = count_due(conn, rule, info, now)
             count = "could not count in 30 s" if due is None else f"{due:,}"
             if due is not None and due >= 1_000_000:
@@ -350,6 +355,9 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
     with connect(database_dsn(settings), pooler=settings.pooler) as conn:
         prepare_all(conn, rules)  # refuses what 'run' would refuse (not migrated, ...)
         counts = dry_run(conn, rules, now)
+        records = generation.recorded(conn)
+    # What 'run' with these files would not claim at all (README: Rolling deploys).
+    stale = {r.name: generation.unrecorded(r, records.get(r.name)) for r in rules}
     total = sum(c.due.alerts for c in counts if c.due is not None)
     per_notifier: dict[str, int] = {}
     for c in counts:
@@ -381,6 +389,8 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
             kinds += f", {sum(d.resolved.values()):,} resolved"
         print(f"  {c.rule.name}: {_many(d.alerts, 'alert')} ({kinds}){to(d.deliveries(c.rule))}")
         _print_acts(c)
+        if stale[c.rule.name]:
+            print(f"    but {stale[c.rule.name]}")
     deliveries = _many(sum(per_notifier.values()), "delivery", "deliveries")
     print(f"total: {_many(total, 'alert')}, {deliveries}{to(per_notifier)}")
     return 0
@@ -565,6 +575,8 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
         )
         if r.problem:
             notes.append(f"{r.name}: {r.problem}")
+        if r.definition:
+            notes.append(f"{r.name}: {r.definition}")
         if scan is not None and scan.error:
             notes.append(f"{r.name}: last scan failed: {scan.error}")
         if r.abandoned:

@@ -290,6 +290,15 @@ class Calendar(FileModel):
         self._days_off |= read_ics(path if path.is_absolute() else base / path, self._zone)
         self._cache.clear()
 
+    def definition(self) -> dict[str, Any]:
+        """What decides its working time, as plain data (a rule's generation hashes it)."""
+        return {
+            "timezone": self.timezone,
+            "hours": self.hours,
+            "holidays": self.holidays.model_dump(mode="json"),
+            "days_off": sorted(d.isoformat() for d in self._days_off),
+        }
+
     def is_holiday(self, day: date) -> bool:
         """Whether ``day`` (a local date) has no working time for a holiday."""
         return day in self._days_off or (self._country is not None and day in self._country)

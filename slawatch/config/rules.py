@@ -716,6 +716,11 @@ class Rule(FileModel):
         """Give the rule its ``calendar`` (loaded from calendars/; see check_calendar_names)."""
         self._calendar = calendar
 
+    @property
+    def loaded_calendar(self) -> Calendar | None:
+        """The calendar :meth:`use_calendar` gave the rule, if any."""
+        return self._calendar
+
     def cutoff(self, now: datetime) -> datetime:
         """The claim's cutoff at ``now`` (aware): a deadline less than this is due.
         ``now - after``, or with a calendar ``after`` of its working time before now."""

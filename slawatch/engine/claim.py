@@ -44,6 +44,7 @@ from slawatch.config.rules import Rule
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.engine.acting import Act, due_column, parse_due
 from slawatch.engine.catalog import deadline_type_of, key_columns, rule_table, table_ident
+from slawatch.engine.generation import GATE_CTE, GATE_WHERE, generation
 from slawatch.engine.migrate import (
     event_function_pending,
     inline_refusal,
@@ -59,7 +60,8 @@ from slawatch.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _CLAIM = """\
-WITH first AS (
+WITH {gate},
+first AS (
     SELECT tableoid, ctid{first_cols} FROM {table}
      WHERE {deadline} < %(cutoff)s AND {first}
      ORDER BY {deadline}
@@ -115,7 +117,7 @@ WITH first AS (
 SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
        (SELECT count(*) FROM closed), {severities},
        -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
-       (SELECT pg_notify('slawatch_delivery', '') WHERE {wake}){due}"""
+       (SELECT pg_notify('slawatch_delivery', '') WHERE {wake}){due}{gate_where}"""
 
 # "Anything to do?" before the claim: one statement, three index probes (the claim's
 # own three predicates, each answered by the first entry of its partial index), no
@@ -184,6 +186,7 @@ class ClaimPlan:
             "max": rule.max_notifications,
             "batch": rule.batch,
             "rule": rule.name,
+            "generation": generation(rule),
             # The alerts' due_at is deadline + after; with a calendar it is per row in
             # working time, which the statement cannot compute: NULL (receivers fall back
             # to fired_at; Rule.due_at gives it).
@@ -326,6 +329,9 @@ def plan_claim(
         first_cols = ended_cols = resolved_ctes = sql.SQL("")
         wake = sql.SQL("EXISTS (SELECT 1 FROM deliveries)")
     statement = sql.SQL(_CLAIM).format(
+        # The rule's definition must be the recorded one (engine/generation.py).
+        gate=sql.SQL(GATE_CTE),
+        gate_where=sql.SQL(GATE_WHERE),
         first_cols=first_cols,
         ended_cols=ended_cols,
         resolved=resolved_ctes,

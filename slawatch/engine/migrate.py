@@ -25,7 +25,7 @@ from slawatch.clock import Clock
 from slawatch.config.needs import needs
 from slawatch.config.rules import Rule, condition_columns
 from slawatch.db import Connection, translate
-from slawatch.engine import schema, timers, trackswitch
+from slawatch.engine import generation, schema, timers, trackswitch
 from slawatch.engine.catalog import (
     IndexState,
     Partition,
@@ -353,6 +353,36 @@ def plan(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False)
             continue
         steps.extend(plan_rule(conn, rule, tables[rule.name]))
     steps.extend(_event_function(conn, rules, drop_event_types))
+    steps.extend(_generations(conn, rules))
+    return steps
+
+
+def _records_generations() -> bool:
+    """Whether the schema migrate brings a database to has the record (a test may stand
+    in an older release's migrations)."""
+    return any(m.name == "generation" for m in schema.migrations())
+
+
+def _generations(conn: Connection, rules: list[Rule]) -> list[Step]:
+    """Each rule's definition, recorded where another (or none) is: last, once what
+    the rule needs is built, since instances running it claim from then on and those
+    running another definition stop (README: "Rolling deploys: one definition per rule")."""
+    if not _records_generations():
+        return []
+    have = generation.recorded(conn)
+    steps = []
+    for rule in rules:
+        record = have.get(rule.name)
+        if record is not None and record.generation == generation.generation(rule):
+            continue
+        done = f"rule {rule.name}: definition recorded"
+        if record is not None:
+            changed = ", ".join(generation.differing(rule, record))
+            done += (
+                f" ({changed} changed): instances running the previous one stop claiming"
+                " it until they are reloaded"
+            )
+        steps.append(Step(generation.record_statement(rule), done, locked=True))
     return steps
 
 
@@ -875,6 +905,13 @@ def render(
         if timers.event_rules(rules):
             out.append("-- The event functions (regenerated whenever the event rules change)")
             out.append(timers.function_sql(rules) + ";")
+            out.append("")
+        if _records_generations():
+            out.append("-- Each rule's definition, recorded last (instances running another")
+            out.append("-- definition stop claiming the rule until reloaded)")
+            out.extend(
+                _printed(Step(generation.record_statement(rule), "", locked=True)) for rule in rules
+            )
             out.append("")
         out.append(
             "-- A partitioned table needs each index ON ONLY the parent, built CONCURRENTLY\n"

@@ -48,6 +48,7 @@ from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, one_statement, retry_conflicts, translate
 from slawatch.engine.acting import Act, parse_due
+from slawatch.engine.generation import GATE_CTE, GATE_WHERE
 from slawatch.engine.outbox import (
     SEVERITIES,
     Tally,
@@ -63,7 +64,8 @@ log = logging.getLogger(__name__)
 SEEN, EPISODE, N, NEXT = "sw_seen", "sw_ep", "sw_n", "sw_next"
 
 _CLAIM = """\
-WITH fresh AS MATERIALIZED (
+WITH {gate},
+fresh AS MATERIALIZED (
     -- The row's JSON is built after the LIMIT, for the batch only, from the columns
     -- it needs: when the planner hashes the anti join (once the state table has
     -- statistics), it reads and sorts every row due in the window, and it built the
@@ -143,7 +145,7 @@ SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
        (SELECT count(*) FROM again),
        -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
        (SELECT pg_notify('slawatch_delivery', '') WHERE {wake}),
-       (SELECT count(*) FROM closed), {severities}{due}"""
+       (SELECT count(*) FROM closed), {severities}{due}{gate_where}"""
 
 # rule `resolve: true`: the notified episodes this claim ends (outbox.resolved):
 # closed at their re-notification time, or replaced by a new episode because the
@@ -168,7 +170,8 @@ _ENDED_EPISODES = """\
 # chose without statistics on the state table and which reads every row sharing a
 # deadline value per probe (measured: 3.6 s instead of 3 ms for 10,000 episodes).
 _CLOSE = """\
-WITH ended AS (
+WITH {gate},
+ended AS (
     SELECT {s_keys}, s.sw_ep, s.sw_n, s.sw_seen FROM {state} s
      WHERE s.sw_seen IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM {table} t
@@ -182,7 +185,7 @@ WITH ended AS (
               e.sw_seen AS seen
 ){history}{resolved}
 SELECT (SELECT count(*) FROM closed),
-       (SELECT pg_notify('slawatch_delivery', '') WHERE {wake})"""
+       (SELECT pg_notify('slawatch_delivery', '') WHERE {wake}){gate_where}"""
 
 # The sweep's resolved notices: the closed episodes that were notified, with the
 # row's columns as they are now (the key alone for a deleted row).
@@ -396,7 +399,11 @@ def compose(
             resolved_severity,
             paged,
         )
+    # The rule's definition must be the recorded one (engine/generation.py).
+    gate, gate_where = sql.SQL(GATE_CTE), sql.SQL(GATE_WHERE)
     claim = sql.SQL(_CLAIM).format(
+        gate=gate,
+        gate_where=gate_where,
         resolved=claim_resolved,
         wake=wake,
         s_key_row=key_row("s"),
@@ -436,6 +443,8 @@ def compose(
         due=due or sql.SQL(""),
     )
     close = sql.SQL(_CLOSE).format(
+        gate=gate,
+        gate_where=gate_where,
         state=state_table(rule),
         table=table,
         t_is_s=eq("t", "s"),

@@ -49,6 +49,7 @@ from psycopg import sql
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, Database, translate
 from slawatch.errors import ConfigError
+from slawatch.engine import generation
 
 log = logging.getLogger(__name__)
 
@@ -494,7 +495,8 @@ def housekeep(db: Database, rule: Rule) -> None:
     if events is None:
         return
     t = sql.Identifier("slawatch", rule.timers)
-    with db.connection(f"timers of rule {rule.name}") as conn:
+    with db.connection(f"timers of rule {rule.name}") as conn, conn.transaction():
+        generation.gate(conn, rule)  # as the claim does: only the recorded definition
         if events.min is not None:
             with translate(f"closing too-fast timers of rule {rule.name}"):
                 conn.execute(

@@ -110,7 +110,7 @@ def _statements(plan: ClaimPlan, now: datetime) -> list[tuple[str, sql.Composed,
     return [
         ("claim", plan.table.claim, params | {"since": since}),
         # The sweep ends the episodes it closes in the history: at now, for this rule.
-        ("sweep", plan.table.close, {"now": params["now"], "rule": params["rule"]}),
+        ("sweep", plan.table.close, {k: params[k] for k in ("now", "rule", "generation")}),
     ]
 
 

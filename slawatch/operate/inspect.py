@@ -33,6 +33,7 @@ from slawatch.config.durations import format_duration, parse_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import RULE_NAME, Rule
 from slawatch.db import Connection, translate
+from slawatch.engine import generation
 from slawatch.engine.catalog import (
     TableInfo,
     deadline_type_of,
@@ -131,6 +132,12 @@ class RuleStatus(BaseModel):
     )
     last_scan: LastScan | None
     problem: str | None = Field(description="why the rule cannot be counted or scanned")
+    definition: str | None = Field(
+        default=None,
+        description="set when this rule as configured here is not the definition 'slawatch "
+        "migrate' recorded: instances running it do not claim it (README: Rolling deploys: "
+        "one definition per rule)",
+    )
 
 
 class RulesReport(BaseModel):
@@ -447,6 +454,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
         str(r[0]): int(r[1])
         for r in _read(conn, "counting abandoned episodes", q["abandoned_episodes"])
     }
+    records = generation.recorded(conn)
     out = []
     for rule in rules:
         info = rule_table(conn, rule)
@@ -483,6 +491,7 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
                 else max((now - oldest).total_seconds(), 0.0),
                 last_scan=scans.get(rule.name),
                 problem=problem,
+                definition=generation.unrecorded(rule, records.get(rule.name)),
             )
         )
     return out

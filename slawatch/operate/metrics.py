@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from psycopg import sql
 
@@ -117,6 +117,14 @@ class Metrics:
             ["rule"],
             registry=self.registry,
         )
+        self.generation_mismatch = Gauge(
+            "slawatch_rule_generation_mismatch",
+            "1 while this process runs a definition of the rule that is not the one "
+            "'slawatch migrate' recorded: it does not claim the rule until reloaded with "
+            "the recorded definition (README: Rolling deploys: one definition per rule)",
+            ["rule"],
+            registry=self.registry,
+        )
         self.events = Counter(
             "slawatch_events",
             "Events received by this process, per type, source (http: POST /v1/events; or "
@@ -167,6 +175,11 @@ class Metrics:
         its abandoned episodes likewise."""
         self.scan_failures.labels(rule)
         self.abandoned_episodes.labels(rule)
+        self.generation_mismatch.labels(rule).set(0)
+
+    def definition(self, rule: str, stale: bool) -> None:
+        """``rule``'s loaded definition turned stale, or the recorded one again."""
+        self.generation_mismatch.labels(rule).set(1 if stale else 0)
 
     def scanned(self, rule: str, seconds: float, severities: Mapping[str, int]) -> None:
         """A scan of ``rule`` took ``seconds`` and wrote these alerts per severity."""

@@ -23,6 +23,7 @@ from datetime import datetime
 from slawatch.clock import Clock
 from slawatch.db import Database, DatabaseUnavailable
 from slawatch.engine.claim import DrainResult
+from slawatch.engine.generation import refusal
 from slawatch.engine.queries import queries
 from slawatch.errors import SlawatchError
 
@@ -77,7 +78,9 @@ def recorded(
     except DatabaseUnavailable:
         raise  # recording would only wait for a connection once more
     except SlawatchError as exc:
-        _write(db, rule, at, started, 0, str(exc), records)
+        # Another definition of the rule is recorded: the instances running it scan it.
+        if refusal(exc) is None:
+            _write(db, rule, at, started, 0, str(exc), records)
         raise
     except Exception as exc:
         _write(db, rule, at, started, 0, f"unexpected {type(exc).__name__}: {exc}", records)

@@ -61,6 +61,7 @@ from slawatch.events.sources.runner import POLL as SOURCE_POLL
 from slawatch.operate.metrics import Metrics
 from slawatch.outage import Backoff, Outage
 from slawatch.runtime import scans
+from slawatch.runtime.definitions import Definitions
 from slawatch.runtime.maintain import EVERY as MAINTAIN_EVERY
 from slawatch.runtime.maintain import PruneResult, prune, prune_events
 
@@ -286,6 +287,8 @@ class Runner:
             self.metrics.notifier_added(name)
         for name in self._running:
             self.metrics.rule_added(name)
+        # Whether each rule's definition is the one migrate recorded (runtime/definitions.py).
+        self.definitions = Definitions(self.db, self.metrics.definition)
         self._stop = threading.Event()
         self._reload_lock = threading.Lock()
         self._reload_asked = False  # set by SIGHUP or request_reload(); serve() reloads
@@ -340,12 +343,16 @@ class Runner:
             return drained
 
         try:
+            if not self.definitions.check(running.rule):
+                return None  # another definition is recorded: not this instance's to claim
             result = scans.recorded(
                 self.db, rule, self.clock, lambda _: timed(running.plan), self._scan_records
             )
         except DatabaseUnavailable:
             result = None  # the database's outage line says it
         except SlawatchError as exc:
+            if self.definitions.refused(running.rule, exc):
+                return None  # the claims' gate: said once by Definitions
             running.trouble.failed(str(exc), since)
             self.metrics.scan_failed(rule)
             result = None
@@ -435,7 +442,7 @@ class Runner:
             # Rules with give_up_after: episodes open too long end as abandoned.
             abandoned = give_up(self.db, list(self.plans.values()), self.clock.now())
             for rule in self.rules.values():  # what a crash left between claim and fill
-                if rule.calendar is not None:
+                if rule.calendar is not None and rule.name not in self.definitions.stale:
                     with self.db.connection(f"due times of rule {rule.name}") as conn:
                         fill_due(conn, rule)
             if pruned_actions:
@@ -783,6 +790,9 @@ class Runner:
         self._held.update(added + changed)  # a changed action may run what the old held
         # Scans look their rule up when they start: one assignment switches them over.
         self._running = running
+        self.definitions.invalidate()  # each scan compares its rule with the records anew
+        for name in removed:
+            self.definitions.forget(name)
         for name, r in running.items():
             self.descriptions[name] = r.rule.description
         for name in removed:
@@ -871,7 +881,8 @@ class Runner:
     def health(self) -> dict[str, Any]:
         """Whether :meth:`serve` is running whole (``/readyz``): the scheduler, every
         delivery worker, the NOTIFY listener (or polling instead, by design), and each
-        event source's consumer thread (``sources``, when there are any).
+        event source's consumer thread (``sources``, when there are any), and per rule
+        whether it runs the definition migrate recorded (``definition``).
         ``ok`` is all of them.
 
         The database is not among them: this runner's view of it changes only when its
@@ -890,8 +901,19 @@ class Runner:
         sources = {name: source.alive() for name, source in self.sources.items()}
         if sources:
             health["sources"] = sources
+        # A rule whose recorded definition is another is not claimed here: not ready, so
+        # that a load balancer prefers an instance that runs it (README: Rolling deploys).
+        stale = self.definitions.stale
+        definition = {name: name not in stale for name in self._running}
+        health["definition"] = definition
         # "ok" last: a reader that names the first failing check names the part.
-        health["ok"] = scheduler and all(workers.values()) and listener and all(sources.values())
+        health["ok"] = (
+            scheduler
+            and all(workers.values())
+            and listener
+            and all(sources.values())
+            and all(definition.values())
+        )
         return health
 
     def close(self) -> None:

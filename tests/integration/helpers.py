@@ -119,7 +119,11 @@ def unversioned(conn: Conn) -> None:
         " DROP INDEX IF EXISTS slawatch.delivery_orphaned, slawatch.ack_acked_at;"
         # 0005_action_webhook.sql's trigger on the outbox and its function.
         " DROP TRIGGER IF EXISTS action_settled ON slawatch.delivery;"
-        " DROP FUNCTION IF EXISTS slawatch.action_delivery_settled()"
+        " DROP FUNCTION IF EXISTS slawatch.action_delivery_settled();"
+        # 0009_generation.sql's record of the rules' definitions and its functions.
+        " DROP TABLE IF EXISTS slawatch.rule_generation;"
+        " DROP FUNCTION IF EXISTS slawatch.claim_gate(text, text),"
+        " slawatch.record_generation(text, text, jsonb)"
     )
 
 

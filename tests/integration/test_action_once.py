@@ -109,6 +109,7 @@ def test_the_next_episode_acts_at_the_new_on(conn: Conn, track: str) -> None:
     for k in (1, 2):
         assert claim_all(conn, plan, notification(k)) == 1
     rule = rule_with(SQL_ON_3, track)
+    migrate(conn, [rule])  # the edited rule's definition recorded (README: Rolling deploys)
     plan = prepare(conn, rule).with_act(runner("on"))
     # The job recovers (its heartbeat moves on), then hangs again: episode 2.
     recovered = T0 + 40 * M
@@ -135,6 +136,7 @@ def test_another_keys_episode_acts_at_the_new_on(conn: Conn, track: str) -> None
         assert claim_all(conn, plan, notification(k)) == 1
     conn.execute("INSERT INTO jobs VALUES (2, 'sync', 'w1', 'running', %s)", (naive(T0 + 30 * M),))
     rule = rule_with(SQL_ON_3, track)
+    migrate(conn, [rule])  # the edited rule's definition recorded (README: Rolling deploys)
     plan = prepare(conn, rule).with_act(runner("on"))
     assert claim_all(conn, plan, notification(3)) == 2  # job 1's #3, job 2's #1
     assert claim_all(conn, plan, notification(4)) == 2  # #4, #2
@@ -160,6 +162,7 @@ def test_an_event_rules_webhook_action_moved_on_is_not_sent_again(conn: Conn) ->
     plan = prepare(conn, parcel(1)).with_act(runner("on"))
     assert claim_all(conn, plan, T0 + 60 * M + S) == 1
     assert action_deliveries(conn) == 1
+    migrate(conn, [parcel(2)])  # the edited rule's definition recorded
     plan = prepare(conn, parcel(2)).with_act(runner("on"))
     assert claim_all(conn, plan, T0 + 120 * M + 2 * S) == 1
     assert claim_all(conn, plan, T0 + 180 * M + 3 * S) == 1

@@ -268,8 +268,10 @@ def test_a_settle_whose_next_attempt_is_taken_does_not_abort(
     from slawatch.engine import schema
 
     shipped = schema.migrations()
-    at = [m.filename for m in shipped].index("0008_action_settled.sql")
-    monkeypatch.setattr(schema, "migrations", lambda: shipped[:at])  # the previous release
+    settled = [m.filename for m in shipped].index("0008_action_settled.sql")
+    # The previous release (and the later migrations, which do not touch actions).
+    previous = shipped[:settled] + shipped[settled + 1 :]
+    monkeypatch.setattr(schema, "migrations", lambda: previous)
     receiver.default = Reply(status=400)  # permanent: dead at once
     rule = hook_rule(receiver.url)
     plan = setup(conn, rule)

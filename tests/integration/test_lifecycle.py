@@ -127,6 +127,7 @@ def test_job_hung_reads_a_timestamp_without_zone_as_utc(conn: Conn, track: str) 
 def test_timestamp_deadline_in_another_zone(conn: Conn, track: str) -> None:
     rules = shop(conn, track)
     rule = rules["job_hung"].model_copy(update={"timezone": "Europe/Berlin"})
+    migrate(conn, [rule])  # a timezone decides when rows are due: part of the definition
     plan = plan_claim(rule, "timestamp without time zone").with_act(runner("off"))
     # 13:00 Berlin wall time (winter, UTC+1) is 12:00 UTC.
     conn.execute(

@@ -181,7 +181,9 @@ def test_serve_counts_and_reports_its_health(
             "scheduler": True,
             "workers": {"hook": True},
             "listener": True,
+            "definition": {"late": True},  # the recorded one (README: Rolling deploys)
         }
+        assert value(runner, "slawatch_rule_generation_mismatch", rule="late") == 0
         serving_scheduler = runner._scheduler
         runner._scheduler = BackgroundScheduler()  # never started: as if it had died
         assert (runner.health()["ok"], runner.health()["scheduler"]) == (False, False)

@@ -91,6 +91,7 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
         "action",  # issue 16: every attempt of a rule's action
         "episode",  # issue 17: the episode history the SLA report reads
         "event_held",  # issue 24: events of types no rule knew yet
+        "rule_generation",  # issue 24: each rule's recorded definition (engine/generation.py)
     }
 
 

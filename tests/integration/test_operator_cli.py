@@ -134,7 +134,7 @@ def test_explain_prints_the_plan_and_passes(ready: str) -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("rule order_unshipped on public.orders (track: inline), at ")
-    assert "-- claim --\nWITH first AS (" in out and "-- with after = 2d, batch = 10000" in out
+    assert "-- claim --\nWITH sw_gate AS (" in out and "-- with after = 2d, batch = 10000" in out
     assert "CTE first" in out  # the planner's text
     assert out.rstrip().splitlines()[-1].startswith("ok: ")
 

@@ -343,7 +343,9 @@ def test_an_action_whose_on_moved_mid_episode_keeps_its_rule_alerting(
     overdue(conn, 1)
     wait_for(lambda: "acting:1:e1:n2" in ids(receiver), "the acting notification")
     assert conn.execute("SELECT order_id FROM restarts").fetchall() == [(1,)]
-    (config.rules_dir / "acting.yaml").write_text(ACTING.replace("on: 2", "on: 3"))
+    moved = ACTING.replace("on: 2", "on: 3")
+    (config.rules_dir / "acting.yaml").write_text(moved)
+    migrate(conn, [rule("acting", moved)])  # migrate, then reload (README: Rolling deploys)
     assert runner.reload() is True
     wait_for(lambda: "acting:1:e1:n4" in ids(receiver), "the last notification, after the reload")
     assert "acting:1:e1:n3" in ids(receiver)
@@ -352,3 +354,165 @@ def test_an_action_whose_on_moved_mid_episode_keeps_its_rule_alerting(
     assert attempts.fetchall() == [(2, "ok")]
     assert logged(caplog, "rule acting: scans failing") == 0
     assert runner.health()["ok"] is True
+
+
+# A rule with an action, widened in the middle of a rolling reload (issue 24).
+NARROW = """\
+table: public.orders
+key: id
+deadline: paid_at
+every: 1s
+open_when: "status = 'paid'"
+notify: [console]
+action:
+  sql: "INSERT INTO acted (order_id) VALUES (:id)"
+"""
+WIDE = NARROW.replace("status = 'paid'", "status IN ('paid', 'packed')")
+
+
+class Instance:
+    """A real ``slawatch run`` of ``rules``, with its admin API and JSON log."""
+
+    def __init__(self, dsn: str, rules: Path, notifiers: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLAWATCH_")}
+        env["SLAWATCH_DSN"] = dsn
+        self.api = f"http://127.0.0.1:{free_port()}"
+        env["SLAWATCH_HTTP"] = self.api.removeprefix("http://")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "slawatch",
+                *("--rules", str(rules)),
+                *("--notifiers", str(notifiers)),
+                "run",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stderr is not None
+        self.log = Lines(self.proc.stderr)
+
+    def ready(self) -> dict[str, Any] | None:
+        try:
+            body: dict[str, Any] = httpx.get(f"{self.api}/readyz", timeout=5).json()
+        except httpx.HTTPError:
+            return None  # not listening yet
+        return body
+
+    def current(self, rule: str) -> bool | None:
+        """Its /readyz check of the rule's definition (None: not answering yet)."""
+        ready = self.ready()
+        return None if ready is None else ready["checks"].get(f"definition.{rule}")
+
+    def scans(self, rule: str) -> float:
+        """Scans of ``rule`` that ran whole (the scan histogram's count)."""
+        text = httpx.get(f"{self.api}/metrics", timeout=5).text
+        for line in text.splitlines():
+            if line.startswith(f'slawatch_scan_duration_seconds_count{{rule="{rule}"}}'):
+                return float(line.split()[-1])
+        return 0.0
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.lines]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log._thread.join(10)  # the log read to its end
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+
+def tally(
+    conn: Conn,
+) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, str]], dict[int, int]]:
+    """Every page (key, episode, n), every action attempt (key, episode, status) and
+    each order's episode number."""
+    alerts = conn.execute(
+        "SELECT key, episode, n FROM slawatch.alert WHERE kind = 'firing' ORDER BY 1, 2, 3"
+    ).fetchall()
+    actions = conn.execute(
+        "SELECT key, episode, status FROM slawatch.action ORDER BY 1, 2, attempt"
+    ).fetchall()
+    episodes = dict(conn.execute("SELECT id, sw_late_ep FROM orders ORDER BY id").fetchall())
+    return alerts, actions, episodes
+
+
+def test_a_rolling_reload_never_opens_or_closes_an_episode_twice(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """Two real ``slawatch run``: open_when widened and migrated, then one instance
+    reloaded, then the other. The one still running the narrow condition would close
+    the episode of a row only the wide one holds open, and the reloaded one open it
+    again, on every scan: a page and an action each time. Here the instance whose
+    definition is not the recorded one claims nothing until it is reloaded: at every
+    step each row has one episode, one page and one action."""
+    conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, status text, paid_at timestamptz)")
+    conn.execute("CREATE TABLE acted (order_id bigint PRIMARY KEY)")
+    rules, notifiers = tmp_path / "rules", tmp_path / "notifiers"
+    rules.mkdir()
+    notifiers.mkdir()
+    (notifiers / "console.yaml").write_text("type: console\n")
+    (rules / "late.yaml").write_text(NARROW)
+    settings = Settings(rules_dir=rules, notifiers_dir=notifiers)
+    migrate(conn, load_config(settings)[0])
+    conn.execute("INSERT INTO orders VALUES (1, 'paid', now() - interval '1 day')")
+    conn.execute("INSERT INTO orders VALUES (2, 'packed', now() - interval '1 day')")
+    a, b = Instance(dsn, rules, notifiers), Instance(dsn, rules, notifiers)
+    try:
+        wait_for(lambda: a.current("late") is True and b.current("late") is True, "both ready")
+        wait_for(lambda: tally(conn)[1] == [("1", 1, "ok")], "order 1's action")
+        one = ([("1", 1, 1)], [("1", 1, "ok")], {1: 1, 2: 0})
+        assert tally(conn) == one
+
+        # Widened and migrated: neither instance runs the recorded definition now.
+        (rules / "late.yaml").write_text(WIDE)
+        migrate(conn, load_config(settings)[0])
+        conn.execute("INSERT INTO orders VALUES (3, 'paid', now() - interval '1 day')")
+        wait_for(lambda: a.current("late") is False and b.current("late") is False, "both stale")
+        assert tally(conn) == (*one[:2], {1: 1, 2: 0, 3: 0})  # order 3: due, not claimed
+
+        # One reloaded: it claims orders 2 and 3; the other does not touch them.
+        a.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: a.current("late") is True, "the reloaded instance ready")
+        wait_for(lambda: len(tally(conn)[1]) == 3, "the actions of orders 2 and 3")
+        three = (
+            [("1", 1, 1), ("2", 1, 1), ("3", 1, 1)],
+            [("1", 1, "ok"), ("2", 1, "ok"), ("3", 1, "ok")],
+            {1: 1, 2: 1, 3: 1},
+        )
+        assert tally(conn) == three
+        # Five more scans of the reloaded one: the other had as many turns to undo them.
+        scanned = a.scans("late")
+        wait_for(lambda: a.scans("late") >= scanned + 5, "five scans of the reloaded instance")
+        assert b.current("late") is False
+        assert tally(conn) == three
+
+        # The other reloaded: both claim the rule, and nothing is paged again.
+        b.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: b.current("late") is True, "the second instance ready")
+        scanned = b.scans("late")
+        wait_for(lambda: b.scans("late") >= scanned + 3, "three scans of the second instance")
+        assert tally(conn) == three
+        assert conn.execute("SELECT count(*) FROM acted").fetchone() == (3,)
+    finally:
+        a.stop()
+        b.stop()
+    for instance in (a, b):
+        turns = [
+            r["definition"]
+            for r in instance.records()
+            if r.get("rule") == "late" and "definition" in r
+        ]
+        assert turns == ["stale", "current"]  # one line each way
+        (stale,) = [r for r in instance.records() if r.get("definition") == "stale"]
+        assert "open_when differ" in stale["message"] and stale["level"] == "WARNING"
