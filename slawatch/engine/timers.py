@@ -48,8 +48,8 @@ from psycopg import sql
 
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, Database, translate
-from slawatch.errors import ConfigError
 from slawatch.engine import generation
+from slawatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
