@@ -105,10 +105,10 @@ def test_an_event_of_an_unknown_type_is_held_and_applied_by_the_migrate_of_its_r
     assert report.held_events == {"parcel_returned": 1, "parcel_shipped": 3, "parcel_typo": 1}
 
     done = migrate(conn, [BACKUP_RULE, PARCEL_RULE])
-    assert done[-1] == (
+    assert (
         "slawatch.event_held: applied the held events of 'parcel_returned', 'parcel_shipped'"
         " (4 rows)"
-    )
+    ) in done
     rows = conn.execute(
         "SELECT key, started_at, due_at, open, data FROM slawatch.parcel_undelivered_timers"
         " ORDER BY key"
