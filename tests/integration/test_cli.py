@@ -165,6 +165,10 @@ def test_migrate_then_run_once_prints_each_alert_once(conn: Conn, dsn: str) -> N
     assert before.returncode == 1, before  # valid, but run would refuse: say so
     assert "not ready: 6 rules, 1 notifiers are valid, but 'slawatch run' needs" in before.stdout
     assert "order_unshipped: 1 rows would be notified on the next scan" in before.stdout
+    # What migrate will do, not what it did (nothing is done yet).
+    assert "not migrated: public.orders: will add sw_order_unshipped_n" in before.stdout
+    assert "will build index sw_order_unshipped_first" in before.stdout
+    assert ": added " not in before.stdout and "built index" not in before.stdout
     first = slawatch("migrate", dsn=dsn)
     assert first.returncode == 0, first.stderr
     assert "built index sw_order_unshipped_first" in first.stdout
