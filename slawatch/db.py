@@ -40,7 +40,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from slawatch.errors import ConfigError, DatabaseError
-from slawatch.outage import Outage
+from slawatch.outage import UNREACHABLE_AFTER, Outage
 
 log = logging.getLogger(__name__)
 
@@ -482,9 +482,15 @@ class Database:
         # When each pooled connection last did something (made, or given back).
         self._used: weakref.WeakKeyDictionary[Connection, float] = weakref.WeakKeyDictionary()
         # A request that began within one timeout of a success may have waited for
-        # the pool to reconnect after a restart: not a new outage.
+        # the pool to reconnect after a restart: not a new outage, unless failures go
+        # on for UNREACHABLE_AFTER.
         self.outage = Outage(
-            "database", log, down="unreachable", up="reachable again", grace=timeout
+            "database",
+            log,
+            down="unreachable",
+            up="reachable again",
+            grace=timeout,
+            after=UNREACHABLE_AFTER,
         )
         # Only a direct (or session-pooled) connection may keep prepared statements: behind
         # a transaction pooler they reach other sessions' statements, often without an

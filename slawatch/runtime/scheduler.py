@@ -69,6 +69,10 @@ log = logging.getLogger(__name__)
 ORPHAN_GRACE = timedelta(minutes=10)
 # Connections the scans of all rules share, by default (SLAWATCH_SCAN_CONNECTIONS).
 SCAN_CONNECTIONS = 2
+# Seconds between looks at the database (Runner.watch), and the longest wait for a
+# pooled connection in one.
+WATCH_EVERY = 2.0
+WATCH_WAIT = 1.0
 # The line per scan that did work, apart from the rest (``slawatch demo`` leaves it out).
 activity = logging.getLogger("slawatch.activity")
 
@@ -453,6 +457,26 @@ class Runner:
             )
         return result
 
+    def watch(self) -> None:
+        """Look at the database: ``SELECT 1`` on a pooled connection, or, when none comes
+        within WATCH_WAIT, a connection of its own. While the database is down the
+        scans and deliveries only wait for the pool (up to SLAWATCH_DB_TIMEOUT); these
+        looks fail at once, so the outage's line comes within UNREACHABLE_AFTER, with or
+        without the admin API (README "Logs"). Never raises."""
+        try:
+            with self.db.connection("watching the database", wait=WATCH_WAIT) as conn:
+                conn.execute("SELECT 1")
+            return
+        except DatabaseUnavailable:
+            pass  # no pooled connection in time: every one busy, or none to be had
+        except SlawatchError:
+            return  # recorded by the database's outage (db.py) when it was unreachable
+        try:
+            with self.db.dedicated("watching the database"):
+                pass
+        except SlawatchError:
+            pass  # the database's outage line says it
+
     def _drain(self, plan: ClaimPlan, sweep: bool = False) -> DrainResult:
         plan = plan.with_act(self._act)
         try:
@@ -541,6 +565,15 @@ class Runner:
             misfire_grace_time=max(int(every), 1),
             # After the first scans: a restart catches up on pruning without delaying alerts.
             next_run_time=now + timedelta(seconds=min(every, 30)),
+        )
+        scheduler.add_job(
+            self.watch,
+            "interval",
+            seconds=WATCH_EVERY,
+            id="watch",
+            max_instances=1,
+            coalesce=True,
+            next_run_time=now,
         )
         signalled: list[int] = []
 

@@ -151,6 +151,46 @@ def test_workers_outlive_a_database_outage_longer_than_the_pool_timeout(
     assert noise == []
 
 
+def test_outages_shorter_than_the_pool_timeout_are_logged_without_the_admin_api(
+    cluster: PgCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two outages, each shorter than the pool timeout (30 s: scans only wait for a
+    connection, nothing fails) and longer than the threshold: one line each way for
+    each, from the runner's own look at the database (no admin API and its readiness
+    probe; no LISTEN connection either, behind a transaction pooler). The threshold
+    is UNREACHABLE_AFTER (10 s); 2 s here, to be quick."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    dsn = cluster.database(f"short_{uuid.uuid4().hex[:8]}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        orders(conn)
+    runner = Runner(dsn, [late_rule()], [], timeout=30, pooler="transaction")
+    runner.db.outage.after = 2.0
+    serving = threading.Thread(target=runner.serve, name="serve", daemon=True)
+    serving.start()
+    try:
+        for outage in (1, 2):
+            wait_for(
+                lambda: logged(caplog, "database reachable again") == outage - 1,
+                "the database to be up",
+            )
+            cluster.stop()
+            wait_for(
+                lambda: logged(caplog, "database unreachable for") == outage,
+                f"the line of outage {outage}",
+            )
+            cluster.start()
+            wait_for(
+                lambda: logged(caplog, "database reachable again after") == outage,
+                f"the end of outage {outage}",
+            )
+    finally:
+        runner.stop()
+        serving.join(60)
+        runner.close()
+    assert logged(caplog, "database unreachable", logging.ERROR) == 2
+    assert logged(caplog, "database reachable again after") == 2
+
+
 class FaultyClock(Clock):
     """A clock that raises (a stand-in for any bug in a scan) its first ``failures`` times."""
 
