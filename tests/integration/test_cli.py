@@ -221,6 +221,20 @@ def test_run_stops_cleanly_on_sigterm(conn: Conn, dsn: str) -> None:
     assert "Traceback" not in stderr
 
 
+def test_a_command_without_a_dsn_names_the_embedded_databases_folder(tmp_path: Path) -> None:
+    """A forgotten SLAWATCH_DSN makes a database in the current folder: one line at
+    start says so, with the whole path, and whether it is being created."""
+    pgdata = tmp_path.resolve() / ".slawatch" / "pgdata"
+    for doing in ("creating", "using"):
+        result = slawatch("alerts", cwd=tmp_path, timeout=120)
+        said = [ln for ln in result.stderr.splitlines() if "no SLAWATCH_DSN" in ln]
+        assert said == [
+            f"slawatch: no SLAWATCH_DSN: {doing} the embedded PostgreSQL in {pgdata},"
+            " database 'slawatch' (where 'slawatch demo' keeps its shop)"
+        ], result.stderr
+    assert (pgdata / "PG_VERSION").exists()
+
+
 def test_demo_twice_in_a_row(tmp_path: Path) -> None:
     env_dir = tmp_path / "data"
     for _ in range(2):
