@@ -20,7 +20,7 @@ import time
 
 # Seconds of failures without a success after which the database is said to be
 # unreachable however recent its last success (README "Logs").
-UNREACHABLE_AFTER = 10.0
+UNREACHABLE_AFTER = 5.0
 
 
 class Outage:
@@ -58,6 +58,11 @@ class Outage:
     def down(self) -> bool:
         """True between the first failure and the next success."""
         return self._down_since is not None
+
+    @property
+    def failing(self) -> bool:
+        """True between any failure (an outage's or not yet) and the next success."""
+        return self._failing_since is not None
 
     def failed(
         self, reason: str, since: float | None = None, *, exc_info: BaseException | None = None

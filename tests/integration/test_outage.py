@@ -157,14 +157,13 @@ def test_outages_shorter_than_the_pool_timeout_are_logged_without_the_admin_api(
     """Two outages, each shorter than the pool timeout (30 s: scans only wait for a
     connection, nothing fails) and longer than the threshold: one line each way for
     each, from the runner's own look at the database (no admin API and its readiness
-    probe; no LISTEN connection either, behind a transaction pooler). The threshold
-    is UNREACHABLE_AFTER (10 s); 2 s here, to be quick."""
+    probe; no LISTEN connection either, behind a transaction pooler), once the
+    database has failed for UNREACHABLE_AFTER (5 s)."""
     caplog.set_level(logging.INFO, logger="slawatch")
     dsn = cluster.database(f"short_{uuid.uuid4().hex[:8]}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         orders(conn)
     runner = Runner(dsn, [late_rule()], [], timeout=30, pooler="transaction")
-    runner.db.outage.after = 2.0
     serving = threading.Thread(target=runner.serve, name="serve", daemon=True)
     serving.start()
     try:
