@@ -169,17 +169,17 @@ def test_outages_shorter_than_the_pool_timeout_are_logged_without_the_admin_api(
     try:
         for outage in (1, 2):
             wait_for(
-                lambda: logged(caplog, "database reachable again") == outage - 1,
+                lambda n=outage: logged(caplog, "database reachable again") == n - 1,
                 "the database to be up",
             )
             cluster.stop()
             wait_for(
-                lambda: logged(caplog, "database unreachable for") == outage,
+                lambda n=outage: logged(caplog, "database unreachable for") == n,
                 f"the line of outage {outage}",
             )
             cluster.start()
             wait_for(
-                lambda: logged(caplog, "database reachable again after") == outage,
+                lambda n=outage: logged(caplog, "database reachable again after") == n,
                 f"the end of outage {outage}",
             )
     finally:
