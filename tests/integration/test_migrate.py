@@ -90,6 +90,7 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
         "event_seen",  # issue 15: event ids seen (dedupe)
         "action",  # issue 16: every attempt of a rule's action
         "episode",  # issue 17: the episode history the SLA report reads
+        "scanner",  # issue 24: when each process last scanned each rule
     }
 
 
