@@ -476,6 +476,7 @@ class Database:
         pooler: Pooler = "auto",
         name: str = "slawatch",
         check_idle: float = CHECK_IDLE,
+        outage: Outage | None = None,
     ) -> None:
         self.dsn, self.timeout, self.pooler = dsn, timeout, pooler
         self.check_idle = check_idle
@@ -483,8 +484,9 @@ class Database:
         self._used: weakref.WeakKeyDictionary[Connection, float] = weakref.WeakKeyDictionary()
         # A request that began within one timeout of a success may have waited for
         # the pool to reconnect after a restart: not a new outage, unless failures go
-        # on for UNREACHABLE_AFTER.
-        self.outage = Outage(
+        # on for UNREACHABLE_AFTER. ``outage``: another pool's record, shared (the admin
+        # API's pools beside a runner's): one line per outage, not one per pool.
+        self.outage = outage or Outage(
             "database",
             log,
             down="unreachable",

@@ -1134,14 +1134,23 @@ def serve_admin(
     ingest_token: str | None = None,
     retention: timedelta = DEFAULT_RETENTION,
     runner_metrics: Metrics | None = None,
+    outage: Outage | None = None,
 ) -> AdminServer:
-    """``slawatch run``'s admin API on ``bind``, with a pool of its own; logs its address."""
+    """``slawatch run``'s admin API on ``bind``, with a pool of its own; logs its address.
+    ``outage``: the runner's database outage record, which its pools share."""
     host, port = bind
     # A request waits at most a few seconds for one of the admin pool's connections.
-    db = Database(dsn, size=POOL_SIZE, timeout=min(timeout, 5.0), pooler=pooler, name="admin")
+    db = Database(
+        dsn, size=POOL_SIZE, timeout=min(timeout, 5.0), pooler=pooler, name="admin", outage=outage
+    )
     try:
         events_db = Database(
-            dsn, size=EVENTS_AT_ONCE, timeout=min(timeout, 5.0), pooler=pooler, name="events"
+            dsn,
+            size=EVENTS_AT_ONCE,
+            timeout=min(timeout, 5.0),
+            pooler=pooler,
+            name="events",
+            outage=outage,
         )
     except BaseException:
         db.close()

@@ -138,6 +138,7 @@ def start_admin(
             ),
             retention=settings.retention,
             runner_metrics=runner.metrics,
+            outage=runner.db.outage,  # one line per database outage, not one per pool
         )
 
     try:
