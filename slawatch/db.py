@@ -44,7 +44,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from slawatch.errors import ConfigError, DatabaseError
-from slawatch.outage import Outage
+from slawatch.outage import UNREACHABLE_AFTER, Outage
 
 log = logging.getLogger(__name__)
 
@@ -595,15 +595,23 @@ class Database:
         pooler: Pooler = "auto",
         name: str = "slawatch",
         check_idle: float = CHECK_IDLE,
+        outage: Outage | None = None,
     ) -> None:
         self.dsn, self.timeout, self.pooler = dsn, timeout, pooler
         self.check_idle = check_idle
         # When each pooled connection last did something (made, or given back).
         self._used: weakref.WeakKeyDictionary[Connection, float] = weakref.WeakKeyDictionary()
         # A request that began within one timeout of a success may have waited for
-        # the pool to reconnect after a restart: not a new outage.
-        self.outage = Outage(
-            "database", log, down="unreachable", up="reachable again", grace=timeout
+        # the pool to reconnect after a restart: not a new outage, unless failures go
+        # on for UNREACHABLE_AFTER. ``outage``: another pool's record, shared (the admin
+        # API's pools beside a runner's): one line per outage, not one per pool.
+        self.outage = outage or Outage(
+            "database",
+            log,
+            down="unreachable",
+            up="reachable again",
+            grace=timeout,
+            after=UNREACHABLE_AFTER,
         )
         # The connections that may prepare (may_prepare, decided as each is made): behind
         # a transaction pooler a prepared statement's name may reach another client's.

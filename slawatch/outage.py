@@ -6,7 +6,9 @@ successes; the log gets one line when the outage starts and one when it ends,
 however many attempts failed in between. A failure of an attempt that began
 before the latest success (or within ``grace`` seconds after it) is a straggler
 of an outage that just ended, or a blip, not a new outage: it is logged at
-DEBUG only.
+DEBUG only -- unless failures go on, with no success between, for ``after``
+seconds: then it is an outage all the same (a database down for 15 s is logged
+although every failure came within a 30 s pool timeout of the last success).
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ import random
 import threading
 import time
 
+# Seconds of failures without a success after which the database is said to be
+# unreachable however recent its last success (README "Logs").
+UNREACHABLE_AFTER = 5.0
+
 
 class Outage:
     """One line when ``what`` starts failing, one when it works again (thread-safe).
@@ -24,7 +30,9 @@ class Outage:
     and ``"reachable again"``: ``database unreachable: claim for rule late: ...``
     then ``database reachable again after 42s``. ``grace``: seconds after a
     success during which a new failure does not start an outage (a pool may
-    still be reconnecting while another caller already got through).
+    still be reconnecting while another caller already got through). ``after``:
+    seconds of failures with no success between after which a failure starts an
+    outage even within the grace (None: never); its line says for how long.
     """
 
     def __init__(
@@ -36,11 +44,13 @@ class Outage:
         up: str = "working again",
         level: int = logging.ERROR,
         grace: float = 0.0,
+        after: float | None = None,
     ) -> None:
         self.what, self.log, self.down_words, self.up_words = what, logger, down, up
-        self.level, self.grace = level, grace
+        self.level, self.grace, self.after = level, grace, after
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        self._failing_since: float | None = None  # the first failure since the last success
         self._last_ok = float("-inf")
         self.started = 0  # outages started so far (a metric)
 
@@ -48,6 +58,11 @@ class Outage:
     def down(self) -> bool:
         """True between the first failure and the next success."""
         return self._down_since is not None
+
+    @property
+    def failing(self) -> bool:
+        """True between any failure (an outage's or not yet) and the next success."""
+        return self._failing_since is not None
 
     def failed(
         self, reason: str, since: float | None = None, *, exc_info: BaseException | None = None
@@ -58,20 +73,38 @@ class Outage:
         ``exc_info``: an unexpected exception whose traceback belongs in the log.
         """
         with self._lock:
-            started = since if since is not None else time.monotonic()
-            if self._down_since is not None or started < self._last_ok + self.grace:
+            now = time.monotonic()
+            started = since if since is not None else now
+            if self._failing_since is None:
+                self._failing_since = now
+            failing = now - self._failing_since
+            long = self.after is not None and failing >= self.after
+            if self._down_since is not None or (started < self._last_ok + self.grace and not long):
                 self.log.debug("%s %s: %s", self.what, self.down_words, reason)
                 return False
-            self._down_since = time.monotonic()
+            self._down_since = self._failing_since if long else now
             self.started += 1
-        self.log.log(self.level, "%s %s: %s", self.what, self.down_words, reason, exc_info=exc_info)
+        if long:
+            self.log.log(
+                self.level,
+                "%s %s for %.0fs: %s",
+                self.what,
+                self.down_words,
+                failing,
+                reason,
+                exc_info=exc_info,
+            )
+        else:
+            self.log.log(
+                self.level, "%s %s: %s", self.what, self.down_words, reason, exc_info=exc_info
+            )
         return True
 
     def ok(self) -> None:
         """Report a successful attempt; ends the outage (one line) if there was one."""
         with self._lock:
             self._last_ok = time.monotonic()
-            since, self._down_since = self._down_since, None
+            since, self._down_since, self._failing_since = self._down_since, None, None
         if since is not None:
             self.log.info("%s %s after %.0fs", self.what, self.up_words, time.monotonic() - since)
 

@@ -281,6 +281,17 @@ class Calendar(FileModel):
         if self.holidays.country is not None:
             self._country = _country(self.holidays.country, self.holidays.subdivision)
 
+    def __eq__(self, other: object) -> bool:
+        # What the file says and the holidays read (an .ics file may change alone); not
+        # the cache of days already looked at, nor the country's holidays object (made
+        # from the fields): a reload must not see a calendar in use as changed.
+        if not isinstance(other, Calendar):
+            return NotImplemented
+        return (self.__dict__, self._days_off) == (other.__dict__, other._days_off)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.timezone))
+
     def load_ics(self, base: Path) -> None:
         """Add the holidays of ``holidays.ics`` (relative to ``base``, the calendar's
         folder); ValueError with a one-line reason otherwise."""

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -564,7 +565,31 @@ def _claim_on(db: Database, plan: ClaimPlan, clock: Clock, probe: bool = False) 
         now = clock.now()
         if probe and not anything_due(conn, plan, now):
             return None
-        return claim_counted(conn, plan, now)
+        if plan.rule.calendar is None:
+            return claim_counted(conn, plan, now)
+        with _dated(conn, plan.rule, now):
+            return claim_counted(conn, plan, now)
+
+
+@contextmanager
+def _dated(conn: Connection, rule: Rule, since: datetime) -> Iterator[Connection]:
+    """A calendar rule's claim in one transaction with its alerts' due times: the
+    claim writes ``due_at`` NULL (ClaimPlan.params) and the alerts it fired at
+    ``since`` or later are given ``Rule.due_at(deadline)`` before it commits, so that
+    no notifier (woken by the NOTIFY at the commit) sends one without it."""
+    with translate(f"due times of the alerts of rule {rule.name}"), conn.transaction():
+        yield conn
+        rows = conn.execute(
+            "SELECT id, deadline FROM slawatch.alert WHERE rule = %s AND fired_at >= %s"
+            " AND due_at IS NULL AND deadline IS NOT NULL",
+            (rule.name, since),
+        ).fetchall()
+        if rows:
+            conn.execute(
+                "UPDATE slawatch.alert a SET due_at = v.due"
+                " FROM unnest(%s::bigint[], %s::timestamptz[]) AS v(id, due) WHERE a.id = v.id",
+                ([i for i, _ in rows], [rule.due_at(deadline) for _, deadline in rows]),
+            )
 
 
 def drain(
@@ -638,8 +663,19 @@ def _drain(
             probe = False
         housekeep(db, plan.rule)  # scheduled beats' deadlines; too-fast timers closed
     if plan.table is not None:
+        began = clock.now()
+
+        @contextmanager
+        def claiming() -> Iterator[Connection]:
+            with db.connection(f"claim for rule {plan.rule.name}") as conn:
+                if plan.rule.calendar is None:
+                    yield conn
+                    return
+                with _dated(conn, plan.rule, began):
+                    yield conn
+
         alerts, batches = drain_table(
-            lambda: db.connection(f"claim for rule {plan.rule.name}"),
+            claiming,
             plan.table,
             plan.params,
             plan.to_deadline,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -155,6 +156,43 @@ class Step:
     # How migrate runs it instead of ``statement`` (printed for psql): work in batches
     # of their own transactions; returns the rows it wrote, added to ``done``.
     run: Callable[[Connection], int] | None = field(default=None, compare=False)
+
+    @property
+    def todo(self) -> str:
+        """The line as work still to do (``check``, a rule not ready): "will add ...",
+        not the "added ..." that ``migrate`` reports once it is done."""
+        return will(self.done)
+
+
+# The past-tense verbs of Step.done and what migrate will do instead.
+_WILL = {
+    "created index": "will create index",
+    "created": "will be created",
+    "updated": "will be updated",
+    "added": "will add",
+    "built": "will build",
+    "dropped index": "will drop index",
+    "dropped": "will be dropped",
+    "analyzed": "will analyze",
+    "attached": "will attach",
+    "applied": "will apply",
+    "upgraded": "will upgrade",
+    "carried over": "will be carried over",
+    "reset": "will be reset",
+    "now": "will be",
+}
+_PAST = re.compile(r"\b(" + "|".join(_WILL) + r")\b")
+
+
+def will(done: str) -> str:
+    """``done`` (a line of what migrate did) in the future: "public.orders: will add
+    sw_late_n" for "public.orders: added sw_late_n". Only the first verb after the
+    place (before ": ") changes: names after it stay as they are."""
+    where, sep, what = done.partition(": ")
+    if not sep:
+        where, what = "", done
+    what = _PAST.sub(lambda m: _WILL[m.group(1)], what, count=1)
+    return where + sep + what.replace("it had no statistics", "it has no statistics")
 
 
 def grants(
@@ -801,7 +839,7 @@ def _partitioned_index(
 
 def pending(conn: Connection, rule: Rule, info: TableInfo) -> list[str]:
     """What ``migrate`` would still do for ``rule``: empty when it is ready to run."""
-    return [step.done for step in plan_rule(conn, rule, info) if not step.detail]
+    return [step.todo for step in plan_rule(conn, rule, info) if not step.detail]
 
 
 def migrate(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False) -> list[str]:

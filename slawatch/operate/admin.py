@@ -1337,16 +1337,25 @@ def serve_admin(
     ingest_tokens: Sequence[IngestScope] = (),
     public_url: str | None = None,
     forwarded_allow_ips: str | None = None,
+    outage: Outage | None = None,
 ) -> AdminServer:
-    """``slawatch run``'s admin API on ``bind``, with a pool of its own; logs its address."""
+    """``slawatch run``'s admin API on ``bind``, with a pool of its own; logs its address.
+    ``outage``: the runner's database outage record, which its pools share."""
     host, port = bind
     # A request waits at most a few seconds for one of the admin pool's connections.
     # Both pools are interrupted at a stop (Drain): a request stuck in the database is
     # answered, not abandoned.
-    db = Interruptible(dsn, size=POOL_SIZE, timeout=min(timeout, 5.0), pooler=pooler, name="admin")
+    db = Interruptible(
+        dsn, size=POOL_SIZE, timeout=min(timeout, 5.0), pooler=pooler, name="admin", outage=outage
+    )
     try:
         events_db = Interruptible(
-            dsn, size=EVENTS_AT_ONCE, timeout=min(timeout, 5.0), pooler=pooler, name="events"
+            dsn,
+            size=EVENTS_AT_ONCE,
+            timeout=min(timeout, 5.0),
+            pooler=pooler,
+            name="events",
+            outage=outage,
         )
     except BaseException:
         db.close()

@@ -88,8 +88,12 @@ def database_dsn(settings: Settings) -> str:
     """The DSN to use: the configured one, or the embedded server's (started if needed)."""
     if settings.dsn:
         return settings.dsn
+    # One line, before the server starts: a forgotten SLAWATCH_DSN makes a database of
+    # some 50 MB in the current folder, and the operator must see which folder.
+    pgdata = (settings.data_dir / "pgdata").resolve()
+    doing = "using" if (pgdata / "PG_VERSION").exists() else "creating"
     print(
-        f"slawatch: no SLAWATCH_DSN: using the embedded PostgreSQL in {settings.data_dir}/pgdata, "
+        f"slawatch: no SLAWATCH_DSN: {doing} the embedded PostgreSQL in {pgdata}, "
         f"database {EMBEDDED_DATABASE!r} (where 'slawatch demo' keeps its shop)",
         file=sys.stderr,
     )
@@ -143,6 +147,7 @@ def start_admin(
             ingest_tokens=settings.ingest_tokens,
             public_url=settings.public_url,
             forwarded_allow_ips=settings.forwarded_allow_ips,
+            outage=runner.db.outage,  # one line per database outage, not one per pool
         )
 
     try:

@@ -8,17 +8,25 @@ recorded at all (the write would only wait for a connection once more).
 ``slawatch run`` keeps what it last wrote per rule (:class:`ScanRecords`) and writes
 a scan only when its outcome differs (alerts claimed, error) or the rule's record is
 :data:`REFRESH` old: an idle rule scanned every second costs a write a minute, not
-one a second. So "last scan" of a rule whose scans find nothing may be up to a
-minute old; a scan that claimed, or failed, or recovered, is there at once.
+one a second. A scan that claimed, or failed, or recovered, is there at once. When
+each rule was last scanned, idle or not, is one row per process
+(``slawatch.scanner``), written every :data:`BEAT` seconds while scans run
+(:meth:`ScanRecords.beat`): "last scan" (the later of the two) is the last scan run,
+at most a few seconds behind, for one write per process, not one per rule.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+
+from psycopg.types.json import Jsonb
 
 from slawatch.clock import Clock
 from slawatch.db import Database, DatabaseUnavailable
@@ -31,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # Seconds after which a scan whose outcome did not change is written all the same.
 REFRESH = 60.0
+# Seconds between writes of when this process last scanned each rule (slawatch.scanner).
+BEAT = 5.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,34 @@ class ScanRecords:
     def __init__(self, refresh: float = REFRESH) -> None:
         self.refresh = refresh
         self._last: dict[str, _Written] = {}  # one scan per rule at a time: no lock
+        # This process's row of slawatch.scanner: when each rule was last scanned.
+        self.instance = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._ran: dict[str, datetime] = {}
+        self._beaten: dict[str, datetime] = {}
+
+    def ran(self, rule: str, at: datetime) -> None:
+        """A scan of ``rule`` that began at ``at`` ran (idle or not, failed or not)."""
+        self._ran[rule] = at
+
+    def beat(self, db: Database, now: datetime) -> None:
+        """Write when each rule was last scanned, if any scanned since the last write
+        (one row of slawatch.scanner); a failure is logged at DEBUG, the next beat
+        tries again."""
+        ran = dict(self._ran)
+        if ran == self._beaten:
+            return
+        params = {
+            "instance": self.instance,
+            "at": now,
+            "scans": Jsonb({rule: at.isoformat() for rule, at in ran.items()}),
+        }
+        statement = queries()["record_scanner"]
+        try:
+            db.run("recording when the rules were scanned", lambda c: c.execute(statement, params))
+        except SlawatchError as exc:
+            log.debug("the scans' times were not recorded: %s", exc)
+            return
+        self._beaten = ran
 
     def wanted(self, rule: str, claimed: int, error: str | None) -> bool:
         last = self._last.get(rule)
@@ -98,8 +136,10 @@ def _write(
     error: str | None,
     records: ScanRecords | None,
 ) -> None:
-    if records is not None and not records.wanted(rule, claimed, error):
-        return
+    if records is not None:
+        records.ran(rule, at)
+        if not records.wanted(rule, claimed, error):
+            return
     params = {
         "rule": rule,
         "at": at,

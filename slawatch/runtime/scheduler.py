@@ -71,6 +71,10 @@ log = logging.getLogger(__name__)
 ORPHAN_GRACE = timedelta(minutes=10)
 # Connections the scans of all rules share, by default (SLAWATCH_SCAN_CONNECTIONS).
 SCAN_CONNECTIONS = 2
+# Seconds between looks at the database (Runner.watch), and the longest wait for a
+# pooled connection in one.
+WATCH_EVERY = 2.0
+WATCH_WAIT = 2.0
 # The line per scan that did work, apart from the rest (``slawatch demo`` leaves it out).
 activity = logging.getLogger("slawatch.activity")
 
@@ -265,7 +269,8 @@ class Runner:
             self.db.close()
             raise
         self._running = {r.name: _Running.start(r, plans[r.name], backoff_cap) for r in rules}
-        # What the scans last wrote to slawatch.scan: an idle scan is written once a minute.
+        # What the scans last wrote to slawatch.scan: an idle scan is written once a minute;
+        # when each rule was last scanned goes to slawatch.scanner every few seconds.
         self._scan_records = scans.ScanRecords()
         self.notifiers: dict[str, Notifier] = {c.name: build(c) for c in notifiers}
         # Shared with the delivery workers, so changed in place on reload.
@@ -489,6 +494,32 @@ class Runner:
         if status == "retry":
             self._held.add(rule)
 
+    def beat(self) -> None:
+        """Write when each rule was last scanned (slawatch.scanner); never raises."""
+        self._scan_records.beat(self.db, self.clock.now())
+
+    def watch(self) -> None:
+        """Look at the database: ``SELECT 1`` on a pooled connection, or, when none comes
+        within WATCH_WAIT (or the database failed since its last success), a connection
+        of its own. While the database is down the scans and deliveries only wait for
+        the pool (up to SLAWATCH_DB_TIMEOUT); these looks fail at once, so the outage's
+        line comes soon after UNREACHABLE_AFTER, with or without the admin API (README
+        "Logs"). Never raises."""
+        if not self.db.outage.failing:
+            try:
+                with self.db.connection("watching the database", wait=WATCH_WAIT) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except DatabaseUnavailable:
+                pass  # no pooled connection in time: every one busy, or none to be had
+            except SlawatchError:
+                return  # recorded by the database's outage (db.py) when it was unreachable
+        try:
+            with self.db.dedicated("watching the database"):
+                pass
+        except SlawatchError:
+            pass  # the database's outage line says it
+
     def _drain(self, plan: ClaimPlan, sweep: bool = False) -> DrainResult:
         self._retry_held(plan.rule)
         plan = plan.with_act(self._act)
@@ -575,7 +606,7 @@ class Runner:
         self._scan_threads = len(self._running) + 1
         scheduler = BackgroundScheduler(
             executors={
-                "default": ThreadPoolExecutor(2),  # pruning
+                "default": ThreadPoolExecutor(3),  # pruning, the watch, the scans' beat
                 self._scans: ThreadPoolExecutor(self._scan_threads),
             },
             timezone=UTC,
@@ -594,6 +625,23 @@ class Runner:
             misfire_grace_time=max(int(every), 1),
             # After the first scans: a restart catches up on pruning without delaying alerts.
             next_run_time=now + timedelta(seconds=min(every, 30)),
+        )
+        scheduler.add_job(
+            self.beat,
+            "interval",
+            seconds=scans.BEAT,
+            id="beat",
+            max_instances=1,
+            coalesce=True,
+        )
+        scheduler.add_job(
+            self.watch,
+            "interval",
+            seconds=WATCH_EVERY,
+            id="watch",
+            max_instances=1,
+            coalesce=True,
+            next_run_time=now,
         )
         signalled: list[int] = []
 

@@ -550,8 +550,24 @@ ON CONFLICT (rule) DO UPDATE
    SET last_at = excluded.last_at, duration_ms = excluded.duration_ms,
        claimed = excluded.claimed, error = excluded.error;
 
+-- record_scanner --
+-- When this process last scanned each of its rules (slawatch/runtime/scans.py): its one
+-- row, and the rows of processes gone for a day (a crash leaves its row) removed.
+WITH gone AS (
+    DELETE FROM slawatch.scanner WHERE at < %(at)s::timestamptz - interval '1 day'
+)
+INSERT INTO slawatch.scanner AS s (instance, at, scans)
+VALUES (%(instance)s, %(at)s, %(scans)s)
+ON CONFLICT (instance) DO UPDATE SET at = excluded.at, scans = excluded.scans;
+
 -- last_scans --
-SELECT rule, last_at, duration_ms, claimed, error FROM slawatch.scan;
+-- The last scan recorded, at the time of the latest scan any process ran since (an
+-- idle scan is recorded in slawatch.scanner only).
+SELECT s.rule, GREATEST(s.last_at, h.last_at), s.duration_ms, s.claimed, s.error
+  FROM slawatch.scan s
+  LEFT JOIN (SELECT e.key AS rule, max(e.value::timestamptz) AS last_at
+               FROM slawatch.scanner r, jsonb_each_text(r.scans) e
+              GROUP BY e.key) h ON h.rule = s.rule;
 
 -- abandoned_episodes --
 -- Per rule: episodes ended as abandoned (give_up_after) still in the history, through

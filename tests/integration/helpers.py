@@ -115,7 +115,7 @@ def unversioned(conn: Conn) -> None:
     conn.execute(
         "DROP TABLE slawatch.schema_version;"
         " DROP TABLE IF EXISTS slawatch.session, slawatch.event_seen, slawatch.action,"
-        " slawatch.episode, slawatch.event_held;"
+        " slawatch.episode, slawatch.event_held, slawatch.scanner;"
         " DROP INDEX IF EXISTS slawatch.delivery_orphaned, slawatch.ack_acked_at;"
         # 0005_action_webhook.sql's trigger on the outbox and its function.
         " DROP TRIGGER IF EXISTS action_settled ON slawatch.delivery;"

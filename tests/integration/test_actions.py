@@ -125,6 +125,24 @@ def test_a_new_episode_acts_again(conn: Conn, track: str) -> None:
     assert [a[:4] for a in actions(conn)] == [("1", 1, 1, "ok"), ("1", 2, 1, "ok")]
 
 
+def test_an_ack_of_an_older_episode_does_not_skip_the_new_episodes_action(
+    conn: Conn, track: str
+) -> None:
+    """An ack is of one episode: the key hanging again is a new episode, acted on."""
+    plan = setup(conn, job_rule(track))
+    assert claim_all(conn, plan, T0 + 15 * M + S) == 1
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " SELECT rule, key, episode, id, %s, 'test' FROM slawatch.alert",
+        (T0 + 16 * M,),
+    )
+    conn.execute("UPDATE jobs SET heartbeat_at = %s", (naive(T0 + 20 * M),))
+    claim_all(conn, plan, T0 + 25 * M)  # ends episode 1 (track: table: at its next check)
+    assert claim_all(conn, plan, T0 + 35 * M + S) == 1
+    assert restarts(conn) == [1, 1]
+    assert [a[:4] for a in actions(conn)] == [("1", 1, 1, "ok"), ("1", 2, 1, "ok")]
+
+
 def test_a_failing_statement_rolls_back_alone_and_the_alert_is_delivered(
     conn: Conn, track: str
 ) -> None:

@@ -6,12 +6,13 @@ and ``check`` refuses an unknown calendar (exit 2).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from freezegun import freeze_time
+from psycopg.rows import dict_row
 
 from slawatch.clock import Clock
 from slawatch.config.calendars import Calendar
@@ -23,6 +24,7 @@ from slawatch.engine.catalog import inspect_table
 from slawatch.engine.claim import drain, fill_due, prepare
 from slawatch.engine.due import dry_run
 from slawatch.engine.migrate import migrate
+from slawatch.engine.outbox import alert_payload, iso
 from slawatch.operate.inspect import count_overdue
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, FixedClock, claim_all
@@ -139,6 +141,27 @@ def test_a_drain_of_a_calendar_rule_gives_its_episodes_their_due_time(conn: Conn
         assert drain(db, plan, FixedClock(berlin(2026, 12, 7, 12))).claimed == 3
     history = conn.execute("SELECT key, due_at FROM slawatch.episode ORDER BY key").fetchall()
     assert history == [(str(key), due_at) for key, _, due_at in TICKETS_DUE]
+
+
+def test_a_drain_of_a_calendar_rule_gives_its_alerts_their_due_time(
+    conn: Conn, dsn: str, track: str
+) -> None:
+    """Receivers see each alert's working-time due time (not null, nor wall clock):
+    written in the claim's transaction, before the NOTIFY wakes a notifier."""
+    conn.execute(TICKETS)
+    rule = ticket_rule(track)
+    migrate(conn, [rule])
+    for key, opened, _ in TICKETS_DUE:
+        conn.execute("INSERT INTO tickets VALUES (%s, %s, NULL)", (key, opened))
+    plan = prepare(conn, rule)
+    with Database(dsn, size=1, timeout=5) as db:
+        assert drain(db, plan, FixedClock(berlin(2026, 12, 7, 12))).claimed == 3
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute("SELECT * FROM slawatch.alert ORDER BY key").fetchall()
+    payloads = [alert_payload(r) for r in rows]
+    assert [(p["key"], p["due_at"]) for p in payloads] == [
+        (str(key), iso(due_at.astimezone(UTC))) for key, _, due_at in TICKETS_DUE
+    ]
 
 
 def test_a_crash_between_claim_and_fill_is_filled_by_maintenance(conn: Conn, dsn: str) -> None:

@@ -165,6 +165,10 @@ def test_migrate_then_run_once_prints_each_alert_once(conn: Conn, dsn: str) -> N
     assert before.returncode == 1, before  # valid, but run would refuse: say so
     assert "not ready: 6 rules, 1 notifiers are valid, but 'slawatch run' needs" in before.stdout
     assert "order_unshipped: 1 rows would be notified on the next scan" in before.stdout
+    # What migrate will do, not what it did (nothing is done yet).
+    assert "not migrated: public.orders: will add sw_order_unshipped_n" in before.stdout
+    assert "will build index sw_order_unshipped_first" in before.stdout
+    assert ": added " not in before.stdout and "built index" not in before.stdout
     first = slawatch("migrate", dsn=dsn)
     assert first.returncode == 0, first.stderr
     assert "built index sw_order_unshipped_first" in first.stdout
@@ -215,6 +219,20 @@ def test_run_stops_cleanly_on_sigterm(conn: Conn, dsn: str) -> None:
                 proc.kill()
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr
+
+
+def test_a_command_without_a_dsn_names_the_embedded_databases_folder(tmp_path: Path) -> None:
+    """A forgotten SLAWATCH_DSN makes a database in the current folder: one line at
+    start says so, with the whole path, and whether it is being created."""
+    pgdata = tmp_path.resolve() / ".slawatch" / "pgdata"
+    for doing in ("creating", "using"):
+        result = slawatch("alerts", cwd=tmp_path, timeout=120)
+        said = [ln for ln in result.stderr.splitlines() if "no SLAWATCH_DSN" in ln]
+        assert said == [
+            f"slawatch: no SLAWATCH_DSN: {doing} the embedded PostgreSQL in {pgdata},"
+            " database 'slawatch' (where 'slawatch demo' keeps its shop)"
+        ], result.stderr
+    assert (pgdata / "PG_VERSION").exists()
 
 
 def test_demo_twice_in_a_row(tmp_path: Path) -> None:

@@ -163,6 +163,20 @@ def test_a_stop_that_arrives_before_its_start_is_kept_so_reordering_never_pages(
     assert pages(conn) == []
 
 
+def test_a_stop_received_first_with_its_starts_own_time_completes_the_timer(
+    conn: Conn, db: Database
+) -> None:
+    """Start and stop at the same instant (one transaction's now), the stop received
+    first: the cycle is done, not a timer left open that pages."""
+    rule = parcel()
+    setup(conn, rule)
+    send(conn, "parcel_delivered", "E", T0)
+    send(conn, "parcel_shipped", "E", T0, received=T0 + H)
+    assert timer(conn, "E") == (T0 + 72 * H, False)
+    assert scan(db, rule, T0 + 100 * H) == 0
+    assert pages(conn) == []
+
+
 def test_a_stop_from_before_the_open_start_does_not_close_it(conn: Conn, db: Database) -> None:
     rule = parcel()
     setup(conn, rule)

@@ -18,6 +18,7 @@ from slawatch.db import Database, Pooler
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, prepare
 from slawatch.engine.migrate import migrate
 from slawatch.errors import SlawatchError
+from slawatch.operate.inspect import rule_status
 from slawatch.runtime import scans
 from slawatch.runtime.scans import ScanRecords
 from slawatch.runtime.scheduler import Runner
@@ -141,6 +142,68 @@ def test_an_idle_scan_is_recorded_when_its_outcome_changes_or_its_record_is_old(
     records.refresh = 0.0  # the record is old: written however alike
     scan(NOW + timedelta(seconds=7))
     assert last() == (NOW + timedelta(seconds=7), 0, None)
+
+
+def test_the_last_scan_shown_is_the_last_scan_run_idle_or_not(conn: Conn, pooled: Database) -> None:
+    """Idle scans write nothing to slawatch.scan (but once a minute); each process's
+    beat (one row) says when it last scanned each rule, and status shows the later."""
+    rules = shop(conn)
+    rule = rules["order_unshipped"]
+    records, other = ScanRecords(), ScanRecords()  # two processes
+
+    def scan(by: ScanRecords, at: datetime) -> None:
+        scans.recorded(pooled, rule.name, Fixed(at), lambda _: DrainResult(0, 1), by)
+
+    def shown() -> tuple[object, ...]:
+        (status,) = rule_status(conn, [rule], NOW)
+        assert status.last_scan is not None
+        return status.last_scan.at, status.last_scan.claimed
+
+    def beats() -> list[tuple[object, ...]]:
+        return conn.execute("SELECT instance, at FROM slawatch.scanner ORDER BY at").fetchall()
+
+    scan(records, NOW)
+    for seconds in (5, 10, 15):
+        scan(records, NOW + timedelta(seconds=seconds))
+    assert shown() == (NOW, 0)  # written once: the idle scans after it were not
+    records.beat(pooled, NOW + timedelta(seconds=16))
+    assert shown() == (NOW + timedelta(seconds=15), 0)
+    records.beat(pooled, NOW + timedelta(seconds=17))  # nothing scanned since: no write
+    assert beats() == [(records.instance, NOW + timedelta(seconds=16))]
+    scan(other, NOW + timedelta(seconds=20))  # another process, a scan later
+    other.beat(pooled, NOW + timedelta(seconds=21))
+    assert shown() == (NOW + timedelta(seconds=20), 0)
+    # A process gone for a day leaves no row behind.
+    scan(other, NOW + timedelta(days=1, seconds=30))
+    other.beat(pooled, NOW + timedelta(days=1, seconds=30))
+    assert [i for i, _ in beats()] == [other.instance]
+
+
+def test_a_running_process_shows_its_idle_scans(conn: Conn, dsn: str) -> None:
+    """`slawatch run` beats every few seconds: the last scan shown moves on while the
+    scans find nothing (its slawatch.scan row is written once a minute only)."""
+    rules = shop(conn)
+    rule = rules["order_unshipped"].model_copy(update={"every": timedelta(seconds=1)})
+    migrate(conn, [rule])
+    runner = Runner(dsn, [rule], [])
+    serving = threading.Thread(target=runner.serve, kwargs={"seconds": 60}, daemon=True)
+
+    def written() -> object:
+        row = conn.execute("SELECT last_at FROM slawatch.scan").fetchone()
+        return None if row is None else row[0]
+
+    def moved_on() -> bool:
+        (status,) = rule_status(conn, [rule], NOW)
+        first = written()
+        return first is not None and status.last_scan is not None and status.last_scan.at > first
+
+    try:
+        serving.start()
+        wait_until(moved_on, "a last scan later than the one written to slawatch.scan")
+    finally:
+        runner.stop()
+        serving.join(timeout=30)
+        runner.close()
 
 
 def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> None:

@@ -92,6 +92,7 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
         "episode",  # issue 17: the episode history the SLA report reads
         "event_held",  # issue 24: events of types no rule knew yet
         "rule_generation",  # issue 24: each rule's recorded definition (engine/generation.py)
+        "scanner",  # issue 24: when each process last scanned each rule
     }
 
 

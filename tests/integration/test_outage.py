@@ -24,11 +24,13 @@ from psycopg.conninfo import make_conninfo
 from slawatch.clock import Clock
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.config.rules import Rule
+from slawatch.config.settings import Settings
 from slawatch.engine.migrate import migrate
+from slawatch.runtime.boot import start_admin
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn
 from tests.integration.test_cli import assert_one_line_error, slawatch
-from tests.pgcluster import PgCluster
+from tests.pgcluster import PgCluster, free_port
 from tests.receivers import Reply, WebhookReceiver, receiver
 
 __all__ = ["receiver"]
@@ -149,6 +151,53 @@ def test_workers_outlive_a_database_outage_longer_than_the_pool_timeout(
         and "database unreachable" not in r.getMessage()
     ]
     assert noise == []
+
+
+@pytest.mark.parametrize("admin", [False, True], ids=["no-admin-api", "admin-api"])
+def test_outages_shorter_than_the_pool_timeout_are_logged_once_each_way(
+    cluster: PgCluster, caplog: pytest.LogCaptureFixture, admin: bool
+) -> None:
+    """Two outages, each shorter than the pool timeout (30 s: scans only wait for a
+    connection, nothing fails) and longer than the threshold: one line each way for
+    each, once the database has failed for UNREACHABLE_AFTER (5 s). Without the admin
+    API (and no LISTEN connection either, behind a transaction pooler) from the
+    runner's own look at the database; with it, its pools and readiness probe share
+    the runner's record: still one line, not one per pool."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    dsn = cluster.database(f"short_{uuid.uuid4().hex[:8]}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        orders(conn)
+    runner = Runner(dsn, [late_rule()], [], timeout=30, pooler="transaction")
+    server = None
+    if admin:
+        settings = Settings(http=f"127.0.0.1:{free_port()}", pooler="transaction")
+        server = start_admin(settings, dsn, runner)
+    serving = threading.Thread(target=runner.serve, name="serve", daemon=True)
+    serving.start()
+    try:
+        for outage in (1, 2):
+            wait_for(
+                lambda n=outage: logged(caplog, "database reachable again") == n - 1,
+                "the database to be up",
+            )
+            cluster.stop()
+            wait_for(
+                lambda n=outage: logged(caplog, "database unreachable for") == n,
+                f"the line of outage {outage}",
+            )
+            cluster.start()
+            wait_for(
+                lambda n=outage: logged(caplog, "database reachable again after") == n,
+                f"the end of outage {outage}",
+            )
+    finally:
+        if server is not None:
+            server.stop()
+        runner.stop()
+        serving.join(60)
+        runner.close()
+    assert logged(caplog, "database unreachable", logging.ERROR) == 2
+    assert logged(caplog, "database reachable again after") == 2
 
 
 class FaultyClock(Clock):

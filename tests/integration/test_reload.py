@@ -181,6 +181,36 @@ def test_a_good_change_takes_effect(
         assert runner.health()["ok"] is True
 
 
+def test_a_reload_of_the_same_calendar_rule_changes_nothing(
+    config: Settings, conn: Conn, dsn: str, tmp_path: Path, caplog: Any
+) -> None:
+    """A calendar in use (its days looked at by the scans) and the same file read again
+    are equal: the reload lists no rule as changed."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    (tmp_path / "calendars").mkdir()
+    (tmp_path / "calendars" / "office.yaml").write_text(
+        "timezone: Europe/Berlin\nhours:\n  mon-fri: 09:00-17:00\n"
+    )
+    (config.rules_dir / "late.yaml").write_text(LATE + "calendar: office\n")
+    config = config.model_copy(update={"calendars_dir": tmp_path / "calendars"})
+    rules, notifiers = load_config(config)
+    migrate(conn, rules)
+    runner = Runner(dsn, rules, notifiers, poll=0.2, load=lambda: load_config(config))
+    serving = threading.Thread(target=runner.serve, name="serve", daemon=True)
+    serving.start()
+    try:
+        wait_for(
+            lambda: conn.execute("SELECT 1 FROM slawatch.scan").fetchone() is not None,
+            "a scan (the calendar's days looked at)",
+        )
+        assert runner.reload() is True
+    finally:
+        runner.stop()
+        serving.join(30)
+        runner.close()
+    assert logged(caplog, "reload: 1 rules (added: none; changed: none; removed: none;") == 1
+
+
 def test_a_rule_that_needs_a_migrate_is_reported_and_the_others_go_on(
     runner: Runner, config: Settings, conn: Conn, receiver: WebhookReceiver, caplog: Any
 ) -> None:

@@ -84,6 +84,8 @@ def test_a_deadline_whose_span_ends_at_the_close_is_due_after_hours() -> None:
     """2 h from Friday 15:00 run out at 17:00: due on Friday evening, not on Monday."""
     rule = rule_with(OFFICE, "2h")
     deadline = berlin(2026, 11, 27, 15)
+    # The span fits the day exactly: due at the close, not at Monday's opening.
+    assert rule.due_at(deadline) == berlin(2026, 11, 27, 17)
     with freeze_time(berlin(2026, 11, 27, 17)) as clock:
         assert not due(rule, deadline)
         clock.move_to(berlin(2026, 11, 27, 17, 0, 1))
@@ -328,6 +330,31 @@ def test_a_calendar_folder_with_an_ics_file(tmp_path: Path) -> None:
         False,
     ]
     assert office.forward(berlin(2026, 12, 1, 16), 2 * H) == berlin(2026, 12, 4, 10)
+
+
+def test_a_calendar_read_again_equals_the_one_in_use(tmp_path: Path) -> None:
+    """A reload reads every calendar again: one already used (its days cached) must
+    not look changed, or every reload reports its rules as changed; a new .ics does."""
+    write(
+        tmp_path,
+        "office.yaml",
+        "timezone: Europe/Berlin\nhours:\n  mon-fri: 09:00-17:00\n"
+        "holidays:\n  country: DE\n  ics: closed.ics\n",
+    )
+    ics = (
+        "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//t//t//EN\r\n"
+        "BEGIN:VEVENT\r\nUID:1\r\nDTSTAMP:20260101T000000Z\r\nSUMMARY:Retreat\r\n"
+        "DTSTART;VALUE=DATE:{day}\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
+    )
+    write(tmp_path, "closed.ics", ics.format(day="20261202"))
+    running = load_calendars(tmp_path)["office"]
+    rule = rule_with(running, "2h")
+    assert rule.due_at(berlin(2026, 12, 1, 16)) == berlin(2026, 12, 3, 10)  # cached days
+    again = load_calendars(tmp_path)["office"]
+    assert again == running
+    assert rule_with(again, "2h") == rule
+    write(tmp_path, "closed.ics", ics.format(day="20261203"))
+    assert load_calendars(tmp_path)["office"] != running
 
 
 def test_a_missing_default_folder_is_no_calendars_and_a_named_one_is_an_error(

@@ -69,6 +69,30 @@ def test_within_the_grace_after_a_success_a_failure_is_no_new_outage(
     assert lines(caplog) == []
 
 
+def test_failures_within_the_grace_for_longer_than_after_are_an_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every failure within the grace of the last success, but failing on for ``after``
+    seconds with no success between: an outage, said with how long it lasted so far."""
+    caplog.set_level(logging.INFO)
+    outage = Outage("database", log, down="unreachable", up="reachable again", grace=60, after=0.2)
+    outage.ok()
+    began = time.monotonic()
+    assert not outage.failed("connection refused", time.monotonic())
+    deadline = began + 30
+    while not outage.failed("connection refused", time.monotonic()):
+        assert time.monotonic() < deadline
+    assert time.monotonic() - began >= 0.2
+    outage.ok()
+    assert lines(caplog) == [
+        (logging.ERROR, "database unreachable for 0s: connection refused"),
+        (logging.INFO, "database reachable again after 0s"),
+    ]
+    # A success starts the count again: a failure just after it is no outage.
+    assert not outage.failed("connection refused", time.monotonic())
+    assert not outage.down
+
+
 def test_unexpected_errors_keep_their_traceback(caplog: pytest.LogCaptureFixture) -> None:
     outage = Outage("rule r: scans", log)
     try:
