@@ -247,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="the event's id: a repeat of TYPE and ID within a day is dropped (duplicate)",
     )
+    p = command(
+        "init", "write a starter configuration to edit: rules/, notifiers/, calendars/, sources/"
+    )
+    p.add_argument("directory", metavar="DIR", type=Path, help="where (made if missing)")
     p = command("demo", "embedded PostgreSQL + a sample shop; alerts printed as they fire")
     p.add_argument(
         "--seconds",

@@ -12,6 +12,7 @@ import re
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
@@ -29,7 +30,6 @@ from slawatch.db import (
     redact,
 )
 from slawatch.delivery.dispatcher import replay_deliveries, replay_problem
-from slawatch.demo import run_demo
 from slawatch.engine import generation
 from slawatch.engine.baseline import recorded, select
 from slawatch.engine.baseline import render_all as render_baselines
@@ -104,11 +104,33 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return cmd_ack(settings, args.alert, args.by, args.comment, args.json)
     if args.command == "silence":
         return cmd_silence(settings, args)
+    if args.command == "init":
+        return cmd_init(args.directory)
     if args.command == "demo":
+        from slawatch.demo import run_demo  # the web server and scheduler: only here
+
         return run_demo(settings, args.seconds)
     if args.command == "event":
         return cmd_event(settings, args.type, args.key, at=args.at, data=args.data, ident=args.id)
     raise ConfigError(f"unknown command {args.command!r}")  # argparse stops this earlier
+
+
+def cmd_init(directory: Path) -> int:
+    """Write the starter configuration and say what to do next."""
+    from slawatch.config.starter import write_starter
+
+    written = write_starter(directory)
+    print(f"wrote {len(written)} files:")
+    print("\n".join(f"  {path}" for path in written))
+    dsn = "postgresql://user@host/db"
+    print(
+        f"next: edit {directory / 'rules'}/ for a table of yours (and notifiers/), then\n"
+        f"  cd {directory}\n"
+        f"  slawatch --dsn {dsn} check     # the tables, columns and conditions exist?\n"
+        f"  slawatch --dsn {dsn} migrate   # tracking columns and partial indexes\n"
+        f"  slawatch --dsn {dsn} run"
+    )
+    return 0
 
 
 def cmd_check(settings: Settings) -> int:

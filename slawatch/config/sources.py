@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 
 from slawatch.config.durations import duration_validator
+from slawatch.config.extras import require_extra
 from slawatch.config.files import FileModel, load_dir, shorten
 from slawatch.config.notifiers import (
     NAME_PATTERN,
@@ -263,4 +264,5 @@ def _model_for(data: dict[str, Any], path: Path) -> type[FileModel]:
         known = ", ".join(BY_TYPE)
         got = "is required" if kind is None else f"{shorten(kind)} is not a source type"
         raise ConfigError(f"{path}: type: {got} (one of {known})")
+    require_extra(kind, path)
     return BY_TYPE[kind]

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from psycopg import sql
 
@@ -53,9 +53,11 @@ from slawatch.config.settings import Settings, parse_bind
 from slawatch.config.sources import SourceConfig, check_sources, load_sources
 from slawatch.db import DatabaseUnavailable, connect, embedded_dsn, redact, with_database
 from slawatch.errors import ConfigError
-from slawatch.operate.admin import AdminServer, serve_admin
 from slawatch.outage import Backoff
-from slawatch.runtime.scheduler import Runner
+
+if TYPE_CHECKING:  # imported when used: a one-shot command loads no web server
+    from slawatch.operate.admin import AdminServer
+    from slawatch.runtime.scheduler import Runner
 
 # The embedded server's database for `run`/`migrate` without a DSN (the demo's shop lives there).
 EMBEDDED_DATABASE = "slawatch"
@@ -123,6 +125,8 @@ def start_admin(
     ``any_port``: when that port is taken, take a free one on the same host instead of
     failing (the demo, which may run beside a ``slawatch run``).
     """
+    from slawatch.operate.admin import serve_admin
+
     bind = parse_bind(settings.http or "")
     if bind is None:
         return None

@@ -8,10 +8,7 @@ in one transaction, then acknowledged; bad messages set aside).
 from __future__ import annotations
 
 from slawatch.config.sources import AmqpSource, NatsSource, RedisSource, SourceConfig
-from slawatch.events.sources.amqp import AmqpConsumer
 from slawatch.events.sources.base import BrokerError, Consumer, NoRecorder, Recorder
-from slawatch.events.sources.nats import NatsConsumer
-from slawatch.events.sources.redis import RedisConsumer
 from slawatch.events.sources.runner import Drained, SourceRunner
 
 __all__ = [
@@ -26,11 +23,18 @@ __all__ = [
 
 
 def build(config: SourceConfig) -> Consumer:
-    """The consumer for one source's configuration (not connected yet)."""
+    """The consumer for one source's configuration (not connected yet). A broker's
+    client is imported only when a source of its type is built: each is an extra."""
     if isinstance(config, AmqpSource):
+        from slawatch.events.sources.amqp import AmqpConsumer
+
         return AmqpConsumer(config)
     if isinstance(config, RedisSource):
+        from slawatch.events.sources.redis import RedisConsumer
+
         return RedisConsumer(config)
     if isinstance(config, NatsSource):
+        from slawatch.events.sources.nats import NatsConsumer
+
         return NatsConsumer(config)
     raise TypeError(f"no consumer for {type(config).__name__}")
