@@ -54,7 +54,13 @@ from slawatch.operate.report import check_format
 from slawatch.operate.report import query as report_query
 from slawatch.operate.report import render as render_report
 from slawatch.operate.report import report as sla_report
-from slawatch.runtime.boot import database_dsn, load_config, load_event_sources, start_admin
+from slawatch.runtime.boot import (
+    admin_bind,
+    database_dsn,
+    load_config,
+    load_event_sources,
+    start_admin,
+)
 
 if TYPE_CHECKING:
     from slawatch.delivery.dispatcher import Replayed
@@ -304,7 +310,9 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
     from slawatch.runtime.boot import Terminated, when_reachable
     from slawatch.runtime.scheduler import Runner
 
-    # A bad file is exit 2 at once, before any database.
+    # A bad file (or an unguarded admin API) is exit 2 at once, before any database.
+    if not once:
+        admin_bind(settings)
     load_event_sources(settings, load_config(settings)[0])
     dsn = database_dsn(settings)
 

@@ -49,7 +49,7 @@ from slawatch.config.rules import (
     load_rules,
     with_action_role,
 )
-from slawatch.config.settings import Settings, parse_bind
+from slawatch.config.settings import Settings, is_loopback, parse_bind
 from slawatch.config.sources import SourceConfig, check_sources, load_sources
 from slawatch.db import DatabaseUnavailable, connect, embedded_dsn, redact, with_database
 from slawatch.errors import ConfigError
@@ -117,6 +117,19 @@ def ensure_database(server_dsn: str, name: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
+def admin_bind(settings: Settings) -> tuple[str, int] | None:
+    """Where the admin API listens (None: turned off); ConfigError when that is off
+    loopback without ``SLAWATCH_API_TOKEN``: other machines would reach an API nobody
+    guards (a container's 0.0.0.0, say), so it does not start at all."""
+    bind = parse_bind(settings.http or "")
+    if bind is not None and settings.api_token is None and not is_loopback(bind[0]):
+        raise ConfigError(
+            f"SLAWATCH_HTTP: {settings.http} is reachable from other machines: set "
+            "SLAWATCH_API_TOKEN, or bind to loopback (127.0.0.1:8181)"
+        )
+    return bind
+
+
 def start_admin(
     settings: Settings, dsn: str, runner: Runner, *, any_port: bool = False
 ) -> AdminServer | None:
@@ -127,7 +140,7 @@ def start_admin(
     """
     from slawatch.operate.admin import serve_admin
 
-    bind = parse_bind(settings.http or "")
+    bind = admin_bind(settings)
     if bind is None:
         return None
 

@@ -4,6 +4,7 @@ API's auth decision, and the alert filters' parsing (no database)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from slawatch.config.settings import Settings, is_loopback, parse_bind
 from slawatch.errors import BadInput
 from slawatch.operate.admin import refusal
 from slawatch.operate.inspect import parse_cursor, parse_since
+from slawatch.runtime.boot import admin_bind
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TOKEN = "0123456789abcdef"
@@ -180,3 +182,32 @@ def test_the_auth_decision_for_the_page() -> None:
     assert refusal("GET", "/healthz", None, None, False, host="evil.example") is None
     assert refusal("GET", "/v1/stats", None, TOKEN, True, host="evil.example") is not None
     assert refusal("GET", "/v1/stats", f"Bearer {TOKEN}", TOKEN, True, host="evil.example") is None
+
+
+def test_run_refuses_an_admin_api_off_loopback_without_a_token(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The container's 0.0.0.0 (Containerfile) with no token: `run` does not start, and
+    says so in one line before it looks for a database (none is configured here)."""
+    monkeypatch.chdir(tmp_path)  # no rules/: the refusal comes first
+    monkeypatch.delenv("SLAWATCH_API_TOKEN", raising=False)
+    monkeypatch.delenv("SLAWATCH_DSN", raising=False)
+    for http in ("0.0.0.0:8080", "[::]:8080", "10.1.2.3:8181", "example.org:80"):
+        monkeypatch.setenv("SLAWATCH_HTTP", http)
+        assert main(["run"]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line == (
+            f"slawatch: error: SLAWATCH_HTTP: {http} is reachable from other machines: "
+            "set SLAWATCH_API_TOKEN, or bind to loopback (127.0.0.1:8181)"
+        )
+    # Loopback without a token, off loopback with one, or no API: it starts.
+    for http, token, bind in (
+        ("127.0.0.1:8181", None, ("127.0.0.1", 8181)),
+        ("[::1]:8181", None, ("::1", 8181)),
+        ("0.0.0.0:8080", TOKEN, ("0.0.0.0", 8080)),
+        ("", None, None),
+    ):
+        monkeypatch.setenv("SLAWATCH_HTTP", http)
+        if token:
+            monkeypatch.setenv("SLAWATCH_API_TOKEN", token)
+        assert admin_bind(Settings()) == bind
