@@ -178,8 +178,8 @@ def cmd_check(settings: Settings) -> int:
 
 
 def _check_actions(conn: Connection, rules: list[Rule]) -> tuple[list[str], list[str]]:
-    """``check``'s lines about actions (DESIGN.md §8): each rule whose action the role
-    cannot run, with the server's reason; a note for each ``track: table`` rule whose
+    """``check``'s lines about actions (docs/explanation/actions.md): each rule whose action
+    the role cannot run, with the server's reason; a note for each ``track: table`` rule whose
     action writes the table it watches."""
     from slawatch.actions.verify import refused, writes_watched
 
@@ -449,7 +449,7 @@ def cmd_replay(
     return 0
 
 
-# ---------------------------------------------------------------- actions (DESIGN.md §8)
+# ------------------------------------------------- actions (docs/explanation/actions.md)
 
 
 def cmd_actions(settings: Settings, rule: str | None, status: str | None, as_json: bool) -> int:

@@ -1,4 +1,4 @@
-"""What an action's statement needs of the database (DESIGN.md §8): the privileges,
+"""What an action's statement needs of the database (docs/explanation/actions.md): the privileges,
 read from PostgreSQL's parse tree (pglast), so ``migrate --print`` can print the
 GRANTs a least-privilege role (the action's own, README "What a rule file can do")
 needs for it.

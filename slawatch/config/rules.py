@@ -4,7 +4,7 @@ A table rule watches one table: a row is *due* when ``deadline + after < now``
 while ``open_when`` holds, and is notified again on the ``renotify`` schedule
 until ``renotify.max`` notifications were sent or the row completes.
 
-An event rule (``events:``, DESIGN.md §7) watches events instead: a start opens a
+An event rule (``events:``, docs/explanation/events.md) watches events instead: a start opens a
 deadline for its key, a stop closes it. Its deadlines are rows of a table of
 slawatch's own (``slawatch."<rule>_timers"``, engine/timers.py), which the rule
 watches as a table rule would: the model fills in that table, its key, deadline
@@ -329,8 +329,8 @@ def _role(v: object) -> object:
 
 
 class Action(FileModel):
-    """``action:`` of a rule (DESIGN.md §8), run when notification number ``on`` of an
-    episode is claimed: either ``sql``, one statement run in the claim's transaction,
+    """``action:`` of a rule (docs/explanation/actions.md), run when notification number
+    ``on`` of an episode is claimed: either ``sql``, one statement run in the claim's transaction,
     or ``webhook``, the alert POSTed through the outbox (actions/webhook.py).
 
     ``sql`` is checked by PostgreSQL's parser here (:func:`action_problem`); its
@@ -523,7 +523,8 @@ class Rule(FileModel):
     give_up_after: PositiveDuration | None = None
     # The zone that values of a `timestamp` (without time zone) deadline are in.
     timezone: str = "UTC"
-    # What to do when a notification is claimed (DESIGN.md §8): a statement in the claim.
+    # What to do when a notification is claimed (docs/explanation/actions.md): a statement
+    # in the claim.
     action: Action | None = None
     # A business calendar (calendars/<name>.yaml): `after` counts its working time only.
     calendar: str | None = None

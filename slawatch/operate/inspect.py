@@ -194,7 +194,7 @@ class Alert(BaseModel):
     actions: list[ActionAttempt] = Field(
         default_factory=list,
         description="the attempts of the rule's action this notification triggered "
-        "(DESIGN.md §8), first attempt first",
+        "(docs/explanation/actions.md), first attempt first",
     )
 
 

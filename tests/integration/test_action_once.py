@@ -1,5 +1,5 @@
 """One action per episode when the rule's action or its ``on`` changes while the
-episode is open (DESIGN.md §8): a reload, or a restart with an edited rule.
+episode is open (docs/explanation/actions.md): a reload, or a restart with an edited rule.
 
 The episode's action already ran (attempt 1 recorded for its rule, key and episode);
 the edited rule's ``on`` is a later notification, or its action the other kind (SQL,
