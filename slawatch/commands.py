@@ -356,7 +356,7 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
         prepare_all(conn, rules)  # refuses what 'run' would refuse (not migrated, ...)
         counts = dry_run(conn, rules, now)
         records = generation.recorded(conn)
-    # What 'run' with these files would not claim at all (README: Rolling deploys).
+    # What 'run' with these files would not claim at all (docs/how-to/rolling-deploys.md).
     stale = {r.name: generation.unrecorded(r, records.get(r.name)) for r in rules}
     total = sum(c.due.alerts for c in counts if c.due is not None)
     per_notifier: dict[str, int] = {}

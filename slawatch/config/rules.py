@@ -297,7 +297,7 @@ class ActionWebhook(WebhookConfig):
         return data
 
 
-# An action's statement timeout and lock timeout by default (README "Actions"), and the
+# An action's statement timeout and lock timeout by default (docs/how-to/actions.md), and the
 # most either may be: the claim holds its batch's row locks while actions run.
 ACTION_TIMEOUT = timedelta(milliseconds=1500)
 ACTION_LOCK_TIMEOUT = timedelta(milliseconds=500)
@@ -345,7 +345,7 @@ class Action(FileModel):
     # A statement touching more rows is rolled back and recorded failed.
     max_rows: int = Field(default=1, ge=0, le=1_000_000)
     # How long one statement of the action may run, and wait for a row's lock: the
-    # claim holds its batch's locks meanwhile (README "Actions"). The batch's actions
+    # claim holds its batch's locks meanwhile (docs/how-to/actions.md). The batch's actions
     # together get three times ``timeout`` (:attr:`budget`).
     timeout: ActionTimeout = ACTION_TIMEOUT
     lock_timeout: ActionTimeout = ACTION_LOCK_TIMEOUT
@@ -735,7 +735,7 @@ class Rule(FileModel):
         """The claim's cutoff for re-notifications at ``now``: one whose time is less than
         this is due. A little after ``now`` (:data:`RENOTIFY_LEAD`, at most a tenth of
         ``every``): a scan that starts a few milliseconds before a re-notification's time
-        takes it, instead of the next scan a whole ``every`` later (README "Reliability").
+        takes it, instead of the next scan a whole ``every`` later (docs/explanation/guarantees.md).
         First notices have no lead (:meth:`cutoff`): a row is never paged before it is due."""
         return now + min(RENOTIFY_LEAD, self.every / 10)
 
@@ -940,11 +940,12 @@ def predicate_problem(text: str) -> str | None:
     return None
 
 
-# How a deadline that needs a value from another table can be had (README: Per-row deadlines).
+# How a deadline that needs a value from another table can be had
+# (docs/how-to/watch-a-table.md).
 OTHER_TABLE = (
     "a deadline is computed from the row's own columns; for a value from another table,"
     " keep the deadline in a column of this table that a trigger fills in, or use an"
-    " event rule (README: Per-row deadlines)"
+    " event rule (docs/how-to/watch-a-table.md)"
 )
 
 

@@ -135,8 +135,7 @@ class RuleStatus(BaseModel):
     definition: str | None = Field(
         default=None,
         description="set when this rule as configured here is not the definition 'slawatch "
-        "migrate' recorded: instances running it do not claim it (README: Rolling deploys: "
-        "one definition per rule)",
+        "migrate' recorded: instances running it do not claim it (docs/how-to/rolling-deploys.md)",
     )
 
 
