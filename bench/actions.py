@@ -1,4 +1,4 @@
-"""Claim rate with an action on each row (DESIGN.md §8, issue 16's goal).
+"""Claim rate with an action on each row (docs/explanation/actions.md, issue 16's goal).
 
 Loads a jobs table of ROWS rows of which DUE are hung, then drains them in
 batches three ways, interleaved, ROUNDS times each (the table reset between runs):

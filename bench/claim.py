@@ -1,4 +1,5 @@
-"""Claim throughput: slawatch's claim (with its outbox) beside the bare SQL of DESIGN.md §1.
+"""Claim throughput: slawatch's claim (with its outbox) beside the bare SQL of
+docs/explanation/claim.md.
 
 Loads a watched table of ROWS rows of which DUE are overdue, then drains them in
 batches, once with the raw UPDATE ... RETURNING (no outbox: the limit of the

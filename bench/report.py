@@ -1,5 +1,5 @@
 """The SLA report's cost: slawatch's report statement beside a hand-written GROUP BY
-over the same episode history (DESIGN.md §9, issue 17).
+over the same episode history (docs/how-to/report.md, issue 17).
 
 Loads EPISODES episodes over DAYS days into slawatch.episode (RULES rules; most
 ended, some acknowledged, a few still open), beside a watched table of as many

@@ -206,8 +206,8 @@ def cmd_check(settings: Settings) -> int:
 
 
 def _check_actions(conn: Connection, rules: list[Rule]) -> tuple[list[str], list[str]]:
-    """``check``'s lines about actions (DESIGN.md §8): each rule whose action the role
-    cannot run, with the server's reason; a note for each ``track: table`` rule whose
+    """``check``'s lines about actions (docs/explanation/actions.md): each rule whose action
+    the role cannot run, with the server's reason; a note for each ``track: table`` rule whose
     action writes the table it watches."""
     from slawatch.actions.verify import refused, writes_watched
 
@@ -386,7 +386,7 @@ def cmd_dry_run(settings: Settings, as_json: bool) -> int:
         prepare_all(conn, rules)  # refuses what 'run' would refuse (not migrated, ...)
         counts = dry_run(conn, rules, now)
         records = generation.recorded(conn)
-    # What 'run' with these files would not claim at all (README: Rolling deploys).
+    # What 'run' with these files would not claim at all (docs/how-to/rolling-deploys.md).
     stale = {r.name: generation.unrecorded(r, records.get(r.name)) for r in rules}
     total = sum(c.due.alerts for c in counts if c.due is not None)
     per_notifier: dict[str, int] = {}
@@ -479,7 +479,7 @@ def cmd_replay(
     return 0
 
 
-# ---------------------------------------------------------------- actions (DESIGN.md §8)
+# ------------------------------------------------- actions (docs/explanation/actions.md)
 
 
 def cmd_actions(settings: Settings, rule: str | None, status: str | None, as_json: bool) -> int:

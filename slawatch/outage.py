@@ -19,7 +19,7 @@ import threading
 import time
 
 # Seconds of failures without a success after which the database is said to be
-# unreachable however recent its last success (README "Logs").
+# unreachable however recent its last success (docs/how-to/operate.md).
 UNREACHABLE_AFTER = 5.0
 
 

@@ -1,4 +1,4 @@
-"""Actions (DESIGN.md §8): a rule's statement, run when a deadline passes.
+"""Actions (docs/explanation/actions.md): a rule's statement, run when a deadline passes.
 
 ``run`` runs the actions a claim owes inside the claim's transaction and records
 every attempt in ``slawatch.action``; ``webhook`` instead writes a webhook action's

@@ -37,7 +37,8 @@ READ_TIMEOUT = "10s"
 
 
 class ActionAttempt(BaseModel):
-    """One attempt of a rule's action (DESIGN.md §8), as ``slawatch.action`` keeps it."""
+    """One attempt of a rule's action (docs/explanation/actions.md), as ``slawatch.action``
+    keeps it."""
 
     id: int
     rule: str

@@ -1,5 +1,5 @@
 """``slawatch check`` with a database: can the role slawatch runs as run each rule's
-action (DESIGN.md §8)?
+action (docs/explanation/actions.md)?
 
 The server decides, not a reading of the statement: each statement is planned with
 ``EXPLAIN`` (never run), its placeholders bound to NULL, as the connected role,

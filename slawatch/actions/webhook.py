@@ -1,4 +1,4 @@
-"""Webhook actions (``action: {webhook: ...}``, DESIGN.md §8): the alert POSTed to a
+"""Webhook actions (``action: {webhook: ...}``, docs/explanation/actions.md): the alert POSTed to a
 system's API, through the outbox like a delivery.
 
 A claim that owes the action (its alert's number is ``on``) writes, in its own

@@ -1,4 +1,4 @@
-"""An action's statement in set form (DESIGN.md §8): one statement that runs the
+"""An action's statement in set form (docs/explanation/actions.md): one statement that runs the
 action for a whole batch of alerts, each placeholder read from a list of the
 batch's values, and says how many rows it touched for each alert.
 

@@ -1,6 +1,6 @@
-"""What an action's statement needs of the database (DESIGN.md §8): the privileges,
+"""What an action's statement needs of the database (docs/explanation/actions.md): the privileges,
 read from PostgreSQL's parse tree (pglast), so ``migrate --print`` can print the
-GRANTs a least-privilege role (the action's own, README "What a rule file can do")
+GRANTs a least-privilege role (the action's own, docs/explanation/safety.md)
 needs for it.
 
 An UPDATE needs UPDATE on the columns it sets and SELECT on the columns it reads

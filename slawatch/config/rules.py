@@ -4,7 +4,7 @@ A table rule watches one table: a row is *due* when ``deadline + after < now``
 while ``open_when`` holds, and is notified again on the ``renotify`` schedule
 until ``renotify.max`` notifications were sent or the row completes.
 
-An event rule (``events:``, DESIGN.md §7) watches events instead: a start opens a
+An event rule (``events:``, docs/explanation/events.md) watches events instead: a start opens a
 deadline for its key, a stop closes it. Its deadlines are rows of a table of
 slawatch's own (``slawatch."<rule>_timers"``, engine/timers.py), which the rule
 watches as a table rule would: the model fills in that table, its key, deadline
@@ -297,7 +297,7 @@ class ActionWebhook(WebhookConfig):
         return data
 
 
-# An action's statement timeout and lock timeout by default (README "Actions"), and the
+# An action's statement timeout and lock timeout by default (docs/how-to/actions.md), and the
 # most either may be: the claim holds its batch's row locks while actions run.
 ACTION_TIMEOUT = timedelta(milliseconds=1500)
 ACTION_LOCK_TIMEOUT = timedelta(milliseconds=500)
@@ -329,8 +329,8 @@ def _role(v: object) -> object:
 
 
 class Action(FileModel):
-    """``action:`` of a rule (DESIGN.md §8), run when notification number ``on`` of an
-    episode is claimed: either ``sql``, one statement run in the claim's transaction,
+    """``action:`` of a rule (docs/explanation/actions.md), run when notification number
+    ``on`` of an episode is claimed: either ``sql``, one statement run in the claim's transaction,
     or ``webhook``, the alert POSTed through the outbox (actions/webhook.py).
 
     ``sql`` is checked by PostgreSQL's parser here (:func:`action_problem`); its
@@ -345,7 +345,7 @@ class Action(FileModel):
     # A statement touching more rows is rolled back and recorded failed.
     max_rows: int = Field(default=1, ge=0, le=1_000_000)
     # How long one statement of the action may run, and wait for a row's lock: the
-    # claim holds its batch's locks meanwhile (README "Actions"). The batch's actions
+    # claim holds its batch's locks meanwhile (docs/how-to/actions.md). The batch's actions
     # together get three times ``timeout`` (:attr:`budget`).
     timeout: ActionTimeout = ACTION_TIMEOUT
     lock_timeout: ActionTimeout = ACTION_LOCK_TIMEOUT
@@ -523,7 +523,8 @@ class Rule(FileModel):
     give_up_after: PositiveDuration | None = None
     # The zone that values of a `timestamp` (without time zone) deadline are in.
     timezone: str = "UTC"
-    # What to do when a notification is claimed (DESIGN.md §8): a statement in the claim.
+    # What to do when a notification is claimed (docs/explanation/actions.md): a statement
+    # in the claim.
     action: Action | None = None
     # A business calendar (calendars/<name>.yaml): `after` counts its working time only.
     calendar: str | None = None
@@ -734,7 +735,7 @@ class Rule(FileModel):
         """The claim's cutoff for re-notifications at ``now``: one whose time is less than
         this is due. A little after ``now`` (:data:`RENOTIFY_LEAD`, at most a tenth of
         ``every``): a scan that starts a few milliseconds before a re-notification's time
-        takes it, instead of the next scan a whole ``every`` later (README "Reliability").
+        takes it, instead of the next scan a whole ``every`` later (docs/explanation/guarantees.md).
         First notices have no lead (:meth:`cutoff`): a row is never paged before it is due."""
         return now + min(RENOTIFY_LEAD, self.every / 10)
 
@@ -939,11 +940,12 @@ def predicate_problem(text: str) -> str | None:
     return None
 
 
-# How a deadline that needs a value from another table can be had (README: Per-row deadlines).
+# How a deadline that needs a value from another table can be had
+# (docs/how-to/watch-a-table.md).
 OTHER_TABLE = (
     "a deadline is computed from the row's own columns; for a value from another table,"
     " keep the deadline in a column of this table that a trigger fills in, or use an"
-    " event rule (README: Per-row deadlines)"
+    " event rule (docs/how-to/watch-a-table.md)"
 )
 
 

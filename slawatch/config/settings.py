@@ -274,7 +274,7 @@ class Settings(BaseSettings):
     # Accepted on POST /v1/events only: producers post events, and can do nothing else.
     ingest_token: Annotated[SecretStr | None, BeforeValidator(_token)] = None
     # Producer tokens limited to some event types (and a key prefix): a JSON list, or the
-    # path of a file holding one (README "Events over HTTP").
+    # path of a file holding one (docs/how-to/events.md).
     ingest_tokens: Annotated[list[IngestScope], NoDecode, BeforeValidator(_ingest_tokens)] = []
     # The admin API's address as people reach it (a DNS name, a proxy), for the link in
     # storm summaries; unset: http://<SLAWATCH_HTTP> unless that binds every interface.
@@ -283,12 +283,12 @@ class Settings(BaseSettings):
     # forwarded_allow_ips: addresses, networks, or *); unset: FORWARDED_ALLOW_IPS, else
     # 127.0.0.1 and ::1.
     forwarded_allow_ips: Annotated[str | None, BeforeValidator(_forwarded)] = None
-    # Rules' actions (DESIGN.md §8): "on" runs them; "off" and "dry-run" record and log
+    # Rules' actions (docs/how-to/actions.md): "on" runs them; "off" and "dry-run" record and log
     # each as "would run" instead.
     actions: Literal["on", "off", "dry-run"] = "on"
     # The role rules' sql actions run as (SET LOCAL ROLE), unless a rule's action names
-    # its own (action.role); unset: the role slawatch connects as (README "What a rule
-    # file can do").
+    # its own (action.role); unset: the role slawatch connects as
+    # (docs/explanation/safety.md).
     action_role: Annotated[str | None, BeforeValidator(_action_role)] = None
 
     @field_validator("ingest_token")

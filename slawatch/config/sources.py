@@ -2,7 +2,7 @@
 
 Each file is validated into one of the models below (chosen by ``type``);
 :func:`slawatch.events.sources.build` turns one into a consumer that ``slawatch run``
-runs (DESIGN.md §7). A message is one event: as it is (the JSON of ``POST
+runs (docs/explanation/events.md). A message is one event: as it is (the JSON of ``POST
 /v1/events``), or mapped (``map:``) from the message's own JSON, e.g. CloudEvents.
 
 ``${VAR}`` in any string value is replaced by the environment variable VAR before

@@ -1,4 +1,4 @@
-"""Giving up on deadlines that stay open: rule ``give_up_after`` (README "Rules").
+"""Giving up on deadlines that stay open: rule ``give_up_after`` (docs/reference/rules.md).
 
 Without it an open deadline is kept for ever: an event rule's start that never gets
 its stop stays an open timer (retention prunes closed timers only), an overdue row

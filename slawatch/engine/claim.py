@@ -2,7 +2,7 @@
 opens or continues their episodes, schedules the next notification and writes
 the alerts and their deliveries into the outbox, all in one transaction.
 
-An episode (DESIGN.md §1) is one stretch of a row being overdue: it starts when
+An episode (docs/explanation/episodes.md) is one stretch of a row being overdue: it starts when
 the deadline passes while ``open_when`` holds and ends when ``open_when`` turns
 false or the deadline value changes. The row keeps the deadline value its
 episode is for (``sw_<rule>_seen``) and the episode's number (``sw_<rule>_ep``):

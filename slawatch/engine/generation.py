@@ -7,9 +7,9 @@ sweep, an event rule's housekeeping) calls ``slawatch.claim_gate`` in its own
 transaction (sql/migrations/0009_generation.sql): an instance whose loaded rule is
 not the recorded one changes nothing for that rule. So two instances in the middle
 of a rolling reload never disagree about an episode: the one not reloaded yet
-stops claiming the rule until it is (README: "Rolling deploys: one definition per
-rule"). A rule without a record (a database upgraded, not migrated with the rule
-since) is claimed by every instance, as before.
+stops claiming the rule until it is (docs/how-to/rolling-deploys.md). A rule without
+a record (a database upgraded, not migrated with the rule since) is claimed by every
+instance, as before.
 """
 
 from __future__ import annotations

@@ -404,7 +404,7 @@ def _records_generations() -> bool:
 def _generations(conn: Connection, rules: list[Rule]) -> list[Step]:
     """Each rule's definition, recorded where another (or none) is: last, once what
     the rule needs is built, since instances running it claim from then on and those
-    running another definition stop (README: "Rolling deploys: one definition per rule")."""
+    running another definition stop (docs/how-to/rolling-deploys.md)."""
     if not _records_generations():
         return []
     have = generation.recorded(conn)

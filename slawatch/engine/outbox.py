@@ -14,7 +14,7 @@ so ``alert_once`` makes it exactly one per episode whoever closes it, and one
 delivery per notifier that was paged in the episode.
 
 :func:`alert_payload` and :func:`alert_id` are the one place that shapes an alert
-as receivers, the API and the CLI see it (DESIGN.md §6).
+as receivers, the API and the CLI see it (docs/reference/notifiers.md).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def outbox(
 
 
 def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, Any]:
-    """The alert as receivers see it (DESIGN.md §6). ``status``: "firing" for a
+    """The alert as receivers see it (docs/reference/notifiers.md). ``status``: "firing" for a
     notification, "resolved" for the notice that a notified episode ended (n is 0)."""
     kind = row.get("kind", "firing")
     return {

@@ -1,4 +1,4 @@
-"""Events (DESIGN.md §7): deadlines opened and closed by messages instead of rows.
+"""Events (docs/explanation/events.md): deadlines opened and closed by messages instead of rows.
 
 ``ingest`` checks a batch and writes it; ``sources`` reads brokers into it. The
 timers themselves are engine state (engine/timers.py), claimed like any rule.

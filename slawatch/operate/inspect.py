@@ -135,8 +135,7 @@ class RuleStatus(BaseModel):
     definition: str | None = Field(
         default=None,
         description="set when this rule as configured here is not the definition 'slawatch "
-        "migrate' recorded: instances running it do not claim it (README: Rolling deploys: "
-        "one definition per rule)",
+        "migrate' recorded: instances running it do not claim it (docs/how-to/rolling-deploys.md)",
     )
 
 
@@ -194,7 +193,7 @@ class Alert(BaseModel):
     actions: list[ActionAttempt] = Field(
         default_factory=list,
         description="the attempts of the rule's action this notification triggered "
-        "(DESIGN.md §8), first attempt first",
+        "(docs/explanation/actions.md), first attempt first",
     )
 
 

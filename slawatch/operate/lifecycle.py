@@ -1,7 +1,7 @@
 """Acknowledgements and silences: what an operator does about an incident that is known.
 
 **Ack.** An ack names one alert and stops the re-notifications of that alert's
-episode (DESIGN.md §1); a later episode of the same row pages again from #1. The
+episode (docs/explanation/episodes.md); a later episode of the same row pages again from #1. The
 ack is a row in ``slawatch.ack`` (rule, key, episode); the claim reads it when the
 episode's next re-notification comes due and clears that row's next-notification
 time instead of notifying, so the row leaves the re-notify index. Acking writes

@@ -1,4 +1,4 @@
-"""The SLA report (DESIGN.md §9): per rule and period, how many deadlines fell due,
+"""The SLA report (docs/how-to/report.md): per rule and period, how many deadlines fell due,
 how many episodes were breached, the compliance, what was open at the period's end,
 how late episodes ended and how fast they were acknowledged, and the actions' outcome.
 

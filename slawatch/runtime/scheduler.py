@@ -503,8 +503,8 @@ class Runner:
         within WATCH_WAIT (or the database failed since its last success), a connection
         of its own. While the database is down the scans and deliveries only wait for
         the pool (up to SLAWATCH_DB_TIMEOUT); these looks fail at once, so the outage's
-        line comes soon after UNREACHABLE_AFTER, with or without the admin API (README
-        "Logs"). Never raises."""
+        line comes soon after UNREACHABLE_AFTER, with or without the admin API
+        (docs/how-to/operate.md). Never raises."""
         if not self.db.outage.failing:
             try:
                 with self.db.connection("watching the database", wait=WATCH_WAIT) as conn:
@@ -950,7 +950,7 @@ class Runner:
         if sources:
             health["sources"] = sources
         # A rule whose recorded definition is another is not claimed here: not ready, so
-        # that a load balancer prefers an instance that runs it (README: Rolling deploys).
+        # that a load balancer prefers an instance that runs it (docs/how-to/rolling-deploys.md).
         stale = self.definitions.stale
         definition = {name: name not in stale for name in self._running}
         health["definition"] = definition

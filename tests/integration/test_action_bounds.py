@@ -1,4 +1,4 @@
-"""Actions cannot stall the shop (README "Actions"): each statement runs with the
+"""Actions cannot stall the shop (docs/how-to/actions.md): each statement runs with the
 action's statement and lock timeouts inside a budget for the batch, so the claim's
 locks are held for a bounded time; a row the application holds is recorded ``retry``
 and runs again at the rule's next scan, while the rest of the batch goes ahead."""

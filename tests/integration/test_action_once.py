@@ -1,5 +1,5 @@
 """One action per episode when the rule's action or its ``on`` changes while the
-episode is open (DESIGN.md §8): a reload, or a restart with an edited rule.
+episode is open (docs/explanation/actions.md): a reload, or a restart with an edited rule.
 
 The episode's action already ran (attempt 1 recorded for its rule, key and episode);
 the edited rule's ``on`` is a later notification, or its action the other kind (SQL,
@@ -109,7 +109,7 @@ def test_the_next_episode_acts_at_the_new_on(conn: Conn, track: str) -> None:
     for k in (1, 2):
         assert claim_all(conn, plan, notification(k)) == 1
     rule = rule_with(SQL_ON_3, track)
-    migrate(conn, [rule])  # the edited rule's definition recorded (README: Rolling deploys)
+    migrate(conn, [rule])  # the edited rule's definition recorded (docs/how-to/rolling-deploys.md)
     plan = prepare(conn, rule).with_act(runner("on"))
     # The job recovers (its heartbeat moves on), then hangs again: episode 2.
     recovered = T0 + 40 * M
@@ -136,7 +136,7 @@ def test_another_keys_episode_acts_at_the_new_on(conn: Conn, track: str) -> None
         assert claim_all(conn, plan, notification(k)) == 1
     conn.execute("INSERT INTO jobs VALUES (2, 'sync', 'w1', 'running', %s)", (naive(T0 + 30 * M),))
     rule = rule_with(SQL_ON_3, track)
-    migrate(conn, [rule])  # the edited rule's definition recorded (README: Rolling deploys)
+    migrate(conn, [rule])  # the edited rule's definition recorded (docs/how-to/rolling-deploys.md)
     plan = prepare(conn, rule).with_act(runner("on"))
     assert claim_all(conn, plan, notification(3)) == 2  # job 1's #3, job 2's #1
     assert claim_all(conn, plan, notification(4)) == 2  # #4, #2

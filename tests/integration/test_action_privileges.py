@@ -1,4 +1,4 @@
-"""An action's privileges (DESIGN.md §8): ``migrate --print`` prints the GRANTs its
+"""An action's privileges (docs/explanation/actions.md): ``migrate --print`` prints the GRANTs its
 statement needs, and ``check`` asks the server whether the role slawatch connects as
 can run it — here a real role holding only the printed GRANTs."""
 

@@ -1,4 +1,4 @@
-"""What an operator sees of actions (DESIGN.md §8): ``GET /v1/actions``, each alert's
+"""What an operator sees of actions (docs/explanation/actions.md): ``GET /v1/actions``, each alert's
 attempts in ``/v1/alerts`` and ``slawatch alerts --json``, and on the on-call page.
 
 Two hung jobs are restarted (ok); a third, claimed once the statement's table is gone,

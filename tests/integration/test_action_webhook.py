@@ -1,4 +1,4 @@
-"""Webhook actions (DESIGN.md §8): the alert POSTed to a real HTTP receiver in a
+"""Webhook actions (docs/explanation/actions.md): the alert POSTed to a real HTTP receiver in a
 thread, through the outbox like a delivery, each attempt recorded in slawatch.action.
 
 The rule is job_hung's shape (tests/integration/test_actions.py) with

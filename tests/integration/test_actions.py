@@ -1,4 +1,4 @@
-"""Actions (DESIGN.md §8): a rule's statement runs in the claim's transaction, once
+"""Actions (docs/explanation/actions.md): a rule's statement runs in the claim's transaction, once
 per (rule, key, episode), recorded in slawatch.action.
 
 The rule is job_hung's shape; its action writes a row of ``restarts`` (a table of

@@ -120,7 +120,7 @@ def test_a_calendar_rule_claims_each_row_when_its_working_time_has_passed(
         # Wall clock would have paged ticket 3 on Monday at 18:00 and ticket 2 on Sunday.
         assert step(berlin(2026, 12, 7, 12)) == 0
     assert claimed == ["1", "2", "3"]
-    # The alerts' due_at would be per row in working time: left NULL (README).
+    # The alerts' due_at would be per row in working time: left NULL (docs/how-to/calendars.md).
     dues = conn.execute("SELECT due_at FROM slawatch.alert").fetchall()
     assert dues == [(None,)] * 3
     # The history (the SLA report's) gets each episode's working-time due time.

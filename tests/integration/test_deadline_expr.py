@@ -214,7 +214,7 @@ def test_explain_shows_the_expression_index_used(conn: Conn, track: str) -> None
             "deadline: column 'sla_hourz' not in public.tickets (id, status, created_at, opened,"
             " sla_hours); a deadline is computed from the row's own columns; for a value from"
             " another table, keep the deadline in a column of this table that a trigger fills"
-            " in, or use an event rule (README: Per-row deadlines)",
+            " in, or use an event rule (docs/how-to/watch-a-table.md)",
         ),
         ("sla_hours + 1", "deadline: (sla_hours + 1) is integer; it must be timestamp"),
         ("opened::date + 1", "deadline: (opened::date + 1) is date; it must be timestamp"),
@@ -255,8 +255,8 @@ INSERT INTO rental SELECT id, (now() AT TIME ZONE 'UTC') - interval '5 days', in
                (300, 20, (now() AT TIME ZONE 'UTC') - interval '4 days')) v(id, inv, ret);
 """
 
-# README, Per-row deadlines: the due date kept by a trigger (a generated column
-# cannot read another table).
+# docs/how-to/watch-a-table.md, Per-row deadlines: the due date kept by a trigger (a
+# generated column cannot read another table).
 DUE_AT = """
 ALTER TABLE rental ADD COLUMN due_at timestamp;
 CREATE FUNCTION rental_due_at() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -299,7 +299,7 @@ def test_a_deadline_from_another_table_says_the_two_ways_then_a_trigger_kept_col
     rental_rule(tmp_path, "rental_date + film.rental_duration * interval '1 day'")
     result = slawatch("--rules", str(tmp_path), "check", dsn=dsn)
     assert_one_line_error(result, 2, "deadline: film.rental_duration is another table's column")
-    # The README's way: a column a trigger keeps, and the rule on it.
+    # The documented way: a column a trigger keeps, and the rule on it.
     conn.execute(DUE_AT)
     rental_rule(tmp_path, "due_at")
     assert slawatch("--rules", str(tmp_path), "migrate", dsn=dsn).returncode == 0

@@ -1,4 +1,4 @@
-"""Episodes (DESIGN.md §1): a row overdue again is a new episode, paged from #1.
+"""Episodes (docs/explanation/episodes.md): a row overdue again is a new episode, paged from #1.
 
 An episode starts when the deadline passes while open_when holds and ends when
 open_when turns false or the deadline value changes. Each shipped rule is walked

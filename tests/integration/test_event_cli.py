@@ -137,7 +137,7 @@ def test_before_migrate_says_what_to_do(
 
 
 def test_a_cron_line(ready: Path, dsn: str) -> None:
-    """What the README shows: the backup's own exit status is not slawatch's."""
+    """What docs/how-to/events.md shows: the backup's own exit status is not slawatch's."""
     env = {"SLAWATCH_RULES_DIR": str(ready)}
     ok = slawatch("event", "backup_ping", "db1", dsn=dsn, env=env)
     assert (ok.returncode, ok.stdout, ok.stderr) == (0, "accepted\n", "")

@@ -1,4 +1,4 @@
-"""Event rules (DESIGN.md §7): deadlines opened and closed by events, each semantic
+"""Event rules (docs/explanation/events.md): deadlines opened and closed by events, each semantic
 walked with the application clock, against a real PostgreSQL.
 
 Events go in through ``slawatch.event_at`` (the function behind ``slawatch.event``

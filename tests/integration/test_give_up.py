@@ -1,4 +1,4 @@
-"""Rule ``give_up_after`` (README "Rules", "History and retention"): an episode still
+"""Rule ``give_up_after`` (docs/reference/rules.md, docs/how-to/operate.md): an episode still
 open that long after its due time is ended as abandoned, so neither the open
 timers of an event rule nor the open episodes and re-notifications of a row that
 stays overdue grow for ever. Walked with the clock passed in (FixedClock), against

@@ -1,4 +1,4 @@
-"""Episode history (slawatch.episode, DESIGN.md §9): one row per episode, written when
+"""Episode history (slawatch.episode, docs/how-to/report.md): one row per episode, written when
 its first notification is claimed, acknowledged by an ack, ended where the episode
 ends (closed by a claim or a sweep, or replaced by the next episode)."""
 

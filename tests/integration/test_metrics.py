@@ -181,7 +181,7 @@ def test_serve_counts_and_reports_its_health(
             "scheduler": True,
             "workers": {"hook": True},
             "listener": True,
-            "definition": {"late": True},  # the recorded one (README: Rolling deploys)
+            "definition": {"late": True},  # the recorded one (docs/how-to/rolling-deploys.md)
         }
         assert value(runner, "slawatch_rule_generation_mismatch", rule="late") == 0
         serving_scheduler = runner._scheduler

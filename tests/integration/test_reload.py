@@ -375,7 +375,7 @@ def test_an_action_whose_on_moved_mid_episode_keeps_its_rule_alerting(
     assert conn.execute("SELECT order_id FROM restarts").fetchall() == [(1,)]
     moved = ACTING.replace("on: 2", "on: 3")
     (config.rules_dir / "acting.yaml").write_text(moved)
-    migrate(conn, [rule("acting", moved)])  # migrate, then reload (README: Rolling deploys)
+    migrate(conn, [rule("acting", moved)])  # migrate, then reload (docs/how-to/rolling-deploys.md)
     assert runner.reload() is True
     wait_for(lambda: "acting:1:e1:n4" in ids(receiver), "the last notification, after the reload")
     assert "acting:1:e1:n3" in ids(receiver)

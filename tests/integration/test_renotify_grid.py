@@ -1,4 +1,4 @@
-"""Re-notifications fall due at exactly their interval (README "Reliability").
+"""Re-notifications fall due at exactly their interval (docs/explanation/guarantees.md).
 
 A scan's time is taken a few milliseconds into the scan, and how many varies: the
 re-notification written at one scan's time is then a few milliseconds after the

@@ -1,4 +1,4 @@
-"""The SLA report (DESIGN.md §9, operate/report.py): figures per rule and period from
+"""The SLA report (docs/how-to/report.md, operate/report.py): figures per rule and period from
 the episode history that real claims, acks and ends wrote with the clock moved through
 the periods; the CLI's formats; GET /v1/report and its 400s."""
 

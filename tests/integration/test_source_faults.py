@@ -1,7 +1,7 @@
 """Event sources when things fail, per broker (RabbitMQ, Redis, NATS on 127.0.0.1):
 the database away pauses consumption and loses nothing; the broker away is one line
 each way and loses nothing; a bug while consuming is logged whole and the consumer
-starts again (DESIGN.md §7)."""
+starts again (docs/explanation/events.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Event sources against the real RabbitMQ, Redis and NATS on 127.0.0.1 (DESIGN.md §7).
+"""Event sources against the real RabbitMQ, Redis and NATS on 127.0.0.1
+(docs/explanation/events.md).
 
 Each test runs once per broker, on a queue or stream of its own (deleted after):
 events in become timers and a due one pages; poisoned messages go to the dead place

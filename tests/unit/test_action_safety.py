@@ -1,4 +1,4 @@
-"""What a rule's action may touch (README "What a rule file can do"): a statement that
+"""What a rule's action may touch (docs/explanation/safety.md): a statement that
 reads or writes the system catalogs, or calls a function that reaches files, other
 servers, settings or sessions, is refused as rules load (so ``check`` refuses it),
 naming the rule and the object, unless the action allows that object by name; and
@@ -194,11 +194,11 @@ def test_migrate_print_grants_an_actions_role_what_its_statement_needs(tmp_path:
     assert not [g for g in printed if "slawatch_app" in g and ('("kind")' in g or "ops" in g)]
 
 
-def test_the_readme_shows_checks_refusal_and_the_opt_in_as_they_are(
+def test_the_docs_show_checks_refusal_and_the_opt_in_as_they_are(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## What a rule file can do", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "explanation" / "safety.md").read_text()
+    section = page.split("## What a rule file can do", 1)[1].split("\n## ", 1)[0]
     (tmp_path / "rules").mkdir()
     leak = {"sql": "insert into jobs (kind) select rolpassword from pg_authid where :id > 0"}
     (tmp_path / "rules" / "leak.yaml").write_text(GOOD + f"action: {json.dumps(leak)}\n")

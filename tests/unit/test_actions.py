@@ -1,5 +1,5 @@
-"""A rule's ``action:`` (DESIGN.md §8) as rules load: exactly one INSERT, UPDATE, DELETE
-or SELECT fn(...), checked by PostgreSQL's parser; ``:name`` placeholders must be the
+"""A rule's ``action:`` (docs/explanation/actions.md) as rules load: exactly one INSERT,
+UPDATE, DELETE or SELECT fn(...), checked by PostgreSQL's parser; ``:name`` placeholders must be the
 rule's key or columns and become parameters, never text."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ notify: [console]
 OTHER_TABLE = (
     "a deadline is computed from the row's own columns; for a value from another table,"
     " keep the deadline in a column of this table that a trigger fills in, or use an"
-    " event rule (README: Per-row deadlines)"
+    " event rule (docs/how-to/watch-a-table.md)"
 )
 
 
@@ -53,7 +53,8 @@ def test_bad_deadline_expressions_name_file_and_field(
     tmp_path: Path, deadline: str, expected: str
 ) -> None:
     message = error_of(tmp_path, RULE.format(deadline), "tickets.yaml")
-    assert message.split("/")[-1].startswith(expected), message
+    assert message.startswith(f"{tmp_path / 'tickets.yaml'}:"), message
+    assert message.removeprefix(f"{tmp_path}/").startswith(expected), message
     assert "\n" not in message
 
 

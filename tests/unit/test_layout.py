@@ -1,4 +1,4 @@
-"""The package's shape (DESIGN.md §10), beside the import-linter contracts in
+"""The package's shape (docs/explanation/architecture.md), beside the import-linter contracts in
 pyproject.toml: no module imports itself back through others (imports inside
 functions count), and no module uses another module's private names."""
 

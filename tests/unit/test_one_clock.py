@@ -1,4 +1,4 @@
-"""DESIGN.md §3, one clock: slawatch's SQL never reads the database's clock; the
+"""docs/explanation/guarantees.md, one clock: slawatch's SQL never reads the database's clock; the
 application's time is always a parameter (so freezegun moves it, and a server's
 clock skew cannot move a deadline)."""
 

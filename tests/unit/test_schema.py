@@ -65,7 +65,7 @@ def test_the_legacy_upgrade_is_frozen() -> None:
     digest = hashlib.sha256(legacy_upgrade_sql().encode()).hexdigest()
     assert digest == LEGACY_SHA256, (
         "slawatch/sql/legacy_upgrade.sql changed: it is frozen; put schema changes in a new"
-        " slawatch/sql/migrations/NNNN_name.sql (README: How to change the schema)"
+        " slawatch/sql/migrations/NNNN_name.sql (docs/contributing.md)"
     )
 
 

@@ -1,4 +1,5 @@
-"""Event sources (DESIGN.md §7): brokers read into :func:`slawatch.events.ingest.ingest`.
+"""Event sources (docs/explanation/events.md): brokers read into
+:func:`slawatch.events.ingest.ingest`.
 
 ``build(config)`` makes the consumer of a ``sources/<name>.yaml``;
 :class:`~slawatch.events.sources.runner.SourceRunner` runs it (a batch read, stored

@@ -4,7 +4,7 @@
 -- slawatch already: slawatch.schema_version, where this file is recorded, lives there.
 
 -- One row per notification of a watched row: (rule, key, episode, n) exists at
--- most once. An episode is one stretch of a row being overdue (DESIGN.md §1).
+-- most once. An episode is one stretch of a row being overdue (docs/explanation/episodes.md).
 -- kind 'firing': notification n (1, 2, ...) of an episode; 'resolved': the one notice
 -- that a notified episode ended (rule `resolve: true`), stored as n = 0 so alert_once
 -- keeps it to one per episode; 'summary': one storm summary (slawatch/delivery/storm.py)

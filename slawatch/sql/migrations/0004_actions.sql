@@ -1,4 +1,4 @@
--- Issue 16 (actions, DESIGN.md §8). One row per attempt of a rule's action: the claim
+-- Issue 16 (actions, docs/explanation/actions.md). One row per attempt of a rule's action: the claim
 -- writes attempt 1 in its own transaction (slawatch/actions/run.py), so an action row
 -- exists exactly when its alert does; `slawatch replay --actions` adds attempt 2, 3, ...
 -- for a failed one. status: ok (ran, `rows` touched), failed (rolled back: `error` is

@@ -1,4 +1,4 @@
--- Issue 17 (the SLA report, DESIGN.md §9). One row per episode (rule, key, episode):
+-- Issue 17 (the SLA report, docs/how-to/report.md). One row per episode (rule, key, episode):
 -- when it fell due (deadline + after: the alert's due_at), when it was first notified,
 -- acknowledged (and by whom) and when it ended. The claim writes the row with
 -- notification #1 (engine/outbox.py), the claims and sweeps that close episodes set

@@ -1,5 +1,4 @@
--- Issue 24: one definition of a rule across the fleet at a time (README: "Rolling
--- deploys: one definition per rule"). `slawatch migrate` records, per rule, a hash of
+-- Issue 24: one definition of a rule across the fleet at a time (docs/how-to/rolling-deploys.md). `slawatch migrate` records, per rule, a hash of
 -- what decides its episodes (table or event types, track, key, deadline, after,
 -- timezone, open_when, calendar, action): its generation. Every statement of a
 -- running instance that opens, closes or acts on the rule's episodes calls
