@@ -1,6 +1,9 @@
 """The admin HTTP API of ``slawatch run``: health, metrics, rules, alerts, actions, stats,
 replay, acknowledgements, silences, and events (``POST /v1/events``).
 
+The routes live in :mod:`slawatch.operate.api`, a router per resource; this module
+wires them (:func:`create_app`) behind the request gate, and serves them.
+
 FastAPI gives the routes their OpenAPI document (``/openapi.json``) from the
 pydantic models of :mod:`slawatch.operate.inspect`, the same shapes the CLI's ``--json``
 prints. uvicorn serves it in a thread of its own, and the requests use a small
