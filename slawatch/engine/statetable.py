@@ -193,12 +193,10 @@ _SWEPT_EPISODES = """\
       FROM closed c
      WHERE c.n > 0"""
 
-# "Anything to do?" between sweeps: the claim's `fresh` and `again` cases, each
-# answered by the first entry of a partial index (the watched table's due index over
-# the watermark's window; the state table's index on sw_next), no lock and no write.
-# Episodes that ended are closed by `again` (at their re-notification time) or by the
-# sweep, which is decided in memory (Mark), so neither needs a case here. A row that
-# falls due between the probe and the claim is the next scan's.
+# "Anything to do?" between sweeps: the claim's `fresh` and `again` cases, each the
+# first entry of a partial index, with no lock and no write. Ended episodes need no case
+# (`again` or the sweep, decided in memory, closes them); a row that falls due between
+# the probe and the claim is the next scan's.
 _PROBE = """\
 SELECT EXISTS (SELECT 1 FROM {table} t
                 WHERE {td} >= %(since)s AND {td} < %(cutoff)s AND ({open_when}

@@ -117,10 +117,9 @@ def create_table(rule: Rule) -> list[str]:
         " WHERE open AND due_at IS NULL",
         f"CREATE INDEX IF NOT EXISTS {quoted(name + '_too_fast')} ON {t} (key)"
         " WHERE open AND too_fast",
-        # The SLA report counts the deadlines that fell due in each period (every row:
-        # the rule's own partial indexes hold only the open ones): report.py's _DUE reads
-        # it (a bitmap scan of a period's deadlines), and without it _INDEXED has the
-        # report say "due not counted". No claim, probe or prune uses it.
+        # Every row's deadline, for the SLA report's count of those due per period
+        # (report.py's _DUE; without it the report says "due not counted"). No claim,
+        # probe or prune uses it.
         f"CREATE INDEX IF NOT EXISTS {quoted(name + '_due_at')} ON {t} (due_at)",
         # Retention: closed timers by their last event.
         f"CREATE INDEX IF NOT EXISTS {quoted(name + '_closed')} ON {t}"
