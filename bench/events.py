@@ -72,7 +72,7 @@ from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchdb import Scratch
-from run import machine, med, pct
+from common import machine, med, pct
 
 from slawatch.config.rules import Rule
 from slawatch.engine.claim import batches, prepare

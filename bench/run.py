@@ -3,7 +3,7 @@
 Builds `orders` (16 columns, primary key + 7 business indexes) with ROWS rows of
 which DUE are paid, unshipped and overdue, and prints, in one interleaved run on
 the same data: the claim (slawatch inline, slawatch `track: table`, the seed
-article's statement of DESIGN.md §1, a naive UPDATE), the empty probe, the 1st vs
+article's statement of docs/explanation/claim.md, a naive UPDATE), the empty probe, the 1st vs
 10th drain of a long run, WAL and index entries per alert, the HOT ratio, one
 batch's EXPLAIN, end-to-end to a webhook receiver (`slawatch run` in a
 subprocess), 1/2/4 claiming processes and the peer (PGQueuer); then delivery
@@ -40,7 +40,6 @@ import multiprocessing as mp
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,7 +60,9 @@ from psycopg.conninfo import conninfo_to_dict
 from pydantic import ValidationError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import events
 from benchdb import Scratch
+from common import machine, med, pct
 
 from slawatch.config.rules import Rule
 from slawatch.engine.claim import batches, prepare
@@ -130,7 +131,8 @@ SELECT g, u, 'user' || u || '@example.com',
 # Overdue by 1 h and more, newer orders paid later.
 DUE_AT = "%(now)s::timestamptz - interval '49 hours' - (%(top)s - g) * interval '250 milliseconds'"
 
-# DESIGN.md §1, word for word but for names: two columns, two partial indexes, no outbox.
+# The seed article's statement (docs/explanation/claim.md), word for word but for names:
+# two columns, two partial indexes, no outbox.
 RAW_SETUP = """
 ALTER TABLE orders ADD COLUMN sw_raw_n int NOT NULL DEFAULT 0,
                    ADD COLUMN sw_raw_next timestamptz;
@@ -190,15 +192,6 @@ def table_track_status() -> str | None:
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(int(len(xs) * p), len(xs) - 1)] if xs else float("nan")
 
 
 def spread(xs: list[float], fmt: str = ",.0f") -> str:
@@ -948,25 +941,6 @@ def pgqueuer_status() -> str | None:
 # ---------------------------------------------------------------- the run
 
 
-def machine(server_conn: psycopg.Connection[Any]) -> str:
-    mem = 0
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            mem = int(line.split()[1]) // 1024 // 1024
-    row = server_conn.execute(
-        "SELECT current_setting('server_version'), current_setting('shared_buffers'),"
-        " current_setting('max_wal_size'), current_setting('synchronous_commit')"
-    ).fetchone()
-    assert row
-    load = os.getloadavg()[0]
-    return (
-        f"machine: {os.cpu_count()} CPUs, {mem} GB memory, load average {load:.1f} at start,"
-        f" Python {sys.version.split()[0]};"
-        f" PostgreSQL {row[0]} (shared_buffers {row[1]}, max_wal_size {row[2]},"
-        f" synchronous_commit {row[3]})"
-    )
-
-
 # Every section, in the order it runs; --skip / --only take these names ("events" stands
 # for its five). Each row of the table names the section that measures it.
 SECTIONS = (
@@ -1112,7 +1086,6 @@ def event_rows(
 ) -> list[Row]:
     """bench/events.py's sections (issue 15's table), each only if in ``run``; --quick
     runs each once, small (does it run?), the default as bench/events.py does."""
-    import events  # here, not at the top: events imports this module
 
     timers, due, secs, reps, fire_reps, http_batches, messages = (
         (5_000, 5_000, 2, 1, 1, 1, 2_000) if quick else (1_000_000, 100_000, 60, 5, 3, 10, 20_000)

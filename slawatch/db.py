@@ -40,6 +40,7 @@ from typing import Any, Literal, Self, TypeVar
 from urllib.parse import unquote
 
 import psycopg
+import psycopg.sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -373,6 +374,12 @@ def in_savepoint(conn: Connection, what: str, work: Callable[[], T]) -> tuple[T 
         if unreachable(exc) or conn.broken or conn.closed or _prepared_statement_lost(exc):
             raise _translated(what, exc) from exc
         return None, describe(exc)
+
+
+def quoted(*names: str) -> str:
+    """A quoted, printable identifier: ``quoted("public", "Orders")`` is
+    ``"public"."Orders"`` (for the SQL that migrate prints as well as runs)."""
+    return psycopg.sql.Identifier(*names).as_string(None)
 
 
 def parameter_types(conn: Connection, statement: Any) -> list[str]:

@@ -33,7 +33,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from slawatch.config.files import FileModel, load_dir, shorten
+from slawatch.config.files import FileModel, check_name, load_dir, shorten
 from slawatch.errors import ConfigError
 
 CALENDAR_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
@@ -232,12 +232,7 @@ class Calendar(FileModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not CALENDAR_NAME.fullmatch(v):
-            raise ValueError(
-                f"{shorten(v)} is not a calendar name: lower-case letters, digits, _ and -,"
-                " starting with a letter, at most 40 characters"
-            )
-        return v
+        return check_name(v, CALENDAR_NAME, "calendar", "lower-case letters, digits, _ and -")
 
     @field_validator("timezone")
     @classmethod

@@ -6,6 +6,7 @@ Every error names the file and the field, one line each, e.g.
 
 from __future__ import annotations
 
+import re
 import reprlib
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,17 @@ M = TypeVar("M", bound=FileModel)
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple = 3, 8, 8, 8
 _REPR.maxset, _REPR.maxfrozenset, _REPR.maxlong, _REPR.maxstring = 8, 8, 40, 60
+
+
+def check_name(value: str, pattern: re.Pattern[str], what: str, letters: str) -> str:
+    """``value`` if ``pattern`` (a name of at most 40 ``letters``, starting with a letter)
+    matches it whole; else the ValueError that says what a ``what`` name is made of."""
+    if not pattern.fullmatch(value):
+        raise ValueError(
+            f"{shorten(value)} is not a {what} name: {letters},"
+            " starting with a letter, at most 40 characters"
+        )
+    return value
 
 
 def shorten(value: object, limit: int = 80) -> str:

@@ -40,7 +40,7 @@ from slawatch.config.calendars import (
     Calendar,
 )
 from slawatch.config.durations import Duration, PositiveDuration
-from slawatch.config.files import FileModel, load_dir, shorten
+from slawatch.config.files import FileModel, check_name, load_dir, shorten
 from slawatch.config.notifiers import WebhookConfig, interpolate
 from slawatch.errors import ConfigError
 
@@ -656,12 +656,7 @@ class Rule(FileModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not RULE_NAME.fullmatch(v):
-            raise ValueError(
-                f"{shorten(v)} is not a rule name: lower-case letters, digits and _, "
-                "starting with a letter, at most 40 characters"
-            )
-        return v
+        return check_name(v, RULE_NAME, "rule", "lower-case letters, digits and _")
 
     @field_validator("table")
     @classmethod

@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -66,20 +66,24 @@ activity = logging.getLogger("slawatch.activity")
 class Metrics(Protocol):
     """What the dispatcher reports to (slawatch.operate.metrics.Metrics implements it)."""
 
-    def delivered(
-        self,
-        notifier: str,
-        now: datetime,
-        fired: Iterable[datetime],
-        retried: int = 0,
-        dead: int = 0,
-        silenced: int = 0,
-        summarized: int = 0,
-        summaries: int = 0,
-        *,
-        acknowledged: int = 0,
-    ) -> None:
-        """A batch of ``notifier`` settled (see Metrics.delivered)."""
+    def delivered(self, batch: Settled) -> None:
+        """A batch of deliveries settled."""
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What one settled batch of a notifier's deliveries reports to the metrics: the
+    alerts sent (when each fired: the latency's start) and the others' outcomes."""
+
+    notifier: str
+    accepted: datetime  # when the notifier accepted the batch
+    fired: list[datetime]  # when each alert sent fired
+    retried: int = 0  # will be tried again
+    dead: int = 0  # will not
+    silenced: int = 0  # settled unsent: a silence matched
+    summarized: int = 0  # settled unsent: a storm summary stands for them
+    summaries: int = 0  # storm summaries made
+    acknowledged: int = 0  # settled unsent: their episode was acknowledged
 
 
 CHANNEL = "slawatch_delivery"
@@ -507,15 +511,17 @@ def _settled(
     )
     if metrics is not None:
         metrics.delivered(
-            notifier.name,
-            accepted,
-            fired,
-            result.retried,
-            result.dead,
-            result.silenced,
-            result.summarized,
-            result.summaries,
-            acknowledged=result.acknowledged,
+            Settled(
+                notifier.name,
+                accepted,
+                fired,
+                retried=result.retried,
+                dead=result.dead,
+                silenced=result.silenced,
+                summarized=result.summarized,
+                summaries=result.summaries,
+                acknowledged=result.acknowledged,
+            )
         )
 
 

@@ -1,5 +1,5 @@
-"""The claim's half of a rule's action (DESIGN.md §8): which of the alerts a claim
-wrote owe their action, with the values its placeholders are bound to.
+"""The claim's half of a rule's action (docs/explanation/actions.md): which of the alerts
+a claim wrote owe their action, with the values its placeholders are bound to.
 
 A rule with an action claims in a transaction instead of one autocommit
 statement: the claim statement also returns, as one JSON column, the alerts it
@@ -23,20 +23,10 @@ from slawatch.config.rules import Rule
 from slawatch.db import Connection
 
 # The column a claim statement with an action ends with (after the counts): one JSON
-# array [key, episode, n, [placeholder values], skip] per alert. json, not jsonb, and
-# arrays, not objects: jsonb_build_object and jsonb_agg took about three times as long
-# for a batch of 1,000 (measured alone, 1,000 rows made up in a CTE). The ack and silence
-# lookups per alert run only when the rule has an ack or a silence at all (each
-# guard is an InitPlan: evaluated once per statement, short-circuiting the AND).
-# An episode whose action already has an attempt is left out (one action per episode,
-# DESIGN.md §8): the rule's `on` or its action changed after it acted (a reload, a
-# restart with an edited rule). Acting again ran the statement (or queued the POST) a
-# second time and recorded attempt 1 again: a unique violation (action_once) that
-# rolled the whole claim back, every tick, until the episode ended. The check is one
-# index scan of action_once for the batch's keys and episodes (not every attempt of a
-# recurring key), hashed: NOT EXISTS was planned as an anti join that, with
-# slawatch.action empty when planned (a new install), read all the rule's attempts
-# for each alert; a probe per alert cost a tenth of the claim's rate.
+# array [key, episode, n, [placeholder values], skip] per alert owing its action. An
+# episode whose action already has an attempt is left out: one action per episode, even
+# when the rule's `on` or action changed after it acted. Why this shape (json arrays,
+# guarded lookups, hashed NOT IN): docs/performance-notes.md.
 _DUE = """,
        (SELECT coalesce(json_agg(json_build_array(
                 a.key, a.episode, a.n, json_build_array({params}),

@@ -25,7 +25,7 @@ from psycopg import sql
 from slawatch.clock import Clock
 from slawatch.config.needs import needs
 from slawatch.config.rules import Rule, condition_columns
-from slawatch.db import Connection, translate
+from slawatch.db import Connection, quoted, translate
 from slawatch.engine import generation, schema, timers, trackswitch
 from slawatch.engine.catalog import (
     IndexState,
@@ -52,11 +52,6 @@ log = logging.getLogger(__name__)
 LOCK_TIMEOUT = schema.LOCK_TIMEOUT
 
 
-def _q(*names: str) -> str:
-    """A quoted, printable identifier."""
-    return sql.Identifier(*names).as_string(None)
-
-
 @dataclass(frozen=True)
 class IndexSpec:
     """One partial index a rule needs, on its table or on one partition of it."""
@@ -70,14 +65,14 @@ class IndexSpec:
     def create(self, *, only: bool = False) -> str:
         """CREATE INDEX CONCURRENTLY; with ``only``, the empty parent of a partitioned index."""
         return (
-            f"CREATE INDEX {'' if only else 'CONCURRENTLY '}{_q(self.name)}"
-            f" ON {'ONLY ' if only else ''}{_q(self.schema, self.table)} ({self.key})"
+            f"CREATE INDEX {'' if only else 'CONCURRENTLY '}{quoted(self.name)}"
+            f" ON {'ONLY ' if only else ''}{quoted(self.schema, self.table)} ({self.key})"
             f"\n    WHERE {self.predicate}"
         )
 
     def drop(self, *, concurrently: bool = True) -> str:
         how = "CONCURRENTLY " if concurrently else ""
-        return f"DROP INDEX {how}IF EXISTS {_q(self.schema, self.name)}"
+        return f"DROP INDEX {how}IF EXISTS {quoted(self.schema, self.name)}"
 
     def child(self, part: Partition) -> IndexSpec:
         """The same index on one partition; named from the partition, within 63 bytes."""
@@ -110,7 +105,7 @@ def predicates(rule: Rule) -> tuple[str, str, str]:
     - ended: rows whose episode ended (open_when turned false, or the deadline
       moved); the next scan closes the episode, and the row leaves this index.
     """
-    d, seen = rule.deadline_sql(), _q(rule.seen_column)
+    d, seen = rule.deadline_sql(), quoted(rule.seen_column)
     open_when = f"({rule.open_when})"
     first = f"{seen} IS DISTINCT FROM {d} AND {open_when}"
     again = f"{seen} = {d} AND {open_when}"
@@ -129,8 +124,8 @@ def index_specs(rule: Rule) -> list[IndexSpec]:
     first, again, ended = predicates(rule)
     return [
         IndexSpec(rule.first_index, s, t, d, first),
-        IndexSpec(rule.again_index, s, t, _q(rule.next_column), again),
-        IndexSpec(rule.ended_index, s, t, _q(rule.seen_column), ended),
+        IndexSpec(rule.again_index, s, t, quoted(rule.next_column), again),
+        IndexSpec(rule.ended_index, s, t, quoted(rule.seen_column), ended),
     ]
 
 
@@ -540,7 +535,7 @@ def _analyze(conn: Connection, rule: Rule) -> list[Step]:
     )
     return [
         Step(
-            f"ANALYZE {', '.join(_q(*t) for t in tables)}",
+            f"ANALYZE {', '.join(quoted(*t) for t in tables)}",
             f"{where}: analyzed{what}: it had no statistics, which the claim's plan needs",
         )
     ]
@@ -608,7 +603,7 @@ def _switch(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     return [
         _copy(rule, info, "inline", f"{where}: rule {rule.name}'s state carried over from {state}"),
         Step(
-            f"DROP TABLE {_q('slawatch', rule.name + '_state')}",
+            f"DROP TABLE {quoted('slawatch', rule.name + '_state')}",
             f"{state}: dropped (track: inline)",
         ),
     ]
@@ -637,7 +632,7 @@ def state_columns(rule: Rule, info: TableInfo) -> dict[str, str]:
 def _state_table(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     """slawatch's own table for a ``track: table`` rule, with its re-notify index."""
     name = f"{rule.name}_state"
-    table = _q("slawatch", name)
+    table = quoted("slawatch", name)
     columns = state_columns(rule, info)
     have = inspect_table(conn, "slawatch", name)
     steps = []
@@ -650,10 +645,10 @@ def _state_table(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
         )
     defaults = {"sw_ep": " NOT NULL DEFAULT 0", "sw_n": " NOT NULL DEFAULT 0"}
     lines = [
-        f"    {_q(c)} {t}{' NOT NULL' if c in info.columns else defaults.get(c, '')}"
+        f"    {quoted(c)} {t}{' NOT NULL' if c in info.columns else defaults.get(c, '')}"
         for c, t in columns.items()
     ]
-    keys = ", ".join(_q(c) for c in key_columns(rule, info))
+    keys = ", ".join(quoted(c) for c in key_columns(rule, info))
     steps.append(
         Step(
             f"CREATE TABLE {table} (\n" + ",\n".join(lines) + f",\n    PRIMARY KEY ({keys})\n)",
@@ -662,7 +657,8 @@ def _state_table(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     )
     steps.append(
         Step(
-            f"CREATE INDEX {_q(name + '_again')} ON {table} (sw_next) WHERE sw_next IS NOT NULL",
+            f"CREATE INDEX {quoted(name + '_again')} ON {table} (sw_next)"
+            " WHERE sw_next IS NOT NULL",
             f"slawatch.{name}: built index {name}_again",
             detail=True,
         )
@@ -673,12 +669,12 @@ def _state_table(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
 def _tracking_columns(rule: Rule, info: TableInfo) -> list[Step]:
     """Inline tracking: the four columns on the watched table."""
     steps = []
-    table = _q(rule.schema_name, rule.table_name)
+    table = quoted(rule.schema_name, rule.table_name)
     where = f"{rule.schema_name}.{rule.table_name}"
     types = tracking_types(rule, deadline_type_of(rule, info))
     missing = [c for c in types if c not in info.columns]
     if missing:
-        adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {_q(c)} {types[c]}" for c in missing)
+        adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {quoted(c)} {types[c]}" for c in missing)
         steps.append(
             Step(f"ALTER TABLE {table}{adds}", f"{where}: added {', '.join(missing)}", locked=True)
         )
@@ -687,9 +683,9 @@ def _tracking_columns(rule: Rule, info: TableInfo) -> list[Step]:
             # episode 1, so they are not paged again from #1.
             steps.append(
                 Step(
-                    f"UPDATE {table} SET {_q(rule.seen_column)} = {rule.deadline_sql()},"
-                    f" {_q(rule.episode_column)} = 1\n WHERE {_q(rule.n_column)} > 0"
-                    f" AND {_q(rule.seen_column)} IS NULL",
+                    f"UPDATE {table} SET {quoted(rule.seen_column)} = {rule.deadline_sql()},"
+                    f" {quoted(rule.episode_column)} = 1\n WHERE {quoted(rule.n_column)} > 0"
+                    f" AND {quoted(rule.seen_column)} IS NULL",
                     f"{where}: notified rows became episode 1",
                 )
             )
@@ -697,7 +693,7 @@ def _tracking_columns(rule: Rule, info: TableInfo) -> list[Step]:
     if seen_type is not None and seen_type != types[rule.seen_column]:
         steps.append(
             Step(
-                f"ALTER TABLE {table} ALTER COLUMN {_q(rule.seen_column)}"
+                f"ALTER TABLE {table} ALTER COLUMN {quoted(rule.seen_column)}"
                 f" TYPE {types[rule.seen_column]}",
                 f"{where}: {rule.seen_column} now {types[rule.seen_column]} like the deadline",
                 locked=True,
@@ -737,13 +733,13 @@ def leftovers(conn: Connection, rules: list[Rule]) -> list[Leftover]:
                 if i not in ours
             ]
             on = f"; index {', '.join(indexes)} on them goes with them" if indexes else ""
-            drops = ", ".join(f"DROP COLUMN {_q(c)}" for c in columns)
+            drops = ", ".join(f"DROP COLUMN {quoted(c)}" for c in columns)
             out.append(
                 Leftover(
                     f"{where}: left by rule {rule.name}'s track: inline, unused by track:"
                     f" table: columns {', '.join(columns)}{on}. slawatch does not drop"
                     " them; to drop them (a brief exclusive lock, no rewrite):",
-                    f"ALTER TABLE {_q(rule.schema_name, rule.table_name)} {drops};",
+                    f"ALTER TABLE {quoted(rule.schema_name, rule.table_name)} {drops};",
                 )
             )
             continue
@@ -757,7 +753,7 @@ def leftovers(conn: Connection, rules: list[Rule]) -> list[Leftover]:
                 Leftover(
                     f"slawatch.{state}: left by rule {rule.name}'s track: table, unused by"
                     " track: inline (its state was not carried over); to drop it:",
-                    f"DROP TABLE {_q('slawatch', state)};",
+                    f"DROP TABLE {quoted('slawatch', state)};",
                 )
             )
     return out
@@ -814,7 +810,7 @@ def _partitioned_index(
                 detail=True,
             )
         )
-    parent = _q(spec.schema, spec.name)
+    parent = quoted(spec.schema, spec.name)
     for part in partitions:
         child = spec.child(part)
         cstate = None if state is None else index_state(conn, child.schema, child.name)
@@ -825,7 +821,7 @@ def _partitioned_index(
             steps.append(Step(child.create(), f"{where}: built index {child.name}", detail=True))
         steps.append(
             Step(
-                f"ALTER INDEX {parent} ATTACH PARTITION {_q(child.schema, child.name)}",
+                f"ALTER INDEX {parent} ATTACH PARTITION {quoted(child.schema, child.name)}",
                 f"{where}: attached index {child.name}",
                 locked=True,
                 detail=True,
@@ -936,8 +932,10 @@ def render(
                 " timestamptz here, timestamp if the deadline is timestamp)"
             )
             types = tracking_types(rule, "timestamptz")
-            adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {_q(c)} {t}" for c, t in types.items())
-            alter = f"ALTER TABLE {_q(rule.schema_name, rule.table_name)}{adds}"
+            adds = ",".join(
+                f"\n    ADD COLUMN IF NOT EXISTS {quoted(c)} {t}" for c, t in types.items()
+            )
+            alter = f"ALTER TABLE {quoted(rule.schema_name, rule.table_name)}{adds}"
             out.append(_printed(Step(alter, "", locked=True)))
             out.extend(_printed_indexes(rule))
         if timers.event_rules(rules):
@@ -994,7 +992,7 @@ def _printed_indexes(rule: Rule) -> list[str]:
     for spec in index_specs(rule):
         out.append(spec.drop() + ";")
         out.append(spec.create() + ";")
-    table = _q(rule.schema_name, rule.table_name)
+    table = quoted(rule.schema_name, rule.table_name)
     return [*out, _ANALYZE_NOTE, f"ANALYZE {table};", ""]
 
 

@@ -165,10 +165,8 @@ _ENDED_EPISODES = """\
 # The sweep's first half: close every open episode whose row is no longer open with
 # the episode's deadline (completed, deleted, or the deadline moved). The UPDATE
 # re-checks the episode, so one that a concurrent claim or sweep changed is left.
-# The watched row is looked up by its key: `IS NOT DISTINCT FROM` (sw_seen is not
-# null here, so it means `=`) keeps the planner off the deadline index, which it
-# chose without statistics on the state table and which reads every row sharing a
-# deadline value per probe (measured: 3.6 s instead of 3 ms for 10,000 episodes).
+# `IS NOT DISTINCT FROM` (here `=`: sw_seen is not null) keeps the planner on the
+# watched row's key, off the deadline index (docs/performance-notes.md).
 _CLOSE = """\
 WITH {gate},
 ended AS (
@@ -195,12 +193,10 @@ _SWEPT_EPISODES = """\
       FROM closed c
      WHERE c.n > 0"""
 
-# "Anything to do?" between sweeps: the claim's `fresh` and `again` cases, each
-# answered by the first entry of a partial index (the watched table's due index over
-# the watermark's window; the state table's index on sw_next), no lock and no write.
-# Episodes that ended are closed by `again` (at their re-notification time) or by the
-# sweep, which is decided in memory (Mark), so neither needs a case here. A row that
-# falls due between the probe and the claim is the next scan's.
+# "Anything to do?" between sweeps: the claim's `fresh` and `again` cases, each the
+# first entry of a partial index, with no lock and no write. Ended episodes need no case
+# (`again` or the sweep, decided in memory, closes them); a row that falls due between
+# the probe and the claim is the next scan's.
 _PROBE = """\
 SELECT EXISTS (SELECT 1 FROM {table} t
                 WHERE {td} >= %(since)s AND {td} < %(cutoff)s AND ({open_when}

@@ -1,6 +1,6 @@
 """Event rules' deadlines: one timer table per rule and the function that feeds them.
 
-An event rule (DESIGN.md §7) keeps one row per key in ``slawatch."<rule>_timers"``:
+An event rule (docs/explanation/events.md) keeps one row per key in ``slawatch."<rule>_timers"``:
 the start (or last beat) of its current cycle, its deadline ``due_at``, whether it
 is ``open``, the last stop, the start's ``data`` and the last events seen. The rule
 watches that table exactly as an inline table rule watches a shop's table
@@ -47,7 +47,7 @@ from typing import Any
 from psycopg import sql
 
 from slawatch.config.rules import Rule
-from slawatch.db import Connection, Database, translate
+from slawatch.db import Connection, Database, quoted, translate
 from slawatch.engine import generation
 from slawatch.errors import ConfigError
 
@@ -59,10 +59,6 @@ KEY_MAX = 200  # characters in a key
 EVENTS_KEPT = 10  # the last events a timer row keeps (the alert's row.events)
 SIGNATURE = "text, text, timestamptz, jsonb, text"  # slawatch.event's arguments
 FILL_BATCH = 1000  # scheduled beats whose deadline one statement fills in
-
-
-def _q(*names: str) -> str:
-    return sql.Identifier(*names).as_string(None)
 
 
 def _lit(value: object) -> str:
@@ -99,7 +95,7 @@ def block_types(block: str) -> list[str]:
 def create_table(rule: Rule) -> list[str]:
     """The statements that create an event rule's timer table and its helper indexes
     (the rule's own partial indexes are migrate's, as for any watched table)."""
-    t = _q("slawatch", rule.timers)
+    t = quoted("slawatch", rule.timers)
     name = rule.timers
     return [
         f"""CREATE TABLE IF NOT EXISTS {t} (
@@ -111,22 +107,22 @@ def create_table(rule: Rule) -> list[str]:
     too_fast    boolean     NOT NULL DEFAULT false,  -- stopped sooner than min: pages once
     data        jsonb       NOT NULL DEFAULT '{{}}',   -- the start's data
     events      jsonb       NOT NULL DEFAULT '[]',   -- the last {EVENTS_KEPT} events: type and at
-    {_q(rule.n_column)} integer NOT NULL DEFAULT 0,
-    {_q(rule.next_column)} timestamptz,
-    {_q(rule.seen_column)} timestamptz,
-    {_q(rule.episode_column)} integer NOT NULL DEFAULT 0
+    {quoted(rule.n_column)} integer NOT NULL DEFAULT 0,
+    {quoted(rule.next_column)} timestamptz,
+    {quoted(rule.seen_column)} timestamptz,
+    {quoted(rule.episode_column)} integer NOT NULL DEFAULT 0
 )""",
         # Scheduled beats whose deadline the scan fills in; too-fast pages to close.
-        f"CREATE INDEX IF NOT EXISTS {_q(name + '_unscheduled')} ON {t} (started_at)"
+        f"CREATE INDEX IF NOT EXISTS {quoted(name + '_unscheduled')} ON {t} (started_at)"
         " WHERE open AND due_at IS NULL",
-        f"CREATE INDEX IF NOT EXISTS {_q(name + '_too_fast')} ON {t} (key) WHERE open AND too_fast",
-        # The SLA report counts the deadlines that fell due in each period (every row:
-        # the rule's own partial indexes hold only the open ones): report.py's _DUE reads
-        # it (a bitmap scan of a period's deadlines), and without it _INDEXED has the
-        # report say "due not counted". No claim, probe or prune uses it.
-        f"CREATE INDEX IF NOT EXISTS {_q(name + '_due_at')} ON {t} (due_at)",
+        f"CREATE INDEX IF NOT EXISTS {quoted(name + '_too_fast')} ON {t} (key)"
+        " WHERE open AND too_fast",
+        # Every row's deadline, for the SLA report's count of those due per period
+        # (report.py's _DUE; without it the report says "due not counted"). No claim,
+        # probe or prune uses it.
+        f"CREATE INDEX IF NOT EXISTS {quoted(name + '_due_at')} ON {t} (due_at)",
         # Retention: closed timers by their last event.
-        f"CREATE INDEX IF NOT EXISTS {_q(name + '_closed')} ON {t}"
+        f"CREATE INDEX IF NOT EXISTS {quoted(name + '_closed')} ON {t}"
         f" ((COALESCE(stopped_at, started_at))) WHERE NOT open",
     ]
 
@@ -141,8 +137,8 @@ def _rule_block(rule: Rule) -> str:
     """One rule's part of slawatch.event_at: what each of its types does to a key's row."""
     events = rule.events
     assert events is not None
-    t = _q("slawatch", rule.timers)
-    n, nxt, seen = _q(rule.n_column), _q(rule.next_column), _q(rule.seen_column)
+    t = quoted("slawatch", rule.timers)
+    n, nxt, seen = quoted(rule.n_column), quoted(rule.next_column), quoted(rule.seen_column)
     out = [f"    -- rule {rule.name}"]
 
     def types(names: list[str]) -> str:
@@ -233,10 +229,29 @@ def _known(expr: str, types: list[str]) -> str:
 
 def function_sql(rules: list[Rule], kept: Mapping[str, str] | None = None) -> str:
     """``slawatch.event_at`` (the work), ``slawatch.event`` (the application's call, at
-    the transaction's time) and ``slawatch.events`` (a batch, at slawatch's clock).
+    the transaction's time) and ``slawatch.events`` (a batch, at slawatch's clock), with
+    :func:`wanted_tags` as event_at's comment.
 
     ``kept``: parts of the installed function (by rule name) of rules not among
     ``rules`` that the database keeps using (:func:`installed_blocks`)."""
+    functions, parts = _functions(rules, kept)
+    tag = json.dumps(_tags(functions, parts), sort_keys=True)
+    comment = (
+        "COMMENT ON FUNCTION slawatch.event_at(timestamptz, text, text, timestamptz, jsonb,"
+        f" text) IS {_lit('slawatch ' + tag)}"
+    )
+    revoke = (
+        "REVOKE EXECUTE ON FUNCTION slawatch.event_at(timestamptz, text, text, timestamptz,"
+        " jsonb, text), slawatch.events(jsonb, timestamptz) FROM PUBLIC"
+    )
+    revoke_event = f"REVOKE EXECUTE ON FUNCTION slawatch.event({SIGNATURE}) FROM PUBLIC"
+    return ";\n".join([*functions, revoke, revoke_event, comment])
+
+
+def _functions(
+    rules: list[Rule], kept: Mapping[str, str] | None
+) -> tuple[list[str], dict[str, str]]:
+    """The three functions' CREATE statements, and each rule's part of event_at."""
     parts = {r.name: _rule_block(r) for r in event_rules(rules)}
     parts = {**(kept or {}), **parts}
     names = sorted(parts)  # the same text in any order
@@ -291,10 +306,8 @@ BEGIN
     RETURN CASE WHEN v_hit THEN 'accepted' ELSE 'unknown' END;
 END
 $slawatch$"""
-    # PL/pgSQL, not SQL: a SQL function with SECURITY DEFINER and SET is never inlined,
-    # and PostgreSQL (15-17) plans its body again in every statement that calls it; the
-    # application calls this once per statement, so that planning was about a third of
-    # its cost (bench/events.py). PL/pgSQL keeps the call's plan for the session.
+    # PL/pgSQL, not SQL: it keeps the call's plan for the session, where a SQL function
+    # with SECURITY DEFINER is planned again by every statement (docs/performance-notes.md).
     event = """CREATE OR REPLACE FUNCTION slawatch.event(
     type text, key text, at timestamptz DEFAULT NULL, data jsonb DEFAULT NULL,
     id text DEFAULT NULL)
@@ -343,36 +356,22 @@ BEGIN
          GROUP BY 1, 2;
 END
 $slawatch$"""
-    # What is installed: the whole text's hash, and each rule's part's, so that a
-    # process running some of the rules can tell its rules are known (tags()).
-    tag = json.dumps(
-        {
-            "all": _hash("\n".join([body, event, batch])),
-            "rules": {n: _hash(parts[n]) for n in names},
-        },
-        sort_keys=True,
-    )
-    comment = (
-        "COMMENT ON FUNCTION slawatch.event_at(timestamptz, text, text, timestamptz, jsonb,"
-        f" text) IS {_lit('slawatch ' + tag)}"
-    )
-    revoke = (
-        "REVOKE EXECUTE ON FUNCTION slawatch.event_at(timestamptz, text, text, timestamptz,"
-        " jsonb, text), slawatch.events(jsonb, timestamptz) FROM PUBLIC"
-    )
-    revoke_event = f"REVOKE EXECUTE ON FUNCTION slawatch.event({SIGNATURE}) FROM PUBLIC"
-    return ";\n".join([body, event, batch, revoke, revoke_event, comment])
+    return [body, event, batch], parts
 
 
 def _hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _tags(functions: list[str], parts: Mapping[str, str]) -> dict[str, Any]:
+    # The whole text's hash, and each rule's part's, so that a process running some of
+    # the rules can tell its rules are known (unknown_rules()).
+    return {"all": _hash("\n".join(functions)), "rules": {n: _hash(parts[n]) for n in parts}}
+
+
 def wanted_tags(rules: list[Rule], kept: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What the function's comment holds once ``function_sql(rules, kept)`` is in place."""
-    text = function_sql(rules, kept)
-    comment = text.rsplit(" IS ", 1)[1]
-    return dict(json.loads(comment[1:-1].replace("''", "'").removeprefix("slawatch ")))
+    return _tags(*_functions(rules, kept))
 
 
 def installed_tags(conn: Connection) -> dict[str, Any] | None:

@@ -1,6 +1,9 @@
 """The admin HTTP API of ``slawatch run``: health, metrics, rules, alerts, actions, stats,
 replay, acknowledgements, silences, and events (``POST /v1/events``).
 
+The routes live in :mod:`slawatch.operate.api`, a router per resource; this module
+wires them (:func:`create_app`) behind the request gate, and serves them.
+
 FastAPI gives the routes their OpenAPI document (``/openapi.json``) from the
 pydantic models of :mod:`slawatch.operate.inspect`, the same shapes the CLI's ``--json``
 prints. uvicorn serves it in a thread of its own, and the requests use a small
@@ -49,42 +52,51 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import orjson
 import uvicorn
-from anyio import CapacityLimiter, to_thread
-from fastapi import Body, FastAPI, Path, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slawatch import __version__
-from slawatch.actions.history import MAX_LIST as MAX_ACTIONS
-from slawatch.actions.history import ActionList, ActionStatus, list_actions
 from slawatch.clock import Clock
-from slawatch.config.rules import EVENT_TYPE, Rule
+from slawatch.config.rules import Rule
 from slawatch.config.settings import DEFAULT_RETENTION, IngestScope, is_loopback
 from slawatch.db import (
-    Connection,
     Database,
     DatabaseUnavailable,
     Interruptible,
     Pooler,
 )
-from slawatch.delivery.dispatcher import Replayed as ReplayCount
-from slawatch.delivery.dispatcher import replay_deliveries, replay_problem
 from slawatch.engine.migrate import schema_current
-from slawatch.engine.timers import KEY_MAX, known_types
-from slawatch.errors import BadInput, ConfigError, DatabaseError, NotFound, SlawatchError
-from slawatch.events.ingest import MAX_BATCH, MAX_ID, EventError, ingest, parse_events
+from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
+from slawatch.operate.api import acks as acks_api
+from slawatch.operate.api import actions as actions_api
+from slawatch.operate.api import alerts as alerts_api
+from slawatch.operate.api import events as events_api
+from slawatch.operate.api import health as health_api
+from slawatch.operate.api import page as page_api
+from slawatch.operate.api import reports as reports_api
+from slawatch.operate.api import rules as rules_api
+from slawatch.operate.api import silences as silences_api
+from slawatch.operate.api.context import (
+    CLOSE,
+    RETRY_BUSY,
+    RETRY_LATER,
+    STOPPING,
+    Context,
+    Error,
+)
+from slawatch.operate.api.context import error as _error
+from slawatch.operate.api.context import html as _html
+from slawatch.operate.api.events import EVENTS, EVENTS_AT_ONCE, MAX_EVENTS_BODY, SCOPE
 from slawatch.operate.guard import (
-    MIB,
     Disconnected,
     Limits,
     TooLarge,
@@ -94,62 +106,15 @@ from slawatch.operate.guard import (
     read_body,
 )
 from slawatch.operate.guard import replay as replay_body
-from slawatch.operate.inspect import (
-    DEFAULT_LIMIT,
-    MAX_LIMIT,
-    Alert,
-    AlertPage,
-    DeliveryStatus,
-    EpisodeAck,
-    RulesReport,
-    RuleStatus,
-    Stats,
-    acks_of,
-    alerts_per_hour,
-    check_rule_name,
-    get_alert,
-    list_alerts,
-    parse_cursor,
-    parse_since,
-    rule_status,
-    rules_report,
-    stats,
-)
-from slawatch.operate.lifecycle import (
-    INT8,
-    MAX_NAME,
-    MAX_TEXT,
-    MAX_WHO,
-    Ack,
-    Silence,
-    ack,
-    add_silence,
-    delete_silence,
-    list_silences,
-    parse_until,
-    silences_on,
-)
 from slawatch.operate.metrics import Metrics
 from slawatch.operate.page import (
     COOKIE,
-    COOKIE_AGE,
-    HEADERS,
     MAX_LOGIN_BODY,
-    PAGE_ALERTS,
     PAGE_HEADER,
-    STATIC,
     STATIC_PATHS,
-    View,
-    login_token,
-    render_error,
     render_login,
-    render_page,
 )
-from slawatch.operate.report import DEFAULT_SINCE, Report, check_format
-from slawatch.operate.report import query as report_query
-from slawatch.operate.report import render as render_report
-from slawatch.operate.report import report as sla_report
-from slawatch.operate.session import close_session, open_session, session_valid, well_formed
+from slawatch.operate.session import session_valid, well_formed
 from slawatch.outage import Outage
 
 log = logging.getLogger(__name__)
@@ -165,174 +130,15 @@ _ANY_HOST = {"/healthz"}
 # Need no request slot: they read no database, and must answer when the rest is busy.
 _UNCOUNTED = {"/healthz", "/readyz"}
 _WRITES = {"POST", "PUT", "PATCH", "DELETE"}
-# Where producers post events: the one route the ingest token opens.
-EVENTS = "/v1/events"
-# A batch of 10,000 events with a few hundred bytes of data each, and room to spare.
-MAX_EVENTS_BODY = 16 * MIB
-# Batches of events written at once, each on a connection of the events' own pool (so
-# producers never take the reads' two). More wait their turn here, up to EVENTS_WAIT
-# seconds, then get a 503 to retry: waiting in the pool instead would count a busy
-# pool as a database outage.
-EVENTS_AT_ONCE = 4
-EVENTS_WAIT = 30.0
-# Retry-After of a 503: busy slots free within a second; a database that is away, or a
-# server that is stopping (a restart, another instance), takes longer.
-RETRY_BUSY, RETRY_LATER = "1", "5"
 # At a stop, batches of events in flight get this long to commit; then those still
 # writing are interrupted (rolled back, answered 503) within INTERRUPT more seconds.
 DRAIN, INTERRUPT = 10.0, 5.0
 GRACE_MARGIN = 3.0  # for the answers to be written after the interruption
-STOPPING = "slawatch is stopping; send it again (nothing of this request was stored)"
 # The bounds of `slawatch run`'s admin server.
 LIMITS = Limits()
 # /readyz's database probe: every scan interval of the fastest rule, within these.
 PROBE_EVERY = (1.0, 5.0)
 _MIGRATE = "slawatch's schema is missing or out of date; run 'slawatch migrate'"
-
-
-class Error(BaseModel):
-    """Every error response."""
-
-    error: str
-
-
-class Health(BaseModel):
-    status: Literal["ok"]
-    version: str
-
-
-class Ready(BaseModel):
-    """Whether this process can do its work; ``checks`` says what failed."""
-
-    ready: bool
-    checks: dict[str, bool]
-    error: str | None = None
-
-
-class ReplayRequest(BaseModel):
-    """Which dead and orphaned deliveries go back to pending (none given: all of them),
-    and with ``to`` to which notifier instead of ``notifier`` (one no longer configured
-    may be named then)."""
-
-    model_config = ConfigDict(extra="forbid")
-    rule: str | None = Field(default=None, max_length=40)
-    notifier: str | None = Field(default=None, max_length=200)
-    to: str | None = Field(default=None, max_length=200)
-
-
-class Replayed(BaseModel):
-    """Shown only when not 0: ``orphaned``, ``taken``, ``left``, ``resolved``."""
-
-    replayed: int = Field(description="dead and orphaned deliveries now pending again")
-    orphaned: int = Field(default=0, description="of them, orphaned ones")
-    taken: int = Field(default=0, description="left as they were: the alert went to `to` already")
-    left: int = Field(default=0, description="left as they were: their notifier is not configured")
-    resolved: int = Field(
-        default=0, description="resolved notices sent again after their replayed notification"
-    )
-
-
-class AckRequest(BaseModel):
-    """Who acknowledges, and why."""
-
-    model_config = ConfigDict(extra="forbid")
-    by: str = Field(min_length=1, max_length=MAX_WHO)
-    comment: str = Field(default="", max_length=MAX_TEXT)
-
-
-class SilenceRequest(BaseModel):
-    """Silence a rule's deliveries (one key's, those whose row matches) until a time."""
-
-    model_config = ConfigDict(extra="forbid")
-    rule: str = Field(max_length=100)
-    key: str | None = Field(default=None, max_length=MAX_TEXT)
-    matchers: dict[str, Any] | None = Field(
-        default=None, description="alert row fields that must be equal: {field: value}"
-    )
-    until: str = Field(
-        max_length=100, description="an ISO 8601 time (no zone: UTC) or a duration from now: 2h"
-    )
-    comment: str = Field(default="", max_length=MAX_TEXT)
-    author: str = Field(min_length=1, max_length=MAX_WHO)
-
-
-class Silences(BaseModel):
-    silences: list[Silence]
-
-
-class EventsTaken(BaseModel):
-    """What a batch of events did, once it is committed."""
-
-    accepted: int = Field(description="events stored")
-    duplicates: int = Field(description="repeats of an event's type and id, dropped")
-    held: int = Field(
-        default=0,
-        description="of a type the database's slawatch.event() knows no rule for (rules"
-        " changed, not migrated yet): kept, applied by the migrate that brings its rule;"
-        " left out when none",
-    )
-
-    @model_serializer(mode="wrap")
-    def _without_none_held(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out: dict[str, Any] = handler(self)
-        if not out.get("held"):
-            out.pop("held", None)
-        return out
-
-
-def _text_or_number(longest: int) -> dict[str, Any]:
-    text = {"type": "string", "minLength": 1, "maxLength": longest}
-    return {"anyOf": [text, {"type": "integer"}]}
-
-
-_EVENT = {
-    "type": "object",
-    "description": "One event: `type` must be one a rule uses; `at` defaults to the time it "
-    "is received; a repeat of `type` and `id` is dropped; `data` goes into the alert's row.",
-    "required": ["type", "key"],
-    "additionalProperties": False,
-    "properties": {
-        "type": {"type": "string", "pattern": f"^{EVENT_TYPE.pattern}$"},
-        "key": _text_or_number(KEY_MAX),
-        "at": {"type": "string", "format": "date-time", "description": "ISO 8601, with a zone"},
-        "data": {"type": "object"},
-        "id": _text_or_number(MAX_ID),
-    },
-}
-# The request body of POST /v1/events, for the OpenAPI document: the route reads the
-# body itself, so that a bad event is named by its index and field.
-_EVENTS_BODY = {
-    "required": True,
-    "content": {
-        "application/json": {
-            "schema": {
-                "anyOf": [
-                    _EVENT,
-                    {
-                        "type": "object",
-                        "required": ["events"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "events": {
-                                "type": "array",
-                                "minItems": 1,
-                                "maxItems": MAX_BATCH,
-                                "items": _EVENT,
-                            }
-                        },
-                    },
-                ]
-            }
-        }
-    },
-}
-
-
-def _types_of(payload: Any) -> list[object]:
-    """The ``type`` of each event of a refused body, as sent (for the metrics)."""
-    if isinstance(payload, dict) and isinstance(payload.get("events"), list):
-        return [e.get("type") if isinstance(e, dict) else None for e in payload["events"]]
-    return [payload.get("type") if isinstance(payload, dict) else None]
 
 
 def refusal(
@@ -429,17 +235,6 @@ def _same_origin(origin: str, host: str | None) -> bool:
     )
 
 
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    if status == 503 and not (headers and "Retry-After" in headers):
-        headers = {**(headers or {}), "Retry-After": RETRY_LATER}  # every 503 says when
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-def _html(body: str, status: int = 200) -> HTMLResponse:
-    more = {"Retry-After": RETRY_LATER} if status == 503 else {}
-    return HTMLResponse(body, status_code=status, headers=HEADERS | more)
-
-
 def _producer(
     authorization: str | None, tokens: Sequence[tuple[str, IngestScope | None]]
 ) -> tuple[str, IngestScope | None] | None:
@@ -493,18 +288,6 @@ class Drain:
             pool.interrupt(within)
 
 
-def _checks(report: Mapping[str, Any], prefix: str = "") -> dict[str, bool]:
-    """``{"scheduler": True, "workers": {"console": False}}`` as flat named checks
-    (``workers.console``)."""
-    out: dict[str, bool] = {}
-    for name, value in report.items():
-        if isinstance(value, Mapping):
-            out |= _checks(value, f"{prefix}{name}.")
-        else:
-            out[f"{prefix}{name}"] = bool(value)
-    return out
-
-
 class _Gate:
     """Every request's way in, cheapest check first: :func:`refusal` (no database, no
     body), a declared body over its limit, a request slot, the page session's lookup,
@@ -545,7 +328,7 @@ class _Gate:
         producer = _producer(headers.get("authorization"), self.producers)
         if producer is not None:
             # The scope is checked against the events themselves (take_events).
-            scope.setdefault("state", {})[_SCOPE] = producer[1]
+            scope.setdefault("state", {})[SCOPE] = producer[1]
 
         def refused(session: bool) -> tuple[int, str] | None:
             return refusal(
@@ -577,7 +360,7 @@ class _Gate:
         try:
             declared = declared_length(headers.get("content-length"))
         except ValueError as exc:
-            await _error(400, str(exc), _CLOSE)(scope, receive, send)
+            await _error(400, str(exc), CLOSE)(scope, receive, send)
             return
         if declared is not None and declared > limit:
             # Before a byte of the body is read (nor a 100 Continue sent).
@@ -587,7 +370,7 @@ class _Gate:
         events = path == EVENTS and request.method == "POST"
         if counted:
             if self.drain.stopping:
-                await _error(503, STOPPING, {"Retry-After": RETRY_LATER, **_CLOSE})(
+                await _error(503, STOPPING, {"Retry-After": RETRY_LATER, **CLOSE})(
                     scope, receive, send
                 )
                 return
@@ -622,7 +405,7 @@ class _Gate:
                 return
             except TooSlow:
                 slow = f"the request body did not arrive within {self.limits.body_timeout:g}s"
-                await _error(408, slow, _CLOSE)(scope, receive, send)
+                await _error(408, slow, CLOSE)(scope, receive, send)
                 return
             except Disconnected:
                 return
@@ -639,7 +422,7 @@ class _Gate:
                 # uvicorn's last resort at a stop (its grace ran out): an answer all the
                 # same, never its bare 500 and a traceback.
                 if not started:
-                    stopping = _error(503, STOPPING, {"Retry-After": RETRY_LATER, **_CLOSE})
+                    stopping = _error(503, STOPPING, {"Retry-After": RETRY_LATER, **CLOSE})
                     await stopping(scope, receive, send)
         finally:
             if counted:
@@ -659,14 +442,8 @@ class _Gate:
         await response(scope, receive, send)
 
 
-# Whoever sent a body that is refused may still be sending it: end the connection.
-_CLOSE = {"Connection": "close"}
-# Where the gate leaves the scope of the ingest token a request carries (scope["state"]).
-_SCOPE = "slawatch_ingest_scope"
-
-
 def _too_large(limit: int) -> JSONResponse:
-    return _error(413, f"a request body here is at most {limit:,} bytes", _CLOSE)
+    return _error(413, f"a request body here is at most {limit:,} bytes", CLOSE)
 
 
 class Readiness:
@@ -742,6 +519,40 @@ class Readiness:
             self._stop.wait(self.every())
 
 
+def _handle_errors(app: FastAPI) -> None:
+    """Every error as JSON ``{"error": ...}``: bad input 400, not found 404, the
+    database away or not migrated 503, a bug 500 (logged)."""
+
+    @app.exception_handler(BadInput)
+    async def bad_input(request: Request, exc: BadInput) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(SlawatchError)
+    async def unavailable(request: Request, exc: SlawatchError) -> JSONResponse:
+        # The database is down or not migrated: the request may work later.
+        return _error(503, str(exc).splitlines()[0])
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "path"))
+        return _error(422, f"{where}: {first.get('msg')}" if where else str(first.get("msg")))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        # The last resort: a bug. Logged with its traceback; the client learns nothing more.
+        log.error("admin API: %s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(500, "internal error (logged)")
+
+
 def create_app(
     db: Database,
     rules: list[Rule] | Callable[[], list[Rule]],
@@ -782,18 +593,13 @@ def create_app(
     ``events_db`` that are :class:`~slawatch.db.Interruptible` are interrupted by it.
     """
     clock = clock or Clock()
-
-    def configured() -> dict[str, Rule]:
-        return {r.name: r for r in (rules() if callable(rules) else rules)}
+    ctx = Context(db, clock, rules, notifiers, token=token, allow_writes=allow_writes)
 
     def probe_every() -> float:
         # Within one scan interval of the fastest rule, so /readyz is never further behind.
-        fastest = min((r.every.total_seconds() for r in configured().values()), default=60.0)
+        fastest = min((r.every.total_seconds() for r in ctx.configured().values()), default=60.0)
         low, high = PROBE_EVERY
         return min(max(fastest, low), high)
-
-    def notifier_names() -> set[str]:
-        return set(notifiers() if callable(notifiers) else notifiers)
 
     errors: dict[int | str, dict[str, Any]] = {
         code: {"model": Error} for code in (400, 401, 403, 404, 422, 503)
@@ -827,392 +633,25 @@ def create_app(
         ingest_tokens=ingest_tokens,
         drain=drain,
     )
-    # Producers' batches run on threads of their own: reads holding every thread of
-    # the shared pool cannot hold a batch up.
-    producers = CapacityLimiter(limits.ingest)
-
-    @app.exception_handler(BadInput)
-    async def bad_input(request: Request, exc: BadInput) -> JSONResponse:
-        return _error(400, str(exc))
-
-    @app.exception_handler(NotFound)
-    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
-        return _error(404, str(exc))
-
-    @app.exception_handler(SlawatchError)
-    async def unavailable(request: Request, exc: SlawatchError) -> JSONResponse:
-        # The database is down or not migrated: the request may work later.
-        return _error(503, str(exc).splitlines()[0])
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "path"))
-        return _error(422, f"{where}: {first.get('msg')}" if where else str(first.get("msg")))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail), exc.headers)
-
-    @app.exception_handler(Exception)
-    async def internal(request: Request, exc: Exception) -> JSONResponse:
-        # The last resort: a bug. Logged with its traceback; the client learns nothing more.
-        log.error("admin API: %s %s failed", request.method, request.url.path, exc_info=exc)
-        return _error(500, "internal error (logged)")
-
-    def read(what: str, work: Callable[[Connection], T]) -> T:
-        return db.run(f"admin API: {what}", work)
-
-    # Both are coroutines: they run on the event loop, never wait for the thread pool
-    # (which the other requests may fill), and read nothing but memory.
-    @app.get("/healthz", response_model=Health, tags=["health"])
-    async def healthz() -> Health:
-        """The process is alive (no database involved)."""
-        return Health(status="ok", version=__version__)
-
-    @app.get(
-        "/readyz",
-        response_model=Ready,
-        tags=["health"],
-        responses={503: {"model": Ready}},
+    _handle_errors(app)
+    app.include_router(health_api.router(readiness.report, health, registry))
+    app.include_router(rules_api.router(ctx))
+    app.include_router(alerts_api.router(ctx))
+    app.include_router(actions_api.router(ctx))
+    app.include_router(reports_api.router(ctx))
+    app.include_router(acks_api.router(ctx))
+    app.include_router(silences_api.router(ctx))
+    app.include_router(
+        events_api.router(
+            ctx,
+            retention=retention,
+            runner_metrics=runner_metrics,
+            events_db=events_db,
+            slots=limits.ingest,
+            cut_off=lambda: drain.cut_off,
+        )
     )
-    async def readyz() -> JSONResponse:
-        """The database is reachable and migrated (as last probed, at most one scan
-        interval ago), and every part of the process is alive."""
-        checks, error = readiness.report()
-        if health is not None:
-            for name, alive in _checks(health()).items():
-                # A part never turns a failed check of the same name into a success.
-                checks[name] = checks.get(name, True) and alive
-                if not alive and error is None:
-                    error = f"{name} is not running"
-        ready = all(checks.values())
-        body = Ready(ready=ready, checks=checks, error=error)
-        later = {} if ready else {"Retry-After": RETRY_LATER}
-        return JSONResponse(body.model_dump(), status_code=200 if ready else 503, headers=later)
-
-    @app.get(
-        "/metrics",
-        tags=["health"],
-        response_class=Response,
-        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
-    )
-    def metrics() -> Response:
-        """Prometheus metrics."""
-        return Response(generate_latest(registry or REGISTRY), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/rules", response_model=RulesReport, tags=["rules"])
-    def get_rules() -> RulesReport:
-        """Every configured rule: overdue now, open episodes, deliveries, last scan."""
-        now, current = clock.now(), list(configured().values())
-        return read("rules", lambda c: rules_report(c, current, now))
-
-    @app.get("/v1/rules/{rule}", response_model=RuleStatus, tags=["rules"])
-    def get_rule(rule: Annotated[str, Path(max_length=100)]) -> RuleStatus:
-        """One configured rule's status."""
-        found = configured().get(rule)
-        if found is None:
-            raise NotFound(f"no rule named {check_rule_name(rule)!r}")
-        now = clock.now()
-        (status,) = read("rule", lambda c: rule_status(c, [found], now))
-        return status
-
-    @app.get("/v1/alerts", response_model=AlertPage, tags=["alerts"])
-    def get_alerts(
-        rule: Annotated[str | None, Query(max_length=100, description="only this rule")] = None,
-        status: Annotated[
-            DeliveryStatus | None,
-            Query(description="only alerts with a delivery in this status"),
-        ] = None,
-        since: Annotated[
-            str | None,
-            Query(
-                max_length=100,
-                description="fired at or after: ISO 8601 (UTC unless it says), or a duration ago",
-            ),
-        ] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
-        cursor: Annotated[
-            str | None, Query(max_length=100, description="next_cursor of the previous page")
-        ] = None,
-    ) -> AlertPage:
-        """Alerts, newest first, a page at a time."""
-        since_at = None if since is None else parse_since(since, clock.now())
-        after = None if cursor is None else parse_cursor(cursor)
-        return read(
-            "alerts",
-            lambda c: list_alerts(
-                c, rule=rule, status=status, since=since_at, cursor=after, limit=limit
-            ),
-        )
-
-    @app.get("/v1/alerts/{alert:path}", response_model=Alert, tags=["alerts"])
-    def get_one_alert(alert: Annotated[str, Path(max_length=2000)]) -> Alert:
-        """One alert, by numeric id or idempotency id (rule:key:eE:nN), with its deliveries."""
-        return read("alert", lambda c: get_alert(c, alert))
-
-    @app.get("/v1/actions", response_model=ActionList, tags=["actions"])
-    def get_actions(
-        rule: Annotated[str | None, Query(max_length=100, description="only this rule")] = None,
-        status: Annotated[ActionStatus | None, Query(description="only this status")] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_ACTIONS)] = DEFAULT_LIMIT,
-    ) -> ActionList:
-        """The latest attempts of rules' actions (DESIGN.md §8), newest first."""
-        name = None if rule is None else check_rule_name(rule)
-        return read("actions", lambda c: list_actions(c, name, status, limit))
-
-    @app.get("/v1/report", response_model=Report, tags=["report"])
-    def get_report(
-        rule: Annotated[str | None, Query(max_length=100, description="only this rule")] = None,
-        since: Annotated[
-            str, Query(max_length=100, description="how far back: a duration (7d)")
-        ] = DEFAULT_SINCE,
-        by: Annotated[str, Query(max_length=20, description="hour, day or week")] = "day",
-        format: Annotated[
-            str, Query(max_length=20, description="json (default), csv or table")
-        ] = "json",
-    ) -> Response:
-        """The SLA report (DESIGN.md §9): per rule and period, from the episode history."""
-        fmt = check_format(format)
-        wanted = report_query(
-            list(configured().values()), rule=rule, since=since, by=by, now=clock.now()
-        )
-        got = read("report", lambda c: sla_report(c, wanted))
-        if fmt == "json":
-            return Response(got.model_dump_json(), media_type="application/json")
-        media = "text/csv" if fmt == "csv" else "text/plain"
-        return Response(render_report(got, fmt) + "\n", media_type=f"{media}; charset=utf-8")
-
-    @app.get("/v1/stats", response_model=Stats, tags=["alerts"])
-    def get_stats() -> Stats:
-        """Alerts by rule and severity, deliveries by notifier and status."""
-        return read("stats", stats)
-
-    @app.post(
-        "/v1/replay", response_model=Replayed, response_model_exclude_defaults=True, tags=["alerts"]
-    )
-    def post_replay(body: Annotated[ReplayRequest | None, Body()] = None) -> Replayed:
-        """Dead and orphaned deliveries back to pending (with ``to``: to that notifier);
-        the delivery workers send them at once."""
-        body = body or ReplayRequest()
-        if body.rule is not None and body.rule not in configured():
-            raise BadInput(f"rule: no rule named {check_rule_name(body.rule)!r}")
-        names, now = notifier_names(), clock.now()
-
-        def work(c: Connection) -> ReplayCount:
-            problem = replay_problem(c, body.notifier, body.to, names)
-            if problem is not None:
-                raise BadInput(problem)
-            return replay_deliveries(c, now, body.rule, body.notifier, to=body.to, configured=names)
-
-        done = read("replay", work)
-        return Replayed(
-            replayed=done.count,
-            orphaned=done.orphaned,
-            taken=done.taken,
-            left=done.left,
-            resolved=done.resolved,
-        )
-
-    @app.post("/v1/alerts/{alert:path}/ack", response_model=Ack, tags=["lifecycle"])
-    def post_ack(alert: Annotated[str, Path(max_length=MAX_NAME)], body: AckRequest) -> Ack:
-        """Acknowledge the alert's episode: it is not notified again (a new episode pages)."""
-        return ack(db, alert, by=body.by, comment=body.comment, now=clock.now())
-
-    @app.post("/v1/silences", response_model=Silence, status_code=201, tags=["lifecycle"])
-    def post_silence(body: SilenceRequest) -> Silence:
-        """Stop delivering matching alerts until ``until``; they are still recorded."""
-        now = clock.now()
-        return add_silence(
-            db,
-            rule=body.rule,
-            key=body.key,
-            matchers=body.matchers,
-            until=parse_until(body.until, now),
-            comment=body.comment,
-            author=body.author,
-            now=now,
-            rules=configured(),
-        )
-
-    @app.get("/v1/silences", response_model=Silences, tags=["lifecycle"])
-    def get_silences(
-        expired: Annotated[bool, Query(alias="all", description="the expired ones too")] = False,
-    ) -> Silences:
-        """The active silences (every one with ``all``), oldest first."""
-        return Silences(silences=list_silences(db, now=clock.now(), include_expired=expired))
-
-    @app.delete("/v1/silences/{silence}", response_model=Silence, tags=["lifecycle"])
-    def delete_one_silence(silence: Annotated[int, Path(ge=1, le=INT8)]) -> Silence:
-        """End a silence now (one already over keeps its end)."""
-        return delete_silence(db, silence, now=clock.now())
-
-    writer = events_db or db
-    writing = threading.BoundedSemaphore(EVENTS_AT_ONCE if events_db is not None else 1)
-
-    def take_events(body: bytes, scope: IngestScope | None) -> EventsTaken:
-        """Check a body of events whole (against the ``scope`` of the token that sent
-        it, if any), then store it in one transaction."""
-        now = clock.now()
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            if runner_metrics is not None:
-                runner_metrics.events_rejected("http")
-            raise BadInput(f"body: not JSON: {str(exc).splitlines()[0]}") from None
-        try:
-            events = parse_events(payload, known_types(list(configured().values())), now, retention)
-        except EventError:
-            if runner_metrics is not None:
-                runner_metrics.events_rejected("http", _types_of(payload))
-            raise
-        if scope is not None:
-            batch = not (isinstance(payload, dict) and "type" in payload)
-            for i, event in enumerate(events):
-                why = scope.refuses(event.type, event.key)
-                if why is not None:
-                    if runner_metrics is not None:
-                        runner_metrics.events_rejected("http", [e.type for e in events])
-                    where = f"events[{i}]" if batch else "event"
-                    raise StarletteHTTPException(403, f"{where}: {why}; nothing was stored")
-        stopped = StarletteHTTPException(
-            503, STOPPING, headers={"Retry-After": RETRY_LATER, **_CLOSE}
-        )
-        if not writing.acquire(timeout=EVENTS_WAIT):
-            busy = f"{EVENTS_AT_ONCE} batches of events are being written; retry"
-            raise StarletteHTTPException(503, busy, headers={"Retry-After": RETRY_BUSY})
-        try:
-            if drain.cut_off:
-                raise stopped
-            got = ingest(writer, events, now)
-        except DatabaseError as exc:
-            # Interrupted by the stop: rolled back (an error before the commit is no commit).
-            if drain.cut_off:
-                raise stopped from exc
-            raise
-        finally:
-            writing.release()
-        if runner_metrics is not None:
-            runner_metrics.events_ingested("http", got)
-        return EventsTaken(accepted=got.accepted, duplicates=got.duplicates, held=got.held)
-
-    @app.post(
-        EVENTS,
-        response_model=EventsTaken,
-        status_code=202,
-        tags=["events"],
-        openapi_extra={"requestBody": _EVENTS_BODY},
-        responses={413: {"model": Error, "description": "the body is over its limit"}},
-    )
-    async def post_events(request: Request) -> EventsTaken:
-        """One event, or ``{"events": [...]}`` (1 to 10,000): all stored, or none (a 400
-        names the index and field of the first bad one). A type no rule uses is a 400.
-        Answered once the batch is committed."""
-        body = await request.body()  # read whole, within its limit, by the gate
-        scope: IngestScope | None = request.scope.get("state", {}).get(_SCOPE)
-        return await to_thread.run_sync(take_events, body, scope, limiter=producers)
-
-    # ------------------------------------------------------------ the on-call page
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def page(
-        request: Request,
-        rule: Annotated[str | None, Query(max_length=100)] = None,
-        cursor: Annotated[str | None, Query(max_length=100)] = None,
-    ) -> HTMLResponse:
-        """The on-call page (slawatch/operate/page.py)."""
-        now, current = clock.now(), list(configured().values())
-
-        def gather(c: Connection) -> View:
-            report = rules_report(c, current, now)
-            hourly = alerts_per_hour(c, [r.name for r in current], now)
-            alerts = list_alerts(
-                c,
-                rule=None if rule is None else check_rule_name(rule),
-                cursor=None if cursor is None else parse_cursor(cursor),
-                limit=PAGE_ALERTS,
-            )
-            acks: dict[tuple[str, str, int], EpisodeAck] = acks_of(
-                c, [(a.rule, a.key, a.episode) for a in alerts.alerts]
-            )
-            return View(
-                now=now,
-                rules=report.rules,
-                hourly={h.rule: h for h in hourly},
-                alerts=alerts.alerts,
-                next_cursor=alerts.next_cursor,
-                acks=acks,
-                columns={r.name: r.columns or [] for r in current},
-                silences=silences_on(c, now=now),
-                rule=rule,
-                writes=token is not None or allow_writes,
-                logout=token is not None and request.headers.get("authorization") is None,
-            )
-
-        try:
-            view = read("page", gather)
-        except BadInput as exc:
-            return _html(render_error(str(exc)), 400)
-        except SlawatchError as exc:
-            return _html(render_error(str(exc).splitlines()[0]), 503)
-        return _html(render_page(view))
-
-    @app.get("/static/{name}", include_in_schema=False)
-    def static(name: Annotated[str, Path(max_length=20)]) -> Response:
-        """The page's style and script (files of the package, nothing from elsewhere)."""
-        if name not in STATIC:
-            raise NotFound(f"no file {name!r}")
-        body, media = STATIC[name]
-        return Response(body, media_type=media, headers={"Cache-Control": "no-cache"})
-
-    def secure(request: Request) -> bool:
-        # Behind a TLS proxy the request may look like plain http (an untrusted proxy's
-        # X-Forwarded-Proto is ignored): the public URL says what browsers use.
-        return request.url.scheme == "https" or (public_url or "").startswith("https://")
-
-    @app.get("/login", include_in_schema=False)
-    def login_form() -> Response:
-        return RedirectResponse("/", status_code=303)
-
-    @app.post("/login", include_in_schema=False)
-    async def login(request: Request) -> Response:
-        """Check the token a person typed; a new session and its cookie if it is right."""
-        if token is None:
-            return RedirectResponse("/", status_code=303)
-        body = await request.body()  # the gate has held it to the login form's limit
-        if len(body) > MAX_LOGIN_BODY:
-            return _error(413, f"a login form is at most {MAX_LOGIN_BODY} bytes")
-        given = login_token(body)
-        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
-            return _html(render_login("That is not this server's token."), 401)
-        try:
-            session = await run_in_threadpool(open_session, db, token, clock.now())
-        except SlawatchError as exc:
-            return _html(render_login(f"Cannot log in now: {str(exc).splitlines()[0]}"), 503)
-        response = RedirectResponse("/", status_code=303)
-        response.set_cookie(
-            COOKIE,
-            session,
-            max_age=int(COOKIE_AGE.total_seconds()),
-            path="/",
-            httponly=True,
-            samesite="strict",
-            secure=secure(request),
-        )
-        return response
-
-    @app.post("/logout", include_in_schema=False)
-    async def logout(request: Request) -> Response:
-        """End the session in the database (for every instance), then in the browser."""
-        if token is not None:
-            # A database that is away is a 503: the cookie stays until the session ends.
-            await run_in_threadpool(close_session, db, request.cookies.get(COOKIE), token)
-        response = RedirectResponse("/", status_code=303)
-        response.delete_cookie(
-            COOKIE, path="/", httponly=True, samesite="strict", secure=secure(request)
-        )
-        return response
-
+    app.include_router(page_api.router(ctx, public_url))
     return app
 
 

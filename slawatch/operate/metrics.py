@@ -28,6 +28,7 @@ from psycopg import sql
 from slawatch.clock import Clock
 from slawatch.config.rules import ACTION_TARGET, Rule
 from slawatch.db import Connection, Database, DatabaseUnavailable, translate
+from slawatch.delivery.dispatcher import Settled
 from slawatch.engine.queries import queries
 from slawatch.engine.timers import event_rules, known_types
 from slawatch.errors import DatabaseError
@@ -192,46 +193,33 @@ class Metrics:
         """A scan of ``rule`` failed (the database was reachable)."""
         self.scan_failures.labels(rule).inc()
 
-    def delivered(
-        self,
-        notifier: str,
-        now: datetime,
-        fired: Iterable[datetime],
-        retried: int = 0,
-        dead: int = 0,
-        silenced: int = 0,
-        summarized: int = 0,
-        summaries: int = 0,
-        *,
-        acknowledged: int = 0,
-    ) -> None:
-        """A batch of ``notifier`` settled: the alerts fired at ``fired`` were accepted at
-        ``now``; ``retried`` will be tried again, ``dead`` will not, ``silenced`` were
-        settled unsent (a silence matched), ``summarized`` were settled unsent into the
-        ``summaries`` storm summaries made, ``acknowledged`` settled unsent (their
-        episode was acknowledged)."""
+    def delivered(self, batch: Settled) -> None:
+        """A batch of deliveries settled: the latency of each alert sent, and a count
+        per outcome."""
+        notifier = batch.notifier
         latency = self.latency.labels(notifier)
-        sent = 0
-        for at in fired:
-            sent += 1
+        sent = len(batch.fired)
+        for at in batch.fired:
             # Several processes' clocks: a delivery may look accepted before it fired.
-            latency.observe(max((now - at).total_seconds(), 0.0))
+            latency.observe(max((batch.accepted - at).total_seconds(), 0.0))
         outcomes = (
             ("sent", sent),
-            ("retry", retried),
-            ("dead", dead),
-            ("silenced", silenced),
-            ("summarized", summarized),
-            ("acknowledged", acknowledged),
+            ("retry", batch.retried),
+            ("dead", batch.dead),
+            ("silenced", batch.silenced),
+            ("summarized", batch.summarized),
+            ("acknowledged", batch.acknowledged),
         )
         for outcome, count in outcomes:
             if count:
                 self.deliveries.labels(notifier, outcome).inc(count)
-        if summaries:
-            self.summaries.labels(notifier).inc(summaries)
+        if batch.summaries:
+            self.summaries.labels(notifier).inc(batch.summaries)
         # A webhook action's delivery settles its attempt (0005/0008's trigger): counted
         # as an sql action's attempt is when it runs. A retry leaves it pending.
-        self._webhook_acted(notifier, ok=sent, failed=dead, skipped=silenced + acknowledged)
+        self._webhook_acted(
+            notifier, ok=sent, failed=batch.dead, skipped=batch.silenced + batch.acknowledged
+        )
 
     def events_ingested(self, source: str, got: Ingested) -> None:
         """What one batch from ``source`` stored (:func:`slawatch.events.ingest.ingest`)."""

@@ -1,4 +1,4 @@
-"""``POST /v1/events`` (slawatch/operate/admin.py) against a real database, served by
+"""``POST /v1/events`` (slawatch/operate/api/events.py) against a real database, served by
 uvicorn in a thread: batches all or nothing, duplicates, the body limit, bad input of
 every kind, the ingest token, and the events counted in the metrics."""
 

@@ -3,6 +3,7 @@ row, to see a missing measurement as missing, and a failed pruner as failed."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from datetime import UTC, datetime
 
@@ -21,6 +22,12 @@ def test_every_section_can_be_named_and_events_stands_for_its_five() -> None:
     assert run.sections(",".join(run.SECTIONS)) == set(run.SECTIONS)
     with pytest.raises(SystemExit, match="unknown section 'clam'"):
         run.sections("claim,clam")
+
+
+def test_the_event_figures_import_neither_the_table_script_nor_a_cycle() -> None:
+    # What bench/run.py and bench/events.py both need is in bench/common.py.
+    code = "import sys; sys.path.insert(0, 'bench'); import events; assert 'run' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 
 def test_a_measure_function_another_branch_has_not_brought_is_none() -> None:
