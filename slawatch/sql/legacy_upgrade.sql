@@ -1,5 +1,5 @@
--- FROZEN: do not edit. Schema changes go in migrations/NNNN_name.sql (README,
--- "How to change the schema"); tests/unit/test_schema.py pins this file's hash.
+-- FROZEN: do not edit. Schema changes go in migrations/NNNN_name.sql
+-- (docs/contributing.md); tests/unit/test_schema.py pins this file's hash.
 --
 -- This is the last release's schema.sql from before versioned migrations, kept as it
 -- was. Databases made before versioning may be at any of the older shapes it
@@ -14,7 +14,7 @@
 CREATE SCHEMA IF NOT EXISTS slawatch;
 
 -- One row per notification of a watched row: (rule, key, episode, n) exists at
--- most once. An episode is one stretch of a row being overdue (DESIGN.md §1).
+-- most once. An episode is one stretch of a row being overdue (docs/explanation/episodes.md).
 CREATE TABLE IF NOT EXISTS slawatch.alert (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     rule        text        NOT NULL,
