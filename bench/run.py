@@ -13,10 +13,10 @@ row as met / NOT met / not measured, with the section that measures it.
 Not a test: the figures depend on the machine.
 
     .venv/bin/python bench/run.py                                # the record: ~15 minutes
-    .venv/bin/python bench/run.py --markdown                     # the table as the README's
+    .venv/bin/python bench/run.py --markdown                     # the table as docs/performance.md's
     .venv/bin/python bench/run.py --only claim,long              # some rows again
     .venv/bin/python bench/run.py --skip events                  # without the event figures
-    .venv/bin/python bench/run.py --rows 5000000 --due 500000    # the README scale
+    .venv/bin/python bench/run.py --rows 5000000 --due 500000    # the scale of docs/performance.md
     .venv/bin/python bench/run.py --quick                        # ~1-2 minutes: does it run?
 
 Sections (--only / --skip): claim, explain, probe, long, e2e, procs, peer, delivery,
@@ -585,7 +585,7 @@ def long_run(
                 conn.execute("VACUUM slawatch.alert, slawatch.delivery")
                 if v.name == "inline":
                     # An inline claim leaves a dead version of every row it claims; the
-                    # README's advice for the watched table (autovacuum_vacuum_scale_factor
+                    # the advice of docs/explanation/tracking.md for the watched table (autovacuum_vacuum_scale_factor
                     # = 0.01: a vacuum per ~10,000 dead rows on 1 M) has autovacuum clean
                     # them between drains a minute apart. Without it: 0.69 at drain 10.
                     conn.execute("VACUUM orders")
@@ -1168,7 +1168,9 @@ def main() -> None:
         help="comma-separated sections to run, the others skipped (e.g. --only claim,long)",
     )
     parser.add_argument(
-        "--markdown", action="store_true", help="print the table as Markdown (the README's)"
+        "--markdown",
+        action="store_true",
+        help="print the table as Markdown (docs/performance.md's)",
     )
     args = parser.parse_args()
     if args.quick:
@@ -1358,7 +1360,7 @@ def main() -> None:
                 f"LONG RUN: 10 drains a minute apart, each of {long_due:,} orders that fell due since the last, outbox kept"
                 " (deliveries marked sent between drains); retention: slawatch.runtime.maintain"
                 " keeps two drains of history, the outbox (and for inline orders, as autovacuum"
-                " would with the README's setting) vacuumed between drains"
+                " would with the setting docs/explanation/tracking.md advises) vacuumed between drains"
             )
             for name, rates in long_rates.items():
                 print(

@@ -122,7 +122,7 @@ class Metrics:
             "slawatch_rule_generation_mismatch",
             "1 while this process runs a definition of the rule that is not the one "
             "'slawatch migrate' recorded: it does not claim the rule until reloaded with "
-            "the recorded definition (README: Rolling deploys: one definition per rule)",
+            "the recorded definition (docs/how-to/rolling-deploys.md)",
             ["rule"],
             registry=self.registry,
         )

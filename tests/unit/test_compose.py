@@ -1,4 +1,4 @@
-"""docker-compose.yml deploys the image (README "Deploy with the image and compose"):
+"""docker-compose.yml deploys the image (docs/how-to/deploy.md):
 migrate once, then run; a published port; the token from .env; config read-only; ready
 by /readyz; nothing installed at start. CI also runs `docker-compose config` on it
 (.ci/image); no daemon runs there to start it."""

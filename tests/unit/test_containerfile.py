@@ -1,4 +1,4 @@
-"""The Containerfile's promises (README "Deploy with the image and compose"); CI builds
+"""The Containerfile's promises (docs/how-to/deploy.md); CI builds
 the image and runs it (.ci/image)."""
 
 from __future__ import annotations
