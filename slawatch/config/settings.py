@@ -39,33 +39,31 @@ _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 MIN_TOKEN = 16
 
 
-def _retention(value: Any) -> timedelta:
-    """A duration from 1h to 10 years; the error is the reason alone (no pydantic prefix)."""
+def _at_least(kind: str, value: Any, least: timedelta, least_text: str, why: str = "") -> timedelta:
+    """A duration from ``least`` to 10 years; the error is the reason alone (no pydantic
+    prefix)."""
     try:
-        retention = parse_duration(value, MAX_RETENTION, MAX_RETENTION_TEXT)
+        got = parse_duration(value, MAX_RETENTION, MAX_RETENTION_TEXT)
     except ValueError as exc:
-        raise PydanticCustomError("retention", "{reason}", {"reason": str(exc)}) from None
-    if retention < MIN_RETENTION:
-        reason = (
-            f"{shorten(value)} is shorter than {MIN_RETENTION_TEXT}, the least slawatch accepts"
-        )
-        raise PydanticCustomError("retention", "{reason}", {"reason": reason})
-    return retention
+        raise PydanticCustomError(kind, "{reason}", {"reason": str(exc)}) from None
+    if got < least:
+        reason = f"{shorten(value)} is shorter than {least_text}, the least slawatch accepts{why}"
+        raise PydanticCustomError(kind, "{reason}", {"reason": reason})
+    return got
+
+
+def _retention(value: Any) -> timedelta:
+    return _at_least("retention", value, MIN_RETENTION, MIN_RETENTION_TEXT)
 
 
 def _dedupe_window(value: Any) -> timedelta:
-    """A duration from 10m to 10 years; the error is the reason alone."""
-    try:
-        window = parse_duration(value, MAX_RETENTION, MAX_RETENTION_TEXT)
-    except ValueError as exc:
-        raise PydanticCustomError("dedupe_window", "{reason}", {"reason": str(exc)}) from None
-    if window < MIN_DEDUPE_WINDOW:
-        reason = (
-            f"{shorten(value)} is shorter than {MIN_DEDUPE_WINDOW_TEXT}, the least slawatch"
-            " accepts (ids are pruned every 10 minutes)"
-        )
-        raise PydanticCustomError("dedupe_window", "{reason}", {"reason": reason})
-    return window
+    return _at_least(
+        "dedupe_window",
+        value,
+        MIN_DEDUPE_WINDOW,
+        MIN_DEDUPE_WINDOW_TEXT,
+        " (ids are pruned every 10 minutes)",
+    )
 
 
 def parse_bind(text: str) -> tuple[str, int] | None:
