@@ -37,6 +37,8 @@ def test_shipped_examples_cover_every_type_but_only_console_is_live(
     monkeypatch.setenv("SMTP_PASSWORD", "pw")
     monkeypatch.setenv("SLACK_WEBHOOK_URL", "https://hooks.slack.com/services/T0/B0/x")
     monkeypatch.setenv("PAGERDUTY_ROUTING_KEY", "0123456789abcdef0123456789ABCDEF")
+    monkeypatch.setenv("TEAMS_WEBHOOK_URL", "https://x.logic.azure.com/workflows/w?sig=s")
+    monkeypatch.setenv("OPSGENIE_API_KEY", "0b5c3f9e-1d2a-4e6b-8c7d-9e0f1a2b3c4d")
     configs = load_notifiers(ROOT / "notifiers" / "examples")
     assert [c.type for c in load_notifiers(ROOT / "notifiers")] == ["console"]
     assert {c.type for c in configs} == {
@@ -48,6 +50,8 @@ def test_shipped_examples_cover_every_type_but_only_console_is_live(
         "slack",
         "pagerduty",
         "alertmanager",
+        "teams",
+        "opsgenie",
     }
     for config in configs:
         build(config).close()
