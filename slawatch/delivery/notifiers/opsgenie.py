@@ -44,19 +44,18 @@ def alias(alert: dict[str, Any]) -> str:
 
 def _details(alert: dict[str, Any]) -> dict[str, str]:
     """Custom properties, a map of strings at most 8000 characters in all: each field
-    cut at 500 characters, the row (last) cut to what is left."""
+    cut at 500 characters, the last (the row; a summary's listed alert ids) cut to
+    what is left."""
     if is_summary(alert):
         fields = {k: str(alert.get(k)) for k in ("id", "rule", "count", "since")}
-        fields["first"] = ", ".join(a["id"] for a in alert["first"])
-        row = None
+        last = ("first", ", ".join(a["id"] for a in alert["first"]))
     else:
         fields = {k: str(alert.get(k)) for k in ("id", "rule", "key", "episode", "n")}
         fields |= {k: str(alert.get(k)) for k in ("deadline", "due_at")}
-        row = json.dumps(alert.get("row"), default=str, ensure_ascii=False)
+        last = ("row", json.dumps(alert.get("row"), default=str, ensure_ascii=False))
     out = {name: cut(value, 500) for name, value in fields.items()}
-    if row is not None:
-        used = sum(len(k) + len(v) for k, v in out.items()) + len("row")
-        out["row"] = cut(row, DETAILS_LIMIT - used)
+    used = sum(len(k) + len(v) for k, v in out.items()) + len(last[0])
+    out[last[0]] = cut(last[1], DETAILS_LIMIT - used)
     return out
 
 
