@@ -19,7 +19,7 @@ from slawatch.delivery.notifiers.teams import TeamsNotifier
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
 from tests.integration.test_deliver import CLAIMED, db, overdue_orders, statuses
-from tests.receivers import Reply
+from tests.receivers import Reply, closed_port
 from tests.services import TEAMS_MESSAGE_LIMIT, TeamsService, make_alert
 
 __all__ = ["db"]
@@ -126,6 +126,7 @@ def test_a_refused_card_is_dead_at_once_and_the_signature_never_shows(
     (error,) = conn.execute("SELECT last_error FROM slawatch.delivery").fetchone()
     assert error.startswith('HTTP 400 Bad Request: {"error": {"code": "InvalidRequestContent"')
     assert TeamsService.SIG not in error
+    assert f'"message": "{teams.base}/…"' in error  # the URL as errors show it
     # slawatch's own lines (logs.py keeps httpx's, which show the URL, at WARNING).
     logged = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("slawatch"))
     assert "dead" in logged and TeamsService.SIG not in logged
@@ -133,14 +134,25 @@ def test_a_refused_card_is_dead_at_once_and_the_signature_never_shows(
     hook.close()
 
 
-def test_a_wrong_signature_is_dead_and_not_shown(teams: TeamsService) -> None:
+def test_a_wrong_signature_is_dead(teams: TeamsService) -> None:
     hook = notifier(teams.url.replace(TeamsService.SIG, "S1gWrongWorkflowSignature000000"))
     with pytest.raises(DeliveryError, match="HTTP 401") as exc:
         hook.send([make_alert()])
     assert exc.value.permanent
-    assert "S1gWrong" not in str(exc.value)
     assert teams.messages == []
     hook.close()
+
+
+def test_a_receiver_down_is_retried_and_its_url_shows_without_the_signature() -> None:
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}/workflows/w1/triggers/manual/paths/invoke?sig=DownS1gSecret"
+    down = notifier(url)
+    with pytest.raises(DeliveryError) as exc:
+        down.send([make_alert()])
+    assert not exc.value.permanent
+    assert "DownS1gSecret" not in str(exc.value)
+    assert str(exc.value).endswith(f"(POST http://127.0.0.1:{port}/…)")
+    down.close()
 
 
 @pytest.mark.parametrize(
