@@ -397,8 +397,9 @@ class OpsgenieConfig(NotifierBase):
     url: str = "https://api.opsgenie.com"  # https://api.eu.opsgenie.com for the EU instance
     # ``source`` is every config's file name, hence the alias; Opsgenie keeps 100 characters.
     source_: str = Field(default="slawatch", alias="source", min_length=1, max_length=100)
+    # Opsgenie keeps 20 tags: slawatch adds "slawatch", the rule, the severity, "storm".
     tags: list[Annotated[str, Field(min_length=1, max_length=50)]] = Field(
-        default_factory=list, max_length=17
+        default_factory=list, max_length=16
     )
     priorities: dict[_SEVERITY, _PRIORITY] = Field(
         default_factory=lambda: dict(OPSGENIE_PRIORITIES)

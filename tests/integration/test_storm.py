@@ -530,7 +530,8 @@ def test_summaries_pass_the_services_checks(conn: Conn, db: Database, service: s
         elif service == "pagerduty":
             config |= {"base_url": svc.base, "routing_key": "a" * 32}
         elif service == "opsgenie":
-            config |= {"url": svc.base, "api_key": svc.KEY}
+            # As many tags as a config may have: with slawatch's own, Opsgenie's 20.
+            config |= {"url": svc.base, "api_key": svc.KEY, "tags": [f"t{i}" for i in range(16)]}
         else:
             config["url"] = svc.url
         notifier = build(_config(config))

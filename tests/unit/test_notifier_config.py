@@ -247,6 +247,10 @@ ROUTING_KEY = "0123456789abcdef0123456789ABCDEF"
             "at most 50 characters",
         ),
         (f"type: opsgenie\napi_key: {ROUTING_KEY}\nsource: {'s' * 101}\n", "source: '"),
+        (
+            f"type: opsgenie\napi_key: {ROUTING_KEY}\ntags: [{', '.join('t' * 17)}]\n",
+            "List should have at most 16 items after validation, not 17",
+        ),
         ("type: alertmanager\nurl: http://am\nlabels: {severity: x}\n", "labels: severity is set"),
         ("type: alertmanager\nurl: http://am\nlabels: {a-b: x}\n", "labels: 'a-b' is not a label"),
         ("type: alertmanager\nurl: http://am\nlabels: {team: ''}\n", "labels: team: the value"),
