@@ -441,3 +441,203 @@ def make_alert(
         "row": {"id": key, "status": "paid"} if row is None else row,
         "description": description,
     }
+
+
+# --- Microsoft Teams (Workflows webhook) -------------------------------------------------
+
+TEAMS_MESSAGE_LIMIT = 28 * 1024  # Teams refuses a message over about 28 KB
+_CARD_ELEMENTS = {"TextBlock", "Container", "FactSet", "ColumnSet", "Column", "Image"}
+
+
+class CardError(ValueError):
+    pass
+
+
+def check_card_elements(elements: Any, where: str) -> None:
+    """The Adaptive Card elements this notifier may use, as the card schema has them."""
+    if not isinstance(elements, list):
+        raise CardError(f"{where}: must be an array")
+    for i, e in enumerate(elements):
+        here = f"{where}[{i}]"
+        if not isinstance(e, dict) or e.get("type") not in _CARD_ELEMENTS:
+            raise CardError(f"{here}.type: unknown element type")
+        if e["type"] == "TextBlock":
+            if not isinstance(e.get("text"), str) or not e["text"]:
+                raise CardError(f"{here}.text: required")
+            if e.get("color", "default").lower() not in (
+                ["default", "dark", "light", "accent", "good", "warning", "attention"]
+            ):
+                raise CardError(f"{here}.color: invalid")
+        elif e["type"] == "Container":
+            check_card_elements(e.get("items"), f"{here}.items")
+        elif e["type"] == "FactSet":
+            facts = e.get("facts")
+            if not isinstance(facts, list) or not all(
+                isinstance(f, dict) and isinstance(f.get("title"), str) for f in facts
+            ):
+                raise CardError(f"{here}.facts: must be title/value pairs")
+
+
+def check_teams_message(body: Any, size: int) -> None:
+    """A Workflows webhook's "post card" body: a message with Adaptive Card attachments."""
+    if size > TEAMS_MESSAGE_LIMIT:
+        raise CardError("message too large")
+    if not isinstance(body, dict) or body.get("type") != "message":
+        raise CardError("type: must be 'message'")
+    attachments = body.get("attachments")
+    if not isinstance(attachments, list) or not attachments:
+        raise CardError("attachments: required")
+    for a in attachments:
+        if not isinstance(a, dict) or a.get("contentType") != (
+            "application/vnd.microsoft.card.adaptive"
+        ):
+            raise CardError("attachments.contentType: must be an Adaptive Card")
+        card = a.get("content")
+        if not isinstance(card, dict) or card.get("type") != "AdaptiveCard":
+            raise CardError("content.type: must be 'AdaptiveCard'")
+        if card.get("version") not in ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5"):
+            raise CardError("content.version: not a version Teams renders")
+        check_card_elements(card.get("body"), "content.body")
+
+
+class TeamsService(Service):
+    """A Workflows "When a Teams webhook request is received" trigger: the ``sig``
+    in the query is the credential (401), a bad body a 400, an accepted card 202."""
+
+    WORKFLOW = "0a1b2c3d4e5f60718293a4b5c6d7e8f9"
+    SIG = "S1gTeamsWorkflowS3cret00000000000000000000x"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.path = f"/workflows/{self.WORKFLOW}/triggers/manual/paths/invoke"
+        self.url = (
+            f"{self.base}{self.path}?api-version=2016-06-01"
+            f"&sp=%2Ftriggers%2Fmanual%2Frun&sv=1.0&sig={self.SIG}"
+        )
+        self.messages: list[dict[str, Any]] = []
+        self.refusals: list[str] = []
+
+    def cards(self) -> list[dict[str, Any]]:
+        return [m["attachments"][0]["content"] for m in self.messages]
+
+    def answer(self, request: Request) -> Reply:
+        def refuse(status: int, code: str, why: str) -> Reply:
+            self.refusals.append(f"{code}: {why}")
+            answer = {"error": {"code": code, "message": why}}
+            body = json.dumps(answer).encode()
+            return Reply(status, {"content-type": "application/json"}, body=body)
+
+        path, _, query = request.path.partition("?")
+        if path != self.path:
+            return refuse(404, "WorkflowNotFound", "The workflow could not be found.")
+        params = dict(p.partition("=")[::2] for p in query.split("&") if p)
+        if params.get("sig") != self.SIG or params.get("api-version") != "2016-06-01":
+            return refuse(401, "DirectApiAuthorizationRequired", "The request must be signed.")
+        body = _json(request)
+        if isinstance(body, Exception):
+            return refuse(400, "InvalidRequestContent", "The request content is not valid JSON.")
+        try:
+            check_teams_message(body, len(request.body))
+        except CardError as exc:
+            return refuse(400, "InvalidRequestContent", str(exc))
+        self.messages.append(body)
+        return Reply(202)
+
+
+# --- Opsgenie (Alert API v2) -------------------------------------------------------------
+
+OG_LIMITS = {"message": 130, "alias": 512, "description": 15000, "source": 100, "entity": 512}
+
+
+def opsgenie_errors(body: Any) -> dict[str, str]:
+    """What Opsgenie's create-alert validation says, field by field."""
+    if not isinstance(body, dict):
+        return {"body": "must be an object"}
+    errors = {}
+    message = body.get("message")
+    if not isinstance(message, str) or not message.strip():
+        errors["message"] = "Message can not be empty."
+    for name, limit in OG_LIMITS.items():
+        value = body.get(name)
+        if value is not None and (not isinstance(value, str) or len(value) > limit):
+            errors[name] = f"{name} can not be longer than {limit} characters."
+    if body.get("priority", "P3") not in ("P1", "P2", "P3", "P4", "P5"):
+        errors["priority"] = "Priority should be one of [P1, P2, P3, P4, P5]"
+    tags = body.get("tags", [])
+    if not isinstance(tags, list) or len(tags) > 20:
+        errors["tags"] = "Tags can not be more than 20."
+    elif any(not isinstance(t, str) or len(t) > 50 for t in tags):
+        errors["tags"] = "Tag can not be longer than 50 characters."
+    details = body.get("details", {})
+    if not isinstance(details, dict) or not all(isinstance(v, str) for v in details.values()):
+        errors["details"] = "Details must be a map of strings."
+    elif sum(len(k) + len(v) for k, v in details.items()) > 8000:
+        errors["details"] = "Details can not be longer than 8000 characters."
+    return errors
+
+
+@dataclass
+class OgAlert:
+    alias: str
+    create: dict[str, Any]
+    status: str = "open"  # open | closed
+    count: int = 1
+
+
+class OpsgenieService(Service):
+    """``POST /v2/alerts`` and ``POST /v2/alerts/{alias}/close?identifierType=alias``,
+    keeping alerts as Opsgenie does: one open alert per alias, a repeat raises its count."""
+
+    KEY = "0b5c3f9e-1d2a-4e6b-8c7d-S3cretGenieK3y"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.creates: list[dict[str, Any]] = []
+        self.closes: list[tuple[str, dict[str, Any]]] = []
+        self.alerts: list[OgAlert] = []  # every alert ever opened, in order
+
+    def open_alert(self, alias: str) -> OgAlert | None:
+        return next((a for a in self.alerts if a.alias == alias and a.status == "open"), None)
+
+    def _reply(self, status: int, answer: dict[str, Any]) -> Reply:
+        answer = {**answer, "took": 0.01, "requestId": f"req-{len(self.requests)}"}
+        body = json.dumps(answer).encode()
+        return Reply(status, {"content-type": "application/json"}, body=body)
+
+    def answer(self, request: Request) -> Reply:
+        from urllib.parse import parse_qs, unquote
+
+        if request.headers.get("authorization") != f"GenieKey {self.KEY}":
+            return self._reply(401, {"message": "Could not authenticate"})
+        path, _, query = request.path.partition("?")
+        body = _json(request)
+        if isinstance(body, Exception):
+            return self._reply(400, {"message": "Invalid JSON or content type"})
+        if path == "/v2/alerts":
+            errors = opsgenie_errors(body)
+            if errors:
+                why = "Request has not been processed due to validation error."
+                return self._reply(422, {"message": why, "errors": errors})
+            self.creates.append(body)
+            alias = body.get("alias") or body["message"]
+            alert = self.open_alert(alias)
+            if alert is None:
+                self.alerts.append(OgAlert(alias, body))
+            else:
+                alert.count += 1
+            return self._reply(202, {"result": "Request will be processed"})
+        parts = path.split("/")
+        if len(parts) == 5 and parts[:3] == ["", "v2", "alerts"] and parts[4] == "close":
+            if parse_qs(query).get("identifierType") != ["alias"]:
+                # Without it the identifier is read as the alert's id: it would not match.
+                return self._reply(404, {"message": "Alert does not exist"})
+            if not isinstance(body, dict):
+                return self._reply(422, {"message": "body must be an object"})
+            alias = unquote(parts[3])
+            self.closes.append((alias, body))
+            alert = self.open_alert(alias)
+            if alert is not None:
+                alert.status = "closed"
+            # Asynchronous: a close of no open alert is accepted (and fails later).
+            return self._reply(202, {"result": "Request will be processed"})
+        return self._reply(404, {"message": "Not found"})

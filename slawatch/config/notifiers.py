@@ -5,8 +5,9 @@ Each file is validated into one of the config models below (chosen by
 sender.
 
 ``${VAR}`` in any string value is replaced by the environment variable VAR
-before validation; secrets (webhook ``secret``, SMTP ``password``, broker and Slack
-URLs, PagerDuty ``routing_key``) are kept as ``SecretStr`` and never printed.
+before validation; secrets (webhook ``secret``, SMTP ``password``, broker, Slack and
+Teams URLs, PagerDuty ``routing_key``, Opsgenie ``api_key``) are kept as ``SecretStr``
+and never printed.
 
 Every number and duration is bounded (``timeout`` at most 1 hour, ``retry``
 intervals at most 30 days): a value that passes ``check`` must also work when
@@ -368,6 +369,65 @@ class PagerDutyConfig(NotifierBase):
         return _plain_url(v)
 
 
+class TeamsConfig(NotifierBase):
+    """Microsoft Teams (a Workflows webhook or a channel's incoming webhook): one
+    Adaptive Card per batch."""
+
+    type: Literal["teams"]
+    # The Workflows URL's ``sig`` (or the incoming webhook's path) is the credential.
+    url: Annotated[SecretStr, broker_url(("https", "http"), _http_parse)]
+    batch: int = Field(default=20, ge=1, le=10_000)
+    # Alerts shown in one card; the rest of the batch is counted in a last line.
+    # Teams refuses a message over about 28 KB: each alert is cut to fit 10.
+    listed: int = Field(default=10, ge=1, le=10)
+    ca_file: FilePath | None = None
+
+
+# slawatch's severities as Opsgenie priorities (P1 the highest, P3 its default).
+_SEVERITY = Literal["critical", "warning", "info"]
+_PRIORITY = Literal["P1", "P2", "P3", "P4", "P5"]
+OPSGENIE_PRIORITIES: dict[_SEVERITY, _PRIORITY] = {"critical": "P1", "warning": "P3", "info": "P5"}
+
+
+class OpsgenieConfig(NotifierBase):
+    """Opsgenie Alert API v2: an alert per episode (``alias``), closed by its resolved notice."""
+
+    type: Literal["opsgenie"]
+    api_key: SecretStr  # an API integration's key, sent as ``Authorization: GenieKey …``
+    url: str = "https://api.opsgenie.com"  # https://api.eu.opsgenie.com for the EU instance
+    # ``source`` is every config's file name, hence the alias; Opsgenie keeps 100 characters.
+    source_: str = Field(default="slawatch", alias="source", min_length=1, max_length=100)
+    # Opsgenie keeps 20 tags: slawatch adds "slawatch", the rule, the severity, "storm".
+    tags: list[Annotated[str, Field(min_length=1, max_length=50)]] = Field(
+        default_factory=list, max_length=16
+    )
+    priorities: dict[_SEVERITY, _PRIORITY] = Field(
+        default_factory=lambda: dict(OPSGENIE_PRIORITIES)
+    )
+    # Opsgenie's API takes a few requests a second per integration: small batches.
+    batch: int = Field(default=20, ge=1, le=10_000)
+    ca_file: FilePath | None = None
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, v: SecretStr) -> SecretStr:
+        # Never quoted: an API key is a UUID-like token of printable ASCII.
+        if not re.fullmatch(r"[A-Za-z0-9-]{8,128}", v.get_secret_value()):
+            raise ValueError("must be the API key of an Opsgenie API integration")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _plain_url(v)
+
+    @field_validator("priorities", mode="after")
+    @classmethod
+    def _priorities(cls, v: dict[_SEVERITY, _PRIORITY]) -> dict[_SEVERITY, _PRIORITY]:
+        # A partial mapping keeps the defaults for the severities it leaves out.
+        return {**OPSGENIE_PRIORITIES, **v}
+
+
 # Alertmanager's own labels: slawatch sets them, so a configured label may not.
 ALERTMANAGER_LABELS = ("alertname", "rule", "key", "episode", "severity", "storm")
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -432,6 +492,8 @@ NotifierConfig = (
     | SlackConfig
     | PagerDutyConfig
     | AlertmanagerConfig
+    | TeamsConfig
+    | OpsgenieConfig
 )
 BY_TYPE: dict[str, type[FileModel]] = {
     "console": ConsoleConfig,
@@ -443,6 +505,8 @@ BY_TYPE: dict[str, type[FileModel]] = {
     "slack": SlackConfig,
     "pagerduty": PagerDutyConfig,
     "alertmanager": AlertmanagerConfig,
+    "teams": TeamsConfig,
+    "opsgenie": OpsgenieConfig,
 }
 
 

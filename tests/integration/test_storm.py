@@ -39,7 +39,13 @@ from tests.integration.test_cli import slawatch
 from tests.integration.test_email import notifier as mail_notifier
 from tests.integration.test_email import smtp
 from tests.receivers import Reply, WebhookReceiver
-from tests.services import AlertmanagerService, PagerDutyService, SlackService
+from tests.services import (
+    AlertmanagerService,
+    OpsgenieService,
+    PagerDutyService,
+    SlackService,
+    TeamsService,
+)
 from tests.waiting import lock_waits, wait_until
 
 __all__ = ["smtp", "start"]
@@ -505,21 +511,27 @@ def test_summarized_deliveries_are_visible_in_the_cli_the_api_and_the_metrics(
     assert bad.status_code == 422 or bad.status_code == 400
 
 
-@pytest.mark.parametrize("service", ["slack", "pagerduty", "alertmanager"])
+@pytest.mark.parametrize("service", ["slack", "pagerduty", "alertmanager", "teams", "opsgenie"])
 def test_summaries_pass_the_services_checks(conn: Conn, db: Database, service: str) -> None:
     """A storm of 150 listing 100 to Slack, PagerDuty and Alertmanager, as those services
     check a message: one message, incident or alert for the storm."""
     rule = orders(conn, 150, [service])
     storm = {"threshold": 100, "listed": 100, "wait": "0s"}
-    svc: Any = {"slack": SlackService, "pagerduty": PagerDutyService}.get(
-        service, AlertmanagerService
-    )()
+    svc: Any = {
+        "slack": SlackService,
+        "pagerduty": PagerDutyService,
+        "teams": TeamsService,
+        "opsgenie": OpsgenieService,
+    }.get(service, AlertmanagerService)()
     with svc:
         config: dict[str, Any] = {"name": service, "type": service, "storm": storm}
         if service == "slack":
             config["url"] = svc.url
         elif service == "pagerduty":
             config |= {"base_url": svc.base, "routing_key": "a" * 32}
+        elif service == "opsgenie":
+            # As many tags as a config may have: with slawatch's own, Opsgenie's 20.
+            config |= {"url": svc.base, "api_key": svc.KEY, "tags": [f"t{i}" for i in range(16)]}
         else:
             config["url"] = svc.url
         notifier = build(_config(config))
@@ -540,6 +552,16 @@ def test_summaries_pass_the_services_checks(conn: Conn, db: Database, service: s
                 ADMIN
             )
             assert len(event["payload"]["custom_details"]["first"]) == 100
+        elif service == "teams":
+            (card,) = svc.cards()
+            assert card["body"][0]["text"].startswith("order_unshipped: 150 overdue")
+            assert f"]({ADMIN}/v1/alerts?" in json.dumps(card)
+        elif service == "opsgenie":
+            (alert,) = svc.alerts  # an Opsgenie alert per storm
+            assert alert.alias.startswith("order_unshipped:storm:opsgenie:")
+            assert "storm" in alert.create["tags"]
+            assert alert.create["message"] == "order_unshipped: 150 overdue (storm)"
+            assert len(alert.create["details"]["first"].split(", ")) == 100
         else:
             (alert,) = svc.active()
             assert alert.labels["storm"].startswith("storm:alertmanager:")

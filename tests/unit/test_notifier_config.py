@@ -37,6 +37,8 @@ def test_shipped_examples_cover_every_type_but_only_console_is_live(
     monkeypatch.setenv("SMTP_PASSWORD", "pw")
     monkeypatch.setenv("SLACK_WEBHOOK_URL", "https://hooks.slack.com/services/T0/B0/x")
     monkeypatch.setenv("PAGERDUTY_ROUTING_KEY", "0123456789abcdef0123456789ABCDEF")
+    monkeypatch.setenv("TEAMS_WEBHOOK_URL", "https://x.logic.azure.com/workflows/w?sig=s")
+    monkeypatch.setenv("OPSGENIE_API_KEY", "0b5c3f9e-1d2a-4e6b-8c7d-9e0f1a2b3c4d")
     configs = load_notifiers(ROOT / "notifiers" / "examples")
     assert [c.type for c in load_notifiers(ROOT / "notifiers")] == ["console"]
     assert {c.type for c in configs} == {
@@ -48,6 +50,8 @@ def test_shipped_examples_cover_every_type_but_only_console_is_live(
         "slack",
         "pagerduty",
         "alertmanager",
+        "teams",
+        "opsgenie",
     }
     for config in configs:
         build(config).close()
@@ -215,6 +219,38 @@ ROUTING_KEY = "0123456789abcdef0123456789ABCDEF"
             "base_url: 'events.pagerduty.com' is not an http:// or https:// URL",
         ),
         (f"type: pagerduty\nrouting_key: {ROUTING_KEY}\nsource: ''\n", "source: '': String"),
+        ("type: teams\n", "url: is required"),
+        (
+            f"type: teams\nurl: 'logic.azure.com/workflows/w?sig={SLACK_TOKEN}'\n",
+            "url: must start with https:// or http://",
+        ),
+        ("type: teams\nurl: https://h/x\nlisted: 11\n", "listed: 11: Input should be less"),
+        ("type: opsgenie\n", "api_key: is required"),
+        (
+            f"type: opsgenie\napi_key: '{SLACK_TOKEN}!'\n",
+            "api_key: must be the API key of an Opsgenie API integration",
+        ),
+        (
+            f"type: opsgenie\napi_key: {ROUTING_KEY}\nurl: api.opsgenie.com\n",
+            "url: 'api.opsgenie.com' is not an http:// or https:// URL",
+        ),
+        (
+            f"type: opsgenie\napi_key: {ROUTING_KEY}\npriorities: {{critical: P0}}\n",
+            "priorities.critical: 'P0': Input should be 'P1', 'P2', 'P3', 'P4' or 'P5'",
+        ),
+        (
+            f"type: opsgenie\napi_key: {ROUTING_KEY}\npriorities: {{error: P1}}\n",
+            "priorities.error.[key]: 'error': Input should be 'critical', 'warning'",
+        ),
+        (
+            f"type: opsgenie\napi_key: {ROUTING_KEY}\ntags: ['{'t' * 51}']\n",
+            "at most 50 characters",
+        ),
+        (f"type: opsgenie\napi_key: {ROUTING_KEY}\nsource: {'s' * 101}\n", "source: '"),
+        (
+            f"type: opsgenie\napi_key: {ROUTING_KEY}\ntags: [{', '.join('t' * 17)}]\n",
+            "List should have at most 16 items after validation, not 17",
+        ),
         ("type: alertmanager\nurl: http://am\nlabels: {severity: x}\n", "labels: severity is set"),
         ("type: alertmanager\nurl: http://am\nlabels: {a-b: x}\n", "labels: 'a-b' is not a label"),
         ("type: alertmanager\nurl: http://am\nlabels: {team: ''}\n", "labels: team: the value"),
@@ -256,3 +292,19 @@ def test_paging_secrets_never_print(tmp_path: Path) -> None:
         )
     finally:
         notifier.close()
+
+
+def test_teams_and_opsgenie_secrets_never_print(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "o").mkdir()
+    (teams,) = load(
+        tmp_path / "t", f"type: teams\nurl: 'https://h/workflows/w?sig={SLACK_TOKEN}'\n"
+    )
+    (opsgenie,) = load(tmp_path / "o", f"type: opsgenie\napi_key: {ROUTING_KEY}\n")
+    assert SLACK_TOKEN not in repr(teams) and ROUTING_KEY not in repr(opsgenie)
+    for config, secret in ((teams, SLACK_TOKEN), (opsgenie, ROUTING_KEY)):
+        notifier = build(config)  # type: ignore[arg-type]
+        try:
+            assert secret not in notifier.scrub(f"POST https://h/workflows/w?sig={secret} {secret}")
+        finally:
+            notifier.close()

@@ -15,11 +15,13 @@ from slawatch.config.notifiers import (
     EmailConfig,
     NatsConfig,
     NotifierConfig,
+    OpsgenieConfig,
     PagerDutyConfig,
     RedisConfig,
     RetrySettings,
     SlackConfig,
     StormSettings,
+    TeamsConfig,
     WebhookConfig,
 )
 
@@ -79,6 +81,14 @@ def build(config: NotifierConfig) -> Notifier:
         from slawatch.delivery.notifiers.pagerduty import PagerDutyNotifier
 
         return PagerDutyNotifier(config)
+    if isinstance(config, TeamsConfig):
+        from slawatch.delivery.notifiers.teams import TeamsNotifier
+
+        return TeamsNotifier(config)
+    if isinstance(config, OpsgenieConfig):
+        from slawatch.delivery.notifiers.opsgenie import OpsgenieNotifier
+
+        return OpsgenieNotifier(config)
     from slawatch.delivery.notifiers.alertmanager import AlertmanagerNotifier
 
     return AlertmanagerNotifier(config)

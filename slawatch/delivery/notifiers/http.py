@@ -1,7 +1,7 @@
 """What the HTTP notifiers share: one bounded POST, its outcome as a DeliveryError,
 and the secrets a target URL and its headers carry.
 
-webhook, slack, pagerduty and alertmanager all POST JSON and read the answer the
+webhook, slack, teams, pagerduty, opsgenie and alertmanager all POST JSON and read the answer the
 same way: a 2xx accepts; a 4xx other than 408/425/429 is permanent; Retry-After
 is honoured up to ``retry.max``; the whole exchange, answer body included, is
 bounded by the notifier's timeout; error text never shows a secret.
