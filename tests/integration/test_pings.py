@@ -17,6 +17,7 @@ import yaml
 from slawatch.config.rules import Rule
 from slawatch.engine.claim import drain, prepare
 from slawatch.engine.migrate import migrate
+from slawatch.operate.guard import Limits
 from tests.integration import test_events_http
 from tests.integration.helpers import Conn, FixedClock
 from tests.integration.test_admin import TOKEN
@@ -204,3 +205,15 @@ def test_a_long_body_is_kept_as_far_as_an_events_data_holds(
     assert data["body_truncated"] is True
     assert 50_000 < len(data["body"]) < 64 * 1024
     assert log.startswith(data["body"])
+
+
+def test_pings_take_the_producers_slots_not_the_readers(
+    rules: list[Rule], conn: Conn, serve: Any
+) -> None:
+    # No producer slot at all: every ping is turned away, the reads are not.
+    served = serve(rules, limits=Limits(ingest=0))
+    busy = served.api.get(f"/ping/{JOB_KEY}/start")
+    assert busy.status_code == 503, busy.text
+    assert busy.headers["Retry-After"] == "1"
+    assert served.api.get("/v1/rules").status_code == 200
+    assert conn.execute("SELECT count(*) FROM slawatch.job_timers").fetchone() == (0,)
