@@ -143,7 +143,8 @@ def ping_type(events: Events, action: str) -> str | None:
         return None if events.start is None else events.start[0]
     if action == "log":
         return None
-    if action == "fail" or (action.isdigit() and len(action) <= 3 and 1 <= int(action) <= 255):
+    digits = action.isascii() and action.isdigit() and len(action) <= 3
+    if action == "fail" or (digits and 1 <= int(action) <= 255):
         return (events.fail or [""])[0]
     raise ValueError(action)
 
@@ -152,7 +153,7 @@ def ping_data(body: bytes, action: str, rid: str | None) -> dict[str, Any]:
     """A ping's event data: its body as text (what fits in an event's data), its exit
     status and its run id."""
     data: dict[str, Any] = {}
-    if action.isdigit():
+    if action.isascii() and action.isdigit():
         data["exit_status"] = int(action)
     if rid is not None:
         data["rid"] = rid
