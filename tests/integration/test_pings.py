@@ -6,7 +6,6 @@ too-long run each page once."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,7 +24,6 @@ from tests.integration.test_events_http import Served
 
 # The admin API on a free port, as the tests of POST /v1/events serve it.
 serve = test_events_http.serve
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 
 T0 = datetime(2026, 11, 25, 2, 0, tzinfo=UTC)
 M = timedelta(minutes=1)
