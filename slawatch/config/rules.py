@@ -27,6 +27,7 @@ from pydantic import (
     BeforeValidator,
     Field,
     PrivateAttr,
+    SecretStr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -177,6 +178,29 @@ EventTypes = Annotated[list[str], BeforeValidator(_types), AfterValidator(_type_
 TIMER_ROW = ["data", "started_at", "events"]
 
 
+# A ping URL's key: as unguessable as healthchecks' UUIDs (docs/how-to/pings.md).
+PING_KEY_MIN = 22
+_UUID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+_PING_KEY = re.compile(rf"[A-Za-z0-9_-]{{{PING_KEY_MIN},200}}")
+
+
+class Ping(FileModel):
+    """``ping: {key: ...}`` of an event rule: ``/ping/<key>`` sends its events."""
+
+    key: SecretStr
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: SecretStr) -> SecretStr:
+        given = v.get_secret_value()
+        if not (_UUID.fullmatch(given) or _PING_KEY.fullmatch(given)):
+            raise ValueError(
+                f"a ping key is a UUID or {PING_KEY_MIN} to 200 letters, digits, _ and -"
+                " (anyone who knows it can ping): e.g. the output of 'uuidgen'"
+            )
+        return v
+
+
 class Events(FileModel):
     """``events:`` of a rule: which events open and close its deadlines."""
 
@@ -190,9 +214,13 @@ class Events(FileModel):
     schedule: str | None = None
     grace: Duration = timedelta(0)
     timezone: str = "UTC"
+    # Healthchecks-compatible ping URLs for this rule's events.
+    ping: Ping | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> Events:
+        if self.ping is not None and self.fail is None:
+            raise ValueError("'ping' needs 'fail': the type /ping/<key>/fail sends")
         if (self.start is None) == (self.beat is None):
             raise ValueError("needs exactly one of 'start' (with 'stop') or 'beat'")
         if self.start is not None:
@@ -1233,6 +1261,16 @@ def load_rules(directory: Path) -> list[Rule]:
     rules = load_dir(directory, lambda _data, _path: Rule, "rules", prepare=_action_secrets)
     if not rules:
         raise ConfigError(f"{directory}: no rules (*.yaml) found")
+    seen: dict[str, str] = {}
+    for rule in rules:
+        if rule.events is not None and rule.events.ping is not None:
+            key = rule.events.ping.key.get_secret_value()
+            if key in seen:
+                raise ConfigError(
+                    f"{rule.source}: events.ping.key: the same key as rule {seen[key]}'s;"
+                    " each rule needs a key of its own"
+                )
+            seen[key] = rule.name
     return rules
 
 
@@ -1240,6 +1278,13 @@ def _action_secrets(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """``${VAR}`` in a webhook action's settings (its ``secret``, a token in a header or
     the URL) is read from the environment, as in a notifier's file; nowhere else in a
     rule (``open_when`` and ``sql`` are SQL, where ``${`` means what it says)."""
+    events = data.get("events") if isinstance(data, dict) else None
+    if isinstance(events, dict) and isinstance(events.get("ping"), dict):
+        # A ping key is a secret too: ${VAR} keeps it out of the rules folder.
+        data = {
+            **data,
+            "events": {**events, "ping": interpolate(events["ping"], path, "events.ping")},
+        }
     action = data.get("action") if isinstance(data, dict) else None
     if not isinstance(action, dict) or not isinstance(action.get("webhook"), dict):
         return data

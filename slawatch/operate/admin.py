@@ -95,7 +95,7 @@ from slawatch.operate.api.context import (
 )
 from slawatch.operate.api.context import error as _error
 from slawatch.operate.api.context import html as _html
-from slawatch.operate.api.events import EVENTS, EVENTS_AT_ONCE, MAX_EVENTS_BODY, SCOPE
+from slawatch.operate.api.events import EVENTS, EVENTS_AT_ONCE, MAX_EVENTS_BODY, PING, SCOPE
 from slawatch.operate.guard import (
     Disconnected,
     Limits,
@@ -167,8 +167,11 @@ def refusal(
     site must not act for the person on call.
 
     ``ingest_token`` as a Bearer header lets ``POST /v1/events`` in, whatever the
-    Host and the other token, and nothing else (the open paths stay open).
+    Host and the other token, and nothing else (the open paths stay open). Pings
+    (``/ping/<key>``) need nothing: their key is the secret.
     """
+    if path.startswith(PING) and method in ("GET", "HEAD", "POST"):
+        return None  # the ping's key is its secret, whatever the Host or the token
     write = method in _WRITES
     if ingest_token is not None and _bearer(authorization, ingest_token):
         if write and origin is not None and not _same_origin(origin, host):
@@ -367,7 +370,8 @@ class _Gate:
             await _too_large(limit)(scope, receive, send)
             return
         counted = path not in _UNCOUNTED
-        events = path == EVENTS and request.method == "POST"
+        # Pings are producers too: they take the producers' slots.
+        events = (path == EVENTS and request.method == "POST") or path.startswith(PING)
         if counted:
             if self.drain.stopping:
                 await _error(503, STOPPING, {"Retry-After": RETRY_LATER, **CLOSE})(

@@ -128,9 +128,10 @@ class Metrics:
         )
         self.events = Counter(
             "slawatch_events",
-            "Events received by this process, per type, source (http: POST /v1/events; or "
-            "a broker source's name) and outcome (accepted, duplicate: a repeat of its type "
-            "and id, dropped; rejected: refused as malformed or of a type no rule uses, "
+            "Events received by this process, per type, source (http: POST /v1/events; ping: "
+            "/ping/<key>, a wrong key rejected; or a broker source's name) and outcome "
+            "(accepted, duplicate: a repeat of its type and id, dropped; rejected: refused "
+            "as malformed or of a type no rule uses, "
             f"counted as type {OTHER_TYPE!r} then). Events written with slawatch.event() in "
             "SQL or 'slawatch event' do not pass through this process and are not counted",
             ["type", "source", "outcome"],

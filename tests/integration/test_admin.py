@@ -316,6 +316,8 @@ def test_openapi_document(rules: list[Rule], start: Start) -> None:
         "/v1/silences",
         "/v1/silences/{silence}",
         "/v1/events",
+        "/ping/{key}",
+        "/ping/{key}/{action}",
     }
     alerts = doc["paths"]["/v1/alerts"]["get"]
     assert {p["name"] for p in alerts["parameters"]} == {

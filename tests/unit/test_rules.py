@@ -224,6 +224,26 @@ def test_an_event_rule_watches_its_own_timer_table(tmp_path: Path) -> None:
     assert rule.events.types() == {"shipped": "start", "delivered": "stop", "returned": "stop"}
 
 
+PING_KEY = "5f0c2b9e-81d4-4a7c-9b3e-2d6f1a8c4e70"
+
+
+def test_a_ping_key_is_a_secret_of_its_own_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ping = "events: {beat: a, fail: f, within: 1h, ping: {key: '${BACKUP_PING_KEY}'}}\n"
+    write(tmp_path, "backup.yaml", "notify: [ops]\n" + ping)
+    monkeypatch.setenv("BACKUP_PING_KEY", PING_KEY)
+    (rule,) = load_rules(tmp_path)
+    assert rule.events is not None and rule.events.ping is not None
+    assert rule.events.ping.key.get_secret_value() == PING_KEY
+    assert PING_KEY not in repr(rule)
+    other = f"events: {{beat: b, fail: g, within: 1h, ping: {{key: {PING_KEY}}}}}\n"
+    write(tmp_path, "nightly.yaml", "notify: [ops]\n" + other)
+    assert "events.ping.key: the same key as rule backup's" in error_of(
+        tmp_path, "notify: [ops]\n" + other, "nightly.yaml"
+    )
+
+
 @pytest.mark.parametrize(
     ("events", "expected"),
     [
@@ -246,6 +266,14 @@ def test_an_event_rule_watches_its_own_timer_table(tmp_path: Path) -> None:
         ("events: {beat: a, schedule: '0 2 * * *', timezone: Mars/Base}\n", "not a time zone"),
         ("events: {start: [], stop: b, within: 1h}\n", "must name 1 to 100 event types"),
         ("events: {start: a, stop: b, within: 0s}\n", "events.within"),
+        (
+            "events: {beat: a, fail: f, within: 1h, ping: {key: short-key-0123456789}}\n",
+            "events.ping.key: a ping key is a UUID or 22 to 200",
+        ),
+        (
+            "events: {beat: a, within: 1h, ping: {key: 5f0c2b9e-81d4-4a7c-9b3e-2d6f1a8c4e70}}\n",
+            "'ping' needs 'fail'",
+        ),
     ],
 )
 def test_bad_event_rules_name_file_and_field(tmp_path: Path, events: str, expected: str) -> None:

@@ -1,25 +1,37 @@
 """``POST /v1/events``: producers' events, checked whole, then stored in one
-transaction (docs/how-to/events.md)."""
+transaction (docs/how-to/events.md); ``/ping/<key>``: healthchecks-compatible pings
+that send an event rule's events (docs/how-to/events.md#pings)."""
 
 from __future__ import annotations
 
+import hmac
+import logging
 import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
 from anyio import CapacityLimiter, to_thread
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from slawatch.config.rules import EVENT_TYPE
+from slawatch.config.rules import EVENT_TYPE, Events
 from slawatch.config.settings import IngestScope
 from slawatch.db import Database
 from slawatch.engine.timers import KEY_MAX, known_types
 from slawatch.errors import BadInput, DatabaseError
-from slawatch.events.ingest import MAX_BATCH, MAX_ID, EventError, ingest, parse_events
+from slawatch.events.ingest import (
+    MAX_BATCH,
+    MAX_DATA,
+    MAX_ID,
+    Event,
+    EventError,
+    Ingested,
+    ingest,
+    parse_events,
+)
 from slawatch.operate.api.context import CLOSE, RETRY_BUSY, RETRY_LATER, STOPPING, Context, Error
 from slawatch.operate.guard import MIB
 from slawatch.operate.metrics import Metrics
@@ -34,6 +46,12 @@ MAX_EVENTS_BODY = 16 * MIB
 # pool as a database outage.
 EVENTS_AT_ONCE = 4
 EVENTS_WAIT = 30.0
+# Where healthchecks-compatible pings go: /ping/<key>[/start|/fail|/log|/<exit status>].
+PING = "/ping/"
+# The event key of every ping: a rule's pings are one check, as in healthchecks.
+PING_KEY = "ping"
+# Of a ping's body, what fits in an event's data (with room for the other fields).
+PING_BODY_KEPT = MAX_DATA - 1024
 # Where the gate leaves the scope of the ingest token a request carries (scope["state"]).
 SCOPE = "slawatch_ingest_scope"
 
@@ -113,6 +131,42 @@ def _types_of(payload: Any) -> list[object]:
     return [payload.get("type") if isinstance(payload, dict) else None]
 
 
+log = logging.getLogger(__name__)
+
+
+def ping_type(events: Events, action: str) -> str | None:
+    """The event type a ping ``action`` sends to a rule with ``events`` (None: it sends
+    none, as ``log`` and a ``start`` to a heartbeat); ValueError for an unknown action."""
+    if action in ("", "0"):
+        return (events.stop or events.beat or [""])[0]
+    if action == "start":
+        return None if events.start is None else events.start[0]
+    if action == "log":
+        return None
+    digits = action.isascii() and action.isdigit() and len(action) <= 3
+    if action == "fail" or (digits and 1 <= int(action) <= 255):
+        return (events.fail or [""])[0]
+    raise ValueError(action)
+
+
+def ping_data(body: bytes, action: str, rid: str | None) -> dict[str, Any]:
+    """A ping's event data: its body as text (what fits in an event's data), its exit
+    status and its run id."""
+    data: dict[str, Any] = {}
+    if action.isascii() and action.isdigit():
+        data["exit_status"] = int(action)
+    if rid is not None:
+        data["rid"] = rid
+    if body:
+        # jsonb cannot hold NUL; escapes may make the JSON longer than the text.
+        text = body.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+        data["body"] = text
+        while len(orjson.dumps(data)) > PING_BODY_KEPT:
+            text = text[: len(text) * 3 // 4]
+            data["body"], data["body_truncated"] = text, True
+    return data
+
+
 def router(
     ctx: Context,
     *,
@@ -160,6 +214,13 @@ def router(
                         runner_metrics.events_rejected("http", [e.type for e in events])
                     where = f"events[{i}]" if batch else "event"
                     raise StarletteHTTPException(403, f"{where}: {why}; nothing was stored")
+        got = store(events, now)
+        if runner_metrics is not None:
+            runner_metrics.events_ingested("http", got)
+        return EventsTaken(accepted=got.accepted, duplicates=got.duplicates, held=got.held)
+
+    def store(events: list[Event], now: datetime) -> Ingested:
+        """Write checked ``events`` in one transaction, one of EVENTS_AT_ONCE."""
         stopped = StarletteHTTPException(
             503, STOPPING, headers={"Retry-After": RETRY_LATER, **CLOSE}
         )
@@ -177,9 +238,69 @@ def router(
             raise
         finally:
             writing.release()
+        return got
+
+    def take_ping(key: str, action: str, rid: str | None, body: bytes) -> str:
+        """The event of one ping, stored; its answer's text. Every rule's key is
+        compared, in constant time: a key is found, never guessed by timing."""
+        found: Events | None = None
+        for rule in ctx.configured().values():
+            ping = None if rule.events is None else rule.events.ping
+            if ping is not None and hmac.compare_digest(
+                key.encode(), ping.key.get_secret_value().encode()
+            ):
+                found = rule.events
+        try:
+            kind = None if found is None else ping_type(found, action)
+        except ValueError:
+            found = None
+        if found is None:
+            if runner_metrics is not None:
+                runner_metrics.events_rejected("ping")
+            raise StarletteHTTPException(404, "not found")
+        if rid is not None and not 1 <= len(rid) <= MAX_ID:
+            raise BadInput(f"rid: must be 1 to {MAX_ID} characters")
+        data = ping_data(body, action, rid)
+        if kind is None:
+            # Data only (a log, a start of a heartbeat): answered, logged, nothing stored.
+            log.info("ping %s: %s", action, orjson.dumps(data).decode()[:200])
+            return "OK"
+        now = ctx.clock.now()
+        got = store([Event(kind, PING_KEY, None, data, rid)], now)
         if runner_metrics is not None:
-            runner_metrics.events_ingested("http", got)
-        return EventsTaken(accepted=got.accepted, duplicates=got.duplicates, held=got.held)
+            runner_metrics.events_ingested("ping", got)
+        return "OK"
+
+    async def ping(request: Request, key: str, action: str, rid: str | None) -> Response:
+        body = await request.body()  # read whole, within its limit, by the gate
+        text = await to_thread.run_sync(take_ping, key, action, rid, body, limiter=producers)
+        return Response(text, media_type="text/plain")
+
+    async def ping_success(request: Request, key: str, rid: str | None = None) -> Response:
+        """A healthchecks-compatible ping of the event rule whose ``ping.key`` is
+        ``key``: success (its stop or beat). No token: the key is the secret; a key no
+        rule has is a 404. The body is kept as the event's ``data.body``, ``?rid=`` as
+        its id (docs/how-to/events.md#pings)."""
+        return await ping(request, key, "", rid)
+
+    async def ping_action(
+        request: Request, key: str, action: str, rid: str | None = None
+    ) -> Response:
+        """A healthchecks-compatible ping as ``GET /ping/{key}``, with ``action``:
+        ``start``, ``fail``, ``log`` (data only: nothing stored) or an exit status
+        (``0`` success, ``1`` to ``255`` fail)."""
+        return await ping(request, key, action, rid)
+
+    # One route per method and path: each its own operation in the OpenAPI document.
+    for path, handler in ((PING + "{key}", ping_success), (PING + "{key}/{action}", ping_action)):
+        for method in ("GET", "HEAD", "POST"):
+            api.add_api_route(
+                path,
+                handler,
+                methods=[method],
+                response_class=Response,
+                responses={200: {"content": {"text/plain": {}}, "description": "OK"}},
+            )
 
     @api.post(
         EVENTS,
