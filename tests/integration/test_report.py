@@ -20,7 +20,8 @@ from slawatch.config.calendars import Calendar
 from slawatch.config.rules import Rule, check_calendar_names, load_rules
 from slawatch.db import Database
 from slawatch.engine.claim import fill_due
-from slawatch.engine.migrate import migrate
+from slawatch.engine.catalog import rule_table
+from slawatch.engine.migrate import migrate, pending, plan_rule, render
 from slawatch.errors import BadInput
 from slawatch.operate.admin import AdminServer, create_app, serve_in_thread
 from slawatch.operate.lifecycle import ack
@@ -394,6 +395,9 @@ def test_an_expression_deadline_is_counted_through_an_index_on_it(
         return db.run("report", lambda c: report(c, q))
 
     migrate(conn, [rule])
+    if track == "table":  # migrate made the report's index too (test_due_of_a_table_rule...)
+        assert got().notes == []
+        conn.execute(f"DROP INDEX {rule.deadline_index}")
     (note,) = got().notes
     assert note == (
         f"ticket_late: due not counted: no index on public.tickets (({expr_test.IN_UTC}))"
@@ -567,3 +571,34 @@ def test_due_not_counted_when_the_deadline_or_table_is_gone(conn: Conn, db: Data
         "order_unshipped: due not counted: its deadline paid_at is not a timestamp of"
         " public.orders",
     ]
+
+
+def test_due_of_a_table_rule_is_counted_on_a_fresh_database(conn: Conn, db: Database) -> None:
+    """track: table out of the box: migrate builds the rule's index on the deadline of every
+    row (printed by --print, CONCURRENTLY), so compliance is counted with no index made
+    by the operator; a rule runs without it, and an identical index of the operator's is
+    used instead of a second one."""
+    rules = shop(conn, "table")  # migrated: no CREATE INDEX of ours
+    rule = rules["order_unshipped"]
+    plan = plans(conn, rules)["order_unshipped"]
+    for order in (1, 2, 3, 4):
+        paid(conn, order, T0 + H)
+    ship(conn, 4)  # due at 01:00, shipped before: due, never breached
+    claim_all(conn, plan, T0 + H + M)
+    (day0,) = rows(db, rules, since="1h", by="day", now=T0 + 2 * H)
+    assert (day0.due, day0.breached, day0.compliance) == (4, 3, pytest.approx(1 - 3 / 4))
+
+    info = rule_table(conn, rule)
+    assert info is not None
+    conn.execute(f"DROP INDEX {rule.deadline_index}")
+    assert pending(conn, rule, info) == []  # the claim does not need it
+    (step,) = [s for s in plan_rule(conn, rule, info) if rule.deadline_index in s.done]
+    assert step.statement == (
+        f'CREATE INDEX CONCURRENTLY "{rule.deadline_index}" ON "public"."orders" ("paid_at")'
+    )
+    assert step.statement + ";" in render([rule], plan_rule(conn, rule, info))
+    conn.execute("CREATE INDEX orders_paid_at ON orders (paid_at)")  # the operator's own
+    assert plan_rule(conn, rule, info) == []
+    assert migrate(conn, [rule]) == []
+    (day0,) = rows(db, rules, since="1h", by="day", now=T0 + 2 * H)
+    assert day0.due == 4
