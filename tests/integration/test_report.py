@@ -31,6 +31,7 @@ from slawatch.operate.report import ReportRow, as_table, query, report
 from tests.conftest import ROOT
 from tests.integration import test_calendar_claim as calendar_test
 from tests.integration import test_deadline_expr as expr_test
+from tests.integration import test_partitioned as part
 from tests.integration.helpers import SHOP, Conn, claim_all, plans, shop
 from tests.integration.test_cli import assert_one_line_error, slawatch
 
@@ -646,3 +647,20 @@ def test_cli_report_of_a_table_rule_on_a_fresh_database_and_its_chart(
     assert len(ET.fromstring(svg.stdout).findall(f"{ns}g/{ns}svg/{ns}rect")) == 2
     missing = report_("--format", "html", "-o", str(tmp_path / "no" / "sla.html"))
     assert_one_line_error(missing, 2, "--output: ")
+
+
+def test_a_partitioned_table_rule_gets_its_report_index_in_each_partition(
+    conn: Conn, db: Database
+) -> None:
+    """On a partitioned table the report's index is built as the claim's are (ON ONLY the
+    parent, CONCURRENTLY in each partition, attached), and counts every partition's rows."""
+    part.partitioned_orders(conn)
+    rule = part.rule(track="table")
+    done = migrate(conn, [rule])
+    assert f"public.orders: built index {rule.deadline_index} (3 partitions)" in done
+    for i, day in enumerate(("2026-01-10", "2026-02-10", "2026-02-10")):
+        conn.execute("INSERT INTO orders VALUES (%s, 'paid', %s)", (i, day))
+    q = query([rule], rule=None, since="40d", by="week", now=datetime(2026, 2, 14, tzinfo=UTC))
+    got = db.run("report", lambda c: report(c, q))
+    assert got.notes == []
+    assert sum(r.due or 0 for r in got.rows) == 3
