@@ -193,8 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--by", choices=["hour", "day", "week"], default="day", help="period")
     p.add_argument(
-        "--format", choices=["table", "json", "csv"], default="table", help="output format"
+        "--format",
+        choices=["table", "json", "csv", "html", "svg"],
+        default="table",
+        help="output format (html: one page with the chart; svg: the chart)",
     )
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p = command("explain", "the claim's plan for a rule; exit 1 if it would read the table whole")
     p.add_argument("rule", metavar="RULE", type=_checked(check_rule_name), help="a rule's name")
     _json_option(p)

@@ -48,6 +48,8 @@ from slawatch.engine.migrate import (
     schema_current,
 )
 from slawatch.errors import BadInput, ConfigError, DatabaseError, DeliveryError
+from slawatch.operate.chart import as_html as sla_html
+from slawatch.operate.chart import as_svg as sla_svg
 from slawatch.operate.explain import explain
 from slawatch.operate.inspect import events_text, list_alerts, parse_since, rules_report
 from slawatch.operate.report import check_format
@@ -103,7 +105,7 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
             as_json=args.json,
         )
     if args.command == "report":
-        return cmd_report(settings, args.rule, args.since, args.by, args.format)
+        return cmd_report(settings, args.rule, args.since, args.by, args.format, args.output)
     if args.command == "explain":
         return cmd_explain(settings, args.rule, args.json)
     if args.command == "ack":
@@ -632,12 +634,29 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
     return 0
 
 
-def cmd_report(settings: Settings, rule: str | None, since: str, by: str, fmt: str) -> int:
-    """The SLA report (operate/report.py) for the configured rules."""
+def cmd_report(
+    settings: Settings, rule: str | None, since: str, by: str, fmt: str, output: str | None = None
+) -> int:
+    """The SLA report (operate/report.py) for the configured rules; ``html`` and ``svg``
+    draw its chart (operate/chart.py). ``output``: a file to write instead of stdout."""
     rules, _ = load_config(settings)
     wanted = report_query(rules, rule=rule, since=since, by=by, now=Clock().now())
     with connect(database_dsn(settings), pooler=settings.pooler) as conn:
-        print(render_report(sla_report(conn, wanted), check_format(fmt)))
+        got = sla_report(conn, wanted)
+    if fmt == "html":
+        text = sla_html(got)
+    elif fmt == "svg":
+        text = sla_svg(got) + "\n"
+    else:
+        text = render_report(got, check_format(fmt)) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise BadInput(f"--output: {shorten(output)}: {exc.strerror or exc}") from None
+    print(f"wrote {output}")
     return 0
 
 

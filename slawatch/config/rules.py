@@ -862,6 +862,12 @@ class Rule(FileModel):
         return f"sw_{self.name}_due"
 
     @property
+    def deadline_index(self) -> str:
+        """track: table: the watched table's index on the deadline of every row, for the
+        report's ``due`` (docs/how-to/report.md)."""
+        return f"sw_{self.name}_deadline"
+
+    @property
     def first_index(self) -> str:
         return f"sw_{self.name}_first"
 

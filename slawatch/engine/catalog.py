@@ -379,7 +379,7 @@ def probe_indexes(
     that may read only some columns can probe too); ``tracking`` is the tracking
     columns with their types, added to the copy where the table lacks them;
     ``indexes`` is (key, predicate) of each index, as SQL text (a quoted column, or
-    an expression in parentheses). The copy is a temporary table
+    an expression in parentheses; an empty predicate: every row). The copy is a temporary table
     of the same name (so qualified references resolve) in a transaction that is
     always rolled back; comparing these definitions with those in the catalog tells
     whether an index is the one the rule needs.
@@ -411,9 +411,12 @@ def probe_indexes(
             )
             for i, (column, predicate) in enumerate(indexes):
                 probe = f"slawatch_probe_{i}"
+                where = (
+                    sql.SQL("\nWHERE {}").format(sql.SQL(predicate)) if predicate else sql.SQL("")
+                )
                 conn.execute(
-                    sql.SQL("CREATE INDEX {} ON {} ({})\nWHERE {}").format(
-                        sql.Identifier(probe), tmp, sql.SQL(column), sql.SQL(predicate)
+                    sql.SQL("CREATE INDEX {} ON {} ({}){}").format(
+                        sql.Identifier(probe), tmp, sql.SQL(column), where
                     )
                 )
                 found = conn.execute(
@@ -491,3 +494,18 @@ def indexes_on(conn: Connection, schema: str, name: str, columns: list[str]) -> 
             queries()["indexes_on_columns"], {"schema": schema, "name": name, "columns": columns}
         ).fetchall()
     return [r[0] for r in rows]
+
+
+def same_indexes(conn: Connection, schema: str, name: str, definition: str) -> list[str]:
+    """The names of the valid indexes of ``schema.name`` defined as ``definition`` (from
+    "USING" on, as :func:`definition_tail` gives it): one the operator made already."""
+    with translate(f"reading the indexes of {schema}.{name}"):
+        rows = conn.execute(
+            "SELECT c.relname, pg_get_indexdef(c.oid) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid"
+            " JOIN pg_class t ON t.oid = i.indrelid"
+            " JOIN pg_namespace n ON n.oid = t.relnamespace"
+            " WHERE n.nspname = %s AND t.relname = %s AND i.indisvalid ORDER BY 1",
+            (schema, name),
+        ).fetchall()
+    return [r[0] for r in rows if definition_tail(r[1]) == definition]

@@ -38,6 +38,7 @@ from slawatch.engine.catalog import (
     inspect_table,
     key_columns,
     probe_indexes,
+    same_indexes,
     table_ident,
     update_side_effects,
     without_statistics,
@@ -60,14 +61,14 @@ class IndexSpec:
     schema: str  # of the table, and so of the index
     table: str
     key: str  # SQL text: a quoted column, or a deadline expression in parentheses
-    predicate: str  # SQL text; open_when inside it is operator-authored and checked
+    predicate: str  # SQL text; open_when inside it is operator-authored and checked; "": none
 
     def create(self, *, only: bool = False) -> str:
         """CREATE INDEX CONCURRENTLY; with ``only``, the empty parent of a partitioned index."""
         return (
             f"CREATE INDEX {'' if only else 'CONCURRENTLY '}{quoted(self.name)}"
             f" ON {'ONLY ' if only else ''}{quoted(self.schema, self.table)} ({self.key})"
-            f"\n    WHERE {self.predicate}"
+            + (f"\n    WHERE {self.predicate}" if self.predicate else "")
         )
 
     def drop(self, *, concurrently: bool = True) -> str:
@@ -129,6 +130,17 @@ def index_specs(rule: Rule) -> list[IndexSpec]:
     ]
 
 
+def report_index(rule: Rule) -> IndexSpec | None:
+    """track: table: an index on the deadline of every row, by which the report counts the
+    deadlines that fell due (its ``due`` and ``compliance``); the claim never uses it.
+    Inline rules have none: their indexes hold only rows to notify or close."""
+    if rule.track != "table" or rule.events is not None:
+        return None
+    return IndexSpec(
+        rule.deadline_index, rule.schema_name, rule.table_name, rule.deadline_sql(), ""
+    )
+
+
 def tracking_types(rule: Rule, deadline_type: str) -> dict[str, str]:
     """Each tracking column's type; ``seen`` holds deadline values, so it has their type."""
     return {
@@ -148,6 +160,7 @@ class Step:
     locked: bool = False  # takes a strong lock: run with lock_timeout, in a transaction
     detail: bool = False  # one of many similar steps: printed, not reported by migrate
     change: Change | None = None  # a schema migration: applied and recorded by schema.apply
+    report: bool = False  # only the report needs it: a rule runs without it
     # How migrate runs it instead of ``statement`` (printed for psql): work in batches
     # of their own transactions; returns the rows it wrote, added to ``done``.
     run: Callable[[Connection], int] | None = field(default=None, compare=False)
@@ -352,9 +365,15 @@ def inline_refusal(conn: Connection, rule: Rule) -> str | None:
 
 def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> tuple[list[str], str | None]:
     """The canonical definitions of the rule's indexes (see catalog.probe_indexes)."""
-    specs = index_specs(rule)
+    specs = _all_indexes(rule)
     types = tracking_types(rule, deadline_type_of(rule, info)) if rule.track == "inline" else {}
     return probe_indexes(conn, rule, info.columns, types, [(s.key, s.predicate) for s in specs])
+
+
+def _all_indexes(rule: Rule) -> list[IndexSpec]:
+    """The claim's indexes, then the report's (if the rule has one)."""
+    extra = report_index(rule)
+    return index_specs(rule) + ([] if extra is None else [extra])
 
 
 def require_schema(conn: Connection) -> None:
@@ -509,15 +528,27 @@ def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     if problem:  # check() ran the same probe; only a concurrent change gets here
         raise ConfigError(f"{rule.source}: open_when: {problem}")
     built = []
-    for spec, definition in zip(index_specs(rule), wanted, strict=True):
+    for spec, definition in zip(_all_indexes(rule), wanted, strict=True):
+        if spec.name == rule.deadline_index and _made_already(conn, spec, definition):
+            continue
         if info.relkind == "p":
-            built.extend(_partitioned_index(conn, spec, definition, info.partitions))
+            made = _partitioned_index(conn, spec, definition, info.partitions)
         else:
-            built.extend(_index(conn, spec, definition))
+            made = _index(conn, spec, definition)
+        if spec.name == rule.deadline_index:  # not one the claim needs
+            made = [replace(step, report=True) for step in made]
+        built.extend(made)
     steps.extend(built)
-    if any(step.statement.startswith("CREATE INDEX") for step in built):
+    if any(step.statement.startswith("CREATE INDEX") and not step.report for step in built):
         steps.extend(_analyze(conn, rule))
     return steps
+
+
+def _made_already(conn: Connection, spec: IndexSpec, definition: str) -> bool:
+    """The report's index is not built where the operator has the same one already."""
+    if index_state(conn, spec.schema, spec.name) is not None:
+        return False
+    return bool(same_indexes(conn, spec.schema, spec.table, definition))
 
 
 def _analyze(conn: Connection, rule: Rule) -> list[Step]:
@@ -834,8 +865,9 @@ def _partitioned_index(
 
 
 def pending(conn: Connection, rule: Rule, info: TableInfo) -> list[str]:
-    """What ``migrate`` would still do for ``rule``: empty when it is ready to run."""
-    return [step.todo for step in plan_rule(conn, rule, info) if not step.detail]
+    """What ``migrate`` would still do for ``rule``: empty when it is ready to run (the
+    report's index is not needed to run: an upgrade builds it at the next migrate)."""
+    return [step.todo for step in plan_rule(conn, rule, info) if not (step.detail or step.report)]
 
 
 def migrate(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False) -> list[str]:
@@ -989,7 +1021,7 @@ def _printed_indexes(rule: Rule) -> list[str]:
     """A rule's indexes rebuilt, then its table analyzed (a script made without a
     database cannot know whether the table has statistics)."""
     out = []
-    for spec in index_specs(rule):
+    for spec in _all_indexes(rule):
         out.append(spec.drop() + ";")
         out.append(spec.create() + ";")
     table = quoted(rule.schema_name, rule.table_name)

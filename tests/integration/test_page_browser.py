@@ -254,3 +254,51 @@ def test_the_sla_chart_shows_breaches_per_day_and_the_compliance_line(
     expect(figure.locator("figcaption")).to_have_text("order_unshipped: 2 breached")
     # Rules without episodes get their (empty) chart too.
     expect(tab.locator('figure.sla[data-rule="job_hung"]')).to_be_visible()
+
+
+def test_the_cli_draws_the_same_sla_chart_as_the_page(
+    conn: Conn, servers: Servers, open_tab: Open
+) -> None:
+    """`report --format html|svg` (operate/chart.py) against page.js, from the same
+    /v1/report: the same bars (place, size, period, count, title) and compliance line."""
+    import xml.etree.ElementTree as ET
+
+    from playwright.sync_api import expect
+
+    from slawatch.operate.chart import by_rule, rule_chart
+    from slawatch.operate.report import Report
+
+    found = seeded(conn, users=(7, 8))
+    conn.execute("CREATE INDEX orders_paid_at ON orders (paid_at)")
+    conn.execute("INSERT INTO orders VALUES (3, 9, 1003, 'shipped', %s)", (T0 - 24 * H,))
+    tab = open_tab()
+    url = servers.start(found.listed).url
+    tab.goto(url)
+    expect(tab.locator('.sla-charts[data-loaded="1"]')).to_be_attached()
+    got = tab.request.get(f"{url}/v1/report?by=day&since=7d")
+    assert got.ok, got.text()
+    report = Report.model_validate_json(got.body())
+    top = max([1, *(r.breached for r in report.rows)])
+    keys = ["x", "y", "width", "height", "data-period", "data-breached"]
+    ns = "{http://www.w3.org/2000/svg}"
+    for rule, rows in by_rule(report).items():
+        page = tab.locator(f'figure.sla[data-rule="{rule}"] svg').evaluate(
+            """(svg) => ({
+                bars: [...svg.querySelectorAll("rect.breached")].map((r) => [
+                    ...["x", "y", "width", "height", "data-period", "data-breached"].map(
+                        (k) => r.getAttribute(k)), r.querySelector("title").textContent]),
+                line: svg.querySelector("polyline.compliance")?.getAttribute("points") ?? null,
+                viewBox: svg.getAttribute("viewBox"),
+            })"""
+        )
+        ours = ET.fromstring(rule_chart(rule, rows, top))
+        line = ours.find(f"{ns}polyline")
+        assert page == {
+            "bars": [
+                [*(r.get(k) for k in keys), r.findtext(f"{ns}title")]
+                for r in ours.findall(f"{ns}rect")
+            ],
+            "line": None if line is None else line.get("points"),
+            "viewBox": ours.get("viewBox"),
+        }, rule
+    assert any(r.compliance is not None for r in report.rows)  # a line was compared

@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,8 +21,9 @@ import pytest
 from slawatch.config.calendars import Calendar
 from slawatch.config.rules import Rule, check_calendar_names, load_rules
 from slawatch.db import Database
+from slawatch.engine.catalog import rule_table
 from slawatch.engine.claim import fill_due
-from slawatch.engine.migrate import migrate
+from slawatch.engine.migrate import migrate, pending, plan_rule, render
 from slawatch.errors import BadInput
 from slawatch.operate.admin import AdminServer, create_app, serve_in_thread
 from slawatch.operate.lifecycle import ack
@@ -28,7 +31,8 @@ from slawatch.operate.report import ReportRow, as_table, query, report
 from tests.conftest import ROOT
 from tests.integration import test_calendar_claim as calendar_test
 from tests.integration import test_deadline_expr as expr_test
-from tests.integration.helpers import Conn, claim_all, plans, shop
+from tests.integration import test_partitioned as part
+from tests.integration.helpers import SHOP, Conn, claim_all, plans, shop
 from tests.integration.test_cli import assert_one_line_error, slawatch
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)  # a Monday, 00:00 UTC
@@ -394,6 +398,9 @@ def test_an_expression_deadline_is_counted_through_an_index_on_it(
         return db.run("report", lambda c: report(c, q))
 
     migrate(conn, [rule])
+    if track == "table":  # migrate made the report's index too (test_due_of_a_table_rule...)
+        assert got().notes == []
+        conn.execute(f"DROP INDEX {rule.deadline_index}")
     (note,) = got().notes
     assert note == (
         f"ticket_late: due not counted: no index on public.tickets (({expr_test.IN_UTC}))"
@@ -567,3 +574,93 @@ def test_due_not_counted_when_the_deadline_or_table_is_gone(conn: Conn, db: Data
         "order_unshipped: due not counted: its deadline paid_at is not a timestamp of"
         " public.orders",
     ]
+
+
+def test_due_of_a_table_rule_is_counted_on_a_fresh_database(conn: Conn, db: Database) -> None:
+    """track: table out of the box: migrate builds the rule's index on the deadline of every
+    row (printed by --print, CONCURRENTLY), so compliance is counted with no index made
+    by the operator; a rule runs without it, and an identical index of the operator's is
+    used instead of a second one."""
+    rules = shop(conn, "table")  # migrated: no CREATE INDEX of ours
+    rule = rules["order_unshipped"]
+    plan = plans(conn, rules)["order_unshipped"]
+    for order in (1, 2, 3, 4):
+        paid(conn, order, T0 + H)
+    ship(conn, 4)  # due at 01:00, shipped before: due, never breached
+    claim_all(conn, plan, T0 + H + M)
+    (day0,) = rows(db, rules, since="1h", by="day", now=T0 + 2 * H)
+    assert (day0.due, day0.breached, day0.compliance) == (4, 3, pytest.approx(1 - 3 / 4))
+
+    info = rule_table(conn, rule)
+    assert info is not None
+    conn.execute(f"DROP INDEX {rule.deadline_index}")
+    assert pending(conn, rule, info) == []  # the claim does not need it
+    (step,) = [s for s in plan_rule(conn, rule, info) if rule.deadline_index in s.done]
+    assert step.statement == (
+        f'CREATE INDEX CONCURRENTLY "{rule.deadline_index}" ON "public"."orders" ("paid_at")'
+    )
+    assert step.statement + ";" in render([rule], plan_rule(conn, rule, info))
+    conn.execute("CREATE INDEX orders_paid_at ON orders (paid_at)")  # the operator's own
+    assert plan_rule(conn, rule, info) == []
+    assert migrate(conn, [rule]) == []
+    (day0,) = rows(db, rules, since="1h", by="day", now=T0 + 2 * H)
+    assert day0.due == 4
+
+
+def test_cli_report_of_a_table_rule_on_a_fresh_database_and_its_chart(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """The shop's tables, `slawatch migrate` of a track: table rule, no index of the
+    operator's: `report` counts compliance; `--format html -o FILE` writes one page with the
+    chart (one bar per period, the rule named), `--format svg` the chart alone."""
+    conn.execute(SHOP)
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    text = (ROOT / "rules" / "order_unshipped.yaml").read_text()
+    (rules / "order_unshipped.yaml").write_text(f"{text}\ntrack: table\n")
+    done = slawatch("--rules", str(rules), "migrate", dsn=dsn)
+    assert done.returncode == 0, done.stderr
+    assert "built index sw_order_unshipped_deadline" in done.stdout
+    day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - 24 * H
+    for order in (1, 2, 3, 4):  # due yesterday at 01:00; not claimed: none breached
+        paid(conn, order, day + H)
+
+    def report_(*args: str) -> subprocess.CompletedProcess[str]:
+        return slawatch("--rules", str(rules), "report", "--since", "1d", *args, dsn=dsn)
+
+    table = report_()
+    assert table.returncode == 0, table.stderr
+    first = table.stdout.splitlines()[1].split()
+    assert first[:5] == ["order_unshipped", day.strftime("%Y-%m-%d"), "4", "0", "100.0%"]
+    page = tmp_path / "sla.html"
+    wrote = report_("--format", "html", "-o", str(page))
+    assert wrote.returncode == 0, wrote.stderr
+    html = page.read_text()
+    body = html[html.index("<svg") : html.index("</svg>") + len("</svg>")]
+    chart = ET.fromstring(body)
+    assert chart.get("data-rule") == "order_unshipped"
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(chart.findall(f"{ns}rect")) == 2  # yesterday and today
+    assert chart.find(f"{ns}polyline") is not None  # compliance known
+    svg = report_("--format", "svg")
+    assert svg.returncode == 0, svg.stderr
+    assert len(ET.fromstring(svg.stdout).findall(f"{ns}g/{ns}svg/{ns}rect")) == 2
+    missing = report_("--format", "html", "-o", str(tmp_path / "no" / "sla.html"))
+    assert_one_line_error(missing, 2, "--output: ")
+
+
+def test_a_partitioned_table_rule_gets_its_report_index_in_each_partition(
+    conn: Conn, db: Database
+) -> None:
+    """On a partitioned table the report's index is built as the claim's are (ON ONLY the
+    parent, CONCURRENTLY in each partition, attached), and counts every partition's rows."""
+    part.partitioned_orders(conn)
+    rule = part.rule(track="table")
+    done = migrate(conn, [rule])
+    assert f"public.orders: built index {rule.deadline_index} (3 partitions)" in done
+    for i, day in enumerate(("2026-01-10", "2026-02-10", "2026-02-10")):
+        conn.execute("INSERT INTO orders VALUES (%s, 'paid', %s)", (i, day))
+    q = query([rule], rule=None, since="40d", by="week", now=datetime(2026, 2, 14, tzinfo=UTC))
+    got = db.run("report", lambda c: report(c, q))
+    assert got.notes == []
+    assert sum(r.due or 0 for r in got.rows) == 3

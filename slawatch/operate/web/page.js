@@ -83,7 +83,8 @@
     }
   });
 
-  // The SLA chart: per rule, the episodes that fell due each period (bars, scaled to
+  // The SLA chart (operate/chart.py draws the same for `report --format html|svg`: change
+  // both): per rule, the episodes that fell due each period (bars, scaled to
   // the busiest period of all rules) and the compliance (a line from 0 to 100 %),
   // drawn from /v1/report. Every value reaches the page as an attribute or textContent.
   const SVG = "http://www.w3.org/2000/svg";
