@@ -248,7 +248,11 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
             "partitioned one level deep (or watch each sub-partitioned part with its own rule)"
         ]
     if info.relkind not in ("r", "p"):
-        return info, [f"{where}: table: {rule.table} is not a table (a view or similar)"]
+        hint = ""
+        if info.relkind in ("v", "m"):
+            # A view has no index to claim through: a query rule reads it as written.
+            hint = f"; watch it with track: table and query: SELECT * FROM {rule.table}"
+        return info, [f"{where}: table: {rule.table} is not a table (a view or similar){hint}"]
     errors = []
     columns = info.columns
 

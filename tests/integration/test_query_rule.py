@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from slawatch.actions.run import runner
 from slawatch.cli import main
 from slawatch.config.rules import Rule
+from slawatch.engine.catalog import check_rule
 from slawatch.engine.claim import ClaimPlan, prepare
 from slawatch.engine.migrate import grants, migrate
 from slawatch.engine.statetable import drain_table
@@ -216,6 +217,13 @@ def test_a_view_is_watched_through_a_query(conn: Conn) -> None:
     conn.execute("UPDATE orders SET status = 'shipped'")
     sweep(conn, plan, now + timedelta(seconds=1))
     assert [r[:2] for r in resolved(conn)] == [("1", 1)]
+    # table: naming the view is refused, and says how to watch it.
+    body = rule.model_dump(mode="json", exclude_unset=True, exclude={"table", "query"})
+    _, errors = check_rule(conn, Rule.model_validate(body | {"table": "paid"}))
+    assert errors == [
+        "<config>: table: paid is not a table (a view or similar); watch it with"
+        " track: table and query: SELECT * FROM paid"
+    ]
 
 
 def write(rules: Path, rule: Rule) -> None:
