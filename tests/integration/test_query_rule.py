@@ -246,9 +246,9 @@ def test_check_names_a_column_the_query_does_not_return_and_explain_shows_its_pl
     args += ["--notifiers", str(ROOT / "notifiers")]
     write(tmp_path / "rules", unshipped_rule(UNSHIPPED.replace(", o.customer", "")))
     assert main([*args, "check"]) == 2
-    out = capsys.readouterr()
+    got = capsys.readouterr()
     assert "columns: column 'customer' not in the query's output (id, paid_at)" in (
-        out.out + out.err
+        got.out + got.err
     )
     write(tmp_path / "rules", unshipped_rule().model_copy(update={"resolve": False}))
     assert main([*args, "migrate"]) == 0
