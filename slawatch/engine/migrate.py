@@ -503,8 +503,6 @@ def event_function_pending(conn: Connection, rules: list[Rule]) -> list[str]:
 def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     """What one rule needs: tracking columns or its state table, the state of the other
     way to track carried over (a switch of ``track``), then its partial indexes."""
-    if rule.query is not None:
-        return _state_table(conn, rule, info)  # nothing on the tables the query reads
     if rule.track == "table":
         steps = _state_table(conn, rule, info)
     else:
