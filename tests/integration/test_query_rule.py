@@ -297,3 +297,26 @@ def test_query_needs_track_table_and_no_table() -> None:
         Rule.model_validate(body | {"track": "inline"})
     with pytest.raises(ValidationError, match="one of table:, query: or events:"):
         Rule.model_validate(body | {"table": "orders"})
+
+
+def test_run_once_pages_a_query_rule_as_a_select_only_role(
+    conn: Conn, role: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conn.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL,"
+        " status text NOT NULL, paid_at timestamptz);"
+        "CREATE TABLE shipments (id bigserial PRIMARY KEY, order_id bigint NOT NULL)"
+    )
+    conn.execute("INSERT INTO orders VALUES (1, 'ada', 'paid', now() - interval '3 days')")
+    rule = unshipped_rule()
+    write(tmp_path / "rules", rule)
+    migrate(conn, [rule])
+    name, as_role = role
+    select_only(conn, rule, name, "orders, shipments")
+    args = ["--dsn", as_role, "--rules", str(tmp_path / "rules")]
+    args += ["--notifiers", str(ROOT / "notifiers")]
+    assert main([*args, "run", "--once"]) == 0
+    assert [a[:2] for a in alerts(conn, "order_unshipped")] == [("1", 1)]
+    conn.execute("INSERT INTO shipments (order_id) VALUES (1)")
+    assert main([*args, "run", "--once"]) == 0
+    assert [r[:2] for r in resolved(conn)] == [("1", 1)]
