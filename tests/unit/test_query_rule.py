@@ -7,6 +7,7 @@ import re
 import yaml
 
 from slawatch.config.rules import Rule
+from slawatch.engine.generation import definition, generation
 from tests.conftest import ROOT
 
 
@@ -20,3 +21,20 @@ def test_the_documented_query_rules_load() -> None:
         assert rule.query is not None and rule.query.startswith("SELECT ")
         assert rule.track == "table" and rule.key == ["id"]
     assert rule.action is not None and rule.action.placeholders == ["id"]
+
+
+def test_a_changed_query_is_a_new_generation() -> None:
+    """Scanners of the old query stop at the claim gate until migrate records the new."""
+    body = {
+        "name": "late",
+        "query": "SELECT id, due FROM a",
+        "track": "table",
+        "key": "id",
+        "deadline": "due",
+        "open_when": "true",
+        "notify": ["console"],
+    }
+    before = Rule.model_validate(body)
+    after = Rule.model_validate(body | {"query": "SELECT id, due FROM b"})
+    assert generation(before) != generation(after)
+    assert definition(before)["table"] != definition(after)["table"]
