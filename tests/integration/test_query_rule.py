@@ -317,6 +317,11 @@ def test_run_once_pages_a_query_rule_as_a_select_only_role(
     args += ["--notifiers", str(ROOT / "notifiers")]
     assert main([*args, "run", "--once"]) == 0
     assert [a[:2] for a in alerts(conn, "order_unshipped")] == [("1", 1)]
+    capsys.readouterr()
+    assert main([*args, "status"]) == 0
+    assert "order_unshipped" in capsys.readouterr().out
+    assert main([*args, "report"]) == 0
+    assert "a query rule's deadlines are not indexed" in capsys.readouterr().out
     conn.execute("INSERT INTO shipments (order_id) VALUES (1)")
     assert main([*args, "run", "--once"]) == 0
     assert [r[:2] for r in resolved(conn)] == [("1", 1)]
