@@ -973,8 +973,7 @@ def predicate_problem(text: str) -> str | None:
     return None
 
 
-# What a query rule's ``table`` reads as (messages, the generation record): the query's
-# output, aliased ``w`` where it is read whole.
+# A query rule's ``table``, as its messages name what it watches: the query's output.
 QUERY_TABLE = "query"
 
 
