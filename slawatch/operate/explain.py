@@ -107,10 +107,12 @@ def _statements(plan: ClaimPlan, now: datetime) -> list[tuple[str, sql.Composed,
     rule = plan.rule
     # A scan between sweeps reads fresh rows from the watermark's look-back on.
     since = plan.to_deadline(rule.cutoff(now) - lookback(rule))
+    close = plan.table.close.as_string(None)
     return [
         ("claim", plan.table.claim, params | {"since": since}),
-        # The sweep ends the episodes it closes in the history: at now, for this rule.
-        ("sweep", plan.table.close, {k: params[k] for k in ("now", "rule", "generation")}),
+        # The sweep ends the episodes it closes in the history: at now, for this rule (and
+        # with resolve: true, sends their notices: severity, notifiers).
+        ("sweep", plan.table.close, {k: v for k, v in params.items() if f"%({k})s" in close}),
     ]
 
 
