@@ -17,7 +17,6 @@ import psycopg
 import pytest
 import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from pydantic import ValidationError
 
 from slawatch.actions.run import runner
 from slawatch.cli import main
@@ -210,7 +209,7 @@ def test_a_view_is_watched_through_a_query(conn: Conn) -> None:
         "CREATE VIEW paid AS SELECT id, customer, paid_at FROM orders WHERE status = 'paid'"
     )
     conn.execute("INSERT INTO orders VALUES (1, 'ada', 'paid', %s)", (now - timedelta(days=3),))
-    rule = unshipped_rule("SELECT * FROM paid")
+    rule = unshipped_rule("SELECT * FROM paid WHERE customer LIKE 'a%'")  # a % as written
     migrate(conn, [rule])
     plan = prepare(conn, rule)
     assert sweep(conn, plan, now) == 1
@@ -271,32 +270,6 @@ def test_check_names_a_column_the_query_does_not_return_and_explain_shows_its_pl
     out = capsys.readouterr().out
     assert "  order_unshipped: note: the query reads public.orders, public.shipments whole" in out
     assert main([*args, "explain", "order_unshipped"]) == 1
-
-
-@pytest.mark.parametrize(
-    ("query", "why"),
-    [
-        ("SELECT 1; SELECT 2", "exactly one SELECT"),
-        ("UPDATE orders SET status = 'x'", "exactly one SELECT"),
-        ("WITH d AS (DELETE FROM orders RETURNING *) SELECT * FROM d", "must only read"),
-        ("SELECT * FROM orders FOR UPDATE", "must not lock rows"),
-        ("SELECT * FROM pg_catalog.pg_authid", "system catalog"),
-        ("SELECT * FROM pg_stat_activity", "system catalog"),
-        ("SELECT pg_read_file('x') AS f", "must not call pg_read_file"),
-        ("SELECT * FROM orders -- x", "comments"),
-    ],
-)
-def test_a_query_that_is_not_one_plain_select_is_refused(query: str, why: str) -> None:
-    with pytest.raises(ValidationError, match=why):
-        unshipped_rule(query)
-
-
-def test_query_needs_track_table_and_no_table() -> None:
-    body = unshipped_rule().model_dump(mode="json", exclude_unset=True, exclude={"table"})
-    with pytest.raises(ValidationError, match="query: needs track: table"):
-        Rule.model_validate(body | {"track": "inline"})
-    with pytest.raises(ValidationError, match="one of table:, query: or events:"):
-        Rule.model_validate(body | {"table": "orders"})
 
 
 def test_run_once_pages_a_query_rule_as_a_select_only_role(
