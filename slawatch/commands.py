@@ -187,6 +187,12 @@ def cmd_check(settings: Settings) -> int:
             if todo:
                 unready.append(rule.name)
                 lines.append(f"    not migrated: {'; '.join(todo)}")
+            elif rule.query is not None:
+                # Its cost is the query's, paid at each scan: say when it reads a large
+                # table whole (explain shows the plan).
+                verdict = explain(conn, rule, now, rules)
+                if not verdict.ok:
+                    lines.append(f"  {rule.name}: note: {verdict.verdict}")
         refused, notes = _check_actions(conn, rules)
     if refused:
         print(

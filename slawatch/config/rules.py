@@ -491,6 +491,7 @@ def _set_form(sql: str) -> SetForm | None:
 # Fields of a table rule that an event rule has no use for: its table is slawatch's.
 _TABLE_ONLY = (
     "table",
+    "query",
     "key",
     "track",
     "sweep",
@@ -524,6 +525,9 @@ class Rule(FileModel):
     # from it: the rule watches slawatch."<name>_timers").
     events: Events | None = None
     table: str
+    # track: table: one SELECT watched instead of a table (its output's columns are the
+    # rule's key, deadline and columns); re-read at each scan (docs/reference/rules.md).
+    query: str | None = None
     # Column(s) that identify a row: one name or a list; None: the table's primary key.
     key: KeyColumns | None = None
     # Where the rule's state lives: columns on the watched table, or a table of slawatch's.
@@ -586,6 +590,40 @@ class Rule(FileModel):
             "open_when": "open",
             "columns": [*TIMER_ROW, *(["too_fast"] if fast else [])],
         }
+
+    @model_validator(mode="before")
+    @classmethod
+    def _query_rule(cls, data: Any) -> Any:
+        """A query rule watches its SELECT's output: ``table`` is its name in messages."""
+        if not isinstance(data, dict) or data.get("query") is None:
+            return data
+        if "table" in data or data.get("events") is not None:
+            raise ValueError("a rule has one of table:, query: or events:")
+        if data.get("track") != "table":
+            raise ValueError(
+                "query: needs track: table (slawatch keeps the state in a table of its own)"
+            )
+        if data.get("key") is None:
+            raise ValueError(
+                "query: needs key: the column(s) of the query's output that identify a row"
+            )
+        deadline = data.get("deadline")
+        if isinstance(deadline, str) and not IDENT.fullmatch(deadline.strip()):
+            raise ValueError(
+                "query: deadline: must be a column of the query's output (compute it in the query)"
+            )
+        return {**data, "table": QUERY_TABLE}
+
+    @field_validator("query")
+    @classmethod
+    def _query(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip().rstrip(";").strip()
+        problem = query_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -966,6 +1004,54 @@ def predicate_problem(text: str) -> str | None:
             return "must not contain a subquery (a partial index cannot use one)"
         if isinstance(node, ast.ParamRef):
             return "must not contain parameters ($1); write the value"
+    return None
+
+
+# A query rule's ``table``, as its messages name what it watches: the query's output.
+QUERY_TABLE = "query"
+
+
+def query_problem(text: str) -> str | None:
+    """Why ``text`` is not one plain SELECT to watch, or None. PostgreSQL's parser
+    (pglast) reads it: exactly one ``SELECT`` (joins, subqueries, ``UNION`` and
+    read-only ``WITH`` allowed), no data-modifying ``WITH``, no ``FOR UPDATE``/``SHARE``,
+    no ``SELECT INTO``, no parameters, no comment, no system catalog and none of the
+    functions an action must allow by name. The query is put in parentheses in the
+    scan's statements: nothing in it may reach beyond them."""
+    import pglast
+    from pglast import ast, parser
+
+    if "\x00" in text:
+        return "must not contain a NUL character"
+    try:
+        tokens = parser.scan(text)
+        statements = pglast.parse_sql(text)
+    except pglast.parser.ParseError as exc:
+        return f"not one SELECT: {exc.args[0]}"
+    if any(t.name in ("SQL_COMMENT", "C_COMMENT") for t in tokens):
+        return "must not contain SQL comments"
+    if len(statements) != 1 or not isinstance(statements[0].stmt, ast.SelectStmt):
+        return "must be exactly one SELECT (no ';', no other statement)"
+    for node in walk(statements[0].stmt):
+        if isinstance(node, ast.InsertStmt | ast.UpdateStmt | ast.DeleteStmt | ast.MergeStmt):
+            return "must only read: no INSERT, UPDATE, DELETE or MERGE in a WITH"
+        if isinstance(node, ast.SelectStmt) and node.lockingClause:
+            return "must not lock rows (no FOR UPDATE / FOR SHARE): slawatch only reads"
+        if isinstance(node, ast.SelectStmt) and node.intoClause is not None:
+            return "must not be SELECT INTO"
+        if isinstance(node, ast.ParamRef):
+            return "must not contain parameters ($1); write the value"
+        if isinstance(node, ast.RangeVar):
+            schema, rel = node.schemaname, str(node.relname)
+            if (schema or "").lower() in _CATALOG_SCHEMAS or (
+                schema is None and rel.lower().startswith("pg_")
+            ):
+                return f"must not read a system catalog ({schema + '.' if schema else ''}{rel})"
+        if isinstance(node, ast.FuncCall):
+            parts = [str(p.sval) for p in node.funcname or () if isinstance(p, ast.String)]
+            fn = parts[-1].lower() if parts else ""
+            if _unsafe_function(fn):
+                return f"must not call {fn}(): it reaches files, servers, settings or sessions"
     return None
 
 

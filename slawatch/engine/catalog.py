@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from psycopg import sql
 
-from slawatch.config.rules import OTHER_TABLE, Rule
+from slawatch.config.rules import OTHER_TABLE, QUERY_TABLE, Rule, condition_columns
 from slawatch.db import Connection, DatabaseUnavailable, describe, translate
 from slawatch.engine.queries import queries
 from slawatch.errors import ConfigError, DatabaseError
@@ -114,9 +114,27 @@ def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
     return TableInfo(schema, name, relkind, columns, unique, not_null, primary_key, partitions)
 
 
+def inspect_query(conn: Connection, rule: Rule) -> TableInfo:
+    """A query rule's output as a table: its columns and their types, from the
+    description of ``SELECT * FROM (query) w LIMIT 0`` (planned, nothing read). It has
+    no unique index: the rule's ``key`` says what identifies a row."""
+    assert rule.query is not None
+    with translate(f"reading the columns of rule {rule.name}'s query"):
+        cur = conn.execute(sql.SQL("SELECT * FROM ({}) w LIMIT 0").format(sql.SQL(rule.query)))
+        described = [(d.name, d.type_code) for d in cur.description or ()]
+        rows = conn.execute(
+            "SELECT format_type(t, NULL) FROM unnest(%s::oid[]) WITH ORDINALITY u(t, i) ORDER BY i",
+            ([oid for _, oid in described],),
+        ).fetchall()
+    columns = {name: str(r[0]) for (name, _), r in zip(described, rows, strict=True)}
+    return TableInfo("", QUERY_TABLE, "q", columns, frozenset(), frozenset())
+
+
 def rule_table(conn: Connection, rule: Rule) -> TableInfo | None:
     """The rule's table, with the type of its deadline when that is an expression the
     database accepts (else unknown: :func:`deadline_type_of` says so)."""
+    if rule.query is not None:
+        return inspect_query(conn, rule)
     info = inspect_table(conn, rule.schema_name, rule.table_name)
     if info is None or rule.deadline_column is not None:
         return info
@@ -171,12 +189,55 @@ def condition(rule: Rule) -> sql.SQL:
     return sql.SQL(rule.open_when.replace("%", "%%"))
 
 
-def table_ident(rule: Rule) -> sql.Identifier:
+def table_ident(rule: Rule) -> sql.Composable:
+    """What the rule reads rows from: its table, or its query in parentheses (a
+    subquery, aliased where it is used; ``%`` doubled for statements with parameters)."""
+    if rule.query is not None:
+        return sql.SQL("({})").format(sql.SQL(rule.query.replace("%", "%%")))
     return sql.Identifier(rule.schema_name, rule.table_name)
+
+
+def _check_query(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str]]:
+    """:func:`check_rule` of a query rule: the query runs (planned, nothing read) for
+    the role that checks, and names the rule's key, deadline and columns."""
+    where = rule.source
+    try:
+        with conn.transaction(force_rollback=True):
+            info = inspect_query(conn, rule)
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError as exc:
+        return None, [f"{where}: query: {describe(exc.__cause__ or exc)}"]
+    errors = []
+    known = ", ".join(info.columns)
+
+    def missing(field: str, column: str) -> None:
+        errors.append(f"{where}: {field}: column {column!r} not in the query's output ({known})")
+
+    key = key_columns(rule, info)
+    for column in key:
+        if column not in info.columns:
+            missing("key", column)
+    if rule.deadline not in info.columns:
+        missing("deadline", rule.deadline)
+    elif info.columns[rule.deadline] not in TIMESTAMP_TYPES:
+        errors.append(
+            f"{where}: deadline: column {rule.deadline!r} is {info.columns[rule.deadline]}; "
+            "it must be timestamp or timestamptz"
+        )
+    for column in rule.alert_columns(key):
+        if column not in info.columns and column != rule.deadline:
+            missing("columns", column)
+    for column in sorted(condition_columns(rule.open_when)):
+        if column not in info.columns:
+            missing("open_when", column)
+    return info, errors
 
 
 def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str]]:
     """Check a rule against the database; returns the table and error lines."""
+    if rule.query is not None:
+        return _check_query(conn, rule)
     where = rule.source
     info = inspect_table(conn, rule.schema_name, rule.table_name)
     if info is None:
@@ -187,7 +248,11 @@ def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str
             "partitioned one level deep (or watch each sub-partitioned part with its own rule)"
         ]
     if info.relkind not in ("r", "p"):
-        return info, [f"{where}: table: {rule.table} is not a table (a view or similar)"]
+        hint = ""
+        if info.relkind in ("v", "m"):
+            # A view has no index to claim through: a query rule reads it as written.
+            hint = f"; watch it with track: table and query: SELECT * FROM {rule.table}"
+        return info, [f"{where}: table: {rule.table} is not a table (a view or similar){hint}"]
     errors = []
     columns = info.columns
 

@@ -111,7 +111,8 @@ def count(
     t, d = table_ident(rule), sql_text(rule.deadline_sql())
     open_when = sql_text(f"({rule.open_when}\n)")
     untracked = sql.SQL(
-        "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {d} < %(cutoff)s AND {ow} LIMIT %(limit)s) f"
+        "SELECT count(*) FROM (SELECT 1 FROM {t} u WHERE {d} < %(cutoff)s AND {ow}"
+        " LIMIT %(limit)s) f"
     ).format(t=t, d=d, ow=open_when)
     again: sql.Composed | None = None
     resolved: sql.Composed | None = None

@@ -72,9 +72,13 @@ def _parts(rule: Rule) -> dict[str, Any]:
     if rule.calendar is not None:
         loaded = rule.loaded_calendar
         calendar = {"name": rule.calendar, **(loaded.definition() if loaded else {})}
+    # A query rule's rows are its query's: in "table", so other rules' hashes stay.
+    table: str | None = rule.table if rule.query is None else f"query: {rule.query}"
+    if rule.events is not None:
+        table = None
     return {
         "track": rule.track,
-        "table": None if rule.events is not None else rule.table,
+        "table": table,
         "events": None if rule.events is None else rule.events.model_dump(mode="json"),
         "key": rule.key,
         "deadline": rule.deadline,

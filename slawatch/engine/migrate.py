@@ -120,6 +120,8 @@ def index_specs(rule: Rule) -> list[IndexSpec]:
     s, t = rule.schema_name, rule.table_name
     # A column, or the expression in parentheses: an index on it is ON t ((expr)).
     d = rule.deadline_sql()
+    if rule.query is not None:
+        return []  # a query is read as it is written: nothing is built on its tables
     if rule.track == "table":
         return [IndexSpec(rule.due_index, s, t, d, f"({rule.open_when})")]
     first, again, ended = predicates(rule)
@@ -227,8 +229,10 @@ def grants(
             ).format(sql.SQL(timers.SIGNATURE), r)
         )
     for rule in rules:
-        if rule.events is not None:
-            continue  # its timer table is slawatch's: ALL TABLES IN SCHEMA slawatch
+        if rule.events is not None or rule.query is not None:
+            # An event rule's timer table is slawatch's (ALL TABLES IN SCHEMA slawatch); a
+            # query's tables are the operator's to grant (docs/reference/rules.md).
+            continue
         key = (keys or {}).get(rule.name) or rule.key
         if rule.track == "table" and key:
             read = [*key, *rule.deadline_columns, *rule.alert_columns(list(key))]
@@ -749,6 +753,8 @@ def leftovers(conn: Connection, rules: list[Rule]) -> list[Leftover]:
     was not carried over (an older slawatch's switch) under ``track: inline``."""
     out = []
     for rule in rules:
+        if rule.query is not None:
+            continue
         info = inspect_table(conn, rule.schema_name, rule.table_name)
         if info is None:
             continue

@@ -312,7 +312,7 @@ def compose(
     key: list[str],
     *,
     open_when: sql.SQL,
-    table: sql.Identifier,
+    table: sql.Composable,
     as_tz: Callable[[sql.Composable], sql.Composable],
     interval: Callable[[sql.Composable], sql.Composable],
     severity: sql.Composable,

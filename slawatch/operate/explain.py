@@ -107,10 +107,12 @@ def _statements(plan: ClaimPlan, now: datetime) -> list[tuple[str, sql.Composed,
     rule = plan.rule
     # A scan between sweeps reads fresh rows from the watermark's look-back on.
     since = plan.to_deadline(rule.cutoff(now) - lookback(rule))
+    close = plan.table.close.as_string(None)
     return [
         ("claim", plan.table.claim, params | {"since": since}),
-        # The sweep ends the episodes it closes in the history: at now, for this rule.
-        ("sweep", plan.table.close, {k: params[k] for k in ("now", "rule", "generation")}),
+        # The sweep ends the episodes it closes in the history: at now, for this rule (and
+        # with resolve: true, sends their notices: severity, notifiers).
+        ("sweep", plan.table.close, {k: v for k, v in params.items() if f"%({k})s" in close}),
     ]
 
 
@@ -125,9 +127,12 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def _pages(conn: Connection, info: TableInfo) -> int:
-    """The watched table's size in pages (its partitions' for a partitioned table)."""
-    schemas, names = zip(*sorted(_watched(info)), strict=True)
+def _pages(conn: Connection, watched: set[tuple[str, str]]) -> int:
+    """The watched tables' size in pages (a partitioned table's partitions', a query's
+    tables')."""
+    if not watched:
+        return 0
+    schemas, names = zip(*sorted(watched), strict=True)
     with translate("reading the size of the watched table"):
         row = conn.execute(
             "SELECT COALESCE(sum(pg_relation_size(to_regclass(format('%%I.%%I', s, n)))), 0)"
@@ -147,8 +152,10 @@ def explain(
     when ``slawatch.event()`` is the one generated from all of them, so it is judged
     among them, as ``slawatch run`` judges it; another rule's trouble is not this one's.
     """
-    info = inspect_table(conn, rule.schema_name, rule.table_name)
-    if info is None:
+    info = (
+        None if rule.query is not None else inspect_table(conn, rule.schema_name, rule.table_name)
+    )
+    if info is None and rule.query is None:
         raise ConfigError(f"{rule.source}: table: {rule.table} does not exist")
     # In their configured order: slawatch.event()'s text (and so its tag) follows it.
     every = [rule if r.name == rule.name else r for r in rules or ()]
@@ -158,10 +165,21 @@ def explain(
     if rule.name in problems:
         raise ConfigError(problems[rule.name])
     plan = plans[rule.name]
-    watched = _watched(info)
-    pages = _pages(conn, info)
+    statements = _statements(plan, now)
+    if info is not None:
+        watched = _watched(info)
+    else:
+        # A query rule watches every table its query reads (views expanded): the
+        # relations of its plans outside slawatch's own schema.
+        watched = {
+            (n["Schema"], n["Relation Name"])
+            for _, statement, params in statements
+            for n in _nodes(_explain(conn, statement, params or None, seqscan=True)[0])
+            if "Relation Name" in n and n.get("Schema") != "slawatch"
+        }
+    pages = _pages(conn, watched)
     out = []
-    for name, statement, params in _statements(plan, now):
+    for name, statement, params in statements:
         tree, text = _explain(conn, statement, params or None, seqscan=True)
         seq = _seq_scanned(tree, watched)
         forced: list[str] = []
@@ -202,6 +220,14 @@ def explain(
 
 def judge(rule: Rule, plans: list[StatementPlan], pages: int) -> tuple[bool, str]:
     seq = sorted({r for p in plans for r in p.seq_scans})
+    if rule.query is not None and seq:
+        # A query is read as written, at each scan: what it reads whole is its own cost.
+        if pages <= SMALL_PAGES:
+            return True, (f"ok: the query reads {', '.join(seq)} whole, small now ({pages} pages)")
+        return False, (
+            f"the query reads {', '.join(seq)} whole at each scan ({pages:,} pages): an index"
+            " on the columns it filters or joins by would serve it"
+        )
     if not seq:
         used = sorted({i for p in plans for i in p.indexes})
         return True, (

@@ -296,6 +296,10 @@ def due_by_period(
 ) -> tuple[dict[datetime, int] | None, str]:
     """Deadlines of ``rule`` due in each period of ``q`` (by its start), or None and why
     they are not counted. Run it in the report's transaction (a snapshot, JIT off)."""
+    if rule.query is not None:
+        # Its deadlines are the query's output, read by its scans, with no index to count
+        # a window through (docs/how-to/watch-a-table.md#watch-a-query).
+        return None, f"{rule.name}: due not counted: a query rule's deadlines are not indexed"
     info = rule_table(conn, rule)
     if info is None:
         return None, f"{rule.name}: due not counted: {rule.table} is not there"

@@ -1,0 +1,300 @@
+"""Rules over a query (docs/reference/rules.md, ``query:``): a ``track: table`` rule
+whose rows are one SELECT's output, read by a role that may only SELECT there.
+
+procrastinate's stalled jobs (``status = 'doing'`` and the worker missing or its
+heartbeat older than 5 minutes) and a shop's paid orders without a shipment
+within 48 hours page, act and resolve through it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import nullcontext
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+import yaml
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from slawatch.actions.run import runner
+from slawatch.cli import main
+from slawatch.config.rules import Rule
+from slawatch.engine.catalog import check_rule
+from slawatch.engine.claim import ClaimPlan, prepare
+from slawatch.engine.migrate import grants, migrate
+from slawatch.engine.statetable import drain_table
+from tests.conftest import ROOT
+from tests.integration.helpers import DAY, Conn, FixedClock, alerts
+from tests.integration.lifecycle_helpers import resolved
+
+STALLED = (
+    "SELECT j.id, j.status, j.task, COALESCE(w.last_heartbeat, '-infinity') AS heartbeat"
+    " FROM jobs j LEFT JOIN workers w ON w.id = j.worker_id"
+)
+UNSHIPPED = (
+    "SELECT o.id, o.paid_at, o.customer FROM orders o"
+    " WHERE o.status = 'paid'"
+    " AND NOT EXISTS (SELECT 1 FROM shipments s WHERE s.order_id = o.id)"
+)
+
+
+def stalled_rule() -> Rule:
+    return Rule.model_validate(
+        {
+            "name": "job_stalled",
+            "query": STALLED,
+            "track": "table",
+            "key": "id",
+            "deadline": "heartbeat",
+            "after": "5m",
+            "open_when": "status = 'doing'",
+            "columns": ["id", "task"],
+            "notify": ["console"],
+            "resolve": True,
+            "action": {"sql": "update jobs set status = 'failed' where id = :id"},
+        }
+    )
+
+
+def unshipped_rule(query: str = UNSHIPPED) -> Rule:
+    return Rule.model_validate(
+        {
+            "name": "order_unshipped",
+            "query": query,
+            "track": "table",
+            "key": "id",
+            "deadline": "paid_at",
+            "after": "48h",
+            "open_when": "true",
+            "columns": ["customer"],
+            "notify": ["console"],
+            "resolve": True,
+        }
+    )
+
+
+@pytest.fixture
+def role(conn: Conn, dsn: str) -> Iterator[tuple[str, str]]:
+    """A login role holding nothing yet, and a DSN that connects as it. NOINHERIT: the
+    actions' role it may SET ROLE to lends it nothing while it watches."""
+    name = f"slawatch_q_{uuid.uuid4().hex[:6]}"
+    conn.execute(f"CREATE ROLE {name} LOGIN NOINHERIT")
+    params = conninfo_to_dict(dsn) | {"user": name}
+    params.pop("password", None)
+    try:
+        yield name, make_conninfo(**params)
+    finally:
+        conn.execute(f"DROP OWNED BY {name}")
+        conn.execute(f"DROP ROLE {name}")
+
+
+@pytest.fixture
+def action_role(conn: Conn) -> Iterator[str]:
+    name = f"slawatch_qa_{uuid.uuid4().hex[:6]}"
+    conn.execute(f"CREATE ROLE {name}")
+    try:
+        yield name
+    finally:
+        conn.execute(f"DROP OWNED BY {name}")
+        conn.execute(f"DROP ROLE {name}")
+
+
+def sweep(app: Conn, plan: ClaimPlan, now: datetime) -> int:
+    """One drain that sweeps (as ``run --once`` does): alerts claimed."""
+    assert plan.table is not None
+    got, _ = drain_table(
+        lambda: nullcontext(app),
+        plan.table,
+        plan.params,
+        plan.to_deadline,
+        FixedClock(now),
+        DAY,
+        sweep=True,
+    )
+    return got
+
+
+def select_only(conn: Conn, rule: Rule, name: str, tables: str) -> None:
+    """slawatch's own schema as printed by ``migrate --print``, and SELECT on ``tables``."""
+    for g in grants([rule], name):
+        conn.execute(g)
+    conn.execute(f"GRANT SELECT ON {tables} TO {name}")
+
+
+def test_a_stalled_job_pages_its_action_runs_and_it_resolves(
+    conn: Conn, role: tuple[str, str], action_role: str
+) -> None:
+    now = datetime.now(UTC)
+    conn.execute(
+        "CREATE TABLE workers (id bigint PRIMARY KEY, last_heartbeat timestamptz NOT NULL);"
+        "CREATE TABLE jobs (id bigint PRIMARY KEY, task text NOT NULL, status text NOT NULL,"
+        " worker_id bigint)"
+    )
+    conn.execute(
+        "INSERT INTO workers VALUES (1, %s), (2, %s)",
+        (now - timedelta(minutes=10), now - timedelta(seconds=30)),
+    )
+    # 1: its worker's heartbeat is 10 min old; 2: its worker is gone; 3: alive;
+    # 4: old heartbeat but not doing.
+    conn.execute(
+        "INSERT INTO jobs VALUES (1, 'sync', 'doing', 1), (2, 'mail', 'doing', 9),"
+        " (3, 'sync', 'doing', 2), (4, 'sync', 'todo', 1)"
+    )
+    rule = stalled_rule().model_copy(
+        update={"action": stalled_rule().action.model_copy(update={"role": action_role})}  # type: ignore[union-attr]
+    )
+    migrate(conn, [rule])
+    name, as_role = role
+    select_only(conn, rule, name, "jobs, workers")
+    with psycopg.connect(as_role, autocommit=True) as app:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("UPDATE jobs SET status = 'failed'")  # watching only reads
+        plan = prepare(app, rule).with_act(runner("on"))
+        assert sweep(app, plan, now) == 2
+        assert [a[:2] for a in alerts(conn, "job_stalled")] == [("1", 1), ("2", 1)]
+        # The action bound :id from the query's output, as the actions' own role.
+        assert conn.execute("SELECT id, status FROM jobs ORDER BY id").fetchall() == [
+            (1, "failed"),
+            (2, "failed"),
+            (3, "doing"),
+            (4, "todo"),
+        ]
+        assert resolved(conn, "job_stalled") == []
+        sweep(app, plan, now + timedelta(seconds=1))
+    assert [r[:2] for r in resolved(conn, "job_stalled")] == [("1", 1), ("2", 1)]
+    # Nothing was built on the watched tables: only slawatch's state table.
+    assert conn.execute(
+        "SELECT count(*) FROM pg_indexes WHERE tablename IN ('jobs', 'workers')"
+    ).fetchone() == (2,)
+
+
+def test_a_paid_order_without_a_shipment_pages_and_resolves_when_shipped(
+    conn: Conn, role: tuple[str, str]
+) -> None:
+    now = datetime.now(UTC)
+    conn.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL,"
+        " status text NOT NULL, paid_at timestamptz);"
+        "CREATE TABLE shipments (id bigserial PRIMARY KEY, order_id bigint NOT NULL)"
+    )
+    conn.execute(
+        "INSERT INTO orders VALUES (1, 'ada', 'paid', %s), (2, 'bob', 'paid', %s),"
+        " (3, 'cy', 'paid', %s), (4, 'di', 'new', NULL)",
+        (now - timedelta(hours=50), now - timedelta(hours=60), now - timedelta(hours=1)),
+    )
+    conn.execute("INSERT INTO shipments (order_id) VALUES (2)")
+    rule = unshipped_rule()
+    migrate(conn, [rule])
+    name, as_role = role
+    select_only(conn, rule, name, "orders, shipments")
+    with psycopg.connect(as_role, autocommit=True) as app:
+        plan = prepare(app, rule)
+        assert sweep(app, plan, now) == 1
+        got = conn.execute(
+            "SELECT key, n, row_data FROM slawatch.alert WHERE rule = 'order_unshipped'"
+        ).fetchall()
+        assert got == [("1", 1, {"customer": "ada"})]
+        conn.execute("INSERT INTO shipments (order_id) VALUES (1)")
+        assert sweep(app, plan, now + timedelta(seconds=1)) == 0
+    assert [r[:2] for r in resolved(conn)] == [("1", 1)]
+
+
+def test_a_view_is_watched_through_a_query(conn: Conn) -> None:
+    now = datetime.now(UTC)
+    conn.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL,"
+        " status text NOT NULL, paid_at timestamptz);"
+        "CREATE VIEW paid AS SELECT id, customer, paid_at FROM orders WHERE status = 'paid'"
+    )
+    conn.execute("INSERT INTO orders VALUES (1, 'ada', 'paid', %s)", (now - timedelta(days=3),))
+    rule = unshipped_rule("SELECT * FROM paid WHERE customer LIKE 'a%'")  # a % as written
+    migrate(conn, [rule])
+    plan = prepare(conn, rule)
+    assert sweep(conn, plan, now) == 1
+    conn.execute("UPDATE orders SET status = 'shipped'")
+    sweep(conn, plan, now + timedelta(seconds=1))
+    assert [r[:2] for r in resolved(conn)] == [("1", 1)]
+    # table: naming the view is refused, and says how to watch it.
+    body = rule.model_dump(mode="json", exclude_unset=True, exclude={"table", "query"})
+    _, errors = check_rule(conn, Rule.model_validate(body | {"table": "paid"}))
+    assert errors == [
+        "<config>: table: paid is not a table (a view or similar); watch it with"
+        " track: table and query: SELECT * FROM paid"
+    ]
+
+
+def write(rules: Path, rule: Rule) -> None:
+    rules.mkdir(exist_ok=True)
+    body = rule.model_dump(
+        mode="json", by_alias=True, exclude_unset=True, exclude={"name", "table"}
+    )
+    (rules / f"{rule.name}.yaml").write_text(yaml.safe_dump(body))
+
+
+def test_check_names_a_column_the_query_does_not_return_and_explain_shows_its_plan(
+    conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conn.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL,"
+        " status text NOT NULL, paid_at timestamptz);"
+        "CREATE TABLE shipments (id bigserial PRIMARY KEY, order_id bigint NOT NULL)"
+    )
+    args = ["--dsn", dsn, "--rules", str(tmp_path / "rules")]
+    args += ["--notifiers", str(ROOT / "notifiers")]
+    write(tmp_path / "rules", unshipped_rule(UNSHIPPED.replace(", o.customer", "")))
+    assert main([*args, "check"]) == 2
+    got = capsys.readouterr()
+    assert "columns: column 'customer' not in the query's output (id, paid_at)" in (
+        got.out + got.err
+    )
+    write(tmp_path / "rules", unshipped_rule())
+    assert main([*args, "migrate"]) == 0
+    capsys.readouterr()
+    assert main([*args, "check"]) == 0
+    out = capsys.readouterr().out
+    assert "  order_unshipped: 0 rows would be notified on the next scan\n" in out
+    assert "note:" not in out, out  # small tables: read whole, and rightly
+    assert main([*args, "explain", "order_unshipped"]) == 0
+    out = capsys.readouterr().out
+    # The query's own plan, and its tables named as read whole (small now).
+    assert "Seq Scan on orders o" in out, out
+    assert "ok: the query reads public.orders, public.shipments whole, small now" in out, out
+    # A large table read whole: check warns, explain fails.
+    conn.execute(
+        "INSERT INTO shipments (order_id) SELECT g FROM generate_series(1, 100000) g;"
+        " ANALYZE shipments"
+    )
+    assert main([*args, "check"]) == 0
+    out = capsys.readouterr().out
+    assert "  order_unshipped: note: the query reads public.orders, public.shipments whole" in out
+    assert main([*args, "explain", "order_unshipped"]) == 1
+
+
+def test_run_once_pages_a_query_rule_as_a_select_only_role(
+    conn: Conn, role: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conn.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL,"
+        " status text NOT NULL, paid_at timestamptz);"
+        "CREATE TABLE shipments (id bigserial PRIMARY KEY, order_id bigint NOT NULL)"
+    )
+    conn.execute("INSERT INTO orders VALUES (1, 'ada', 'paid', now() - interval '3 days')")
+    rule = unshipped_rule()
+    write(tmp_path / "rules", rule)
+    migrate(conn, [rule])
+    name, as_role = role
+    select_only(conn, rule, name, "orders, shipments")
+    args = ["--dsn", as_role, "--rules", str(tmp_path / "rules")]
+    args += ["--notifiers", str(ROOT / "notifiers")]
+    assert main([*args, "run", "--once"]) == 0
+    assert [a[:2] for a in alerts(conn, "order_unshipped")] == [("1", 1)]
+    capsys.readouterr()
+    assert main([*args, "status"]) == 0
+    assert "order_unshipped" in capsys.readouterr().out
+    assert main([*args, "report"]) == 0
+    assert "a query rule's deadlines are not indexed" in capsys.readouterr().out
+    conn.execute("INSERT INTO shipments (order_id) VALUES (1)")
+    assert main([*args, "run", "--once"]) == 0
+    assert [r[:2] for r in resolved(conn)] == [("1", 1)]
