@@ -135,8 +135,9 @@ def index_specs(rule: Rule) -> list[IndexSpec]:
 def report_index(rule: Rule) -> IndexSpec | None:
     """track: table: an index on the deadline of every row, by which the report counts the
     deadlines that fell due (its ``due`` and ``compliance``); the claim never uses it.
-    Inline rules have none: their indexes hold only rows to notify or close."""
-    if rule.track != "table" or rule.events is not None:
+    Inline rules have none (their indexes hold only rows to notify or close), nor query
+    rules (nothing is built on the tables a query reads)."""
+    if rule.track != "table" or rule.events is not None or rule.query is not None:
         return None
     return IndexSpec(
         rule.deadline_index, rule.schema_name, rule.table_name, rule.deadline_sql(), ""
