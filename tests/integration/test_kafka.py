@@ -58,8 +58,11 @@ SEVERITY = {"severity": "warning"}
 
 def source(t: Tansu, topic: str, **more: Any) -> KafkaSource:
     # A group per topic: a group's rebalance waits for every member it still counts.
+    # A short session: the group's first join waits on heartbeats (a third of it).
     return KafkaSource.model_validate(
-        {"name": "kafka", "type": "kafka", "url": t.url, "topic": topic, "group": topic, **more}
+        {"name": "kafka", "type": "kafka", "url": t.url, "topic": topic, "group": topic}
+        | {"session_timeout": "6s"}
+        | more
     )
 
 
