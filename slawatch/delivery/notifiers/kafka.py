@@ -22,6 +22,9 @@ from slawatch.delivery.notifiers.base import BaseNotifier, encode, render
 from slawatch.errors import DeliveryError
 
 log = logging.getLogger(__name__)
+# librdkafka logs critical problems only: an unreachable broker is our own one line
+# each way (or a failed send), where librdkafka would log every reconnect.
+QUIET = 2
 
 
 def episode_key(alert: dict[str, Any]) -> bytes:
@@ -46,6 +49,7 @@ class KafkaNotifier(BaseNotifier):
                     "socket.timeout.ms": ms,
                     "linger.ms": 5,
                     "logger": log,
+                    "log_level": QUIET,
                 }
             )
         return self._producer

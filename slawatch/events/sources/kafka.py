@@ -28,6 +28,9 @@ from slawatch.config.sources import KafkaSource
 from slawatch.events.sources.base import Consumer, Message
 
 log = logging.getLogger(__name__)
+# librdkafka logs critical problems only: an unreachable broker is our own one line
+# each way (or a failed send), where librdkafka would log every reconnect.
+QUIET = 2
 
 TIMEOUT = 10.0  # seconds for a metadata, commit or offset request, and a dead-letter send
 # A commit the group refused because the partition moved to another member.
@@ -66,6 +69,7 @@ class KafkaConsumer(Consumer):
             "heartbeat.interval.ms": max(session // 3, 100),
             "socket.timeout.ms": int(TIMEOUT * 1000),
             "logger": log,
+            "log_level": QUIET,
         }
         try:
             consumer = confluent_kafka.Consumer(conf)
@@ -185,6 +189,7 @@ class KafkaConsumer(Consumer):
                     "enable.idempotence": True,
                     "message.timeout.ms": int(TIMEOUT * 1000),
                     "logger": log,
+                    "log_level": QUIET,
                 }
             )
         return self._producer
