@@ -50,8 +50,8 @@ def _listening(port: int) -> bool:
 class Tansu:
     """One broker process on 127.0.0.1:``port``; its data in memory, gone at stop."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"kafka://127.0.0.1:{self.port}"
         self.bootstrap = f"127.0.0.1:{self.port}"
         listener = f"tcp://127.0.0.1:{self.port}"
@@ -79,9 +79,9 @@ class Tansu:
             self.process.kill()
             self.process.wait()
 
-    def topic(self, partitions: int = 1) -> str:
-        """A new topic of its own (a random name) with ``partitions``."""
-        name = f"t-{uuid.uuid4().hex[:10]}"
+    def topic(self, partitions: int = 1, name: str | None = None) -> str:
+        """A new topic (by default a random name) with ``partitions``."""
+        name = name or f"t-{uuid.uuid4().hex[:10]}"
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
             future.result(10)

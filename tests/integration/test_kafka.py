@@ -11,6 +11,7 @@ writes one message per alert keyed by the episode.
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -167,6 +168,38 @@ def test_a_restart_reads_again_what_was_not_committed_and_duplicates_dedupe(
         r.db.close()
     assert (counts.accepted, counts.duplicates) == (10, 5)
     assert seen(events_db) == 10 and timers(events_db) == 10
+
+
+def test_a_broker_outage_is_one_line_each_way(
+    events_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A private broker, stopped and started again on its port (in memory: the topic
+    is made again, and the events after the outage are stored)."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    broker = Tansu()
+    counts = Counts()
+    try:
+        topic = broker.topic(1)
+        broker.produce(topic, shipped(range(3)))
+        r = runner(broker, topic, events_db, counts)
+        r.start()
+        try:
+            wait_until(lambda: counts.accepted == 3, "3 stored")
+            broker.stop()
+            wait_until(lambda: "Kafka unreachable" in caplog.text, "the outage line")
+            broker = Tansu(broker.port)
+            broker.topic(1, name=topic)
+            broker.produce(topic, shipped(range(3, 5)))
+            wait_until(lambda: counts.accepted == 5, "2 more stored after the outage")
+            wait_until(lambda: "Kafka reachable again" in caplog.text, "the line it is back")
+        finally:
+            r.stop()
+            r.db.close()
+    finally:
+        broker.stop()
+    lines = [r.getMessage() for r in caplog.records if "reachable" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert timers(events_db) == 5
 
 
 class Process:

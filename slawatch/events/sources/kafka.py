@@ -55,6 +55,7 @@ class KafkaConsumer(Consumer):
         # those of them stored or set aside.
         self._open: dict[int, list[int]] = {}
         self._done: dict[int, set[int]] = {}
+        self._trouble: KafkaError | None = None
 
     def connect(self) -> None:
         self.close()
@@ -70,6 +71,7 @@ class KafkaConsumer(Consumer):
             "socket.timeout.ms": int(TIMEOUT * 1000),
             "logger": log,
             "log_level": QUIET,
+            "error_cb": self._error,
         }
         try:
             consumer = confluent_kafka.Consumer(conf)
@@ -86,6 +88,13 @@ class KafkaConsumer(Consumer):
         except (KafkaException, ValueError) as exc:
             self.close()
             raise self.error(exc, f"topic {s.topic}") from exc
+
+    def _error(self, error: KafkaError) -> None:
+        # librdkafka reconnects by itself and consume() just returns nothing meanwhile:
+        # every broker down (or a fatal error) is raised at the next fetch instead, so
+        # the runner says it in one line and reconnects when the broker is back.
+        if error.fatal() or error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._trouble = error
 
     def _assigned(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         numbers = ", ".join(str(p) for p in sorted(tp.partition for tp in partitions)) or "none"
@@ -105,6 +114,8 @@ class KafkaConsumer(Consumer):
             got = consumer.consume(num_messages=limit, timeout=wait)
         except KafkaException as exc:
             raise self.error(exc, f"reading topic {self.source.topic}") from exc
+        if self._trouble is not None:
+            raise self.error(KafkaException(self._trouble), f"reading topic {self.source.topic}")
         out = []
         for m in got:
             error = m.error()
@@ -218,7 +229,7 @@ class KafkaConsumer(Consumer):
     def close(self) -> None:
         consumer, self._consumer = self._consumer, None
         producer, self._producer = self._producer, None
-        self._open, self._done = {}, {}
+        self._open, self._done, self._trouble = {}, {}, None
         if consumer is not None:
             with contextlib.suppress(Exception):
                 consumer.close()  # leaves the group: its partitions move at once
