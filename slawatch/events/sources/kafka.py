@@ -67,7 +67,8 @@ class KafkaConsumer(Consumer):
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",  # a new group reads what was there before it
             "session.timeout.ms": session,
-            "heartbeat.interval.ms": max(session // 3, 100),
+            # Kafka's default (3 s), or a third of a shorter session: a rebalance waits on it.
+            "heartbeat.interval.ms": max(min(3000, session // 3), 100),
             "socket.timeout.ms": int(TIMEOUT * 1000),
             "logger": log,
             "log_level": QUIET,
