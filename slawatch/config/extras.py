@@ -9,7 +9,12 @@ from pathlib import Path
 from slawatch.errors import ConfigError
 
 # A notifier's or source's type -> (the module it needs, the extra that installs it).
-BY_TYPE = {"amqp": ("pika", "amqp"), "redis": ("redis", "redis"), "nats": ("nats", "nats")}
+BY_TYPE = {
+    "amqp": ("pika", "amqp"),
+    "redis": ("redis", "redis"),
+    "nats": ("nats", "nats"),
+    "kafka": ("confluent_kafka", "kafka"),
+}
 
 
 def require_extra(kind: str, path: Path) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BeforeValidator, Field, FilePath, SecretStr, field_validator, model_validator
 
@@ -313,6 +313,73 @@ class NatsConfig(NotifierBase):
     stream: str | None = None  # created (subjects: the subject's prefix + ".>") if missing
 
 
+_KAFKA_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+KAFKA_SCHEMES = ("kafka", "kafkas")
+
+
+def kafka_url(value: Any) -> Any:
+    """A Kafka URL: ``kafka://`` (plaintext) or ``kafkas://`` (TLS), then the bootstrap
+    brokers as ``host:port`` joined by commas; ``user:password@`` before them signs in
+    with SASL. Checked without ever quoting it (it may hold a password)."""
+    raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+    if not isinstance(raw, str):
+        return value
+    scheme, _, rest = raw.partition("://")
+    if scheme.lower() not in KAFKA_SCHEMES or not rest:
+        raise ValueError("must start with kafka:// or kafkas://")
+    hosts = rest.rpartition("@")[2].rstrip("/")
+    for host in hosts.split(","):
+        m = _KAFKA_HOST.fullmatch(host)
+        if m is None or not 0 < int(m.group(2)) < 65536:
+            raise ValueError(
+                "not a valid URL: the brokers are host:port joined by commas (a password"
+                " with '/', '@' or ',' must be percent-encoded)"
+            )
+    return value
+
+
+def kafka_client(url: str, mechanism: str) -> dict[str, str]:
+    """librdkafka's settings for a URL checked by :func:`kafka_url`."""
+    scheme, _, rest = url.partition("://")
+    auth, _, hosts = rest.rpartition("@")
+    tls = scheme.lower() == "kafkas"
+    conf = {"bootstrap.servers": hosts.rstrip("/")}
+    if auth:
+        user, _, password = auth.partition(":")
+        conf.update(
+            {
+                "security.protocol": "SASL_SSL" if tls else "SASL_PLAINTEXT",
+                "sasl.mechanism": mechanism,
+                "sasl.username": unquote(user),
+                "sasl.password": unquote(password),
+            }
+        )
+    else:
+        conf["security.protocol"] = "SSL" if tls else "PLAINTEXT"
+    return conf
+
+
+KafkaUrl = Annotated[SecretStr, BeforeValidator(kafka_url)]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _topic(value: Any) -> Any:
+    if isinstance(value, str) and not _TOPIC.fullmatch(value.replace("{", "").replace("}", "")):
+        raise ValueError(f"{shorten(value)} is not a topic (letters, digits, . _ -)")
+    return value
+
+
+class KafkaConfig(NotifierBase):
+    """Kafka: one message per alert from an idempotent producer, acknowledged by all
+    in-sync replicas; the key is the episode, so one partition keeps its order."""
+
+    type: Literal["kafka"]
+    url: KafkaUrl = SecretStr("kafka://127.0.0.1:9092")
+    sasl_mechanism: SaslMechanism = "PLAIN"
+    topic: Annotated[Template, BeforeValidator(_topic)] = "slawatch.alerts"
+
+
 def _http_parse(url: str) -> object:
     if not urlsplit(url).hostname:
         raise ValueError("no host")
@@ -489,6 +556,7 @@ NotifierConfig = (
     | AmqpConfig
     | RedisConfig
     | NatsConfig
+    | KafkaConfig
     | SlackConfig
     | PagerDutyConfig
     | AlertmanagerConfig
@@ -502,6 +570,7 @@ BY_TYPE: dict[str, type[FileModel]] = {
     "amqp": AmqpConfig,
     "redis": RedisConfig,
     "nats": NatsConfig,
+    "kafka": KafkaConfig,
     "slack": SlackConfig,
     "pagerduty": PagerDutyConfig,
     "alertmanager": AlertmanagerConfig,

@@ -23,6 +23,8 @@ from slawatch.config.extras import require_extra
 from slawatch.config.files import FileModel, load_dir, shorten
 from slawatch.config.notifiers import (
     NAME_PATTERN,
+    KafkaUrl,
+    SaslMechanism,
     amqp_parse,
     broker_url,
     interpolate,
@@ -232,11 +234,47 @@ def _matches(pattern: str, subject: str) -> bool:
     return len(want) == len(have)
 
 
-SourceConfig = AmqpSource | RedisSource | NatsSource
+_KAFKA_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# Kafka's session timeouts: a consumer silent this long leaves the group.
+Session = Annotated[
+    timedelta,
+    duration_validator(positive=True, limit=timedelta(minutes=30), limit_text="30 minutes"),
+]
+
+
+class KafkaSource(SourceBase):
+    """A Kafka topic read by a consumer group; offsets are committed once the batch is
+    stored; set-aside messages are produced to ``dead_topic`` (default ``<topic>.dead``)."""
+
+    type: Literal["kafka"]
+    url: KafkaUrl = SecretStr("kafka://127.0.0.1:9092")
+    sasl_mechanism: SaslMechanism = "PLAIN"
+    topic: Annotated[str, _named(_KAFKA_NAME, "a topic name (letters, digits, . _ -)")]
+    group: Annotated[str, _named(_KAFKA_NAME, "a group name (letters, digits, . _ -)")] = "slawatch"
+    dead_topic: Annotated[
+        str | None, _named(_KAFKA_NAME, "a topic name (letters, digits, . _ -)")
+    ] = None
+    # A member of the group not heard from this long (a process that died) loses its
+    # partitions to the others.
+    session_timeout: Session = timedelta(seconds=45)
+
+    @model_validator(mode="after")
+    def _apart(self) -> KafkaSource:
+        if self.dead == self.topic:
+            raise ValueError("dead_topic: must not be the topic itself")
+        return self
+
+    @property
+    def dead(self) -> str:
+        return self.dead_topic or f"{self.topic}.dead"
+
+
+SourceConfig = AmqpSource | RedisSource | NatsSource | KafkaSource
 BY_TYPE: dict[str, type[FileModel]] = {
     "amqp": AmqpSource,
     "redis": RedisSource,
     "nats": NatsSource,
+    "kafka": KafkaSource,
 }
 
 

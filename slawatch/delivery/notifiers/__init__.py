@@ -13,6 +13,7 @@ from slawatch.config.notifiers import (
     AmqpConfig,
     ConsoleConfig,
     EmailConfig,
+    KafkaConfig,
     NatsConfig,
     NotifierConfig,
     OpsgenieConfig,
@@ -46,7 +47,7 @@ class Notifier(Protocol):
 
 
 # Each backend is imported when a notifier of its type is built: a process that
-# sends no e-mail or queue messages never loads smtplib, pika, redis or nats.
+# sends no e-mail or queue messages never loads smtplib, pika, redis, nats or confluent_kafka.
 def build(config: NotifierConfig) -> Notifier:
     """The sender for one notifier config."""
     if isinstance(config, ConsoleConfig):
@@ -73,6 +74,10 @@ def build(config: NotifierConfig) -> Notifier:
         from slawatch.delivery.notifiers.nats import NatsNotifier
 
         return NatsNotifier(config)
+    if isinstance(config, KafkaConfig):
+        from slawatch.delivery.notifiers.kafka import KafkaNotifier
+
+        return KafkaNotifier(config)
     if isinstance(config, SlackConfig):
         from slawatch.delivery.notifiers.slack import SlackNotifier
 

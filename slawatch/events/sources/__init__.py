@@ -8,7 +8,13 @@ in one transaction, then acknowledged; bad messages set aside).
 
 from __future__ import annotations
 
-from slawatch.config.sources import AmqpSource, NatsSource, RedisSource, SourceConfig
+from slawatch.config.sources import (
+    AmqpSource,
+    KafkaSource,
+    NatsSource,
+    RedisSource,
+    SourceConfig,
+)
 from slawatch.events.sources.base import BrokerError, Consumer, NoRecorder, Recorder
 from slawatch.events.sources.runner import Drained, SourceRunner
 
@@ -38,4 +44,8 @@ def build(config: SourceConfig) -> Consumer:
         from slawatch.events.sources.nats import NatsConsumer
 
         return NatsConsumer(config)
+    if isinstance(config, KafkaSource):
+        from slawatch.events.sources.kafka import KafkaConsumer
+
+        return KafkaConsumer(config)
     raise TypeError(f"no consumer for {type(config).__name__}")
