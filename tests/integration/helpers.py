@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from slawatch.actions.run import runner
 from slawatch.clock import Clock
@@ -142,3 +144,23 @@ def role_slawatch_app(conn: Conn) -> Iterator[str]:
         finally:
             conn.execute("DROP OWNED BY slawatch_app")
             conn.execute("DROP ROLE slawatch_app")
+
+
+@contextmanager
+def scratch_role(conn: Conn, prefix: str, options: str = "") -> Iterator[str]:
+    """A role of the test's own (``CREATE ROLE <prefix>_<random> <options>``), holding
+    nothing yet; what it was granted and the role go at the end."""
+    name = f"{prefix}_{uuid.uuid4().hex[:6]}"
+    conn.execute(f"CREATE ROLE {name} {options}")
+    try:
+        yield name
+    finally:
+        conn.execute(f"DROP OWNED BY {name}")
+        conn.execute(f"DROP ROLE {name}")
+
+
+def dsn_as(dsn: str, user: str) -> str:
+    """``dsn`` connecting as ``user`` (a role without a password: trust auth)."""
+    params = conninfo_to_dict(dsn) | {"user": user}
+    params.pop("password", None)
+    return make_conninfo(**params)

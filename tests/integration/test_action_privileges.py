@@ -4,7 +4,6 @@ can run it — here a real role holding only the printed GRANTs."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,7 +12,6 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from slawatch.actions.run import run_one, runner
 from slawatch.cli import main
@@ -23,7 +21,7 @@ from slawatch.engine.acting import Due
 from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import grants, migrate
 from tests.conftest import ROOT
-from tests.integration.helpers import Conn, claim_all
+from tests.integration.helpers import Conn, claim_all, dsn_as, scratch_role
 
 # Reads a column the rule does not (worker): its SELECT is the action's own GRANT.
 RESTART = (
@@ -59,15 +57,8 @@ def write(rules: Path, rule: Rule) -> None:
 @pytest.fixture
 def role(conn: Conn, dsn: str) -> Iterator[tuple[str, str]]:
     """A login role holding nothing yet, and a DSN that connects as it."""
-    name = f"slawatch_app_{uuid.uuid4().hex[:6]}"
-    conn.execute(f"CREATE ROLE {name} LOGIN")
-    params = conninfo_to_dict(dsn) | {"user": name}
-    params.pop("password", None)
-    try:
-        yield name, make_conninfo(**params)
-    finally:
-        conn.execute(f"DROP OWNED BY {name}")
-        conn.execute(f"DROP ROLE {name}")
+    with scratch_role(conn, "slawatch_app", "LOGIN") as name:
+        yield name, dsn_as(dsn, name)
 
 
 def shop(conn: Conn, rule: Rule) -> None:
@@ -189,13 +180,8 @@ def test_check_names_an_action_on_a_missing_column(
 @pytest.fixture
 def action_role(conn: Conn) -> Iterator[str]:
     """A role for actions only (no login), holding nothing yet."""
-    name = f"slawatch_act_{uuid.uuid4().hex[:6]}"
-    conn.execute(f"CREATE ROLE {name}")
-    try:
+    with scratch_role(conn, "slawatch_act") as name:
         yield name
-    finally:
-        conn.execute(f"DROP OWNED BY {name}")
-        conn.execute(f"DROP ROLE {name}")
 
 
 LOGGED = "insert into ops.restarts (job_id, who) values (:id, current_user)"

@@ -7,7 +7,6 @@ within 48 hours page, act and resolve through it."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
@@ -16,7 +15,6 @@ from pathlib import Path
 import psycopg
 import pytest
 import yaml
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from slawatch.actions.run import runner
 from slawatch.cli import main
@@ -26,7 +24,7 @@ from slawatch.engine.claim import ClaimPlan, prepare
 from slawatch.engine.migrate import grants, migrate
 from slawatch.engine.statetable import drain_table
 from tests.conftest import ROOT
-from tests.integration.helpers import DAY, Conn, FixedClock, alerts
+from tests.integration.helpers import DAY, Conn, FixedClock, alerts, dsn_as, scratch_role
 from tests.integration.lifecycle_helpers import resolved
 
 STALLED = (
@@ -79,26 +77,14 @@ def unshipped_rule(query: str = UNSHIPPED) -> Rule:
 def role(conn: Conn, dsn: str) -> Iterator[tuple[str, str]]:
     """A login role holding nothing yet, and a DSN that connects as it. NOINHERIT: the
     actions' role it may SET ROLE to lends it nothing while it watches."""
-    name = f"slawatch_q_{uuid.uuid4().hex[:6]}"
-    conn.execute(f"CREATE ROLE {name} LOGIN NOINHERIT")
-    params = conninfo_to_dict(dsn) | {"user": name}
-    params.pop("password", None)
-    try:
-        yield name, make_conninfo(**params)
-    finally:
-        conn.execute(f"DROP OWNED BY {name}")
-        conn.execute(f"DROP ROLE {name}")
+    with scratch_role(conn, "slawatch_q", "LOGIN NOINHERIT") as name:
+        yield name, dsn_as(dsn, name)
 
 
 @pytest.fixture
 def action_role(conn: Conn) -> Iterator[str]:
-    name = f"slawatch_qa_{uuid.uuid4().hex[:6]}"
-    conn.execute(f"CREATE ROLE {name}")
-    try:
+    with scratch_role(conn, "slawatch_qa") as name:
         yield name
-    finally:
-        conn.execute(f"DROP OWNED BY {name}")
-        conn.execute(f"DROP ROLE {name}")
 
 
 def sweep(app: Conn, plan: ClaimPlan, now: datetime) -> int:
