@@ -963,6 +963,19 @@ _SELECT_EXTRAS = (
 )
 
 
+# The most characters of SQL a rule may give PostgreSQL's parser (a condition, a
+# deadline, a query, an action). pglast converts the parse tree recursively: a text of
+# some 60,000 characters nesting 30,000 deep ("1+1+1...") overflows the C stack and
+# kills the process; at most 20,000 nest at most 10,000 deep, which it reads.
+MAX_SQL = 20_000
+
+
+def _too_long(text: str) -> str | None:
+    if len(text) > MAX_SQL:
+        return f"is {len(text):,} characters; at most {MAX_SQL:,}"
+    return None
+
+
 def predicate_problem(text: str) -> str | None:
     """Why ``text`` is not exactly one SQL expression, or None.
 
@@ -976,6 +989,8 @@ def predicate_problem(text: str) -> str | None:
     import pglast
     from pglast import ast, parser
 
+    if too_long := _too_long(text):
+        return too_long
     if "\x00" in text:  # the parser and libpq would both stop reading there
         return "must not contain a NUL character"
     try:
@@ -1021,6 +1036,8 @@ def query_problem(text: str) -> str | None:
     import pglast
     from pglast import ast, parser
 
+    if too_long := _too_long(text):
+        return too_long
     if "\x00" in text:
         return "must not contain a NUL character"
     try:
@@ -1278,6 +1295,8 @@ def action_statement(text: str) -> tuple[str, list[str]]:
     import pglast
     from pglast import parser
 
+    if too_long := _too_long(text):
+        raise ValueError(too_long)
     try:
         tokens = parser.scan(text)
     except pglast.parser.ParseError as exc:

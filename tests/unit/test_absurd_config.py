@@ -411,3 +411,50 @@ def test_an_alias_bomb_is_a_quick_clean_error(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert len(lines) == 10 and all("headers." in line for line in lines), lines
     assert_clean(done.stdout, tmp_path / "n.yaml")
+
+
+def test_sql_nested_deep_enough_to_crash_the_parser_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """60,000 characters of ``1+1+...`` nest 30,000 deep: pglast's recursive conversion
+    of that tree overflowed the C stack and killed ``check`` (SIGSEGV). Refused by length
+    before it is parsed, in every field parsed as SQL; in a child process, so that a
+    crash fails this test and not the test run."""
+    deep = "1" + "+1" * 30_000
+    (tmp_path / "console.yaml").write_text("type: console\n")
+    fields = {
+        "open_when": {"open_when": f"{deep} > 0"},
+        "deadline": {"deadline": f"paid_at + ({deep}) * interval '1 s'"},
+        "query": {
+            "track": "table",
+            "query": f"SELECT id, paid_at FROM orders WHERE {deep} > 0",
+            "table": None,
+            "open_when": "true",
+        },
+        "action.sql": {"action": {"sql": f"UPDATE orders SET n = {deep} WHERE id = :id"}},
+    }
+    for field, change in fields.items():
+        rules = tmp_path / field
+        rules.mkdir()
+        body = {k: v for k, v in (RULE | change).items() if v is not None}
+        (rules / "r.yaml").write_text(yaml.safe_dump(body, width=10**6))
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "slawatch",
+                "check",
+                "--rules",
+                str(rules),
+                "--notifiers",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, (field, done.returncode, done.stderr[-300:])
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1, (field, lines)
+        assert lines[0].startswith(f"slawatch: error: {rules / 'r.yaml'}: {field}: is "), lines
+        assert lines[0].endswith(" characters; at most 20,000"), lines
