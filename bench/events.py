@@ -632,9 +632,12 @@ def probe_ms(pid: int, run: Callable[[], object]) -> tuple[float, float]:
     return med(times), (backend_cpu(pid) - cpu) / PROBE_RUNS * 1000
 
 
-def measure_probe(scratch: Scratch, sizes: tuple[int, ...]) -> list[tuple[int, dict[str, float]]]:
+def measure_probe(
+    scratch: Scratch, sizes: tuple[int, ...]
+) -> tuple[list[tuple[int, dict[str, float]]], dict[str, float]]:
     """The probe's time (ms, prepared, past its 5 custom plans) at each number of open
-    timers, none due: slawatch's probe (claim.anything_due) and :func:`old_probe`."""
+    timers, none due: slawatch's probe (claim.anything_due) and :func:`old_probe`; and
+    the bytes per open timer at the last size (:func:`timer_bytes`)."""
     dsn = scratch.create("probe")
     now = datetime.now(UTC)
     out = []
@@ -679,8 +682,9 @@ def measure_probe(scratch: Scratch, sizes: tuple[int, ...]) -> list[tuple[int, d
                     },
                 )
             )
+        sizes_of = timer_bytes(conn)
     scratch.drop("probe")
-    return out
+    return out, sizes_of
 
 
 # ---------------------------------------------------------------- 4. lateness, 5. bytes
@@ -1183,7 +1187,7 @@ def report_fire(scratch: Scratch, due: int, reps: int) -> list[Row]:
 
 
 def report_probe(scratch: Scratch, sizes: tuple[int, ...] = PROBE_SIZES) -> list[Row]:
-    curve = measure_probe(scratch, sizes)
+    curve, b = measure_probe(scratch, sizes)
     print(
         'PROBE: the rule\'s "anything due?" probe, prepared, none due, past the 5 custom'
         f" plans (ms: median wall time of {PROBE_RUNS} runs, round trip included; the server"
@@ -1195,7 +1199,13 @@ def report_probe(scratch: Scratch, sizes: tuple[int, ...] = PROBE_SIZES) -> list
             f" the EXISTS form it replaced {m['old']:.3f} (CPU {m['old cpu']:.3f});"
             f" generic plans in use: {m['generic']:.0f} of {m['prepared']:.0f} prepared"
         )
-    print()
+    index = ", ".join(
+        f"{k.split(' ', 1)[1]} {v:.0f}" for k, v in b.items() if k.startswith("index ")
+    )
+    print(
+        f"  bytes per open timer at {b['open']:,.0f} (loaded, vacuumed): {b['total']:.0f};"
+        f" heap {b['heap']:.0f}, indexes {b['indexes']:.0f} ({index})\n"
+    )
     (small, first), (big, last) = curve[0], curve[-1]
     # The server's CPU where it can be read (steadier on a busy machine), else wall time.
     what = "ours cpu" if last["ours cpu"] == last["ours cpu"] else "ours"
