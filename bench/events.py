@@ -14,6 +14,9 @@ Prints, in one run, each figure of the issue's performance table with its goal:
    10,000) vs the same work in raw SQL, one statement that updates a batch of a bare
    timer table through a partial index and inserts its alert and delivery rows, and vs
    that bare UPDATE alone. Each on a fresh copy of the same data, interleaved.
+3b. The rule's "anything due?" probe at 100 k, 300 k and 1 M open timers (none due),
+   prepared and past its 5 custom plans (PostgreSQL's generic plan in use), beside the
+   EXISTS form it replaced: flat where that one grew with the table.
 4. p99 lateness, due -> alert committed (seen through LISTEN on the claim's NOTIFY),
    with --timers open timers, 1,000 falling due per second and 1,000 new starts per
    second ingested beside them, `slawatch run` scanning the rule `every: 1s`.
@@ -30,7 +33,8 @@ machine (and on what else runs on it).
     .venv/bin/python bench/events.py                      # 1 M timers: 6-10 minutes on 2 cores
     .venv/bin/python bench/events.py --timers 100000      # about 5 minutes
     .venv/bin/python bench/events.py --quick              # under a minute: does it run?
-    .venv/bin/python bench/events.py --skip fire,brokers  # of ingest,http,fire,lateness,brokers
+    .venv/bin/python bench/events.py --skip fire,brokers  # of: ingest,http,fire,timerprobe,
+    #                                                        lateness,brokers
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/);
 every database it makes is dropped at the end. Brokers on 127.0.0.1 (RabbitMQ
@@ -62,6 +66,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +80,7 @@ from benchdb import Scratch
 from common import machine, med, pct
 
 from slawatch.config.rules import Rule
-from slawatch.engine.claim import batches, prepare
+from slawatch.engine.claim import anything_due, batches, prepare
 from slawatch.engine.migrate import migrate
 
 RULE = "parcel_undelivered"
@@ -592,6 +597,96 @@ def measure_fire(scratch: Scratch, due: int, rounds: int) -> dict[str, list[Samp
     return out
 
 
+# ---------------------------------------------------------------- 3b. the probe's curve
+
+
+# The rule's "anything due?" probe as it was before it read the earliest deadline from
+# its index (slawatch.engine.claim._PROBE; old_probe): EXISTS (... WHERE due_at < $1 ...). Its
+# generic plan, kept after 5 runs, is a scan of the whole table.
+def old_probe(rule: Rule) -> str:
+    seen, nxt = f'"{rule.seen_column}"', f'"{rule.next_column}"'
+    return f"""
+SELECT EXISTS (SELECT 1 FROM {TIMERS} WHERE due_at < %(cutoff)s
+                  AND {seen} IS DISTINCT FROM due_at AND (open))
+    OR EXISTS (SELECT 1 FROM {TIMERS} WHERE {nxt} < %(renotify_by)s::timestamptz
+                  AND {seen} = due_at AND (open))
+    OR EXISTS (SELECT 1 FROM {TIMERS} WHERE {seen} IS NOT NULL
+                  AND ({seen} IS DISTINCT FROM due_at OR (open) IS NOT TRUE))"""
+
+
+PROBE_SIZES = (100_000, 300_000, 1_000_000)
+PROBE_RUNS = 30  # timed runs per size, after 10 that let PostgreSQL keep a generic plan
+
+
+def probe_ms(pid: int, run: Callable[[], object]) -> tuple[float, float]:
+    """The median wall time of PROBE_RUNS runs (ms, with the round trip), after 10
+    untimed ones, and the server process's CPU time per run (ms)."""
+    for _ in range(10):
+        run()
+    times = []
+    cpu = backend_cpu(pid)
+    for _ in range(PROBE_RUNS):
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1000)
+    return med(times), (backend_cpu(pid) - cpu) / PROBE_RUNS * 1000
+
+
+def measure_probe(
+    scratch: Scratch, sizes: tuple[int, ...]
+) -> tuple[list[tuple[int, dict[str, float]]], dict[str, float]]:
+    """The probe's time (ms, prepared, past its 5 custom plans) at each number of open
+    timers, none due: slawatch's probe (claim.anything_due) and :func:`old_probe`; and
+    the bytes per open timer at the last size (:func:`timer_bytes`)."""
+    dsn = scratch.create("probe")
+    now = datetime.now(UTC)
+    out = []
+    rule = event_rule()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, [rule])
+        loaded = 0
+        for size in sizes:
+            load_timers(conn, loaded, size - loaded, 0, now, timedelta(0), now + timedelta(days=1))
+            loaded = size
+            conn.execute(f"VACUUM ANALYZE {TIMERS}")
+            # A connection per size: a fresh plan cache, as a new scanner's.
+            with psycopg.connect(dsn, autocommit=True) as probe:
+                pid = probe.info.backend_pid
+                ours, ours_cpu = probe_ms(
+                    pid, partial(anything_due, probe, prepare(probe, rule), now)
+                )
+                old, old_cpu = probe_ms(
+                    pid,
+                    partial(
+                        probe.execute,
+                        old_probe(rule),
+                        {"cutoff": now, "renotify_by": now},
+                        prepare=True,
+                    ),
+                )
+                generic = probe.execute(
+                    "SELECT count(*) FILTER (WHERE generic_plans > 0), count(*)"
+                    " FROM pg_prepared_statements"
+                ).fetchone()
+            assert generic
+            out.append(
+                (
+                    size,
+                    {
+                        "ours": ours,
+                        "ours cpu": ours_cpu,
+                        "old": old,
+                        "old cpu": old_cpu,
+                        "generic": float(generic[0]),
+                        "prepared": float(generic[1]),
+                    },
+                )
+            )
+        sizes_of = timer_bytes(conn)
+    scratch.drop("probe")
+    return out, sizes_of
+
+
 # ---------------------------------------------------------------- 4. lateness, 5. bytes
 
 
@@ -1091,6 +1186,41 @@ def report_fire(scratch: Scratch, due: int, reps: int) -> list[Row]:
     ]
 
 
+def report_probe(scratch: Scratch, sizes: tuple[int, ...] = PROBE_SIZES) -> list[Row]:
+    curve, b = measure_probe(scratch, sizes)
+    print(
+        'PROBE: the rule\'s "anything due?" probe, prepared, none due, past the 5 custom'
+        f" plans (ms: median wall time of {PROBE_RUNS} runs, round trip included; the server"
+        " process's CPU per run)"
+    )
+    for size, m in curve:
+        print(
+            f"  {size:>9,} open timers: slawatch {m['ours']:.3f} (CPU {m['ours cpu']:.3f}),"
+            f" the EXISTS form it replaced {m['old']:.3f} (CPU {m['old cpu']:.3f});"
+            f" generic plans in use: {m['generic']:.0f} of {m['prepared']:.0f} prepared"
+        )
+    index = ", ".join(
+        f"{k.split(' ', 1)[1]} {v:.0f}" for k, v in b.items() if k.startswith("index ")
+    )
+    print(
+        f"  bytes per open timer at {b['open']:,.0f} (loaded, vacuumed): {b['total']:.0f};"
+        f" heap {b['heap']:.0f}, indexes {b['indexes']:.0f} ({index})\n"
+    )
+    (small, first), (big, last) = curve[0], curve[-1]
+    # The server's CPU where it can be read (steadier on a busy machine), else wall time.
+    what = "ours cpu" if last["ours cpu"] == last["ours cpu"] else "ours"
+    growth = last[what] / first[what]
+    return [
+        Row(
+            f"probe, {small:,} → {big:,} open timers (generic plan)",
+            f"{first[what]:.3f} → {last[what]:.3f} ms {'server CPU' if what != 'ours' else ''}"
+            f" ({growth:.2f}×; the EXISTS form {first['old']:.1f} → {last['old']:.1f} ms)",
+            "flat (≤ 1.5×)",
+            growth <= 1.5,
+        )
+    ]
+
+
 def report_lateness(scratch: Scratch, timers: int, rate: int, secs: int) -> list[Row]:
     late = measure_lateness(scratch, timers, rate, secs)
     scratch.drop("late")
@@ -1172,7 +1302,7 @@ def main() -> None:
     )
     parser.add_argument("--messages", type=int, default=100_000, help="events per broker")
     parser.add_argument(
-        "--skip", default="", help="comma-separated: ingest,http,fire,lateness,brokers"
+        "--skip", default="", help="comma-separated: ingest,http,fire,timerprobe,lateness,brokers"
     )
     parser.add_argument("--quick", action="store_true", help="tiny: does it run?")
     args = parser.parse_args()
@@ -1197,6 +1327,8 @@ def main() -> None:
             rows += report_http(scratch, args.reps, args.http_batches)
         if "fire" not in skip:
             rows += report_fire(scratch, args.due, args.fire_reps)
+        if "timerprobe" not in skip:
+            rows += report_probe(scratch, (20_000, 100_000) if args.quick else PROBE_SIZES)
         if "lateness" not in skip:
             rows += report_lateness(scratch, args.timers, args.rate, args.secs)
         if "brokers" not in skip:

@@ -20,7 +20,7 @@ Not a test: the figures depend on the machine.
     .venv/bin/python bench/run.py --quick                        # ~1-2 minutes: does it run?
 
 Sections (--only / --skip): claim, explain, probe, long, e2e, procs, peer, delivery,
-idle, ingest, http, fire, lateness, brokers ("events": the last five). Retention at
+idle, ingest, http, fire, timerprobe, lateness, brokers ("events": the last six). Retention at
 10 M alerts is bench/prune.py, separately (its load takes minutes).
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
@@ -942,13 +942,13 @@ def pgqueuer_status() -> str | None:
 
 
 # Every section, in the order it runs; --skip / --only take these names ("events" stands
-# for its five). Each row of the table names the section that measures it.
+# for its six). Each row of the table names the section that measures it.
 SECTIONS = (
     "claim", "explain", "probe", "long", "e2e", "procs", "peer",
-    "delivery", "idle", "ingest", "http", "fire", "lateness", "brokers",
+    "delivery", "idle", "ingest", "http", "fire", "timerprobe", "lateness", "brokers",
 )  # fmt: skip
 SHOP_SECTIONS = {"claim", "explain", "long", "e2e", "procs", "peer"}  # need the shop table
-EVENT_SECTIONS = ("ingest", "http", "fire", "lateness", "brokers")  # bench/events.py's
+EVENT_SECTIONS = ("ingest", "http", "fire", "timerprobe", "lateness", "brokers")  # events.py's
 
 
 def sections(names: str) -> set[str]:
@@ -1100,6 +1100,10 @@ def event_rows(
     if "fire" in run:
         got.append(("fire", events.report_fire(scratch, due, fire_reps)))
         lap("fire")
+    if "timerprobe" in run:
+        sizes = (5_000, 20_000) if quick else events.PROBE_SIZES
+        got.append(("timerprobe", events.report_probe(scratch, sizes)))
+        lap("timerprobe")
     if "lateness" in run:
         got.append(("lateness", events.report_lateness(scratch, timers, 1000, secs)))
         lap("lateness")
@@ -1160,7 +1164,7 @@ def main() -> None:
     parser.add_argument(
         "--skip",
         default="",
-        help=f"comma-separated sections to skip: {','.join(SECTIONS)} (events: the last five)",
+        help=f"comma-separated sections to skip: {','.join(SECTIONS)} (events: the last six)",
     )
     parser.add_argument(
         "--only",

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.db import Database, Pooler
-from slawatch.engine.claim import ClaimPlan, DrainResult, drain, prepare
+from slawatch.engine.claim import ClaimPlan, DrainResult, anything_due, drain, prepare
 from slawatch.engine.migrate import migrate
 from slawatch.errors import SlawatchError
 from slawatch.operate.inspect import rule_status
@@ -85,7 +86,7 @@ def test_an_idle_inline_drain_is_one_read_only_statement(conn: Conn, pooled: Dat
     paid(conn, 1, NOW - timedelta(hours=1))  # due in 47 hours
     assert traced_drain(pooled, plan, NOW) == (1, 0)
     sent = sent_statements(pooled, lambda: drain(pooled, plan, Fixed(NOW)))
-    assert len(sent) == 1 and '"SELECT EXISTS (SELECT 1 FROM' in sent[0]  # no write
+    assert len(sent) == 1 and '"SELECT COALESCE((SELECT' in sent[0]  # no write
 
 
 def test_the_probe_finds_each_kind_of_work(conn: Conn, pooled: Database) -> None:
@@ -280,9 +281,89 @@ def test_the_probe_is_prepared_where_the_pooler_allows_and_stays_so(
             for i in range(150):
                 pooled.execute(f"SELECT {i} + %s::int", (i,), prepare=pooler != "transaction")
             prepared = pooled.execute(
-                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT EXISTS%%'"
+                "SELECT count(*) FROM pg_prepared_statements"
+                " WHERE statement LIKE 'SELECT COALESCE%%'"
             ).fetchone()
     assert prepared == ((0,) if pooler == "transaction" else (1,))
+
+
+def generic_plan(conn: Conn, probe: object, params: dict[str, str]) -> str:
+    """The plan PostgreSQL keeps for ``probe`` once it stops planning it per run (the
+    generic one, forced here, as it is chosen after 5 runs of a prepared statement)."""
+    text = sql_as_text(conn, probe)
+    for i, name in enumerate(params, 1):
+        text = text.replace(f"%({name})s", f"${i}")
+    conn.execute(
+        f"PREPARE generic_probe({', '.join('timestamptz' for _ in params)}) AS "
+        + text.replace("%%", "%")
+    )
+    try:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        args = ", ".join(f"'{v}'" for v in params.values())
+        rows = conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE generic_probe({args})").fetchall()
+    finally:
+        conn.execute("RESET plan_cache_mode")
+        conn.execute("DEALLOCATE generic_probe")
+    return "\n".join(str(r[0]) for r in rows)
+
+
+def sql_as_text(conn: Conn, composed: object) -> str:
+    assert isinstance(composed, sql.Composable)
+    return composed.as_string(conn)
+
+
+def test_the_probes_generic_plan_reads_the_first_index_entries_not_the_table(
+    conn: Conn,
+) -> None:
+    """Flat in open timers whatever the plan cache does: the generic plan of an event
+    rule's probe (and of a ``track: table`` rule's) reads the first entry of each partial
+    index; the EXISTS form it replaced was planned as a scan of the whole table. Neither
+    is planned parallel."""
+    rule = parcel()
+    migrate(conn, [rule])
+    conn.execute(
+        'INSERT INTO slawatch."parcel_timers" (key, started_at, due_at, open)'
+        " SELECT 'k' || g, %s::timestamptz, %s::timestamptz + g * interval '1 s', true"
+        " FROM generate_series(1, 20000) g",
+        (T0, T0 + 72 * timedelta(hours=1)),
+    )
+    conn.execute('ANALYZE slawatch."parcel_timers"')
+    # As eager for parallel plans as PostgreSQL can be: a large table's generic plan of
+    # the range of due rows is parallel, its workers' start 15-30 ms for a 0.2 ms read.
+    for knob in (
+        "parallel_setup_cost",
+        "parallel_tuple_cost",
+        "min_parallel_table_scan_size",
+        "min_parallel_index_scan_size",
+    ):
+        conn.execute(f"SET {knob} = 0")
+    plan = prepare(conn, rule)
+    at = str(T0)
+    shown = generic_plan(conn, plan.probe, {"cutoff": at, "renotify_by": at})
+    assert "Seq Scan" not in shown and shown.count("Index Only Scan") == 3, shown
+    assert "Gather" not in shown, shown
+    assert not anything_due(conn, plan, T0)  # and it answers: nothing due yet
+
+    table = table_plan(conn)
+    assert table.table is not None
+    conn.execute(
+        "INSERT INTO slawatch.order_unshipped_state (id, sw_seen, sw_ep, sw_n, sw_next)"
+        " SELECT g, %s::timestamptz, 1, 1, %s::timestamptz + g * interval '1 s'"
+        " FROM generate_series(1, 20000) g",
+        (T0, T0 + 12 * timedelta(hours=1)),
+    )
+    conn.execute(
+        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+        " SELECT g, 7, 100, 'paid', %s::timestamptz - g * interval '1 s'"
+        " FROM generate_series(1, 20000) g",
+        (T0,),
+    )
+    conn.execute("ANALYZE orders")
+    conn.execute("ANALYZE slawatch.order_unshipped_state")
+    shown = generic_plan(conn, table.table.probe, {"since": at, "cutoff": at, "renotify_by": at})
+    assert "Seq Scan on order_unshipped_state" not in shown, shown
+    assert "Index Only Scan using order_unshipped_state_again" in shown, shown
+    assert "Gather" not in shown, shown
 
 
 # --------------------------------------------------------------------- track: table
@@ -325,7 +406,7 @@ def test_an_idle_table_drain_is_one_read_only_statement(conn: Conn, pooled: Data
     five = NOW + 5 * timedelta(minutes=1)
     for later in (NOW + S, five, five + S):
         sent = sent_statements(pooled, lambda at=later: drain(pooled, plan, Fixed(at)))
-        assert len(sent) == 1 and '"SELECT EXISTS (SELECT 1 FROM' in sent[0]  # no write
+        assert len(sent) == 1 and '"SELECT (EXISTS (SELECT 1 FROM' in sent[0]  # no write
         if later == five:  # due 4 minutes ago, committed now: before the idle probes'
             order(conn, 5, NOW - DUE + 60 * S)  # window too (it moved on): the sweep's
     assert watermark(conn) == mark
