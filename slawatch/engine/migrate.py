@@ -527,6 +527,8 @@ def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
         steps = _state_table(conn, rule, info)
     else:
         steps = _tracking_columns(rule, info)
+    if rule.events is not None:
+        steps.extend(_timer_columns(rule, info))
     steps.extend(_switch(conn, rule, info))
     steps.extend(_leftovers(conn, rule, info))
     wanted, problem = _wanted(conn, rule, info)
@@ -547,6 +549,21 @@ def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     if any(step.statement.startswith("CREATE INDEX") and not step.report for step in built):
         steps.extend(_analyze(conn, rule))
     return steps
+
+
+def _timer_columns(rule: Rule, info: TableInfo) -> list[Step]:
+    """The columns an event rule's timer table gained since it was created."""
+    missing = {c: t for c, t in timers.ADDED_COLUMNS.items() if c not in info.columns}
+    if not missing:
+        return []
+    adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {quoted(c)} {t}" for c, t in missing.items())
+    return [
+        Step(
+            f"ALTER TABLE {quoted('slawatch', rule.timers)}{adds}",
+            f"slawatch.{rule.timers}: added {', '.join(missing)}",
+            locked=True,
+        )
+    ]
 
 
 def _made_already(conn: Connection, spec: IndexSpec, definition: str) -> bool:
