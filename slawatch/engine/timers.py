@@ -24,6 +24,11 @@ ways in (HTTP, brokers, the CLI). What an event does to its key's row:
 - fail: pages at once: the open episode's next notification is due now, a deadline
   not yet passed is moved to now, and with none open one is opened, due now.
 
+A start/stop rule with ``schedule`` or ``period`` expects its runs (:func:`_scheduled_run`):
+a stop leaves the timer open and ``waiting``, due at the next expected start plus grace
+(a schedule's, again, filled in by the scan from the stop), and a start of a waiting
+timer opens the run.
+
 A repeated (type, id) is dropped while its id is kept in ``slawatch.event_seen``
 (the dedupe window, ``SLAWATCH_DEDUPE_WINDOW``: maintenance removes older ids). An
 event of a type no rule knows is kept in ``slawatch.event_held`` (``held``), never

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -242,6 +242,24 @@ def test_a_ping_key_is_a_secret_of_its_own_rule(
     assert "events.ping.key: the same key as rule backup's" in error_of(
         tmp_path, "notify: [ops]\n" + other, "nightly.yaml"
     )
+
+
+def test_a_start_stop_rule_may_expect_its_runs(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "orders.yaml",
+        EVENTS + "events: {start: a, stop: b, within: 10m, schedule: '0 * * * *', grace: 5m}\n",
+    )
+    (rule,) = load_rules(tmp_path)
+    assert rule.events is not None and rule.events.scheduled
+    at = datetime(2026, 11, 25, 2, 3, tzinfo=UTC)
+    assert rule.events.next_due(at) == datetime(2026, 11, 25, 3, 5, tzinfo=UTC)
+    write(
+        tmp_path, "orders.yaml", EVENTS + "events: {start: a, stop: b, within: 10m, period: 1h}\n"
+    )
+    (rule,) = load_rules(tmp_path)
+    assert rule.events is not None and rule.events.scheduled
+    assert rule.events.period == timedelta(hours=1)
 
 
 @pytest.mark.parametrize(
