@@ -103,10 +103,13 @@ def sweep(app: Conn, plan: ClaimPlan, now: datetime) -> int:
 
 
 def select_only(conn: Conn, rule: Rule, name: str, tables: str) -> None:
-    """slawatch's own schema as printed by ``migrate --print``, and SELECT on ``tables``."""
-    for g in grants([rule], name):
+    """Exactly the GRANTs ``migrate --print`` prints: slawatch's own schema, and SELECT
+    on the query's ``tables`` (nothing more)."""
+    printed = [g.as_string(conn) for g in grants([rule], name)]
+    for table in tables.split(", "):
+        assert f'GRANT SELECT ON "{table}" TO "{name}"' in printed
+    for g in printed:
         conn.execute(g)
-    conn.execute(f"GRANT SELECT ON {tables} TO {name}")
 
 
 def test_a_stalled_job_pages_its_action_runs_and_it_resolves(
