@@ -57,6 +57,20 @@ def needs(text: str) -> list[Need]:
     return _dml_needs(stmt) + _calls(stmt, None)
 
 
+def query_needs(text: str) -> list[Need]:
+    """The privileges a query rule's SELECT (already checked) needs: SELECT on each
+    table or view it reads (a view's own tables are read with its owner's rights), not
+    on the names of its ``WITH`` queries; EXECUTE on a function it calls by a
+    schema-qualified name."""
+    import pglast
+    from pglast import ast
+
+    stmt: Any = pglast.parse_sql(text)[0].stmt
+    ctes = {str(n.ctename) for n in walk(stmt) if isinstance(n, ast.CommonTableExpr)}
+    reads = [n for n in _other_reads(stmt, None) if n.schema is not None or n.name not in ctes]
+    return reads + _calls(stmt, None)
+
+
 def _calls(stmt: Any, top: Any) -> list[Need]:
     """EXECUTE on each function the statement calls by a schema-qualified name outside
     pg_catalog (besides ``top``, the ``SELECT fn(...)`` itself). An unqualified one is

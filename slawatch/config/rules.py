@@ -210,8 +210,12 @@ class Events(FileModel):
     fail: EventTypes | None = None
     within: PositiveDuration | None = None
     min: PositiveDuration | None = None
-    # A heartbeat expected at each time of a cron schedule (``beat`` only), late after grace.
+    # A beat expected at each time of a cron schedule, late after grace; with ``start``:
+    # a run expected to start by each time (docs/how-to/events.md#scheduled-runs).
     schedule: str | None = None
+    # With ``start``: a run expected to start ``period`` after the last one ended (plus
+    # grace), as healthchecks' simple checks count it from the last success.
+    period: PositiveDuration | None = None
     grace: Duration = timedelta(0)
     timezone: str = "UTC"
     # Healthchecks-compatible ping URLs for this rule's events.
@@ -228,8 +232,12 @@ class Events(FileModel):
                 raise ValueError("'start' needs 'stop': the type(s) that close it")
             if self.within is None:
                 raise ValueError("'start' needs 'within', e.g. within: 72h")
-            if self.schedule is not None:
-                raise ValueError("'schedule' goes with 'beat', not 'start'")
+            if self.schedule is not None and self.period is not None:
+                raise ValueError(
+                    "'schedule' and 'period' both say when a run is expected: give one"
+                )
+            if self.min is not None and self.scheduled:
+                raise ValueError("'min' does not go with 'schedule' or 'period'")
             if self.min is not None and self.min >= self.within:
                 raise ValueError("'min' must be shorter than 'within'")
         else:
@@ -237,15 +245,23 @@ class Events(FileModel):
                 raise ValueError("'stop' goes with 'start'; a beat closes the last beat")
             if self.min is not None:
                 raise ValueError("'min' goes with 'start' and 'stop'")
+            if self.period is not None:
+                raise ValueError(
+                    "'period' goes with 'start'; a heartbeat's period is 'within' (e.g. 25h)"
+                )
             if (self.within is None) == (self.schedule is None):
                 raise ValueError(
                     "'beat' needs exactly one of 'within' (e.g. 25h) or 'schedule'"
                     " (a cron expression, e.g. '0 2 * * *')"
                 )
-        if self.schedule is None and (
-            "grace" in self.model_fields_set or "timezone" in self.model_fields_set
-        ):
-            raise ValueError("'grace' and 'timezone' go with 'schedule'")
+        if self.schedule is None and "timezone" in self.model_fields_set:
+            raise ValueError("'timezone' goes with 'schedule'")
+        if self.schedule is None and self.period is None and "grace" in self.model_fields_set:
+            raise ValueError(
+                "'grace' goes with 'schedule'"
+                + (" or 'period'" if self.start is not None else "")
+                + ": how late an expected run may start"
+            )
         seen: dict[str, str] = {}
         for role in ("start", "stop", "beat", "fail"):
             for name in getattr(self, role) or ():
@@ -275,6 +291,12 @@ class Events(FileModel):
     def _timezone(cls, v: str) -> str:
         return _zone(v)
 
+    @property
+    def scheduled(self) -> bool:
+        """A start/stop rule whose runs are expected (``schedule`` or ``period``): between
+        runs its timer waits, open, for the next start (docs/explanation/events.md)."""
+        return self.start is not None and (self.schedule is not None or self.period is not None)
+
     def types(self) -> dict[str, str]:
         """Every type this rule uses, with its role: start, stop, beat or fail."""
         return {
@@ -284,8 +306,9 @@ class Events(FileModel):
         }
 
     def next_due(self, beat: datetime) -> datetime | None:
-        """``schedule``: when a beat at ``beat`` is late: the next scheduled time after
-        it, plus ``grace`` (None when the schedule has no next time)."""
+        """``schedule``: when a beat at ``beat`` (with ``start``: a run that ended then)
+        is late: the next scheduled time after it, plus ``grace`` (None when the schedule
+        has no next time)."""
         from apscheduler.triggers.cron import CronTrigger
 
         assert self.schedule is not None

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from psycopg import sql
 
 from slawatch.clock import Clock
-from slawatch.config.needs import needs
+from slawatch.config.needs import Need, needs, query_needs
 from slawatch.config.rules import Rule, condition_columns
 from slawatch.db import Connection, quoted, translate
 from slawatch.engine import generation, schema, timers, trackswitch
@@ -229,10 +229,15 @@ def grants(
                 " slawatch.event({}) TO {}"
             ).format(sql.SQL(timers.SIGNATURE), r)
         )
+    schemas = {rule.schema_name for rule in rules if rule.events is None}
     for rule in rules:
-        if rule.events is not None or rule.query is not None:
-            # An event rule's timer table is slawatch's (ALL TABLES IN SCHEMA slawatch); a
-            # query's tables are the operator's to grant (docs/reference/rules.md).
+        if rule.query is not None:
+            # SELECT on what the query reads, as written (an unqualified name resolves
+            # through the search_path, as the query's does).
+            out.extend(_grants_for(query_needs(rule.query), r, schemas))
+            continue
+        if rule.events is not None:
+            # An event rule's timer table is slawatch's (ALL TABLES IN SCHEMA slawatch).
             continue
         key = (keys or {}).get(rule.name) or rule.key
         if rule.track == "table" and key:
@@ -255,7 +260,6 @@ def grants(
                     r,
                 )
             )
-    schemas = {rule.schema_name for rule in rules if rule.events is None}
     # An action's own role (action.role, SLAWATCH_ACTION_ROLE) gets what its statements
     # need, and slawatch's role the right to SET ROLE to it; without one, slawatch's role.
     theirs: dict[str, set[str]] = {}
@@ -287,8 +291,15 @@ def action_grants(
     names first unless ``schemas`` (granted already) has it; adds those to ``schemas``.
     ``unqualified``: the schema an unqualified name is taken to be in (the rule's
     table's), whose USAGE is granted as well (an action's own role has none yet)."""
+    return _grants_for(needs(text), role, schemas, unqualified)
+
+
+def _grants_for(
+    found: list[Need], role: sql.Identifier, schemas: set[str], unqualified: str | None = None
+) -> list[sql.Composed]:
+    """The GRANTs of ``found`` (as :func:`action_grants` says)."""
     out = []
-    for need in needs(text):
+    for need in found:
         schema = need.schema or unqualified
         if schema is not None and schema not in schemas:
             schemas.add(schema)
@@ -527,6 +538,8 @@ def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
         steps = _state_table(conn, rule, info)
     else:
         steps = _tracking_columns(rule, info)
+    if rule.events is not None:
+        steps.extend(_timer_columns(rule, info))
     steps.extend(_switch(conn, rule, info))
     steps.extend(_leftovers(conn, rule, info))
     wanted, problem = _wanted(conn, rule, info)
@@ -547,6 +560,21 @@ def plan_rule(conn: Connection, rule: Rule, info: TableInfo) -> list[Step]:
     if any(step.statement.startswith("CREATE INDEX") and not step.report for step in built):
         steps.extend(_analyze(conn, rule))
     return steps
+
+
+def _timer_columns(rule: Rule, info: TableInfo) -> list[Step]:
+    """The columns an event rule's timer table gained since it was created."""
+    missing = {c: t for c, t in timers.ADDED_COLUMNS.items() if c not in info.columns}
+    if not missing:
+        return []
+    adds = ",".join(f"\n    ADD COLUMN IF NOT EXISTS {quoted(c)} {t}" for c, t in missing.items())
+    return [
+        Step(
+            f"ALTER TABLE {quoted('slawatch', rule.timers)}{adds}",
+            f"slawatch.{rule.timers}: added {', '.join(missing)}",
+            locked=True,
+        )
+    ]
 
 
 def _made_already(conn: Connection, spec: IndexSpec, definition: str) -> bool:

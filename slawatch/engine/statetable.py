@@ -71,13 +71,13 @@ fresh AS MATERIALIZED (
     -- statistics), it reads and sorts every row due in the window, and it built the
     -- JSON for each (50,000 for a batch of 10,000 in a drain of a 100,000 backlog; the
     -- sort spilled to disk).
-    SELECT {t_keys}, {td} AS deadline, {t_key_text} AS key, {t_row} AS row_data
+    SELECT {distinct}{t_keys}, {td} AS deadline, {t_key_text} AS key, {t_row} AS row_data{read}
       FROM (SELECT {t_needed} FROM {table} t
              WHERE {td} >= %(since)s AND {td} < %(cutoff)s AND ({open_when}
                    )
                AND NOT EXISTS (SELECT 1 FROM {state} s WHERE {s_is_t} AND s.sw_seen = {td})
              ORDER BY {td}
-             LIMIT %(batch)s::integer) t
+             LIMIT %(batch)s::integer) t{distinct_order}
 ), again AS (
     SELECT {s_keys}, s.sw_ep, s.sw_n, s.sw_seen FROM {state} s
      WHERE s.sw_next < %(renotify_by)s::timestamptz AND s.sw_next IS NOT NULL
@@ -98,7 +98,7 @@ fresh AS MATERIALIZED (
       LEFT JOIN LATERAL (
            SELECT {td} AS deadline, ({open_when}
                   ) IS TRUE AS open, {t_row} AS row_data
-             FROM {table} t WHERE {t_is_a}) w ON true
+             FROM {table} t WHERE {t_is_a}{one_match}) w ON true
 ), opened AS (
     INSERT INTO {state} AS s ({keys}, sw_seen, sw_ep, sw_n, sw_next)
     SELECT {f_keys}, f.deadline, 1, 1, {first_next} FROM fresh f
@@ -140,7 +140,7 @@ fresh AS MATERIALIZED (
      LIMIT %(batch)s::integer
 {outbox}{resolved}
 SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
-       (SELECT count(*) FROM fresh),
+       (SELECT {fresh_read} FROM fresh),
        (SELECT max(deadline) FILTER (WHERE isfinite(deadline)) FROM fresh),
        (SELECT count(*) FROM again),
        -- Delivered on commit: wakes the delivery workers at once (no extra round trip).
@@ -189,7 +189,8 @@ SELECT (SELECT count(*) FROM closed),
 # row's columns as they are now (the key alone for a deleted row).
 _SWEPT_EPISODES = """\
     SELECT c.key, c.episode, c.n, CASE WHEN isfinite(c.seen) THEN {c_seen_tz} END AS deadline,
-           COALESCE((SELECT {t_row} FROM {table} t WHERE {t_is_c}), {c_key_row}) AS row_data
+           COALESCE((SELECT {t_row} FROM {table} t WHERE {t_is_c}{one}), {c_key_row})
+               AS row_data
       FROM closed c
      WHERE c.n > 0"""
 
@@ -211,6 +212,16 @@ SELECT (EXISTS (SELECT 1 FROM {table} t
         OR COALESCE((SELECT s.sw_next FROM {state} s WHERE s.sw_next IS NOT NULL
                       ORDER BY s.sw_next LIMIT 1) < %(renotify_by)s::timestamptz, false))
    AND COALESCE(current_schema(), '') IS NOT NULL"""
+
+# A query rule's sweep: a key its output holds more than once among the open overdue
+# rows (the first by count), and how many such keys (docs/reference/rules.md).
+_DUPLICATES = """\
+SELECT key, n, count(*) OVER () FROM (
+    SELECT {t_key_text} AS key, count(*) AS n FROM {table} t
+     WHERE {td} < %(cutoff)s AND ({open_when}
+           )
+     GROUP BY {t_keys} HAVING count(*) > 1) d
+ ORDER BY n DESC, key LIMIT 1"""
 
 _WATERMARK = """\
 SELECT scanned_to, swept_at FROM slawatch.watermark WHERE rule = %(rule)s"""
@@ -311,6 +322,7 @@ class TablePlan:
     close: sql.Composed
     act: Act | None = None  # the rule's action (engine/acting.py), run before the commit
     probe: sql.Composed | None = None  # whether anything is due between sweeps (_PROBE)
+    duplicates: sql.Composed | None = None  # a query rule's keys held twice (_DUPLICATES)
     # This process's watermark, kept across drains (dataclasses.replace keeps it).
     mark: Mark = field(default_factory=Mark, compare=False)
 
@@ -374,6 +386,28 @@ def compose(
             )
         )
 
+    # A query's output may hold a key twice (a join that fans out): the claim takes one
+    # row per key (the earliest deadline) and counts what it read before that, so a
+    # batch is still full when it read a batch; the sweep warns (_DUPLICATES).
+    query = rule.query is not None
+    distinct: sql.Composable = sql.SQL("")
+    distinct_order: sql.Composable = sql.SQL("")
+    read: sql.Composable = sql.SQL("")
+    fresh_read: sql.Composable = sql.SQL("count(*)")
+    one: sql.Composable = sql.SQL("")
+    one_match: sql.Composable = sql.SQL("")
+    if query:
+        distinct = sql.SQL("DISTINCT ON ({}) ").format(cols("t"))
+        distinct_order = sql.SQL(" ORDER BY {}, {}").format(cols("t"), td)
+        read = sql.SQL(", count(*) OVER () AS read")
+        fresh_read = sql.SQL("COALESCE(max(read), 0)")
+        one = sql.SQL(" LIMIT 1")
+        # Of a key's rows, the one still open with the episode's deadline, if any.
+        one_match = sql.SQL(
+            "\n            ORDER BY ({} IS NOT DISTINCT FROM s.sw_seen AND ({}) IS TRUE) DESC"
+            " LIMIT 1"
+        ).format(td, open_when)
+
     wake: sql.Composable = sql.SQL("EXISTS (SELECT 1 FROM deliveries)")
     claim_resolved: sql.Composable = sql.SQL("")
     close_resolved: sql.Composable = sql.SQL("")
@@ -398,6 +432,7 @@ def compose(
                 t_row=row,
                 table=table,
                 t_is_c=eq("t", "c"),
+                one=one,
                 c_key_row=key_row("c"),
             ),
             resolved_severity,
@@ -435,6 +470,11 @@ def compose(
         o_is_f=eq("o", "f"),
         r_is_c=eq("r", "c"),
         first_next=first_next,
+        distinct=distinct,
+        distinct_order=distinct_order,
+        read=read,
+        fresh_read=fresh_read,
+        one_match=one_match,
         again_interval=interval(sql.SQL("(s.sw_n + 1)")),
         seen_tz=as_tz(sql.Identifier("c", "seen")),
         outbox=outbox(
@@ -465,7 +505,12 @@ def compose(
     probe = sql.SQL(_PROBE).format(
         table=table, state=state_table(rule), td=td, open_when=open_when, s_is_t=eq("s", "t")
     )
-    return TablePlan(rule, claim, close, probe=probe)
+    duplicates = None
+    if query:
+        duplicates = sql.SQL(_DUPLICATES).format(
+            t_key_text=key_text("t"), table=table, td=td, open_when=open_when, t_keys=cols("t")
+        )
+    return TablePlan(rule, claim, close, probe=probe, duplicates=duplicates)
 
 
 @dataclass(frozen=True)
@@ -585,9 +630,33 @@ class TableScan:
             self.closed += closed
             if closed:
                 log.debug("rule %s: sweep closed %d ended episodes", rule.name, closed)
+            if self.plan.duplicates is not None:
+                self.warn_duplicates(conn, now)
             self.since, self.swept = "-infinity", True
         else:
             self.since = self.to_deadline(rule.cutoff(scanned_to) - lookback(rule))
+
+    def warn_duplicates(self, conn: Connection, now: datetime) -> None:
+        """A query rule's sweep: one warning naming a key its output holds more than
+        once among the open overdue rows (such a key is watched as one of its rows)."""
+        assert self.plan.duplicates is not None
+        rule = self.plan.rule
+        with translate(f"duplicate keys of rule {rule.name}"):
+            row = conn.execute(
+                self.plan.duplicates, {"cutoff": self.params_at(now)["cutoff"]}
+            ).fetchone()
+        if row is not None:
+            key, n, keys = row
+            more = f" (and {keys - 1} more keys)" if keys > 1 else ""
+            log.warning(
+                "rule %s: key %s is in the query's output %d times%s: it is watched as the"
+                " row with the earliest deadline; make the query return one row per key"
+                " (docs/reference/rules.md)",
+                rule.name,
+                key,
+                n,
+                more,
+            )
 
     def batch(self, conn: Connection, now: datetime) -> TableBatch:
         got = claim_table_batch(conn, self.plan, self.params_at(now), self.since)

@@ -24,6 +24,11 @@ ways in (HTTP, brokers, the CLI). What an event does to its key's row:
 - fail: pages at once: the open episode's next notification is due now, a deadline
   not yet passed is moved to now, and with none open one is opened, due now.
 
+A start/stop rule with ``schedule`` or ``period`` expects its runs (:func:`_scheduled_run`):
+a stop leaves the timer open and ``waiting``, due at the next expected start plus grace
+(a schedule's, again, filled in by the scan from the stop), and a start of a waiting
+timer opens the run.
+
 A repeated (type, id) is dropped while its id is kept in ``slawatch.event_seen``
 (the dedupe window, ``SLAWATCH_DEDUPE_WINDOW``: maintenance removes older ids). An
 event of a type no rule knows is kept in ``slawatch.event_held`` (``held``), never
@@ -92,6 +97,11 @@ def block_types(block: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+# Columns of the timer table added since its first release: migrate adds them to the
+# tables of existing rules (migrate._timer_columns).
+ADDED_COLUMNS = {"waiting": "boolean NOT NULL DEFAULT false"}
+
+
 def create_table(rule: Rule) -> list[str]:
     """The statements that create an event rule's timer table and its helper indexes
     (the rule's own partial indexes are migrate's, as for any watched table)."""
@@ -105,6 +115,7 @@ def create_table(rule: Rule) -> list[str]:
     open        boolean     NOT NULL DEFAULT false,
     stopped_at  timestamptz,              -- the last stop (not open: may wait for its start)
     too_fast    boolean     NOT NULL DEFAULT false,  -- stopped sooner than min: pages once
+    waiting     boolean     NOT NULL DEFAULT false,  -- open for the next run's start
     data        jsonb       NOT NULL DEFAULT '{{}}',   -- the start's data
     events      jsonb       NOT NULL DEFAULT '[]',   -- the last {EVENTS_KEPT} events: type and at
     {quoted(rule.n_column)} integer NOT NULL DEFAULT 0,
@@ -150,7 +161,9 @@ def _rule_block(rule: Rule) -> str:
         An open timer is then narrower by an event (~80 bytes)."""
         return "jsonb_build_array(v_ev)" if len(names) > 1 else "'[]'::jsonb"
 
-    if events.start is not None:
+    if events.scheduled:
+        out.append(_scheduled_run(rule))
+    elif events.start is not None:
         assert events.within is not None and events.stop is not None
         within = _interval(events.within)
         # A stop that came first, at or after this start: the cycle is already done.
@@ -205,22 +218,70 @@ def _rule_block(rule: Rule) -> str:
         # The open episode (notified, same deadline) is re-notified now; an open
         # deadline not yet notified is moved to now; with none open, one is opened.
         episode = f"(r.open AND r.{n} > 0 AND r.{seen} = r.due_at)"
+        # A scheduled rule's timer waiting for a start holds no run: the failure is one.
+        running, waiting = "r.open", ""
+        if events.scheduled:
+            running, waiting = "(r.open AND NOT r.waiting)", " waiting = false,"
         out.append(f"""    IF v_type IN ({types(events.fail)}) THEN
         v_hit := true;
         INSERT INTO {t} AS r (key, started_at, due_at, open, data, events)
         VALUES (v_key, v_at, v_at, true, v_data, jsonb_build_array(v_ev))
         ON CONFLICT (key) DO UPDATE SET
-            open = true, too_fast = false,
-            started_at = CASE WHEN r.open THEN r.started_at ELSE excluded.started_at END,
+            open = true, too_fast = false,{waiting}
+            started_at = CASE WHEN {running} THEN r.started_at ELSE excluded.started_at END,
             due_at = CASE WHEN {episode} THEN r.due_at
                           WHEN r.open
                           THEN LEAST(COALESCE(r.due_at, excluded.due_at), excluded.due_at)
                           ELSE excluded.due_at END,
             {nxt} = CASE WHEN {episode} THEN excluded.due_at ELSE r.{nxt} END,
-            data = CASE WHEN r.open THEN r.data ELSE excluded.data END,
+            data = CASE WHEN {running} THEN r.data ELSE excluded.data END,
             events = {_APPEND};
     END IF;""")
     return "\n".join(out)
+
+
+def _scheduled_run(rule: Rule) -> str:
+    """The start and stop of a rule whose runs are expected (``schedule`` or ``period``).
+
+    Between runs the key's timer stays open, ``waiting`` for the next start, due at the
+    next expected start plus grace (with ``schedule``, NULL until the scan fills it in
+    from the stop: PL/pgSQL knows no cron). A start of a waiting (or closed) timer opens
+    the run, due ``within``; a stop ends the run, or with no run open counts as a whole
+    one (a job that only pings when done), and the timer waits for the next."""
+    events = rule.events
+    assert events is not None and events.start is not None and events.stop is not None
+    assert events.within is not None
+    t = quoted("slawatch", rule.timers)
+    if events.period is not None:
+        expected = f"v_at + {_interval(events.period + events.grace)}"
+    else:
+        expected = "NULL::timestamptz"
+    start = ", ".join(_lit(x) for x in events.start)
+    first = "jsonb_build_array(v_ev)" if len(events.start) > 1 else "'[]'::jsonb"
+    running = "(r.open AND NOT r.waiting)"
+    return f"""    IF v_type IN ({start}) THEN
+        v_hit := true;
+        INSERT INTO {t} AS r (key, started_at, due_at, open, data, events)
+        VALUES (v_key, v_at, v_at + {_interval(events.within)}, true, v_data, {first})
+        ON CONFLICT (key) DO UPDATE SET
+            started_at = excluded.started_at, due_at = excluded.due_at, open = true,
+            waiting = false, data = excluded.data, events = excluded.events
+        WHERE NOT {running}
+          AND (r.stopped_at IS NULL OR r.stopped_at < excluded.started_at)
+          AND (r.started_at IS NULL OR r.started_at < excluded.started_at);
+    END IF;
+    IF v_type IN ({", ".join(_lit(x) for x in events.stop)}) THEN
+        v_hit := true;
+        INSERT INTO {t} AS r (key, due_at, open, waiting, stopped_at, events)
+        VALUES (v_key, {expected}, true, true, v_at, jsonb_build_array(v_ev))
+        ON CONFLICT (key) DO UPDATE SET
+            open = true, waiting = true, due_at = excluded.due_at,
+            started_at = CASE WHEN {running} THEN r.started_at END,
+            stopped_at = excluded.stopped_at,
+            events = {_APPEND}
+        WHERE CASE WHEN {running} THEN r.started_at <= excluded.stopped_at
+                   ELSE r.stopped_at IS NULL OR r.stopped_at < excluded.stopped_at END;
+    END IF;"""
 
 
 def _known(expr: str, types: list[str]) -> str:
@@ -504,12 +565,14 @@ def housekeep(db: Database, rule: Rule) -> None:
                     )
                 )
         if events.schedule is not None:
+            # A beat's next time follows it; a scheduled run's, the stop that ended the last.
+            at = sql.Identifier("stopped_at" if events.start is not None else "started_at")
             with translate(f"scheduling beats of rule {rule.name}"):
                 rows = conn.execute(
                     sql.SQL(
-                        "SELECT key, started_at FROM {} WHERE open AND due_at IS NULL"
-                        " ORDER BY started_at LIMIT %s"
-                    ).format(t),
+                        "SELECT key, {at} FROM {t} WHERE open AND due_at IS NULL"
+                        " ORDER BY {at} LIMIT %s"
+                    ).format(t=t, at=at),
                     (FILL_BATCH,),
                 ).fetchall()
                 if rows:
@@ -517,12 +580,12 @@ def housekeep(db: Database, rule: Rule) -> None:
                     far = datetime.max.replace(tzinfo=rows[0][1].tzinfo)
                     conn.execute(
                         sql.SQL(
-                            "UPDATE {} t SET due_at = v.due"
+                            "UPDATE {t} t SET due_at = v.due"
                             " FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[])"
-                            " AS v(key, started_at, due)"
-                            " WHERE t.key = v.key AND t.started_at = v.started_at"
+                            " AS v(key, at, due)"
+                            " WHERE t.key = v.key AND t.{at} = v.at"
                             " AND t.due_at IS NULL"
-                        ).format(t),
+                        ).format(t=t, at=at),
                         (
                             [k for k, _ in rows],
                             [at for _, at in rows],

@@ -103,10 +103,13 @@ def sweep(app: Conn, plan: ClaimPlan, now: datetime) -> int:
 
 
 def select_only(conn: Conn, rule: Rule, name: str, tables: str) -> None:
-    """slawatch's own schema as printed by ``migrate --print``, and SELECT on ``tables``."""
-    for g in grants([rule], name):
+    """Exactly the GRANTs ``migrate --print`` prints: slawatch's own schema, and SELECT
+    on the query's ``tables`` (nothing more)."""
+    printed = [g.as_string(conn) for g in grants([rule], name)]
+    for table in tables.split(", "):
+        assert f'GRANT SELECT ON "{table}" TO "{name}"' in printed
+    for g in printed:
         conn.execute(g)
-    conn.execute(f"GRANT SELECT ON {tables} TO {name}")
 
 
 def test_a_stalled_job_pages_its_action_runs_and_it_resolves(
@@ -283,4 +286,43 @@ def test_run_once_pages_a_query_rule_as_a_select_only_role(
     assert "a query rule's deadlines are not indexed" in capsys.readouterr().out
     conn.execute("INSERT INTO shipments (order_id) VALUES (1)")
     assert main([*args, "run", "--once"]) == 0
+    assert [r[:2] for r in resolved(conn)] == [("1", 1)]
+
+
+def test_a_key_the_query_returns_twice_is_watched_once_and_each_sweep_names_it(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = datetime.now(UTC)
+    conn.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL,"
+        " status text NOT NULL, paid_at timestamptz);"
+        "CREATE TABLE items (order_id bigint NOT NULL, sku text NOT NULL)"
+    )
+    conn.execute(
+        "INSERT INTO orders VALUES (1, 'ada', 'paid', %s), (2, 'bob', 'paid', %s),"
+        " (3, 'cy', 'paid', %s)",
+        (now - timedelta(hours=50), now - timedelta(hours=60), now - timedelta(hours=1)),
+    )
+    # A join that fans out: order 1 has two items, so the output holds key 1 twice
+    # (and 3, not due yet, twice too: not named).
+    conn.execute("INSERT INTO items VALUES (1, 'a'), (1, 'b'), (2, 'c'), (3, 'd'), (3, 'e')")
+    rule = unshipped_rule(
+        "SELECT o.id, o.paid_at, o.customer FROM orders o JOIN items i ON i.order_id = o.id"
+    )
+    migrate(conn, [rule])
+    plan = prepare(conn, rule)
+    with caplog.at_level("WARNING", logger="slawatch.engine.statetable"):
+        assert sweep(conn, plan, now) == 2
+        assert sweep(conn, plan, now + DAY) == 0  # each key once; no renotify
+    assert [a[:2] for a in alerts(conn, "order_unshipped")] == [("1", 1), ("2", 1)]
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned == 2 * [
+        "rule order_unshipped: key 1 is in the query's output 2 times: it is watched as"
+        " the row with the earliest deadline; make the query return one row per key"
+        " (docs/reference/rules.md)"
+    ]
+    # Paid again (a new deadline, not due): the episode ends, and its resolved notice
+    # reads one of the key's two rows.
+    conn.execute("UPDATE orders SET paid_at = %s WHERE id = 1", (now + DAY,))
+    sweep(conn, plan, now + 2 * DAY)
     assert [r[:2] for r in resolved(conn)] == [("1", 1)]

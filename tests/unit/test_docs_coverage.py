@@ -8,7 +8,7 @@ import argparse
 import re
 
 from slawatch.cli import build_parser
-from slawatch.config.rules import Rule
+from slawatch.config.rules import Events, Rule
 from tests.conftest import ROOT
 
 REFERENCE = ROOT / "docs" / "reference"
@@ -25,6 +25,12 @@ def test_every_rule_field_is_on_the_rules_page() -> None:
     assert len(fields) > 20
     missing = [f for f in fields if not re.search(rf"(^|[\s#`]){re.escape(f)}[:`]", page, re.M)]
     assert not missing
+
+
+def test_every_events_field_is_on_the_rules_page() -> None:
+    page = (REFERENCE / "rules.md").read_text()
+    section = page[page.index("- **`events`**") :].split("\n- **", 1)[0]
+    assert not [f for f in Events.model_fields if f"`{f}" not in section]
 
 
 def test_every_command_is_on_the_cli_page() -> None:

@@ -97,3 +97,31 @@ def test_joins_unions_and_read_only_with_are_one_select() -> None:
         " UNION ALL SELECT id, paid_at FROM orders;"
     )
     assert rule(query).query == query.rstrip(";")
+
+
+def test_migrate_print_grants_select_on_what_the_query_reads() -> None:
+    from slawatch.engine.migrate import grants
+
+    rule = Rule.model_validate(
+        {
+            "name": "job_stalled",
+            "query": "WITH w AS (SELECT * FROM procrastinate.procrastinate_workers)"
+            " SELECT j.id, w.last_heartbeat AS beat FROM procrastinate_jobs j"
+            " LEFT JOIN w ON w.id = j.worker_id"
+            " WHERE NOT EXISTS (SELECT 1 FROM public.paused p WHERE p.task = j.task_name)",
+            "track": "table",
+            "key": "id",
+            "deadline": "beat",
+            "open_when": "true",
+            "notify": ["console"],
+        }
+    )
+    printed = [g.as_string(None) for g in grants([rule], "app")]
+    reads = [g for g in printed if g.startswith("GRANT SELECT ON ") and "slawatch" not in g]
+    assert sorted(reads) == [
+        'GRANT SELECT ON "procrastinate"."procrastinate_workers" TO "app"',
+        'GRANT SELECT ON "procrastinate_jobs" TO "app"',
+        'GRANT SELECT ON "public"."paused" TO "app"',
+    ]  # not "w": a WITH query's name
+    assert 'GRANT USAGE ON SCHEMA "procrastinate" TO "app"' in printed
+    assert printed.count('GRANT USAGE ON SCHEMA "public" TO "app"') == 1

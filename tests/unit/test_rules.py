@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -244,6 +244,24 @@ def test_a_ping_key_is_a_secret_of_its_own_rule(
     )
 
 
+def test_a_start_stop_rule_may_expect_its_runs(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "orders.yaml",
+        EVENTS + "events: {start: a, stop: b, within: 10m, schedule: '0 * * * *', grace: 5m}\n",
+    )
+    (rule,) = load_rules(tmp_path)
+    assert rule.events is not None and rule.events.scheduled
+    at = datetime(2026, 11, 25, 2, 3, tzinfo=UTC)
+    assert rule.events.next_due(at) == datetime(2026, 11, 25, 3, 5, tzinfo=UTC)
+    write(
+        tmp_path, "orders.yaml", EVENTS + "events: {start: a, stop: b, within: 10m, period: 1h}\n"
+    )
+    (rule,) = load_rules(tmp_path)
+    assert rule.events is not None and rule.events.scheduled
+    assert rule.events.period == timedelta(hours=1)
+
+
 @pytest.mark.parametrize(
     ("events", "expected"),
     [
@@ -261,7 +279,26 @@ def test_a_ping_key_is_a_secret_of_its_own_rule(
         ("events: {beat: a}\n", "'beat' needs exactly one of 'within'"),
         ("events: {beat: a, within: 1h, schedule: '0 2 * * *'}\n", "needs exactly one of"),
         ("events: {beat: a, schedule: '0 25 * * *'}\n", "is not a cron expression"),
-        ("events: {beat: a, within: 1h, grace: 5m}\n", "'grace' and 'timezone' go with"),
+        ("events: {beat: a, within: 1h, grace: 5m}\n", "'grace' goes with 'schedule':"),
+        ("events: {beat: a, within: 1h, timezone: UTC}\n", "'timezone' goes with 'schedule'"),
+        ("events: {beat: a, within: 1h, period: 1h}\n", "'period' goes with 'start'"),
+        (
+            "events: {start: a, stop: b, within: 1h, grace: 5m}\n",
+            "'grace' goes with 'schedule' or 'period'",
+        ),
+        (
+            "events: {start: a, stop: b, within: 1h, period: 1h, timezone: UTC}\n",
+            "'timezone' goes with 'schedule'",
+        ),
+        (
+            "events: {start: a, stop: b, within: 10m, period: 1h, schedule: '0 * * * *'}\n",
+            "'schedule' and 'period' both say when a run is expected: give one",
+        ),
+        (
+            "events: {start: a, stop: b, within: 10m, period: 1h, min: 1m}\n",
+            "'min' does not go with 'schedule' or 'period'",
+        ),
+        ("events: {start: a, stop: b, within: 10m, period: 0s}\n", "events.period"),
         ("events: {beat: a, stop: b, within: 1h}\n", "'stop' goes with 'start'"),
         ("events: {beat: a, schedule: '0 2 * * *', timezone: Mars/Base}\n", "not a time zone"),
         ("events: {start: [], stop: b, within: 1h}\n", "must name 1 to 100 event types"),
