@@ -230,7 +230,10 @@ def main() -> None:
 
     raw = runs["raw"]
     print(f"\nmedians of {args.rounds}, {args.rows:,} rows, {args.due:,} due, batch {args.batch:,}")
-    print(f"{'variant':>14} {'rows/s':>8} {'vs raw':>7} {'CPU/row':>8} {'vs raw':>7} {'WAL/row':>8}")
+    # WAL/row: the cluster's WAL over the drain (other sessions' too on a shared server;
+    # --explain gives one batch's own).
+    head = ("variant", "rows/s", "vs raw", "CPU/row", "vs raw", "WAL/row")
+    print("{:>14} {:>8} {:>7} {:>8} {:>7} {:>8}".format(*head))
     for label, _ in variants:
         rs = runs[label]
         # Per round against the raw run of the same round, then the median of those.
