@@ -566,9 +566,7 @@ def _analyze(conn: Connection, rule: Rule) -> list[Step]:
         # Tracking columns just added to a table analyzed before: without their
         # statistics the planner prices the claim's partial indexes blind (a probe
         # or claim that reads the whole table each time, until autovacuum's ANALYZE).
-        tables = without_statistics(
-            conn, rule.schema_name, rule.table_name, rule.tracking_columns
-        )
+        tables = without_statistics(conn, rule.schema_name, rule.table_name, rule.tracking_columns)
         why = "no statistics of its tracking columns yet, which the claim's plan needs"
     if not tables:
         return []
