@@ -534,11 +534,17 @@ def update_side_effects(conn: Connection, schema: str, name: str, tracking: list
     return found
 
 
-def without_statistics(conn: Connection, schema: str, name: str) -> list[tuple[str, str]]:
+def without_statistics(
+    conn: Connection, schema: str, name: str, columns: list[str] | None = None
+) -> list[tuple[str, str]]:
     """The table ``schema.name`` (or each partition of it) that holds rows the planner
-    has no statistics for: a table just loaded from a dump, not yet analyzed."""
+    has no statistics for: a table just loaded from a dump, not yet analyzed; or, with
+    ``columns``, none for one of them (columns added since, or about to be)."""
     with translate(f"reading the statistics of {schema}.{name}"):
-        rels = conn.execute(queries()["no_statistics"], {"schema": schema, "name": name}).fetchall()
+        rels = conn.execute(
+            queries()["no_statistics"],
+            {"schema": schema, "name": name, "columns": list(columns or [])},
+        ).fetchall()
         out = []
         for rel_schema, rel_name in rels:
             # An empty table has nothing to count: ANALYZE would find nothing either.

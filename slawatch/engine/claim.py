@@ -86,9 +86,13 @@ first AS (
        AND {next} < %(renotify_by)s::timestamptz AND {again}
     RETURNING 1
 ), ended AS (
+    -- Ordered by the ended index's key, as first and again are by theirs: without it a
+    -- planner that expects many ended rows (no statistics of the tracking columns yet)
+    -- takes a sequential scan to stop early, and reads the whole table when there are none.
     SELECT tableoid, ctid{ended_cols} FROM {table}
      WHERE {ended}
        AND (tableoid, ctid) NOT IN (SELECT tableoid, ctid FROM first)
+     ORDER BY {seen}
      LIMIT %(batch)s::integer
        FOR NO KEY UPDATE SKIP LOCKED
 ), closed AS (

@@ -588,7 +588,14 @@ def _analyze(conn: Connection, rule: Rule) -> list[Step]:
     """ANALYZE of a table that holds rows but has no statistics (just loaded from a dump):
     without them the planner prices the new partial indexes blind, and ``explain`` (or
     the first scans) would read the table whole until autovacuum came by."""
+    why = "it had no statistics, which the claim's plan needs"
     tables = without_statistics(conn, rule.schema_name, rule.table_name)
+    if not tables and rule.track != "table":
+        # Tracking columns just added to a table analyzed before: without their
+        # statistics the planner prices the claim's partial indexes blind (a probe
+        # or claim that reads the whole table each time, until autovacuum's ANALYZE).
+        tables = without_statistics(conn, rule.schema_name, rule.table_name, rule.tracking_columns)
+        why = "no statistics of its tracking columns yet, which the claim's plan needs"
     if not tables:
         return []
     where = f"{rule.schema_name}.{rule.table_name}"
@@ -600,7 +607,7 @@ def _analyze(conn: Connection, rule: Rule) -> list[Step]:
     return [
         Step(
             f"ANALYZE {', '.join(quoted(*t) for t in tables)}",
-            f"{where}: analyzed{what}: it had no statistics, which the claim's plan needs",
+            f"{where}: analyzed{what}: {why}",
         )
     ]
 

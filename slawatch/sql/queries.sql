@@ -771,7 +771,9 @@ SELECT DISTINCT p.pubname FROM pg_publication p
 -- The table `schema`.`name`, or each partition of it, that the planner has no statistics
 -- for: never analyzed nor vacuumed (reltuples < 0, PostgreSQL 14 on), or no column
 -- statistics (pg_stats: what ANALYZE writes; an index build counts rows but writes
--- none). migrate ANALYZEs the ones that hold rows once it built an index on them.
+-- none), or none for one of `columns` (columns added since the last ANALYZE, e.g. the
+-- inline claim's tracking columns: a column that does not exist yet has none either).
+-- migrate ANALYZEs the ones that hold rows once it built an index on them.
 WITH rels AS (
     SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
      WHERE n.nspname = %(schema)s AND c.relname = %(name)s
@@ -783,7 +785,11 @@ SELECT n.nspname, c.relname
         OR c.oid IN (SELECT relid::oid FROM rels, pg_partition_tree(rels.oid)))
    AND (c.reltuples < 0
         OR NOT EXISTS (SELECT 1 FROM pg_stats s
-                        WHERE s.schemaname = n.nspname AND s.tablename = c.relname))
+                        WHERE s.schemaname = n.nspname AND s.tablename = c.relname)
+        OR EXISTS (SELECT 1 FROM unnest(%(columns)s::text[]) AS w(col)
+                    WHERE NOT EXISTS (SELECT 1 FROM pg_stats s
+                                       WHERE s.schemaname = n.nspname
+                                         AND s.tablename = c.relname AND s.attname = w.col)))
  ORDER BY n.nspname, c.relname;
 
 -- indexes_on_columns --

@@ -427,6 +427,80 @@ def test_a_table_loaded_from_a_dump_is_analyzed_so_explain_passes(conn: Conn, tr
     assert not [d for d in migrate(conn, [changed]) if "analyzed" in d]
 
 
+def test_an_analyzed_table_is_analyzed_again_for_its_new_tracking_columns(conn: Conn) -> None:
+    """The first migrate of an inline rule on a live table (analyzed long ago): the
+    tracking columns it adds have no statistics, and without them the claim's `ended`
+    read and the probe's were planned as a sequential scan of the whole table (the
+    planner expects half the rows to match). migrate analyzes it once."""
+    conn.execute(TABLE)
+    conn.execute("ALTER TABLE orders SET (autovacuum_enabled = false)")
+    conn.execute(
+        "INSERT INTO orders (id, status, paid_at) SELECT g, 'shipped',"
+        " '2026-01-01'::timestamptz + g * interval '1 minute' FROM generate_series(1, 20000) g"
+    )
+    conn.execute("ANALYZE orders")
+    late = rule()
+    done = migrate(conn, [late])
+    assert (
+        "public.orders: analyzed: no statistics of its tracking columns yet, which the"
+        " claim's plan needs" in done
+    )
+    columns = conn.execute(
+        "SELECT attname FROM pg_stats WHERE tablename = 'orders' AND attname = ANY(%s)"
+        " ORDER BY attname",
+        (late.tracking_columns,),
+    ).fetchall()
+    assert sorted(c for (c,) in columns) == sorted(late.tracking_columns)
+    seen = late.seen_column
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute(
+            f'EXPLAIN SELECT EXISTS (SELECT 1 FROM orders WHERE "{seen}" IS NOT NULL'
+            f" AND (\"{seen}\" IS DISTINCT FROM paid_at OR (status = 'paid') IS NOT TRUE))"
+        ).fetchall()
+    )
+    assert "Seq Scan" not in plan, plan
+    # Once they have statistics, a rebuild of an index does not analyze again.
+    changed = rule(open_when="status IN ('paid', 'packed')")
+    assert not [d for d in migrate(conn, [changed]) if "analyzed" in d]
+
+
+def test_the_claim_reads_ended_episodes_through_their_index_without_statistics(
+    conn: Conn,
+) -> None:
+    """Statistics of the tracking columns gone (or never there: autovacuum off, a
+    migrate from before they were analyzed): the claim's `ended` read still takes its
+    partial index (ordered by its key), not a sequential scan of the table that stops
+    early only when there are ended rows to find."""
+    from slawatch.engine.claim import prepare
+
+    conn.execute(TABLE)
+    conn.execute("ALTER TABLE orders SET (autovacuum_enabled = false)")
+    conn.execute(
+        "INSERT INTO orders (id, status, paid_at) SELECT g, 'shipped',"
+        " '2026-01-01'::timestamptz + g * interval '1 minute' FROM generate_series(1, 20000) g"
+    )
+    late = rule()
+    migrate(conn, [late])
+    conn.execute(
+        "DELETE FROM pg_statistic WHERE starelid = 'orders'::regclass AND staattnum IN"
+        " (SELECT attnum FROM pg_attribute WHERE attrelid = 'orders'::regclass"
+        "  AND attname = ANY(%s))",
+        (late.tracking_columns,),
+    )
+    plan = prepare(conn, late)
+    with conn.transaction(force_rollback=True):
+        text = "\n".join(
+            r[0]
+            for r in conn.execute(
+                psycopg.sql.SQL("EXPLAIN {}").format(plan.statement),
+                plan.params(datetime(2026, 3, 1, tzinfo=UTC)),
+            ).fetchall()
+        )
+    assert "Seq Scan on orders" not in text, text
+    assert f"Index Scan using {late.ended_index} on orders" in text, text
+
+
 def test_the_partitions_that_hold_rows_without_statistics_are_analyzed(conn: Conn) -> None:
     conn.execute(
         "CREATE TABLE orders (id bigint, status text NOT NULL, paid_at timestamptz NOT NULL,"
