@@ -33,9 +33,10 @@ import os
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -306,6 +307,103 @@ def server_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float] | None:
     return read
 
 
+def fill_outbox(conn: psycopg.Connection[Any], alerts: int) -> None:
+    """``alerts`` overdue orders claimed: as many pending deliveries to ``hook``."""
+    conn.execute(
+        "CREATE TABLE backlog (id bigint PRIMARY KEY, user_id bigint,"
+        " total_cents integer, status text, paid_at timestamptz)"
+    )
+    conn.execute(
+        "INSERT INTO backlog SELECT g, 100000 + g %% 7919, 1000 + g %% 90000, 'paid',"
+        " now() - interval '3 days' FROM generate_series(1, %s::int) g",
+        (alerts,),
+    )
+    rule = backlog_rule()
+    migrate(conn, [rule])
+    conn.execute("VACUUM ANALYZE backlog")
+    plan = plan_claim(rule, "timestamp with time zone")
+    while claim_batch(conn, plan, datetime.now(UTC)):
+        pass
+    conn.execute("VACUUM ANALYZE slawatch.alert, slawatch.delivery")
+
+
+def backend_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float]:
+    """A reading of the CPU seconds the server process of ``conn`` has used so far."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    path, tick = f"/proc/{row[0] if row else 0}/stat", os.sysconf("SC_CLK_TCK")
+
+    def read() -> float:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    return read
+
+
+def claims_once(server: str | None, alerts: int, concurrency: int) -> dict[str, float]:
+    """The server's side of a drain alone: ``concurrency`` connections (a worker each)
+    take turns, each claim settling that worker's previous batch as sent, as a worker
+    whose receiver accepts at once does (so up to ``concurrency - 1`` batches are in
+    flight, leased, at each claim), until nothing is due. The claim statement as the
+    workers run it (prepared from its 6th run). Per 100 alerts: ``server_cpu`` ms of the
+    claiming backends (from /proc: the server must run on this machine); ``hot``: the
+    share of the outbox's updates that were HOT; ``mb``: the outbox's heap after it."""
+    from slawatch.engine.queries import queries
+
+    scratch = Scratch()
+    if server:
+        scratch.server = server
+    with scratch, psycopg.connect(scratch.create("db"), autocommit=True) as conn:
+        fill_outbox(conn, alerts)
+        query = queries()["claim_deliveries"]
+        conns = [psycopg.connect(scratch.dsn("db"), autocommit=True) for _ in range(concurrency)]
+        try:
+            cpus = [backend_cpu(c) for c in conns]
+            before = sum(read() for read in cpus)
+            sent: list[tuple[list[int], Any]] = [([], None)] * concurrency
+            claimed, busy = 0, True
+            while busy:
+                busy = False
+                for k, c in enumerate(conns):
+                    owner = uuid.uuid4()
+                    params = {
+                        "now": datetime.now(UTC),
+                        "owner": owner,
+                        "lease": timedelta(seconds=22),
+                        "limit": 100,
+                        "notifier": "hook",
+                        "sent": sent[k][0],
+                        "sent_owner": sent[k][1],
+                    }
+                    rows = c.execute(query, params).fetchall()
+                    ids = [r[0] for r in rows if r[3] != "sent"]
+                    claimed += len(ids)
+                    busy = busy or bool(ids) or bool(sent[k][0])
+                    sent[k] = (ids, owner)
+            used = sum(read() for read in cpus) - before
+        finally:
+            for c in conns:
+                c.close()
+        if claimed != alerts:
+            raise SystemExit(f"claims: {claimed} deliveries claimed, {alerts} expected")
+        stats = (
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+            " WHERE relid = 'slawatch.delivery'::regclass"
+        )
+        deadline = time.monotonic() + 10  # the closed backends' counters arrive shortly
+        while True:
+            upd, hot = conn.execute(stats).fetchone() or (0, 0)
+            if upd >= 2 * alerts or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        (size,) = conn.execute("SELECT pg_relation_size('slawatch.delivery')").fetchone() or (0,)
+        return {
+            "server_cpu": used * 1e5 / alerts,
+            "hot": hot / upd if upd else 0.0,
+            "mb": size / 1e6,
+        }
+
+
 def drain_once(
     server: str | None,
     receiver: Receiver,
@@ -322,22 +420,7 @@ def drain_once(
         scratch.server = server
     with scratch, psycopg.connect(scratch.create("db"), autocommit=True) as conn:
         dsn = scratch.dsn("db")
-        conn.execute(
-            "CREATE TABLE backlog (id bigint PRIMARY KEY, user_id bigint,"
-            " total_cents integer, status text, paid_at timestamptz)"
-        )
-        conn.execute(
-            "INSERT INTO backlog SELECT g, 100000 + g %% 7919, 1000 + g %% 90000, 'paid',"
-            " now() - interval '3 days' FROM generate_series(1, %s::int) g",
-            (alerts,),
-        )
-        rule = backlog_rule()
-        migrate(conn, [rule])
-        conn.execute("VACUUM ANALYZE backlog")
-        plan = plan_claim(rule, "timestamp with time zone")
-        while claim_batch(conn, plan, datetime.now(UTC)):
-            pass
-        conn.execute("VACUUM ANALYZE slawatch.alert, slawatch.delivery")
+        fill_outbox(conn, alerts)
         hook = WebhookNotifier(
             WebhookConfig(name="hook", type="webhook", url=receiver.url, batch=100)
         )
@@ -426,11 +509,27 @@ def main() -> None:
     parser.add_argument(
         "--drain-only", action="store_true", help="only the drain against straight POSTs"
     )
+    parser.add_argument(
+        "--claims-only",
+        action="store_true",
+        help="only the claim statement: the server's CPU per 100 alerts, HOT updates",
+    )
     args = parser.parse_args()
     if args.due < 100 or args.rate < 10 or args.seconds < 1 or args.singles < 1:
         parser.error("--due >= 100, --rate >= 10, --seconds >= 1, --singles >= 1")
     if not 1 <= args.concurrency <= 64 or args.rounds < 1:
         parser.error("--concurrency from 1 to 64, --rounds >= 1")
+
+    if args.claims_only:
+        runs = [claims_once(None, args.due, args.concurrency) for _ in range(args.rounds)]
+        print(
+            f"claims of {args.due:,} deliveries, 100 x {args.concurrency} workers in turn,"
+            f" {args.rounds} round(s), medians: server CPU per 100 alerts"
+            f" {statistics.median(r['server_cpu'] for r in runs):.2f} ms,"
+            f" HOT updates {statistics.median(r['hot'] for r in runs):.0%},"
+            f" outbox heap {statistics.median(r['mb'] for r in runs):.1f} MB"
+        )
+        return
 
     if args.drain_only:
         got = measure(None, args.due, args.rounds, args.concurrency)

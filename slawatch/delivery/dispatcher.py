@@ -6,9 +6,9 @@ group/e-mail, and settles them: sent; or a retry at ``min(first *
 2^(attempt-1), max)`` with jitter, or when the receiver said so (Retry-After);
 or dead, with the error text, after the last attempt or at once when the
 failure is permanent. Every write after the claim re-checks the lease owner,
-so a process that stalled past its lease changes nothing; a claimed delivery's
-next attempt is its lease expiry, so the deliveries of a process that died
-become due again by themselves.
+so a process that stalled past its lease changes nothing; a claimed delivery is
+not due while its lease runs, so the deliveries of a process that died become due
+again by themselves when their leases run out.
 
 Per episode and notifier, a resolved notice waits until the episode's firing
 notifications to that notifier are settled (``claim_deliveries``): a receiver is

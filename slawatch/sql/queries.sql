@@ -3,9 +3,14 @@
 
 -- claim_deliveries --
 -- One notifier's due deliveries, leased to one owner; SKIP LOCKED lets processes
--- (and the workers of one process) share the work. A lease that expired is due
--- again (next_attempt_at = lease expiry), so this same compare-and-set UPDATE
--- rescues it under a new owner.
+-- (and the workers of one process) share the work. A delivery is due when its
+-- next_attempt_at has come and it is not leased (no lease_expires_at, or one that ran
+-- out), so this same compare-and-set UPDATE rescues an expired lease under a new owner.
+-- The lease writes only columns no index covers (lease_owner, lease_expires_at,
+-- attempts; 0014_delivery_lease.sql leaves room on each page): a HOT update, no new
+-- index entries. The price: leased deliveries keep their place in delivery_due, so a
+-- claim steps over those in flight (at most `concurrency` batches per process) and
+-- checks each one's lease in the heap.
 -- A worker that just sent a full batch settles it here too (`sent`, leased to
 -- `sent_owner`, fenced like mark_sent), so a busy worker pays one statement and
 -- one commit per batch, not two; a first claim passes an empty `sent`. The claim
@@ -77,6 +82,7 @@ WITH sent AS (
       FROM slawatch.delivery d
      CROSS JOIN LATERAL (SELECT * FROM slawatch.alert a WHERE a.id = d.alert_id OFFSET 0) a
      WHERE d.status = 'pending' AND d.notifier = %(notifier)s AND d.next_attempt_at <= %(now)s
+       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= %(now)s)
        AND d.id <> ALL(%(sent)s::bigint[])
        AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
        AND (a.kind <> 'resolved' OR NOT EXISTS (
@@ -114,7 +120,6 @@ WITH sent AS (
     UPDATE slawatch.delivery d
        SET lease_owner = %(owner)s,
            lease_expires_at = %(now)s + %(lease)s::interval,
-           next_attempt_at = %(now)s + %(lease)s::interval,
            attempts = d.attempts + 1
       FROM due
      WHERE d.id = due.id AND due.id NOT IN (SELECT id FROM muted)
@@ -355,12 +360,14 @@ SELECT EXISTS (SELECT 1 FROM slawatch.delivery
 -- alert from being pruned. One in flight (its lease not run out at `now`) is left to
 -- the process sending it, which still has that notifier; the next look settles it if
 -- it comes back. `due_before` set: only those due since then (maintenance waits a
--- while: another instance may have the notifier); NULL: all of them. Read through delivery_due: the backlog, not the history.
+-- while: another instance may have the notifier; one whose lease ran out was due again
+-- when it ran out); NULL: all of them. Read through delivery_due: the backlog, not the history.
 WITH orphaned AS (
     UPDATE slawatch.delivery
        SET status = 'orphaned', lease_owner = NULL, lease_expires_at = NULL
      WHERE status = 'pending' AND notifier <> ALL(%(configured)s::text[])
-       AND (%(due_before)s::timestamptz IS NULL OR next_attempt_at <= %(due_before)s)
+       AND (%(due_before)s::timestamptz IS NULL
+            OR greatest(next_attempt_at, lease_expires_at) <= %(due_before)s)
        AND (lease_owner IS NULL OR lease_expires_at <= %(now)s)
     RETURNING notifier
 )
@@ -615,7 +622,10 @@ SELECT a.id, a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.du
  LIMIT %(limit)s;
 
 -- deliveries_of --
-SELECT alert_id, id, notifier, status, attempts, next_attempt_at, last_error, sent_at,
+-- A leased delivery's next attempt is when its lease runs out (if it is not settled by
+-- then); the lease does not move next_attempt_at (see claim_deliveries).
+SELECT alert_id, id, notifier, status, attempts,
+       greatest(next_attempt_at, lease_expires_at) AS next_attempt_at, last_error, sent_at,
        summary_id
   FROM slawatch.delivery
  WHERE alert_id = ANY(%(ids)s::bigint[])

@@ -125,7 +125,9 @@ def unversioned(conn: Conn) -> None:
         # 0009_generation.sql's record of the rules' definitions and its functions.
         " DROP TABLE IF EXISTS slawatch.rule_generation;"
         " DROP FUNCTION IF EXISTS slawatch.claim_gate(text, text),"
-        " slawatch.record_generation(text, text, jsonb)"
+        " slawatch.record_generation(text, text, jsonb);"
+        # 0014_delivery_lease.sql's room for leases on the outbox's pages.
+        " ALTER TABLE slawatch.delivery RESET (fillfactor)"
     )
 
 

@@ -197,6 +197,37 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
     assert done.rowcount == 1
 
 
+def test_a_lease_is_a_hot_update_that_leaves_the_due_time_alone(conn: Conn, dsn: str) -> None:
+    """The claim leases by writing columns no index covers, on pages with room for the
+    new version (0014_delivery_lease.sql): every lease is a HOT update, no new index
+    entry. next_attempt_at stays the due time; the lease's expiry is lease_expires_at,
+    and the status page shows that as the next attempt (deliveries_of)."""
+    overdue_orders(conn, 2000)  # several pages: without the fillfactor's room, full ones
+    q = queries()
+    lease = timedelta(seconds=30)
+    claim = {"limit": 500, "lease": lease, "notifier": "console", "now": CLAIMED}
+    with psycopg.connect(dsn) as tx:  # the counters of this transaction
+        rows = tx.execute(q["claim_deliveries"], claim | NOTHING_SENT | {"owner": uuid.uuid4()})
+        assert len(rows.fetchall()) == 500
+        counts = tx.execute(
+            "SELECT pg_stat_get_xact_tuples_updated(c.oid),"
+            " pg_stat_get_xact_tuples_hot_updated(c.oid)"
+            " FROM pg_class c WHERE c.oid = 'slawatch.delivery'::regclass"
+        ).fetchone()
+        assert counts == (500, 500)
+    leased = conn.execute(
+        "SELECT DISTINCT next_attempt_at, lease_expires_at FROM slawatch.delivery"
+        " WHERE lease_owner IS NOT NULL"
+    ).fetchall()
+    assert leased == [(CLAIMED, CLAIMED + lease)]
+    some = conn.execute(
+        "SELECT alert_id FROM slawatch.delivery WHERE lease_owner IS NOT NULL LIMIT 1"
+    ).fetchone()
+    assert some is not None
+    (shown,) = conn.execute(q["deliveries_of"], {"ids": [some[0]]}).fetchall()
+    assert shown[5] == CLAIMED + lease  # in flight: tried next when its lease runs out
+
+
 def test_the_next_claim_settles_the_batch_sent_and_never_takes_it_again(conn: Conn) -> None:
     """Even when its lease ran out while it was sent (a slow receiver), a batch settled
     by the claim of the next one is marked sent and not claimed again."""

@@ -120,10 +120,10 @@ def test_one_in_flight_is_left_to_its_sender_until_its_lease_runs_out(
     """Another process still sending it has the notifier: its lease is respected."""
     pending_to(conn, ["old"])
     lease = DUE + timedelta(seconds=30)
-    conn.execute(
-        "UPDATE slawatch.delivery SET lease_owner = %s, lease_expires_at = %s,"
-        " next_attempt_at = %s WHERE id = (SELECT min(id) FROM slawatch.delivery)",
-        (uuid.uuid4(), lease, lease),
+    conn.execute(  # leased as the claim leases: next_attempt_at stays (it is due)
+        "UPDATE slawatch.delivery SET lease_owner = %s, lease_expires_at = %s"
+        " WHERE id = (SELECT min(id) FROM slawatch.delivery)",
+        (uuid.uuid4(), lease),
     )
     assert settle_orphans(db, ["console"], FixedClock(DUE + timedelta(seconds=1))) == {"old": 1}
     assert statuses(conn) == {"orphaned": 1, "pending": 1}
@@ -216,3 +216,27 @@ def test_maintenance_orphans_only_what_was_due_for_its_grace(conn: Conn, db: Dat
         (DUE + timedelta(hours=1),),
     )
     assert settle_orphans(db, ["console"], FixedClock(DUE)) == {"new": 2}
+
+
+def test_a_lease_that_ran_out_is_given_the_grace_from_when_it_ran_out(
+    conn: Conn, db: Database
+) -> None:
+    """The claim's lease leaves next_attempt_at at the due time: a delivery whose
+    sender stalled is due again when its lease runs out, and maintenance gives it the
+    grace from then (another instance may still have the notifier and take it over)."""
+    from slawatch.runtime.scheduler import ORPHAN_GRACE
+
+    pending_to(conn, ["new"])
+    conn.execute("UPDATE slawatch.delivery SET next_attempt_at = %s", (DUE,))
+    ran_out = DUE + timedelta(hours=1)
+    conn.execute(
+        "UPDATE slawatch.delivery SET lease_owner = %s, lease_expires_at = %s"
+        " WHERE id = (SELECT min(id) FROM slawatch.delivery)",
+        (uuid.uuid4(), ran_out),
+    )
+    soon = FixedClock(ran_out + ORPHAN_GRACE - timedelta(seconds=1))
+    assert settle_orphans(db, ["console"], soon, ORPHAN_GRACE) == {"new": 1}
+    assert statuses(conn) == {"orphaned": 1, "pending": 1}
+    later = FixedClock(ran_out + ORPHAN_GRACE)
+    assert settle_orphans(db, ["console"], later, ORPHAN_GRACE) == {"new": 1}
+    assert statuses(conn) == {"orphaned": 2}

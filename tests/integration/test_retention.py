@@ -600,6 +600,7 @@ def test_the_index_retention_reads_acks_by_is_part_of_the_schema(outbox: Conn) -
     outbox.execute("DROP TABLE slawatch.episode")  # 0006_episode_history.sql
     outbox.execute("DROP TABLE slawatch.event_held")  # 0010_held_events.sql
     outbox.execute("DROP TABLE slawatch.scanner")  # 0013_scan_heartbeat.sql
+    outbox.execute("ALTER TABLE slawatch.delivery RESET (fillfactor)")  # 0014_delivery_lease.sql
     outbox.execute(  # 0012_generation.sql
         "DROP TABLE slawatch.rule_generation; DROP FUNCTION slawatch.claim_gate(text, text),"
         " slawatch.record_generation(text, text, jsonb)"
