@@ -8,7 +8,8 @@ article's statement of docs/explanation/claim.md, a naive UPDATE), the empty pro
 batch's EXPLAIN, end-to-end to a webhook receiver (`slawatch run` in a
 subprocess), 1/2/4 claiming processes and the peer (PGQueuer); then delivery
 (bench/delivery.py's measure()), the idle cost of 100 rules (bench/idle.py's
-measure()) and the event figures (bench/events.py); then issue 18's table, each
+measure()), the CPU of 100 / 300 / 1,000 idle rules (bench/rules.py's measure())
+and the event figures (bench/events.py); then issue 18's table and issue 27's, each
 row as met / NOT met / not measured, with the section that measures it.
 Not a test: the figures depend on the machine.
 
@@ -20,7 +21,7 @@ Not a test: the figures depend on the machine.
     .venv/bin/python bench/run.py --quick                        # ~1-2 minutes: does it run?
 
 Sections (--only / --skip): claim, explain, probe, long, e2e, procs, peer, delivery,
-idle, ingest, http, fire, timerprobe, lateness, brokers ("events": the last six). Retention at
+idle, rules, ingest, http, fire, timerprobe, lateness, brokers ("events": the last six). Retention at
 10 M alerts is bench/prune.py, separately (its load takes minutes).
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
@@ -945,7 +946,7 @@ def pgqueuer_status() -> str | None:
 # for its six). Each row of the table names the section that measures it.
 SECTIONS = (
     "claim", "explain", "probe", "long", "e2e", "procs", "peer",
-    "delivery", "idle", "ingest", "http", "fire", "timerprobe", "lateness", "brokers",
+    "delivery", "idle", "rules", "ingest", "http", "fire", "timerprobe", "lateness", "brokers",
 )  # fmt: skip
 SHOP_SECTIONS = {"claim", "explain", "long", "e2e", "procs", "peer"}  # need the shop table
 EVENT_SECTIONS = ("ingest", "http", "fire", "timerprobe", "lateness", "brokers")  # events.py's
@@ -974,13 +975,120 @@ class Row:
     goal: str
     met: bool | None
     section: str
+    value: float | None = None  # the figure as a number, for issue 27's table
 
     @property
     def mark(self) -> str:
         return {True: "met", False: "NOT met", None: "-"}[self.met]
 
     def command(self) -> str:
+        if self.section in SEPARATE:
+            return SEPARATE[self.section]
         return f"bench/run.py --only {self.section}"
+
+
+# Figures measured by a script of their own, not a section of this one.
+SEPARATE = {"prune": "bench/prune.py"}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A row of issue 27's table: the figure (``key`` in the run's figures), its goal
+    (at least or at most ``limit``), and the sections that measure it."""
+
+    key: str
+    figure: str
+    limit: float
+    at_most: bool
+    section: str
+    unit: str = "×"
+
+    @property
+    def goal(self) -> str:
+        sign = "≤" if self.at_most else "≥"
+        if self.unit == "%":
+            return f"{sign} {self.limit * 100:.0f} %"
+        return f"{sign} {self.limit:g}{self.unit}"
+
+    def met(self, value: float) -> bool:
+        return value <= self.limit if self.at_most else value >= self.limit
+
+
+ISSUE_27 = (
+    Goal("table", "`track: table` claim + outbox vs the seed's raw claim", 2.5, False, "claim"),
+    Goal("inline", "`track: inline` claim + outbox vs raw", 0.95, False, "claim"),
+    Goal(
+        "e2e",
+        "end to end (`slawatch run`, a burst: first claim to last receipt at a local"
+        " webhook) vs the raw claim alone",
+        0.75,
+        False,
+        "claim,e2e",
+    ),
+    Goal("delivery", "delivery vs straight POSTs of the same bodies", 0.5, False, "delivery"),
+    Goal("wal", "WAL per alert vs PGQueuer", 0.2, True, "claim,peer"),
+    Goal(
+        "prune",
+        "retention with 10 M alerts of history: pruning a drain's worth vs the drain",
+        0.10,
+        True,
+        "prune",
+        "%",
+    ),
+    Goal("idle", "idle DB time, 100 rules, vs the raw probes", 1.2, True, "idle"),
+    Goal(
+        "idle_pooler",
+        "the same behind a transaction pooler (SLAWATCH_POOLER=transaction)",
+        1.5,
+        True,
+        "idle",
+    ),
+    Goal(
+        "event", "`slawatch.event()` pipelined vs raw `INSERT … ON CONFLICT`", 0.7, False, "ingest"
+    ),
+    Goal("fire", "firing due timers vs the raw statement", 0.9, False, "fire"),
+    Goal("timer_bytes", "bytes per open timer", 250, True, "lateness", " B"),
+    Goal(
+        "rules_cpu",
+        "many idle rules (`every: 5s`): slawatch's own CPU vs the database's, at the most rules",
+        1.0,
+        True,
+        "rules",
+    ),
+    Goal(
+        "rules_bend",
+        "the rules curve: slawatch's CPU per rule at the most rules vs the fewest (linear: 1)",
+        1.5,
+        True,
+        "rules",
+    ),
+)
+
+
+def issue27_rows(figures: dict[str, tuple[float, str]], why: dict[str, str]) -> list[Row]:
+    """Issue 27's table: each goal beside its figure (``figures[key]``: the number and
+    how it was measured), or not measured (``why[key]``, else skipped)."""
+    rows = []
+    for g in ISSUE_27:
+        got = figures.get(g.key)
+        if got is None:
+            reason = why.get(g.key, "skipped")
+            rows.append(not_measured(g.figure, g.goal, g.section, reason))
+            continue
+        value, detail = got
+        rows.append(Row(g.figure, detail, g.goal, g.met(value), g.section, value))
+    return rows
+
+
+def event_figure(rows: list[Row], *words: str) -> tuple[float, str] | None:
+    """The number leading the ``measured`` text of bench/events.py's row whose figure
+    has all of ``words`` (its text may change on another branch: None if not found)."""
+    for r in rows:
+        if all(w.lower() in r.figure.lower() for w in words):
+            found = re.match(r"\s*([0-9][0-9,]*(?:\.[0-9]+)?)", r.now)
+            if found:
+                return float(found.group(1).replace(",", "")), r.now
+    return None
 
 
 def not_measured(figure: str, goal: str, section: str, why: str) -> Row:
@@ -1023,7 +1131,14 @@ def delivery_rows(quick: bool) -> list[Row]:
         return [not_measured(figure, goal, "delivery", failed)]
     x = float(res["ratio"])
     return [
-        Row(figure, f"{x:.2f}× straight httpx POSTs of the same bodies", goal, x >= 0.5, "delivery")
+        Row(
+            figure,
+            f"{x:.2f}× straight httpx POSTs of the same bodies",
+            goal,
+            x >= 0.5,
+            "delivery",
+            x,
+        )
     ]
 
 
@@ -1049,9 +1164,8 @@ def idle_rows(scratch: Scratch, quick: bool) -> list[Row]:
         more["reps"] = 1  # bench/idle.py's own rounds (3 by default): one in a smoke test
     if quick and "warm" in inspect.signature(measure).parameters:
         more["warm"] = 10.0  # not the steady state (plans still warming): a smoke test
-    res, failed = attempt(
-        measure, scratch.server, rules=100, seconds=3.0 if quick else 10.0, **more
-    )
+    seconds = 3.0 if quick else 10.0
+    res, failed = attempt(measure, scratch.server, rules=100, seconds=seconds, **more)
     if res is None:
         return [
             not_measured(f"{figure}: {p}", g, "idle", failed)
@@ -1069,6 +1183,7 @@ def idle_rows(scratch: Scratch, quick: bool) -> list[Row]:
             goals[0],
             st <= 1.5 and db <= 1.5,
             "idle",
+            db,
         ),
         Row(f"{figure}: writes", f"{writes:,.1f} per cycle", goals[1], writes == 0, "idle"),
         Row(
@@ -1078,7 +1193,60 @@ def idle_rows(scratch: Scratch, quick: bool) -> list[Row]:
             conns <= limit,
             "idle",
         ),
+        *pooled_idle_rows(measure, scratch, seconds, more),
     ]
+
+
+def pooled_idle_rows(
+    measure: Callable[..., Any], scratch: Scratch, seconds: float, more: dict[str, Any]
+) -> list[Row]:
+    """The idle DB time as behind a transaction pooler (issue 27): nothing prepared."""
+    figure = "idle, 100 rules × `every: 1s`, SLAWATCH_POOLER=transaction: DB time"
+    goal = "≤ 1.5× the raw probes (issue 27)"
+    if "pooler" not in inspect.signature(measure).parameters:
+        return [not_measured(figure, goal, "idle", "needs bench/idle.py measure(pooler=)")]
+    res, failed = attempt(
+        measure, scratch.server, rules=100, seconds=seconds, pooler="transaction", **more
+    )
+    if res is None:
+        return [not_measured(figure, goal, "idle", failed)]
+    db = float(res["db_time_ratio"])
+    return [
+        Row(
+            figure,
+            f"DB time {db:.2f}×, statements {float(res['statements_ratio']):.2f}× the raw probes",
+            goal,
+            db <= 1.5,
+            "idle",
+            db,
+        )
+    ]
+
+
+def rules_rows(scratch: Scratch, quick: bool) -> tuple[list[Row], dict[str, Any] | None]:
+    """bench/rules.py's measure(): slawatch's CPU and the database's with 100, 300 and
+    1,000 idle rules (--quick: 10, 30, 100, one short window each: does it run?)."""
+    counts = (10, 30, 100) if quick else (100, 300, 1_000)
+    figure = f"idle rules × `every: 5s`, {' / '.join(f'{n:,}' for n in counts)}: CPU"
+    goal = "slawatch ≤ the database at the most rules; per rule linear"
+    measure = guarded("rules", "measure")
+    if measure is None:
+        return [not_measured(figure, goal, "rules", "needs bench/rules.py measure()")], None
+    kwargs: dict[str, Any] = {"counts": counts}
+    if quick:
+        kwargs |= {"seconds": 5.0, "warm": 10.0, "reps": 1}
+    res, failed = attempt(measure, scratch.server, **kwargs)
+    if res is None:
+        return [not_measured(figure, goal, "rules", failed)], None
+    curve = res["curve"]
+    now = ", ".join(
+        f"{n:,}: slawatch {c['slawatch_cpu']:.1f} %"
+        + (f", DB {c['db_cpu']:.1f} %" if "db_cpu" in c else "")
+        + f", {c['per_check']:.2f} statements/check"
+        for n, c in curve.items()
+    )
+    met = None if "cpu_ratio" not in res else res["cpu_ratio"] <= 1.0 and res["bend"] <= 1.5
+    return [Row(figure, now, goal, met, "rules")], res
 
 
 def event_rows(
@@ -1478,6 +1646,11 @@ def main() -> None:
         if "idle" in run:
             other += idle_rows(scratch, args.quick)
             lap("idle")
+        curve: dict[str, Any] | None = None
+        if "rules" in run:
+            got_rules, curve = rules_rows(scratch, args.quick)
+            other += got_rules
+            lap("rules")
         event_table = event_rows(scratch, run, args.quick, lap) if run & set(EVENT_SECTIONS) else []
 
         # ---- the issue's table
@@ -1496,7 +1669,7 @@ def main() -> None:
         rows = [r for r in other if r.section == "delivery"]
         if "delivery" not in run:
             rows.append(not_measured("delivery", "≥ 0.5× straight POSTs", "delivery", "skipped"))
-        rows += [r for r in other if r.section == "idle"]
+        rows += [r for r in other if r.section in ("idle", "rules")]
         if "idle" not in run:
             rows.append(not_measured("idle, 100 rules", "≤ 1.5× raw probes", "idle", "skipped"))
         # The claim's size, else the probe section's own (--only probe).
@@ -1616,6 +1789,70 @@ def main() -> None:
         if event_table:
             print()
             print_rows("EVENTS (issue 15's table, bench/events.py)", event_table, args.markdown)
+        # ---- issue 27's table: the figures above, each beside its goal
+        figures: dict[str, tuple[float, str]] = {}
+        why: dict[str, str] = {"prune": "bench/prune.py, separately: its load takes minutes"}
+        for name, rate_ in (("table", r_tab), ("inline", r_in)):
+            if rate_ is not None and r_raw is not None:
+                figures[name] = (
+                    rate_ / r_raw,
+                    f"{rate_ / r_raw:.2f}× ({rate_:,.0f} vs {r_raw:,.0f} rows/s,"
+                    f" {due:,} due, batch {args.batch:,})",
+                )
+            elif by_name[name].skipped:
+                why[name] = "track: table not built"
+        if e2e and r_raw is not None:
+            x = e2e["e2e_rate"] / r_raw
+            figures["e2e"] = (x, f"{x:.2f}× ({e2e['e2e_rate']:,.0f} vs {r_raw:,.0f} alerts/s)")
+        elif e2e:
+            why["e2e"] = "needs the claim section too (its raw claim)"
+        for key, section, label in (
+            ("delivery", "delivery", "delivery"),
+            ("idle", "idle", "statements, DB time"),
+            ("idle_pooler", "idle", "SLAWATCH_POOLER=transaction"),
+        ):
+            for r in other:
+                if r.section == section and label in r.figure:
+                    if r.value is not None:
+                        figures[key] = (r.value, r.now)
+                    else:
+                        why[key] = r.now.removeprefix("not measured (").removesuffix(")")
+        wal_row = next((r for r in rows if r.figure.startswith("WAL per alert")), None)
+        if wal_row is not None and wal_row.met is not None:
+            x = float(wal_row.now.split("×", 1)[0])
+            figures["wal"] = (x, wal_row.now)
+        for key, words in (
+            ("event", ("pipelined",)),
+            ("fire", ("firing due timers",)),
+            ("timer_bytes", ("bytes per open timer",)),
+        ):
+            found = event_figure(event_table, *words)
+            if found is not None:
+                figures[key] = found
+            elif event_table:
+                why[key] = "not among bench/events.py's rows"
+        if curve is not None:
+            most, fewest = max(curve["curve"]), min(curve["curve"])
+            c = curve["curve"][most]
+            if "cpu_ratio" in curve:
+                figures["rules_cpu"] = (
+                    curve["cpu_ratio"],
+                    f"{curve['cpu_ratio']:.2f}× ({most:,} rules: slawatch {c['slawatch_cpu']:.1f} %,"
+                    f" the database {c['db_cpu']:.1f} % of a core)",
+                )
+            else:
+                why["rules_cpu"] = "the server is not a process of this machine"
+            figures["rules_bend"] = (
+                curve["bend"],
+                f"{curve['bend']:.2f}× ({most:,} vs {fewest:,} rules)",
+            )
+        print()
+        print_rows(
+            f"ISSUE 27: THE TABLE ({scale}; medians of {args.reps} interleaved runs where"
+            " repeated)",
+            issue27_rows(figures, why),
+            args.markdown,
+        )
         print(
             f"\nwhole run: {time.perf_counter() - began:.0f} s, load average"
             f" {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} CPUs); scratch databases"

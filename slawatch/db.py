@@ -573,7 +573,8 @@ def direct(conn: Connection) -> bool:
     return seen_as_sent(key_pid, family, local, connected_port, seen)
 
 
-# Prepared statements kept per pooled connection (psycopg's default: 100).
+# Prepared statements kept per pooled connection (psycopg's default: 100), at least;
+# a runner asks for more with more rules (Database.prepared_max).
 PREPARED_MAX = 1000
 
 
@@ -606,6 +607,11 @@ class Database:
     ) -> None:
         self.dsn, self.timeout, self.pooler = dsn, timeout, pooler
         self.check_idle = check_idle
+        # Prepared statements each connection keeps (set before it is handed out): the
+        # scans prepare each rule's probe on every connection they use, and a cache
+        # smaller than the statements used in turn evicts each just before its next run
+        # (psycopg's cache is an LRU): every scan would then prepare and deallocate.
+        self.prepared_max = PREPARED_MAX
         # When each pooled connection last did something (made, or given back).
         self._used: weakref.WeakKeyDictionary[Connection, float] = weakref.WeakKeyDictionary()
         # A request that began within one timeout of a success may have waited for
@@ -650,7 +656,7 @@ class Database:
             self._preparing.add(conn)
         # Every rule's probe and claim on every shared connection: psycopg's default of
         # 100 prepared statements would keep evicting them with a hundred rules.
-        conn.prepared_max = PREPARED_MAX
+        conn.prepared_max = self.prepared_max
         self._used[conn] = time.monotonic()
 
     def _check(self, conn: Connection) -> None:
@@ -686,6 +692,8 @@ class Database:
         try:
             with self._pool.connection(timeout=wait) as conn:
                 conn.prepare_threshold = PREPARE_THRESHOLD if self._may_prepare(conn) else None
+                if conn.prepared_max != self.prepared_max:  # raised since it was made
+                    conn.prepared_max = self.prepared_max
                 try:
                     yield conn
                 finally:

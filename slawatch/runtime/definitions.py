@@ -3,7 +3,8 @@
 The claims' gate (engine/generation.py) is what keeps an instance running another
 definition of a rule from changing anything for it; this is what the process
 knows of it: the recorded definitions, read again every :data:`REREAD` seconds
-(one statement for every rule) and at once after a gate refused, so that a
+(one statement for every rule, by one scan: the others meanwhile go by the records
+as last read) and at once after a gate refused, so that a
 rule found stale is skipped without a probe, ``/readyz`` and
 ``slawatch_rule_generation_mismatch`` say so while the rule is idle too, and the
 log has one line when a rule turns stale and one when it matches again.
@@ -18,7 +19,7 @@ from collections.abc import Callable
 
 from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.engine.generation import Recorded, mismatch, recorded, refusal
+from slawatch.engine.generation import Recorded, generation, mismatch, recorded, refusal
 from slawatch.errors import SlawatchError
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,16 @@ class Definitions:
     ) -> None:
         self.db, self.changed, self.reread = db, changed, reread
         self._lock = threading.Lock()
+        # Held by the one scan reading the records: with a thousand rules at `every: 5s`
+        # the records go old while 200 scans a second look at them, and each reading
+        # them (every row) would make the cost grow with the square of the rules.
+        self._reading = threading.Lock()
         self._records: dict[str, Recorded] = {}
         self._read_at: float | None = None
         self._stale: dict[str, str] = {}
+        # Each rule's generation (a hash of its definition), by name, with the rule it
+        # is of: a scan compares, it does not hash the rule again.
+        self._generations: dict[str, tuple[Rule, str]] = {}
 
     @property
     def stale(self) -> dict[str, str]:
@@ -57,17 +65,45 @@ class Definitions:
 
     def check(self, rule: Rule) -> bool:
         """Whether ``rule`` may be claimed, as far as the records tell (reads them again
-        when they are old); raises what the read raises."""
+        when they are old); raises what the read raises.
+
+        Records merely old (:data:`REREAD`) are read again by one scan while the others
+        go by them as they are; records never read, or set aside by :meth:`invalidate`,
+        are read before any check answers."""
         with self._lock:
-            fresh = self._read_at is not None and time.monotonic() - self._read_at < self.reread
-        if not fresh:
+            read_at = self._read_at
+        if read_at is None or time.monotonic() - read_at >= self.reread:
+            self._read(wait=read_at is None)
+        with self._lock:
+            why = self._mismatch(rule, self._records.get(rule.name))
+        self._set(rule.name, why)
+        return why is None
+
+    def _mismatch(self, rule: Rule, record: Recorded | None) -> str | None:
+        """:func:`~slawatch.engine.generation.mismatch`, with ``rule``'s generation
+        computed once (per rule object: a reload's new rule is hashed anew)."""
+        if record is None:
+            return None
+        mine = self._generations.get(rule.name)
+        if mine is None or mine[0] is not rule:
+            mine = self._generations[rule.name] = (rule, generation(rule))
+        return None if record.generation == mine[1] else mismatch(rule, record)
+
+    def _read(self, wait: bool) -> None:
+        """Read the records, unless another scan is reading them: then wait for it
+        (``wait``) or go on without."""
+        if not self._reading.acquire(blocking=wait):
+            return
+        try:
+            with self._lock:
+                read_at = self._read_at
+            if read_at is not None and time.monotonic() - read_at < self.reread:
+                return  # read by the scan that held the lock before this one
             records = self.db.run("reading the rules' recorded definitions", recorded)
             with self._lock:
                 self._records, self._read_at = records, time.monotonic()
-        with self._lock:
-            why = mismatch(rule, self._records.get(rule.name))
-        self._set(rule.name, why)
-        return why is None
+        finally:
+            self._reading.release()
 
     def refused(self, rule: Rule, exc: BaseException) -> bool:
         """Whether ``exc`` is the claims' gate refusing ``rule``: then the rule is marked
@@ -90,6 +126,8 @@ class Definitions:
 
     def forget(self, name: str) -> None:
         """``name`` is no longer run (a reload removed it)."""
+        with self._lock:
+            self._generations.pop(name, None)
         self._set(name, None)
 
     def _set(self, name: str, why: str | None) -> None:

@@ -33,7 +33,14 @@ from slawatch.config.notifiers import NotifierConfig
 from slawatch.config.rules import Rule, action_targets
 from slawatch.config.settings import DEFAULT_RETENTION
 from slawatch.config.sources import SourceConfig
-from slawatch.db import Database, DatabaseUnavailable, Pooler, PreparedStatementLost, redact
+from slawatch.db import (
+    PREPARED_MAX,
+    Database,
+    DatabaseUnavailable,
+    Pooler,
+    PreparedStatementLost,
+    redact,
+)
 from slawatch.delivery.dispatcher import (
     BACKOFF_CAP,
     POLL,
@@ -71,6 +78,8 @@ log = logging.getLogger(__name__)
 ORPHAN_GRACE = timedelta(minutes=10)
 # Connections the scans of all rules share, by default (SLAWATCH_SCAN_CONNECTIONS).
 SCAN_CONNECTIONS = 2
+# Seconds over which the first scans of rules started together are spread (_staggered).
+STAGGER = 1.0
 # Seconds between looks at the database (Runner.watch), and the longest wait for a
 # pooled connection in one.
 WATCH_EVERY = 2.0
@@ -255,12 +264,9 @@ class Runner:
         self._configs = {c.name: c for c in notifiers}
         self._source_configs = list(sources or [])
         self.scan_connections = scan_connections
-        self.db = Database(
-            dsn,
-            size=_pool_size(scan_connections, notifiers, len(self._source_configs)),
-            timeout=timeout,
-            pooler=pooler,
-        )
+        self._connections = _pool_size(scan_connections, notifiers, len(self._source_configs))
+        self.db = Database(dsn, size=self._connections, timeout=timeout, pooler=pooler)
+        self.db.prepared_max = _prepared_max(rules)
         try:
             with self.db.connection("reading the watched tables") as conn:
                 # Every rule not ready to run is named at once.
@@ -603,7 +609,7 @@ class Runner:
 
         ``http``: the admin API's address, for the startup line.
         """
-        self._scan_threads = len(self._running) + 1
+        self._scan_threads = self._threads_wanted()
         scheduler = BackgroundScheduler(
             executors={
                 "default": ThreadPoolExecutor(3),  # pruning, the watch, the scans' beat
@@ -612,8 +618,10 @@ class Runner:
             timezone=UTC,
         )
         now = datetime.now(UTC)
-        for name, running in self._running.items():
-            self._add_scan(scheduler, name, running.rule, now)
+        for (name, running), when in zip(
+            self._running.items(), _staggered(now, len(self._running)), strict=True
+        ):
+            self._add_scan(scheduler, name, running.rule, when)
         every = self.maintain_every.total_seconds()
         scheduler.add_job(
             self.maintain,
@@ -801,11 +809,14 @@ class Runner:
                     exc,
                 )
                 return False
+            # The scans' threads follow the connections (Runner._threads_wanted).
+            self._connections = _pool_size(self.scan_connections, notifiers, len(self.sources))
+            self.db.prepared_max = max(self.db.prepared_max, _prepared_max(rules))
             self._apply_rules(rules, plans, problems)
             self._apply_notifiers(configs, built)
             # After the removed notifiers' workers stopped: nothing of ours is in flight.
             self.settle_orphans()
-            self.db.resize(_pool_size(self.scan_connections, notifiers, len(self.sources)))
+            self.db.resize(self._connections)
             return True
 
     def _apply_rules(
@@ -874,11 +885,11 @@ class Runner:
         assert scheduler is not None
         now = datetime.now(UTC)
         jobs = {j.id: j for j in scheduler.get_jobs() if j.id.startswith("scan:")}
-        if len(self._running) + 1 > self._scan_threads:
-            # A thread per rule: a new, larger executor, and every scan job moves to it.
-            # The old one finishes what it runs now, then its threads end.
+        if self._threads_wanted() > self._scan_threads:
+            # More rules (or connections): a new, larger executor, and every scan job
+            # moves to it. The old one finishes what it runs now, then its threads end.
             previous = self._scans
-            self._scan_threads = len(self._running) + 1
+            self._scan_threads = self._threads_wanted()
             self._scans = f"scans-{self._scan_threads}"
             scheduler.add_executor(ThreadPoolExecutor(self._scan_threads), self._scans)
             for job_id in jobs:
@@ -886,13 +897,25 @@ class Runner:
             scheduler.remove_executor(previous, shutdown=False)
         for job_id in jobs.keys() - {f"scan:{name}" for name in self._running}:
             scheduler.remove_job(job_id)
-        for name, running in self._running.items():
+        new = [
+            (name, running)
+            for name, running in self._running.items()
+            if (job := jobs.get(f"scan:{name}")) is None
+            or job.trigger.interval != running.rule.every
+        ]
+        for (name, running), when in zip(new, _staggered(now, len(new)), strict=True):
             job = jobs.get(f"scan:{name}")
-            if job is not None and job.trigger.interval == running.rule.every:
-                continue
             if job is not None:
                 scheduler.remove_job(job.id)
-            self._add_scan(scheduler, name, running.rule, now)
+            self._add_scan(scheduler, name, running.rule, when)
+
+    def _threads_wanted(self) -> int:
+        """Threads for the scans: one per rule up to one per pooled connection, and one
+        more. A scan's work is on a connection: scans beyond the connections would only
+        wait for one, and a thousand threads waiting for two connections cost more CPU
+        than the scans themselves (docs/performance.md, the rules curve); a rule whose
+        turn comes while every thread is busy waits in the executor's queue instead."""
+        return min(len(self._running), self._connections) + 1
 
     def _apply_notifiers(
         self, configs: dict[str, NotifierConfig], built: dict[str, Notifier]
@@ -969,6 +992,21 @@ class Runner:
         for notifier in self.notifiers.values():
             notifier.close()
         self.db.close()
+
+
+def _prepared_max(rules: list[Rule]) -> int:
+    """Prepared statements each pooled connection keeps: the default, and two per rule
+    (its probe and its claim) on top, so that the rules' statements used in turn stay
+    prepared however many rules there are."""
+    return PREPARED_MAX + 2 * len(rules)
+
+
+def _staggered(now: datetime, count: int) -> list[datetime]:
+    """First run times for ``count`` scans, spread evenly over the :data:`STAGGER` from
+    ``now``: rules started together would otherwise all come due at the same instant at
+    every tick, a burst of every scan at once for the executor and the pool."""
+    step = STAGGER / count if count else 0.0
+    return [now + timedelta(seconds=i * step) for i in range(count)]
 
 
 def with_targets(rules: list[Rule], notifiers: list[NotifierConfig]) -> list[NotifierConfig]:

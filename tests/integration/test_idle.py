@@ -10,25 +10,28 @@ import tempfile
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import pytest
 from psycopg import sql
 
 from slawatch.clock import Clock
-from slawatch.db import Database, Pooler
+from slawatch.db import PREPARED_MAX, Database, Pooler
 from slawatch.engine.claim import ClaimPlan, DrainResult, anything_due, drain, prepare
 from slawatch.engine.migrate import migrate
 from slawatch.errors import SlawatchError
 from slawatch.operate.inspect import rule_status
 from slawatch.runtime import scans
+from slawatch.runtime.definitions import Definitions
 from slawatch.runtime.scans import ScanRecords
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, episodes, shop
 from tests.integration.test_events import T0, M, parcel, send, timer
 from tests.integration.test_round_trips import round_trips
-from tests.waiting import wait_until
+from tests.waiting import lock_waits, wait_until
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
+T = TypeVar("T")
 
 
 class Fixed(Clock):
@@ -238,15 +241,106 @@ def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> N
         alerts = conn.execute("SELECT count(DISTINCT rule) FROM slawatch.alert").fetchone()
         return row == (12,) and alerts == (12,)
 
+    before = threading.active_count()
     serving = threading.Thread(target=runner.serve, kwargs={"seconds": 60}, daemon=True)
     try:
-        serving.start()
+        # Every scan held up (the table locked): each rule's turn comes while the others
+        # wait. Threads for the scans go up to the pool's connections (here 2), not one
+        # per rule: a thousand threads waiting for two connections cost more CPU than
+        # the scans themselves.
+        with conn.transaction():
+            conn.execute("LOCK TABLE orders")
+            # Each rule's first scan is within a second of the start: a job whose next
+            # run is 2 s after it was handed to the executor at least once.
+            after = datetime.now(UTC) + timedelta(seconds=2)
+            serving.start()
+            wait_until(
+                lambda: len(lock_waits(conn)) == 2 and every_scan_submitted(runner, 12, after),
+                "both connections waiting, every rule's scan submitted",
+            )
+            threads = threading.active_count() - before
         wait_until(scanned, "a scan and an alert of every rule")
     finally:
         runner.stop()
         serving.join(timeout=30)
         runner.close()
     assert max(seen) <= 1 + 2
+    assert threads < len(rules)
+
+
+def every_scan_submitted(runner: Runner, rules: int, after: datetime) -> bool:
+    """Whether each of the ``rules`` scan jobs' next run is later than ``after``."""
+    scheduler = runner._scheduler
+    if scheduler is None or not scheduler.running:
+        return False
+    jobs = [j for j in scheduler.get_jobs() if j.id.startswith("scan:")]
+    return len(jobs) == rules and all(
+        j.next_run_time is not None and j.next_run_time > after for j in jobs
+    )
+
+
+def test_a_pooled_connection_keeps_as_many_prepared_statements_as_the_runner_asks(
+    dsn: str,
+) -> None:
+    """Each rule's probe is prepared on every connection the scans use: a cache smaller
+    than the rules' statements (psycopg's is an LRU) evicts each just before its next
+    run. The runner's size reaches connections made before it was raised (a reload)."""
+    db = Database(dsn, size=1, timeout=10)
+    try:
+        with db.connection("looking") as conn:
+            made = conn
+            assert conn.prepared_max == PREPARED_MAX
+        db.prepared_max = PREPARED_MAX + 2 * 1_500
+        with db.connection("looking again") as conn:
+            assert conn is made and conn.prepared_max == PREPARED_MAX + 3_000
+    finally:
+        db.close()
+
+
+def test_one_scan_reads_old_definitions_again_while_the_others_go_by_them(
+    conn: Conn, dsn: str
+) -> None:
+    """With a thousand rules, 200 scans a second find the recorded definitions old at
+    once: one reads them again, the others go by the records they have (each reading
+    every rule's row made the cost grow with the square of the rules). Records never
+    read, or set aside by a refusal, are read before a check answers."""
+    rule = shop(conn)["order_unshipped"]
+    migrate(conn, [rule])
+    reading, go_on = threading.Event(), threading.Event()
+    reads: list[str] = []
+
+    class Slow(Database):
+        def run(self, what: str, work: Callable[[Conn], T]) -> T:
+            if "recorded definitions" in what:
+                reads.append(what)
+                if len(reads) == 2:  # the second read waits, holding the reader's lock
+                    reading.set()
+                    assert go_on.wait(30)
+            return super().run(what, work)
+
+    db = Slow(dsn, size=2, timeout=10)
+    definitions = Definitions(db, reread=0.0)  # records are old as soon as read
+    try:
+        assert definitions.check(rule) and len(reads) == 1  # never read: read first
+        reader = threading.Thread(target=definitions.check, args=(rule,))
+        reader.start()
+        assert reading.wait(30)
+        answered: list[bool] = []
+
+        def check() -> None:
+            answered.append(definitions.check(rule))
+
+        other = threading.Thread(target=check)
+        other.start()
+        other.join(timeout=10)
+        assert answered == [True] and len(reads) == 2  # by the old records, no read
+        go_on.set()
+        reader.join(timeout=30)
+        definitions.invalidate()
+        assert definitions.check(rule) and len(reads) == 3  # set aside: read again
+    finally:
+        go_on.set()
+        db.close()
 
 
 def test_an_event_rules_housekeeping_waits_for_the_probe_and_the_probe_sees_it(

@@ -72,3 +72,44 @@ def test_a_pruner_that_fails_is_reported_not_read_as_cheap() -> None:
     pruner.start()
     with pytest.raises(RuntimeError, match="the pruner failed"):
         pruner.stop()
+
+
+def test_issue_27s_table_has_every_goal_met_not_met_or_not_measured() -> None:
+    figures = {
+        "table": (2.6, "2.60\u00d7"),
+        "idle": (1.3, "1.30\u00d7"),
+        "timer_bytes": (250.0, "250 B"),
+    }
+    rows = {r.figure: r for r in run.issue27_rows(figures, {"prune": "bench/prune.py"})}
+    assert len(rows) == len(run.ISSUE_27)  # every row of the issue, measured or not
+    table = rows["`track: table` claim + outbox vs the seed's raw claim"]
+    assert (table.met, table.goal, table.now) == (True, "≥ 2.5\u00d7", "2.60\u00d7")
+    idle = rows["idle DB time, 100 rules, vs the raw probes"]
+    assert (idle.met, idle.goal) == (False, "≤ 1.2\u00d7")  # at most: above is not met
+    assert rows["bytes per open timer"].met is True  # the limit itself is met
+    prune = rows["retention with 10 M alerts of history: pruning a drain's worth vs the drain"]
+    assert (prune.met, prune.now, prune.goal) == (None, "not measured (bench/prune.py)", "≤ 10 %")
+    assert prune.command() == "bench/prune.py"  # measured by a script of its own
+    inline = rows["`track: inline` claim + outbox vs raw"]
+    assert (inline.met, inline.now) == (None, "not measured (skipped)")
+
+
+def test_an_event_figure_is_read_from_the_row_that_names_it_or_is_missing() -> None:
+    rows = [
+        run.Row(
+            "`slawatch.event` ingest, one round trip each",
+            "0.50\u00d7 (...)",
+            "≥ 0.7\u00d7",
+            False,
+            "i",
+        ),
+        run.Row(
+            "the same, pipelined (the server's own cost)", "0.72\u00d7 (2,462/s)", "", True, "i"
+        ),
+        run.Row(
+            "bytes per open timer (heap + indexes), 1,000 open", "1,291 B (heap...)", "", None, "l"
+        ),
+    ]
+    assert run.event_figure(rows, "pipelined") == (0.72, "0.72\u00d7 (2,462/s)")
+    assert run.event_figure(rows, "bytes per open timer") == (1291.0, "1,291 B (heap...)")
+    assert run.event_figure(rows, "firing due timers") is None
