@@ -178,10 +178,10 @@ def rotate(db: Database, now: datetime, retention: timedelta) -> PruneResult:
         if row and row[0] is not None:
             log.info("opened alert history range %s", row[0])
 
-    db.run("rotating alert history", turn)
+    db.run("pruning alert history", turn)
     result = PruneResult()
     while True:
-        got = db.run("dropping alert history", lambda conn: drop_range(conn, now - retention))
+        got = db.run("pruning alert history", lambda conn: drop_range(conn, now - retention))
         if not got.ranges:
             return result
         result += got

@@ -419,8 +419,7 @@ DELETE FROM slawatch.episode WHERE ctid = ANY (ARRAY(
 -- kept up to one rotation period longer than the window); the bounds are read once
 -- and prune the partitions scanned. So this finds only what drops leave: the
 -- alerts of a range kept past its turn (retention keeps something in it), and of the
--- open range when the window is shorter than a rotation period. An alert of an
--- episode still open is kept (the page and the API show the episode's alerts).
+-- open range when the window is shorter than a rotation period.
 WITH RECURSIVE rules AS (
     SELECT min(rule) AS rule FROM slawatch.alert
     UNION ALL
@@ -432,13 +431,7 @@ WITH RECURSIVE rules AS (
       FROM rules r CROSS JOIN LATERAL (
             SELECT a.id FROM slawatch.alert a
              WHERE a.rule = r.rule AND a.fired_at < %(cutoff)s
-               AND (a.id < (SELECT coalesce(min(h.low), 0) FROM slawatch.history_range h
-                             WHERE h.closed_at >= %(cutoff)s)
-                    OR a.id >= (SELECT coalesce(max(h.high), 0) FROM slawatch.history_range h
-                                 WHERE h.closed_at >= %(cutoff)s))
-               AND NOT EXISTS (SELECT 1 FROM slawatch.episode e
-                                WHERE e.rule = a.rule AND e.key = a.key
-                                  AND e.episode = a.episode AND e.ended_at IS NULL)
+               AND (a.id < slawatch.history_lo(%(cutoff)s) OR a.id >= slawatch.history_hi(%(cutoff)s))
                AND (SELECT bool_or(p.status = 'pending') FROM slawatch.delivery p
                      WHERE p.alert_id = a.id) IS NOT TRUE
                AND (SELECT bool_or(k.acked_at >= %(cutoff)s) FROM slawatch.ack k

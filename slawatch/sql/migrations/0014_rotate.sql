@@ -153,8 +153,8 @@ $$;
 
 -- Retention's drop (slawatch/runtime/maintain.py): the oldest closed range whose
 -- newest alert fired before `cutoff` and that holds nothing retention keeps -- a
--- pending delivery, an alert named by an ack from after the cutoff, an alert of an
--- episode still open -- is dropped whole, with the acks that name its alerts.
+-- pending delivery (a webhook action's unsettled attempt is one), an alert named by
+-- an ack from after the cutoff -- is dropped whole, with the acks that name its alerts.
 -- One range per call (one short transaction); returns it and its size (the
 -- planner's counts, as of the last ANALYZE), or no row when none can go.
 CREATE FUNCTION slawatch.history_drop(cutoff timestamptz)
@@ -176,12 +176,6 @@ BEGIN
         CONTINUE WHEN EXISTS (SELECT 1 FROM slawatch.ack k
                                WHERE k.acked_at >= cutoff
                                  AND k.alert_id >= r.low AND k.alert_id < r.high);
-        CONTINUE WHEN EXISTS (SELECT 1 FROM slawatch.alert a
-                               WHERE a.id >= r.low AND a.id < r.high
-                                 AND EXISTS (SELECT 1 FROM slawatch.episode e
-                                              WHERE e.rule = a.rule AND e.key = a.key
-                                                AND e.episode = a.episode
-                                                AND e.ended_at IS NULL));
         n := r.n;
         SELECT greatest(c.reltuples, 0)::bigint INTO alerts
           FROM pg_class c WHERE c.oid = format('slawatch.%I', 'alert_h' || r.n)::regclass;
@@ -203,6 +197,18 @@ BEGIN
         RETURN;
     END LOOP;
 END
+$$;
+
+-- The ids of the ranges closed at or after `cutoff`, [history_lo, history_hi): the
+-- row-by-row prune (queries.sql prune_history) leaves them to history_drop. Stable:
+-- the partitions they exclude are pruned once, when the statement starts.
+CREATE FUNCTION slawatch.history_lo(cutoff timestamptz) RETURNS bigint
+    LANGUAGE sql STABLE AS $$
+    SELECT coalesce(min(h.low), 0) FROM slawatch.history_range h WHERE h.closed_at >= cutoff
+$$;
+CREATE FUNCTION slawatch.history_hi(cutoff timestamptz) RETURNS bigint
+    LANGUAGE sql STABLE AS $$
+    SELECT coalesce(max(h.high), 0) FROM slawatch.history_range h WHERE h.closed_at >= cutoff
 $$;
 
 REVOKE ALL ON FUNCTION slawatch.history_open(integer, bigint, bigint, timestamptz) FROM PUBLIC;
