@@ -239,9 +239,8 @@ def test_an_outbox_with_history_is_converted_and_a_killed_migrate_resumes(
             holder.execute("LOCK TABLE slawatch.history_convert IN ACCESS EXCLUSIVE MODE")
             wait_for(
                 lambda: conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
-                    " AND wait_event_type = 'Lock'",
-                    (child.pid,),
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND query LIKE '%%history_convert%%'"
                 ).fetchone()
                 == (1,),
                 "the migrate to wait for its next batch",

@@ -255,7 +255,7 @@ BEGIN
             NEW.next_attempt_at, NEW.lease_owner, NEW.lease_expires_at, NEW.last_error,
             NEW.sent_at, NEW.summary_id)
     ON CONFLICT ON CONSTRAINT delivery_rotating_once DO UPDATE
-       SET id = excluded.id, status = excluded.status, attempts = excluded.attempts,
+       SET status = excluded.status, attempts = excluded.attempts,
            next_attempt_at = excluded.next_attempt_at, lease_owner = excluded.lease_owner,
            lease_expires_at = excluded.lease_expires_at, last_error = excluded.last_error,
            sent_at = excluded.sent_at, summary_id = excluded.summary_id;
