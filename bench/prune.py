@@ -157,9 +157,7 @@ def ranges(
             (min(start + gap * (high - 1), end), n),
         )
         n, low = n + 1, high
-    conn.execute(
-        "SELECT slawatch.history_open(%s, %s, %s, %s)", (n, alerts + 1, 1 << 32, end)
-    )
+    conn.execute("SELECT slawatch.history_open(%s, %s, %s, %s)", (n, alerts + 1, 1 << 32, end))
 
 
 def prune_step(conn: psycopg.Connection[Any], cutoff: datetime) -> int:

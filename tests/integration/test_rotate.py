@@ -229,8 +229,10 @@ def test_an_outbox_with_history_is_converted_and_a_killed_migrate_resumes(
                     "SELECT to_regclass('slawatch.history_convert') IS NOT NULL"
                 ).fetchone()
                 == (True,)
-                and (conn.execute("SELECT alert_done FROM slawatch.history_convert").fetchone()
-                     or (0,))[0]
+                and (
+                    conn.execute("SELECT alert_done FROM slawatch.history_convert").fetchone()
+                    or (0,)
+                )[0]
                 >= 500
             ),
             "some batches to be copied",
@@ -238,11 +240,13 @@ def test_an_outbox_with_history_is_converted_and_a_killed_migrate_resumes(
         with psycopg.connect(dsn) as holder:
             holder.execute("LOCK TABLE slawatch.history_convert IN ACCESS EXCLUSIVE MODE")
             wait_for(
-                lambda: conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND query LIKE '%%history_convert%%'"
-                ).fetchone()
-                == (1,),
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock' AND query LIKE '%%history_convert%%'"
+                    ).fetchone()
+                    == (1,)
+                ),
                 "the migrate to wait for its next batch",
             )
             child.send_signal(signal.SIGKILL)
