@@ -414,8 +414,7 @@ def plan(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False)
     if _converts_outbox() and rotate.pending(conn):
         steps.append(
             Step(
-                "-- slawatch migrate converts the outbox (alert, delivery) into id ranges"
-                " in resumable batches: run it, psql cannot",
+                CONVERT_ALL,
                 "slawatch.alert, slawatch.delivery: converted into id ranges",
                 run=lambda c: rotate.convert(c),
             )
@@ -428,6 +427,11 @@ def plan(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False)
     steps.extend(_event_function(conn, rules, drop_event_types))
     steps.extend(_generations(conn, rules))
     return steps
+
+
+# psql's conversion of the outbox: the whole of it in one transaction (slawatch
+# migrate's resumable batches are for a large outbox: docs/how-to/upgrades.md).
+CONVERT_ALL = "SELECT slawatch.history_convert_all(now())"
 
 
 def _converts_outbox() -> bool:
@@ -973,6 +977,10 @@ def render(
         out.append("-- (or --dsn) set, --print shows only what that database needs.")
         out.append("")
         out.extend(_printed_schema(schema.every_change()))
+        if _converts_outbox():
+            out.append("-- The outbox into id ranges, in one transaction (nothing once done)")
+            out.append(CONVERT_ALL + ";")
+            out.append("")
         for rule in rules:
             if rule.events is not None:
                 out.append(f"-- rule {rule.name} ({rule.source}): its timers")

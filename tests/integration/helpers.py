@@ -118,6 +118,7 @@ DROP FUNCTION slawatch.history_open(integer, bigint, bigint, timestamptz),
               slawatch.history_rotate(timestamptz, interval),
               slawatch.history_drop(timestamptz),
               slawatch.history_lo(timestamptz), slawatch.history_hi(timestamptz),
+              slawatch.history_convert_all(timestamptz),
               slawatch.history_mirror_alert(), slawatch.history_mirror_delivery();
 CREATE TABLE slawatch.alert (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
