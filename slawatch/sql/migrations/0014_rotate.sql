@@ -1,7 +1,7 @@
 -- Issue 27: history that rotates (docs/explanation/architecture.md, "History in ranges").
 -- slawatch.alert and slawatch.delivery become tables partitioned by alert id ranges: a
 -- range holds the alerts whose ids were drawn while it was open (one rotation period,
--- SLAWATCH_ROTATE_EVERY) with their deliveries, and retention drops a whole range once
+-- a seventh of SLAWATCH_RETENTION) with their deliveries, and retention drops a whole range once
 -- its newest alert is older than the window and nothing in it must be kept.
 --
 -- This migration only adds, in one short transaction: the record of the ranges, the
