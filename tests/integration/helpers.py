@@ -170,6 +170,40 @@ DELETE FROM slawatch.schema_version WHERE version >= 14;
 """
 
 
+def by_parent(conn: Conn, plan: dict[str, Any]) -> dict[str, Any]:
+    """An EXPLAIN (FORMAT JSON) plan with the outbox's partitions (0014_rotate.sql's id
+    ranges) and their indexes named by their partitioned parents, in place."""
+    parent = dict(
+        conn.execute(
+            "SELECT c.relname, p.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " JOIN pg_class p ON p.oid = i.inhparent"
+            " WHERE p.relnamespace = 'slawatch'::regnamespace"
+        ).fetchall()
+    )
+
+    def rename(node: dict[str, Any]) -> None:
+        for field in ("Relation Name", "Index Name"):
+            if node.get(field) in parent:
+                node[field] = parent[node[field]]
+        for child in node.get("Plans", []):
+            rename(child)
+
+    rename(plan)
+    return plan
+
+
+def partitions(conn: Conn, table: str) -> list[str]:
+    """The partitions of slawatch.``table`` (its id ranges), qualified."""
+    return [
+        f"slawatch.{r[0]}"
+        for r in conn.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = %s::regclass",
+            (f"slawatch.{table}",),
+        ).fetchall()
+    ]
+
+
 def unrotated(conn: Conn) -> None:
     """Put the outbox back as 0013_scan_heartbeat.sql left it (empty, plain tables; 0014's
     record, functions and version gone): the schema an upgrade starts from."""
