@@ -52,7 +52,7 @@ from slawatch.engine.claim import batches, prepare
 from slawatch.engine.migrate import migrate
 from slawatch.engine.queries import queries
 from slawatch.runtime.maintain import BATCH as PRUNE_BATCH
-from slawatch.runtime.maintain import prune_batch
+from slawatch.runtime.maintain import drop_range, prune_batch
 
 TABLES = ("slawatch.alert", "slawatch.delivery", "slawatch.episode")
 CHUNK = 1_000_000  # rows per INSERT: a bounded transaction while loading
@@ -117,6 +117,7 @@ def load_history(dsn: str, alerts: int, days: float, end: datetime) -> float:
     gap = timedelta(days=days) / alerts
     start = end - gap * alerts
     with psycopg.connect(dsn, autocommit=True) as conn:
+        ranges(conn, alerts, start, gap, end)
         restore = indexes_off(conn)
         for first in range(1, alerts + 1, CHUNK):
             params = {
@@ -136,6 +137,36 @@ def load_history(dsn: str, alerts: int, days: float, end: datetime) -> float:
         conn.execute(f"VACUUM ANALYZE {', '.join(TABLES)}")
         conn.execute("CHECKPOINT")
     return time.perf_counter() - t
+
+
+def ranges(
+    conn: psycopg.Connection[Any], alerts: int, start: datetime, gap: timedelta, end: datetime
+) -> None:
+    """The id ranges (0014_rotate.sql) a run of ``slawatch run`` rotating daily would
+    have left: one per day of the history, closed at its end, then the open one."""
+    conn.execute("DROP TABLE slawatch.alert_h0, slawatch.delivery_h0")
+    conn.execute("DELETE FROM slawatch.history_range")
+    per_day = max(1, int(timedelta(days=1) / gap))
+    n, low = 0, 0
+    while low <= alerts:
+        high = min(low + per_day, alerts + 1) if low else per_day
+        opened = start + gap * max(low - 1, 0)
+        conn.execute("SELECT slawatch.history_open(%s, %s, %s, %s)", (n, low, high, opened))
+        conn.execute(
+            "UPDATE slawatch.history_range SET closed_at = %s WHERE n = %s",
+            (min(start + gap * (high - 1), end), n),
+        )
+        n, low = n + 1, high
+    conn.execute("SELECT slawatch.history_open(%s, %s, %s, %s)", (n, alerts + 1, 1 << 32, end))
+
+
+def prune_step(conn: psycopg.Connection[Any], cutoff: datetime) -> int:
+    """What retention does per run: drop a range past the window if one can go, else
+    a batch of what drops leave (prune_batch); the alerts removed."""
+    got = drop_range(conn, cutoff)
+    if got.ranges:
+        return got.alerts
+    return prune_batch(conn, cutoff).alerts
 
 
 def explain_prune(conn: psycopg.Connection[Any], cutoff: datetime) -> list[str]:
@@ -197,11 +228,11 @@ class Pruner:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 while not self._stop.is_set():
                     t = time.perf_counter()
-                    got = prune_batch(conn, self.cutoff)
+                    got = prune_step(conn, self.cutoff)
                     self.batches.append(time.perf_counter() - t)
                     self.busy += self.batches[-1]
-                    self.alerts += got.alerts
-                    if got.alerts < PRUNE_BATCH:
+                    self.alerts += got
+                    if got < PRUNE_BATCH:
                         return  # nothing old left: the history is too short for the run
         except BaseException as exc:  # re-raised in the caller's thread by stop()
             self.error = exc
@@ -219,13 +250,19 @@ def prune_alone(conn: psycopg.Connection[Any], cutoff: datetime, alerts: int) ->
     wal0 = lsn(conn)
     while removed < alerts:
         t = time.perf_counter()
-        got = prune_batch(conn, cutoff)
+        got = prune_step(conn, cutoff)
+        # The episode history still goes by DELETE batches: as many as alerts went.
+        for _ in range(0, got, PRUNE_BATCH):
+            conn.execute(queries()["prune_episodes"], {"cutoff": cutoff, "batch": PRUNE_BATCH})
         times.append(time.perf_counter() - t)
-        removed += got.alerts
-        if got.alerts < PRUNE_BATCH:
+        removed += got
+        if got < PRUNE_BATCH:
             raise RuntimeError("the history ran out of prunable alerts: raise --alerts")
+    # A range dropped whole removes more than a drain's worth: its cost per alert, a
+    # drain's worth of it.
+    scale = alerts / removed
     return {
-        "secs": sum(times),
+        "secs": sum(times) * scale,
         "alerts": removed,
         "wal_per": (lsn(conn) - wal0) / removed,
         "ms_batch": med(times) * 1000,

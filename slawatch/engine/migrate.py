@@ -26,7 +26,7 @@ from slawatch.clock import Clock
 from slawatch.config.needs import Need, needs, query_needs
 from slawatch.config.rules import Rule, condition_columns
 from slawatch.db import Connection, quoted, translate
-from slawatch.engine import generation, schema, timers, trackswitch
+from slawatch.engine import generation, rotate, schema, timers, trackswitch
 from slawatch.engine.catalog import (
     IndexState,
     Partition,
@@ -221,6 +221,13 @@ def grants(
     ]
     for name in sorted({rule.schema_name for rule in rules if rule.events is None}):
         out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(name), r))
+    # Retention rotates and drops the outbox's id ranges (0014_rotate.sql) through these.
+    out.append(
+        sql.SQL(
+            "GRANT EXECUTE ON FUNCTION slawatch.history_rotate(timestamptz, interval),"
+            " slawatch.history_drop(timestamptz) TO {}"
+        ).format(r)
+    )
     if any(rule.events is not None for rule in rules):
         # slawatch's own ways in (HTTP, brokers, the CLI); the timer tables are above.
         out.append(
@@ -415,6 +422,14 @@ def plan(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False)
     steps = []
     for change in schema.pending(conn):
         steps.append(Step(change.sql, change.done, change=change))
+    if _converts_outbox() and rotate.pending(conn):
+        steps.append(
+            Step(
+                CONVERT_ALL,
+                "slawatch.alert, slawatch.delivery: converted into id ranges",
+                run=lambda c: rotate.convert(c),
+            )
+        )
     for rule in rules:
         if rule.name not in tables:  # an event rule's timer table, not there yet
             steps.extend(_timer_table(rule))
@@ -423,6 +438,17 @@ def plan(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False)
     steps.extend(_event_function(conn, rules, drop_event_types))
     steps.extend(_generations(conn, rules))
     return steps
+
+
+# psql's conversion of the outbox: the whole of it in one transaction (slawatch
+# migrate's resumable batches are for a large outbox: docs/how-to/upgrades.md).
+CONVERT_ALL = "SELECT slawatch.history_convert_all(now())"
+
+
+def _converts_outbox() -> bool:
+    """Whether the schema migrate brings a database to has the outbox in id ranges (a
+    test may stand in an older release's migrations)."""
+    return any(m.name == "rotate" for m in schema.migrations())
 
 
 def _records_generations() -> bool:
@@ -986,6 +1012,10 @@ def render(
         out.append("-- (or --dsn) set, --print shows only what that database needs.")
         out.append("")
         out.extend(_printed_schema(schema.every_change()))
+        if _converts_outbox():
+            out.append("-- The outbox into id ranges, in one transaction (nothing once done)")
+            out.append(CONVERT_ALL + ";")
+            out.append("")
         for rule in rules:
             if rule.events is not None:
                 out.append(f"-- rule {rule.name} ({rule.source}): its timers")

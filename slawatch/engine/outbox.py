@@ -34,7 +34,7 @@ _OUTBOX = """\
       FROM claimed c
     -- At most once, and a notification that exists already (tracking state restored
     -- from a backup, an upgrade cut short) is not an error that would stop the rule.
-    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, n, severity{returning}
 ), deliveries AS (
     INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
@@ -123,7 +123,7 @@ _RESOLVED = """\
     SELECT %(rule)s, e.key, e.episode, 0, 'resolved', {severity}, e.deadline,
            e.deadline + %(after)s::interval, %(now)s::timestamptz, e.row_data
       FROM ended_episodes e
-    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, key, episode
 ), resolved_deliveries AS (
     INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)

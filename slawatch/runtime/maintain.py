@@ -1,5 +1,14 @@
-"""Maintenance: alert and delivery history older than the retention, removed in bounded
-batches, with the acks and silences that belong to it.
+"""Maintenance: alert and delivery history older than the retention, dropped a whole id
+range at a time where it can be and otherwise removed in bounded batches, with the
+acks and silences that belong to it.
+
+Since 0014_rotate.sql the outbox is partitioned by alert id ranges
+(slawatch/engine/rotate.py): :func:`prune` first rotates (opens the next range once the
+open one is :func:`~slawatch.engine.rotate.rotate_every` old) and drops every closed
+range whose newest alert is older than the window and which holds nothing retention
+keeps (``slawatch.history_drop``): a DROP TABLE, not a DELETE per row. What the drops
+leave -- a range kept past its turn, the open range under a window shorter than a
+rotation period -- goes by the batches below, as before.
 
 The outbox (``slawatch.alert``, ``slawatch.delivery``) grows by every alert;
 without pruning, a long run's claims insert into ever larger tables and
@@ -38,6 +47,7 @@ from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, Database, translate
 from slawatch.engine.queries import queries
+from slawatch.engine.rotate import rotate_every
 from slawatch.engine.timers import DEDUPE, prune_timers
 
 log = logging.getLogger(__name__)
@@ -61,6 +71,7 @@ class PruneResult:
     event_ids: int = 0  # event ids older than the dedupe window
     held: int = 0  # held events (of types no rule knew) older than the retention
     episodes: int = 0  # the episode history's rows of episodes ended before the window
+    ranges: int = 0  # id ranges dropped whole (their alerts and deliveries are counted)
 
     def __iadd__(self, other: PruneResult) -> PruneResult:
         self.alerts += other.alerts
@@ -73,6 +84,7 @@ class PruneResult:
         self.event_ids += other.event_ids
         self.held += other.held
         self.episodes += other.episodes
+        self.ranges += other.ranges
         return self
 
     def full(self, batch: int) -> bool:
@@ -120,9 +132,10 @@ def prune(
 
     Raises ``DatabaseError`` (after the batches that committed) when the database fails.
     """
-    cutoff = clock.now() - retention
+    now = clock.now()
+    cutoff = now - retention
     started = time.monotonic()
-    result = PruneResult()
+    result = rotate(db, now, retention)
     while True:
         # db.run: one statement, so a lost prepared statement (PgBouncer) is retried once.
         got = db.run("pruning alert history", lambda conn: prune_batch(conn, cutoff, batch))
@@ -136,6 +149,42 @@ def prune(
                 "pruning history: time budget spent with old history left; the next run goes on"
             )
             return result
+
+
+def drop_range(conn: Connection, cutoff: datetime) -> PruneResult:
+    """Drop the oldest id range that can go (``slawatch.history_drop``), in one short
+    transaction; an empty result when none can."""
+    with translate("dropping an alert history range"):
+        row = conn.execute(
+            "SELECT n, alerts, deliveries, acks FROM slawatch.history_drop(%(cutoff)s)",
+            {"cutoff": cutoff},
+        ).fetchone()
+    if row is None:
+        return PruneResult()
+    log.info("dropped alert history range %s (about %s alerts)", row[0], row[1])
+    return PruneResult(alerts=int(row[1]), deliveries=int(row[2]), acks=int(row[3]), ranges=1)
+
+
+def rotate(db: Database, now: datetime, retention: timedelta) -> PruneResult:
+    """Open the next id range when the open one is due to close, then drop, one
+    transaction each, every range that is past the window and holds nothing kept."""
+    every = rotate_every(retention)
+
+    def turn(conn: Connection) -> None:
+        with translate("rotating alert history"):
+            row = conn.execute(
+                "SELECT slawatch.history_rotate(%(now)s, %(every)s)", {"now": now, "every": every}
+            ).fetchone()
+        if row and row[0] is not None:
+            log.info("opened alert history range %s", row[0])
+
+    db.run("pruning alert history", turn)
+    result = PruneResult()
+    while True:
+        got = db.run("pruning alert history", lambda conn: drop_range(conn, now - retention))
+        if not got.ranges:
+            return result
+        result += got
 
 
 _PRUNE_EVENT_IDS = """\

@@ -203,7 +203,7 @@ WITH candidates AS (
            jsonb_build_object('notifier', %(notifier)s::text, 'count', p.count)
       FROM per_rule p
      WHERE p.count > %(threshold)s AND p.rule NOT IN (SELECT rule FROM open)
-    ON CONFLICT ON CONSTRAINT alert_once DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, rule
 ), made_deliveries AS (
     INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
@@ -421,6 +421,12 @@ DELETE FROM slawatch.episode WHERE ctid = ANY (ARRAY(
 -- Silences: those that ended before the cutoff, per rule through silence_rule_ends
 -- (the rules by a skip scan of it, as for alerts). Nothing refers to a silence.
 -- The three parts share the batch size: each removes at most `batch` rows.
+-- Id ranges (0014_rotate.sql): the alerts of a range closed after the cutoff are left
+-- to history_drop, which drops the range whole once its turn comes (its alerts are
+-- kept up to one rotation period longer than the window); the bounds are read once
+-- and prune the partitions scanned. So this finds only what drops leave: the
+-- alerts of a range kept past its turn (retention keeps something in it), and of the
+-- open range when the window is shorter than a rotation period.
 WITH RECURSIVE rules AS (
     SELECT min(rule) AS rule FROM slawatch.alert
     UNION ALL
@@ -432,6 +438,7 @@ WITH RECURSIVE rules AS (
       FROM rules r CROSS JOIN LATERAL (
             SELECT a.id FROM slawatch.alert a
              WHERE a.rule = r.rule AND a.fired_at < %(cutoff)s
+               AND (a.id < slawatch.history_lo(%(cutoff)s) OR a.id >= slawatch.history_hi(%(cutoff)s))
                AND (SELECT bool_or(p.status = 'pending') FROM slawatch.delivery p
                      WHERE p.alert_id = a.id) IS NOT TRUE
                AND (SELECT bool_or(k.acked_at >= %(cutoff)s) FROM slawatch.ack k

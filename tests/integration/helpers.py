@@ -108,12 +108,115 @@ def tracking(conn: Conn, rule: str, table: str, key: int) -> tuple[Any, ...]:
     return tuple(row)
 
 
+# slawatch.alert and slawatch.delivery as 0013_scan_heartbeat.sql left them: plain tables
+# (0001_initial.sql, with 0002_trust.sql's delivery_orphaned and status check and 0005's
+# trigger), not 0014_rotate.sql's id ranges.
+UNROTATED = """
+DROP TABLE slawatch.alert, slawatch.delivery, slawatch.history_range,
+           slawatch.history_convert;
+DROP FUNCTION slawatch.history_open(integer, bigint, bigint, timestamptz),
+              slawatch.history_rotate(timestamptz, interval),
+              slawatch.history_drop(timestamptz),
+              slawatch.history_lo(timestamptz), slawatch.history_hi(timestamptz),
+              slawatch.history_convert_all(timestamptz),
+              slawatch.history_mirror_alert(), slawatch.history_mirror_delivery();
+CREATE TABLE slawatch.alert (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    rule        text        NOT NULL,
+    key         text        NOT NULL,
+    episode     integer     NOT NULL,
+    n           integer     NOT NULL,
+    severity    text        NOT NULL,
+    deadline    timestamptz,
+    due_at      timestamptz,
+    fired_at    timestamptz NOT NULL,
+    row_data    jsonb       NOT NULL,
+    kind        text        NOT NULL DEFAULT 'firing'
+                            CONSTRAINT alert_kind
+                            CHECK (kind IN ('firing', 'resolved', 'summary')),
+    CONSTRAINT alert_once UNIQUE (rule, key, episode, n)
+);
+CREATE INDEX alert_rule_fired ON slawatch.alert (rule, fired_at);
+CREATE TABLE slawatch.delivery (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    alert_id         bigint      NOT NULL,
+    notifier         text        NOT NULL,
+    status           text        NOT NULL DEFAULT 'pending'
+                                 CONSTRAINT delivery_status
+                                 CHECK (status IN ('pending', 'sent', 'dead', 'silenced',
+                                                   'summarized', 'acknowledged', 'orphaned')),
+    attempts         integer     NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL,
+    lease_owner      uuid,
+    lease_expires_at timestamptz,
+    last_error       text,
+    sent_at          timestamptz,
+    summary_id       bigint,
+    CONSTRAINT delivery_once UNIQUE (alert_id, notifier)
+);
+CREATE INDEX delivery_summary ON slawatch.delivery (summary_id, alert_id)
+    WHERE summary_id IS NOT NULL;
+CREATE INDEX delivery_due ON slawatch.delivery (notifier, next_attempt_at)
+    WHERE status = 'pending';
+CREATE INDEX delivery_dead ON slawatch.delivery (alert_id) WHERE status = 'dead';
+CREATE INDEX delivery_orphaned ON slawatch.delivery (notifier, alert_id)
+    WHERE status = 'orphaned';
+CREATE TRIGGER action_settled
+    AFTER UPDATE OF status ON slawatch.delivery
+    FOR EACH ROW
+    WHEN (OLD.status IS DISTINCT FROM NEW.status AND NEW.notifier LIKE 'action:%')
+    EXECUTE FUNCTION slawatch.action_delivery_settled();
+DELETE FROM slawatch.schema_version WHERE version >= 14;
+"""
+
+
+def by_parent(conn: Conn, plan: dict[str, Any]) -> dict[str, Any]:
+    """An EXPLAIN (FORMAT JSON) plan with the outbox's partitions (0014_rotate.sql's id
+    ranges) and their indexes named by their partitioned parents, in place."""
+    parent = dict(
+        conn.execute(
+            "SELECT c.relname, p.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " JOIN pg_class p ON p.oid = i.inhparent"
+            " WHERE p.relnamespace = 'slawatch'::regnamespace"
+        ).fetchall()
+    )
+
+    def rename(node: dict[str, Any]) -> None:
+        for field in ("Relation Name", "Index Name"):
+            if node.get(field) in parent:
+                node[field] = parent[node[field]]
+        for child in node.get("Plans", []):
+            rename(child)
+
+    rename(plan)
+    return plan
+
+
+def partitions(conn: Conn, table: str) -> list[str]:
+    """The partitions of slawatch.``table`` (its id ranges), qualified."""
+    return [
+        f"slawatch.{r[0]}"
+        for r in conn.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = %s::regclass",
+            (f"slawatch.{table}",),
+        ).fetchall()
+    ]
+
+
+def unrotated(conn: Conn) -> None:
+    """Put the outbox back as 0013_scan_heartbeat.sql left it (empty, plain tables; 0014's
+    record, functions and version gone): the schema an upgrade starts from."""
+    conn.execute(UNROTATED)
+
+
 def unversioned(conn: Conn) -> None:
     """Forget the applied migrations: the database then looks like one made before
     versioned migrations (those releases had no slawatch.schema_version), so a test
     that reshapes slawatch's tables into an older release's sees the next migrate
     take that path (schema.py: the legacy upgrade). What the later migrations
     (0002_trust.sql on) added goes too: the previous release had none of it."""
+    unrotated(conn)  # 0014_rotate.sql's id ranges
     conn.execute(
         "DROP TABLE slawatch.schema_version;"
         " DROP TABLE IF EXISTS slawatch.session, slawatch.event_seen, slawatch.action,"

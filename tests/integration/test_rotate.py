@@ -1,0 +1,294 @@
+"""History in id ranges (0014_rotate.sql, slawatch/engine/rotate.py): retention drops a
+whole range once it is past the window and holds nothing kept; a rotation in the middle
+of a drain loses and duplicates nothing; an existing outbox is converted in batches,
+keeps every alert and delivery, and a migrate killed in the middle goes on where it was.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from slawatch.db import Database
+from slawatch.engine.claim import prepare
+from slawatch.engine.migrate import migrate
+from slawatch.runtime.maintain import prune
+from tests.integration.helpers import Conn, FixedClock, claim_all, unrotated
+from tests.integration.test_outage import late_rule, orders
+from tests.waiting import wait_until as wait_for
+
+RETENTION = timedelta(days=7)
+DAY = timedelta(days=1)
+
+
+def alert(conn: Conn, fired_at: datetime, *statuses: str) -> int:
+    """An alert fired at ``fired_at`` with one delivery per status; its id."""
+    row = conn.execute(
+        "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
+        " VALUES ('late', %s, 1, 1, 'warning', %s, '{}') RETURNING id",
+        (uuid.uuid4().hex, fired_at),
+    ).fetchone()
+    assert row is not None
+    for i, status in enumerate(statuses):
+        conn.execute(
+            "INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)"
+            " VALUES (%s, %s, %s, %s)",
+            (row[0], f"hook{i}", status, fired_at),
+        )
+    return int(row[0])
+
+
+def rotate(conn: Conn, now: datetime) -> int | None:
+    row = conn.execute(
+        "SELECT slawatch.history_rotate(%s, %s)", (now, timedelta(hours=1))
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def ranges(conn: Conn) -> list[tuple[int, bool]]:
+    """(n, closed) of every range, in order."""
+    return [
+        (r[0], r[1])
+        for r in conn.execute(
+            "SELECT n, closed_at IS NOT NULL FROM slawatch.history_range ORDER BY n"
+        ).fetchall()
+    ]
+
+
+def partitions(conn: Conn) -> set[str]:
+    return {
+        r[0]
+        for r in conn.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent IN ('slawatch.alert'::regclass, 'slawatch.delivery'::regclass)"
+        ).fetchall()
+    }
+
+
+def test_a_range_past_the_window_is_dropped_and_one_with_a_pending_delivery_kept(
+    conn: Conn, dsn: str
+) -> None:
+    migrate(conn, [])
+    start = datetime.now(UTC)
+    # Range 0: sent and dead history; range 1: one delivery still pending; range 2: open.
+    gone = [alert(conn, start, "sent"), alert(conn, start, "dead", "sent")]
+    assert rotate(conn, start + DAY) == 1
+    kept = [alert(conn, start + DAY, "sent"), alert(conn, start + DAY, "sent", "pending")]
+    assert rotate(conn, start + 2 * DAY) == 2
+    fresh = alert(conn, start + 2 * DAY, "sent")
+    assert kept[0] >= 1 << 32 and fresh >= 2 << 32  # each range's ids
+
+    now = start + 2 * DAY + RETENTION + timedelta(hours=1)  # ranges 0 and 1 past the window
+    with Database(dsn, size=2) as db:
+        result = prune(db, FixedClock(now), RETENTION)
+    assert result.ranges == 1
+    # The prune rotated first (range 2 was a day old): range 3 is the open one now.
+    assert ranges(conn) == [(1, True), (2, True), (3, False)]
+    assert partitions(conn) == {f"{t}_h{n}" for t in ("alert", "delivery") for n in (1, 2, 3)}
+    ids = {r[0] for r in conn.execute("SELECT id FROM slawatch.alert").fetchall()}
+    assert not ids & set(gone)
+    # Range 1 is kept for its pending delivery; its old alerts without one go row by
+    # row, as before ranges; the alert that may still be sent stays with its deliveries.
+    assert ids == {kept[1], fresh}
+    assert conn.execute(
+        "SELECT count(*) FROM slawatch.delivery WHERE alert_id = %s", (kept[1],)
+    ).fetchone() == (2,)
+
+    # Once sent, the range goes whole.
+    conn.execute("UPDATE slawatch.delivery SET status = 'sent' WHERE status = 'pending'")
+    with Database(dsn, size=2) as db:
+        assert prune(db, FixedClock(now), RETENTION).ranges == 1
+    assert ranges(conn) == [(2, True), (3, False)]  # range 2 closed only now
+    assert {r[0] for r in conn.execute("SELECT id FROM slawatch.alert").fetchall()} == {fresh}
+
+
+def test_a_range_named_by_a_recent_ack_is_kept(conn: Conn, dsn: str) -> None:
+    migrate(conn, [])
+    start = datetime.now(UTC)
+    acked = alert(conn, start, "sent")
+    rotate(conn, start + DAY)
+    now = start + DAY + RETENTION + timedelta(hours=1)
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " SELECT rule, key, episode, id, %s, 'ana' FROM slawatch.alert WHERE id = %s",
+        (now - timedelta(hours=2), acked),
+    )
+    with Database(dsn, size=2) as db:
+        assert prune(db, FixedClock(now), RETENTION).ranges == 0
+    assert ranges(conn) == [(0, True), (1, True), (2, False)]
+    assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (1,)
+
+
+def test_a_rotation_in_the_middle_of_a_drain_loses_and_duplicates_nothing(
+    conn: Conn, dsn: str
+) -> None:
+    orders(conn)
+    rule = late_rule().model_copy(update={"batch": 50})
+    plan = prepare(conn, rule)
+    now = datetime.now(UTC)
+    conn.execute(
+        "INSERT INTO orders SELECT g, 'paid', %s - interval '1 day'"
+        " FROM generate_series(1, 3000) g",
+        (now,),
+    )
+    opened: list[int] = []
+    stop = threading.Event()
+
+    def rotating() -> None:
+        with psycopg.connect(dsn, autocommit=True) as other:
+            at = now
+            while not stop.is_set():
+                at += timedelta(hours=2)
+                got = rotate(other, at)
+                if got is not None:
+                    opened.append(got)
+
+    thread = threading.Thread(target=rotating, daemon=True)
+    thread.start()
+    try:
+        claimed = claim_all(conn, plan, now)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert claimed == 3000
+    assert len(opened) >= 2, opened  # the drain crossed boundaries
+    row = conn.execute(
+        "SELECT count(*), count(DISTINCT key), count(DISTINCT id >> 32),"
+        " (SELECT count(*) FROM slawatch.delivery),"
+        " (SELECT count(DISTINCT alert_id) FROM slawatch.delivery)"
+        " FROM slawatch.alert"
+    ).fetchone()
+    assert row is not None
+    alerts, keys, spread, deliveries, delivered = row
+    assert (alerts, keys, deliveries, delivered) == (3000, 3000, 3000, 3000)
+    assert spread >= 2
+    # A second drain finds nothing left to claim (the rows' state moved on with them).
+    assert claim_all(conn, plan, now) == 0
+
+
+CONVERT = """
+import sys, psycopg
+from slawatch.clock import Clock
+from slawatch.engine import rotate, schema
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    for change in schema.pending(conn):
+        schema.apply(conn, change, Clock().now())
+    rotate.convert(conn, batch=int(sys.argv[2]))
+"""
+
+
+def test_an_outbox_with_history_is_converted_and_a_killed_migrate_resumes(
+    conn: Conn, dsn: str
+) -> None:
+    migrate(conn, [])
+    unrotated(conn)  # the outbox as the release before this one left it
+    assert conn.execute(
+        "SELECT relkind FROM pg_class WHERE oid = 'slawatch.alert'::regclass"
+    ).fetchone() == ("r",)
+    start = datetime.now(UTC) - 5 * DAY
+    # 4,000 alerts over five days, two deliveries each in every status.
+    conn.execute(
+        "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
+        " SELECT 'late', g::text, 1, 1, 'warning', %s + g * interval '108 seconds',"
+        " jsonb_build_object('id', g) FROM generate_series(1, 4000) g",
+        (start,),
+    )
+    conn.execute(
+        "INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)"
+        " SELECT id, h, (ARRAY['sent', 'dead', 'pending', 'silenced'])[1 + mod(id, 4)],"
+        " fired_at FROM slawatch.alert, unnest(ARRAY['hook', 'mail']) h"
+    )
+
+    def snapshot() -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+        return (
+            conn.execute("SELECT * FROM slawatch.alert ORDER BY id").fetchall(),
+            conn.execute(
+                "SELECT id, alert_id, notifier, status, attempts, sent_at FROM slawatch.delivery"
+                " ORDER BY id"
+            ).fetchall(),
+        )
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", CONVERT, dsn, "10"],
+        env=os.environ | {"PYTHONPATH": os.getcwd()},
+    )
+    try:
+        # Stop it in the middle of the copy: let some batches commit, then hold the
+        # progress row so the next batch waits, and kill it there.
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT to_regclass('slawatch.history_convert') IS NOT NULL"
+                ).fetchone()
+                == (True,)
+                and (
+                    conn.execute("SELECT alert_done FROM slawatch.history_convert").fetchone()
+                    or (0,)
+                )[0]
+                >= 500
+            ),
+            "some batches to be copied",
+        )
+        with psycopg.connect(dsn) as holder:
+            holder.execute("LOCK TABLE slawatch.history_convert IN ACCESS EXCLUSIVE MODE")
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock' AND query LIKE '%%history_convert%%'"
+                    ).fetchone()
+                    == (1,)
+                ),
+                "the migrate to wait for its next batch",
+            )
+            child.send_signal(signal.SIGKILL)
+            child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+    row = conn.execute(
+        "SELECT alert_done, alert_upto, swapped_at FROM slawatch.history_convert"
+    ).fetchone()
+    assert row is not None
+    assert 0 < row[0] < row[1] and row[2] is None  # killed half-way through the copy
+
+    # While it is down the application goes on on the old tables: new alerts, a
+    # delivery sent, an old alert's delivery replayed; the triggers mirror each.
+    new = alert(conn, datetime.now(UTC), "pending")
+    conn.execute("UPDATE slawatch.delivery SET status = 'sent' WHERE alert_id = %s", (new,))
+    conn.execute(
+        "UPDATE slawatch.delivery SET status = 'pending', attempts = 0"
+        " WHERE status = 'dead' AND alert_id = (SELECT max(alert_id) FROM slawatch.delivery"
+        " WHERE status = 'dead')"
+    )
+    conn.execute("DELETE FROM slawatch.delivery WHERE alert_id = 2")
+    before = snapshot()
+
+    done = migrate(conn, [])
+    assert any("converted into id ranges" in line for line in done), done
+    assert conn.execute(
+        "SELECT relkind FROM pg_class WHERE oid = 'slawatch.alert'::regclass"
+    ).fetchone() == ("p",)
+    assert snapshot() == before
+    # One range per day of the old history, the open one after them.
+    closed = conn.execute(
+        "SELECT count(*) FILTER (WHERE closed_at IS NOT NULL), count(*) FILTER"
+        " (WHERE closed_at IS NULL) FROM slawatch.history_range"
+    ).fetchone()
+    assert closed is not None and closed[0] >= 5 and closed[1] == 1
+    # The identities go on after the old ids; nothing is left to convert.
+    after = alert(conn, datetime.now(UTC), "pending")
+    assert after > new
+    assert migrate(conn, []) == []
+    assert conn.execute(
+        "SELECT count(*) FROM pg_trigger WHERE tgname = 'history_mirror'"
+    ).fetchone() == (0,)
