@@ -142,7 +142,7 @@ def load_history(dsn: str, alerts: int, days: float, end: datetime) -> float:
 def ranges(
     conn: psycopg.Connection[Any], alerts: int, start: datetime, gap: timedelta, end: datetime
 ) -> None:
-    """The id ranges (0014_rotate.sql) a run of ``slawatch run`` rotating daily would
+    """The id ranges (0015_rotate.sql) a run of ``slawatch run`` rotating daily would
     have left: one per day of the history, closed at its end, then the open one."""
     conn.execute("DROP TABLE slawatch.alert_h0, slawatch.delivery_h0")
     conn.execute("DELETE FROM slawatch.history_range")

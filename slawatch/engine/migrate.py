@@ -221,7 +221,7 @@ def grants(
     ]
     for name in sorted({rule.schema_name for rule in rules if rule.events is None}):
         out.append(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(name), r))
-    # Retention rotates and drops the outbox's id ranges (0014_rotate.sql) through these.
+    # Retention rotates and drops the outbox's id ranges (0015_rotate.sql) through these.
     out.append(
         sql.SQL(
             "GRANT EXECUTE ON FUNCTION slawatch.history_rotate(timestamptz, interval),"

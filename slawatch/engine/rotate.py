@@ -1,7 +1,7 @@
 """The outbox in id ranges: converting a database's alert and delivery tables into
 partitioned ones, in bounded, resumable steps (``slawatch migrate``).
 
-0014_rotate.sql adds the partitioned tables beside the old ones
+0015_rotate.sql adds the partitioned tables beside the old ones
 (``alert_rotating``, ``delivery_rotating``), the record of the ranges
 (``slawatch.history_range``) and of the conversion (``slawatch.history_convert``).
 :func:`convert` then, each step its own transaction:
@@ -79,7 +79,7 @@ CREATE TRIGGER action_settled
 
 
 def pending(conn: Connection) -> bool:
-    """The outbox is not partitioned yet (0014_rotate.sql not applied, or its
+    """The outbox is not partitioned yet (0015_rotate.sql not applied, or its
     conversion not finished)."""
     with translate("reading the outbox's conversion"):
         row = conn.execute(

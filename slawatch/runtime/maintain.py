@@ -2,7 +2,7 @@
 range at a time where it can be and otherwise removed in bounded batches, with the
 acks and silences that belong to it.
 
-Since 0014_rotate.sql the outbox is partitioned by alert id ranges
+Since 0015_rotate.sql the outbox is partitioned by alert id ranges
 (slawatch/engine/rotate.py): :func:`prune` first rotates (opens the next range once the
 open one is :func:`~slawatch.engine.rotate.rotate_every` old) and drops every closed
 range whose newest alert is older than the window and which holds nothing retention

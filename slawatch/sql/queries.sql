@@ -421,7 +421,7 @@ DELETE FROM slawatch.episode WHERE ctid = ANY (ARRAY(
 -- Silences: those that ended before the cutoff, per rule through silence_rule_ends
 -- (the rules by a skip scan of it, as for alerts). Nothing refers to a silence.
 -- The three parts share the batch size: each removes at most `batch` rows.
--- Id ranges (0014_rotate.sql): the alerts of a range closed after the cutoff are left
+-- Id ranges (0015_rotate.sql): the alerts of a range closed after the cutoff are left
 -- to history_drop, which drops the range whole once its turn comes (its alerts are
 -- kept up to one rotation period longer than the window); the bounds are read once
 -- and prune the partitions scanned. So this finds only what drops leave: the

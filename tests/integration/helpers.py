@@ -110,7 +110,7 @@ def tracking(conn: Conn, rule: str, table: str, key: int) -> tuple[Any, ...]:
 
 # slawatch.alert and slawatch.delivery as 0013_scan_heartbeat.sql left them: plain tables
 # (0001_initial.sql, with 0002_trust.sql's delivery_orphaned and status check and 0005's
-# trigger), not 0014_rotate.sql's id ranges.
+# trigger), not 0015_rotate.sql's id ranges.
 UNROTATED = """
 DROP TABLE slawatch.alert, slawatch.delivery, slawatch.history_range,
            slawatch.history_convert;
@@ -171,7 +171,7 @@ DELETE FROM slawatch.schema_version WHERE version >= 14;
 
 
 def by_parent(conn: Conn, plan: dict[str, Any]) -> dict[str, Any]:
-    """An EXPLAIN (FORMAT JSON) plan with the outbox's partitions (0014_rotate.sql's id
+    """An EXPLAIN (FORMAT JSON) plan with the outbox's partitions (0015_rotate.sql's id
     ranges) and their indexes named by their partitioned parents, in place."""
     parent = dict(
         conn.execute(
@@ -205,7 +205,7 @@ def partitions(conn: Conn, table: str) -> list[str]:
 
 
 def unrotated(conn: Conn) -> None:
-    """Put the outbox back as 0013_scan_heartbeat.sql left it (empty, plain tables; 0014's
+    """Put the outbox back as 0013_scan_heartbeat.sql left it (empty, plain tables; 0015's
     record, functions and version gone): the schema an upgrade starts from."""
     conn.execute(UNROTATED)
 
@@ -216,7 +216,7 @@ def unversioned(conn: Conn) -> None:
     that reshapes slawatch's tables into an older release's sees the next migrate
     take that path (schema.py: the legacy upgrade). What the later migrations
     (0002_trust.sql on) added goes too: the previous release had none of it."""
-    unrotated(conn)  # 0014_rotate.sql's id ranges
+    unrotated(conn)  # 0015_rotate.sql's id ranges
     conn.execute(
         "DROP TABLE slawatch.schema_version;"
         " DROP TABLE IF EXISTS slawatch.session, slawatch.event_seen, slawatch.action,"

@@ -95,7 +95,7 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
         "event_held",  # issue 24: events of types no rule knew yet
         "rule_generation",  # issue 24: each rule's recorded definition (engine/generation.py)
         "scanner",  # issue 24: when each process last scanned each rule
-        "history_range",  # issue 27: the outbox's id ranges (0014_rotate.sql)
+        "history_range",  # issue 27: the outbox's id ranges (0015_rotate.sql)
         "history_convert",  # issue 27: the outbox's conversion into them
     }
 

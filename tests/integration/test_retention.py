@@ -350,7 +350,7 @@ def test_a_batch_reads_the_old_rows_through_indexes_never_a_whole_table(outbox: 
             queries()["prune_history"], {"cutoff": NOW - RETENTION, "batch": 1000}
         ).fetchone()
     tree = nodes(explained[0]["Plan"])
-    # The outbox is partitioned (0014_rotate.sql): a partition and its indexes are
+    # The outbox is partitioned (0015_rotate.sql): a partition and its indexes are
     # named by their parents here.
     parent = dict(
         outbox.execute(
@@ -601,7 +601,7 @@ def test_the_job_outlives_a_database_outage(
 def test_the_index_retention_reads_acks_by_is_part_of_the_schema(outbox: Conn) -> None:
     """An outbox from before retention covered acks (the previous release's, at 0001)
     lacks ack_acked_at: `run` asks for a migrate, which builds it (0002_trust.sql)."""
-    unrotated(outbox)  # 0014_rotate.sql
+    unrotated(outbox)  # 0015_rotate.sql
     outbox.execute("DROP INDEX slawatch.ack_acked_at")
     outbox.execute("DELETE FROM slawatch.schema_version WHERE version > 1")
     outbox.execute("DROP INDEX slawatch.delivery_orphaned; DROP TABLE slawatch.session")

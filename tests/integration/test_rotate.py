@@ -1,4 +1,4 @@
-"""History in id ranges (0014_rotate.sql, slawatch/engine/rotate.py): retention drops a
+"""History in id ranges (0015_rotate.sql, slawatch/engine/rotate.py): retention drops a
 whole range once it is past the window and holds nothing kept; a rotation in the middle
 of a drain loses and duplicates nothing; an existing outbox is converted in batches,
 keeps every alert and delivery, and a migrate killed in the middle goes on where it was.

@@ -22,7 +22,7 @@ from tests.integration.helpers import Conn
 
 # Every migration slawatch ships, and the number a test's own extra one takes.
 ALL = [(m.version, m.name) for m in schema.migrations()]
-# migrate's line for the outbox's conversion into id ranges (0014_rotate.sql), after
+# migrate's line for the outbox's conversion into id ranges (0015_rotate.sql), after
 # the migrations: "(N rows)" copied follows it.
 CONVERTED = "slawatch.alert, slawatch.delivery: converted into id ranges"
 APPLIED = [
@@ -96,7 +96,7 @@ def catalog(conn: Conn) -> dict[str, Any]:
     """slawatch's schema as the catalog describes it: relations, columns (by name: an
     upgrade appends where a fresh table has them in place), constraints and indexes by
     definition. NOT VALID is ignored: an upgrade adds a CHECK that way on purpose. The
-    outbox's partitions (0014_rotate.sql's id ranges: one per day of an upgraded
+    outbox's partitions (0015_rotate.sql's id ranges: one per day of an upgraded
     history) and their indexes are left out: the partitioned tables stand for them."""
     ns = "n.nspname = 'slawatch' AND NOT c.relispartition"
     relations = conn.execute(

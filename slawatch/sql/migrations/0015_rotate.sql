@@ -105,7 +105,11 @@ BEGIN
                    'alert_h' || n, alerts, low, high);
     EXECUTE format('CREATE UNIQUE INDEX %I ON slawatch.%I (rule, key, episode, n)',
                    'alert_h' || n || '_once', 'alert_h' || n);
-    EXECUTE format('CREATE TABLE slawatch.%I PARTITION OF slawatch.%I FOR VALUES FROM (%s) TO (%s)',
+    -- fillfactor 40: room on each page for its deliveries' leased versions, so that a
+    -- lease stays a HOT update (0014_delivery_lease.sql; a partitioned parent takes no
+    -- storage parameters, each partition is given it).
+    EXECUTE format('CREATE TABLE slawatch.%I PARTITION OF slawatch.%I FOR VALUES FROM (%s) TO (%s)'
+                   ' WITH (fillfactor = 40)',
                    'delivery_h' || n, deliveries, low, high);
     INSERT INTO slawatch.history_range (n, low, high, opened_at)
     VALUES (history_open.n, history_open.low, history_open.high, history_open.at);
