@@ -189,7 +189,7 @@ class ProbeFunction:
 
     def __post_init__(self) -> None:
         d = self.definition
-        args = [sql.Literal(d.digest)]
+        args: list[sql.Composable] = [sql.Literal(d.digest)]
         for p in d.params:
             cast = "::timestamptz" if _TYPES[p] == "timestamptz" else ""
             args.append(sql.SQL("%({})s" + cast).format(sql.SQL(p)))

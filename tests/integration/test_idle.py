@@ -283,7 +283,7 @@ def test_the_probe_is_prepared_where_the_pooler_allows_and_stays_so(
                 pooled.execute(f"SELECT {i} + %s::int", (i,), prepare=pooler != "transaction")
             prepared = pooled.execute(
                 "SELECT count(*) FROM pg_prepared_statements"
-                " WHERE statement LIKE 'SELECT \"slawatch\".\"order_unshipped_probe\"(%%'"
+                ' WHERE statement LIKE \'SELECT "slawatch"."order_unshipped_probe"(%%\''
             ).fetchone()
     assert prepared == ((0,) if pooler == "transaction" else (1,))
 
