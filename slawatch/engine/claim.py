@@ -54,6 +54,14 @@ from slawatch.engine.migrate import (
     require_schema,
 )
 from slawatch.engine.outbox import SEVERITIES, Tally, outbox, resolved, severities
+from slawatch.engine.probefn import (
+    INLINE_PARAMS,
+    TABLE_PARAMS,
+    Definition,
+    ProbeFunction,
+    attach,
+    define,
+)
 from slawatch.engine.statetable import TablePlan, TableScan, compose, drain_table
 from slawatch.engine.timers import housekeep
 from slawatch.errors import ConfigError
@@ -172,6 +180,8 @@ class ClaimPlan:
     act: Act | None = None
     # inline: whether anything is due (_PROBE); the claim runs only then.
     probe: sql.Composed | None = None
+    # The probe as slawatch."<rule>_probe", where migrate created it (engine/probefn.py).
+    probe_fn: ProbeFunction | None = None
 
     def with_act(self, act: Act) -> ClaimPlan:
         """This plan with ``act`` running its rule's action (no change without one)."""
@@ -479,7 +489,34 @@ def prepare_ready(
             partitioned=info.relkind == "p",
             key=key,
         )
-    return plans, problems
+    return with_probe_functions(conn, plans), problems
+
+
+def probe_definition(plan: ClaimPlan) -> Definition | None:
+    """The rule's probe function (engine/probefn.py): its probe between sweeps for
+    ``track: table``, else its probe; None for a rule without one."""
+    if plan.table is not None:
+        if plan.table.probe is None:
+            return None
+        return define(plan.rule, plan.table.probe, TABLE_PARAMS)
+    if plan.probe is None:
+        return None
+    return define(plan.rule, plan.probe, INLINE_PARAMS)
+
+
+def with_probe_functions(conn: Connection, plans: dict[str, ClaimPlan]) -> dict[str, ClaimPlan]:
+    """``plans``, each calling its rule's probe function where migrate created one."""
+    defined = {n: d for n, p in plans.items() if (d := probe_definition(p)) is not None}
+    found = attach(conn, defined)
+    out = {}
+    for rule, plan in plans.items():
+        fn = found.get(rule)
+        if fn is not None and plan.table is not None:
+            plan = replace(plan, table=replace(plan.table, probe_fn=fn))
+        elif fn is not None:
+            plan = replace(plan, probe_fn=fn)
+        out[rule] = plan
+    return out
 
 
 def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], int]:
@@ -520,10 +557,14 @@ def anything_due(conn: Connection, plan: ClaimPlan, now: datetime) -> bool:
     if plan.probe is None:
         return True
     cutoff = plan.to_deadline(plan.rule.cutoff(now))
+    params = {"cutoff": cutoff, "renotify_by": plan.rule.renotify_cutoff(now)}
+    if plan.probe_fn is not None:
+        answer = plan.probe_fn.ask(conn, params)
+        if answer is not None:
+            return answer
     with translate(f"probe for rule {plan.rule.name}"), one_statement(conn):
         # Prepared at once where the pooler allows (prepare=True is ignored when
         # prepared statements are off): the probe is what an idle scan costs.
-        params = {"cutoff": cutoff, "renotify_by": plan.rule.renotify_cutoff(now)}
         row = conn.execute(plan.probe, params, prepare=True).fetchone()
     return bool(row and row[0])
 

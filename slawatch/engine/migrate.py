@@ -26,7 +26,7 @@ from slawatch.clock import Clock
 from slawatch.config.needs import Need, needs, query_needs
 from slawatch.config.rules import Rule, condition_columns
 from slawatch.db import Connection, quoted, translate
-from slawatch.engine import generation, rotate, schema, timers, trackswitch
+from slawatch.engine import generation, probefn, rotate, schema, timers, trackswitch
 from slawatch.engine.catalog import (
     IndexState,
     Partition,
@@ -436,6 +436,7 @@ def plan(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False)
             continue
         steps.extend(plan_rule(conn, rule, tables[rule.name]))
     steps.extend(_event_function(conn, rules, drop_event_types))
+    steps.extend(_probe_functions(conn, rules, tables))
     steps.extend(_generations(conn, rules))
     return steps
 
@@ -449,6 +450,35 @@ def _converts_outbox() -> bool:
     """Whether the schema migrate brings a database to has the outbox in id ranges (a
     test may stand in an older release's migrations)."""
     return any(m.name == "rotate" for m in schema.migrations())
+
+
+def probe_definition(rule: Rule, info: TableInfo | None) -> probefn.Definition | None:
+    """The probe function ``rule`` calls (engine/probefn.py), composed as the runtime
+    composes it; None when the table does not say enough yet (e.g. no key)."""
+    from slawatch.engine.claim import plan_claim, probe_definition  # claim imports this module
+
+    try:
+        if info is None:  # an event rule's timer table, created by this migrate
+            plan = plan_claim(rule, "timestamp with time zone")
+        else:
+            plan = plan_claim(
+                rule,
+                deadline_type_of(rule, info),
+                partitioned=info.relkind == "p",
+                key=key_columns(rule, info),
+            )
+    except ConfigError:
+        return None
+    return probe_definition(plan)
+
+
+def _probe_functions(
+    conn: Connection, rules: list[Rule], tables: dict[str, TableInfo]
+) -> list[Step]:
+    """Each rule's probe function, created or replaced where its probe changed, and
+    dropped with its rule: before the definitions are recorded."""
+    wanted = {rule.name: probe_definition(rule, tables.get(rule.name)) for rule in rules}
+    return [Step(c.statement, c.done) for c in probefn.changes(wanted, probefn.installed(conn))]
 
 
 def _records_generations() -> bool:
@@ -1045,6 +1075,11 @@ def render(
         if timers.event_rules(rules):
             out.append("-- The event functions (regenerated whenever the event rules change)")
             out.append(timers.function_sql(rules) + ";")
+            out.append("")
+        made = [d for d in (probe_definition(rule, None) for rule in rules) if d is not None]
+        if made:
+            out.append("-- Each rule's probe, as a function (planned once per server connection)")
+            out.extend(f"{d.drop_other()};\n{d.create()};" for d in made)
             out.append("")
         if _records_generations():
             out.append("-- Each rule's definition, recorded last (instances running another")

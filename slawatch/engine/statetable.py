@@ -57,6 +57,7 @@ from slawatch.engine.outbox import (
     resolved,
     severities,
 )
+from slawatch.engine.probefn import ProbeFunction
 
 log = logging.getLogger(__name__)
 
@@ -323,6 +324,8 @@ class TablePlan:
     act: Act | None = None  # the rule's action (engine/acting.py), run before the commit
     probe: sql.Composed | None = None  # whether anything is due between sweeps (_PROBE)
     duplicates: sql.Composed | None = None  # a query rule's keys held twice (_DUPLICATES)
+    # The probe as slawatch."<rule>_probe", where migrate created it (engine/probefn.py).
+    probe_fn: ProbeFunction | None = None
     # This process's watermark, kept across drains (dataclasses.replace keeps it).
     mark: Mark = field(default_factory=Mark, compare=False)
 
@@ -598,18 +601,18 @@ class TableScan:
         assert mark.scanned_to is not None
         self.since = self.to_deadline(rule.cutoff(mark.scanned_to) - lookback(rule))
         params = self.params_at(now)
-        with translate(f"probe for rule {rule.name}"), one_statement(conn):
-            # prepare=True is ignored where prepared statements are off (SLAWATCH_POOLER).
-            row = conn.execute(
-                self.plan.probe,
-                {
-                    "since": self.since,
-                    "cutoff": params["cutoff"],
-                    "renotify_by": params["renotify_by"],
-                },
-                prepare=True,
-            ).fetchone()
-        if row and row[0]:
+        values = {
+            "since": self.since,
+            "cutoff": params["cutoff"],
+            "renotify_by": params["renotify_by"],
+        }
+        answer = None if self.plan.probe_fn is None else self.plan.probe_fn.ask(conn, values)
+        if answer is None:
+            with translate(f"probe for rule {rule.name}"), one_statement(conn):
+                # prepare=True is ignored where prepared statements are off (SLAWATCH_POOLER).
+                row = conn.execute(self.plan.probe, values, prepare=True).fetchone()
+            answer = bool(row and row[0])
+        if answer:
             return True
         mark.advance(now)
         return False

@@ -89,7 +89,8 @@ def test_an_idle_inline_drain_is_one_read_only_statement(conn: Conn, pooled: Dat
     paid(conn, 1, NOW - timedelta(hours=1))  # due in 47 hours
     assert traced_drain(pooled, plan, NOW) == (1, 0)
     sent = sent_statements(pooled, lambda: drain(pooled, plan, Fixed(NOW)))
-    assert len(sent) == 1 and '"SELECT COALESCE((SELECT' in sent[0]  # no write
+    # No write: the rule's probe function (its probe; engine/probefn.py).
+    assert len(sent) == 1 and '"SELECT "slawatch"."order_unshipped_probe"(' in sent[0]
 
 
 def test_the_probe_finds_each_kind_of_work(conn: Conn, pooled: Database) -> None:
@@ -376,7 +377,7 @@ def test_the_probe_is_prepared_where_the_pooler_allows_and_stays_so(
                 pooled.execute(f"SELECT {i} + %s::int", (i,), prepare=pooler != "transaction")
             prepared = pooled.execute(
                 "SELECT count(*) FROM pg_prepared_statements"
-                " WHERE statement LIKE 'SELECT COALESCE%%'"
+                ' WHERE statement LIKE \'SELECT "slawatch"."order_unshipped_probe"(%%\''
             ).fetchone()
     assert prepared == ((0,) if pooler == "transaction" else (1,))
 
@@ -500,7 +501,8 @@ def test_an_idle_table_drain_is_one_read_only_statement(conn: Conn, pooled: Data
     five = NOW + 5 * timedelta(minutes=1)
     for later in (NOW + S, five, five + S):
         sent = sent_statements(pooled, lambda at=later: drain(pooled, plan, Fixed(at)))
-        assert len(sent) == 1 and '"SELECT (EXISTS (SELECT 1 FROM' in sent[0]  # no write
+        # No write: the probe function (engine/probefn.py) alone.
+        assert len(sent) == 1 and '"SELECT "slawatch"."order_unshipped_probe"(' in sent[0]
         if later == five:  # due 4 minutes ago, committed now: before the idle probes'
             order(conn, 5, NOW - DUE + 60 * S)  # window too (it moved on): the sweep's
     assert watermark(conn) == mark

@@ -348,3 +348,38 @@ def test_after_the_first_sign_of_a_pooler_no_connection_binds_another_clients_st
         single.stop()
     assert PREPARING.off
     assert logged(caplog, "prepared statements turned off", logging.WARNING) == 1
+
+
+def test_an_idle_scan_through_pgbouncer_calls_the_rules_probe_function(
+    cluster: PgCluster, bouncer: PgBouncer
+) -> None:
+    """Nothing is prepared through pgbouncer: each scan calls the rule's probe function
+    (a short statement to plan), whose plan its server session keeps (engine/probefn.py),
+    rather than sending the probe's text to be planned each time."""
+    direct, via = fresh_database(cluster, bouncer)
+    with psycopg.connect(direct, autocommit=True) as conn:
+        orders(conn)  # migrate creates slawatch.late_probe
+        # Counted per function in every session, those pgbouncer holds open too.
+        conn.execute("ALTER SYSTEM SET track_functions = 'pl'")
+        conn.execute("SELECT pg_reload_conf()")
+
+    def calls() -> int:
+        with psycopg.connect(direct, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT COALESCE(sum(calls), 0) FROM pg_stat_user_functions"
+                " WHERE schemaname = 'slawatch' AND funcname = 'late_probe'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    runner = Runner(via, [late_rule()], [], timeout=5, pooler="auto", poll=0.5)
+    serving = threading.Thread(target=runner.serve, name="serve", daemon=True)
+    serving.start()
+    try:
+        wait_for(lambda: calls() >= 3, "three idle scans to call slawatch.late_probe")
+    finally:
+        runner.stop()
+        serving.join(60)
+        runner.close()
+        with psycopg.connect(direct, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET track_functions")
+            conn.execute("SELECT pg_reload_conf()")

@@ -173,14 +173,15 @@ def test_an_interrupted_switch_is_finished_by_the_next_migrate(
 
 def _run_script(conn: Conn, script: str) -> None:
     """A printed migration as psql runs it: statement by statement, a dollar-quoted
-    block (``$$`` or ``$slawatch_switch$``) being one statement."""
+    block (``$$``, ``$slawatch_switch$`` or a probe function's ``$sw_probe$``) being one
+    statement."""
     statement: list[str] = []
     for line in script.splitlines():
         if line.startswith("--") and not statement:
             continue
         statement.append(line)
         text = "\n".join(statement)
-        quotes = len(re.findall(r"\$(?:slawatch_switch)?\$", text))
+        quotes = len(re.findall(r"\$(?:slawatch_switch|sw_probe)?\$", text))
         if line.rstrip().endswith(";") and quotes % 2 == 0:
             conn.execute(text.encode())
             statement = []

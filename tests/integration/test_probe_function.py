@@ -1,0 +1,128 @@
+"""Each rule's probe as a function, ``slawatch."<rule>_probe"`` (engine/probefn.py):
+created by migrate, replaced when the probe changes, dropped with the rule; the
+runtime calls it, and runs the probe's text when the function answers for another
+definition or is not there."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from slawatch.config.rules import Rule
+from slawatch.db import Database
+from slawatch.engine.claim import anything_due, prepare
+from slawatch.engine.migrate import migrate, plan, render
+from tests.integration.helpers import Conn
+from tests.integration.test_outage import late_rule
+
+NOW = datetime.now(UTC)
+
+
+def functions(conn: Conn) -> dict[str, str]:
+    """slawatch's probe functions: name -> body."""
+    rows = conn.execute(
+        "SELECT proname, prosrc FROM pg_proc WHERE pronamespace = 'slawatch'::regnamespace"
+        " AND proname LIKE '%\\_probe'"
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def rule(track: str, open_when: str = "status = 'paid'", name: str = "late") -> Rule:
+    return late_rule().model_copy(update={"track": track, "open_when": open_when, "name": name})
+
+
+def orders(conn: Conn) -> None:
+    conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, status text, paid_at timestamptz)")
+
+
+def test_migrate_creates_replaces_and_drops_the_probe_function(conn: Conn, track: str) -> None:
+    orders(conn)
+    done = migrate(conn, [rule(track)])
+    assert "slawatch.late_probe: created (rule late's probe)" in done
+    first = functions(conn)
+    assert list(first) == ["late_probe"]
+    assert "status = 'paid'" in first["late_probe"]
+    assert plan(conn, [rule(track)]) == []  # up to date: nothing to do again
+
+    done = migrate(conn, [rule(track, "status = 'paid' AND id > 0")])
+    assert "slawatch.late_probe: replaced (rule late's probe)" in done
+    assert "id > 0" in functions(conn)["late_probe"]
+
+    # A switch of track changes the signature: one function remains, the new one.
+    other = "table" if track == "inline" else "inline"
+    migrate(conn, [rule(other)])
+    args = conn.execute(
+        "SELECT pg_get_function_identity_arguments('slawatch.late_probe'::regproc)"
+    ).fetchone()
+    want = "text, anyelement, anyelement, timestamp with time zone"
+    if other == "inline":
+        want = "text, anyelement, timestamp with time zone"
+    assert args == (want,)
+
+    migrate(conn, [rule(other, name="other")])
+    assert list(functions(conn)) == ["other_probe"]
+
+
+def test_migrate_print_shows_the_probe_functions(conn: Conn) -> None:
+    orders(conn)
+    script = render([rule("inline")], plan(conn, [rule("inline")]))
+    assert (
+        'CREATE OR REPLACE FUNCTION "slawatch"."late_probe"'
+        "(text, anyelement, timestamp with time zone)" in script
+    )
+    assert "SET plan_cache_mode = force_generic_plan" in script
+    offline = render([rule("inline")])
+    assert 'CREATE OR REPLACE FUNCTION "slawatch"."late_probe"' in offline
+
+
+def calls(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT COALESCE(sum(calls), 0) FROM pg_stat_user_functions"
+        " WHERE schemaname = 'slawatch' AND funcname = 'late_probe'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_the_probe_calls_the_function_of_its_own_definition_only(conn: Conn, dsn: str) -> None:
+    """An instance asks its rule's function; once migrate has replaced it with another
+    definition's (a rolling reload, this instance not reloaded yet), the function
+    answers NULL to it and the instance runs its own probe, which sees its own rows."""
+    orders(conn)
+    migrate(conn, [rule("inline")])
+    conn.execute("INSERT INTO orders VALUES (1, 'paid', now() - interval '1 day')")
+    values = {"cutoff": NOW, "renotify_by": NOW}
+    with (
+        Database(dsn, size=1, timeout=10, pooler="transaction") as db,
+        db.connection("test") as c,
+    ):
+        c.execute("SET track_functions = 'pl'")
+        claim = prepare(c, rule("inline"))
+        assert claim.probe_fn is not None
+        assert anything_due(c, claim, NOW)
+        assert claim.probe_fn.ask(c, values) is True
+        # The next definition, for which row 1 is not open: its function says so...
+        migrate(conn, [rule("inline", "status = 'paid' AND id > 100")])
+        newer = prepare(c, rule("inline", "status = 'paid' AND id > 100"))
+        assert newer.probe_fn is not None
+        assert newer.probe_fn.ask(c, values) is False
+        # ...and does not answer for the one this instance still runs.
+        assert claim.probe_fn.ask(c, values) is None
+        assert anything_due(c, claim, NOW)
+        c.execute("SELECT pg_stat_force_next_flush()")
+        assert calls(c) == 5
+
+
+def test_without_the_function_the_probe_text_runs(conn: Conn, dsn: str) -> None:
+    orders(conn)
+    migrate(conn, [rule("inline")])
+    with (
+        Database(dsn, size=1, timeout=10, pooler="transaction") as db,
+        db.connection("test") as c,
+    ):
+        claim = prepare(c, rule("inline"))
+        assert claim.probe_fn is not None
+        c.execute('DROP FUNCTION slawatch."late_probe"')  # another folder's migrate
+        assert not anything_due(c, claim, NOW)
+        assert not claim.probe_fn.usable
+        c.execute("INSERT INTO orders VALUES (1, 'paid', now() - interval '1 day')")
+        assert anything_due(c, claim, NOW)
