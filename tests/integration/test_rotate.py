@@ -19,8 +19,10 @@ import psycopg
 from slawatch.db import Database
 from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import migrate
-from slawatch.runtime.maintain import prune
+from slawatch.engine.queries import queries
+from slawatch.runtime.maintain import prune, prune_ranges
 from tests.integration.helpers import Conn, FixedClock, claim_all, unrotated
+from tests.integration.test_explain import nodes
 from tests.integration.test_outage import late_rule, orders
 from tests.waiting import wait_until as wait_for
 
@@ -292,3 +294,53 @@ def test_an_outbox_with_history_is_converted_and_a_killed_migrate_resumes(
     assert conn.execute(
         "SELECT count(*) FROM pg_trigger WHERE tgname = 'history_mirror'"
     ).fetchone() == (0,)
+
+
+def test_retention_prunes_each_kept_range_by_itself_reading_one_partition(
+    conn: Conn, dsn: str
+) -> None:
+    """Several ranges kept past their turn (a pending delivery in each): the row-by-row
+    prune goes through them one at a time, and each batch reads that range's partitions
+    only -- over all kept ranges at once, the planner merged and sorted every one."""
+    migrate(conn, [])
+    start = datetime.now(UTC)
+    kept: dict[int, list[int]] = {}
+    gone: list[int] = []
+    n: int | None = 0  # the open range migrate made
+    for day in range(4):
+        assert n is not None
+        gone += [alert(conn, start + day * DAY, "sent") for _ in range(20)]
+        kept[n] = [alert(conn, start + day * DAY, "sent", "pending")]
+        n = rotate(conn, start + (day + 1) * DAY)
+    now = start + 4 * DAY + RETENTION + timedelta(hours=1)  # the four closed ranges past it
+    fresh = alert(conn, now, "sent")  # in the open range
+    conn.execute("ANALYZE slawatch.alert")
+    conn.execute("ANALYZE slawatch.delivery")
+    cutoff = now - RETENTION
+    todo = prune_ranges(conn, cutoff)
+    bounds = {
+        r[0]: (r[1], r[2])
+        for r in conn.execute("SELECT n, low, high FROM slawatch.history_range").fetchall()
+    }
+    assert [bounds[n] for n in kept] == todo[: len(kept)]  # the kept ranges, oldest first
+    for n in kept:
+        lo, hi = bounds[n]
+        with conn.transaction(force_rollback=True):
+            row = conn.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + queries()["prune_history"],
+                {"cutoff": cutoff, "batch": 5000, "lo": lo, "hi": hi},
+            ).fetchone()
+        assert row is not None
+        read = {
+            node["Relation Name"]
+            for node in nodes(row[0][0]["Plan"])
+            if node.get("Relation Name", "").startswith(("alert_h", "delivery_h"))
+            and node.get("Actual Loops", 1) > 0
+        }
+        assert read == {f"alert_h{n}", f"delivery_h{n}"}, read
+
+    with Database(dsn, size=2) as db:
+        result = prune(db, FixedClock(now), RETENTION)
+    assert result.ranges == 0 and result.alerts == len(gone)
+    ids = {r[0] for r in conn.execute("SELECT id FROM slawatch.alert").fetchall()}
+    assert ids == {fresh, *(i for v in kept.values() for i in v)}
