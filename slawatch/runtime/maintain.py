@@ -126,7 +126,11 @@ def prune_batch(
                 break
         return result
     params = {"cutoff": cutoff, "batch": batch, "lo": ids[0], "hi": ids[1]}
-    row = conn.execute(queries()["prune_history"], params).fetchone()
+    with conn.transaction():
+        # Priced high (the correlated lookups over every partition they may probe), the
+        # statement was JIT-compiled each batch: 3.7 s of a 4 s batch (docs/performance.md).
+        conn.execute("SET LOCAL jit = off")
+        row = conn.execute(queries()["prune_history"], params).fetchone()
     episodes = conn.execute(queries()["prune_episodes"], params).rowcount
     if row is None:
         return PruneResult(batches=1, episodes=episodes)
