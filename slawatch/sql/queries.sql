@@ -72,7 +72,8 @@ WITH sent AS (
        SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
            last_error = NULL
       FROM (SELECT id FROM slawatch.delivery
-             WHERE id = ANY(%(sent)s::bigint[]) AND lease_owner = %(sent_owner)s::uuid
+             WHERE id = ANY(%(sent)s::bigint[]) AND alert_id = ANY(%(sent_alerts)s::bigint[])
+               AND lease_owner = %(sent_owner)s::uuid
                FOR UPDATE SKIP LOCKED) s
      WHERE d.id = s.id
     RETURNING d.id
@@ -265,10 +266,15 @@ SELECT s.id AS summary_id, l.*
 -- with 10 k pending, growing with the backlog; now 2 ms). The ::bigint[] keeps
 -- psycopg from sending a smallint[] for small ids.
 -- Asynchronous commit, as claim_deliveries: a lost 'sent' is a resend.
+-- `alerts`: the deliveries' alert ids (the dispatcher has them), so that only their
+-- id ranges' partitions are read (delivery is partitioned by alert_id; an id alone
+-- probes every partition's delivery_id). The same in mark_retry, mark_dead and
+-- claim_deliveries' `sent` (sent_alerts).
 UPDATE slawatch.delivery
    SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
        last_error = NULL
- WHERE id = ANY(%(ids)s::bigint[]) AND lease_owner = %(owner)s
+ WHERE id = ANY(%(ids)s::bigint[]) AND alert_id = ANY(%(alerts)s::bigint[])
+   AND lease_owner = %(owner)s
    AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off';
 
 -- mark_retry --
@@ -277,7 +283,8 @@ UPDATE slawatch.delivery d
    SET next_attempt_at = r.next_at, lease_owner = NULL, lease_expires_at = NULL,
        last_error = %(error)s
   FROM unnest(%(ids)s::bigint[], %(nexts)s::timestamptz[]) AS r(id, next_at)
- WHERE d.id = r.id AND d.status = 'pending' AND d.lease_owner = %(owner)s;
+ WHERE d.id = r.id AND d.alert_id = ANY(%(alerts)s::bigint[]) AND d.status = 'pending'
+   AND d.lease_owner = %(owner)s;
 
 -- mark_dead --
 -- Fenced like mark_sent. Its commit stays synchronous: lost, the delivery would only be
@@ -285,7 +292,8 @@ UPDATE slawatch.delivery d
 -- what a person is told to look at, and it is rare.
 UPDATE slawatch.delivery
    SET status = 'dead', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s
- WHERE id = ANY(%(ids)s::bigint[]) AND lease_owner = %(owner)s;
+ WHERE id = ANY(%(ids)s::bigint[]) AND alert_id = ANY(%(alerts)s::bigint[])
+   AND lease_owner = %(owner)s;
 
 -- replay --
 -- Dead and orphaned deliveries back to pending, as if new: each to its own notifier, or
