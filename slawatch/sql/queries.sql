@@ -71,11 +71,12 @@ WITH sent AS (
     UPDATE slawatch.delivery d
        SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
            last_error = NULL
-      FROM (SELECT id FROM slawatch.delivery
+      FROM (SELECT id, alert_id FROM slawatch.delivery
              WHERE id = ANY(%(sent)s::bigint[]) AND alert_id = ANY(%(sent_alerts)s::bigint[])
                AND lease_owner = %(sent_owner)s::uuid
                FOR UPDATE SKIP LOCKED) s
-     WHERE d.id = s.id
+     WHERE d.id = s.id AND d.alert_id = s.alert_id
+       AND d.alert_id = ANY(%(sent_alerts)s::bigint[])
     RETURNING d.id
 ), due AS (
     SELECT d.id, d.alert_id, a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline,

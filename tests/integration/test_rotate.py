@@ -7,6 +7,7 @@ keeps every alert and delivery, and a migrate killed in the middle goes on where
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -344,3 +345,45 @@ def test_retention_prunes_each_kept_range_by_itself_reading_one_partition(
     assert result.ranges == 0 and result.alerts == len(gone)
     ids = {r[0] for r in conn.execute("SELECT id FROM slawatch.alert").fetchall()}
     assert ids == {fresh, *(i for v in kept.values() for i in v)}
+
+
+def test_settling_deliveries_reads_only_their_ranges_partitions(conn: Conn) -> None:
+    """delivery.id is indexed per partition: by id alone, a settle probes every range.
+    With the alert ids the dispatcher has, it reads their ranges' partitions only."""
+    migrate(conn, [])
+    start = datetime.now(UTC)
+    for day in range(3):
+        alert(conn, start + day * DAY, "sent")
+        assert rotate(conn, start + (day + 1) * DAY) is not None
+    mine = alert(conn, start + 3 * DAY, "pending")  # in the open range, 3
+    owner = uuid.uuid4()
+    conn.execute("UPDATE slawatch.delivery SET lease_owner = %s WHERE alert_id = %s", (owner, mine))
+    (delivery,) = conn.execute(
+        "SELECT id FROM slawatch.delivery WHERE alert_id = %s", (mine,)
+    ).fetchone()  # type: ignore[misc]
+    q = queries()
+    common = {"owner": owner, "now": start, "error": "x", "nexts": [start]}
+    claim = {"limit": 10, "lease": timedelta(seconds=30), "notifier": "hook0"}
+    cases = {
+        "mark_sent": {"ids": [delivery], "alerts": [mine]} | common,
+        "mark_retry": {"ids": [delivery], "alerts": [mine]} | common,
+        "mark_dead": {"ids": [delivery], "alerts": [mine]} | common,
+        "claim_deliveries": claim
+        | {"sent": [delivery], "sent_alerts": [mine], "sent_owner": owner}
+        | {"now": start, "owner": uuid.uuid4()},
+    }
+    for name, params in cases.items():
+        with conn.transaction(force_rollback=True):
+            row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + q[name], params).fetchone()
+        assert row is not None
+        plan = row[0][0]["Plan"]
+        if name == "claim_deliveries":  # its `sent` part (the due rows are read by index)
+            (plan,) = [n for n in nodes(plan) if n.get("Subplan Name") == "CTE sent"]
+        read = {
+            m.group(0)
+            for node in nodes(plan)
+            if node.get("Actual Loops", 1) > 0
+            for field in ("Relation Name", "Index Name")
+            if (m := re.match(r"delivery_h\d+", node.get(field, "")))
+        }
+        assert read == {"delivery_h3"}, (name, read)
