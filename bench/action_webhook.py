@@ -30,9 +30,11 @@ NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
 BATCH = 100
 
 
-def fill(conn: psycopg.Connection[tuple[object, ...]], due: int, notifier: str) -> list[int]:
+def fill(
+    conn: psycopg.Connection[tuple[object, ...]], due: int, notifier: str
+) -> list[tuple[int, int]]:
     """DUE alerts, each with a pending delivery leased to one owner (and, for an
-    action's target, its pending attempt); the deliveries' ids."""
+    action's target, its pending attempt); the deliveries' (id, alert id)."""
     conn.execute("TRUNCATE slawatch.alert, slawatch.delivery, slawatch.action")
     conn.execute(
         "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
@@ -41,7 +43,7 @@ def fill(conn: psycopg.Connection[tuple[object, ...]], due: int, notifier: str) 
     )
     rows = conn.execute(
         "INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)"
-        " SELECT id, %s, %s FROM slawatch.alert RETURNING id",
+        " SELECT id, %s, %s FROM slawatch.alert RETURNING id, alert_id",
         (notifier, NOW),
     ).fetchall()
     if notifier.startswith("action:"):
@@ -53,17 +55,23 @@ def fill(conn: psycopg.Connection[tuple[object, ...]], due: int, notifier: str) 
         )
     conn.execute("VACUUM ANALYZE slawatch.delivery")
     conn.execute("VACUUM ANALYZE slawatch.action")
-    return [int(r[0]) for r in rows]
+    return [(int(r[0]), int(r[1])) for r in rows]
 
 
-def settle(conn: psycopg.Connection[tuple[object, ...]], ids: list[int]) -> float:
+def settle(conn: psycopg.Connection[tuple[object, ...]], ids: list[tuple[int, int]]) -> float:
     """mark_sent over ``ids`` in batches, each its own transaction: rows/s."""
     owner = uuid.uuid4()
     conn.execute("UPDATE slawatch.delivery SET lease_owner = %s", (owner,))
     started = time.perf_counter()
     for i in range(0, len(ids), BATCH):
         conn.execute(
-            queries()["mark_sent"], {"ids": ids[i : i + BATCH], "owner": owner, "now": NOW}
+            queries()["mark_sent"],
+            {
+                "ids": [d for d, _ in ids[i : i + BATCH]],
+                "alerts": [a for _, a in ids[i : i + BATCH]],
+                "owner": owner,
+                "now": NOW,
+            },
         )
     return len(ids) / (time.perf_counter() - started)
 

@@ -360,7 +360,7 @@ def claims_once(server: str | None, alerts: int, concurrency: int) -> dict[str, 
         try:
             cpus = [backend_cpu(c) for c in conns]
             before = sum(read() for read in cpus)
-            sent: list[tuple[list[int], Any]] = [([], None)] * concurrency
+            sent: list[tuple[list[int], list[int], Any]] = [([], [], None)] * concurrency
             claimed, busy = 0, True
             while busy:
                 busy = False
@@ -373,13 +373,15 @@ def claims_once(server: str | None, alerts: int, concurrency: int) -> dict[str, 
                         "limit": 100,
                         "notifier": "hook",
                         "sent": sent[k][0],
-                        "sent_owner": sent[k][1],
+                        "sent_alerts": sent[k][1],
+                        "sent_owner": sent[k][2],
                     }
                     rows = c.execute(query, params).fetchall()
                     ids = [r[0] for r in rows if r[3] != "sent"]
                     claimed += len(ids)
                     busy = busy or bool(ids) or bool(sent[k][0])
-                    sent[k] = (ids, owner)
+                    alert_ids = [r[4] for r in rows if r[3] != "sent"]
+                    sent[k] = (ids, alert_ids, owner)
             used = sum(read() for read in cpus) - before
         finally:
             for c in conns:

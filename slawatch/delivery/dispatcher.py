@@ -333,6 +333,7 @@ def claim_deliveries(
         "limit": notifier.batch,
         "notifier": notifier.name,
         "sent": [r["id"] for r in sent.rows] if sent else [],
+        "sent_alerts": [r["alert_id"] for r in sent.rows] if sent else [],
         "sent_owner": sent.owner if sent else None,
     }
     query = queries()["claim_deliveries"]
@@ -357,9 +358,14 @@ def claim_deliveries(
         return _Batch(owner, send, silenced, folded, listed, acked)
 
     batch = db.run(f"claiming deliveries for {notifier.name}", run)
-    if sent is not None and (left := [r["id"] for r in sent.rows if r["id"] not in done]):
+    if sent is not None and (left := [r for r in sent.rows if r["id"] not in done]):
         # Rows another claim held locked for a moment (see claim_deliveries in queries.sql).
-        mark = {"ids": left, "owner": sent.owner, "now": now}
+        mark = {
+            "ids": [r["id"] for r in left],
+            "alerts": [r["alert_id"] for r in left],
+            "owner": sent.owner,
+            "now": now,
+        }
         db.run(
             f"recording deliveries for {notifier.name}",
             lambda conn: conn.execute(queries()["mark_sent"], mark),
@@ -462,7 +468,12 @@ def _deliver(
         _settled(notifier, done, started, metrics, accepted, fired)
         return done, following
     # A short batch: nothing more was due (or held back), so no claim to ride on.
-    sent = {"ids": [r["id"] for r in batch.rows], "owner": batch.owner, "now": clock.now()}
+    sent = {
+        "ids": [r["id"] for r in batch.rows],
+        "alerts": [r["alert_id"] for r in batch.rows],
+        "owner": batch.owner,
+        "now": clock.now(),
+    }
     query = queries()["mark_sent"]
     db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, sent))
     _settled(notifier, done, started, metrics, accepted, fired)
@@ -563,13 +574,19 @@ def _settle_failure(
             if dead:
                 conn.execute(
                     q["mark_dead"],
-                    {"ids": [r["id"] for r in dead], "owner": owner, "error": str(error)},
+                    {
+                        "ids": [r["id"] for r in dead],
+                        "alerts": [r["alert_id"] for r in dead],
+                        "owner": owner,
+                        "error": str(error),
+                    },
                 )
             if retry:
                 conn.execute(
                     q["mark_retry"],
                     {
                         "ids": [r["id"] for r in retry],
+                        "alerts": [r["alert_id"] for r in retry],
                         "nexts": nexts,
                         "owner": owner,
                         "error": str(error),

@@ -8,7 +8,8 @@ open one is :func:`~slawatch.engine.rotate.rotate_every` old) and drops every cl
 range whose newest alert is older than the window and which holds nothing retention
 keeps (``slawatch.history_drop``): a DROP TABLE, not a DELETE per row. What the drops
 leave -- a range kept past its turn, the open range under a window shorter than a
-rotation period -- goes by the batches below, as before.
+rotation period -- goes by the batches below, one range after the other
+(:func:`prune_ranges`): a batch reads one range's partitions, their indexes in order.
 
 The outbox (``slawatch.alert``, ``slawatch.delivery``) grows by every alert;
 without pruning, a long run's claims insert into ever larger tables and
@@ -92,17 +93,44 @@ class PruneResult:
         return max(self.alerts, self.orphans, self.silences, self.episodes) >= batch
 
 
-def prune_batch(conn: Connection, cutoff: datetime, batch: int = BATCH) -> PruneResult:
+IdRange = tuple[int, int]  # alert ids [low, high): one partition of the outbox
+
+
+def prune_ranges(conn: Connection, cutoff: datetime) -> list[IdRange]:
+    """The alert id ranges the batches go through, oldest first: those drops leave
+    (kept past their turn, and the open one); all ids while the outbox is unconverted."""
+    with translate("reading the alert history ranges"):
+        rows = conn.execute(queries()["prune_ranges"], {"cutoff": cutoff}).fetchall()
+    return [(int(r[0]), int(r[1])) for r in rows]
+
+
+def prune_batch(
+    conn: Connection, cutoff: datetime, batch: int = BATCH, ids: IdRange | None = None
+) -> PruneResult:
     """Remove, in one statement, at most ``batch`` alerts fired before ``cutoff`` (none
     with a pending delivery, none named by an ack from after ``cutoff``) with their
     deliveries and acks, at most ``batch`` acks from before ``cutoff`` whose alert is
     gone, and at most ``batch`` silences that ended before ``cutoff``; then, in a second
     statement, at most ``batch`` episodes of the history that ended before ``cutoff``.
 
+    The alerts are those of the id range ``ids`` (one of :func:`prune_ranges`); without
+    it, of the first range that has any to remove.
+
     ``conn`` is an autocommit connection: each statement is its own transaction.
     """
-    params = {"cutoff": cutoff, "batch": batch}
-    row = conn.execute(queries()["prune_history"], params).fetchone()
+    if ids is None:
+        result = PruneResult()
+        for each in prune_ranges(conn, cutoff):
+            result = prune_batch(conn, cutoff, batch, each)
+            if result.alerts:
+                break
+        return result
+    params = {"cutoff": cutoff, "batch": batch, "lo": ids[0], "hi": ids[1]}
+    with conn.transaction():
+        # Priced high (the correlated lookups over every partition they may probe), the
+        # statement was JIT-compiled each batch: 3.7 s of a 4 s batch (docs/performance.md).
+        conn.execute("SET LOCAL jit = off")
+        row = conn.execute(queries()["prune_history"], params).fetchone()
     episodes = conn.execute(queries()["prune_episodes"], params).rowcount
     if row is None:
         return PruneResult(batches=1, episodes=episodes)
@@ -136,19 +164,28 @@ def prune(
     cutoff = now - retention
     started = time.monotonic()
     result = rotate(db, now, retention)
-    while True:
-        # db.run: one statement, so a lost prepared statement (PgBouncer) is retried once.
-        got = db.run("pruning alert history", lambda conn: prune_batch(conn, cutoff, batch))
-        result += got
-        # Every part short: nothing more is old and finished (or a concurrent
-        # pruner took some); the next run looks again.
-        if not got.full(batch):
-            return result
-        if time.monotonic() - started >= budget.total_seconds():
-            log.info(
-                "pruning history: time budget spent with old history left; the next run goes on"
-            )
-            return result
+    todo = db.run("pruning alert history", lambda conn: prune_ranges(conn, cutoff))
+    # No range to read (every one waits for its drop): one batch still takes the
+    # orphaned acks, ended silences and episodes.
+    for ids in todo or [(0, 0)]:
+
+        def one(conn: Connection, ids: IdRange = ids) -> PruneResult:
+            return prune_batch(conn, cutoff, batch, ids)
+
+        while True:
+            # db.run: one statement, so a lost prepared statement (PgBouncer) is retried once.
+            got = db.run("pruning alert history", one)
+            result += got
+            # Every part short: nothing more is old and finished in this range (or a
+            # concurrent pruner took some); on to the next range.
+            if not got.full(batch):
+                break
+            if time.monotonic() - started >= budget.total_seconds():
+                log.info(
+                    "pruning history: time budget spent with old history left; the next run goes on"
+                )
+                return result
+    return result
 
 
 def drop_range(conn: Connection, cutoff: datetime) -> PruneResult:

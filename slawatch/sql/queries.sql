@@ -71,10 +71,12 @@ WITH sent AS (
     UPDATE slawatch.delivery d
        SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
            last_error = NULL
-      FROM (SELECT id FROM slawatch.delivery
-             WHERE id = ANY(%(sent)s::bigint[]) AND lease_owner = %(sent_owner)s::uuid
+      FROM (SELECT id, alert_id FROM slawatch.delivery
+             WHERE id = ANY(%(sent)s::bigint[]) AND alert_id = ANY(%(sent_alerts)s::bigint[])
+               AND lease_owner = %(sent_owner)s::uuid
                FOR UPDATE SKIP LOCKED) s
-     WHERE d.id = s.id
+     WHERE d.id = s.id AND d.alert_id = s.alert_id
+       AND d.alert_id = ANY(%(sent_alerts)s::bigint[])
     RETURNING d.id
 ), due AS (
     SELECT d.id, d.alert_id, a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline,
@@ -265,10 +267,15 @@ SELECT s.id AS summary_id, l.*
 -- with 10 k pending, growing with the backlog; now 2 ms). The ::bigint[] keeps
 -- psycopg from sending a smallint[] for small ids.
 -- Asynchronous commit, as claim_deliveries: a lost 'sent' is a resend.
+-- `alerts`: the deliveries' alert ids (the dispatcher has them), so that only their
+-- id ranges' partitions are read (delivery is partitioned by alert_id; an id alone
+-- probes every partition's delivery_id). The same in mark_retry, mark_dead and
+-- claim_deliveries' `sent` (sent_alerts).
 UPDATE slawatch.delivery
    SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
        last_error = NULL
- WHERE id = ANY(%(ids)s::bigint[]) AND lease_owner = %(owner)s
+ WHERE id = ANY(%(ids)s::bigint[]) AND alert_id = ANY(%(alerts)s::bigint[])
+   AND lease_owner = %(owner)s
    AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off';
 
 -- mark_retry --
@@ -277,7 +284,8 @@ UPDATE slawatch.delivery d
    SET next_attempt_at = r.next_at, lease_owner = NULL, lease_expires_at = NULL,
        last_error = %(error)s
   FROM unnest(%(ids)s::bigint[], %(nexts)s::timestamptz[]) AS r(id, next_at)
- WHERE d.id = r.id AND d.status = 'pending' AND d.lease_owner = %(owner)s;
+ WHERE d.id = r.id AND d.alert_id = ANY(%(alerts)s::bigint[]) AND d.status = 'pending'
+   AND d.lease_owner = %(owner)s;
 
 -- mark_dead --
 -- Fenced like mark_sent. Its commit stays synchronous: lost, the delivery would only be
@@ -285,7 +293,8 @@ UPDATE slawatch.delivery d
 -- what a person is told to look at, and it is rare.
 UPDATE slawatch.delivery
    SET status = 'dead', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s
- WHERE id = ANY(%(ids)s::bigint[]) AND lease_owner = %(owner)s;
+ WHERE id = ANY(%(ids)s::bigint[]) AND alert_id = ANY(%(alerts)s::bigint[])
+   AND lease_owner = %(owner)s;
 
 -- replay --
 -- Dead and orphaned deliveries back to pending, as if new: each to its own notifier, or
@@ -402,6 +411,22 @@ DELETE FROM slawatch.episode WHERE ctid = ANY (ARRAY(
      ORDER BY ended_at
      LIMIT %(batch)s));
 
+-- prune_ranges --
+-- The alert id ranges prune_history goes through, one after the other, oldest first:
+-- what history_drop leaves -- the ranges closed before the cutoff (kept past their turn:
+-- retention keeps something in them) and the open range (a window shorter than a
+-- rotation period). A range closed at or after the cutoff waits for its drop (its
+-- alerts are kept up to one rotation period longer than the window). Before the
+-- outbox is converted (alert_rotating exists) or with no range recorded: all ids.
+SELECT h.low, h.high FROM slawatch.history_range h
+ WHERE (h.closed_at IS NULL OR h.closed_at < %(cutoff)s)
+   AND to_regclass('slawatch.alert_rotating') IS NULL
+UNION ALL
+SELECT '-9223372036854775808'::bigint, '9223372036854775807'::bigint
+ WHERE to_regclass('slawatch.alert_rotating') IS NOT NULL
+    OR NOT EXISTS (SELECT 1 FROM slawatch.history_range)
+ORDER BY 1;
+
 -- prune_history --
 -- One bounded batch of history (maintain.py): alerts fired before the cutoff none
 -- of whose deliveries is pending, removed with their deliveries. Old alerts are
@@ -421,16 +446,15 @@ DELETE FROM slawatch.episode WHERE ctid = ANY (ARRAY(
 -- Silences: those that ended before the cutoff, per rule through silence_rule_ends
 -- (the rules by a skip scan of it, as for alerts). Nothing refers to a silence.
 -- The three parts share the batch size: each removes at most `batch` rows.
--- Id ranges (0015_rotate.sql): the alerts of a range closed after the cutoff are left
--- to history_drop, which drops the range whole once its turn comes (its alerts are
--- kept up to one rotation period longer than the window); the bounds are read once
--- and prune the partitions scanned. So this finds only what drops leave: the
--- alerts of a range kept past its turn (retention keeps something in it), and of the
--- open range when the window is shorter than a rotation period.
+-- Id ranges (0015_rotate.sql): a batch reads one range, alert ids [lo, hi), given by
+-- prune_ranges: every part that reads the outbox bounds its ids to it, so each reads
+-- one partition (pruned when the statement starts) and its alert_rule_fired in order.
+-- Over all kept ranges at once, the planner merged every old partition and sorted.
 WITH RECURSIVE rules AS (
-    SELECT min(rule) AS rule FROM slawatch.alert
+    SELECT min(rule) AS rule FROM slawatch.alert WHERE id >= %(lo)s AND id < %(hi)s
     UNION ALL
-    SELECT (SELECT min(a.rule) FROM slawatch.alert a WHERE a.rule > r.rule)
+    SELECT (SELECT min(a.rule) FROM slawatch.alert a
+             WHERE a.rule > r.rule AND a.id >= %(lo)s AND a.id < %(hi)s)
       FROM rules r
      WHERE r.rule IS NOT NULL
 ), old AS (
@@ -438,7 +462,7 @@ WITH RECURSIVE rules AS (
       FROM rules r CROSS JOIN LATERAL (
             SELECT a.id FROM slawatch.alert a
              WHERE a.rule = r.rule AND a.fired_at < %(cutoff)s
-               AND (a.id < slawatch.history_lo(%(cutoff)s) OR a.id >= slawatch.history_hi(%(cutoff)s))
+               AND a.id >= %(lo)s AND a.id < %(hi)s
                AND (SELECT bool_or(p.status = 'pending') FROM slawatch.delivery p
                      WHERE p.alert_id = a.id) IS NOT TRUE
                AND (SELECT bool_or(k.acked_at >= %(cutoff)s) FROM slawatch.ack k
@@ -450,10 +474,11 @@ WITH RECURSIVE rules AS (
 ), gone_deliveries AS (
     DELETE FROM slawatch.delivery d
      WHERE d.alert_id = ANY (ARRAY(SELECT id FROM old)) AND d.status <> 'pending'
+       AND d.alert_id >= %(lo)s AND d.alert_id < %(hi)s
     RETURNING d.id
 ), gone_alerts AS (
     DELETE FROM slawatch.alert a
-     WHERE a.id = ANY (ARRAY(SELECT id FROM old))
+     WHERE a.id = ANY (ARRAY(SELECT id FROM old)) AND a.id >= %(lo)s AND a.id < %(hi)s
        AND (SELECT bool_and(k.id IN (SELECT g.id FROM gone_deliveries g))
               FROM slawatch.delivery k
              WHERE k.alert_id = a.id) IS NOT FALSE

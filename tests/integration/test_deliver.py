@@ -35,7 +35,11 @@ from tests.waiting import lock_waits, wait_until
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CLAIMED = T0 + timedelta(days=3)  # when the alerts were claimed and became deliverable
-NOTHING_SENT: dict[str, Any] = {"sent": [], "sent_owner": None}  # a claim settling no batch
+NOTHING_SENT: dict[str, Any] = {
+    "sent": [],
+    "sent_alerts": [],
+    "sent_owner": None,
+}  # a claim settling no batch
 
 
 class FlakyReceiver(BaseNotifier):
@@ -182,18 +186,36 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
     later = CLAIMED + lease + timedelta(seconds=1)
     (second,) = conn.execute(q["claim_deliveries"], claim | {"now": later, "owner": new}).fetchall()
     assert first[0] == second[0] and second[2] == 2  # same delivery, attempt 2
-    stale = conn.execute(q["mark_sent"], {"ids": [first[0]], "owner": old, "now": later})
+    stale = conn.execute(
+        q["mark_sent"], {"ids": [first[0]], "alerts": [first[4]], "owner": old, "now": later}
+    )
     assert stale.rowcount == 0
-    stale = conn.execute(q["mark_dead"], {"ids": [first[0]], "owner": old, "error": "x"})
+    stale = conn.execute(
+        q["mark_dead"], {"ids": [first[0]], "alerts": [first[4]], "owner": old, "error": "x"}
+    )
     assert stale.rowcount == 0
-    retry = {"ids": [first[0]], "owner": old, "error": "x", "nexts": [CLAIMED]}
+    retry = {
+        "ids": [first[0]],
+        "alerts": [first[4]],
+        "owner": old,
+        "error": "x",
+        "nexts": [CLAIMED],
+    }
     assert conn.execute(q["mark_retry"], retry).rowcount == 0  # nor reschedule it
     assert statuses(conn) == {"pending": 1}
     # Nor settle it through the claim of its next batch.
-    settle = claim | {"now": later, "owner": uuid.uuid4(), "sent": [first[0]], "sent_owner": old}
+    settle = claim | {
+        "now": later,
+        "owner": uuid.uuid4(),
+        "sent": [first[0]],
+        "sent_alerts": [first[4]],
+        "sent_owner": old,
+    }
     assert conn.execute(q["claim_deliveries"], settle).fetchall() == []
     assert statuses(conn) == {"pending": 1}
-    done = conn.execute(q["mark_sent"], {"ids": [first[0]], "owner": new, "now": later})
+    done = conn.execute(
+        q["mark_sent"], {"ids": [first[0]], "alerts": [first[4]], "owner": new, "now": later}
+    )
     assert done.rowcount == 1
 
 
@@ -241,7 +263,14 @@ def test_the_next_claim_settles_the_batch_sent_and_never_takes_it_again(conn: Co
     ).fetchall()
     later = CLAIMED + lease + timedelta(seconds=1)  # the sent batch is due again by now
     ids = [r[0] for r in sent]
-    settle = {"now": later, "owner": uuid.uuid4(), "sent": ids, "sent_owner": owner}
+    alerts = [r[4] for r in sent]
+    settle = {
+        "now": later,
+        "owner": uuid.uuid4(),
+        "sent": ids,
+        "sent_alerts": alerts,
+        "sent_owner": owner,
+    }
     rows = conn.execute(q["claim_deliveries"], claim | settle).fetchall()
     # The rows it settled come back as 'sent' (the worker marks the rest itself).
     assert sorted(r[0] for r in rows if r[3] == "sent") == sorted(ids)
@@ -447,12 +476,22 @@ def test_the_claim_and_mark_sent_commit_asynchronously_and_mark_dead_does_not(
         ).fetchall()
         assert synchronous(tx) == "off"
         assert synchronous(tx) == "on"  # for that transaction only
-        settle = claim | {"owner": uuid.uuid4(), "sent": [first[0]], "sent_owner": owner}
+        settle = claim | {
+            "owner": uuid.uuid4(),
+            "sent": [first[0]],
+            "sent_alerts": [first[4]],
+            "sent_owner": owner,
+        }
         assert [r[3] for r in tx.execute(q["claim_deliveries"], settle).fetchall()] == ["sent"]
         assert synchronous(tx) == "off"  # nothing more was due: settling alone
-        tx.execute(q["mark_sent"], {"ids": [second[0]], "owner": owner, "now": CLAIMED})
+        tx.execute(
+            q["mark_sent"],
+            {"ids": [second[0]], "alerts": [second[4]], "owner": owner, "now": CLAIMED},
+        )
         assert synchronous(tx) == "off"
-        tx.execute(q["mark_dead"], {"ids": [third[0]], "owner": owner, "error": "x"})
+        tx.execute(
+            q["mark_dead"], {"ids": [third[0]], "alerts": [third[4]], "owner": owner, "error": "x"}
+        )
         assert synchronous(tx) == "on"
     assert statuses(conn) == {"sent": 2, "dead": 1}
 

@@ -7,6 +7,7 @@ keeps every alert and delivery, and a migrate killed in the middle goes on where
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,8 +20,10 @@ import psycopg
 from slawatch.db import Database
 from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import migrate
-from slawatch.runtime.maintain import prune
+from slawatch.engine.queries import queries
+from slawatch.runtime.maintain import prune, prune_ranges
 from tests.integration.helpers import Conn, FixedClock, claim_all, unrotated
+from tests.integration.test_explain import nodes
 from tests.integration.test_outage import late_rule, orders
 from tests.waiting import wait_until as wait_for
 
@@ -292,3 +295,95 @@ def test_an_outbox_with_history_is_converted_and_a_killed_migrate_resumes(
     assert conn.execute(
         "SELECT count(*) FROM pg_trigger WHERE tgname = 'history_mirror'"
     ).fetchone() == (0,)
+
+
+def test_retention_prunes_each_kept_range_by_itself_reading_one_partition(
+    conn: Conn, dsn: str
+) -> None:
+    """Several ranges kept past their turn (a pending delivery in each): the row-by-row
+    prune goes through them one at a time, and each batch reads that range's partitions
+    only -- over all kept ranges at once, the planner merged and sorted every one."""
+    migrate(conn, [])
+    start = datetime.now(UTC)
+    kept: dict[int, list[int]] = {}
+    gone: list[int] = []
+    n: int | None = 0  # the open range migrate made
+    for day in range(4):
+        assert n is not None
+        gone += [alert(conn, start + day * DAY, "sent") for _ in range(20)]
+        kept[n] = [alert(conn, start + day * DAY, "sent", "pending")]
+        n = rotate(conn, start + (day + 1) * DAY)
+    now = start + 4 * DAY + RETENTION + timedelta(hours=1)  # the four closed ranges past it
+    fresh = alert(conn, now, "sent")  # in the open range
+    conn.execute("ANALYZE slawatch.alert")
+    conn.execute("ANALYZE slawatch.delivery")
+    cutoff = now - RETENTION
+    todo = prune_ranges(conn, cutoff)
+    bounds = {
+        r[0]: (r[1], r[2])
+        for r in conn.execute("SELECT n, low, high FROM slawatch.history_range").fetchall()
+    }
+    assert [bounds[n] for n in kept] == todo[: len(kept)]  # the kept ranges, oldest first
+    for n in kept:
+        lo, hi = bounds[n]
+        with conn.transaction(force_rollback=True):
+            row = conn.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + queries()["prune_history"],
+                {"cutoff": cutoff, "batch": 5000, "lo": lo, "hi": hi},
+            ).fetchone()
+        assert row is not None
+        read = {
+            node["Relation Name"]
+            for node in nodes(row[0][0]["Plan"])
+            if node.get("Relation Name", "").startswith(("alert_h", "delivery_h"))
+            and node.get("Actual Loops", 1) > 0
+        }
+        assert read == {f"alert_h{n}", f"delivery_h{n}"}, read
+
+    with Database(dsn, size=2) as db:
+        result = prune(db, FixedClock(now), RETENTION)
+    assert result.ranges == 0 and result.alerts == len(gone)
+    ids = {r[0] for r in conn.execute("SELECT id FROM slawatch.alert").fetchall()}
+    assert ids == {fresh, *(i for v in kept.values() for i in v)}
+
+
+def test_settling_deliveries_reads_only_their_ranges_partitions(conn: Conn) -> None:
+    """delivery.id is indexed per partition: by id alone, a settle probes every range.
+    With the alert ids the dispatcher has, it reads their ranges' partitions only."""
+    migrate(conn, [])
+    start = datetime.now(UTC)
+    for day in range(3):
+        alert(conn, start + day * DAY, "sent")
+        assert rotate(conn, start + (day + 1) * DAY) is not None
+    mine = alert(conn, start + 3 * DAY, "pending")  # in the open range, 3
+    owner = uuid.uuid4()
+    conn.execute("UPDATE slawatch.delivery SET lease_owner = %s WHERE alert_id = %s", (owner, mine))
+    (delivery,) = conn.execute(
+        "SELECT id FROM slawatch.delivery WHERE alert_id = %s", (mine,)
+    ).fetchone()  # type: ignore[misc]
+    q = queries()
+    common = {"owner": owner, "now": start, "error": "x", "nexts": [start]}
+    claim = {"limit": 10, "lease": timedelta(seconds=30), "notifier": "hook0"}
+    cases = {
+        "mark_sent": {"ids": [delivery], "alerts": [mine]} | common,
+        "mark_retry": {"ids": [delivery], "alerts": [mine]} | common,
+        "mark_dead": {"ids": [delivery], "alerts": [mine]} | common,
+        "claim_deliveries": claim
+        | {"sent": [delivery], "sent_alerts": [mine], "sent_owner": owner}
+        | {"now": start, "owner": uuid.uuid4()},
+    }
+    for name, params in cases.items():
+        with conn.transaction(force_rollback=True):
+            row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + q[name], params).fetchone()
+        assert row is not None
+        plan = row[0][0]["Plan"]
+        if name == "claim_deliveries":  # its `sent` part (the due rows are read by index)
+            (plan,) = [n for n in nodes(plan) if n.get("Subplan Name") == "CTE sent"]
+        read = {
+            m.group(0)
+            for node in nodes(plan)
+            if node.get("Actual Loops", 1) > 0
+            for field in ("Relation Name", "Index Name")
+            if (m := re.match(r"delivery_h\d+", node.get(field, "")))
+        }
+        assert read == {"delivery_h3"}, (name, read)
