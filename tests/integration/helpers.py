@@ -269,3 +269,23 @@ def dsn_as(dsn: str, user: str) -> str:
     params = conninfo_to_dict(dsn) | {"user": user}
     params.pop("password", None)
     return make_conninfo(**params)
+
+
+def history(
+    conn: Conn, fired_at: datetime, *statuses: str, rule: str = "late", notifier: str = "notifier"
+) -> int:
+    """An alert fired at ``fired_at`` with one delivery per status given (to
+    ``notifier`` 0, 1, ...); its id."""
+    row = conn.execute(
+        "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
+        " VALUES (%s, %s, 1, 1, 'warning', %s, '{}') RETURNING id",
+        (rule, uuid.uuid4().hex, fired_at),
+    ).fetchone()
+    assert row is not None
+    for i, status in enumerate(statuses):
+        conn.execute(
+            "INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)"
+            " VALUES (%s, %s, %s, %s)",
+            (row[0], f"{notifier}{i}", status, fired_at),
+        )
+    return int(row[0])

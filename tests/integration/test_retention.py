@@ -27,7 +27,7 @@ from slawatch.engine.migrate import migrate, schema_current
 from slawatch.engine.queries import queries
 from slawatch.runtime.maintain import prune
 from slawatch.runtime.scheduler import Runner
-from tests.integration.helpers import Conn, claim_all, unrotated
+from tests.integration.helpers import Conn, claim_all, history, unrotated
 from tests.integration.test_explain import nodes
 from tests.integration.test_outage import FaultyClock, late_rule, orders
 from tests.pgcluster import PgCluster
@@ -47,23 +47,6 @@ class FixedClock(Clock):
 
     def now(self) -> datetime:
         return self.at
-
-
-def history(conn: Conn, fired_at: datetime, *statuses: str, rule: str = "late") -> int:
-    """An alert fired at ``fired_at`` with one delivery per status given; its id."""
-    row = conn.execute(
-        "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
-        " VALUES (%s, %s, 1, 1, 'warning', %s, '{}') RETURNING id",
-        (rule, uuid.uuid4().hex, fired_at),
-    ).fetchone()
-    assert row is not None
-    for i, status in enumerate(statuses):
-        conn.execute(
-            "INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)"
-            " VALUES (%s, %s, %s, %s)",
-            (row[0], f"notifier{i}", status, fired_at),
-        )
-    return int(row[0])
 
 
 def kept(conn: Conn) -> tuple[set[int], set[tuple[int, str]]]:

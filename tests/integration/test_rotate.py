@@ -22,7 +22,7 @@ from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import migrate
 from slawatch.engine.queries import queries
 from slawatch.runtime.maintain import prune, prune_ranges
-from tests.integration.helpers import Conn, FixedClock, claim_all, unrotated
+from tests.integration.helpers import Conn, FixedClock, claim_all, history, unrotated
 from tests.integration.test_explain import nodes
 from tests.integration.test_outage import late_rule, orders
 from tests.waiting import wait_until as wait_for
@@ -32,20 +32,8 @@ DAY = timedelta(days=1)
 
 
 def alert(conn: Conn, fired_at: datetime, *statuses: str) -> int:
-    """An alert fired at ``fired_at`` with one delivery per status; its id."""
-    row = conn.execute(
-        "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
-        " VALUES ('late', %s, 1, 1, 'warning', %s, '{}') RETURNING id",
-        (uuid.uuid4().hex, fired_at),
-    ).fetchone()
-    assert row is not None
-    for i, status in enumerate(statuses):
-        conn.execute(
-            "INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)"
-            " VALUES (%s, %s, %s, %s)",
-            (row[0], f"hook{i}", status, fired_at),
-        )
-    return int(row[0])
+    """An alert fired at ``fired_at`` with one delivery per status (to hook0, hook1, ...)."""
+    return history(conn, fired_at, *statuses, notifier="hook")
 
 
 def rotate(conn: Conn, now: datetime) -> int | None:
