@@ -152,20 +152,13 @@ class Change:
 def changes(wanted: dict[str, Definition | None], have: list[Installed]) -> list[Change]:
     """What brings the probe functions in line with ``wanted`` (by rule name; None: a
     rule whose probe is not known here). The function of a rule not in ``wanted`` is
-    dropped: an instance still running that rule falls back to the probe's text."""
+    kept, as a partial rules folder keeps the event types it lacks (how-to/upgrades.md):
+    it answers only a caller whose probe has its digest, so it is never wrong, only
+    left over; dropping the rule's objects is for the user (reference/sql.md)."""
     out: list[Change] = []
     by_rule: dict[str, list[Installed]] = {}
     for item in have:
         by_rule.setdefault(item.rule, []).append(item)
-    for rule, items in sorted(by_rule.items()):
-        if rule not in wanted:
-            for item in items:
-                out.append(
-                    Change(
-                        f"DROP FUNCTION IF EXISTS {item.procedure}",
-                        f"slawatch.{rule}{SUFFIX}: dropped (rule {rule} removed)",
-                    )
-                )
     for rule, want in wanted.items():
         if want is None:
             continue
