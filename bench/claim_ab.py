@@ -87,8 +87,9 @@ def run_variant(dsn: str, kind: str, batch: int, now: datetime, explain: bool) -
 
             try:
                 from slawatch.config.rules import Rule
-                from slawatch.engine.claim import batches, prepare
+                from slawatch.engine.claim import batches
                 from slawatch.engine.migrate import migrate
+                from slawatch.engine.ready import prepare
             except ImportError:  # the layout before the stage subpackages (2026-11-25)
                 from slawatch.claim import batches, prepare  # type: ignore[no-redef]
                 from slawatch.migrate import migrate  # type: ignore[no-redef]

@@ -80,8 +80,9 @@ from benchdb import Scratch
 from common import machine, med, pct
 
 from slawatch.config.rules import Rule
-from slawatch.engine.claim import anything_due, batches, prepare
+from slawatch.engine.claim import anything_due, batches
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 
 RULE = "parcel_undelivered"
 START, STOP = "parcel_shipped", "parcel_delivered"

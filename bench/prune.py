@@ -48,9 +48,10 @@ from benchdb import Scratch
 from run import add_due, drain, load_shop, lsn, med, rule_dict, walk
 
 from slawatch.config.rules import Rule
-from slawatch.engine.claim import batches, prepare
+from slawatch.engine.claim import batches
 from slawatch.engine.migrate import migrate
 from slawatch.engine.queries import queries
+from slawatch.engine.ready import prepare
 from slawatch.runtime.maintain import BATCH as PRUNE_BATCH
 from slawatch.runtime.maintain import drop_range, prune_batch
 

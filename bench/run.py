@@ -66,8 +66,9 @@ from benchdb import Scratch
 from common import machine, med, pct
 
 from slawatch.config.rules import Rule
-from slawatch.engine.claim import batches, prepare
+from slawatch.engine.claim import batches
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from slawatch.runtime.maintain import BATCH as PRUNE_BATCH
 from slawatch.runtime.maintain import prune_batch
 

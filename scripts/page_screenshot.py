@@ -22,8 +22,9 @@ from slawatch.clock import Clock
 from slawatch.config.rules import load_rules
 from slawatch.db import Database, with_database
 from slawatch.demo import seed
-from slawatch.engine.claim import claim_batch, prepare_all
+from slawatch.engine.claim import claim_batch
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare_all
 from slawatch.operate.admin import create_app, serve_in_thread
 from slawatch.operate.lifecycle import ack, add_silence
 

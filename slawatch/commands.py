@@ -385,8 +385,8 @@ def _many(n: int, one: str, many: str | None = None) -> str:
 def cmd_dry_run(settings: Settings, as_json: bool) -> int:
     """Per rule, what ``run --once`` would send now, and to which notifiers: counted
     in a read-only transaction, so nothing is sent or written (slawatch/engine/due.py)."""
-    from slawatch.engine.claim import prepare_all
     from slawatch.engine.due import dry_run
+    from slawatch.engine.ready import prepare_all
 
     rules, _ = load_config(settings)
     now = Clock().now()

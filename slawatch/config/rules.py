@@ -685,7 +685,7 @@ class Rule(FileModel):
                 f" {self.max_notifications} notification(s)"
             )
         # The key is known here unless it is the table's primary key (then
-        # claim.prepare_ready checks once the catalog has named it).
+        # ready.prepare_ready checks once the catalog has named it).
         if self.key is not None:
             problem = self.placeholder_problem(self.key)
             if problem:

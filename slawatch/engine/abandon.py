@@ -35,7 +35,7 @@ from psycopg import sql
 from slawatch.db import Connection, Database, translate
 from slawatch.engine.catalog import key_columns, rule_table, table_ident
 from slawatch.engine.claim import ClaimPlan, sql_text
-from slawatch.engine.migrate import predicates
+from slawatch.engine.predicates import predicates
 from slawatch.engine.statetable import state_table
 
 BATCH = 5000  # episodes given up per statement

@@ -44,7 +44,7 @@ from psycopg import sql
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, translate
 from slawatch.engine.catalog import TableInfo, deadline_type_of, key_columns, table_ident
-from slawatch.engine.migrate import predicates
+from slawatch.engine.predicates import predicates
 from slawatch.engine.statetable import state_table
 from slawatch.errors import ConfigError
 

@@ -44,7 +44,7 @@ from slawatch.engine.catalog import (
     table_ident,
 )
 from slawatch.engine.claim import ClaimPlan, sql_text
-from slawatch.engine.migrate import predicates
+from slawatch.engine.predicates import predicates
 from slawatch.engine.statetable import state_table
 from slawatch.errors import DatabaseError
 

@@ -43,6 +43,7 @@ from slawatch.engine.catalog import (
     update_side_effects,
     without_statistics,
 )
+from slawatch.engine.predicates import predicates
 from slawatch.engine.schema import Change
 from slawatch.errors import ConfigError
 
@@ -91,27 +92,6 @@ class IndexSpec:
         if not state.valid:
             return "was left invalid"
         return None
-
-
-def predicates(rule: Rule) -> tuple[str, str, str]:
-    """The SQL of the three index predicates, which the claim repeats word for word.
-
-    - first: rows not yet notified for their current deadline value (never notified,
-      or the deadline moved since: a new episode);
-    - again: rows of an open episode (notified, or baselined), indexed by the time of
-      their next re-notification: the claim reads the range due now, ``status`` counts
-      the whole index (every open episode is overdue). An episode at its cap, acked,
-      or of a rule without renotify has ``next`` NULL: it stays in the index, where
-      the claim never reads, until it ends;
-    - ended: rows whose episode ended (open_when turned false, or the deadline
-      moved); the next scan closes the episode, and the row leaves this index.
-    """
-    d, seen = rule.deadline_sql(), quoted(rule.seen_column)
-    open_when = f"({rule.open_when})"
-    first = f"{seen} IS DISTINCT FROM {d} AND {open_when}"
-    again = f"{seen} = {d} AND {open_when}"
-    ended = f"{seen} IS NOT NULL AND ({seen} IS DISTINCT FROM {d} OR {open_when} IS NOT TRUE)"
-    return first, again, ended
 
 
 def index_specs(rule: Rule) -> list[IndexSpec]:
@@ -455,7 +435,7 @@ def _converts_outbox() -> bool:
 def probe_definition(rule: Rule, info: TableInfo | None) -> probefn.Definition | None:
     """The probe function ``rule`` calls (engine/probefn.py), composed as the runtime
     composes it; None when the table does not say enough yet (e.g. no key)."""
-    from slawatch.engine.claim import plan_claim, probe_definition  # claim imports this module
+    from slawatch.engine.claim import plan_claim, probe_definition
 
     try:
         if info is None:  # an event rule's timer table, created by this migrate

@@ -1,6 +1,6 @@
 """``slawatch explain RULE``: the claim's plan, and whether it reads the watched table whole.
 
-The statement explained is the one ``slawatch run`` executes (``claim.prepare``),
+The statement explained is the one ``slawatch run`` executes (``ready.prepare``),
 with the parameters of a scan at ``now``: inline, the claim; ``track: table``,
 the claim of a scan between sweeps (fresh rows from the watermark's look-back
 on) and the sweep's close.
@@ -24,7 +24,8 @@ from slawatch.config.durations import format_duration
 from slawatch.config.rules import Rule
 from slawatch.db import Connection, translate
 from slawatch.engine.catalog import TableInfo, inspect_table
-from slawatch.engine.claim import ClaimPlan, prepare_ready
+from slawatch.engine.claim import ClaimPlan
+from slawatch.engine.ready import prepare_ready
 from slawatch.engine.statetable import lookback
 from slawatch.errors import ConfigError
 

@@ -44,8 +44,9 @@ from slawatch.engine.catalog import (
     table_ident,
 )
 from slawatch.engine.claim import ClaimPlan, sql_text
-from slawatch.engine.migrate import index_specs, predicates, require_schema
+from slawatch.engine.migrate import index_specs, require_schema
 from slawatch.engine.outbox import alert_id
+from slawatch.engine.predicates import predicates
 from slawatch.engine.queries import queries
 from slawatch.engine.statetable import state_table
 from slawatch.errors import BadInput, DatabaseError, NotFound

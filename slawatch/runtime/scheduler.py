@@ -51,14 +51,8 @@ from slawatch.delivery.dispatcher import (
 )
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.engine.abandon import give_up
-from slawatch.engine.claim import (
-    ClaimPlan,
-    DrainResult,
-    drain,
-    fill_due,
-    prepare_all,
-    prepare_ready,
-)
+from slawatch.engine.claim import ClaimPlan, DrainResult, drain, fill_due
+from slawatch.engine.ready import prepare_all, prepare_ready
 from slawatch.engine.timers import DEDUPE, known_types
 from slawatch.errors import ConfigError, SlawatchError
 from slawatch.events.ingest import Ingested

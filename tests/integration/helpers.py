@@ -18,8 +18,9 @@ from slawatch.actions.run import runner
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule, load_rules
 from slawatch.demo import SHOP
-from slawatch.engine.claim import ClaimPlan, claim_batch, prepare
+from slawatch.engine.claim import ClaimPlan, claim_batch
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from slawatch.engine.statetable import drain_table
 from tests.conftest import ROOT
 

@@ -13,8 +13,9 @@ import pytest
 from slawatch.config.notifiers import RetrySettings
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import PassResult, deliver_due
-from slawatch.engine.claim import ClaimPlan, prepare
+from slawatch.engine.claim import ClaimPlan
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from slawatch.errors import BadInput, DeliveryError, NotFound
 from slawatch.operate.inspect import list_alerts
 from slawatch.operate.lifecycle import ack
@@ -192,8 +193,8 @@ def test_ack_never_waits_for_the_applications_lock_on_the_row(
 
 def test_ack_of_a_resolved_episode_is_a_plain_answer(conn: Conn, db: Database, track: str) -> None:
     """resolve: true: the row completed and its notice went out; nothing to acknowledge."""
-    from slawatch.engine.claim import prepare
     from slawatch.engine.migrate import migrate
+    from slawatch.engine.ready import prepare
 
     rule = shop(conn, track)["order_unshipped"].model_copy(update={"resolve": True})
     migrate(conn, [rule])

@@ -14,8 +14,8 @@ import pytest
 from slawatch.actions.run import Record, run_batch, run_one, runner, set_statement
 from slawatch.config.rules import Rule
 from slawatch.engine.acting import Due
-from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from tests.integration.helpers import Conn, claim_all
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -10,9 +10,9 @@ from typing import Any
 
 from slawatch.actions.run import runner
 from slawatch.config.rules import Rule
-from slawatch.engine.claim import prepare
 from slawatch.engine.due import dry_run
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from tests.integration.helpers import Conn, claim_all, shop
 from tests.integration.test_cli import slawatch
 

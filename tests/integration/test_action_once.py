@@ -20,8 +20,8 @@ import pytest
 
 from slawatch.actions.run import runner
 from slawatch.config.rules import Rule
-from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from tests.integration.helpers import Conn, claim_all, episodes
 from tests.integration.test_action_examples import predicted
 from tests.integration.test_action_webhook import SECRET

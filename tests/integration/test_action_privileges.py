@@ -18,8 +18,8 @@ from slawatch.cli import main
 from slawatch.config.rules import Rule, with_action_role
 from slawatch.demo import SHOP
 from slawatch.engine.acting import Due
-from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import grants, migrate
+from slawatch.engine.ready import prepare
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, claim_all, dsn_as, scratch_role
 

@@ -139,7 +139,7 @@ def test_a_renotification_shows_no_attempt_of_its_own(conn: Conn, rule: Rule, ds
     """Only the notification whose claim ran the action (``on``) carries it."""
     conn.execute("CREATE TABLE restarts (job_id bigint NOT NULL, kind text NOT NULL)")
     from slawatch.actions.run import runner
-    from slawatch.engine.claim import prepare
+    from slawatch.engine.ready import prepare
 
     plan = prepare(conn, rule).with_act(runner("on"))
     assert claim_all(conn, plan, T0 + 30 * M + 2 * S) == 2  # jobs 1 and 2: number 2

@@ -39,9 +39,10 @@ from slawatch.delivery.dispatcher import (
 )
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.demo import SHOP
-from slawatch.engine.claim import ClaimPlan, drain, prepare
+from slawatch.engine.claim import ClaimPlan, drain
 from slawatch.engine.migrate import grants, migrate
 from slawatch.engine.outbox import alert_payload
+from slawatch.engine.ready import prepare
 from slawatch.operate.metrics import Metrics
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT

@@ -25,8 +25,9 @@ from slawatch.config.rules import Rule
 from slawatch.db import Database, DatabaseError
 from slawatch.demo import SHOP
 from slawatch.engine.acting import Due
-from slawatch.engine.claim import ClaimPlan, prepare
+from slawatch.engine.claim import ClaimPlan
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, claim_all, episodes
 

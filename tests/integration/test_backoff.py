@@ -23,7 +23,7 @@ from slawatch.config.rules import Renotify, Rule
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import deliver_notifier
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
-from slawatch.engine.claim import prepare
+from slawatch.engine.ready import prepare
 from slawatch.engine.statetable import state_table
 from tests.integration.helpers import Conn, claim_all, episodes, shop
 from tests.integration.test_deliver import CLAIMED, T0, overdue_orders, statuses

@@ -18,9 +18,10 @@ from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.engine.baseline import Progress, baseline_rule, recorded, render
 from slawatch.engine.catalog import inspect_table
-from slawatch.engine.claim import ClaimPlan, prepare
+from slawatch.engine.claim import ClaimPlan
 from slawatch.engine.due import count_due
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from slawatch.errors import DatabaseError
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT

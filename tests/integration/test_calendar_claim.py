@@ -21,10 +21,11 @@ from slawatch.config.rules import Rule, check_calendar_names
 from slawatch.db import Database
 from slawatch.engine.baseline import baseline_rule
 from slawatch.engine.catalog import inspect_table
-from slawatch.engine.claim import drain, fill_due, prepare
+from slawatch.engine.claim import drain, fill_due
 from slawatch.engine.due import dry_run
 from slawatch.engine.migrate import migrate
 from slawatch.engine.outbox import alert_payload, iso
+from slawatch.engine.ready import prepare
 from slawatch.operate.inspect import count_overdue
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, FixedClock, claim_all

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from slawatch.config.rules import Rule
-from slawatch.engine.claim import prepare_all
 from slawatch.engine.migrate import check, migrate
+from slawatch.engine.ready import prepare_all
 from slawatch.errors import ConfigError
 from tests.integration.helpers import Conn, claim_all, plans
 from tests.integration.test_cli import assert_one_line_error, slawatch

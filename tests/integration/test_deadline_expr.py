@@ -16,9 +16,9 @@ import pytest
 
 from slawatch.config.rules import Rule
 from slawatch.engine.baseline import baseline_rule, recorded, render
-from slawatch.engine.claim import prepare
 from slawatch.engine.due import count_due
 from slawatch.engine.migrate import check, migrate
+from slawatch.engine.ready import prepare
 from slawatch.errors import ConfigError
 from slawatch.operate.explain import explain
 from slawatch.operate.inspect import rule_status

@@ -16,8 +16,8 @@ import pytest
 from slawatch.cli import main
 from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.engine.claim import prepare_ready
 from slawatch.engine.migrate import kept_event_types, migrate
+from slawatch.engine.ready import prepare_ready
 from slawatch.events.ingest import Event, ingest
 from slawatch.operate.inspect import rules_report
 from slawatch.operate.metrics import OutboxCollector

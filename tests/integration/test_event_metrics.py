@@ -14,8 +14,8 @@ from psycopg import sql
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.engine.claim import prepare_all
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare_all
 from slawatch.events.ingest import Event, Ingested, ingest
 from slawatch.operate.inspect import open_timers_statement
 from slawatch.operate.metrics import Metrics

@@ -18,8 +18,9 @@ from psycopg.types.json import Jsonb
 
 from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.engine.claim import drain, prepare, prepare_ready
+from slawatch.engine.claim import drain
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare, prepare_ready
 from slawatch.engine.timers import prune_timers
 from slawatch.events.ingest import ingest, parse_events
 from slawatch.runtime.maintain import prune_events

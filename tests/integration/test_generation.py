@@ -18,8 +18,8 @@ from slawatch.config.notifiers import ConsoleConfig
 from slawatch.config.rules import Rule
 from slawatch.config.settings import Settings
 from slawatch.engine import generation
-from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import migrate, plan, render
+from slawatch.engine.ready import prepare
 from slawatch.errors import DatabaseError
 from slawatch.operate.inspect import rule_status
 from slawatch.runtime.scheduler import Runner

@@ -18,7 +18,7 @@ from slawatch.config.notifiers import ConsoleConfig
 from slawatch.config.rules import Renotify, Rule
 from slawatch.db import Database
 from slawatch.engine.abandon import give_up, give_up_statement
-from slawatch.engine.claim import prepare
+from slawatch.engine.ready import prepare
 from slawatch.engine.statetable import state_table
 from slawatch.operate.inspect import open_timers_statement, rule_status
 from slawatch.runtime.maintain import prune_events

@@ -17,8 +17,9 @@ from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.db import PREPARED_MAX, Database, Pooler
-from slawatch.engine.claim import ClaimPlan, DrainResult, anything_due, drain, prepare
+from slawatch.engine.claim import ClaimPlan, DrainResult, anything_due, drain
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from slawatch.errors import SlawatchError
 from slawatch.operate.inspect import rule_status
 from slawatch.runtime import scans

@@ -17,8 +17,9 @@ from slawatch.config.notifiers import WebhookConfig
 from slawatch.config.rules import Rule
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import deliver_notifier, replay
-from slawatch.engine.claim import drain, prepare_all
+from slawatch.engine.claim import drain
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare_all
 from slawatch.operate.lifecycle import ack, add_silence
 from slawatch.operate.metrics import SCRAPE_BUDGET, Metrics
 from slawatch.runtime.scheduler import Runner

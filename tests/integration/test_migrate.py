@@ -214,8 +214,8 @@ def test_printed_migration_runs_as_is(conn: Conn) -> None:
 def test_printed_against_the_database_is_only_the_change(conn: Conn) -> None:
     """The DBA path after a rule change: the plan drops and rebuilds what changed, and
     after it is applied by hand, migrate and run agree that all is well."""
-    from slawatch.engine.claim import prepare
     from slawatch.engine.migrate import plan
+    from slawatch.engine.ready import prepare
 
     conn.execute(TABLE)
     migrate(conn, [rule()])
@@ -263,7 +263,7 @@ def test_upgrade_from_before_episodes_keeps_notified_rows_quiet(conn: Conn) -> N
     of their deadline, so the upgrade pages nobody again."""
     from datetime import timedelta
 
-    from slawatch.engine.claim import prepare
+    from slawatch.engine.ready import prepare
     from tests.integration.helpers import claim_all
 
     conn.execute(TABLE)
@@ -312,8 +312,9 @@ def test_the_printed_grants_are_enough_and_no_more(conn: Conn, dsn: str) -> None
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from slawatch.engine.claim import claim_batch, prepare
+    from slawatch.engine.claim import claim_batch
     from slawatch.engine.migrate import grants
+    from slawatch.engine.ready import prepare
 
     conn.execute(TABLE)
     late = rule()
@@ -340,7 +341,7 @@ def test_the_printed_grants_are_enough_and_no_more(conn: Conn, dsn: str) -> None
 
 
 def test_a_rule_changed_since_migrate_is_refused_until_migrated(conn: Conn) -> None:
-    from slawatch.engine.claim import prepare
+    from slawatch.engine.ready import prepare
 
     conn.execute(TABLE)
     migrate(conn, [rule()])
@@ -476,7 +477,7 @@ def test_the_claim_reads_ended_episodes_through_their_index_without_statistics(
     migrate from before they were analyzed): the claim's `ended` read still takes its
     partial index (ordered by its key), not a sequential scan of the table that stops
     early only when there are ended rows to find."""
-    from slawatch.engine.claim import prepare
+    from slawatch.engine.ready import prepare
 
     conn.execute(TABLE)
     conn.execute("ALTER TABLE orders SET (autovacuum_enabled = false)")

@@ -32,8 +32,9 @@ from slawatch.delivery.notifiers.base import BaseNotifier
 from slawatch.delivery.notifiers.pagerduty import PagerDutyNotifier
 from slawatch.delivery.notifiers.slack import SlackNotifier
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
-from slawatch.engine.claim import ClaimPlan, prepare
+from slawatch.engine.claim import ClaimPlan
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn, claim_all, shop
 from tests.integration.lifecycle_helpers import Inbox, resolved, statuses

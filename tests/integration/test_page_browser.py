@@ -14,7 +14,7 @@ from slawatch.config.notifiers import WebhookConfig
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import deliver_due
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
-from slawatch.engine.claim import prepare
+from slawatch.engine.ready import prepare
 from tests.integration.helpers import Conn, FixedClock, claim_all, episodes, shop
 from tests.integration.page_helpers import (
     DUE,

@@ -14,8 +14,9 @@ import psycopg
 import pytest
 
 from slawatch.config.rules import Rule
-from slawatch.engine.claim import claim_batch, prepare
+from slawatch.engine.claim import claim_batch
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from slawatch.errors import ConfigError
 from tests.integration.helpers import Conn, alerts
 

@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from slawatch.config.rules import Rule
-from slawatch.engine.claim import drain, prepare
+from slawatch.engine.claim import drain
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from slawatch.operate.guard import Limits
 from tests.integration import test_events_http
 from tests.integration.helpers import Conn, FixedClock

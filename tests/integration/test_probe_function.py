@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 
 from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.engine.claim import anything_due, prepare
+from slawatch.engine.claim import anything_due
 from slawatch.engine.migrate import migrate, plan, render
+from slawatch.engine.ready import prepare
 from tests.integration.helpers import Conn
 from tests.integration.test_outage import late_rule
 

@@ -20,8 +20,9 @@ from slawatch.actions.run import runner
 from slawatch.cli import main
 from slawatch.config.rules import Rule
 from slawatch.engine.catalog import check_rule
-from slawatch.engine.claim import ClaimPlan, prepare
+from slawatch.engine.claim import ClaimPlan
 from slawatch.engine.migrate import grants, migrate
+from slawatch.engine.ready import prepare
 from slawatch.engine.statetable import drain_table
 from tests.conftest import ROOT
 from tests.integration.helpers import DAY, Conn, FixedClock, alerts, dsn_as, scratch_role

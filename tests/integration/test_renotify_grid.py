@@ -16,7 +16,7 @@ from datetime import timedelta
 from freezegun import freeze_time
 
 from slawatch.config.rules import RENOTIFY_LEAD, Renotify
-from slawatch.engine.claim import prepare
+from slawatch.engine.ready import prepare
 from tests.integration.helpers import Conn, claim_all, episodes, shop
 from tests.integration.test_deliver import T0
 

@@ -13,8 +13,9 @@ from slawatch.actions.run import runner
 from slawatch.config.rules import Rule, Tier
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import deliver_due
-from slawatch.engine.claim import ClaimPlan, plan_claim, prepare
+from slawatch.engine.claim import ClaimPlan, plan_claim
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from tests.integration.helpers import Conn, FixedClock, claim_all, episodes, shop
 from tests.integration.lifecycle_helpers import Inbox, resolved
 

@@ -22,9 +22,9 @@ from psycopg.conninfo import make_conninfo
 
 from slawatch.clock import Clock
 from slawatch.db import Database
-from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import migrate, schema_current
 from slawatch.engine.queries import queries
+from slawatch.engine.ready import prepare
 from slawatch.runtime.maintain import prune
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, claim_all, history, unrotated

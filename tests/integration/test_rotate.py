@@ -18,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from slawatch.db import Database
-from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import migrate
 from slawatch.engine.queries import queries
+from slawatch.engine.ready import prepare
 from slawatch.runtime.maintain import prune, prune_ranges
 from tests.integration.helpers import Conn, FixedClock, claim_all, history, unrotated
 from tests.integration.test_explain import nodes

@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from slawatch.engine.claim import batches, claim_batch, prepare
+from slawatch.engine.claim import batches, claim_batch
+from slawatch.engine.ready import prepare
 from tests.integration.helpers import Conn, shop
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)

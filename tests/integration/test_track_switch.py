@@ -22,8 +22,8 @@ from slawatch.config.rules import Rule
 from slawatch.engine import trackswitch
 from slawatch.engine.baseline import baseline_rule
 from slawatch.engine.catalog import inspect_table
-from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import leftovers, migrate, plan, render
+from slawatch.engine.ready import prepare
 from slawatch.errors import ConfigError, DatabaseError
 from tests.integration.helpers import Conn, claim_all, episodes, role_slawatch_app
 from tests.integration.test_cli import slawatch

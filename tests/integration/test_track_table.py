@@ -20,8 +20,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from slawatch.config.rules import Rule
-from slawatch.engine.claim import prepare
 from slawatch.engine.migrate import grants, migrate
+from slawatch.engine.ready import prepare
 from tests.conftest import ROOT
 from tests.integration.helpers import DAY, Conn, claim_all, episodes, shop
 
