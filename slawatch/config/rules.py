@@ -1092,7 +1092,33 @@ def query_problem(text: str) -> str | None:
             fn = parts[-1].lower() if parts else ""
             if _unsafe_function(fn):
                 return f"must not call {fn}(): it reaches files, servers, settings or sessions"
+            if _writing_function(fn):
+                return (
+                    f"must not call {fn}(): a query rule only reads, and is run at every"
+                    " sweep (it would write, lock, notify or wait each time)"
+                )
     return None
+
+
+# Functions a read-only query must not call, though an action may: they advance a
+# sequence, take an advisory lock, assign a transaction id, notify listeners or wait,
+# each time the query runs (every sweep). A name ending in "*" is a prefix.
+_WRITING_FUNCTIONS = (
+    "nextval",
+    "setval",
+    "pg_advisory_*",
+    "pg_try_advisory_*",
+    "txid_current",
+    "pg_current_xact_id",
+    "pg_notify",
+    "pg_sleep*",
+)
+
+
+def _writing_function(name: str) -> bool:
+    return any(
+        name.startswith(p[:-1]) if p.endswith("*") else name == p for p in _WRITING_FUNCTIONS
+    )
 
 
 # How a deadline that needs a value from another table can be had

@@ -70,6 +70,19 @@ def rule(query: str) -> Rule:
         ("SELECT * FROM pg_stat_activity", "system catalog"),
         ("SELECT pg_read_file('x') AS f", "must not call pg_read_file"),
         ("SELECT * FROM orders -- x", "comments"),
+        # Read-only, and run at every sweep: nothing that writes, locks, notifies or waits.
+        ("SELECT id, nextval('s') AS n FROM orders", "must not call nextval"),
+        ("SELECT id, setval('s', 1) AS n FROM orders", "must not call setval"),
+        (
+            "SELECT id FROM orders WHERE pg_try_advisory_lock(id)",
+            "must not call pg_try_advisory_lock",
+        ),
+        ("SELECT id, pg_advisory_xact_lock(1) AS l FROM orders", "must not call pg_advisory_xact"),
+        ("SELECT id, txid_current() AS x FROM orders", "must not call txid_current"),
+        ("SELECT id, pg_current_xact_id() AS x FROM orders", "must not call pg_current_xact_id"),
+        ("SELECT id, pg_notify('c', 'x') AS n FROM orders", "must not call pg_notify"),
+        ("SELECT id FROM orders WHERE pg_sleep(10) IS NULL", "must not call pg_sleep"),
+        ("SELECT id FROM orders, LATERAL pg_sleep_for('1 h') s", "must not call pg_sleep_for"),
     ],
 )
 def test_a_query_that_is_not_one_plain_select_is_refused(query: str, why: str) -> None:
