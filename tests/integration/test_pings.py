@@ -216,3 +216,21 @@ def test_pings_take_the_producers_slots_not_the_readers(
     assert busy.headers["Retry-After"] == "1"
     assert served.api.get("/v1/rules").status_code == 200
     assert conn.execute("SELECT count(*) FROM slawatch.job_timers").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("rid", "why"), [("a\x00b", "without NUL"), ("r" * 1000, "characters"), ("", "characters")]
+)
+def test_a_run_id_postgresql_cannot_keep_is_a_400_and_nothing_is_stored(
+    rules: list[Rule], conn: Conn, serve: Any, rid: str, why: str
+) -> None:
+    served = serve(rules)
+    answer = served.api.post(f"/ping/{JOB_KEY}/start", params={"rid": rid}, content=b"x")
+    assert answer.status_code == 400, answer.text
+    assert why in answer.text
+    assert conn.execute("SELECT count(*) FROM slawatch.job_timers").fetchone() == (0,)
+    # A body with NUL in it is kept, the NUL replaced (jsonb cannot hold it).
+    answer = served.api.post(f"/ping/{JOB_KEY}/fail", content=b"out\x00put")
+    assert answer.status_code == 200, answer.text
+    (data,) = conn.execute("SELECT data FROM slawatch.job_timers").fetchone() or ()
+    assert data["body"] == "out\ufffdput"

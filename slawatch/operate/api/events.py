@@ -258,8 +258,8 @@ def router(
             if runner_metrics is not None:
                 runner_metrics.events_rejected("ping")
             raise StarletteHTTPException(404, "not found")
-        if rid is not None and not 1 <= len(rid) <= MAX_ID:
-            raise BadInput(f"rid: must be 1 to {MAX_ID} characters")
+        if rid is not None and (not 1 <= len(rid) <= MAX_ID or "\x00" in rid):
+            raise BadInput(f"rid: must be 1 to {MAX_ID} characters without NUL")
         data = ping_data(body, action, rid)
         if kind is None:
             # Data only (a log, a start of a heartbeat): answered, logged, nothing stored.
