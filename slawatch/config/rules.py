@@ -15,7 +15,7 @@ explain, the page) treats both kinds alike.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -278,12 +278,15 @@ class Events(FileModel):
         from apscheduler.triggers.cron import CronTrigger
 
         try:
-            CronTrigger.from_crontab(v)
+            trigger = CronTrigger.from_crontab(v, timezone=UTC)
         except (ValueError, TypeError) as exc:
             raise ValueError(
                 f"{shorten(v)} is not a cron expression (five fields, e.g. '0 2 * * *'):"
                 f" {str(exc).splitlines()[0][:100]}"
             ) from None
+        # A date no month has (31 February): the check would wait for a start forever.
+        if trigger.get_next_fire_time(None, datetime(2000, 1, 1, tzinfo=UTC)) is None:
+            raise ValueError(f"{shorten(v)} never fires (no month has that day)")
         return v
 
     @field_validator("timezone")

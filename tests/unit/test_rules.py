@@ -279,6 +279,8 @@ def test_a_start_stop_rule_may_expect_its_runs(tmp_path: Path) -> None:
         ("events: {beat: a}\n", "'beat' needs exactly one of 'within'"),
         ("events: {beat: a, within: 1h, schedule: '0 2 * * *'}\n", "needs exactly one of"),
         ("events: {beat: a, schedule: '0 25 * * *'}\n", "is not a cron expression"),
+        ("events: {beat: a, schedule: '0 0 31 2 *'}\n", "'0 0 31 2 *' never fires"),
+        ("events: {beat: a, schedule: '0 0 31 4,6 *'}\n", "never fires"),
         ("events: {beat: a, within: 1h, grace: 5m}\n", "'grace' goes with 'schedule':"),
         ("events: {beat: a, within: 1h, timezone: UTC}\n", "'timezone' goes with 'schedule'"),
         ("events: {beat: a, within: 1h, period: 1h}\n", "'period' goes with 'start'"),
@@ -318,3 +320,8 @@ def test_bad_event_rules_name_file_and_field(tmp_path: Path, events: str, expect
     assert expected in message
     assert message.startswith(str(tmp_path / "orders.yaml"))
     assert "\n" not in message
+
+
+def test_a_schedule_that_fires_once_in_four_years_is_taken(tmp_path: Path) -> None:
+    found = load_one(tmp_path, EVENTS + "events: {beat: a, schedule: '0 0 29 2 *'}\n")
+    assert found.events is not None and found.events.schedule == "0 0 29 2 *"
