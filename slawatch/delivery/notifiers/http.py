@@ -187,5 +187,25 @@ class HttpNotifier(BaseNotifier):
             retry_after=None if wait is None else min(wait, self.retry.max.total_seconds()),
         )
 
+    def post_each(
+        self, requests: list[tuple[str, bytes]], ids: list[str], what: str = "request"
+    ) -> None:
+        """POST each of ``requests`` (url, body) in order, under one deadline for the
+        batch (its lease covers one send, not one per request). A failure names the
+        request (``what`` ``i`` of ``n``, the alert of ``ids[i]``) when there are
+        several: those before it were accepted, and sent again they only repeat (the
+        same dedup key or alias), so the batch as a whole is retried or dead."""
+        deadline = time.monotonic() + self.timeout
+        for i, (url, body) in enumerate(requests, 1):
+            try:
+                self.post(url, body, deadline=deadline)
+            except DeliveryError as exc:
+                if len(requests) == 1:
+                    raise
+                where = f"{what} {i} of {len(requests)}, {cut(ids[i - 1], 120)}"
+                raise DeliveryError(
+                    f"{exc} [{where}]", permanent=exc.permanent, retry_after=exc.retry_after
+                ) from exc
+
     def close(self) -> None:
         self._client.close()

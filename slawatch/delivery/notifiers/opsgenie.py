@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from typing import Any
 from urllib.parse import quote
 
 from slawatch.config.notifiers import OpsgenieConfig
 from slawatch.delivery.notifiers.base import cut, encode, is_resolved, is_summary
 from slawatch.delivery.notifiers.http import HttpNotifier, endpoint
-from slawatch.errors import DeliveryError
 
 # Opsgenie's limits, in characters.
 MESSAGE_LIMIT = 130
@@ -117,20 +115,4 @@ class OpsgenieNotifier(HttpNotifier):
         # Creates before closes: a close sent first would leave the create after it
         # to open the episode's alert again.
         ordered = sorted(alerts, key=is_resolved)
-        # One deadline for the batch: its lease covers one send, not one per request.
-        deadline = time.monotonic() + self.timeout
-        for i, alert in enumerate(ordered, 1):
-            url, body = self.request(alert)
-            try:
-                self.post(url, body, deadline=deadline)
-            except DeliveryError as exc:
-                # Requests before this one were accepted; sent again they repeat the
-                # same alias (a count raised, a close of a closed alert), so the
-                # batch as a whole is retried or dead.
-                shown = cut(alert["id"], 120)
-                where = f"request {i} of {len(ordered)}, {shown}" if len(ordered) > 1 else ""
-                raise DeliveryError(
-                    f"{exc} [{where}]" if where else str(exc),
-                    permanent=exc.permanent,
-                    retry_after=exc.retry_after,
-                ) from exc
+        self.post_each([self.request(a) for a in ordered], [str(a["id"]) for a in ordered])

@@ -10,13 +10,11 @@ closes it. Repeats of the same event are harmless for the same reason.
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Any
 
 from slawatch.config.notifiers import PagerDutyConfig
 from slawatch.delivery.notifiers.base import cut, encode, is_resolved, is_summary
 from slawatch.delivery.notifiers.http import HttpNotifier, endpoint
-from slawatch.errors import DeliveryError
 
 SUMMARY_LIMIT = 1024
 DEDUP_LIMIT = 255
@@ -104,19 +102,7 @@ class PagerDutyNotifier(HttpNotifier):
         # Triggers before resolves: a resolve sent first would leave the trigger
         # after it to open the episode's incident again.
         ordered = sorted(alerts, key=is_resolved)
-        # One deadline for the batch: its lease covers one send, not one per event.
-        deadline = time.monotonic() + self.timeout
-        for i, alert in enumerate(ordered, 1):
-            body = encode(event(alert, self._routing_key, self.config.source_))
-            try:
-                self.post(self.url, body, deadline=deadline)
-            except DeliveryError as exc:
-                # Events before this one were accepted; sent again they only repeat
-                # (same dedup_key), so the batch as a whole is retried or dead.
-                shown = cut(alert["id"], 120)
-                where = f"event {i} of {len(ordered)}, {shown}" if len(ordered) > 1 else ""
-                raise DeliveryError(
-                    f"{exc} [{where}]" if where else str(exc),
-                    permanent=exc.permanent,
-                    retry_after=exc.retry_after,
-                ) from exc
+        bodies = [event(a, self._routing_key, self.config.source_) for a in ordered]
+        self.post_each(
+            [(self.url, encode(b)) for b in bodies], [str(a["id"]) for a in ordered], "event"
+        )
