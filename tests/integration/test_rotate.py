@@ -3,7 +3,7 @@ whole range once it is past the window and holds nothing kept; a rotation or a d
 fails is one warning line, the run goes on and the next one tries again; a rotation in
 the middle of a drain loses and duplicates nothing; an existing outbox is converted in
 batches, keeps every alert and delivery, and a migrate killed in the middle goes on
-where it was.
+where it was; an empty one is converted in one transaction.
 """
 
 from __future__ import annotations
@@ -396,6 +396,46 @@ def test_an_outbox_with_history_is_converted_and_a_killed_migrate_resumes(
     assert conn.execute(
         "SELECT count(*) FROM pg_trigger WHERE tgname = 'history_mirror'"
     ).fetchone() == (0,)
+
+
+def test_an_empty_outbox_is_converted_in_one_transaction(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fresh database (and any whose old outbox is empty): no mirror triggers, no
+    batches, no swap of its own: slawatch.history_convert_all, as psql's script runs
+    it; the same ranges, and the identities go on after the ids the old tables drew."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    done = migrate(conn, [])
+    assert "slawatch.alert, slawatch.delivery: converted into id ranges (0 rows)" in done
+    assert logged(caplog, "converting the outbox: empty, converted in one transaction") == 1
+    assert logged(caplog, "to copy") == 0  # the steps' first line
+    fresh = conn.execute("SELECT n, low, high, closed_at FROM slawatch.history_range").fetchall()
+    assert fresh == [(0, 0, 1 << 32, None)]
+    # 0016_rotate_retry.sql dropped what nothing used.
+    assert conn.execute(
+        "SELECT to_regprocedure('slawatch.history_lo(timestamptz)'),"
+        " to_regprocedure('slawatch.history_hi(timestamptz)')"
+    ).fetchone() == (None, None)
+
+    # An upgraded database whose old outbox is empty now, its ids drawn up to 5.
+    unrotated(conn)
+    caplog.clear()
+    for _ in range(5):
+        alert(conn, datetime.now(UTC), "sent")
+    conn.execute("DELETE FROM slawatch.delivery; DELETE FROM slawatch.alert")
+    migrate(conn, [])
+    assert logged(caplog, "converting the outbox: empty, converted in one transaction") == 1
+    assert conn.execute(
+        "SELECT relkind FROM pg_class WHERE oid = 'slawatch.alert'::regclass"
+    ).fetchone() == ("p",)
+    assert conn.execute(
+        "SELECT n, low, high, closed_at FROM slawatch.history_range"
+    ).fetchall() == [(0, 0, 1 << 32, None)]
+    assert alert(conn, datetime.now(UTC), "pending") == 6
+    assert conn.execute(
+        "SELECT count(*) FROM pg_trigger WHERE tgname IN ('history_mirror', 'action_settled')"
+        " AND tgrelid = 'slawatch.delivery'::regclass"
+    ).fetchone() == (1,)
 
 
 def test_retention_prunes_each_kept_range_by_itself_reading_one_partition(
