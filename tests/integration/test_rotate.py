@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from slawatch.db import Database
+from slawatch.db import Database, DatabaseUnavailable
 from slawatch.engine.migrate import migrate
 from slawatch.engine.queries import queries
 from slawatch.engine.ready import prepare
@@ -31,6 +31,7 @@ from tests.integration.helpers import Conn, FixedClock, claim_all, history, unro
 from tests.integration.test_explain import nodes
 from tests.integration.test_outage import late_rule, orders
 from tests.integration.test_retention import logged
+from tests.pgcluster import PgCluster
 from tests.waiting import wait_until as wait_for
 
 RETENTION = timedelta(days=7)
@@ -125,7 +126,12 @@ def test_a_range_named_by_a_recent_ack_is_kept(conn: Conn, dsn: str) -> None:
 
 
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    """slawatch's warning (and worse) lines."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("slawatch")
+    ]
 
 
 def ack(conn: Conn, alert_id: int, at: datetime) -> None:
@@ -229,6 +235,24 @@ def test_a_range_whose_partition_was_dropped_by_hand_is_forgotten(
     assert ranges(conn) == [(1, True), (2, False)]
     assert partitions(conn) == {f"{t}_h{n}" for t in ("alert", "delivery") for n in (1, 2)}
     assert {r[0] for r in conn.execute("SELECT id FROM slawatch.alert").fetchall()} == {kept}
+
+
+def test_a_database_away_stops_the_run_with_no_warning_of_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Unreachable, nothing else of the run could go on: the rotation's failure is the
+    outage (its own line, once), raised as such; no rotation warning beside it."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    with PgCluster() as cluster:
+        dsn = cluster.database(f"rotate_{uuid.uuid4().hex[:8]}")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn, [])
+        with Database(dsn, size=1, timeout=1.0) as db:
+            cluster.stop()
+            with pytest.raises(DatabaseUnavailable):
+                prune(db, FixedClock(datetime.now(UTC)), RETENTION)
+    assert logged(caplog, "database unreachable: pruning alert history") == 1
+    assert not [line for line in warnings(caplog) if "the next run tries again" in line]
 
 
 def test_a_rotation_in_the_middle_of_a_drain_loses_and_duplicates_nothing(
