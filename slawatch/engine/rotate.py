@@ -18,7 +18,9 @@ partitioned ones, in bounded, resumable steps (``slawatch migrate``).
    constraints, indexes, grants and identity sequences' positions, and the webhook
    action trigger moves to the new delivery table.
 
-A database made new goes through the same steps with nothing to copy.
+A database whose old tables are empty (a fresh ``migrate``) is converted in one
+transaction instead (``slawatch.history_convert_all``, what ``migrate --print`` runs):
+the same ranges and names, with no trigger, no batch and no separate swap.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.db import Connection, translate
+from slawatch.errors import DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -89,22 +92,60 @@ def pending(conn: Connection) -> bool:
     return bool(row and row[0])
 
 
-def convert(conn: Connection, clock: Clock | None = None, batch: int = BATCH) -> int:
+def convert(
+    conn: Connection, clock: Clock | None = None, batch: int = BATCH, *, at_once: bool = True
+) -> int:
     """Bring the conversion to its end from wherever it is; the rows copied by this call.
 
     ``conn`` is in autocommit mode: every step commits on its own. Safe to interrupt
-    at any point (a SIGKILL included) and run again.
+    at any point (a SIGKILL included) and run again. ``at_once``: an empty outbox in
+    one transaction (False: by the steps, as a large one; bench/migrate_fresh.py).
     """
     now = (clock or Clock()).now()
     if not pending(conn):
         return 0
     with translate("converting the outbox: reading its progress"):
         row = conn.execute("SELECT 1 FROM slawatch.history_convert").fetchone()
+    if row is None and at_once and _empty(conn) and _convert_empty(conn, now):
+        return 0
     if row is None:
         _prepare(conn, now)
     copied = _copy(conn, "alert", batch) + _copy(conn, "delivery", batch)
     _swap(conn, now)
     return copied
+
+
+_EMPTY = """\
+SELECT NOT EXISTS (SELECT 1 FROM slawatch.alert)
+   AND NOT EXISTS (SELECT 1 FROM slawatch.delivery)
+   AND NOT EXISTS (SELECT 1 FROM slawatch.history_convert)"""
+
+
+def _empty(conn: Connection) -> bool:
+    """The old tables hold no row and no conversion has started (a fresh database)."""
+    with translate("converting the outbox: reading whether it is empty"):
+        row = conn.execute(_EMPTY).fetchone()
+    return bool(row and row[0])
+
+
+def _convert_empty(conn: Connection, now: datetime) -> bool:
+    """An empty outbox converted in one transaction (``slawatch.history_convert_all``:
+    the same ranges, names and grants as the steps, nothing to copy); False, changing
+    nothing, when a row came meanwhile or the old tables stay busy past the
+    lock_timeout: then the steps, whose locks hold writers back only briefly."""
+    try:
+        with translate("converting the outbox"), conn.transaction():
+            _locked(conn)
+            conn.execute("LOCK TABLE slawatch.alert, slawatch.delivery IN ACCESS EXCLUSIVE MODE")
+            if not _empty(conn):
+                return False
+            conn.execute("SELECT slawatch.history_convert_all(%s)", (now,))
+    except DatabaseError as exc:  # a lock not granted in time: running claims
+        if "lock timeout" not in str(exc):
+            raise
+        return False
+    log.info("converting the outbox: empty, converted in one transaction")
+    return True
 
 
 def _locked(conn: Connection) -> None:

@@ -10,6 +10,8 @@ keeps (``slawatch.history_drop``): a DROP TABLE, not a DELETE per row. What the 
 leave -- a range kept past its turn, the open range under a window shorter than a
 rotation period -- goes by the batches below, one range after the other
 (:func:`prune_ranges`): a batch reads one range's partitions, their indexes in order.
+A rotation or a drop that fails (a lock not granted in 2 s, any error) is one warning
+line and changes nothing; the batches go on, and the next run tries again.
 
 The outbox (``slawatch.alert``, ``slawatch.delivery``) grows by every alert;
 without pruning, a long run's claims insert into ever larger tables and
@@ -46,10 +48,11 @@ from datetime import datetime, timedelta
 
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
-from slawatch.db import Connection, Database, translate
+from slawatch.db import Connection, Database, DatabaseUnavailable, Interrupted, translate
 from slawatch.engine.queries import queries
 from slawatch.engine.rotate import rotate_every
 from slawatch.engine.timers import DEDUPE, prune_timers
+from slawatch.errors import DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +207,14 @@ def drop_range(conn: Connection, cutoff: datetime) -> PruneResult:
 
 def rotate(db: Database, now: datetime, retention: timedelta) -> PruneResult:
     """Open the next id range when the open one is due to close, then drop, one
-    transaction each, every range that is past the window and holds nothing kept."""
+    transaction each, every range that is past the window and holds nothing kept.
+
+    A rotation or a drop that fails (a lock not granted within the functions'
+    lock_timeout, any error of the database) is one warning line: the run goes on with
+    the row-by-row batches, which take what the drops left, and the next run tries
+    again. A database that cannot be reached raises ``DatabaseUnavailable`` (nothing
+    else can go on; the outage's line says it), and a stopping slawatch ``Interrupted``.
+    """
     every = rotate_every(retention)
 
     def turn(conn: Connection) -> None:
@@ -215,10 +225,21 @@ def rotate(db: Database, now: datetime, retention: timedelta) -> PruneResult:
         if row and row[0] is not None:
             log.info("opened alert history range %s", row[0])
 
-    db.run("pruning alert history", turn)
+    try:
+        db.run("pruning alert history", turn)
+    except (DatabaseUnavailable, Interrupted):
+        raise
+    except DatabaseError as exc:
+        log.warning("%s (the open range stays open; the next run tries again)", exc)
     result = PruneResult()
     while True:
-        got = db.run("pruning alert history", lambda conn: drop_range(conn, now - retention))
+        try:
+            got = db.run("pruning alert history", lambda conn: drop_range(conn, now - retention))
+        except (DatabaseUnavailable, Interrupted):
+            raise
+        except DatabaseError as exc:
+            log.warning("%s (the range is kept; the next run tries again)", exc)
+            return result
         if not got.ranges:
             return result
         result += got

@@ -111,14 +111,14 @@ def tracking(conn: Conn, rule: str, table: str, key: int) -> tuple[Any, ...]:
 
 # slawatch.alert and slawatch.delivery as 0013_scan_heartbeat.sql left them: plain tables
 # (0001_initial.sql, with 0002_trust.sql's delivery_orphaned and status check and 0005's
-# trigger), not 0015_rotate.sql's id ranges.
+# trigger), not 0015_rotate.sql's id ranges (0016_rotate_retry.sql's versions of its
+# functions go with them; it dropped history_lo and history_hi).
 UNROTATED = """
 DROP TABLE slawatch.alert, slawatch.delivery, slawatch.history_range,
            slawatch.history_convert;
 DROP FUNCTION slawatch.history_open(integer, bigint, bigint, timestamptz),
               slawatch.history_rotate(timestamptz, interval),
               slawatch.history_drop(timestamptz),
-              slawatch.history_lo(timestamptz), slawatch.history_hi(timestamptz),
               slawatch.history_convert_all(timestamptz),
               slawatch.history_mirror_alert(), slawatch.history_mirror_delivery();
 CREATE TABLE slawatch.alert (

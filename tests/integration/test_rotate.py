@@ -1,11 +1,14 @@
 """History in id ranges (0015_rotate.sql, slawatch/engine/rotate.py): retention drops a
-whole range once it is past the window and holds nothing kept; a rotation in the middle
-of a drain loses and duplicates nothing; an existing outbox is converted in batches,
-keeps every alert and delivery, and a migrate killed in the middle goes on where it was.
+whole range once it is past the window and holds nothing kept; a rotation or a drop that
+fails is one warning line, the run goes on and the next one tries again; a rotation in
+the middle of a drain loses and duplicates nothing; an existing outbox is converted in
+batches, keeps every alert and delivery, and a migrate killed in the middle goes on
+where it was; an empty one is converted in one transaction.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -16,15 +19,19 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 
-from slawatch.db import Database
+from slawatch.db import Database, DatabaseUnavailable
 from slawatch.engine.migrate import migrate
 from slawatch.engine.queries import queries
 from slawatch.engine.ready import prepare
 from slawatch.runtime.maintain import prune, prune_ranges
+from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, FixedClock, claim_all, history, unrotated
 from tests.integration.test_explain import nodes
 from tests.integration.test_outage import late_rule, orders
+from tests.integration.test_retention import logged
+from tests.pgcluster import PgCluster
 from tests.waiting import wait_until as wait_for
 
 RETENTION = timedelta(days=7)
@@ -116,6 +123,136 @@ def test_a_range_named_by_a_recent_ack_is_kept(conn: Conn, dsn: str) -> None:
         assert prune(db, FixedClock(now), RETENTION).ranges == 0
     assert ranges(conn) == [(0, True), (1, True), (2, False)]
     assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (1,)
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """slawatch's warning (and worse) lines."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("slawatch")
+    ]
+
+
+def ack(conn: Conn, alert_id: int, at: datetime) -> None:
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " SELECT rule, key, episode, id, %s, 'ana' FROM slawatch.alert WHERE id = %s",
+        (at, alert_id),
+    )
+
+
+def test_a_drop_that_cannot_lock_its_range_is_one_warning_and_the_run_goes_on(
+    conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A long reader of an old range's partition: its DROP waits out history_drop's
+    lock_timeout. That is one warning line; nothing of the range goes with the failed
+    call (its old acks neither); the run goes on (the batches take its old alerts row
+    by row) and the next run drops it."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    migrate(conn, [])
+    start = datetime.now(UTC)
+    old = [alert(conn, start, "sent") for _ in range(3)]
+    ack(conn, old[0], start + timedelta(hours=1))
+    assert rotate(conn, start + DAY) == 1
+    alert(conn, start + DAY, "sent")
+    assert rotate(conn, start + 2 * DAY) == 2
+    now = start + 2 * DAY + RETENTION + timedelta(hours=1)  # ranges 0 and 1 past the window
+    with psycopg.connect(dsn) as reader:
+        reader.execute("SELECT count(*) FROM slawatch.alert_h0")  # its transaction stays open
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            conn.execute("SELECT * FROM slawatch.history_drop(%s)", (now - RETENTION,))
+        assert conn.execute("SELECT count(*) FROM slawatch.ack").fetchone() == (1,)
+        assert ranges(conn) == [(0, True), (1, True), (2, False)]
+
+        with Database(dsn, size=2) as db:
+            result = prune(db, FixedClock(now), RETENTION)
+        (line,) = warnings(caplog)
+        assert "dropping an alert history range" in line and "lock timeout" in line, line
+        assert "the next run tries again" in line
+        assert result.ranges == 0 and result.alerts == 4  # row by row, range 0 included
+        assert ranges(conn) == [(0, True), (1, True), (2, True), (3, False)]  # rotated
+        assert conn.execute("SELECT count(*) FROM slawatch.ack").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (0,)
+    caplog.clear()
+    with Database(dsn, size=2) as db:
+        assert prune(db, FixedClock(now), RETENTION).ranges == 2
+    assert warnings(caplog) == []
+    assert ranges(conn) == [(2, True), (3, False)]
+
+
+def test_a_rotation_that_cannot_lock_the_outbox_is_one_warning_and_the_run_goes_on(
+    conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A long reader of the whole outbox: the rotation's CREATE TABLE ... PARTITION OF
+    and the drop's DROP TABLE both wait out their lock_timeout. Each is one warning
+    line, the job's run goes on, and the next run rotates and drops."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    migrate(conn, [])
+    start = datetime.now(UTC)
+    alert(conn, start, "sent")
+    assert rotate(conn, start + DAY) == 1
+    now = start + DAY + RETENTION + timedelta(hours=1)  # range 0 past the window
+    runner = Runner(dsn, [], [], clock=FixedClock(now), retention=RETENTION)
+    try:
+        with psycopg.connect(dsn) as reader:
+            reader.execute("SELECT count(*) FROM slawatch.alert")  # its transaction stays open
+            result = runner.maintain()
+            assert result is not None  # the job's run went on to its end
+            lines = warnings(caplog)
+            assert len(lines) == 2, lines
+            assert "rotating alert history" in lines[0] and "lock timeout" in lines[0]
+            assert "dropping an alert history range" in lines[1] and "lock timeout" in lines[1]
+            assert result.ranges == 0 and result.alerts == 1  # the old alert went row by row
+            assert ranges(conn) == [(0, True), (1, False)]
+        caplog.clear()
+        result = runner.maintain()
+    finally:
+        runner.close()
+    assert result is not None and result.ranges == 1
+    assert warnings(caplog) == []
+    assert logged(caplog, "opened alert history range 2") == 1
+    assert ranges(conn) == [(1, True), (2, False)]
+
+
+def test_a_range_whose_partition_was_dropped_by_hand_is_forgotten(
+    conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator dropped an old range's alert partition: its drop drops what is left
+    and forgets the range, where it failed at every run on the missing table."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    migrate(conn, [])
+    start = datetime.now(UTC)
+    alert(conn, start, "sent")
+    assert rotate(conn, start + DAY) == 1
+    kept = alert(conn, start + DAY, "sent")
+    conn.execute("DROP TABLE slawatch.alert_h0")
+    now = start + DAY + RETENTION + timedelta(hours=1)  # range 0 past the window
+    with Database(dsn, size=2) as db:
+        result = prune(db, FixedClock(now), RETENTION)
+    assert warnings(caplog) == []
+    assert result.ranges == 1
+    assert ranges(conn) == [(1, True), (2, False)]
+    assert partitions(conn) == {f"{t}_h{n}" for t in ("alert", "delivery") for n in (1, 2)}
+    assert {r[0] for r in conn.execute("SELECT id FROM slawatch.alert").fetchall()} == {kept}
+
+
+def test_a_database_away_stops_the_run_with_no_warning_of_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Unreachable, nothing else of the run could go on: the rotation's failure is the
+    outage (its own line, once), raised as such; no rotation warning beside it."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    with PgCluster() as cluster:
+        dsn = cluster.database(f"rotate_{uuid.uuid4().hex[:8]}")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn, [])
+        with Database(dsn, size=1, timeout=1.0) as db:
+            cluster.stop()
+            with pytest.raises(DatabaseUnavailable):
+                prune(db, FixedClock(datetime.now(UTC)), RETENTION)
+    assert logged(caplog, "database unreachable: pruning alert history") == 1
+    assert not [line for line in warnings(caplog) if "the next run tries again" in line]
 
 
 def test_a_rotation_in_the_middle_of_a_drain_loses_and_duplicates_nothing(
@@ -283,6 +420,46 @@ def test_an_outbox_with_history_is_converted_and_a_killed_migrate_resumes(
     assert conn.execute(
         "SELECT count(*) FROM pg_trigger WHERE tgname = 'history_mirror'"
     ).fetchone() == (0,)
+
+
+def test_an_empty_outbox_is_converted_in_one_transaction(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fresh database (and any whose old outbox is empty): no mirror triggers, no
+    batches, no swap of its own: slawatch.history_convert_all, as psql's script runs
+    it; the same ranges, and the identities go on after the ids the old tables drew."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    done = migrate(conn, [])
+    assert "slawatch.alert, slawatch.delivery: converted into id ranges (0 rows)" in done
+    assert logged(caplog, "converting the outbox: empty, converted in one transaction") == 1
+    assert logged(caplog, "to copy") == 0  # the steps' first line
+    fresh = conn.execute("SELECT n, low, high, closed_at FROM slawatch.history_range").fetchall()
+    assert fresh == [(0, 0, 1 << 32, None)]
+    # 0016_rotate_retry.sql dropped what nothing used.
+    assert conn.execute(
+        "SELECT to_regprocedure('slawatch.history_lo(timestamptz)'),"
+        " to_regprocedure('slawatch.history_hi(timestamptz)')"
+    ).fetchone() == (None, None)
+
+    # An upgraded database whose old outbox is empty now, its ids drawn up to 5.
+    unrotated(conn)
+    caplog.clear()
+    for _ in range(5):
+        alert(conn, datetime.now(UTC), "sent")
+    conn.execute("DELETE FROM slawatch.delivery; DELETE FROM slawatch.alert")
+    migrate(conn, [])
+    assert logged(caplog, "converting the outbox: empty, converted in one transaction") == 1
+    assert conn.execute(
+        "SELECT relkind FROM pg_class WHERE oid = 'slawatch.alert'::regclass"
+    ).fetchone() == ("p",)
+    assert conn.execute(
+        "SELECT n, low, high, closed_at FROM slawatch.history_range"
+    ).fetchall() == [(0, 0, 1 << 32, None)]
+    assert alert(conn, datetime.now(UTC), "pending") == 6
+    assert conn.execute(
+        "SELECT count(*) FROM pg_trigger WHERE tgname IN ('history_mirror', 'action_settled')"
+        " AND tgrelid = 'slawatch.delivery'::regclass"
+    ).fetchone() == (1,)
 
 
 def test_retention_prunes_each_kept_range_by_itself_reading_one_partition(
