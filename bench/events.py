@@ -5,15 +5,20 @@ Prints, in one run, each figure of the issue's performance table with its goal:
 1. `slawatch.event()`, 1,000 start events per transaction (distinct keys, with ids),
    vs 1,000 raw single-row `INSERT … ON CONFLICT` of the same events into a bare
    table of the timer table's columns (primary key only), and `slawatch.events(jsonb)`
-   for the same batch beside them; both ways a client sends statements: one round trip
-   each (an application's own transaction) and pipelined (psycopg's executemany: the
-   server's own cost shows). Interleaved rounds, medians.
+   for the same batch beside them, and the rows event() writes (the dedupe row, the
+   timer row in a copy of the timer table with its indexes) written by hand; both ways
+   a client sends statements: one round trip each (an application's own transaction)
+   and pipelined (psycopg's executemany: the server's own cost shows). Interleaved
+   rounds, medians.
 2. `POST /v1/events`, batches of 1,000 from 4 client processes, to `slawatch run` in a
    subprocess, vs `slawatch.events(jsonb)` with the same batches from 4 connections.
 3. Firing N due timers: the rule's claim + outbox (slawatch.engine.claim, batches of
    10,000) vs the same work in raw SQL, one statement that updates a batch of a bare
-   timer table through a partial index and inserts its alert and delivery rows, and vs
-   that bare UPDATE alone. Each on a fresh copy of the same data, interleaved.
+   timer table through a partial index and inserts its alert and delivery rows, vs that
+   statement with the guarantees the claim gives besides (the alert at most once, the
+   `_again` and `_due_at` index entries, the episode's history row; --fire-parts: less
+   one each, to see what each costs), and vs that bare UPDATE alone. Each on a fresh
+   copy of the same data, interleaved.
 3b. The rule's "anything due?" probe at 100 k, 300 k and 1 M open timers (none due),
    prepared and past its 5 custom plans (PostgreSQL's generic plan in use), beside the
    EXISTS form it replaced: flat where that one grew with the table.
@@ -35,6 +40,8 @@ machine (and on what else runs on it).
     .venv/bin/python bench/events.py --quick              # under a minute: does it run?
     .venv/bin/python bench/events.py --skip fire,brokers  # of: ingest,http,fire,timerprobe,
     #                                                        lateness,brokers
+    .venv/bin/python bench/events.py --only ingest        # those sections alone
+    .venv/bin/python bench/events.py --only fire --fire-parts  # what each guarantee costs
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/);
 every database it makes is dropped at the end. Brokers on 127.0.0.1 (RabbitMQ
@@ -191,6 +198,19 @@ INSERT INTO bare_timers (key, started_at, due_at, open, data, events)
 VALUES (%(key)s, %(at)s, %(at)s + interval '72 hours', true, %(data)s, '[]')
 ON CONFLICT (key) DO NOTHING"""
 EVENT = "SELECT slawatch.event(%(type)s, %(key)s, %(at)s, %(data)s, %(id)s)"
+# The rows and index entries slawatch.event() writes for a start with an id, written by
+# hand in one statement: the dedupe row (slawatch.event_seen) and the timer row in a
+# copy of the timer table with all its indexes. What the function layer adds is the rest.
+SAME_TIMERS = f"CREATE TABLE same_timers (LIKE {TIMERS} INCLUDING ALL)"
+RAW_SAME = """
+WITH seen AS (
+    INSERT INTO slawatch.event_seen (type, id, at) VALUES (%(type)s, %(id)s, now())
+    ON CONFLICT (type, id) DO NOTHING
+    RETURNING 1)
+INSERT INTO same_timers (key, started_at, due_at, open, data, events)
+SELECT %(key)s, %(at)s, %(at)s + interval '72 hours', true, %(data)s, '[]'
+ WHERE EXISTS (SELECT FROM seen)
+ON CONFLICT (key) DO NOTHING"""
 EVENTS = "SELECT type, outcome, events FROM slawatch.events(%s::jsonb, %s)"
 
 
@@ -226,6 +246,7 @@ def ingest_variants(
         "raw, pipelined": lambda b, _: send(conn, RAW_INSERT, ingest_args(b), True),
         "event(), pipelined": lambda b, _: send(conn, EVENT, ingest_args(b), True),
         "events(jsonb)": events_jsonb,
+        "raw, same rows, pipelined": lambda b, _: send(conn, RAW_SAME, ingest_args(b), True),
     }
 
 
@@ -235,6 +256,7 @@ def measure_ingest(dsn: str, rounds: int) -> dict[str, list[Sample]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         migrate(conn, [event_rule()])
         conn.execute(BARE_TIMERS)
+        conn.execute(SAME_TIMERS)
     out: dict[str, list[Sample]] = {}
     with psycopg.connect(dsn) as conn:
         variants = ingest_variants(conn)
@@ -522,6 +544,63 @@ WITH fired AS ({BARE_PICK}
 SELECT count(*) FROM alerts"""
 BARE_UPDATE = f"WITH fired AS ({BARE_PICK}\n    RETURNING 1)\nSELECT count(*) FROM fired"
 
+# The raw statement with what slawatch's claim guarantees besides (docs/performance.md):
+# the alert at most once (ON CONFLICT on alert_once), a notified timer kept in an index
+# (the rule's `_again`), every deadline indexed (the timer table's `_due_at`, the SLA
+# report's), and the episode's row in the history (slawatch.episode).
+BARE_GUARDED_SETUP = f"""
+CREATE TABLE bare_guarded AS SELECT key, started_at, due_at, open, data, events,
+       0 AS n, NULL::timestamptz AS seen, NULL::timestamptz AS next, 0 AS ep FROM {TIMERS};
+ALTER TABLE bare_guarded ADD PRIMARY KEY (key);
+CREATE INDEX bare_guarded_due ON bare_guarded (due_at) WHERE n = 0 AND open;
+CREATE INDEX bare_guarded_again ON bare_guarded (next) WHERE n > 0 AND open;
+CREATE INDEX bare_guarded_every ON bare_guarded (due_at);
+"""
+BARE_GUARDED = """
+WITH fired AS (
+    UPDATE bare_guarded SET n = n + 1, ep = ep + 1, seen = due_at
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM bare_guarded
+                              WHERE due_at < %(now)s::timestamptz AND n = 0 AND open
+                              ORDER BY due_at LIMIT %(batch)s::integer
+                                FOR UPDATE SKIP LOCKED))
+       AND due_at < %(now)s::timestamptz AND n = 0 AND open
+    RETURNING key, ep, due_at,
+              jsonb_build_object('data', data, 'started_at', started_at, 'events', events)
+              AS row_data
+), alerts AS (
+    INSERT INTO slawatch.alert (rule, key, episode, n, severity, deadline, due_at,
+                                fired_at, row_data)
+    SELECT 'bare', key, ep, 1, 'warning', due_at, due_at, %(now)s::timestamptz, row_data
+      FROM fired
+    ON CONFLICT DO NOTHING
+    RETURNING id
+), deliveries AS (
+    INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
+    SELECT id, 'ops', %(now)s::timestamptz FROM alerts
+    RETURNING 1
+), history AS (
+    INSERT INTO slawatch.episode (rule, key, episode, deadline, due_at, notified_at)
+    SELECT 'bare', key, ep, due_at, due_at, %(now)s::timestamptz FROM fired
+    ON CONFLICT (rule, key, episode) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM alerts"""
+# --fire-parts: the guarded statement without one guarantee each, to see what each costs.
+GUARDED_HISTORY = """, history AS (
+    INSERT INTO slawatch.episode (rule, key, episode, deadline, due_at, notified_at)
+    SELECT 'bare', key, ep, due_at, due_at, %(now)s::timestamptz FROM fired
+    ON CONFLICT (rule, key, episode) DO NOTHING
+    RETURNING 1
+)"""
+GUARDED_ONCE = "\n    ON CONFLICT DO NOTHING\n    RETURNING id"
+# Each part's statement, and what runs before it on the fresh copy.
+GUARDED_PARTS = {
+    "no history": (BARE_GUARDED.replace(GUARDED_HISTORY, ""), ""),
+    "no alert once": (BARE_GUARDED.replace(GUARDED_ONCE, "\n    RETURNING id"), ""),
+    "no index entries": (BARE_GUARDED, "DROP INDEX bare_guarded_again, bare_guarded_every"),
+}
+assert all(s != BARE_GUARDED for s, before in GUARDED_PARTS.values() if not before)
+
 
 def fire_base(scratch: Scratch, due: int) -> None:
     """The template: the rule migrated, ``due`` due timers and as many not yet due,
@@ -540,15 +619,21 @@ def fire_base(scratch: Scratch, due: int) -> None:
             now + timedelta(days=1),
         )
         conn.execute(BARE_FIRE_SETUP)
+        conn.execute(BARE_GUARDED_SETUP)
         conn.execute(f"VACUUM ANALYZE {TIMERS}")
         conn.execute("VACUUM ANALYZE bare_timers")
+        conn.execute("VACUUM ANALYZE bare_guarded")
 
 
 def fire_step(conn: psycopg.Connection[Any], variant: str, now: datetime) -> Callable[[], int]:
     """One batch per call, the timers it fired."""
     if variant == "slawatch":
         return batches(conn, prepare(conn, event_rule()), now)
-    statement = BARE_FIRE if variant == "raw" else BARE_UPDATE
+    statement = {"raw": BARE_FIRE, "guarded": BARE_GUARDED, "update": BARE_UPDATE}.get(variant)
+    if statement is None:
+        statement, before = GUARDED_PARTS[variant]
+        if before:
+            conn.execute(before)
     params = {"now": now, "batch": FIRE_BATCH}
 
     def step() -> int:
@@ -562,28 +647,35 @@ def prewarm(conn: psycopg.Connection[Any]) -> None:
     """The same cache state for every variant: both tables and their indexes read once,
     then a checkpoint (each variant pays the same full-page images after it)."""
     conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+    tables = "%s::regclass, 'bare_timers'::regclass, 'bare_guarded'::regclass"
     conn.execute(
         "SELECT pg_prewarm(c.oid) FROM pg_class c"
-        " WHERE c.relkind IN ('r', 'i') AND (c.oid IN (%s::regclass, 'bare_timers'::regclass)"
+        f" WHERE c.relkind IN ('r', 'i') AND (c.oid IN ({tables})"
         " OR c.oid IN (SELECT indexrelid FROM pg_index"
-        "   WHERE indrelid IN (%s::regclass, 'bare_timers'::regclass)))",
+        f"   WHERE indrelid IN ({tables})))",
         (TIMERS, TIMERS),
     )
     conn.execute("CHECKPOINT")
 
 
-def measure_fire(scratch: Scratch, due: int, rounds: int) -> dict[str, list[Sample]]:
-    """Timers fired per second by each variant, each drain on a fresh copy."""
+FIRE_VARIANTS = ("slawatch", "raw", "guarded", "update")
+
+
+def measure_fire(
+    scratch: Scratch, due: int, rounds: int, parts: bool = False
+) -> dict[str, list[Sample]]:
+    """Timers fired per second by each variant (``parts``: and the guarded statement
+    without each of its guarantees), each drain on a fresh copy."""
     fire_base(scratch, due)
     out: dict[str, list[Sample]] = {}
     now = datetime.now(UTC)
     for _ in range(rounds):
-        for variant in ("slawatch", "raw", "update"):
+        for variant in [*FIRE_VARIANTS, *(GUARDED_PARTS if parts else ())]:
             dsn = scratch.create("run", template="fire")
             try:
                 with psycopg.connect(dsn, autocommit=True) as conn:
-                    prewarm(conn)
                     step = fire_step(conn, variant, now)
+                    prewarm(conn)
                     fired = 0
                     with Meter(conn) as meter:
                         while True:
@@ -1119,6 +1211,11 @@ def report_ingest(scratch: Scratch, reps: int) -> list[Row]:
     print_samples({k: k for k in got}, got, "event")
     raw = "raw INSERT … ON CONFLICT"
     jsonb = med(rates(got["events(jsonb)"]))
+    same = got["raw, same rows, pipelined"]
+
+    def cpu(samples: list[Sample]) -> float:
+        return med([x.cpu_us for x in samples])
+
     return [
         ratio_row(
             "`slawatch.event` ingest, 1,000/transaction, one round trip each",
@@ -1141,6 +1238,16 @@ def report_ingest(scratch: Scratch, reps: int) -> list[Row]:
             "printed",
             None,
         ),
+        Row(
+            "`slawatch.event` pipelined vs the same rows written by hand (its dedupe row and"
+            " timer row, the timer table's indexes, one statement)",
+            f"{med(rates(got['event(), pipelined'])) / med(rates(same)):.2f}×"
+            f" ({rate_text(med(rates(same)))}; server CPU {cpu_text(got['event(), pipelined'])}"
+            f" vs {cpu_text(same)}; those rows cost {cpu(same) / cpu(got['raw, pipelined']):.2f}×"
+            " the raw insert's CPU)",
+            "printed",
+            None,
+        ),
     ]
 
 
@@ -1160,8 +1267,8 @@ def report_http(scratch: Scratch, reps: int, per_client: int) -> list[Row]:
     return [ratio_row(figure, got["http"], got["sql"], 0.5, "slawatch.events()")]
 
 
-def report_fire(scratch: Scratch, due: int, reps: int) -> list[Row]:
-    got = measure_fire(scratch, due, reps)
+def report_fire(scratch: Scratch, due: int, reps: int, parts: bool = False) -> list[Row]:
+    got = measure_fire(scratch, due, reps, parts)
     scratch.drop("fire")
     print(
         f"FIRING: {due:,} due timers (and as many not yet due), batches of {FIRE_BATCH:,},"
@@ -1170,13 +1277,34 @@ def report_fire(scratch: Scratch, due: int, reps: int) -> list[Row]:
     labels = {
         "slawatch": "slawatch claim + outbox",
         "raw": "raw: bare UPDATE + alert + delivery",
+        "guarded": "raw, with slawatch's guarantees",
         "update": "raw: bare UPDATE alone",
     }
     print_samples(labels, got, "timer")
-    ours, raw, update = (rates(got[k]) for k in labels)
+    if parts:
+        print("  the guarded statement without one guarantee each (server CPU vs guarded):")
+        guarded_cpu = med([s.cpu_us for s in got["guarded"]])
+        for part in GUARDED_PARTS:
+            cpu_us = med([s.cpu_us for s in got[part]])
+            print(
+                f"    {part:<36} {med(rates(got[part])):>8,.0f} timer/s;"
+                f" server CPU {cpu_us:,.1f} µs/timer ({cpu_us / guarded_cpu:.2f}×)"
+            )
+        print()
+    ours, raw, guarded, update = (rates(got[k]) for k in labels)
     x = med(ours) / med(update)
+    cpu = {k: med([s.cpu_us for s in got[k]]) for k in labels}
     return [
         ratio_row("firing due timers (claim + outbox)", ours, raw, 0.9, "raw claim + outbox"),
+        Row(
+            "the same vs the raw statement with slawatch's guarantees (alert once, `_again`"
+            " and `_due_at` entries, episode history)",
+            f"{med(ours) / med(guarded):.2f}× ({rate_text(med(guarded))}; server CPU"
+            f" {cpu['slawatch']:,.0f} vs {cpu['guarded']:,.0f} µs/timer; the guarantees"
+            f" cost the raw statement {cpu['guarded'] / cpu['raw']:.2f}× its CPU)",
+            "printed",
+            None,
+        ),
         Row(
             "the same vs the bare UPDATE alone",
             f"{x:.2f}× ({rate_text(med(update))}; raw claim + outbox"
@@ -1287,6 +1415,9 @@ def report_brokers(scratch: Scratch, messages: int, reps: int) -> list[Row]:
     return rows
 
 
+SECTIONS = ("ingest", "http", "fire", "timerprobe", "lateness", "brokers")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -1305,6 +1436,14 @@ def main() -> None:
     parser.add_argument(
         "--skip", default="", help="comma-separated: ingest,http,fire,timerprobe,lateness,brokers"
     )
+    parser.add_argument(
+        "--fire-parts",
+        action="store_true",
+        help="firing: also the raw statement with slawatch's guarantees less one each",
+    )
+    parser.add_argument(
+        "--only", default="", help="comma-separated: run only these sections (names as --skip)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny: does it run?")
     args = parser.parse_args()
     if args.quick:
@@ -1312,6 +1451,12 @@ def main() -> None:
         args.fire_reps = args.broker_reps = 3
         args.http_batches, args.messages = 2, 5_000
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = (skip | only) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section {sorted(unknown)[0]!r}: one of {', '.join(SECTIONS)}")
+    if only:
+        skip |= set(SECTIONS) - only
     began = time.perf_counter()
     rows: list[Row] = []
     with Scratch() as scratch:
@@ -1327,7 +1472,7 @@ def main() -> None:
         if "http" not in skip:
             rows += report_http(scratch, args.reps, args.http_batches)
         if "fire" not in skip:
-            rows += report_fire(scratch, args.due, args.fire_reps)
+            rows += report_fire(scratch, args.due, args.fire_reps, args.fire_parts)
         if "timerprobe" not in skip:
             rows += report_probe(scratch, (20_000, 100_000) if args.quick else PROBE_SIZES)
         if "lateness" not in skip:
