@@ -184,7 +184,8 @@ SELECT pg_advisory_xact_lock(hashtextextended('slawatch.storm:' || %(notifier)s,
 -- naming them from the lowest up) with its own
 -- delivery, due after `wait` so that the rest of the storm (the next claim batches of
 -- the same drain) folds into it too. A folded delivery is settled 'summarized' and
--- points at its summary. No FOR UPDATE: under the lock no other claim of this
+-- points at its summary, found by (alert id, id): one range's partition per row, as the
+-- claim's writes. No FOR UPDATE: under the lock no other claim of this
 -- notifier runs, and the fold's UPDATE re-checks each row (a replay or a process
 -- without the lock may have changed it since).
 WITH candidates AS (
@@ -233,7 +234,7 @@ WITH candidates AS (
     UPDATE slawatch.delivery d
        SET status = 'summarized', summary_id = t.summary_id
       FROM candidates c JOIN target t ON t.rule = c.rule
-     WHERE d.id = c.id AND d.status = 'pending' AND d.attempts = 0
+     WHERE d.id = c.id AND d.alert_id = c.alert_id AND d.status = 'pending' AND d.attempts = 0
     RETURNING t.summary_id, c.severity
 ), folded_per AS (
     SELECT summary_id, count(*) AS count,
