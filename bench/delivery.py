@@ -52,6 +52,7 @@ from slawatch.delivery.dispatcher import Dispatcher
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
 from slawatch.engine.claim import claim_batch, plan_claim
 from slawatch.engine.migrate import migrate
+from slawatch.engine.queries import queries
 
 DESCRIPTION = "Paid orders not shipped within 48 hours"
 
@@ -307,8 +308,64 @@ def server_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float] | None:
     return read
 
 
-def fill_outbox(conn: psycopg.Connection[Any], alerts: int) -> None:
-    """``alerts`` overdue orders claimed: as many pending deliveries to ``hook``."""
+# The outbox as 0014_delivery_lease.sql left it, before 0015_rotate.sql's id ranges:
+# plain tables (as tests/integration/helpers.py's UNROTATED, with 0014's fillfactor),
+# the baseline of --claims-only.
+PLAIN = """
+DROP TABLE slawatch.alert, slawatch.delivery;
+CREATE TABLE slawatch.alert (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    rule        text        NOT NULL,
+    key         text        NOT NULL,
+    episode     integer     NOT NULL,
+    n           integer     NOT NULL,
+    severity    text        NOT NULL,
+    deadline    timestamptz,
+    due_at      timestamptz,
+    fired_at    timestamptz NOT NULL,
+    row_data    jsonb       NOT NULL,
+    kind        text        NOT NULL DEFAULT 'firing'
+                            CONSTRAINT alert_kind
+                            CHECK (kind IN ('firing', 'resolved', 'summary')),
+    CONSTRAINT alert_once UNIQUE (rule, key, episode, n)
+);
+CREATE INDEX alert_rule_fired ON slawatch.alert (rule, fired_at);
+CREATE TABLE slawatch.delivery (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    alert_id         bigint      NOT NULL,
+    notifier         text        NOT NULL,
+    status           text        NOT NULL DEFAULT 'pending'
+                                 CONSTRAINT delivery_status
+                                 CHECK (status IN ('pending', 'sent', 'dead', 'silenced',
+                                                   'summarized', 'acknowledged', 'orphaned')),
+    attempts         integer     NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL,
+    lease_owner      uuid,
+    lease_expires_at timestamptz,
+    last_error       text,
+    sent_at          timestamptz,
+    summary_id       bigint,
+    CONSTRAINT delivery_once UNIQUE (alert_id, notifier)
+) WITH (fillfactor = 40);
+CREATE INDEX delivery_summary ON slawatch.delivery (summary_id, alert_id)
+    WHERE summary_id IS NOT NULL;
+CREATE INDEX delivery_due ON slawatch.delivery (notifier, next_attempt_at)
+    WHERE status = 'pending';
+CREATE INDEX delivery_dead ON slawatch.delivery (alert_id) WHERE status = 'dead';
+CREATE INDEX delivery_orphaned ON slawatch.delivery (notifier, alert_id)
+    WHERE status = 'orphaned';
+CREATE TRIGGER action_settled
+    AFTER UPDATE OF status ON slawatch.delivery
+    FOR EACH ROW
+    WHEN (OLD.status IS DISTINCT FROM NEW.status AND NEW.notifier LIKE 'action:%')
+    EXECUTE FUNCTION slawatch.action_delivery_settled();
+"""
+
+
+def fill_outbox(conn: psycopg.Connection[Any], alerts: int, ranges: int = 1) -> None:
+    """``alerts`` overdue orders claimed: as many pending deliveries to ``hook``, in
+    ``ranges`` id ranges (``slawatch.history_rotate`` opens the next one after each
+    share; 0: the outbox unpartitioned, as before 0015_rotate.sql)."""
     conn.execute(
         "CREATE TABLE backlog (id bigint PRIMARY KEY, user_id bigint,"
         " total_cents integer, status text, paid_at timestamptz)"
@@ -320,10 +377,20 @@ def fill_outbox(conn: psycopg.Connection[Any], alerts: int) -> None:
     )
     rule = backlog_rule()
     migrate(conn, [rule])
+    if ranges == 0:
+        conn.execute(PLAIN)
     conn.execute("VACUUM ANALYZE backlog")
     plan = plan_claim(rule, "timestamp with time zone")
-    while claim_batch(conn, plan, datetime.now(UTC)):
-        pass
+    claimed, opened = 0, 1
+    while got := claim_batch(conn, plan, datetime.now(UTC)):
+        claimed += got
+        if opened < ranges and claimed >= alerts * opened // ranges:
+            # A day later each time: the range opened last is never "opened now".
+            at = datetime.now(UTC) + timedelta(days=opened)
+            row = conn.execute("SELECT slawatch.history_rotate(%s, '0 seconds')", (at,)).fetchone()
+            if not (row and row[0]):
+                raise SystemExit("fill: slawatch.history_rotate opened no range")
+            opened += 1
     conn.execute("VACUUM ANALYZE slawatch.alert, slawatch.delivery")
 
 
@@ -340,70 +407,138 @@ def backend_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float]:
     return read
 
 
-def claims_once(server: str | None, alerts: int, concurrency: int) -> dict[str, float]:
-    """The server's side of a drain alone: ``concurrency`` connections (a worker each)
-    take turns, each claim settling that worker's previous batch as sent, as a worker
-    whose receiver accepts at once does (so up to ``concurrency - 1`` batches are in
-    flight, leased, at each claim), until nothing is due. The claim statement as the
-    workers run it (prepared from its 6th run). Per 100 alerts: ``server_cpu`` ms of the
-    claiming backends (from /proc: the server must run on this machine); ``hot``: the
-    share of the outbox's updates that were HOT; ``mb``: the outbox's heap after it."""
-    from slawatch.engine.queries import queries
+def old_queries(ref: str) -> dict[str, str]:
+    """The named queries of slawatch/sql/queries.sql at git revision ``ref``."""
+    import subprocess
 
+    from slawatch.engine.queries import parse_queries
+
+    text = subprocess.run(
+        ["git", "show", f"{ref}:slawatch/sql/queries.sql"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return dict(parse_queries(text))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of running --claims-only: a claim statement over an outbox layout
+    (``ranges`` id ranges; 0: unpartitioned)."""
+
+    name: str
+    ranges: int
+    query: str
+
+
+def claims_once(
+    scratch: Scratch, template: str, alerts: int, concurrency: int, query: str
+) -> dict[str, float]:
+    """The server's side of a drain alone, on a copy of ``template`` (an outbox that
+    :func:`fill_outbox` filled with ``alerts``): ``concurrency`` connections (a worker
+    each) take turns, each claim (``query``) settling that worker's previous batch as
+    sent, as a worker whose receiver accepts at once does (so up to ``concurrency - 1``
+    batches are in flight, leased, at each claim), until nothing is due. The claim
+    statement as the workers run it (prepared from its 6th run). Per 100 alerts:
+    ``server_cpu`` ms of the claiming backends (from /proc: the server must run on this
+    machine); ``hot``: the share of the outbox's updates that were HOT; ``mb``: the
+    outbox's heap after it; ``generic``: the share of the prepared claims' runs on a
+    generic plan."""
+    name = f"run{len(scratch.names)}"
+    dsn = scratch.create(name, template)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conns = [psycopg.connect(dsn, autocommit=True) for _ in range(concurrency)]
+            try:
+                cpus = [backend_cpu(c) for c in conns]
+                before = sum(read() for read in cpus)
+                sent: list[tuple[list[int], list[int], Any]] = [([], [], None)] * concurrency
+                claimed, busy = 0, True
+                while busy:
+                    busy = False
+                    for k, c in enumerate(conns):
+                        owner = uuid.uuid4()
+                        params = {
+                            "now": datetime.now(UTC),
+                            "owner": owner,
+                            "lease": timedelta(seconds=22),
+                            "limit": 100,
+                            "notifier": "hook",
+                            "sent": sent[k][0],
+                            "sent_alerts": sent[k][1],
+                            "sent_owner": sent[k][2],
+                        }
+                        rows = c.execute(query, params).fetchall()
+                        ids = [r[0] for r in rows if r[3] != "sent"]
+                        claimed += len(ids)
+                        busy = busy or bool(ids) or bool(sent[k][0])
+                        alert_ids = [r[4] for r in rows if r[3] != "sent"]
+                        sent[k] = (ids, alert_ids, owner)
+                used = sum(read() for read in cpus) - before
+                generic = custom = 0
+                for c in conns:
+                    for g, cu in c.execute(
+                        "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                    ).fetchall():
+                        generic, custom = generic + g, custom + cu
+            finally:
+                for c in conns:
+                    c.close()
+            if claimed != alerts:
+                raise SystemExit(f"claims: {claimed} deliveries claimed, {alerts} expected")
+            stats = (
+                "SELECT sum(n_tup_upd), sum(n_tup_hot_upd) FROM pg_stat_user_tables"
+                " WHERE schemaname = 'slawatch' AND relname ~ '^delivery(_h[0-9]+)?$'"
+            )
+            deadline = time.monotonic() + 10  # the closed backends' counters arrive shortly
+            while True:
+                upd, hot = conn.execute(stats).fetchone() or (0, 0)
+                upd, hot = upd or 0, hot or 0
+                if upd >= 2 * alerts or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            (size,) = conn.execute(
+                "SELECT sum(pg_relation_size(c.oid)) FROM pg_class c"
+                " WHERE c.relnamespace = 'slawatch'::regnamespace AND c.relkind = 'r'"
+                " AND c.relname ~ '^delivery(_h[0-9]+)?$'"
+            ).fetchone() or (0,)
+    finally:
+        scratch.drop(name)
+    return {
+        "server_cpu": used * 1e5 / alerts,
+        "hot": hot / upd if upd else 0.0,
+        "mb": float(size or 0) / 1e6,
+        "generic": generic / (generic + custom) if generic + custom else 0.0,
+    }
+
+
+def claims_compare(
+    variants: list[Variant], alerts: int, concurrency: int, rounds: int
+) -> dict[str, list[dict[str, float]]]:
+    """:func:`claims_once` of each variant in turn, ``rounds`` times (interleaved: a
+    moment's load on the shared machine falls on every variant alike); each layout's
+    outbox is filled once, copied for each run."""
     scratch = Scratch()
-    if server:
-        scratch.server = server
-    with scratch, psycopg.connect(scratch.create("db"), autocommit=True) as conn:
-        fill_outbox(conn, alerts)
-        query = queries()["claim_deliveries"]
-        conns = [psycopg.connect(scratch.dsn("db"), autocommit=True) for _ in range(concurrency)]
-        try:
-            cpus = [backend_cpu(c) for c in conns]
-            before = sum(read() for read in cpus)
-            sent: list[tuple[list[int], list[int], Any]] = [([], [], None)] * concurrency
-            claimed, busy = 0, True
-            while busy:
-                busy = False
-                for k, c in enumerate(conns):
-                    owner = uuid.uuid4()
-                    params = {
-                        "now": datetime.now(UTC),
-                        "owner": owner,
-                        "lease": timedelta(seconds=22),
-                        "limit": 100,
-                        "notifier": "hook",
-                        "sent": sent[k][0],
-                        "sent_alerts": sent[k][1],
-                        "sent_owner": sent[k][2],
-                    }
-                    rows = c.execute(query, params).fetchall()
-                    ids = [r[0] for r in rows if r[3] != "sent"]
-                    claimed += len(ids)
-                    busy = busy or bool(ids) or bool(sent[k][0])
-                    alert_ids = [r[4] for r in rows if r[3] != "sent"]
-                    sent[k] = (ids, alert_ids, owner)
-            used = sum(read() for read in cpus) - before
-        finally:
-            for c in conns:
-                c.close()
-        if claimed != alerts:
-            raise SystemExit(f"claims: {claimed} deliveries claimed, {alerts} expected")
-        stats = (
-            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
-            " WHERE relid = 'slawatch.delivery'::regclass"
-        )
-        deadline = time.monotonic() + 10  # the closed backends' counters arrive shortly
-        while True:
-            upd, hot = conn.execute(stats).fetchone() or (0, 0)
-            if upd >= 2 * alerts or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        (size,) = conn.execute("SELECT pg_relation_size('slawatch.delivery')").fetchone() or (0,)
-        return {
-            "server_cpu": used * 1e5 / alerts,
-            "hot": hot / upd if upd else 0.0,
-            "mb": size / 1e6,
-        }
+    runs: dict[str, list[dict[str, float]]] = {v.name: [] for v in variants}
+    with scratch:
+        templates: dict[int, str] = {}
+        for ranges in sorted({v.ranges for v in variants}):
+            name = f"filled{ranges}"
+            with psycopg.connect(scratch.create(name), autocommit=True) as conn:
+                fill_outbox(conn, alerts, ranges)
+            templates[ranges] = name
+        for _ in range(rounds):
+            for v in variants:
+                got = claims_once(scratch, templates[v.ranges], alerts, concurrency, v.query)
+                runs[v.name].append(got)
+                print(
+                    f"  {v.name:<16} server CPU per 100 alerts {got['server_cpu']:.2f} ms,"
+                    f" HOT {got['hot']:.0%}, heap {got['mb']:.1f} MB,"
+                    f" generic plans {got['generic']:.0%}",
+                    flush=True,
+                )
+    return runs
 
 
 def drain_once(
@@ -516,21 +651,53 @@ def main() -> None:
         action="store_true",
         help="only the claim statement: the server's CPU per 100 alerts, HOT updates",
     )
+    parser.add_argument(
+        "--ranges",
+        type=int,
+        default=4,
+        help="--claims-only: the partitioned outbox's id ranges (beside an unpartitioned one)",
+    )
+    parser.add_argument(
+        "--old-ref",
+        default="main",
+        help="--claims-only: also the claim statement of this git revision ('' for none)",
+    )
     args = parser.parse_args()
     if args.due < 100 or args.rate < 10 or args.seconds < 1 or args.singles < 1:
         parser.error("--due >= 100, --rate >= 10, --seconds >= 1, --singles >= 1")
     if not 1 <= args.concurrency <= 64 or args.rounds < 1:
         parser.error("--concurrency from 1 to 64, --rounds >= 1")
+    if args.ranges < 1:
+        parser.error("--ranges >= 1")
 
     if args.claims_only:
-        runs = [claims_once(None, args.due, args.concurrency) for _ in range(args.rounds)]
+        new = queries()["claim_deliveries"]
+        old = old_queries(args.old_ref)["claim_deliveries"] if args.old_ref else None
+        variants = [Variant("unpartitioned", 0, old or new)]
+        if old is not None:
+            variants.append(Variant(f"ranges {args.old_ref}", args.ranges, old))
+        variants.append(Variant("ranges now", args.ranges, new))
         print(
-            f"claims of {args.due:,} deliveries, 100 x {args.concurrency} workers in turn,"
-            f" {args.rounds} round(s), medians: server CPU per 100 alerts"
-            f" {statistics.median(r['server_cpu'] for r in runs):.2f} ms,"
-            f" HOT updates {statistics.median(r['hot'] for r in runs):.0%},"
-            f" outbox heap {statistics.median(r['mb'] for r in runs):.1f} MB"
+            f"claims of {args.due:,} deliveries, 100 x {args.concurrency} workers in turn;"
+            f" unpartitioned outbox and {args.ranges} id ranges;"
+            f" {'statement of ' + args.old_ref + ' and ' if old else ''}this one",
+            flush=True,
         )
+        runs = claims_compare(variants, args.due, args.concurrency, args.rounds)
+        base = runs[variants[0].name]
+        print(f"{args.rounds} round(s), medians; ratio: per round to {variants[0].name}")
+        for v in variants:
+            per = runs[v.name]
+            ratio = statistics.median(
+                r["server_cpu"] / b["server_cpu"] for r, b in zip(per, base, strict=True)
+            )
+            print(
+                f"{v.name:<16} server CPU per 100 alerts"
+                f" {statistics.median(r['server_cpu'] for r in per):.2f} ms ({ratio:.2f}x),"
+                f" HOT updates {statistics.median(r['hot'] for r in per):.0%},"
+                f" outbox heap {statistics.median(r['mb'] for r in per):.1f} MB,"
+                f" generic plans {statistics.median(r['generic'] for r in per):.0%}"
+            )
         return
 
     if args.drain_only:

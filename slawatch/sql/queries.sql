@@ -64,6 +64,20 @@
 -- for such a lock of the other deadlocked (bench/delivery.py: one a round, a second
 -- lost to deadlock_timeout each time). The worker settles what `sent` skipped with
 -- mark_sent, which holds no other lock while it waits.
+-- The outbox is partitioned by alert id ranges (0015_rotate.sql), and delivery.id is
+-- indexed per range: a write that finds its rows by id alone probes every range. `sent`
+-- and `settled` join their rows back by (alert_id, id): as a nested loop, each probe goes
+-- to its alert's range (run-time pruning). `leased` takes its ids as an array, probed in
+-- each range's delivery_id, and only in the ranges from the batch's lowest alert id up
+-- (pruned when the statement runs): a join was hashed, by a planner that prices a probe
+-- per range and row, over a scan of every range (EXPLAIN ANALYZE mid-drain, 5,000
+-- deliveries in 4 ranges: 3 ms of a claim; 0.3 ms now, 0.15 ms by the unpartitioned
+-- outbox's primary key). `sent` is compared to the due rows as an InitPlan's value,
+-- `(SELECT %(sent)s)`, never as the array itself: inline, its 100 ids made the planner's
+-- work grow with the ranges (bench/delivery.py --claims-only, 4 ranges: 26 ms of
+-- planning per claim, 0.8 ms unpartitioned; as the InitPlan's value 2-4 ms). The claim
+-- is planned at every run: its generic plan, which PostgreSQL never picks here, costs
+-- far more (100 ms a claim with 4 ranges).
 -- `holds`: a firing notification whose episode's resolved notice to this notifier
 -- waits for it; once it is sent, the worker settles it through a claim (this statement)
 -- even when the batch was short, and that claim takes the resolved notice.
@@ -85,7 +99,7 @@ WITH sent AS (
      CROSS JOIN LATERAL (SELECT * FROM slawatch.alert a WHERE a.id = d.alert_id OFFSET 0) a
      WHERE d.status = 'pending' AND d.notifier = %(notifier)s AND d.next_attempt_at <= %(now)s
        AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= %(now)s)
-       AND d.id <> ALL(%(sent)s::bigint[])
+       AND d.id <> ALL((SELECT %(sent)s::bigint[])::bigint[])
        AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
        AND (a.kind <> 'resolved' OR NOT EXISTS (
             SELECT 1 FROM slawatch.alert f
@@ -94,20 +108,20 @@ WITH sent AS (
                     WHERE p.alert_id = f.id AND p.notifier = d.notifier OFFSET 0) p
              WHERE f.rule = a.rule AND f.key = a.key AND f.episode = a.episode AND f.n > 0
                AND p.status = 'pending'
-               AND (p.id <> ALL(%(sent)s::bigint[])
+               AND (p.id <> ALL((SELECT %(sent)s::bigint[])::bigint[])
                     OR p.lease_owner IS DISTINCT FROM %(sent_owner)s::uuid)))
      ORDER BY d.next_attempt_at
      LIMIT %(limit)s
        FOR UPDATE OF d SKIP LOCKED
 ), acked AS (
-    SELECT due.id FROM due
+    SELECT due.id, due.alert_id FROM due
      WHERE due.kind = 'firing' AND EXISTS (
             SELECT 1 FROM slawatch.ack k
              WHERE k.rule = due.rule AND k.key = due.key AND k.episode = due.episode)
 ), muted AS (
-    SELECT id, 'acknowledged' AS status FROM acked
+    SELECT id, alert_id, 'acknowledged' AS status FROM acked
     UNION ALL
-    SELECT due.id, 'silenced' FROM due
+    SELECT due.id, due.alert_id, 'silenced' FROM due
      WHERE due.id NOT IN (SELECT id FROM acked)
        AND EXISTS (SELECT 1 FROM slawatch.silence s
                     WHERE s.rule = due.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s
@@ -116,15 +130,15 @@ WITH sent AS (
     UPDATE slawatch.delivery d
        SET status = muted.status, lease_owner = NULL, lease_expires_at = NULL
       FROM muted
-     WHERE d.id = muted.id
+     WHERE d.id = muted.id AND d.alert_id = muted.alert_id
     RETURNING d.id, d.notifier, d.attempts, muted.status AS settled
 ), leased AS (
     UPDATE slawatch.delivery d
        SET lease_owner = %(owner)s,
            lease_expires_at = %(now)s + %(lease)s::interval,
            attempts = d.attempts + 1
-      FROM due
-     WHERE d.id = due.id AND due.id NOT IN (SELECT id FROM muted)
+     WHERE d.id = ANY(ARRAY(SELECT id FROM due WHERE id NOT IN (SELECT id FROM muted)))
+       AND d.alert_id >= (SELECT min(alert_id) FROM due)
     RETURNING d.id, d.notifier, d.attempts, NULL::text AS settled
 )
 SELECT l.id, l.notifier, l.attempts, l.settled, a.alert_id,
@@ -170,7 +184,8 @@ SELECT pg_advisory_xact_lock(hashtextextended('slawatch.storm:' || %(notifier)s,
 -- naming them from the lowest up) with its own
 -- delivery, due after `wait` so that the rest of the storm (the next claim batches of
 -- the same drain) folds into it too. A folded delivery is settled 'summarized' and
--- points at its summary. No FOR UPDATE: under the lock no other claim of this
+-- points at its summary, found by (alert id, id): one range's partition per row, as the
+-- claim's writes. No FOR UPDATE: under the lock no other claim of this
 -- notifier runs, and the fold's UPDATE re-checks each row (a replay or a process
 -- without the lock may have changed it since).
 WITH candidates AS (
@@ -219,7 +234,7 @@ WITH candidates AS (
     UPDATE slawatch.delivery d
        SET status = 'summarized', summary_id = t.summary_id
       FROM candidates c JOIN target t ON t.rule = c.rule
-     WHERE d.id = c.id AND d.status = 'pending' AND d.attempts = 0
+     WHERE d.id = c.id AND d.alert_id = c.alert_id AND d.status = 'pending' AND d.attempts = 0
     RETURNING t.summary_id, c.severity
 ), folded_per AS (
     SELECT summary_id, count(*) AS count,

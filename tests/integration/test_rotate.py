@@ -17,6 +17,7 @@ import sys
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -512,22 +513,52 @@ def test_retention_prunes_each_kept_range_by_itself_reading_one_partition(
     assert ids == {fresh, *(i for v in kept.values() for i in v)}
 
 
+def read_partitions(plan: dict[str, Any], table: str) -> set[str]:
+    """The partitions of ``table`` (and their indexes) that ``plan`` read."""
+    return {
+        m.group(0)
+        for node in nodes(plan)
+        if node.get("Actual Loops", 1) > 0
+        for field in ("Relation Name", "Index Name")
+        if (m := re.match(table + r"_h\d+", node.get(field, "")))
+    }
+
+
 def test_settling_deliveries_reads_only_their_ranges_partitions(conn: Conn) -> None:
     """delivery.id is indexed per partition: by id alone, a settle probes every range.
-    With the alert ids the dispatcher has, it reads their ranges' partitions only."""
+    With the alert ids the dispatcher has, it reads their ranges' partitions only: in
+    mark_sent, mark_retry, mark_dead, and in the claim the settle of the batch sent
+    (`sent`), the lease of the due deliveries (`leased`) and the settle of the silenced
+    or acknowledged ones (`settled`)."""
     migrate(conn, [])
     start = datetime.now(UTC)
-    for day in range(3):
-        alert(conn, start + day * DAY, "sent")
+    for day in range(3):  # history, as many rows as make index probes the plan's choice
+        conn.execute(
+            "WITH a AS (INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at,"
+            " row_data) SELECT 'late', g::text, 1, 1, 'warning', %(at)s, '{}'"
+            " FROM generate_series(1, 20000) g RETURNING id)"
+            " INSERT INTO slawatch.delivery (alert_id, notifier, status, next_attempt_at)"
+            " SELECT id, 'hook0', 'sent', %(at)s FROM a",
+            {"at": start + day * DAY},
+        )
         assert rotate(conn, start + (day + 1) * DAY) is not None
     mine = alert(conn, start + 3 * DAY, "pending")  # in the open range, 3
+    alert(conn, start + 3 * DAY, "pending")  # due: leased by the claim
+    acked = alert(conn, start + 3 * DAY, "pending")  # settled by the claim
+    conn.execute(
+        "INSERT INTO slawatch.ack (rule, key, episode, alert_id, acked_at, acked_by)"
+        " SELECT rule, key, episode, id, %s, 'me' FROM slawatch.alert WHERE id = %s",
+        (start, acked),
+    )
     owner = uuid.uuid4()
     conn.execute("UPDATE slawatch.delivery SET lease_owner = %s WHERE alert_id = %s", (owner, mine))
+    conn.execute("ANALYZE slawatch.alert, slawatch.delivery")
     (delivery,) = conn.execute(
         "SELECT id FROM slawatch.delivery WHERE alert_id = %s", (mine,)
     ).fetchone()  # type: ignore[misc]
     q = queries()
-    common = {"owner": owner, "now": start, "error": "x", "nexts": [start]}
+    later = start + 3 * DAY
+    common = {"owner": owner, "now": later, "error": "x", "nexts": [later]}
     claim = {"limit": 10, "lease": timedelta(seconds=30), "notifier": "hook0"}
     cases = {
         "mark_sent": {"ids": [delivery], "alerts": [mine]} | common,
@@ -535,20 +566,22 @@ def test_settling_deliveries_reads_only_their_ranges_partitions(conn: Conn) -> N
         "mark_dead": {"ids": [delivery], "alerts": [mine]} | common,
         "claim_deliveries": claim
         | {"sent": [delivery], "sent_alerts": [mine], "sent_owner": owner}
-        | {"now": start, "owner": uuid.uuid4()},
+        | {"now": later, "owner": uuid.uuid4()},
     }
     for name, params in cases.items():
         with conn.transaction(force_rollback=True):
             row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + q[name], params).fetchone()
         assert row is not None
         plan = row[0][0]["Plan"]
-        if name == "claim_deliveries":  # its `sent` part (the due rows are read by index)
-            (plan,) = [n for n in nodes(plan) if n.get("Subplan Name") == "CTE sent"]
-        read = {
-            m.group(0)
-            for node in nodes(plan)
-            if node.get("Actual Loops", 1) > 0
-            for field in ("Relation Name", "Index Name")
-            if (m := re.match(r"delivery_h\d+", node.get(field, "")))
-        }
-        assert read == {"delivery_h3"}, (name, read)
+        if name != "claim_deliveries":
+            (fed,) = [n for n in plan["Plans"] if n.get("Parent Relationship") == "Outer"]
+            assert fed["Actual Rows"] == 1, name  # the delivery, settled
+            read = read_partitions(plan, "delivery")
+            assert read == {"delivery_h3"}, (name, read)
+            continue
+        # Its writes (the due rows are read in order through every range's delivery_due).
+        ctes = {n["Subplan Name"]: n for n in nodes(plan) if "Subplan Name" in n}
+        for cte in ("sent", "leased", "settled"):
+            read = read_partitions(ctes[f"CTE {cte}"], "delivery")
+            assert read == {"delivery_h3"}, (cte, read)
+            assert ctes[f"CTE {cte}"]["Actual Rows"] == 1, cte
