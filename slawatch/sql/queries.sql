@@ -234,7 +234,13 @@ WITH candidates AS (
     UPDATE slawatch.delivery d
        SET status = 'summarized', summary_id = t.summary_id
       FROM candidates c JOIN target t ON t.rule = c.rule
-     WHERE d.id = c.id AND d.alert_id = c.alert_id AND d.status = 'pending' AND d.attempts = 0
+     WHERE d.id = c.id AND d.alert_id = c.alert_id AND d.attempts = 0
+       -- The recheck compares with a value the planner does not see: with the literal,
+       -- delivery_due qualifies for finding each row, and on the statistics of a table
+       -- that a storm has just filled (before autoanalyze) the planner ANDed it with
+       -- delivery_id's bitmap, reading every pending delivery for each folded one
+       -- (20,000 folded: 12.5 s instead of 0.1; test_storm.py).
+       AND d.status = (SELECT 'pending')
     RETURNING t.summary_id, c.severity
 ), folded_per AS (
     SELECT summary_id, count(*) AS count,

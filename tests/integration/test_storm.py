@@ -667,3 +667,49 @@ def test_email_and_console_show_the_storm(conn: Conn, db: Database, smtp: tuple[
         "[warning] order_unshipped storm: 150 rows overdue for order_unshipped"
     )
     assert [line.split()[3] for line in lines[1:]] == ["key=1", "key=2"]
+
+
+def test_folding_a_fresh_storm_finds_each_delivery_by_its_own_entries(conn: Conn) -> None:
+    """A storm fills the outbox faster than autoanalyze. On those statistics the fold's
+    UPDATE, had its recheck of ``status = 'pending'`` let delivery_due qualify, ANDed
+    that partial index (every pending delivery of the notifier) into each folded row's
+    lookup: 20,000 folded took 12.5 s instead of 0.1 (the test above). The plan of the
+    fold must not read delivery_due at all."""
+    count = 5_000
+    rule = orders(conn, count, ["hook-a"], batch=count)
+    assert claim(conn, rule) == count
+    params = {
+        "notifier": "hook-a",
+        "now": CLAIMED,
+        "threshold": 100,
+        "wait": WAIT,
+        "severities": ["info", "warning", "critical"],
+    }
+    (plan,) = (
+        conn.execute("EXPLAIN (FORMAT JSON) " + queries()["summarize_storms"], params).fetchone()
+        or ()
+    )
+    due = {
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'slawatch'"
+            " AND indexdef LIKE '%%ON slawatch.delivery%%' AND indexdef LIKE %s",
+            ("%WHERE (status = 'pending'::text)",),
+        )
+    }
+    assert due  # delivery_due and its partitions' copies
+
+    def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    (fold,) = [
+        n
+        for n in nodes(plan[0]["Plan"])
+        if n["Node Type"] == "ModifyTable"
+        and n.get("Operation") == "Update"
+        and n.get("Relation Name") == "delivery"
+    ]
+    used = {n["Index Name"] for n in nodes(fold) if "Index Name" in n}
+    assert used and not used & due, used
