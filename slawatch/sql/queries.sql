@@ -301,11 +301,14 @@ UPDATE slawatch.delivery
 
 -- mark_retry --
 -- Each delivery at its own next attempt time (its own backoff): ids[i] at nexts[i].
+-- Fenced like mark_sent, and for the same reason without `status = 'pending'` (the
+-- owner says it): on the statistics of a burst the recheck let delivery_due into
+-- each row's lookup (tests/integration/test_storm.py checks the plan).
 UPDATE slawatch.delivery d
    SET next_attempt_at = r.next_at, lease_owner = NULL, lease_expires_at = NULL,
        last_error = %(error)s
   FROM unnest(%(ids)s::bigint[], %(nexts)s::timestamptz[]) AS r(id, next_at)
- WHERE d.id = r.id AND d.alert_id = ANY(%(alerts)s::bigint[]) AND d.status = 'pending'
+ WHERE d.id = r.id AND d.alert_id = ANY(%(alerts)s::bigint[])
    AND d.lease_owner = %(owner)s;
 
 -- mark_dead --

@@ -669,6 +669,27 @@ def test_email_and_console_show_the_storm(conn: Conn, db: Database, smtp: tuple[
     assert [line.split()[3] for line in lines[1:]] == ["key=1", "key=2"]
 
 
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A JSON plan's nodes, depth first."""
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def due_indexes(conn: Conn) -> set[str]:
+    """delivery_due and its partitions' copies: every pending delivery, by notifier."""
+    due = {
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'slawatch'"
+            " AND indexdef LIKE '%%ON slawatch.delivery%%' AND indexdef LIKE %s",
+            ("%WHERE (status = 'pending'::text)",),
+        )
+    }
+    assert due
+    return due
+
+
 def test_folding_a_fresh_storm_finds_each_delivery_by_its_own_entries(conn: Conn) -> None:
     """A storm fills the outbox faster than autoanalyze. On those statistics the fold's
     UPDATE, had its recheck of ``status = 'pending'`` let delivery_due qualify, ANDed
@@ -689,27 +710,35 @@ def test_folding_a_fresh_storm_finds_each_delivery_by_its_own_entries(conn: Conn
         conn.execute("EXPLAIN (FORMAT JSON) " + queries()["summarize_storms"], params).fetchone()
         or ()
     )
-    due = {
-        str(name)
-        for (name,) in conn.execute(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = 'slawatch'"
-            " AND indexdef LIKE '%%ON slawatch.delivery%%' AND indexdef LIKE %s",
-            ("%WHERE (status = 'pending'::text)",),
-        )
-    }
-    assert due  # delivery_due and its partitions' copies
-
-    def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        yield node
-        for child in node.get("Plans", []):
-            yield from nodes(child)
-
     (fold,) = [
         n
-        for n in nodes(plan[0]["Plan"])
+        for n in plan_nodes(plan[0]["Plan"])
         if n["Node Type"] == "ModifyTable"
         and n.get("Operation") == "Update"
         and n.get("Relation Name") == "delivery"
     ]
-    used = {n["Index Name"] for n in nodes(fold) if "Index Name" in n}
-    assert used and not used & due, used
+    used = {n["Index Name"] for n in plan_nodes(fold) if "Index Name" in n}
+    assert used and not used & due_indexes(conn), used
+
+
+def test_retrying_a_batch_on_a_fresh_outbox_finds_each_delivery_by_its_own_entries(
+    conn: Conn,
+) -> None:
+    """mark_retry settles a batch that its owner's lease fences: on the statistics of a
+    burst (before autoanalyze), a recheck of ``status = 'pending'`` would let
+    delivery_due into each row's lookup, as it did in the storm's fold."""
+    count = 5_000
+    assert claim(conn, orders(conn, count, ["hook-a"], batch=count)) == count
+    rows = conn.execute("SELECT id, alert_id FROM slawatch.delivery LIMIT 100").fetchall()
+    params = {
+        "ids": [r[0] for r in rows],
+        "alerts": [r[1] for r in rows],
+        "nexts": [CLAIMED] * len(rows),
+        "error": "HTTP 503",
+        "owner": uuid.uuid4(),
+    }
+    (plan,) = (
+        conn.execute("EXPLAIN (FORMAT JSON) " + queries()["mark_retry"], params).fetchone() or ()
+    )
+    used = {n["Index Name"] for n in plan_nodes(plan[0]["Plan"]) if "Index Name" in n}
+    assert not used & due_indexes(conn), used
