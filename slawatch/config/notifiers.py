@@ -361,12 +361,12 @@ def kafka_client(url: str, mechanism: str) -> dict[str, str]:
 
 KafkaUrl = Annotated[SecretStr, BeforeValidator(kafka_url)]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
-_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_TOPIC = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]{1,249}")  # Kafka refuses "." and ".."
 
 
 def _topic(value: Any) -> Any:
     if isinstance(value, str) and not _TOPIC.fullmatch(value.replace("{", "").replace("}", "")):
-        raise ValueError(f"{shorten(value)} is not a topic (letters, digits, . _ -)")
+        raise ValueError(f"{shorten(value)} is not a topic (letters, digits, . _ -; not . or ..)")
     return value
 
 
