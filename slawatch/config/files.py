@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import reprlib
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -160,6 +161,10 @@ def _loader_for(text: str) -> type[yaml.SafeLoader] | type[yaml.CSafeLoader]:
 def load_yaml_file(path: Path) -> dict[str, Any]:
     """One YAML mapping from a file, or a ConfigError naming the file and line."""
     try:
+        # A FIFO (or a device) named *.yaml would block the read for good: only a
+        # regular file is read.
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ConfigError(f"{path}: cannot read: not a regular file")
         text = path.read_text(encoding="utf-8")
         data = yaml.load(text, Loader=_loader_for(text))
     except OSError as exc:
