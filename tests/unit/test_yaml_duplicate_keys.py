@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from slawatch.config.files import load_yaml_file
 from slawatch.config.rules import load_rules
@@ -52,3 +53,25 @@ def test_a_merged_key_may_be_overridden(tmp_path: Path) -> None:
 def test_equal_looking_keys_of_different_types_are_not_duplicates(tmp_path: Path) -> None:
     (tmp_path / "r.yaml").write_text('m: {1: a, "1": b}\n')
     assert load_yaml_file(tmp_path / "r.yaml")["m"] == {1: "a", "1": "b"}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("d" * 2_001, "description: is 2,001 characters; at most 2,000 (it is in every alert)"),
+        ("a\x00b", "description: must not contain a NUL character"),
+    ],
+    ids=["long", "nul"],
+)
+def test_a_description_every_alert_could_not_carry_is_one_line(
+    tmp_path: Path, value: str, expected: str
+) -> None:
+    """A rule's description goes into each of its alerts: 10 MB of it made every
+    payload 10 MB (and a NUL one no JSON receiver or PostgreSQL keeps)."""
+    (tmp_path / "r.yaml").write_text(RULE + yaml.safe_dump({"description": value}, width=10**6))
+    with pytest.raises(ConfigError) as info:
+        load_rules(tmp_path)
+    assert str(info.value) == f"{tmp_path / 'r.yaml'}: {expected}"
+    (tmp_path / "r.yaml").write_text(RULE + f"description: {'d' * 2_000}\n")
+    (rule,) = load_rules(tmp_path)
+    assert len(rule.description) == 2_000
