@@ -198,7 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="table",
         help="output format (html: one page with the chart; svg: the chart)",
     )
-    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write to FILE instead of stdout, whole or not at all (-: stdout)",
+    )
     p = command("explain", "the claim's plan for a rule; exit 1 if it would read the table whole")
     p.add_argument("rule", metavar="RULE", type=_checked(check_rule_name), help="a rule's name")
     _json_option(p)

@@ -9,7 +9,9 @@ import json
 import logging
 import os
 import re
+import stat
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -655,15 +657,42 @@ def cmd_report(
         text = sla_svg(got) + "\n"
     else:
         text = render_report(got, check_format(fmt)) + "\n"
-    if output is None:
+    if output is None or output == "-":
         sys.stdout.write(text)
         return 0
     try:
-        Path(output).write_text(text, encoding="utf-8")
+        write_whole(Path(output), text)
     except OSError as exc:
         raise BadInput(f"--output: {shorten(output)}: {exc.strerror or exc}") from None
     print(f"wrote {output}")
     return 0
+
+
+def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: written beside it under a temporary
+    name, then renamed over it, so a write that fails (a full disk, a size limit) leaves
+    the file that was there. A symbolic link is written through (the link stays); what is
+    not a regular file (a FIFO, /dev/stdout, a directory) is written to directly."""
+    if path.exists() and not path.is_file():
+        path.write_text(text, encoding="utf-8")
+        return
+    target = path.resolve() if path.is_symlink() else path
+    if target.exists():
+        mode = stat.S_IMODE(target.stat().st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".slawatch-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def cmd_alerts(

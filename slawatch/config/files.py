@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import reprlib
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -106,6 +107,47 @@ def _without_long_input(msg: str, value: object) -> str:
     return msg
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping that names the same key twice: YAML would keep the last one silently."""
+
+    def __init__(self, key: yaml.ScalarNode, first: yaml.ScalarNode) -> None:
+        self.problem = (
+            f"{shorten(key.value, 60)}: given twice (first on line"
+            f" {first.start_mark.line + 1}); YAML would keep only this one"
+        )
+        self.problem_mark = key.start_mark
+        super().__init__(self.problem)
+
+
+def _refuse_duplicate_keys(node: yaml.MappingNode) -> None:
+    """Raise DuplicateKeyError if ``node`` names a key twice (``<<`` merges excepted: an
+    explicit key may override a merged one, as YAML means)."""
+    first: dict[tuple[str, str], yaml.ScalarNode] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        seen = first.setdefault((key_node.tag, key_node.value), key_node)
+        if seen is not key_node:
+            raise DuplicateKeyError(key_node, seen)
+
+
+class _SafeLoader(yaml.SafeLoader):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        _refuse_duplicate_keys(node)
+        return super().construct_mapping(node, deep=deep)
+
+
+_FAST: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = _SafeLoader
+if hasattr(yaml, "CSafeLoader"):  # PyYAML built with libyaml
+
+    class _CSafeLoader(yaml.CSafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            _refuse_duplicate_keys(node)
+            return super().construct_mapping(node, deep=deep)
+
+    _FAST = _CSafeLoader
+
+
 def _loader_for(text: str) -> type[yaml.SafeLoader] | type[yaml.CSafeLoader]:
     """libyaml's loader if PyYAML has it (the pure-Python one needs ~15 s for a 10 MB
     value), unless the text could nest deeply: libyaml recurses in C and crashes the
@@ -113,13 +155,16 @@ def _loader_for(text: str) -> type[yaml.SafeLoader] | type[yaml.CSafeLoader]:
     """
     # Each level of nesting needs one of these characters, so this bounds the depth.
     depth = sum(text.count(c) for c in "[{-:?")
-    c_loader: type[yaml.CSafeLoader] | None = getattr(yaml, "CSafeLoader", None)
-    return c_loader if c_loader is not None and depth < 1000 else yaml.SafeLoader
+    return _FAST if depth < 1000 else _SafeLoader
 
 
 def load_yaml_file(path: Path) -> dict[str, Any]:
     """One YAML mapping from a file, or a ConfigError naming the file and line."""
     try:
+        # A FIFO (or a device) named *.yaml would block the read for good: only a
+        # regular file is read.
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ConfigError(f"{path}: cannot read: not a regular file")
         text = path.read_text(encoding="utf-8")
         data = yaml.load(text, Loader=_loader_for(text))
     except OSError as exc:

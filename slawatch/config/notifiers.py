@@ -361,12 +361,12 @@ def kafka_client(url: str, mechanism: str) -> dict[str, str]:
 
 KafkaUrl = Annotated[SecretStr, BeforeValidator(kafka_url)]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
-_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_TOPIC = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]{1,249}")  # Kafka refuses "." and ".."
 
 
 def _topic(value: Any) -> Any:
     if isinstance(value, str) and not _TOPIC.fullmatch(value.replace("{", "").replace("}", "")):
-        raise ValueError(f"{shorten(value)} is not a topic (letters, digits, . _ -)")
+        raise ValueError(f"{shorten(value)} is not a topic (letters, digits, . _ -; not . or ..)")
     return value
 
 
@@ -433,7 +433,7 @@ class PagerDutyConfig(NotifierBase):
     @field_validator("base_url")
     @classmethod
     def _base_url(cls, v: str) -> str:
-        return _plain_url(v)
+        return _base_only(_plain_url(v), "/v2/enqueue")
 
 
 class TeamsConfig(NotifierBase):
@@ -486,7 +486,7 @@ class OpsgenieConfig(NotifierBase):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        return _plain_url(v)
+        return _base_only(_plain_url(v), "/v2/alerts")
 
     @field_validator("priorities", mode="after")
     @classmethod
@@ -535,6 +535,18 @@ class AlertmanagerConfig(_HttpTarget):
         if v is not None and not re.match(r"^https?://[^/\s]+", v):
             raise ValueError(f"{shorten(v)} is not an http:// or https:// URL")
         return v
+
+
+def _base_only(v: str, path: str) -> str:
+    """``v``, a service's base URL, unless it already ends with the API's ``path``, which
+    slawatch adds: the endpoint copied from the service's docs would be posted to at
+    ``…/v2/alerts/v2/alerts`` and every alert end dead."""
+    if urlsplit(v).path.rstrip("/").endswith(path):
+        raise ValueError(
+            f"{shorten(v)} ends with {path}, which slawatch adds: give the base URL"
+            f" (without {path})"
+        )
+    return v
 
 
 def _plain_url(v: str) -> str:

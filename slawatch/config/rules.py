@@ -542,6 +542,9 @@ def _zone(v: str) -> str:
     return v
 
 
+MAX_DESCRIPTION = 2_000
+
+
 class Rule(FileModel):
     """One rule file: a table rule, or an event rule (``events``)."""
 
@@ -749,6 +752,18 @@ class Rule(FileModel):
     @classmethod
     def _name(cls, v: str) -> str:
         return check_name(v, RULE_NAME, "rule", "lower-case letters, digits and _")
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, v: str) -> str:
+        # It goes into every alert of the rule: a 10 MB one made every payload 10 MB.
+        if len(v) > MAX_DESCRIPTION:
+            raise ValueError(
+                f"is {len(v):,} characters; at most {MAX_DESCRIPTION:,} (it is in every alert)"
+            )
+        if "\x00" in v:
+            raise ValueError("must not contain a NUL character")
+        return v
 
     @field_validator("table")
     @classmethod

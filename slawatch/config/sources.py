@@ -235,6 +235,8 @@ def _matches(pattern: str, subject: str) -> bool:
 
 
 _KAFKA_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# Kafka refuses the topics "." and ".." (InvalidTopicException), as any longer than 249.
+_KAFKA_TOPIC = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]{1,249}")
 # Kafka's session timeouts: a consumer silent this long leaves the group.
 Session = Annotated[
     timedelta,
@@ -249,10 +251,12 @@ class KafkaSource(SourceBase):
     type: Literal["kafka"]
     url: KafkaUrl = SecretStr("kafka://127.0.0.1:9092")
     sasl_mechanism: SaslMechanism = "PLAIN"
-    topic: Annotated[str, _named(_KAFKA_NAME, "a topic name (letters, digits, . _ -)")]
+    topic: Annotated[
+        str, _named(_KAFKA_TOPIC, "a topic name (letters, digits, . _ -; not . or ..)")
+    ]
     group: Annotated[str, _named(_KAFKA_NAME, "a group name (letters, digits, . _ -)")] = "slawatch"
     dead_topic: Annotated[
-        str | None, _named(_KAFKA_NAME, "a topic name (letters, digits, . _ -)")
+        str | None, _named(_KAFKA_TOPIC, "a topic name (letters, digits, . _ -; not . or ..)")
     ] = None
     # A member of the group not heard from this long (a process that died) loses its
     # partitions to the others.
@@ -262,6 +266,11 @@ class KafkaSource(SourceBase):
     def _apart(self) -> KafkaSource:
         if self.dead == self.topic:
             raise ValueError("dead_topic: must not be the topic itself")
+        if len(self.dead) > 249:
+            raise ValueError(
+                f"dead_topic: the default {shorten(self.dead)} is longer than 249 characters,"
+                " the most Kafka accepts: set dead_topic"
+            )
         return self
 
     @property

@@ -3,6 +3,7 @@ for a user to edit: an example rule, notifiers, a business calendar, an event so
 
 from __future__ import annotations
 
+import contextlib
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -29,8 +30,25 @@ def write_starter(directory: Path) -> list[Path]:
         raise ConfigError(
             f"{taken[0]} exists; slawatch init overwrites nothing (pick an empty or new folder)"
         )
-    for path, source in files:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("xb") as out:  # "x": never over a file made meanwhile
-            out.write(source.read_bytes())
+    written: list[Path] = []
+    made: list[Path] = []  # the folders this made, parents first
+    try:
+        for path, source in files:
+            missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+            for folder in reversed(missing):
+                folder.mkdir()
+                made.append(folder)
+            with path.open("xb") as out:  # "x": never over a file made meanwhile
+                written.append(path)
+                out.write(source.read_bytes())
+    except OSError as exc:
+        # All or nothing: what this wrote and the folders it made are removed again.
+        for path in reversed(written):
+            with contextlib.suppress(OSError):
+                path.unlink()
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        where = exc.filename or directory
+        raise ConfigError(f"{where}: cannot write: {exc.strerror or exc}") from None
     return [path for path, _ in files]

@@ -7,7 +7,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import resource
+import stat
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -33,7 +36,7 @@ from tests.integration import test_calendar_claim as calendar_test
 from tests.integration import test_deadline_expr as expr_test
 from tests.integration import test_partitioned as part
 from tests.integration.helpers import SHOP, Conn, claim_all, plans, shop
-from tests.integration.test_cli import assert_one_line_error, slawatch
+from tests.integration.test_cli import assert_one_line_error, clean_env, slawatch
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)  # a Monday, 00:00 UTC
 H = timedelta(hours=1)
@@ -664,3 +667,41 @@ def test_a_partitioned_table_rule_gets_its_report_index_in_each_partition(
     got = db.run("report", lambda c: report(c, q))
     assert got.notes == []
     assert sum(r.due or 0 for r in got.rows) == 3
+
+
+def test_report_output_is_written_whole_or_not_at_all(conn: Conn, dsn: str, tmp_path: Path) -> None:
+    """`report -o FILE` that cannot write the whole report (here a file size limit, as a
+    full disk would) is one line, exit 2, and leaves FILE as it was: it used to truncate
+    last week's report and leave the first 1,024 bytes of the new one. `-o -` is stdout."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "backup.yaml").write_text("events: {beat: backup_ok, within: 1h}\nnotify: [console]\n")
+    assert slawatch("--rules", str(rules), "migrate", dsn=dsn).returncode == 0
+    page = tmp_path / "sla.html"
+    page.write_text("last week's report\n")
+    page.chmod(0o640)
+    config = ["--rules", str(rules), "--notifiers", str(ROOT / "notifiers")]
+    args = [sys.executable, "-m", "slawatch", *config, "report", "--format", "html"]
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    cut = subprocess.run(
+        [*args, "-o", "sla.html"],
+        cwd=tmp_path,
+        env=clean_env() | {"SLAWATCH_DSN": dsn},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=small_files,
+    )
+    assert_one_line_error(cut, 2, "--output: 'sla.html': File too large")
+    assert page.read_text() == "last week's report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rules", "sla.html"]  # no temp left
+    whole = slawatch(*config, "report", "--format", "html", "-o", str(page), dsn=dsn)
+    assert whole.returncode == 0, whole.stderr
+    assert page.read_text().startswith("<!doctype html>") and len(page.read_text()) > 1024
+    assert stat.S_IMODE(page.stat().st_mode) == 0o640
+    out = slawatch(*config, "report", "--format", "svg", "-o", "-", dsn=dsn, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.startswith("<svg"), out
+    assert not (tmp_path / "-").exists()

@@ -7,6 +7,7 @@ import pytest
 from slawatch.config.notifiers import (
     EmailConfig,
     NatsConfig,
+    OpsgenieConfig,
     SlackConfig,
     WebhookConfig,
     load_notifiers,
@@ -308,3 +309,38 @@ def test_teams_and_opsgenie_secrets_never_print(tmp_path: Path) -> None:
             assert secret not in notifier.scrub(f"POST https://h/workflows/w?sig={secret} {secret}")
         finally:
             notifier.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "type: opsgenie\napi_key: 12345678-1234-1234-1234-123456789012\nurl: https://api.opsgenie.com/v2/alerts\n",
+            "url: 'https://api.opsgenie.com/v2/alerts' ends with /v2/alerts, which slawatch"
+            " adds: give the base URL (without /v2/alerts)",
+        ),
+        (
+            "type: pagerduty\nrouting_key: 0123456789abcdef0123456789abcdef\nbase_url: https://events.pagerduty.com/v2/enqueue/\n",
+            "base_url: 'https://events.pagerduty.com/v2/enqueue/' ends with /v2/enqueue",
+        ),
+    ],
+    ids=["opsgenie", "pagerduty"],
+)
+def test_an_api_endpoint_given_as_the_base_url_is_one_line(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    """The endpoint copied from the service's docs was accepted, and every alert was then
+    posted to .../v2/alerts/v2/alerts (a 404: dead)."""
+    message = error_of(tmp_path, text)
+    assert f"hook.yaml: {expected}" in message, message
+
+
+def test_a_base_url_under_a_route_prefix_is_accepted() -> None:
+    OpsgenieConfig.model_validate(
+        {
+            "name": "o",
+            "type": "opsgenie",
+            "api_key": "12345678-1234-1234-1234-123456789012",
+            "url": "https://proxy.example/og/",
+        }
+    )

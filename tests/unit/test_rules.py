@@ -10,6 +10,7 @@ from slawatch.config.notifiers import load_notifiers
 from slawatch.config.rules import Rule, check_notifier_names, load_rules
 from slawatch.errors import ConfigError
 from tests.conftest import ROOT
+from tests.unit.yaml_text import last_wins
 
 GOOD = """\
 table: public.orders
@@ -23,7 +24,7 @@ notify: [console]
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
-    path.write_text(text)
+    path.write_text(last_wins(text))
     return tmp_path
 
 

@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from slawatch.cli import build_parser, settings_from
-from slawatch.config.notifiers import kafka_client
+from slawatch.config.notifiers import KafkaConfig, kafka_client
 from slawatch.config.rules import Rule
 from slawatch.config.settings import Settings
 from slawatch.config.sources import (
@@ -118,6 +118,40 @@ def test_bad_kafka_urls_are_one_line_without_the_password(url: str, words: str) 
 def test_the_dead_topic_is_not_the_topic() -> None:
     with pytest.raises(ValidationError, match="must not be the topic itself"):
         KafkaSource.model_validate({"name": "k", "type": "kafka", "topic": "t", "dead_topic": "t"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"topic": "."}, "topic: '.' is not a topic name"),
+        ({"topic": "..", "dead_topic": "d"}, "topic: '..' is not a topic name"),
+        ({"topic": "t", "dead_topic": ".."}, "dead_topic: '..' is not a topic name"),
+        ({"topic": "t" * 245}, "dead_topic: the default 'ttt"),
+    ],
+    ids=["dot", "dotdot", "dead-dotdot", "long-default-dead"],
+)
+def test_topics_kafka_refuses_are_one_line(
+    tmp_path: Path, fields: dict[str, str], expected: str
+) -> None:
+    """Kafka refuses the topics "." and ".." and any longer than 249 characters: the
+    default dead topic <topic>.dead of a 245-character topic would be one, refused at
+    the first bad message instead of at check."""
+    body = {"type": "kafka", "url": "kafka://127.0.0.1:9092"} | fields
+    message = error_of(tmp_path, yaml.safe_dump(body, width=10**6))
+    (line,) = message.splitlines()
+    assert line.startswith(f"{tmp_path / 'src.yaml'}: {expected}"), line
+
+
+def test_topics_at_kafkas_limits_are_accepted() -> None:
+    for fields in ({"topic": "..."}, {"topic": "t" * 244}, {"topic": "t" * 249, "dead_topic": "d"}):
+        KafkaSource.model_validate({"name": "k", "type": "kafka"} | fields)
+
+
+@pytest.mark.parametrize("topic", [".", ".."])
+def test_the_kafka_notifier_refuses_the_topics_kafka_refuses(topic: str) -> None:
+    with pytest.raises(ValidationError, match=r"is not a topic \(letters, digits, \. _ -; not"):
+        KafkaConfig.model_validate({"name": "k", "type": "kafka", "topic": topic})
+    KafkaConfig.model_validate({"name": "k", "type": "kafka", "topic": "..."})
 
 
 def test_a_missing_default_folder_is_no_sources_a_named_one_is_an_error(tmp_path: Path) -> None:

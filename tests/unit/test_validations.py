@@ -23,6 +23,7 @@ from slawatch.config.notifiers import RetrySettings, load_notifiers
 from slawatch.config.rules import Rule, load_rules
 from slawatch.config.settings import Settings, parse_bind
 from slawatch.errors import ConfigError
+from tests.unit.yaml_text import last_wins
 
 GOOD = """\
 table: public.orders
@@ -35,14 +36,14 @@ notify: [console]
 
 
 def rule_error(tmp_path: Path, text: str) -> str:
-    (tmp_path / "orders.yaml").write_text(text)
+    (tmp_path / "orders.yaml").write_text(last_wins(text))
     with pytest.raises(ConfigError) as exc:
         load_rules(tmp_path)
     return str(exc.value)
 
 
 def load_rule(tmp_path: Path, text: str) -> Rule:
-    (tmp_path / "orders.yaml").write_text(text)
+    (tmp_path / "orders.yaml").write_text(last_wins(text))
     (rule,) = load_rules(tmp_path)
     return rule
 
