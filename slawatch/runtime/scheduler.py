@@ -63,6 +63,7 @@ from slawatch.operate.metrics import Metrics
 from slawatch.outage import Backoff, Outage
 from slawatch.runtime import scans
 from slawatch.runtime.definitions import Definitions
+from slawatch.runtime.executor import ScanExecutor
 from slawatch.runtime.maintain import EVERY as MAINTAIN_EVERY
 from slawatch.runtime.maintain import PruneResult, prune, prune_events
 
@@ -301,6 +302,7 @@ class Runner:
         self._dispatcher: Dispatcher | None = None
         self._scans = "scans"  # the executor the scan jobs run on
         self._scan_threads = 0
+        self._scan_executor: ScanExecutor | None = None
         events = recorder or LoggedEvents(self.metrics)
         self.sources: dict[str, SourceRunner] = {
             c.name: SourceRunner(
@@ -604,10 +606,11 @@ class Runner:
         ``http``: the admin API's address, for the startup line.
         """
         self._scan_threads = self._threads_wanted()
+        self._scan_executor = ScanExecutor(self._scan_threads)
         scheduler = BackgroundScheduler(
             executors={
                 "default": ThreadPoolExecutor(3),  # pruning, the watch, the scans' beat
-                self._scans: ThreadPoolExecutor(self._scan_threads),
+                self._scans: self._scan_executor,
             },
             timezone=UTC,
         )
@@ -882,13 +885,16 @@ class Runner:
         if self._threads_wanted() > self._scan_threads:
             # More rules (or connections): a new, larger executor, and every scan job
             # moves to it. The old one finishes what it runs now, then its threads end.
-            previous = self._scans
+            previous, old = self._scans, self._scan_executor
             self._scan_threads = self._threads_wanted()
             self._scans = f"scans-{self._scan_threads}"
-            scheduler.add_executor(ThreadPoolExecutor(self._scan_threads), self._scans)
+            self._scan_executor = ScanExecutor(self._scan_threads)
+            scheduler.add_executor(self._scan_executor, self._scans)
             for job_id in jobs:
                 scheduler.modify_job(job_id, executor=self._scans)
             scheduler.remove_executor(previous, shutdown=False)
+            if old is not None:
+                old.shutdown(wait=False)  # its threads end after the runs it was given
         for job_id in jobs.keys() - {f"scan:{name}" for name in self._running}:
             scheduler.remove_job(job_id)
         new = [
