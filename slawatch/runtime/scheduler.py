@@ -75,6 +75,8 @@ ORPHAN_GRACE = timedelta(minutes=10)
 SCAN_CONNECTIONS = 2
 # Seconds over which the first scans of rules started together are spread (_staggered).
 STAGGER = 1.0
+# The shortest step between those first scans (_staggered): more rules share a step.
+SLOT = 0.02
 # Seconds between looks at the database (Runner.watch), and the longest wait for a
 # pooled connection in one.
 WATCH_EVERY = 2.0
@@ -1004,9 +1006,17 @@ def _prepared_max(rules: list[Rule]) -> int:
 def _staggered(now: datetime, count: int) -> list[datetime]:
     """First run times for ``count`` scans, spread evenly over the :data:`STAGGER` from
     ``now``: rules started together would otherwise all come due at the same instant at
-    every tick, a burst of every scan at once for the executor and the pool."""
-    step = STAGGER / count if count else 0.0
-    return [now + timedelta(seconds=i * step) for i in range(count)]
+    every tick, a burst of every scan at once for the executor and the pool.
+
+    In steps of at least :data:`SLOT`: the rules of one step come due together, so the
+    scheduler hands them to the executor in one wakeup and its threads take them one
+    after another. Each wakeup of the scheduler's thread and of a scan thread costs
+    about what an idle scan does; with a thousand rules a step of their own each
+    (a millisecond apart) was a wakeup of both per scan (docs/performance.md)."""
+    if count == 0:
+        return []
+    steps = max(min(count, int(STAGGER / SLOT)), 1)
+    return [now + timedelta(seconds=(i * steps // count) * STAGGER / steps) for i in range(count)]
 
 
 def with_targets(rules: list[Rule], notifiers: list[NotifierConfig]) -> list[NotifierConfig]:
