@@ -26,7 +26,8 @@ the smallest (1.0: linear; the goal allows 1.5). Medians of the reps.
 -C DIR``), run in turn with this one in every phase (this, then that, per count and
 rep: interleaved), its curve printed beside, with this one's CPU over that one's per
 count. ``--database NAME``: the scratch database by that name, set up once and kept
-(setting up 1,000 rules takes minutes); without it a new one is made and dropped.
+(setting up 1,000 rules takes minutes; kept across runs on a server of
+``SLAWATCH_BENCH_DSN``'s only); without it a new one is made and dropped.
 
     .venv/bin/python bench/rules.py [--counts 100,300,1000] [--seconds 30] [--warm 40]
                                     [--reps 3] [--every 5] [--against DIR]
