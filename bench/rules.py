@@ -22,8 +22,16 @@ warm up for ``--warm`` seconds after its startup line (reading the catalog for
 Then whether the curve bends: each figure per rule at the largest count against
 the smallest (1.0: linear; the goal allows 1.5). Medians of the reps.
 
+``--against DIR``: another slawatch's source tree (e.g. ``git archive main | tar -x
+-C DIR``), run in turn with this one in every phase (this, then that, per count and
+rep: interleaved), its curve printed beside, with this one's CPU over that one's per
+count. ``--database NAME``: the scratch database by that name, set up once and kept
+(setting up 1,000 rules takes minutes; kept across runs on a server of
+``SLAWATCH_BENCH_DSN``'s only); without it a new one is made and dropped.
+
     .venv/bin/python bench/rules.py [--counts 100,300,1000] [--seconds 30] [--warm 40]
-                                    [--reps 3] [--every 5]
+                                    [--reps 3] [--every 5] [--against DIR]
+                                    [--database NAME]
 
 Without SLAWATCH_BENCH_DSN it starts a scratch PostgreSQL 15 cluster that loads
 pg_stat_statements (bench/idle.py's counting_server).
@@ -91,18 +99,29 @@ def _local(conn: psycopg.Connection[Any]) -> bool:
 
 
 @contextlib.contextmanager
-def running(dsn: str, folder: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``slawatch run`` on the rules of ``folder``; stopped (SIGTERM) on the way out."""
+def running(
+    dsn: str, folder: Path, source: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``slawatch run`` on the rules of ``folder`` (the slawatch of the source tree
+    ``source``, when given); stopped (SIGTERM) on the way out."""
     env = dict(
         os.environ,
         SLAWATCH_DSN=dsn,
         SLAWATCH_LOG_LEVEL="INFO",  # the startup line says when it runs; idle scans log nothing
         SLAWATCH_HTTP="",
     )
-    exe = Path(sys.executable).with_name("slawatch")
+    if source is not None:
+        # Ahead of the editable install of this tree.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(source), os.environ.get("PYTHONPATH", "")) if p
+        )
     log = (folder / "run.log").open("w+")
-    cmd = [str(exe), "--rules", str(folder / "rules"), "--notifiers", str(folder / "notifiers")]
-    proc = subprocess.Popen([*cmd, "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    cmd = [sys.executable, "-m", "slawatch", "--rules", str(folder / "rules")]
+    cmd += ["--notifiers", str(folder / "notifiers")]
+    # Run from the rules' folder: `-m` puts the working directory first on the path.
+    proc = subprocess.Popen(
+        [*cmd, "run"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=folder
+    )
     try:
         yield proc
     finally:
@@ -116,10 +135,16 @@ def running(dsn: str, folder: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def phase(
-    dsn: str, count: int, every: int, seconds: float, warm: float, statements: bool
+    dsn: str,
+    count: int,
+    every: int,
+    seconds: float,
+    warm: float,
+    statements: bool,
+    source: Path | None = None,
 ) -> dict[str, float]:
-    """One ``slawatch run`` of the first ``count`` rules: its CPU and the database's
-    over the window."""
+    """One ``slawatch run`` of the first ``count`` rules (of the tree ``source``, when
+    given): its CPU and the database's over the window."""
     tick = os.sysconf("SC_CLK_TCK")
     with tempfile.TemporaryDirectory(prefix="slawatch-rules-") as tmp:
         folder = Path(tmp)
@@ -130,7 +155,7 @@ def phase(
             name = written.pop("name")
             (folder / "rules" / f"{name}.yaml").write_text(json.dumps(written))
         (folder / "notifiers" / "console.yaml").write_text(json.dumps({"type": "console"}))
-        with running(dsn, folder) as proc, psycopg.connect(dsn, autocommit=True) as conn:
+        with running(dsn, folder, source) as proc, psycopg.connect(dsn, autocommit=True) as conn:
             # The warm-up counts from the startup line: reading the catalog for a
             # thousand rules takes a while, and is not what an idle rule costs.
             deadline = None
@@ -183,14 +208,23 @@ def measure(
     reps: int = 3,
     warm: float = WARM,
     every: int = EVERY,
+    against: Path | None = None,
+    database: str | None = None,
 ) -> dict[str, Any]:
     """The curve on a scratch database of ``dsn``'s server: per count, the medians of
     ``reps`` interleaved phases (``slawatch_cpu``, ``db_cpu`` when measured, ``per_check``,
-    ``connections``), and ``bend``: per-rule CPU at the largest count / at the smallest."""
-    name = f"slawatch_rules_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    ``connections``), and ``bend``: per-rule CPU at the largest count / at the smallest.
+
+    ``against``: another slawatch's source tree, run after this one in each phase; its
+    figures as ``against`` (the same keys), and ``ratio``: per count, this one's CPU
+    over that one's (the median of the reps' ratios). ``database``: that scratch
+    database, set up if it is not there, and kept."""
+    name = database or f"slawatch_rules_{uuid.uuid4().hex[:8]}"
     db = with_database(dsn, name)
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        there = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if there is None:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
         with psycopg.connect(db, autocommit=True) as conn:
             statements = False
@@ -198,16 +232,48 @@ def measure(
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 conn.execute("SELECT 1 FROM pg_stat_statements LIMIT 1")  # not preloaded: fails
                 statements = idle._has_statements(conn)
-        idle.setup(db, max(counts), every=f"{every}s")
-        runs: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
+            # A kept database: set up already (its rules' definitions recorded)?
+            row = conn.execute(
+                "SELECT to_regclass('slawatch.rule_generation') IS NOT NULL"
+            ).fetchone()
+            made = 0
+            if row and row[0]:
+                got = conn.execute("SELECT count(*) FROM slawatch.rule_generation").fetchone()
+                made = int(got[0]) if got else 0
+        if made < max(counts):
+            if made:
+                raise RuntimeError(f"database {name}: {made} rules set up, fewer than asked")
+            idle.setup(db, max(counts), every=f"{every}s")
+        variants: list[Path | None] = [None] if against is None else [None, against]
+        runs: dict[tuple[int, int], list[dict[str, float]]] = {
+            (v, n): [] for v in range(len(variants)) for n in counts
+        }
         for _ in range(reps):
             for n in counts:
-                runs[n].append(phase(db, n, every, seconds, warm, statements))
+                for v, source in enumerate(variants):
+                    runs[v, n].append(phase(db, n, every, seconds, warm, statements, source))
     finally:
-        with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        if database is None:
+            with psycopg.connect(dsn, autocommit=True) as admin:
+                admin.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+    out = _curve({n: runs[0, n] for n in counts}, counts)
+    out |= {"statements": statements, "every": every}
+    if against is not None:
+        out["against"] = _curve({n: runs[1, n] for n in counts}, counts)
+        out["ratio"] = {
+            n: statistics.median(
+                a["slawatch_cpu"] / b["slawatch_cpu"]
+                for a, b in zip(runs[0, n], runs[1, n], strict=True)
             )
+            for n in counts
+        }
+    return out
+
+
+def _curve(runs: dict[int, list[dict[str, float]]], counts: tuple[int, ...]) -> dict[str, Any]:
+    """Per count the medians of its phases; the bends and the goal's ratio."""
     curve: dict[int, dict[str, float]] = {}
     for n, got in runs.items():
         curve[n] = {
@@ -221,8 +287,6 @@ def measure(
 
     out: dict[str, Any] = {
         "curve": curve,
-        "statements": statements,
-        "every": every,
         "bend": per_rule(high, "slawatch_cpu") / per_rule(low, "slawatch_cpu"),
     }
     if "db_cpu" in curve[high]:
@@ -233,11 +297,30 @@ def measure(
 
 
 def report(m: dict[str, Any], seconds: float, reps: int) -> list[str]:
-    """The curve as lines for people."""
+    """The curve as lines for people (and the other tree's, with ``--against``)."""
     count = "statements" if m["statements"] else "transactions (no pg_stat_statements)"
     lines = [
         f"RULES: N idle rules × every {m['every']}s under `slawatch run`; medians of {reps}"
         f" interleaved windows of {seconds:.0f} s; CPU in % of one core",
+    ]
+    curves = [("this tree", m)]
+    if "against" in m:
+        curves.append(("the other tree (--against)", m["against"]))
+    for title, c in curves:
+        if len(curves) > 1:
+            lines.append(f"{title}:")
+        lines += _curve_lines(c)
+    if "ratio" in m:
+        lines.append(
+            "  slawatch CPU, this tree / the other (median of the reps' ratios): "
+            + ", ".join(f"{n:,} rules {r:.2f}×" for n, r in m["ratio"].items())
+        )
+    lines.append(f"  {count} per check (a check: one rule's scan)")
+    return lines
+
+
+def _curve_lines(m: dict[str, Any]) -> list[str]:
+    lines = [
         f"{'rules':>8}{'slawatch CPU':>14}{'DB CPU':>9}{'per check':>11}{'conns':>7}"
         f"{'slawatch/rule':>15}",
     ]
@@ -258,7 +341,6 @@ def report(m: dict[str, Any], seconds: float, reps: int) -> list[str]:
         lines.append(
             f"  slawatch CPU vs the database's at {high:,} rules: {m['cpu_ratio']:.2f}× (goal ≤ 1)"
         )
-    lines.append(f"  {count} per check (a check: one rule's scan)")
     return lines
 
 
@@ -269,12 +351,25 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=WARM)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--every", type=int, default=EVERY)
+    parser.add_argument("--against", type=Path, default=None)
+    parser.add_argument("--database", default=None)
     args = parser.parse_args()
+    if args.against is not None and not (args.against / "slawatch" / "__init__.py").is_file():
+        parser.error(f"--against {args.against}: not a slawatch source tree (no slawatch/)")
     counts = tuple(int(n) for n in args.counts.split(","))
     given = os.environ.get("SLAWATCH_BENCH_DSN")
     with contextlib.ExitStack() as stack:
         dsn = given or stack.enter_context(idle.counting_server())
-        m = measure(dsn, counts, args.seconds, args.reps, args.warm, args.every)
+        m = measure(
+            dsn,
+            counts,
+            args.seconds,
+            args.reps,
+            args.warm,
+            args.every,
+            against=args.against,
+            database=args.database,
+        )
     print("\n".join(report(m, args.seconds, args.reps)))
 
 

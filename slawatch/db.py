@@ -34,7 +34,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 from urllib.parse import unquote
@@ -286,6 +286,29 @@ class _Cursor(psycopg.Cursor[Any]):
         except psycopg.Error as exc:
             PREPARING.sign(exc)
             raise
+
+
+class _RawCursor(psycopg.RawCursor[Any]):
+    """:class:`_Cursor` for a statement in PostgreSQL's own terms (:func:`execute_raw`)."""
+
+    def execute(self, *args: Any, **kwargs: Any) -> Self:
+        PREPARING.follow(self.connection)
+        try:
+            return super().execute(*args, **kwargs)
+        except psycopg.Error as exc:
+            PREPARING.sign(exc)
+            raise
+
+
+def execute_raw(
+    conn: Connection, query: bytes | str, params: Sequence[Any], *, prepare: bool | None = None
+) -> psycopg.Cursor[Any]:
+    """``conn.execute`` of ``query``, text already rendered with PostgreSQL's placeholders
+    (``$1``, ``$2``, ...), and ``params`` in their order: psycopg neither renders a
+    ``sql.Composed`` nor parses ``%(name)s`` placeholders at each run. For the statements
+    every scan of every rule runs (a probe): psycopg caches its parses of 128 texts, so
+    with more rules than that each one's text was parsed again at each run."""
+    return _RawCursor(conn).execute(query, params, prepare=prepare)
 
 
 def _translated(what: str, exc: psycopg.Error) -> DatabaseError:

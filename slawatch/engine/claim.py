@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -53,7 +54,9 @@ from slawatch.engine.probefn import (
     TABLE_PARAMS,
     Definition,
     ProbeFunction,
+    Rendered,
     define,
+    render,
 )
 from slawatch.engine.statetable import TablePlan, TableScan, compose, drain_table
 from slawatch.engine.timers import housekeep
@@ -175,6 +178,11 @@ class ClaimPlan:
     probe: sql.Composed | None = None
     # The probe as slawatch."<rule>_probe", where migrate created it (engine/probefn.py).
     probe_fn: ProbeFunction | None = None
+
+    @cached_property
+    def probe_text(self) -> Rendered | None:
+        """``probe`` rendered once per plan, for every idle scan (without the function)."""
+        return None if self.probe is None else render(self.probe, INLINE_PARAMS)
 
     def with_act(self, act: Act) -> ClaimPlan:
         """This plan with ``act`` running its rule's action (no change without one)."""
@@ -474,10 +482,11 @@ def anything_due(conn: Connection, plan: ClaimPlan, now: datetime) -> bool:
         answer = plan.probe_fn.ask(conn, params)
         if answer is not None:
             return answer
+    probe = plan.probe_text
+    assert probe is not None
     with translate(f"probe for rule {plan.rule.name}"), one_statement(conn):
-        # Prepared at once where the pooler allows (prepare=True is ignored when
-        # prepared statements are off): the probe is what an idle scan costs.
-        row = conn.execute(plan.probe, params, prepare=True).fetchone()
+        # Prepared at once where the pooler allows: the probe is what an idle scan costs.
+        row = probe.run(conn, params)
     return bool(row and row[0])
 
 

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
 
 from slawatch.config.rules import Rule
-from slawatch.db import Connection, one_statement, translate
+from slawatch.db import Connection, execute_raw, one_statement, translate
 from slawatch.errors import DatabaseError
 
 # What the probe of each way to track takes, in order (after the digest).
@@ -55,18 +56,44 @@ def name(rule_name: str) -> sql.Identifier:
     return sql.Identifier("slawatch", rule_name + SUFFIX)
 
 
-def _positional(text: str, params: tuple[str, ...]) -> str:
+def _positional(text: str, params: tuple[str, ...], first: int = 2) -> str:
     """A statement's text with psycopg's placeholders: ``%%`` a literal ``%``,
-    ``%(name)s`` the function's parameter ``$n`` (the digest is ``$1``)."""
+    ``%(name)s`` the function's parameter ``$n`` (the digest is ``$1``; ``first``: the
+    number of the first of ``params``)."""
 
     def one(m: re.Match[str]) -> str:
         if m.group(1):
             return "%"
         if m.group(2) in params:
-            return f"${params.index(m.group(2)) + 2}"
+            return f"${params.index(m.group(2)) + first}"
         raise ValueError(f"probe: unexpected placeholder {m.group(0)!r}")
 
     return _PLACEHOLDER.sub(one, text)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A statement rendered once, to run at every scan with :func:`slawatch.db.execute_raw`:
+    its text with ``$1``, ``$2``, ... for ``params`` (bytes when it is ASCII, which every
+    client encoding reads alike; else the text, which psycopg encodes at each run)."""
+
+    query: bytes | str
+    params: tuple[str, ...]
+
+    def run(self, conn: Connection, values: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """The statement's first row, prepared where the pooler allows (``prepare=True``
+        is ignored where prepared statements are off)."""
+        args = tuple(values[p] for p in self.params)
+        return execute_raw(conn, self.query, args, prepare=True).fetchone()
+
+
+def _raw(text: str) -> bytes | str:
+    return text.encode("ascii") if text.isascii() else text
+
+
+def render(statement: sql.Composable, params: tuple[str, ...]) -> Rendered:
+    """``statement``, whose placeholders are ``%(name)s`` of ``params``, rendered once."""
+    return Rendered(_raw(_positional(statement.as_string(None), params, first=1)), params)
 
 
 @dataclass(frozen=True)
@@ -186,7 +213,10 @@ class ProbeFunction:
         for p in d.params:
             cast = "::timestamptz" if _TYPES[p] == "timestamptz" else ""
             args.append(sql.SQL("%({})s" + cast).format(sql.SQL(p)))
-        self.call = sql.SQL("SELECT {}({})").format(name(d.rule), sql.SQL(", ").join(args))
+        # Rendered once: the call is what every idle scan runs.
+        self.call = render(
+            sql.SQL("SELECT {}({})").format(name(d.rule), sql.SQL(", ").join(args)), d.params
+        )
 
     def ask(self, conn: Connection, values: dict[str, Any]) -> bool | None:
         """The function's answer; None when it cannot answer for this definition (then
@@ -195,8 +225,7 @@ class ProbeFunction:
             return None
         try:
             with translate(f"probe for rule {self.definition.rule}"), one_statement(conn):
-                # prepare=True is ignored where prepared statements are off.
-                row = conn.execute(self.call, values, prepare=True).fetchone()
+                row = self.call.run(conn, values)
         except DatabaseError as exc:
             if getattr(exc.__cause__, "sqlstate", None) != UNDEFINED_FUNCTION:
                 raise

@@ -63,6 +63,7 @@ from slawatch.operate.metrics import Metrics
 from slawatch.outage import Backoff, Outage
 from slawatch.runtime import scans
 from slawatch.runtime.definitions import Definitions
+from slawatch.runtime.executor import ScanExecutor
 from slawatch.runtime.maintain import EVERY as MAINTAIN_EVERY
 from slawatch.runtime.maintain import PruneResult, prune, prune_events
 
@@ -74,6 +75,8 @@ ORPHAN_GRACE = timedelta(minutes=10)
 SCAN_CONNECTIONS = 2
 # Seconds over which the first scans of rules started together are spread (_staggered).
 STAGGER = 1.0
+# The shortest step between those first scans (_staggered): more rules share a step.
+SLOT = 0.02
 # Seconds between looks at the database (Runner.watch), and the longest wait for a
 # pooled connection in one.
 WATCH_EVERY = 2.0
@@ -301,6 +304,7 @@ class Runner:
         self._dispatcher: Dispatcher | None = None
         self._scans = "scans"  # the executor the scan jobs run on
         self._scan_threads = 0
+        self._scan_executor: ScanExecutor | None = None
         events = recorder or LoggedEvents(self.metrics)
         self.sources: dict[str, SourceRunner] = {
             c.name: SourceRunner(
@@ -604,10 +608,11 @@ class Runner:
         ``http``: the admin API's address, for the startup line.
         """
         self._scan_threads = self._threads_wanted()
+        self._scan_executor = ScanExecutor(self._scan_threads)
         scheduler = BackgroundScheduler(
             executors={
                 "default": ThreadPoolExecutor(3),  # pruning, the watch, the scans' beat
-                self._scans: ThreadPoolExecutor(self._scan_threads),
+                self._scans: self._scan_executor,
             },
             timezone=UTC,
         )
@@ -882,13 +887,16 @@ class Runner:
         if self._threads_wanted() > self._scan_threads:
             # More rules (or connections): a new, larger executor, and every scan job
             # moves to it. The old one finishes what it runs now, then its threads end.
-            previous = self._scans
+            previous, old = self._scans, self._scan_executor
             self._scan_threads = self._threads_wanted()
             self._scans = f"scans-{self._scan_threads}"
-            scheduler.add_executor(ThreadPoolExecutor(self._scan_threads), self._scans)
+            self._scan_executor = ScanExecutor(self._scan_threads)
+            scheduler.add_executor(self._scan_executor, self._scans)
             for job_id in jobs:
                 scheduler.modify_job(job_id, executor=self._scans)
             scheduler.remove_executor(previous, shutdown=False)
+            if old is not None:
+                old.shutdown(wait=False)  # its threads end after the runs it was given
         for job_id in jobs.keys() - {f"scan:{name}" for name in self._running}:
             scheduler.remove_job(job_id)
         new = [
@@ -998,9 +1006,17 @@ def _prepared_max(rules: list[Rule]) -> int:
 def _staggered(now: datetime, count: int) -> list[datetime]:
     """First run times for ``count`` scans, spread evenly over the :data:`STAGGER` from
     ``now``: rules started together would otherwise all come due at the same instant at
-    every tick, a burst of every scan at once for the executor and the pool."""
-    step = STAGGER / count if count else 0.0
-    return [now + timedelta(seconds=i * step) for i in range(count)]
+    every tick, a burst of every scan at once for the executor and the pool.
+
+    In steps of at least :data:`SLOT`: the rules of one step come due together, so the
+    scheduler hands them to the executor in one wakeup and its threads take them one
+    after another. Each wakeup of the scheduler's thread and of a scan thread costs
+    about what an idle scan does; with a thousand rules a step of their own each
+    (a millisecond apart) was a wakeup of both per scan (docs/performance.md)."""
+    if count == 0:
+        return []
+    steps = max(min(count, int(STAGGER / SLOT)), 1)
+    return [now + timedelta(seconds=(i * steps // count) * STAGGER / steps) for i in range(count)]
 
 
 def with_targets(rules: list[Rule], notifiers: list[NotifierConfig]) -> list[NotifierConfig]:
