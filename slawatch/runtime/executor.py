@@ -56,13 +56,19 @@ class ScanExecutor(BaseExecutor):  # type: ignore[misc]
             if item is None:
                 return
             job, run_times = item
+            # A thread that ended here would leave its share of the scans unrun, in
+            # silence: whatever the run or APScheduler's bookkeeping of it raises is
+            # logged and the thread takes the next run.
             try:
-                events = run_job(job, job._jobstore_alias, run_times, self._logger.name)
-            except BaseException:
-                _, exc, tb = sys.exc_info()
-                self._run_job_error(job.id, exc, tb)
-            else:
-                self._run_job_success(job.id, events)
+                try:
+                    events = run_job(job, job._jobstore_alias, run_times, self._logger.name)
+                except BaseException:
+                    _, exc, tb = sys.exc_info()
+                    self._run_job_error(job.id, exc, tb)
+                else:
+                    self._run_job_success(job.id, events)
+            except Exception:
+                self._logger.exception("scan executor: settling the run of job %s failed", job.id)
 
     def shutdown(self, wait: bool = True) -> None:
         """No more runs; the threads finish the runs submitted until now, then end
