@@ -204,11 +204,16 @@ def _check_query(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[s
     try:
         with conn.transaction(force_rollback=True):
             info = inspect_query(conn, rule)
+            volatile = _volatile_calls(conn, rule)
     except DatabaseUnavailable:
         raise
     except DatabaseError as exc:
         return None, [f"{where}: query: {describe(exc.__cause__ or exc)}"]
-    errors = []
+    errors = [
+        f"{where}: query: calls {name}, a VOLATILE function of the database's: a query"
+        " rule only reads, at every sweep (a function that only reads can be declared STABLE)"
+        for name in volatile
+    ]
     known = ", ".join(info.columns)
 
     def missing(field: str, column: str) -> None:
@@ -232,6 +237,31 @@ def _check_query(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[s
         if column not in info.columns:
             missing("open_when", column)
     return info, errors
+
+
+def _volatile_calls(conn: Connection, rule: Rule) -> list[str]:
+    """The functions outside pg_catalog that a query rule's query calls and that are
+    VOLATILE, the only kind PostgreSQL lets write (pg_catalog's own that write, lock or
+    wait are refused by name at load: rules.query_problem). PostgreSQL analyses the
+    query in a temporary view (the caller rolls it back), whose stored query names every
+    function and operator it calls; a view the query reads is not looked into."""
+    assert rule.query is not None
+    conn.execute(sql.SQL("CREATE TEMP VIEW slawatch_query_probe AS {}").format(sql.SQL(rule.query)))
+    row = conn.execute(
+        "SELECT ev_action::text FROM pg_rewrite"
+        " WHERE ev_class = 'pg_temp.slawatch_query_probe'::regclass"
+    ).fetchone()
+    assert row is not None
+    calls = _CALLS.findall(str(row[0]))
+    oids = [int(f) for f, _, _ in calls if f] + [int(fn) for _, _, fn in calls if fn]
+    found = conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE p.oid = ANY(%s) AND p.provolatile = 'v' AND n.nspname <> 'pg_catalog'"
+        " ORDER BY 1",
+        (oids,),
+    ).fetchall()
+    return [str(r[0]) for r in found]
 
 
 def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str]]:

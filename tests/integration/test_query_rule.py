@@ -327,3 +327,38 @@ def test_a_key_the_query_returns_twice_is_watched_once_and_each_sweep_names_it(
     conn.execute("UPDATE orders SET paid_at = %s WHERE id = 1", (now + DAY,))
     sweep(conn, plan, now + 2 * DAY)
     assert [r[:2] for r in resolved(conn)] == [("1", 1)]
+
+
+def test_a_query_calling_a_volatile_function_of_the_database_is_refused(
+    conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only a VOLATILE function may write: one the query calls would write at every
+    sweep. A STABLE one (it can only read), and pg_catalog's own (those that write are
+    refused by name at load), are taken."""
+    conn.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL,"
+        " status text NOT NULL, paid_at timestamptz);"
+        "CREATE TABLE shipments (id bigserial PRIMARY KEY, order_id bigint NOT NULL);"
+        "CREATE TABLE log (at timestamptz);"
+        "CREATE FUNCTION noted() RETURNS int LANGUAGE sql VOLATILE"
+        " AS 'INSERT INTO log VALUES (now()) RETURNING 1';"
+        "CREATE FUNCTION looked() RETURNS int LANGUAGE sql STABLE AS 'SELECT 1';"
+        "INSERT INTO orders VALUES (1, 'a', 'paid', now() - interval '3 days')"
+    )
+    args = ["--dsn", dsn, "--rules", str(tmp_path / "rules")]
+    args += ["--notifiers", str(ROOT / "notifiers")]
+    writing = UNSHIPPED + " AND noted() = 1 AND random() < 2"
+    rule = unshipped_rule(writing)
+    _, errors = check_rule(conn, rule)
+    assert errors == [
+        f"{rule.source}: query: calls noted(), a VOLATILE function of the database's: a query"
+        " rule only reads, at every sweep (a function that only reads can be declared STABLE)"
+    ]
+    write(tmp_path / "rules", rule)
+    assert main([*args, "migrate"]) == 2
+    assert main([*args, "check"]) == 2
+    assert "calls noted(), a VOLATILE function" in capsys.readouterr().err
+    assert conn.execute("SELECT count(*) FROM log").fetchone() == (0,)
+    write(tmp_path / "rules", unshipped_rule(UNSHIPPED + " AND looked() = 1 AND random() < 2"))
+    assert main([*args, "migrate"]) == 0
+    assert main([*args, "check"]) == 0
