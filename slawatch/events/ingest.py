@@ -101,14 +101,15 @@ def parse_time(value: Any) -> datetime:
     return t
 
 
-def _control(text: str) -> str | None:
-    """Why ``text`` is refused for a control character in it (None: it has none)."""
+def control_character(text: str, what: str = "keys and types") -> str | None:
+    """Why ``text`` is refused for a control character in it (None: it has none):
+    ``what`` names the values that must be printable text."""
     found = _CONTROL.search(text)
     if found is None:
         return None
     return (
         f"contains a control character (U+{ord(found.group()):04X} at {found.start()});"
-        " keys and types are printable text"
+        f" {what} are printable text"
     )
 
 
@@ -134,7 +135,7 @@ def parse_event(
     kind = raw.get("type")
     if kind is None:
         raise bad("type", "is required")
-    if isinstance(kind, str) and (control := _control(kind)):
+    if isinstance(kind, str) and (control := control_character(kind)):
         raise bad("type", control)
     if not isinstance(kind, str) or not EVENT_TYPE.fullmatch(kind):
         raise bad("type", f"{shorten(kind)} is not an event type")
@@ -150,7 +151,7 @@ def parse_event(
     key = str(key)
     if not 1 <= len(key) <= KEY_MAX:
         raise bad("key", f"must be 1 to {KEY_MAX} characters, not {len(key):,}")
-    if control := _control(key):
+    if control := control_character(key):
         raise bad("key", control)
     at = None
     if raw.get("at") is not None:
@@ -181,8 +182,10 @@ def parse_event(
         if isinstance(ident, bool) or not isinstance(ident, str | int):
             raise bad("id", f"{shorten(ident)}: an id is text (or a whole number)")
         ident = str(ident)
-        if not 1 <= len(ident) <= MAX_ID or "\x00" in ident:
-            raise bad("id", f"must be 1 to {MAX_ID} characters without NUL")
+        if not 1 <= len(ident) <= MAX_ID:
+            raise bad("id", f"must be 1 to {MAX_ID} characters, not {len(ident):,}")
+        if control := control_character(ident, "ids"):
+            raise bad("id", control)
     return Event(kind, key, at, data, ident)
 
 

@@ -99,6 +99,7 @@ BAD = [
     (["parcel_shipped", "k", "--data", "NaN"], "--data: not JSON"),
     (["parcel_shipped", "k", "--data", '{"a": "' + "x" * 70_000 + '"}'], "--data: 70,008 bytes"),
     (["parcel_shipped", "k", "--id", ""], "--id: must be 1 to 200 characters"),
+    (["parcel_shipped", "k", "--id", "r\r\nforged"], "--id: contains a control character (U+000D"),
     (["parcel_shipped"], "the following arguments are required: KEY"),
 ]
 

@@ -210,6 +210,7 @@ BAD: list[tuple[Any, str]] = [
     (shipped("p1", data="x"), "data: must be a JSON object, not str"),
     (shipped("p1", data={"a": "\x00"}), "data: must not contain NUL"),
     (shipped("p1", id=""), "id: must be 1 to 200 characters"),
+    (shipped("p1", id="a\x07"), "id: contains a control character (U+0007 at 1); ids are"),
     (shipped("p1", id={"a": 1}), "id: {'a': 1}: an id is text"),
     (shipped("p1", when="now"), "when: unknown field (known: type, key, at, data, id)"),
 ]

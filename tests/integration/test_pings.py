@@ -219,7 +219,13 @@ def test_pings_take_the_producers_slots_not_the_readers(
 
 
 @pytest.mark.parametrize(
-    ("rid", "why"), [("a\x00b", "without NUL"), ("r" * 1000, "characters"), ("", "characters")]
+    ("rid", "why"),
+    [
+        ("a\x00b", "control character (U+0000 at 1)"),
+        ("a\x1b[2Jb", "control character (U+001B at 1)"),
+        ("r" * 1000, "characters"),
+        ("", "characters"),
+    ],
 )
 def test_a_run_id_postgresql_cannot_keep_is_a_400_and_nothing_is_stored(
     rules: list[Rule], conn: Conn, serve: Any, rid: str, why: str
