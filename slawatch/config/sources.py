@@ -238,6 +238,7 @@ _KAFKA_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 # Kafka refuses the topics "." and ".." (InvalidTopicException), as any longer than 249.
 _KAFKA_TOPIC = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]{1,249}")
 # Kafka's session timeouts: a consumer silent this long leaves the group.
+KAFKA_MIN_SESSION = timedelta(seconds=6)
 Session = Annotated[
     timedelta,
     duration_validator(positive=True, limit=timedelta(minutes=30), limit_text="30 minutes"),
@@ -261,6 +262,18 @@ class KafkaSource(SourceBase):
     # A member of the group not heard from this long (a process that died) loses its
     # partitions to the others.
     session_timeout: Session = timedelta(seconds=45)
+
+    @field_validator("session_timeout")
+    @classmethod
+    def _broker_minimum(cls, value: timedelta) -> timedelta:
+        # Below the brokers' default group.min.session.timeout.ms the consumer could
+        # never join its group (INVALID_SESSION_TIMEOUT at run time, not at check).
+        if value < KAFKA_MIN_SESSION:
+            raise ValueError(
+                f"{value.total_seconds():g}s is shorter than 6s, the least Kafka brokers"
+                " accept by default (group.min.session.timeout.ms)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _apart(self) -> KafkaSource:

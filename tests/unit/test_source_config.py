@@ -142,6 +142,16 @@ def test_topics_kafka_refuses_are_one_line(
     assert line.startswith(f"{tmp_path / 'src.yaml'}: {expected}"), line
 
 
+def test_a_session_timeout_kafka_refuses_is_one_line(tmp_path: Path) -> None:
+    body = {"type": "kafka", "topic": "t", "session_timeout": "5s"}
+    (line,) = error_of(tmp_path, yaml.safe_dump(body)).splitlines()
+    assert line.startswith(f"{tmp_path / 'src.yaml'}: session_timeout: 5s is shorter than 6s")
+    for accepted in ("6s", "30m"):
+        KafkaSource.model_validate(
+            {"name": "k", "type": "kafka", "topic": "t"} | {"session_timeout": accepted}
+        )
+
+
 def test_topics_at_kafkas_limits_are_accepted() -> None:
     for fields in ({"topic": "..."}, {"topic": "t" * 244}, {"topic": "t" * 249, "dead_topic": "d"}):
         KafkaSource.model_validate({"name": "k", "type": "kafka"} | fields)
