@@ -266,38 +266,37 @@ class Preparing:
 PREPARING = Preparing()
 
 
+@contextlib.contextmanager
+def _following(conn: Connection) -> Iterator[None]:
+    """Around a statement on ``conn``: :data:`PREPARING` read before it, told what failed."""
+    PREPARING.follow(conn)
+    try:
+        yield
+    except psycopg.Error as exc:
+        PREPARING.sign(exc)
+        raise
+
+
 class _Cursor(psycopg.Cursor[Any]):
     """The cursor of every connection slawatch opens (``conn.execute`` uses it too):
     reads :data:`PREPARING` before each statement and tells it what failed, so a sign
     seen on one connection reaches a connection another thread holds right now."""
 
     def execute(self, *args: Any, **kwargs: Any) -> Self:
-        PREPARING.follow(self.connection)
-        try:
+        with _following(self.connection):
             return super().execute(*args, **kwargs)
-        except psycopg.Error as exc:
-            PREPARING.sign(exc)
-            raise
 
     def executemany(self, *args: Any, **kwargs: Any) -> None:
-        PREPARING.follow(self.connection)
-        try:
+        with _following(self.connection):
             super().executemany(*args, **kwargs)
-        except psycopg.Error as exc:
-            PREPARING.sign(exc)
-            raise
 
 
 class _RawCursor(psycopg.RawCursor[Any]):
     """:class:`_Cursor` for a statement in PostgreSQL's own terms (:func:`execute_raw`)."""
 
     def execute(self, *args: Any, **kwargs: Any) -> Self:
-        PREPARING.follow(self.connection)
-        try:
+        with _following(self.connection):
             return super().execute(*args, **kwargs)
-        except psycopg.Error as exc:
-            PREPARING.sign(exc)
-            raise
 
 
 def execute_raw(
