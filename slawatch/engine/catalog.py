@@ -244,15 +244,12 @@ def _volatile_calls(conn: Connection, rule: Rule) -> list[str]:
     VOLATILE, the only kind PostgreSQL lets write (pg_catalog's own that write, lock or
     wait are refused by name at load: rules.query_problem). PostgreSQL analyses the
     query in a temporary view (the caller rolls it back), whose stored query names every
-    function and operator it calls; a view the query reads is not looked into."""
+    function and operator it calls; so do the stored queries of the views it reads, and
+    of the views those read (a view's SELECT runs its calls as the query's would)."""
     assert rule.query is not None
     conn.execute(sql.SQL("CREATE TEMP VIEW slawatch_query_probe AS {}").format(sql.SQL(rule.query)))
-    row = conn.execute(
-        "SELECT ev_action::text FROM pg_rewrite"
-        " WHERE ev_class = 'pg_temp.slawatch_query_probe'::regclass"
-    ).fetchone()
-    assert row is not None
-    calls = _CALLS.findall(str(row[0]))
+    actions = conn.execute(_VIEWS_READ).fetchall()
+    calls = [c for (action,) in actions for c in _CALLS.findall(str(action))]
     oids = [int(f) for f, _, _ in calls if f] + [int(fn) for _, _, fn in calls if fn]
     found = conn.execute(
         "SELECT p.oid::regprocedure::text FROM pg_proc p"
@@ -357,6 +354,19 @@ def deadline_type(conn: Connection, rule: Rule, info: TableInfo) -> str | None:
 # In a view's stored query (pg_node_tree text): each function an expression calls,
 # and each operator with the function behind it.
 _CALLS = re.compile(r":funcid (\d+)|:opno (\d+) :opfuncid (\d+)")
+# The stored queries of the probe view and of every view it reads, at any depth: each
+# view's rewrite rule depends (pg_depend) on the relations its query reads.
+_VIEWS_READ = """\
+WITH RECURSIVE views(oid) AS (
+    SELECT 'pg_temp.slawatch_query_probe'::regclass::oid
+    UNION
+    SELECT d.refobjid FROM views v
+      JOIN pg_rewrite r ON r.ev_class = v.oid
+      JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+                      AND d.refclassid = 'pg_class'::regclass
+      JOIN pg_class c ON c.oid = d.refobjid AND c.relkind = 'v'
+)
+SELECT r.ev_action::text FROM pg_rewrite r JOIN views v ON r.ev_class = v.oid"""
 _NOT_ONE_ROW = ("hasAggs", "hasWindowFuncs", "hasTargetSRFs")
 _VOLATILITY = {"s": "STABLE", "v": "VOLATILE"}
 

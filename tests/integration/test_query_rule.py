@@ -359,6 +359,15 @@ def test_a_query_calling_a_volatile_function_of_the_database_is_refused(
     assert main([*args, "check"]) == 2
     assert "calls noted(), a VOLATILE function" in capsys.readouterr().err
     assert conn.execute("SELECT count(*) FROM log").fetchone() == (0,)
+    # Through views, at any depth: a view's SELECT runs its calls as the query's would.
+    conn.execute(
+        "CREATE VIEW noting AS SELECT id FROM orders WHERE noted() = 1;"
+        "CREATE VIEW noting_too AS SELECT id FROM noting"
+    )
+    rule = unshipped_rule(UNSHIPPED + " AND o.id IN (SELECT id FROM noting_too)")
+    assert [e.split(": ", 1)[1][:36] for e in check_rule(conn, rule)[1]] == [
+        "query: calls noted(), a VOLATILE fun"
+    ]
     write(tmp_path / "rules", unshipped_rule(UNSHIPPED + " AND looked() = 1 AND random() < 2"))
     assert main([*args, "migrate"]) == 0
     assert main([*args, "check"]) == 0
