@@ -22,11 +22,18 @@ import pytest
 from slawatch.config.notifiers import BY_TYPE, ConsoleConfig, WebhookConfig, load_notifiers
 from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import Dispatcher, deliver_due, deliver_notifier, replay
+from slawatch.delivery.dispatcher import (
+    Dispatcher,
+    claim_deliveries,
+    deliver_due,
+    deliver_notifier,
+    replay,
+)
 from slawatch.delivery.notifiers import build
 from slawatch.delivery.notifiers.base import BaseNotifier
 from slawatch.delivery.notifiers.console import ConsoleNotifier
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
+from slawatch.delivery.storm import summarize
 from slawatch.engine.claim import claim_batch, plan_claim
 from slawatch.engine.migrate import migrate, schema_current
 from slawatch.engine.queries import queries
@@ -742,3 +749,37 @@ def test_retrying_a_batch_on_a_fresh_outbox_finds_each_delivery_by_its_own_entri
     )
     used = {n["Index Name"] for n in plan_nodes(plan[0]["Plan"]) if "Index Name" in n}
     assert not used & due_indexes(conn), used
+
+
+def test_a_delivery_in_flight_is_never_folded_so_its_owner_settles_it(
+    conn: Conn, db: Database
+) -> None:
+    """The fold takes first attempts only (attempts = 0) and a lease raises attempts: a
+    delivery in flight is never folded, even once its lease ran out, so mark_sent and
+    mark_retry, fenced by the lease owner alone, never turn a 'summarized' row (counted in
+    a summary) into a sent or a retried one."""
+    rule = orders(conn, 1, ["hook"])
+    inbox = Inbox({"threshold": 100, "wait": "0s"})
+    assert claim(conn, rule) == 1
+    flying = claim_deliveries(db, inbox, CLAIMED)
+    assert [r["attempts"] for r in flying.rows] == [1]
+    conn.execute(
+        "INSERT INTO orders SELECT g, 7, 990, 'paid', %s FROM generate_series(2, 151) g", (T0,)
+    )
+    assert claim(conn, rule) == 150
+    late = CLAIMED + timedelta(hours=1)  # the lease long run out: due again
+    assert inbox.storm is not None
+    with conn.transaction():  # the fold alone (a claim would lease the due one again)
+        (folded,) = summarize(conn, "hook", inbox.storm, late)
+    assert (folded.folded, statuses(conn)) == (150, {"summarized": 150, "pending": 2})
+    # The first owner's receiver took it after all: its settle still lands.
+    conn.execute(
+        queries()["mark_sent"],
+        {
+            "ids": [r["id"] for r in flying.rows],
+            "alerts": [r["alert_id"] for r in flying.rows],
+            "owner": flying.owner,
+            "now": late,
+        },
+    )
+    assert statuses(conn) == {"summarized": 150, "pending": 1, "sent": 1}
