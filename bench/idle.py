@@ -32,7 +32,7 @@ figures are good to a cycle or so per window; ``pg_stat_statements`` counts at o
 
     .venv/bin/python bench/idle.py [--rules 100] [--seconds 10] [--reps 3]
                                    [--pooler auto|none|transaction] [--warm 75]
-                                   [--track inline|table]
+                                   [--track inline|table] [--top N]
 """
 
 from __future__ import annotations
@@ -171,13 +171,56 @@ def sampled_connections(conn_dsn: str) -> Iterator[list[int]]:
         thread.join()
 
 
-def window(dsn: str, statements: bool, seconds: float) -> dict[str, float]:
-    """The counters' change per second over ``seconds`` while the load runs beside."""
+# --top N: the N statements with the most DB time in each slawatch window, printed.
+TOP = 0
+
+
+def by_statement(conn: psycopg.Connection[Any]) -> dict[int, tuple[float, float, float, str]]:
+    """pg_stat_statements per queryid: calls, planning ms, execution ms, the text."""
+    rows = conn.execute(
+        "SELECT queryid, calls, total_plan_time, total_exec_time, query FROM pg_stat_statements s"
+        " JOIN pg_database d ON d.oid = s.dbid AND d.datname = current_database()"
+        " WHERE query NOT LIKE '%pg_stat%'"
+    ).fetchall()
+    return {int(q): (float(c), float(p), float(e), str(t)) for q, c, p, e, t in rows}
+
+
+def print_top(
+    who: str,
+    before: dict[int, tuple[float, float, float, str]],
+    after: dict[int, tuple[float, float, float, str]],
+    seconds: float,
+) -> None:
+    """The TOP statements by DB time over the window, per second, to stderr."""
+    rows = []
+    for q, (calls, plan, execute, text) in after.items():
+        c0, p0, e0, _ = before.get(q, (0.0, 0.0, 0.0, ""))
+        rows.append(
+            (
+                (plan - p0 + execute - e0) / seconds,
+                (calls - c0) / seconds,
+                (plan - p0) / seconds,
+                " ".join(text.split())[:90],
+            )
+        )
+    rows.sort(reverse=True)
+    print(f"  {who}: top statements (ms/s, calls/s, of it planning ms/s):", file=sys.stderr)
+    for db_ms, calls, plan, text in rows[:TOP]:
+        print(f"  {db_ms:7.2f} {calls:7.1f} {plan:7.2f}  {text}", file=sys.stderr)
+
+
+def window(dsn: str, statements: bool, seconds: float, top: str = "") -> dict[str, float]:
+    """The counters' change per second over ``seconds`` while the load runs beside
+    (with --top: its costliest statements printed, headed ``top``)."""
+    top = top if statements and TOP > 0 else ""
     with psycopg.connect(dsn, autocommit=True) as conn:
+        first = by_statement(conn) if top else {}
         before = snapshot(conn, statements)
         with sampled_connections(dsn) as seen:
             time.sleep(seconds)
         after = snapshot(conn, statements)
+        if top:
+            print_top(top, first, by_statement(conn), seconds)
     per = {k: (after[k] - before[k]) / seconds for k in after}
     # The snapshot's own reads and the sampler's are transactions of the database too.
     per["transactions"] -= (2 + len(seen)) / seconds
@@ -208,7 +251,7 @@ def slawatch_phase(
     try:
         serving.start()
         time.sleep(warm)
-        return window(dsn, statements, seconds)
+        return window(dsn, statements, seconds, top="slawatch")
     finally:
         runner.stop()
         serving.join()
@@ -247,7 +290,7 @@ def raw_phase(
     try:
         thread.start()
         time.sleep(warm)
-        return window(dsn, statements, seconds)
+        return window(dsn, statements, seconds, top="the raw probes")
     finally:
         stop.set()
         thread.join()
@@ -370,7 +413,12 @@ def main() -> None:
     parser.add_argument(
         "--warm", type=float, default=WARM, help="seconds each load runs before its window"
     )
+    parser.add_argument(
+        "--top", type=int, default=0, help="print each slawatch window's N costliest statements"
+    )
     args = parser.parse_args()
+    global TOP
+    TOP = args.top
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # late runs on a busy machine
     given = os.environ.get("SLAWATCH_BENCH_DSN")

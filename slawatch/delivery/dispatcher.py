@@ -626,6 +626,8 @@ def deliver_notifier(
     total = PassResult()
     if stop is not None and stop.is_set():
         return total
+    if not deliveries_due(db, notifier, clock.now()):
+        return total
     batch = claim_deliveries(db, notifier, clock.now())
     while batch.claimed or batch.folded:
         more = stop is None or not stop.is_set()
@@ -634,6 +636,20 @@ def deliver_notifier(
         )
         total += result
     return total
+
+
+def deliveries_due(db: Database, notifier: Notifier, now: datetime) -> bool:
+    """Whether ``notifier`` has a delivery due at ``now`` that no lease holds: what a
+    claim could take (and a resolved notice held back behind its firing one). Asked
+    before a worker claims after it wakes: the claim statement is planned at every run,
+    this function's statement once per server process (0017_deliveries_due.sql)."""
+    query, params = queries()["deliveries_due"], {"notifier": notifier.name, "now": now}
+
+    def ask(conn: Connection) -> bool:
+        row = conn.execute(query, params).fetchone()
+        return bool(row and row[0])
+
+    return db.run(f"looking for due deliveries of {notifier.name}", ask)
 
 
 def deliver_due(

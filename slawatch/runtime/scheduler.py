@@ -73,9 +73,9 @@ log = logging.getLogger(__name__)
 ORPHAN_GRACE = timedelta(minutes=10)
 # Connections the scans of all rules share, by default (SLAWATCH_SCAN_CONNECTIONS).
 SCAN_CONNECTIONS = 2
-# Seconds over which the first scans of rules started together are spread (_staggered).
+# Seconds over which the first scans of rules started together are spread (staggered).
 STAGGER = 1.0
-# The shortest step between those first scans (_staggered): more rules share a step.
+# The shortest step between those first scans (staggered): more rules share a step.
 SLOT = 0.02
 # Seconds between looks at the database (Runner.watch), and the longest wait for a
 # pooled connection in one.
@@ -618,7 +618,7 @@ class Runner:
         )
         now = datetime.now(UTC)
         for (name, running), when in zip(
-            self._running.items(), _staggered(now, len(self._running)), strict=True
+            self._running.items(), staggered(now, len(self._running)), strict=True
         ):
             self._add_scan(scheduler, name, running.rule, when)
         every = self.maintain_every.total_seconds()
@@ -905,7 +905,7 @@ class Runner:
             if (job := jobs.get(f"scan:{name}")) is None
             or job.trigger.interval != running.rule.every
         ]
-        for (name, running), when in zip(new, _staggered(now, len(new)), strict=True):
+        for (name, running), when in zip(new, staggered(now, len(new)), strict=True):
             job = jobs.get(f"scan:{name}")
             if job is not None:
                 scheduler.remove_job(job.id)
@@ -1003,7 +1003,7 @@ def _prepared_max(rules: list[Rule]) -> int:
     return PREPARED_MAX + 2 * len(rules)
 
 
-def _staggered(now: datetime, count: int) -> list[datetime]:
+def staggered(now: datetime, count: int) -> list[datetime]:
     """First run times for ``count`` scans, spread evenly over the :data:`STAGGER` from
     ``now``: rules started together would otherwise all come due at the same instant at
     every tick, a burst of every scan at once for the executor and the pool.

@@ -163,6 +163,11 @@ SELECT id, %(notifier)s, NULL, 'sent', NULL, NULL, NULL, NULL, NULL, NULL, NULL,
   FROM sent
  ORDER BY notifier, id;
 
+-- deliveries_due --
+-- Before a worker's first claim after it wakes: anything the claim could take? A
+-- function (0017_deliveries_due.sql) so that its plan is kept, behind a pooler too.
+SELECT slawatch.deliveries_due(%(notifier)s, %(now)s);
+
 -- storm_lock --
 -- Every claim of a notifier with `storm` set holds this lock, in its own statement
 -- first (a lock taken inside the claim's statement would come after its snapshot), so

@@ -231,7 +231,9 @@ def unversioned(conn: Conn) -> None:
         " DROP FUNCTION IF EXISTS slawatch.claim_gate(text, text),"
         " slawatch.record_generation(text, text, jsonb);"
         # 0014_delivery_lease.sql's room for leases on the outbox's pages.
-        " ALTER TABLE slawatch.delivery RESET (fillfactor)"
+        " ALTER TABLE slawatch.delivery RESET (fillfactor);"
+        # 0017_deliveries_due.sql's probe for the delivery workers.
+        " DROP FUNCTION IF EXISTS slawatch.deliveries_due(text, timestamptz)"
     )
 
 

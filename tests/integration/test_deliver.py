@@ -23,6 +23,7 @@ from slawatch.delivery.dispatcher import (
     deliver_batch,
     deliver_due,
     deliver_notifier,
+    deliveries_due,
     replay,
 )
 from slawatch.delivery.notifiers.base import BaseNotifier
@@ -30,7 +31,14 @@ from slawatch.delivery.notifiers.console import ConsoleNotifier
 from slawatch.engine.claim import plan_claim
 from slawatch.engine.queries import queries
 from slawatch.errors import DeliveryError
-from tests.integration.helpers import Conn, by_parent, claim_all, partitions, shop
+from tests.integration.helpers import (
+    Conn,
+    FixedClock,
+    by_parent,
+    claim_all,
+    partitions,
+    shop,
+)
 from tests.waiting import lock_waits, wait_until
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -523,3 +531,55 @@ def test_each_due_deliverys_alert_is_probed_by_its_key_whatever_the_costs(conn: 
     assert ("delivery", "delivery_due") in scans, scans
     assert ("alert", "alert_pkey") in scans, scans
     assert ("alert", "Seq Scan") not in scans, scans
+
+
+def test_a_worker_that_wakes_claims_only_when_the_probe_says_something_is_due(
+    conn: Conn, db: Database
+) -> None:
+    """A worker asks slawatch.deliveries_due before its first claim after it wakes, and
+    claims only on yes: the probe must say yes whenever the claim would take something
+    (a due delivery, one whose lease ran out) and no when it would take nothing (none due
+    yet, all in flight, another notifier's, all sent)."""
+    overdue_orders(conn, 3)
+    receiver, other = FlakyReceiver(0), FlakyReceiver(0)
+    other.name = "elsewhere"
+
+    def due(at: datetime, notifier: BaseNotifier = receiver) -> bool:
+        return deliveries_due(db, notifier, at)
+
+    assert (due(CLAIMED - timedelta(seconds=1)), due(CLAIMED), due(CLAIMED, other)) == (
+        False,
+        True,
+        False,
+    )
+    flying = claim_deliveries(db, receiver, CLAIMED)
+    assert flying.claimed == 3
+    assert not due(CLAIMED)  # all three in flight
+    lease_over = CLAIMED + timedelta(hours=1)
+    assert due(lease_over)
+    assert deliver_notifier(db, receiver, FixedClock(lease_over)).sent == 3
+    assert not due(lease_over + timedelta(days=1))
+    assert deliver_notifier(db, receiver, FixedClock(lease_over)).sent == 0
+
+
+def test_the_wake_up_probes_plan_is_the_due_index_whatever_the_plan_cache_does(
+    conn: Conn,
+) -> None:
+    """deliveries_due keeps one plan per server process (PL/pgSQL, force_generic_plan):
+    that generic plan must read the notifier's due index, never scan the outbox, which
+    holds every sent delivery of the retention window."""
+    overdue_orders(conn, 2000)
+    conn.execute("UPDATE slawatch.delivery SET status = 'sent' WHERE alert_id % 100 <> 0")
+    conn.execute("ANALYZE slawatch.delivery")
+    (source,) = conn.execute(
+        "SELECT prosrc FROM pg_proc WHERE proname = 'deliveries_due'"
+    ).fetchone()  # type: ignore[misc]
+    inner = source[source.index("(SELECT") + 1 : source.rindex(") <= at")]
+    body = inner.replace("notifier_name", "$1").replace("<= at", "<= $2")
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.execute(f"PREPARE due_probe(text, timestamptz) AS {body}")
+    (plan,) = conn.execute(
+        f"EXPLAIN (FORMAT JSON) EXECUTE due_probe('console', '{CLAIMED.isoformat()}')"
+    ).fetchone()  # type: ignore[misc]
+    scans = delivery_scans(by_parent(conn, plan[0]["Plan"]))
+    assert scans and set(scans) == {"delivery_due"}, scans

@@ -9,14 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from slawatch.runtime.scheduler import SLOT, STAGGER, _staggered
+from slawatch.runtime.scheduler import SLOT, STAGGER, staggered
 
 NOW = datetime(2026, 11, 28, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 7, 50, 51, 100, 1000, 5000])
 def test_first_scans_spread_over_the_stagger_in_steps_of_a_slot_at_least(count: int) -> None:
-    times = _staggered(NOW, count)
+    times = staggered(NOW, count)
     assert len(times) == count
     assert times == sorted(times)
     assert all(NOW <= t < NOW + timedelta(seconds=STAGGER) for t in times)
