@@ -44,16 +44,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from slawatch.clock import Clock
 from slawatch.config.files import shorten
 from slawatch.config.rules import ACTION_TARGET
-from slawatch.db import Connection, Database, DatabaseUnavailable, one_statement
+from slawatch.db import Connection, Database, DatabaseUnavailable, one_statement, raw_cursor
 from slawatch.delivery.notifiers import Notifier
 from slawatch.delivery.storm import Folded, listings, summary_payload
 from slawatch.delivery.storm import summarize as storm_summarize
 from slawatch.engine.outbox import RowDataLoader, alert_payload
+from slawatch.engine.probefn import render
 from slawatch.engine.queries import queries
 from slawatch.errors import DeliveryError, SlawatchError
 from slawatch.outage import Backoff, Outage
@@ -315,6 +317,14 @@ def _listed(notifier: Notifier) -> int:
     return notifier.storm.listed if notifier.storm is not None else DEFAULT_LISTED
 
 
+# The claim rendered once with $n placeholders (slawatch.db.execute_raw): its text is
+# longer than psycopg caches the parse of (4,096 characters), so it was parsed at each run.
+_CLAIM = render(
+    sql.SQL(queries()["claim_deliveries"]),
+    ("now", "owner", "lease", "limit", "notifier", "sent", "sent_alerts", "sent_owner"),
+)
+
+
 def id_array(ids: Collection[int]) -> str:
     """``ids`` as an array literal (``{1,2,3}``) for a ``::bigint[]`` parameter: a
     seventh of the time psycopg takes to adapt a list of ints (it looks at every one
@@ -343,7 +353,7 @@ def claim_deliveries(
         "sent_alerts": id_array([r["alert_id"] for r in sent.rows] if sent else ()),
         "sent_owner": sent.owner if sent else None,
     }
-    query = queries()["claim_deliveries"]
+    args = [claim[p] for p in _CLAIM.params]
     storm = notifier.storm
     done: set[int] = set()  # of ``sent``, those the claim settled
 
@@ -354,9 +364,9 @@ def claim_deliveries(
         # storm the lock must be held from the fold to the end of the claim.
         with conn.transaction() if storm else one_statement(conn):
             folded = storm_summarize(conn, notifier.name, storm, now) if storm else []
-            cur = conn.cursor(row_factory=dict_row)
+            cur = raw_cursor(conn, dict_row)
             cur.adapters.register_loader("jsonb", RowDataLoader)
-            got = cur.execute(query, claim).fetchall()
+            got = cur.execute(_CLAIM.query, args).fetchall()
             rows = [r for r in got if r["settled"] != "sent"]
             done.update(r["id"] for r in got if r["settled"] == "sent")
             send = [r for r in rows if r["settled"] is None]
