@@ -42,6 +42,7 @@ from urllib.parse import unquote
 import psycopg
 import psycopg.sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import RowFactory
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from slawatch.errors import ConfigError, DatabaseError
@@ -308,6 +309,12 @@ def execute_raw(
     every scan of every rule runs (a probe): psycopg caches its parses of 128 texts, so
     with more rules than that each one's text was parsed again at each run."""
     return _RawCursor(conn).execute(query, params, prepare=prepare)
+
+
+def raw_cursor(conn: Connection, row_factory: RowFactory[Any]) -> psycopg.RawCursor[Any]:
+    """A cursor for statements rendered as :func:`execute_raw` takes them, whose rows
+    ``row_factory`` makes."""
+    return _RawCursor(conn, row_factory=row_factory)
 
 
 def _translated(what: str, exc: psycopg.Error) -> DatabaseError:

@@ -95,16 +95,14 @@ def listings(
     return got
 
 
-def alerts_link(admin_url: str | None, rule: str, since: datetime) -> str | None:
+def alerts_link(admin_url: str | None, rule: str, since: datetime | str) -> str | None:
     """The admin API's list of the rule's summarized alerts from the storm's first one
     on (``/v1/alerts?rule=...&status=summarized&since=...``); None without an address.
     It lists every notifier's summarized alerts of the rule since then: the storm's,
     and a later storm's if one came."""
     if not admin_url:
         return None
-    query = urlencode(
-        {"rule": rule, "status": "summarized", "since": since.isoformat().replace("+00:00", "Z")}
-    )
+    query = urlencode({"rule": rule, "status": "summarized", "since": iso(since)})
     return f"{admin_url.rstrip('/')}/v1/alerts?{query}"
 
 

@@ -19,11 +19,15 @@ as receivers, the API and the CLI see it (docs/reference/notifiers.md).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from psycopg import sql
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
 
 _OUTBOX = """\
 ), alerts AS (
@@ -201,5 +205,33 @@ def alert_id(rule: str, key: str, episode: int, n: int, kind: str = "firing") ->
 
 
 def iso(value: Any) -> str | None:
-    """A timestamp as alerts carry it: ISO 8601, UTC written as ``Z``."""
+    """A timestamp as alerts carry it: ISO 8601, UTC written as ``Z``. Text is taken as
+    that form already (the delivery claim's answer has its times so)."""
+    if isinstance(value, str):
+        return value
     return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+# Byte by byte: a digit to "1", anything else to "0" (RowDataLoader's test for long numbers).
+_DIGITS = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
+_LONG = b"1" * 19
+
+
+class RowDataLoader(Loader):
+    """jsonb (an alert's ``row_data``) as the objects ``json.loads`` makes of it, which
+    is psycopg's own loader, in a third of the time.
+
+    orjson decodes what has no run of 19 digits; what has one goes to ``json.loads``
+    (a number past 64 bits would be a float from orjson, an int from json.loads),
+    and so does whatever orjson refuses (nesting deeper than it takes). Below 19
+    digits both make the same int, or the same float (both round correctly; jsonb
+    writes numbers without exponents)."""
+
+    def load(self, data: Buffer) -> Any:
+        text = data if isinstance(data, bytes) else bytes(data)
+        if _LONG not in text.translate(_DIGITS):
+            try:
+                return orjson.loads(text)
+            except orjson.JSONDecodeError:
+                pass
+        return json.loads(text)

@@ -14,10 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 from freezegun import freeze_time
+from psycopg.rows import dict_row
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import ConsoleConfig, RetrySettings
-from slawatch.db import Database
+from slawatch.db import Connection, Database
 from slawatch.delivery.dispatcher import (
     claim_deliveries,
     deliver_batch,
@@ -26,9 +27,10 @@ from slawatch.delivery.dispatcher import (
     deliveries_due,
     replay,
 )
-from slawatch.delivery.notifiers.base import BaseNotifier
+from slawatch.delivery.notifiers.base import BaseNotifier, encode
 from slawatch.delivery.notifiers.console import ConsoleNotifier
 from slawatch.engine.claim import plan_claim
+from slawatch.engine.outbox import alert_payload
 from slawatch.engine.queries import queries
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import (
@@ -108,6 +110,82 @@ def test_console_prints_the_payload_and_marks_sent(conn: Conn, db: Database) -> 
         "total_cents": 990,
     }
     assert statuses(conn) == {"sent": 3}
+
+
+# Alerts whose times and rows are where the claim's answer (times as text, row_data
+# through RowDataLoader) could part from a plain read: microseconds none, with trailing
+# zeros, one; a year below 1000; no deadline; numbers jsonb keeps as written (12.50),
+# past 64 bits, at the edges of 64 bits, long fractions; escapes, nesting.
+ODD_ALERTS = [
+    (
+        "2026-03-01 12:00:00+00",
+        "2026-03-03 12:00:00+00",
+        "2026-03-04 12:00:00+00",
+        '{"total": 12.50, "n": 1, "f": 0.1, "tiny": 1e-7, "neg": -0.0}',
+    ),
+    (
+        "2026-03-01 12:00:00.5+00",
+        "2026-03-03 12:00:00.000001+00",
+        "2026-03-04 12:00:00.12+00",
+        '{"big": 123456789012345678901234567890, "u64": 18446744073709551615}',
+    ),
+    (
+        "0999-01-01 00:00:00+00",
+        None,
+        "2026-03-04 12:00:00.999999+00",
+        '{"i64": -9223372036854775808, "past": -9223372036854775809, "s": "é\\u0001\\"\\\\"}',
+    ),
+    (
+        None,
+        None,
+        "2026-03-04 12:00:00+00",
+        '{"long": 0.123456789012345678, "longer": 0.1234567890123456789012, "x": [1, {"a": null}]}',
+    ),
+    (
+        "2026-03-01 12:00:00+00",
+        "2026-03-03 12:00:00+00",
+        "2026-03-04 12:00:00+00",
+        "[" * 600 + "]" * 600,
+    ),
+]
+
+
+def test_receivers_get_the_alert_byte_for_byte_as_a_plain_read_shapes_it(
+    conn: Conn, db: Database
+) -> None:
+    """The claim hands the worker its alerts' times as text and decodes row_data its own
+    way; every notifier gets the payload that alert_payload makes of a plain read of the
+    alert (datetimes, psycopg's json.loads), and the webhook the same bytes."""
+    shop(conn)
+    for i, (deadline, due_at, fired_at, row) in enumerate(ODD_ALERTS, 1):
+        conn.execute(
+            "WITH a AS (INSERT INTO slawatch.alert"
+            " (rule, key, episode, n, severity, deadline, due_at, fired_at, row_data)"
+            " VALUES ('order_unshipped', %s, 1, 1, 'warning', %s, %s, %s, %s::jsonb)"
+            " RETURNING id)"
+            " INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)"
+            " SELECT id, 'console', %s FROM a",
+            (str(i), deadline, due_at, fired_at, row, CLAIMED),
+        )
+    receiver = FlakyReceiver(failures=0)
+    with freeze_time(CLAIMED):
+        result = deliver_due(db, {"console": receiver}, Clock(), {"order_unshipped": "late"})
+    assert result.sent == len(ODD_ALERTS)
+
+    def plain(c: Connection) -> list[dict[str, Any]]:
+        cur = c.cursor(row_factory=dict_row)
+        return cur.execute(
+            "SELECT rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data"
+            " FROM slawatch.alert ORDER BY key"
+        ).fetchall()
+
+    expected = [alert_payload(r, "late") for r in db.run("reading alerts", plain)]
+    got = sorted(receiver.got, key=lambda a: a["key"])
+    assert [encode(a) for a in got] == [encode(a) for a in expected]
+    assert encode({"alerts": got}) == encode({"alerts": expected})
+    assert got[0]["deadline"] == "2026-03-01T12:00:00Z"
+    assert got[1]["due_at"] == "2026-03-03T12:00:00.000001Z"
+    assert isinstance(got[1]["row"]["big"], int) and got[0]["row"]["total"] == 12.5
 
 
 def test_failures_retry_with_backoff_then_go_dead_with_the_error(conn: Conn, db: Database) -> None:
