@@ -152,16 +152,27 @@ SELECT COALESCE((SELECT {deadline} FROM {table} WHERE {first} ORDER BY {deadline
 # claim's updates: closed rows (completed, or the deadline moved to a time not yet
 # due), and rows whose deadline moved to a time already due, which start their next
 # episode at once (`first`) and so never pass through `closed`.
+#
+# What the statement read is paired with what it wrote without a join of two CTEs: such
+# a join is planned on the CTEs' estimates, and statistics from before a wave of ended
+# episodes put them at 1 row, a nested loop comparing each row with every other
+# (tests/integration/test_resolved.py). `IN (...) IS TRUE` is a hashed subplan, never
+# pulled up into a join; the rows of the claimed ones are read from one object (an
+# InitPlan) by binary search.
 _ENDED_EPISODES = """\
     SELECT e.sw_key AS key, e.sw_episode AS episode, e.sw_n AS n,
            CASE WHEN isfinite(e.sw_seen) THEN {e_seen_tz} END AS deadline, e.sw_row AS row_data
-      FROM ended e JOIN closed c ON c.sw_key = e.sw_key
-     WHERE e.sw_n > 0
+      FROM ended e
+     WHERE e.sw_n > 0 AND (e.sw_key IN (SELECT c.sw_key FROM closed c)) IS TRUE
     UNION ALL
     SELECT f.sw_key, f.sw_episode, f.sw_n, CASE WHEN isfinite(f.sw_seen) THEN {f_seen_tz} END,
-           c.row_data
-      FROM first f JOIN claimed c ON c.key = f.sw_key
-     WHERE f.sw_seen IS NOT NULL AND f.sw_n > 0"""
+           (SELECT jsonb_object_agg(c.key, c.row_data) FROM claimed c
+             WHERE (c.key IN (SELECT g.sw_key FROM first g
+                               WHERE g.sw_seen IS NOT NULL AND g.sw_n > 0)) IS TRUE)
+           -> f.sw_key
+      FROM first f
+     WHERE f.sw_seen IS NOT NULL AND f.sw_n > 0
+       AND (f.sw_key IN (SELECT c.key FROM claimed c)) IS TRUE"""
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,10 @@ fresh AS MATERIALIZED (
 ), again AS (
     SELECT {s_keys}, s.sw_ep, s.sw_n, s.sw_seen FROM {state} s
      WHERE s.sw_next < %(renotify_by)s::timestamptz AND s.sw_next IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM fresh f WHERE {s_is_f})
+       -- NOT IN, never pulled up into a join: a hashed subplan of at most a batch of
+       -- keys (as an anti join, planned on a 1-row estimate of `fresh`, a nested loop
+       -- compared every re-notification with every fresh row).
+       AND ({s_keys}) NOT IN (SELECT {f_keys} FROM fresh f)
      ORDER BY s.sw_next
      LIMIT %(batch)s::integer - (SELECT count(*) FROM fresh)
        FOR UPDATE OF s SKIP LOCKED
@@ -126,11 +129,22 @@ fresh AS MATERIALIZED (
       FROM checked c
      WHERE {s_is_c} AND NOT c.still
     RETURNING c.key, c.episode, c.n, c.seen, c.row_data
+), fresh_rows AS MATERIALIZED (
+    -- fresh's rows by key, for the episodes `opened` wrote. A join of the two CTEs was
+    -- planned on their estimates, and statistics from before a backlog put both at 1
+    -- row: a nested loop of 10,000 x 10,000 comparisons (22 s of a 23 s batch in
+    -- bench/scale.py's backlog curve). One object, read once (an InitPlan), whose keys
+    -- are found by binary search: linear in the batch, whatever the estimates. The key
+    -- is the state row's (as a re-notification's is); a row not found by it keeps its
+    -- key's columns (the key written otherwise since, e.g. numeric 1.0 as 1.00).
+    SELECT jsonb_object_agg(f.key, f.row_data) AS rows FROM fresh f
 ), claimed AS (
     SELECT c.key, c.episode, c.n,
            CASE WHEN isfinite(c.seen) THEN {seen_tz} END AS deadline, c.row_data
-      FROM (SELECT f.key, o.sw_ep AS episode, o.sw_n AS n, o.sw_seen AS seen, f.row_data
-              FROM opened o JOIN fresh f ON {o_is_f}
+      FROM (SELECT {o_key_text} AS key, o.sw_ep AS episode, o.sw_n AS n, o.sw_seen AS seen,
+                   COALESCE((SELECT rows FROM fresh_rows) -> {o_key_text}, {o_key_row})
+                       AS row_data
+              FROM opened o
             UNION ALL
             SELECT c.key, r.sw_ep, r.sw_n, r.sw_seen, c.row_data
               FROM renotified r JOIN checked c ON {r_is_c}) c
@@ -158,9 +172,9 @@ _ENDED_EPISODES = """\
       FROM closed c
      WHERE c.n > 0
     UNION ALL
-    SELECT f.key, o.sw_ep - 1, p.sw_n, CASE WHEN isfinite(p.sw_seen) THEN {p_seen_tz} END,
-           f.row_data
-      FROM opened o JOIN fresh f ON {o_is_f} JOIN {state} p ON {p_is_o}
+    SELECT {o_key_text}, o.sw_ep - 1, p.sw_n, CASE WHEN isfinite(p.sw_seen) THEN {p_seen_tz} END,
+           COALESCE((SELECT rows FROM fresh_rows) -> {o_key_text}, {o_key_row})
+      FROM opened o JOIN {state} p ON {p_is_o}
      WHERE p.sw_seen IS NOT NULL AND p.sw_n > 0"""
 
 # The sweep's first half: close every open episode whose row is no longer open with
@@ -422,7 +436,8 @@ def compose(
             sql.SQL(_ENDED_EPISODES).format(
                 c_seen_tz=as_tz(sql.Identifier("c", "seen")),
                 p_seen_tz=as_tz(sql.Identifier("p", "sw_seen")),
-                o_is_f=eq("o", "f"),
+                o_key_text=key_text("o"),
+                o_key_row=key_row("o"),
                 p_is_o=eq("p", "o"),
                 state=state_table(rule),
             ),
@@ -466,11 +481,11 @@ def compose(
         s_key_text=key_text("s"),
         t_row=row,
         s_is_t=eq("s", "t"),
-        s_is_f=eq("s", "f"),
         s_is_a=eq("s", "a"),
         t_is_a=eq("t", "a"),
         s_is_c=eq("s", "c"),
-        o_is_f=eq("o", "f"),
+        o_key_text=key_text("o"),
+        o_key_row=key_row("o"),
         r_is_c=eq("r", "c"),
         first_next=first_next,
         distinct=distinct,

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from slawatch.actions.run import runner
 from slawatch.config.rules import Rule, Tier
@@ -191,3 +193,48 @@ def test_table_an_end_seen_at_the_re_notification_time(conn: Conn, track: str) -
     conn.execute("UPDATE orders SET status = 'shipped'")
     assert claim_all(conn, plan, DUE + 6 * H + S) == 0
     assert resolved(conn) == [("1", 1, "warning", ["console"])]
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(n for child in plan.get("Plans", []) for n in _nodes(child))]
+
+
+def test_a_wave_of_ended_episodes_is_paired_in_one_pass_whatever_the_estimates(
+    conn: Conn, track: str
+) -> None:
+    """A batch pairs what it wrote with what it read (episodes opened, notices and their
+    episodes' notification counts) in one pass: joined, those CTEs were planned on their
+    estimates, and statistics from before a wave (every deadline moved, every episode
+    ended) put them at 1 row, a nested loop comparing each row with every other (a
+    batch of 10,000 took 22 s in bench/scale.py's drain). Nested loops forced here."""
+    plan = resolving(conn, track, batch=5000)
+    conn.execute(
+        "INSERT INTO orders SELECT g, 7, 100, 'paid', %s + g * interval '1 ms'"
+        " FROM generate_series(1, 2000) g",
+        (T0,),
+    )
+    assert claim_all(conn, plan, DUE + 2 * S) == 2000
+    # 1,000 deadlines move to a time still due (episode 2 opens, 1 ends), 1,000 ship.
+    conn.execute("UPDATE orders SET paid_at = paid_at + interval '1 hour' WHERE id <= 1000")
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id > 1000")
+    now = DUE + 2 * H
+    if plan.table is None:
+        statement, params = plan.statement, plan.params(now)
+    else:  # the sweep closes the shipped ones; the batch opens the moved ones
+        statement, params = plan.table.claim, plan.params(now) | {"since": "-infinity"}
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_hashjoin = off")
+        conn.execute("SET LOCAL enable_mergejoin = off")
+        (doc,) = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + statement, params
+        ).fetchone()  # type: ignore[misc]
+        raise psycopg.Rollback()  # EXPLAIN ANALYZE wrote the batch: undone
+    nodes = _nodes(doc[0]["Plan"])
+    wrote = {n.get("Subplan Name"): n["Actual Rows"] for n in nodes if n.get("Subplan Name")}
+    assert wrote["CTE resolved"] >= 1000  # the wave happened in this batch
+    quadratic = [
+        (n.get("Join Filter"), n["Rows Removed by Join Filter"])
+        for n in nodes
+        if n.get("Rows Removed by Join Filter", 0) >= 2000
+    ]
+    assert quadratic == []
