@@ -237,7 +237,7 @@ def measure(
 
 
 def verdict(ratio: float, slower_is_higher: bool = False) -> str:
-    """"flat" or "bends" for a per-unit figure's biggest/smallest ratio."""
+    """Flat or bends, for a per-unit figure's biggest/smallest ratio."""
     bent = ratio > BENDS if slower_is_higher else ratio < 1 / BENDS
     return "bends" if bent else "flat"
 
@@ -306,9 +306,7 @@ def report(res: dict[str, Any]) -> list[str]:
         f"(flat: the figure per unit of work at the biggest size within {BENDS}× of the"
         " smallest's; bends: worse)"
     )
-    lines.append(
-        "elapsed: " + ", ".join(f"{k} {v:.0f} s" for k, v in res["secs"].items())
-    )
+    lines.append("elapsed: " + ", ".join(f"{k} {v:.0f} s" for k, v in res["secs"].items()))
     return lines
 
 
@@ -324,7 +322,10 @@ def main() -> None:
         "--rows-due", type=int, default=None, help=f"overdue rows at every size ({DUE:,})"
     )
     parser.add_argument(
-        "--backlog-rows", type=int, default=None, help="the backlog curve's table (the fewest --rows)"
+        "--backlog-rows",
+        type=int,
+        default=None,
+        help="the backlog curve's table (the fewest --rows)",
     )
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--reps", type=int, default=None, help="interleaved rounds (3; --quick 1)")
