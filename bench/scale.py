@@ -91,17 +91,17 @@ def _curve_point(
     order rotating, each draining a fresh copy of its set-up copy: every run."""
     runs: dict[str, list[dict[str, float]]] = {v.name: [] for v in vs}
     for v in vs:
-        scratch.create(f"t_{v.name}", template=base)
-        with psycopg.connect(scratch.dsn(f"t_{v.name}"), autocommit=True) as conn:
+        scratch.create(f"scale_{v.name}", template=base)
+        with psycopg.connect(scratch.dsn(f"scale_{v.name}"), autocommit=True) as conn:
             v.setup(conn, batch)  # type: ignore[misc]
             conn.execute("VACUUM ANALYZE orders")
     for r in range(reps):
         for v in vs[r % len(vs) :] + vs[: r % len(vs)]:
-            scratch.create("run", template=f"t_{v.name}")
+            scratch.create("scale_run", template=f"scale_{v.name}")
             try:
-                m = run.measure_drain(scratch.dsn("run"), v, batch, now, 1e9)
+                m = run.measure_drain(scratch.dsn("scale_run"), v, batch, now, 1e9)
             finally:
-                scratch.drop("run")
+                scratch.drop("scale_run")
             runs[v.name].append(m)
             print(
                 f"    round {r + 1} {v.name}: {m['rows']:,.0f} rows in {m['secs']:.2f} s"
@@ -110,7 +110,7 @@ def _curve_point(
                 flush=True,
             )
     for v in vs:
-        scratch.drop(f"t_{v.name}")
+        scratch.drop(f"scale_{v.name}")
     return runs
 
 
@@ -186,20 +186,20 @@ def measure(
         for size in rows_sizes:
             t = time.perf_counter()
             print(f"  rows curve: {size:,} rows, {due:,} due", file=log, flush=True)
-            scratch.create("base")
-            loaded = run.load_shop(scratch.dsn("base"), size, due, now)
+            scratch.create("scale_base")
+            loaded = run.load_shop(scratch.dsn("scale_base"), size, due, now)
             out["load_secs"][f"rows {size}"] = loaded
             print(f"    loaded in {loaded:.0f} s", file=log, flush=True)
-            runs = _curve_point(scratch, "base", vs, batch, reps, now, log)
-            scratch.drop("base")
+            runs = _curve_point(scratch, "scale_base", vs, batch, reps, now, log)
+            scratch.drop("scale_base")
             out["rows"][size] = {name: _summary(rs) for name, rs in runs.items()}
             out["secs"][f"rows {size:,}"] = time.perf_counter() - t
         if due_sizes:
             t = time.perf_counter()
             # The table without overdue rows; each backlog is added on top of a copy of
             # it, due during the minute before ``now`` (bench/run.py's add_due).
-            scratch.create("shop")
-            loaded = run.load_shop(scratch.dsn("shop"), backlog_rows, 0, now)
+            scratch.create("scale_shop")
+            loaded = run.load_shop(scratch.dsn("scale_shop"), backlog_rows, 0, now)
             out["load_secs"][f"backlog table {backlog_rows}"] = loaded
             out["secs"]["backlog table"] = time.perf_counter() - t
             for backlog in due_sizes:
@@ -209,12 +209,12 @@ def measure(
                     file=log,
                     flush=True,
                 )
-                scratch.create("base", template="shop")
-                with psycopg.connect(scratch.dsn("base"), autocommit=True) as conn:
+                scratch.create("scale_base", template="scale_shop")
+                with psycopg.connect(scratch.dsn("scale_base"), autocommit=True) as conn:
                     run.add_due(conn, backlog_rows + 1, backlog, now)
                     conn.execute("VACUUM ANALYZE orders")
-                runs = _curve_point(scratch, "base", vs, batch, reps, now, log)
-                scratch.drop("base")
+                runs = _curve_point(scratch, "scale_base", vs, batch, reps, now, log)
+                scratch.drop("scale_base")
                 for name, rs in runs.items():
                     if any(x["rows"] != backlog for x in rs):
                         raise RuntimeError(
@@ -222,7 +222,7 @@ def measure(
                         )
                 out["backlog"][backlog] = {name: _summary(rs) for name, rs in runs.items()}
                 out["secs"][f"backlog {backlog:,}"] = time.perf_counter() - t
-            scratch.drop("shop")
+            scratch.drop("scale_shop")
     finally:
         if owned:
             scratch.__exit__(None, None, None)
