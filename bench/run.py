@@ -26,9 +26,10 @@ measures it. Not a test: the figures depend on the machine.
 Sections (--only / --skip): claim, explain, probe, long, e2e, procs, peer, delivery,
 idle, rules, ingest, http, fire, timerprobe, lateness, brokers ("events": these six),
 scale, prune. Where the default run's time goes on this 2-core machine: the sections
-up to brokers ~15 minutes; scale ~20-35 minutes (loading 1 + 3 + 10 M rows, each
-curve point on fresh copies; the 1 M backlog drains dominate); prune ~8 minutes (loading
-10 M alerts of history). Seconds per section are printed on stderr.
+up to brokers ~15 minutes; scale ~30 minutes (estimated: loading 1 + 3 + 10 M rows,
+each curve point on fresh copies, the 1 M backlog drains; bench/scale.py's docstring);
+prune ~7-8 minutes (loading 10 M alerts of history: 33 s per million here). Seconds
+per section are printed on stderr.
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
 Every database it makes is dropped at the end. PGQueuer: pip install -e '.[bench]'.

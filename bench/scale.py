@@ -26,11 +26,14 @@ on this shared 2-core machine varies by 10-30 %, and a real bend is a growth wit
 work (the event probe's Seq Scan: 10× the time at 10× the timers); 1.5× over a 10×
 size separates the two, and is bench/rules.py's tolerance too.
 
-Duration on this 2-core machine (PostgreSQL 15): loading 1 M rows takes ~20 s and
-10 M ~200 s (each size is loaded on its own: growing one table would write as many
-rows, into live indexes); a copy of 1 M rows ~5 s. The default run: see the module's
-report (elapsed time per part on stderr). --quick: small sizes, one round (~1-2 min,
-does it run?).
+Duration on this 2-core machine (PostgreSQL 15, shared: load average 3-8): loading
+1 M rows takes 13-20 s, 3 M 33 s, 10 M 214 s (3.3 GB; each size is loaded on its own:
+growing one table would write as many rows, into live indexes); a file copy of 1 M
+rows ~5 s, of 10 M ~30 s, and each size takes 3 + 3 × --reps copies. Measured:
+rows 1 M 49 s, 3 M 85 s; backlog 10 k 37 s, 100 k 152 s (--reps 3). Estimated for
+the default run: rows ~2.5 min + ~10 min at 10 M; backlog ~15 min (the 1 M drains,
+3 variants × 3 rounds): ~30 minutes. Elapsed time per part is printed at the end.
+--quick: small sizes, one round (~40 s-2 min: does it run?).
 
     .venv/bin/python bench/scale.py                                   # 1/3/10 M rows; 10 k/100 k/1 M due
     .venv/bin/python bench/scale.py --rows 1000000,3000000 --due 10000,100000
