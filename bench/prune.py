@@ -4,9 +4,13 @@ Issue 18 asks whether bounded DELETE batches (slawatch/runtime/maintain.py) stay
 cheap when the outbox holds 10 M alerts, or whether slawatch.alert/delivery must be
 partitioned by day so that retention drops whole partitions. This loads ALERTS
 alerts of history (each with its delivery, sent, and its episode, ended) straight
-into slawatch's tables with generate_series, spread over --days days, of which those
-older than --retention-days are prunable, and a shop table (bench/run.py's) whose
-fresh overdue orders each drain claims. Then, interleaved, --reps rounds of:
+into slawatch's tables with generate_series, spread over --days days in daily id
+ranges, and a shop table (bench/run.py's) whose fresh overdue orders each drain
+claims. The retention window's edge moves a day before each step that prunes, as a
+day passes between a running slawatch's drops: each such step finds one day's range
+past the window (a pruner that dropped every range past a fixed edge in its first
+step would leave the later steps nothing to prune). So the history must span more
+than twice --reps days. Then, interleaved, --reps rounds of:
 
 - a drain alone: --due fresh overdue orders claimed (claim + outbox);
 - the same drain while the pruner deletes old history batch after batch (prune_batch,
@@ -53,7 +57,7 @@ from slawatch.engine.migrate import migrate
 from slawatch.engine.queries import queries
 from slawatch.engine.ready import prepare
 from slawatch.runtime.maintain import BATCH as PRUNE_BATCH
-from slawatch.runtime.maintain import drop_range, prune_batch
+from slawatch.runtime.maintain import drop_range, prune_batch, prune_ranges
 
 TABLES = ("slawatch.alert", "slawatch.delivery", "slawatch.episode")
 CHUNK = 1_000_000  # rows per INSERT: a bounded transaction while loading
@@ -175,10 +179,15 @@ def explain_prune(conn: psycopg.Connection[Any], cutoff: datetime) -> list[str]:
     statements (prune_history, prune_episodes), rolled back; their CTEs and DELETEs."""
     conn.execute("CHECKPOINT")  # as in steady state: each old page's first change since one
     lines = [f"ONE PRUNE BATCH of {PRUNE_BATCH:,} (EXPLAIN ANALYZE, rolled back; times inclusive)"]
+    # As prune_batch runs it: on the oldest id range drops leave, JIT off.
+    ranges = prune_ranges(conn, cutoff)
+    lo, hi = ranges[0] if ranges else (0, 0)
+    params = {"cutoff": cutoff, "batch": PRUNE_BATCH, "lo": lo, "hi": hi}
     for name in ("prune_history", "prune_episodes"):
         stmt = "EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + queries()[name]
         with conn.transaction(force_rollback=True):
-            row = conn.execute(stmt, {"cutoff": cutoff, "batch": PRUNE_BATCH}).fetchone()
+            conn.execute("SET LOCAL jit = off")
+            row = conn.execute(stmt, params).fetchone()
         doc = row[0][0] if row else {}
         nodes: list[dict[str, Any]] = []
         walk(doc["Plan"], nodes)
@@ -277,13 +286,19 @@ def measure(
     batch: int = 10_000,
     reps: int = 3,
     days: float = 10.0,
-    retention_days: float = 7.0,
     log: Any = sys.stderr,
 ) -> dict[str, Any]:
     """The whole measurement on scratch databases; the figures (medians) and every run."""
+    if days <= 2 * reps or alerts / days < due:
+        raise ValueError(
+            f"{days:g} days of history cannot give {2 * reps} pruning steps a day's range"
+            f" of {due:,} alerts or more each: raise --days or --alerts"
+        )
     now = datetime.now(UTC).replace(microsecond=0)
     rule = Rule.model_validate(rule_dict(batch))
-    cutoff = now - timedelta(days=retention_days)
+    end = now - timedelta(hours=1)
+    start = end - timedelta(days=days) / alerts * alerts  # load_history's first alert
+    edges = [start + timedelta(days=k + 1) for k in range(2 * reps)]  # one per pruning step
     runs: dict[str, list[dict[str, float]]] = {"alone": [], "pruning": [], "prune": []}
     with Scratch() as scratch:
         dsn = scratch.create("prune")
@@ -293,7 +308,7 @@ def measure(
             migrate(conn, [rule])
         shop_secs = time.perf_counter() - t
         print(f"shop of {rows:,} orders loaded in {shop_secs:.0f} s", file=log, flush=True)
-        history_secs = load_history(dsn, alerts, days, now - timedelta(hours=1))
+        history_secs = load_history(dsn, alerts, days, end)
         print(f"history of {alerts:,} alerts loaded in {history_secs:.0f} s", file=log, flush=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
             sizes = conn.execute(
@@ -328,18 +343,19 @@ def measure(
 
             def pruning_alone() -> dict[str, float]:
                 conn.execute("CHECKPOINT")
-                return prune_alone(conn, cutoff, due)
+                return prune_alone(conn, edges.pop(0), due)
 
             steps: list[tuple[str, Callable[[], dict[str, float]]]] = [
                 ("alone", lambda: one_drain(None)),
-                ("pruning", lambda: one_drain(Pruner(dsn, cutoff))),
+                ("pruning", lambda: one_drain(Pruner(dsn, edges.pop(0)))),
                 ("prune", pruning_alone),
             ]
             for r in range(reps):
                 for name, fn in steps[r % 3 :] + steps[: r % 3]:
                     runs[name].append(fn())
                     print(f"  round {r + 1} {name}: {runs[name][-1]}", file=log, flush=True)
-            profile = explain_prune(conn, cutoff)
+            # One batch of what drops leave, at the next edge (its range not dropped).
+            profile = explain_prune(conn, start + timedelta(days=2 * reps + 1))
     alone = med([x["secs"] for x in runs["alone"]])
     pruning = med([x["secs"] for x in runs["pruning"]])
     prune = med([x["secs"] for x in runs["prune"]])
@@ -363,6 +379,27 @@ def measure(
     }
 
 
+def report(res: dict[str, Any], days: float, batch: int, reps: int) -> list[str]:
+    """measure()'s figures as printed lines (bench/run.py's prune section prints these)."""
+    alerts, due = res["alerts"], res["due"]
+    verdict = "≤ 10 %: bounded batches suffice" if res["fraction"] <= 0.10 else "> 10 %: partition"
+    return [
+        f"PRUNING at {alerts:,} alerts of history (with their deliveries and episodes,"
+        f" {res['history_mb']:,.0f} MB, {days:g} days in daily ranges; the window's edge"
+        f" a day later at each pruning step), loaded in {res['load_secs']:.0f} s;\n{reps} interleaved rounds,"
+        f" medians; a drain claims {due:,} overdue orders (batch {batch:,})",
+        f"  drain alone:           {res['drain_secs'] * 1000:8,.0f} ms ({res['drain_rate']:,.0f} alerts/s)",
+        f"  drain while pruning:   {res['drain_pruning_secs'] * 1000:8,.0f} ms"
+        f" ({res['slowdown']:.2f}× the time; the pruner removed {res['pruned_during']:,.0f} alerts meanwhile)",
+        f"  pruning {due:,} alerts: {res['prune_secs'] * 1000:8,.0f} ms"
+        f" ({res['prune_rate']:,.0f} alerts/s, {res['prune_ms_batch']:,.0f} ms per batch of"
+        f" {PRUNE_BATCH:,}, WAL {res['prune_wal_per']:,.0f} B/alert)",
+        f"  pruning as a fraction of a drain's time (as many alerts removed as a drain writes):"
+        f" {res['fraction'] * 100:.0f} % ({verdict})",
+        *res["profile"],
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--alerts", type=int, default=10_000_000, help="alerts of history")
@@ -371,41 +408,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10_000, help="the rule's claim batch")
     parser.add_argument("--reps", type=int, default=3, help="interleaved rounds (>= 3)")
     parser.add_argument("--days", type=float, default=10.0, help="the history spans this")
-    parser.add_argument("--retention-days", type=float, default=7.0)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     began = time.perf_counter()
-    res = measure(
-        args.alerts, args.rows, args.due, args.batch, args.reps, args.days, args.retention_days
-    )
+    res = measure(args.alerts, args.rows, args.due, args.batch, args.reps, args.days)
     if args.json:
         print(json.dumps(res))
         return
-    old = args.alerts * (args.days - args.retention_days) / args.days
-    print(
-        f"PRUNING at {args.alerts:,} alerts of history (with their deliveries and episodes,"
-        f" {res['history_mb']:,.0f} MB; {old:,.0f} older than the {args.retention_days:g}-day"
-        f" retention), loaded in {res['load_secs']:.0f} s;\n{args.reps} interleaved rounds,"
-        f" medians; a drain claims {args.due:,} overdue orders (batch {args.batch:,})"
-    )
-    print(
-        f"  drain alone:           {res['drain_secs'] * 1000:8,.0f} ms ({res['drain_rate']:,.0f} alerts/s)"
-    )
-    print(
-        f"  drain while pruning:   {res['drain_pruning_secs'] * 1000:8,.0f} ms"
-        f" ({res['slowdown']:.2f}× the time; the pruner removed {res['pruned_during']:,.0f} alerts meanwhile)"
-    )
-    print(
-        f"  pruning {args.due:,} alerts: {res['prune_secs'] * 1000:8,.0f} ms"
-        f" ({res['prune_rate']:,.0f} alerts/s, {res['prune_ms_batch']:,.0f} ms per batch of"
-        f" {PRUNE_BATCH:,}, WAL {res['prune_wal_per']:,.0f} B/alert)"
-    )
-    verdict = "≤ 10 %: bounded batches suffice" if res["fraction"] <= 0.10 else "> 10 %: partition"
-    print(
-        f"  pruning as a fraction of a drain's time (as many alerts removed as a drain writes):"
-        f" {res['fraction'] * 100:.0f} % ({verdict})"
-    )
-    print("\n".join(res["profile"]))
+    print("\n".join(report(res, args.days, args.batch, args.reps)))
     print(f"whole run: {time.perf_counter() - began:.0f} s; scratch database dropped")
 
 

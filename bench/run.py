@@ -8,21 +8,28 @@ article's statement of docs/explanation/claim.md, a naive UPDATE), the empty pro
 batch's EXPLAIN, end-to-end to a webhook receiver (`slawatch run` in a
 subprocess), 1/2/4 claiming processes and the peer (PGQueuer); then delivery
 (bench/delivery.py's measure()), the idle cost of 100 rules (bench/idle.py's
-measure()), the CPU of 100 / 300 / 1,000 idle rules (bench/rules.py's measure())
-and the event figures (bench/events.py); then issue 18's table and issue 27's, each
-row as met / NOT met / not measured, with the section that measures it.
-Not a test: the figures depend on the machine.
+measure()), the CPU of 100 / 300 / 1,000 idle rules (bench/rules.py's measure()),
+the event figures (bench/events.py), the rows and backlog curves (bench/scale.py's
+measure(): the claim at 1 / 3 / 10 M rows, drains of 10 k / 100 k / 1 M due) and
+retention with 10 M alerts of history (bench/prune.py's measure()); then issue 18's
+table and issue 27's, each row as met / NOT met / not measured, with the section that
+measures it. Not a test: the figures depend on the machine.
 
-    .venv/bin/python bench/run.py                                # the record: ~15 minutes
+    .venv/bin/python bench/run.py                                # the record: ~60 minutes (see below)
     .venv/bin/python bench/run.py --markdown                     # the table as docs/performance.md's
     .venv/bin/python bench/run.py --only claim,long              # some rows again
     .venv/bin/python bench/run.py --skip events                  # without the event figures
     .venv/bin/python bench/run.py --rows 5000000 --due 500000    # the scale of docs/performance.md
-    .venv/bin/python bench/run.py --quick                        # ~1-2 minutes: does it run?
+    .venv/bin/python bench/run.py --only scale --scale-rows 1000000,3000000 --scale-due 10000,100000
+    .venv/bin/python bench/run.py --quick                        # a few minutes: does it run?
 
 Sections (--only / --skip): claim, explain, probe, long, e2e, procs, peer, delivery,
-idle, rules, ingest, http, fire, timerprobe, lateness, brokers ("events": the last six). Retention at
-10 M alerts is bench/prune.py, separately (its load takes minutes).
+idle, rules, ingest, http, fire, timerprobe, lateness, brokers ("events": these six),
+scale, prune. Where the default run's time goes on this 2-core machine: the sections
+up to brokers ~15 minutes; scale ~30 minutes (estimated: loading 1 + 3 + 10 M rows,
+each curve point on fresh copies, the 1 M backlog drains; bench/scale.py's docstring);
+prune ~7-8 minutes (loading 10 M alerts of history: 33 s per million here). Seconds
+per section are printed on stderr.
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
 Every database it makes is dropped at the end. PGQueuer: pip install -e '.[bench]'.
@@ -948,6 +955,7 @@ def pgqueuer_status() -> str | None:
 SECTIONS = (
     "claim", "explain", "probe", "long", "e2e", "procs", "peer",
     "delivery", "idle", "rules", "ingest", "http", "fire", "timerprobe", "lateness", "brokers",
+    "scale", "prune",
 )  # fmt: skip
 SHOP_SECTIONS = {"claim", "explain", "long", "e2e", "procs", "peer"}  # need the shop table
 EVENT_SECTIONS = ("ingest", "http", "fire", "timerprobe", "lateness", "brokers")  # events.py's
@@ -983,13 +991,7 @@ class Row:
         return {True: "met", False: "NOT met", None: "-"}[self.met]
 
     def command(self) -> str:
-        if self.section in SEPARATE:
-            return SEPARATE[self.section]
         return f"bench/run.py --only {self.section}"
-
-
-# Figures measured by a script of their own, not a section of this one.
-SEPARATE = {"prune": "bench/prune.py"}
 
 
 @dataclass(frozen=True)
@@ -1062,6 +1064,20 @@ ISSUE_27 = (
         1.5,
         True,
         "rules",
+    ),
+    Goal(
+        "rows_curve",
+        "rows curve: claim rows/s at the most rows vs the fewest (flat: 1; bends below 1/1.5)",
+        0.67,
+        False,
+        "scale",
+    ),
+    Goal(
+        "backlog_curve",
+        "backlog curve: drain rows/s at the biggest backlog vs the smallest (linear time: 1)",
+        0.67,
+        False,
+        "scale",
     ),
 )
 
@@ -1250,6 +1266,67 @@ def rules_rows(scratch: Scratch, quick: bool) -> tuple[list[Row], dict[str, Any]
     return [Row(figure, now, goal, met, "rules")], res
 
 
+Figures = dict[str, tuple[float, str]]  # issue 27's key -> (the number, how measured)
+
+
+def scale_section(scratch: Scratch, args: argparse.Namespace) -> tuple[Figures, dict[str, str]]:
+    """bench/scale.py's measure(): the rows and backlog curves, printed; the figures of
+    issue 27's two curve rows (the worse of inline's and table's rows/s at the biggest
+    size over the smallest), or why not measured."""
+    keys = ("rows_curve", "backlog_curve")
+    measure, report = guarded("scale", "measure"), guarded("scale", "report")
+    if measure is None or report is None:
+        return {}, dict.fromkeys(keys, "needs bench/scale.py measure()")
+    res, failed = attempt(
+        measure, scratch, args.scale_rows, args.scale_due, args.batch, args.reps, args.quick
+    )
+    if res is None:
+        return {}, dict.fromkeys(keys, failed)
+    print("\n".join(report(res)))
+    print()
+    figures: Figures = {}
+    why: dict[str, str] = {}
+    for key, curve, unit in (("rows_curve", "rows", "rows"), ("backlog_curve", "backlog", "due")):
+        ratio = res.get(f"{curve}_ratio")
+        if ratio is None:
+            why[key] = "needs two sizes or more"
+            continue
+        low, high = min(res[curve]), max(res[curve])
+        each = ", ".join(f"{n} {res[f'{curve}_bend'][n]:.2f}×" for n in res["variants"])
+        figures[key] = (ratio, f"{ratio:.2f}× ({high:,} vs {low:,} {unit}: {each})")
+    return figures, why
+
+
+def prune_section(args: argparse.Namespace) -> tuple[Figures, dict[str, str]]:
+    """bench/prune.py's measure(): retention with --prune-alerts alerts of history
+    (10 M; --quick 500 k on a small shop, one round), printed; issue 27's prune row."""
+    measure, report = guarded("prune", "measure"), guarded("prune", "report")
+    if measure is None or report is None:
+        return {}, {"prune": "needs bench/prune.py measure()"}
+    days = 10.0
+    kwargs: dict[str, Any] = {"days": days}
+    if args.quick:
+        kwargs |= {"alerts": 500_000, "rows": 20_000, "due": 5_000, "batch": 500, "reps": 1}
+    else:
+        kwargs |= {"reps": args.reps}
+    if args.prune_alerts:
+        kwargs["alerts"] = args.prune_alerts
+    res, failed = attempt(measure, **kwargs)
+    if res is None:
+        return {}, {"prune": failed}
+    print("\n".join(report(res, days, kwargs.get("batch", 10_000), kwargs["reps"])))
+    print()
+    x = float(res["fraction"])
+    return {
+        "prune": (
+            x,
+            f"{x * 100:.0f} % ({res['prune_secs'] * 1000:,.0f} ms to prune {res['due']:,} alerts"
+            f" vs {res['drain_secs'] * 1000:,.0f} ms to drain them, {res['alerts']:,} alerts of"
+            f" history); a drain while pruning runs takes {res['slowdown']:.2f}× its time",
+        )
+    }, {}
+
+
 def event_rows(
     scratch: Scratch, run: set[str], quick: bool, lap: Callable[[str], None]
 ) -> list[Row]:
@@ -1339,6 +1416,24 @@ def main() -> None:
         "--only",
         default="",
         help="comma-separated sections to run, the others skipped (e.g. --only claim,long)",
+    )
+    parser.add_argument(
+        "--scale-rows",
+        type=lambda text: tuple(int(x) for x in text.split(",") if x.strip()),
+        default=None,
+        help="table sizes of the rows curve (default 1000000,3000000,10000000; --quick small)",
+    )
+    parser.add_argument(
+        "--scale-due",
+        type=lambda text: tuple(int(x) for x in text.split(",") if x.strip()),
+        default=None,
+        help="backlogs of the backlog curve (default 10000,100000,1000000; --quick small)",
+    )
+    parser.add_argument(
+        "--prune-alerts",
+        type=int,
+        default=0,
+        help="alerts of history for the prune section (default 10,000,000; --quick 500,000)",
     )
     parser.add_argument(
         "--markdown",
@@ -1653,6 +1748,18 @@ def main() -> None:
             other += got_rules
             lap("rules")
         event_table = event_rows(scratch, run, args.quick, lap) if run & set(EVENT_SECTIONS) else []
+        more_figures: Figures = {}
+        more_why: dict[str, str] = {}
+        if "scale" in run:
+            got, why_not = scale_section(scratch, args)
+            more_figures |= got
+            more_why |= why_not
+            lap("scale")
+        if "prune" in run:
+            got, why_not = prune_section(args)
+            more_figures |= got
+            more_why |= why_not
+            lap("prune")
 
         # ---- the issue's table
         by = {v.name: v for v in vs if v.runs}
@@ -1791,8 +1898,8 @@ def main() -> None:
             print()
             print_rows("EVENTS (issue 15's table, bench/events.py)", event_table, args.markdown)
         # ---- issue 27's table: the figures above, each beside its goal
-        figures: dict[str, tuple[float, str]] = {}
-        why: dict[str, str] = {"prune": "bench/prune.py, separately: its load takes minutes"}
+        figures: Figures = dict(more_figures)
+        why: dict[str, str] = dict(more_why)
         for name, rate_ in (("table", r_tab), ("inline", r_in)):
             if rate_ is not None and r_raw is not None:
                 figures[name] = (
