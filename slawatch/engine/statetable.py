@@ -129,25 +129,39 @@ fresh AS MATERIALIZED (
       FROM checked c
      WHERE {s_is_c} AND NOT c.still
     RETURNING c.key, c.episode, c.n, c.seen, c.row_data
-), fresh_rows AS MATERIALIZED (
-    -- fresh's rows by key, for the episodes `opened` wrote. A join of the two CTEs was
+), opened_episodes AS MATERIALIZED (
+    -- The episodes `opened` wrote, by key, for fresh's rows. A join of the two CTEs was
     -- planned on their estimates, and statistics from before a backlog put both at 1
     -- row: a nested loop of 10,000 x 10,000 comparisons (22 s of a 23 s batch in
     -- bench/scale.py's backlog curve). One object, read once (an InitPlan), whose keys
-    -- are found by binary search: linear in the batch, whatever the estimates. The key
-    -- is the state row's (as a re-notification's is); a row not found by it keeps its
-    -- key's columns (the key written otherwise since, e.g. numeric 1.0 as 1.00).
-    SELECT jsonb_object_agg(f.key, f.row_data) AS rows FROM fresh f
+    -- are found by binary search: linear in the batch, whatever the estimates.
+    SELECT jsonb_object_agg({o_key_text}, o.sw_ep) AS episodes FROM opened o
 ), claimed AS (
     SELECT c.key, c.episode, c.n,
            CASE WHEN isfinite(c.seen) THEN {seen_tz} END AS deadline, c.row_data
-      FROM (SELECT {o_key_text} AS key, o.sw_ep AS episode, o.sw_n AS n, o.sw_seen AS seen,
-                   COALESCE((SELECT rows FROM fresh_rows) -> {o_key_text}, {o_key_row})
-                       AS row_data
-              FROM opened o
+      FROM (SELECT f.key, ((SELECT episodes FROM opened_episodes) ->> f.key)::integer AS episode,
+                   1 AS n, f.deadline AS seen, f.row_data
+              FROM fresh f
+             WHERE (SELECT episodes FROM opened_episodes) ? f.key
             UNION ALL
-            SELECT c.key, r.sw_ep, r.sw_n, r.sw_seen, c.row_data
-              FROM renotified r JOIN checked c ON {r_is_c}) c
+            -- An opened episode whose key reads otherwise in the state table than in
+            -- the row (numeric 1.0 stored, 1.00 now; a citext key's case): its row's
+            -- columns are not found by that key; the alert carries the key's.
+            SELECT {o_key_text}, o.sw_ep, o.sw_n, o.sw_seen, {o_key_row}
+              FROM opened o
+             WHERE ({o_key_text} IN (SELECT f.key FROM fresh f)) IS NOT TRUE
+            UNION ALL
+            -- Re-notifications, by what `renotified` wrote (a hashed subplan), for the
+            -- same reason; one that a concurrent write made otherwise goes out as written.
+            SELECT c.key, c.episode, c.n + 1, c.seen, c.row_data
+              FROM checked c
+             WHERE ((c.key, c.episode, c.n + 1)
+                    IN (SELECT {r_key_text}, r.sw_ep, r.sw_n FROM renotified r)) IS TRUE
+            UNION ALL
+            SELECT {r_key_text}, r.sw_ep, r.sw_n, r.sw_seen, {r_key_row}
+              FROM renotified r
+             WHERE (({r_key_text}, r.sw_ep, r.sw_n)
+                    IN (SELECT c.key, c.episode, c.n + 1 FROM checked c)) IS NOT TRUE) c
     -- At most a batch anyway (fresh, then again up to the rest). Said here for the
     -- planner: it guessed 50 times that from the joins of CTEs without statistics,
     -- priced the statement over jit_above_cost, and JIT compilation took 0.2-0.4 s
@@ -172,8 +186,18 @@ _ENDED_EPISODES = """\
       FROM closed c
      WHERE c.n > 0
     UNION ALL
-    SELECT {o_key_text}, o.sw_ep - 1, p.sw_n, CASE WHEN isfinite(p.sw_seen) THEN {p_seen_tz} END,
-           COALESCE((SELECT rows FROM fresh_rows) -> {o_key_text}, {o_key_row})
+    SELECT m.key, m.episode, m.n, CASE WHEN isfinite(m.seen) THEN {m_seen_tz} END,
+           -- Their rows from `fresh`, read by key from one object (the claim's
+           -- opened_episodes says why not a join); the key's columns if not found.
+           COALESCE((SELECT jsonb_object_agg(f.key, f.row_data) FROM fresh f
+                      WHERE (f.key IN (SELECT key FROM moved)) IS TRUE) -> m.key, m.key_row)
+      FROM moved m"""
+
+# The episodes `opened` replaced (their deadline moved to a time already due), for
+# _ENDED_EPISODES: as each state row was before this statement (`p`).
+_MOVED = """\
+    SELECT {o_key_text} AS key, o.sw_ep - 1 AS episode, p.sw_n AS n, p.sw_seen AS seen,
+           {o_key_row} AS key_row
       FROM opened o JOIN {state} p ON {p_is_o}
      WHERE p.sw_seen IS NOT NULL AND p.sw_n > 0"""
 
@@ -433,13 +457,17 @@ def compose(
         wake = sql.SQL("{} OR EXISTS (SELECT 1 FROM resolved_deliveries)").format(wake)
         close_wake = sql.SQL("EXISTS (SELECT 1 FROM resolved_deliveries)")
         claim_resolved = resolved(
-            sql.SQL(_ENDED_EPISODES).format(
-                c_seen_tz=as_tz(sql.Identifier("c", "seen")),
-                p_seen_tz=as_tz(sql.Identifier("p", "sw_seen")),
-                o_key_text=key_text("o"),
-                o_key_row=key_row("o"),
-                p_is_o=eq("p", "o"),
-                state=state_table(rule),
+            sql.SQL("    WITH moved AS MATERIALIZED (\n{}\n    )\n{}").format(
+                sql.SQL(_MOVED).format(
+                    o_key_text=key_text("o"),
+                    o_key_row=key_row("o"),
+                    p_is_o=eq("p", "o"),
+                    state=state_table(rule),
+                ),
+                sql.SQL(_ENDED_EPISODES).format(
+                    c_seen_tz=as_tz(sql.Identifier("c", "seen")),
+                    m_seen_tz=as_tz(sql.Identifier("m", "seen")),
+                ),
             ),
             resolved_severity,
             paged,
@@ -486,7 +514,8 @@ def compose(
         s_is_c=eq("s", "c"),
         o_key_text=key_text("o"),
         o_key_row=key_row("o"),
-        r_is_c=eq("r", "c"),
+        r_key_text=key_text("r"),
+        r_key_row=key_row("r"),
         first_next=first_next,
         distinct=distinct,
         distinct_order=distinct_order,

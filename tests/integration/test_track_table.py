@@ -258,10 +258,11 @@ def test_a_batch_builds_the_json_of_its_own_rows_only(conn: Conn) -> None:
 def test_a_batch_pairs_the_episodes_it_opened_with_their_rows_whatever_the_estimates(
     conn: Conn, resolve: bool
 ) -> None:
-    """The episodes `opened` wrote get their rows from `fresh` in one pass. Joined, the
-    two CTEs were planned on their estimates, and statistics from before a backlog put
-    `fresh` at 1 row: a nested loop comparing each opened row with every fresh one
-    (10,000 x 10,000 in a 22 s batch of bench/scale.py's drain)."""
+    """The episodes `opened` and `renotified` wrote get their rows from `fresh` and
+    `checked` in one pass. Joined, those CTEs were planned on their estimates, and
+    statistics from before a backlog put `fresh` at 1 row: a nested loop comparing each
+    opened row with every fresh one (10,000 x 10,000 in a 22 s batch of
+    bench/scale.py's drain)."""
     conn.execute(TABLE)
     late = rule(batch=5000, resolve=resolve)
     migrate(conn, [late])
@@ -276,8 +277,10 @@ def test_a_batch_pairs_the_episodes_it_opened_with_their_rows_whatever_the_estim
     for table in ("orders", "slawatch.late_state"):
         conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
         conn.execute(f"ANALYZE {table}")
-    conn.execute(  # every deadline moves, to a time still due: 2,000 new episodes
-        "UPDATE orders SET paid_at = %s + id * interval '1 millisecond'", (T0 - 2 * H,)
+    conn.execute(  # half the deadlines move, to a time still due: 1,000 new episodes;
+        # the other half are due for their re-notification
+        "UPDATE orders SET paid_at = %s + id * interval '1 millisecond' WHERE id <= 1000",
+        (T0 - 2 * H,),
     )
     with conn.transaction():
         # The joins such estimates get (statistics from before the backlog did it in
@@ -290,8 +293,9 @@ def test_a_batch_pairs_the_episodes_it_opened_with_their_rows_whatever_the_estim
         ).fetchone()  # type: ignore[misc]
         raise psycopg.Rollback()  # EXPLAIN ANALYZE wrote the batch: undone
     nodes = _plan_nodes(doc[0]["Plan"])
-    opened = next(n for n in nodes if n.get("Subplan Name") == "CTE opened")
-    assert opened["Actual Rows"] == 2000  # the batch opened every moved episode
+    wrote = {n.get("Subplan Name"): n["Actual Rows"] for n in nodes if n.get("Subplan Name")}
+    assert (wrote["CTE opened"], wrote["CTE renotified"]) == (1000, 1000)
+    assert wrote["CTE alerts"] == 2000
     quadratic = [
         (n.get("Join Filter"), n["Rows Removed by Join Filter"])
         for n in nodes
