@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -35,6 +36,8 @@ sys.path.insert(0, os.environ.get("INDEX_COST_TREE") or str(HERE.parent))
 
 import claim_ab  # noqa: E402
 import run as shop  # noqa: E402
+
+claim_ab.PREFIX = "sw_ic_"  # not claim_ab.py's databases: both may run on one server
 
 from slawatch.config.rules import Rule  # noqa: E402
 from slawatch.engine.claim import batches  # noqa: E402
@@ -58,6 +61,13 @@ SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c
   JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = 'slawatch' AND c.relkind = 'i'
    AND c.relname ~ '^(alert|delivery|episode)' ORDER BY 1"""
+
+
+def drop(dsn: str, name: str) -> None:
+    with claim_ab.admin(dsn) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(claim_ab.PREFIX + name))
+        )
 
 
 def med(xs: list[float]) -> float:
@@ -122,8 +132,8 @@ def main() -> None:
         for conn in conns.values():
             conn.close()
         for name in names.values():
-            claim_ab.recreate(dsn, name, None)
-        claim_ab.recreate(dsn, "base", None)
+            drop(dsn, name)
+        drop(dsn, "base")
     first = order[0]
     n = min(len(cpu[label]) for label in order)
     print(
