@@ -5,11 +5,13 @@ of one loaded database, and per claimed row the server backend's CPU (read from
 
     SLAWATCH_BENCH_DSN=... .venv/bin/python bench/claim_ab.py \\
         [--rows 1000000] [--due 20000] [--batch 10000] [--rounds 3] \\
-        [--tree LABEL=PATH ...] [--explain]
+        [--tree LABEL=PATH ...] [--sql LABEL=SQL ...] [--explain]
 
 Each ``--tree`` is a slawatch source tree (a ``git worktree`` of an older commit): its
 variant runs in a child process with that tree first on ``PYTHONPATH``, so one venv
 serves every tree whose dependencies it has. Without ``--tree``: this tree alone.
+``--sql LABEL=SQL`` runs SQL in that variant's database after ``migrate`` (one tree
+given twice under two labels, one with an index dropped: what that index costs).
 Used to find where ``track: inline`` lost its speed (docs/performance.md).
 """
 
@@ -97,6 +99,8 @@ def run_variant(dsn: str, kind: str, batch: int, now: datetime, explain: bool) -
 
             rule = Rule.model_validate(shop["rule"])
             migrate(conn, [rule])
+            if os.environ.get("CLAIM_AB_SQL"):  # --sql: e.g. one outbox index dropped
+                conn.execute(os.environ["CLAIM_AB_SQL"])
             plan = prepare(conn, rule)
             step = batches(conn, plan, now)
             statement, params = plan.statement, plan.params(now)
@@ -168,6 +172,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tree", action="append", default=[], help="LABEL=PATH of a slawatch tree")
+    ap.add_argument(
+        "--sql",
+        action="append",
+        default=[],
+        help="LABEL=SQL run after migrate in that tree's variant (e.g. DROP INDEX ...)",
+    )
     ap.add_argument("--explain", action="store_true", help="EXPLAIN one batch of each, first")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # kind db now
     args = ap.parse_args()
@@ -186,6 +196,7 @@ def main() -> None:
         {"raw_setup": shop.RAW_SETUP, "raw": shop.RAW, "rule": shop.rule_dict(args.batch)}
     )
     trees = [t.split("=", 1) for t in args.tree] or [["this", str(HERE.parent)]]
+    extra = dict(t.split("=", 1) for t in args.sql)
     now = datetime.now(UTC).replace(microsecond=0)
     t = time.perf_counter()
     recreate(dsn, "base", None)
@@ -200,6 +211,9 @@ def main() -> None:
         if True:
             recreate(dsn, "run", "base")
             env = dict(os.environ, PYTHONPATH=path, CLAIM_AB_SHOP=shop_json)
+            env.pop("CLAIM_AB_SQL", None)
+            if label in extra:
+                env["CLAIM_AB_SQL"] = extra[label]
             cmd = [sys.executable, __file__]
             kind = "raw" if label == "raw" else "slawatch"
             cmd += ["--batch", str(args.batch), "--child", kind, "run", now.isoformat()]

@@ -43,6 +43,7 @@ SWAP_TRIES = 20  # tries of the swap's lock (each waits at most LOCK_TIMEOUT)
 LOCK_TIMEOUT = "5s"
 
 # The names the partitioned tables take at the swap: (old, new) of constraints and indexes.
+# (delivery_rotating_id is gone before any swap: 0018_lean_outbox.sql dropped it.)
 _RENAMES = {
     "alert": [
         ("CONSTRAINT", "alert_rotating_pkey", "alert_pkey"),
@@ -53,7 +54,6 @@ _RENAMES = {
     "delivery": [
         ("CONSTRAINT", "delivery_rotating_once", "delivery_once"),
         ("CONSTRAINT", "delivery_rotating_status", "delivery_status"),
-        ("INDEX", "delivery_rotating_id", "delivery_id"),
         ("INDEX", "delivery_rotating_summary", "delivery_summary"),
         ("INDEX", "delivery_rotating_due", "delivery_due"),
         ("INDEX", "delivery_rotating_dead", "delivery_dead"),

@@ -28,21 +28,35 @@ SELECT %(rule)s, r.key, r.episode, r.n, 'webhook', r.status, r.error, %(now)s, 1
 
 -- replay_webhook_actions --
 -- The dead (or orphaned) deliveries of the rules' failed webhook actions back to pending,
--- as `slawatch replay` does (action_failed, then the delivery's primary key); the
--- trigger records each as the action's next attempt.
+-- as `slawatch replay` does; the trigger records each as the action's next attempt.
+-- Each delivery is found by its alert (the action's (rule, key, episode, n): a probe of
+-- alert_once in each range, LATERAL with OFFSET 0 so that it stays a probe per action,
+-- never a hash of the whole history: 2,000 failed actions among 100,000 alerts were
+-- hashed, 160 ms) and then by (alert_id, id) through delivery_once: delivery.id alone
+-- has no index (0018_lean_outbox.sql).
 UPDATE slawatch.delivery d
    SET status = 'pending', attempts = 0, next_attempt_at = %(now)s, lease_owner = NULL,
        lease_expires_at = NULL
- WHERE d.id IN (SELECT a.delivery_id FROM slawatch.action a
-                 WHERE a.status = 'failed' AND a.rule = ANY (%(rules)s) AND a.kind = 'webhook')
+ WHERE (d.alert_id, d.id) IN (
+       SELECT x.id, a.delivery_id FROM slawatch.action a
+        CROSS JOIN LATERAL (
+              SELECT y.id FROM slawatch.alert y
+               WHERE y.rule = a.rule AND y.key = a.key AND y.episode = a.episode
+                 AND y.n = a.n OFFSET 0) x
+        WHERE a.status = 'failed' AND a.rule = ANY (%(rules)s) AND a.kind = 'webhook')
    AND d.status IN ('dead', 'orphaned')
 
 -- failed_webhook_actions --
 -- How many replay_webhook_actions would put back (SLAWATCH_ACTIONS=off or dry-run).
 SELECT count(*)
   FROM slawatch.delivery d
- WHERE d.id IN (SELECT a.delivery_id FROM slawatch.action a
-                 WHERE a.status = 'failed' AND a.rule = ANY (%(rules)s) AND a.kind = 'webhook')
+ WHERE (d.alert_id, d.id) IN (
+       SELECT x.id, a.delivery_id FROM slawatch.action a
+        CROSS JOIN LATERAL (
+              SELECT y.id FROM slawatch.alert y
+               WHERE y.rule = a.rule AND y.key = a.key AND y.episode = a.episode
+                 AND y.n = a.n OFFSET 0) x
+        WHERE a.status = 'failed' AND a.rule = ANY (%(rules)s) AND a.kind = 'webhook')
    AND d.status IN ('dead', 'orphaned')
 
 -- wake_deliveries --

@@ -64,15 +64,15 @@
 -- for such a lock of the other deadlocked (bench/delivery.py: one a round, a second
 -- lost to deadlock_timeout each time). The worker settles what `sent` skipped with
 -- mark_sent, which holds no other lock while it waits.
--- The outbox is partitioned by alert id ranges (0015_rotate.sql), and delivery.id is
--- indexed per range: a write that finds its rows by id alone probes every range. `sent`
--- and `settled` join their rows back by (alert_id, id): as a nested loop, each probe goes
--- to its alert's range (run-time pruning). `leased` takes its ids as an array, probed in
--- each range's delivery_id, and only in the ranges from the batch's lowest alert id up
--- (pruned when the statement runs): a join was hashed, by a planner that prices a probe
--- per range and row, over a scan of every range (EXPLAIN ANALYZE mid-drain, 5,000
--- deliveries in 4 ranges: 3 ms of a claim; 0.3 ms now, 0.15 ms by the unpartitioned
--- outbox's primary key). `sent` is compared to the due rows as an InitPlan's value,
+-- The outbox is partitioned by alert id ranges (0015_rotate.sql), and delivery.id has no
+-- index (0018_lean_outbox.sql): every write finds its rows by alert id first, through
+-- delivery_once (an alert has one to three deliveries). `sent` and `settled` join their
+-- rows back by (alert_id, id): as a nested loop, each probe goes to its alert's range
+-- (run-time pruning). `leased` takes its alert ids and ids as two arrays, the alert ids
+-- probed in each range's delivery_once, and only in the ranges from the batch's lowest
+-- alert id up (pruned when the statement runs): a join was hashed, by a planner that
+-- prices a probe per range and row, over a scan of every range (EXPLAIN ANALYZE
+-- mid-drain, 5,000 deliveries in 4 ranges: 3 ms of a claim; 0.3 ms as arrays). `sent` is compared to the due rows as an InitPlan's value,
 -- `(SELECT %(sent)s)`, never as the array itself: inline, its 100 ids made the planner's
 -- work grow with the ranges (bench/delivery.py --claims-only, 4 ranges: 26 ms of
 -- planning per claim, 0.8 ms unpartitioned; as the InitPlan's value 2-4 ms). The claim
@@ -142,7 +142,8 @@ WITH sent AS (
        SET lease_owner = %(owner)s,
            lease_expires_at = %(now)s + %(lease)s::interval,
            attempts = d.attempts + 1
-     WHERE d.id = ANY(ARRAY(SELECT id FROM due WHERE id NOT IN (SELECT id FROM muted)))
+     WHERE d.alert_id = ANY(ARRAY(SELECT alert_id FROM due WHERE id NOT IN (SELECT id FROM muted)))
+       AND d.id = ANY(ARRAY(SELECT id FROM due WHERE id NOT IN (SELECT id FROM muted)))
        AND d.alert_id >= (SELECT min(alert_id) FROM due)
     RETURNING d.id, d.notifier, d.attempts, NULL::text AS settled
 )
@@ -304,10 +305,10 @@ SELECT s.id AS summary_id, l.*
 -- with 10 k pending, growing with the backlog; now 2 ms). The ::bigint[] keeps
 -- psycopg from sending a smallint[] for small ids.
 -- Asynchronous commit, as claim_deliveries: a lost 'sent' is a resend.
--- `alerts`: the deliveries' alert ids (the dispatcher has them), so that only their
--- id ranges' partitions are read (delivery is partitioned by alert_id; an id alone
--- probes every partition's delivery_id). The same in mark_retry, mark_dead and
--- claim_deliveries' `sent` (sent_alerts).
+-- `alerts`: the deliveries' alert ids (the dispatcher has them): the rows are found
+-- through delivery_once, in their id ranges' partitions only (delivery is partitioned
+-- by alert_id, and its id alone has no index: 0018_lean_outbox.sql). The same in
+-- mark_retry, mark_dead and claim_deliveries' `sent` (sent_alerts).
 UPDATE slawatch.delivery
    SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
        last_error = NULL
@@ -363,7 +364,8 @@ WITH picked AS (
        SET status = 'pending', notifier = p.target, attempts = 0, next_attempt_at = %(now)s,
            lease_owner = NULL, lease_expires_at = NULL
       FROM picked p
-     WHERE d.id = p.id AND d.status = p.status AND p.known AND NOT p.taken
+     WHERE d.id = p.id AND d.alert_id = p.alert_id AND d.status = p.status AND p.known
+       AND NOT p.taken
     RETURNING p.status AS was, d.alert_id, p.target
 ), closing AS (
     SELECT DISTINCT r.id AS alert_id, x.target

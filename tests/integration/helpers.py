@@ -167,6 +167,8 @@ CREATE TRIGGER action_settled
     FOR EACH ROW
     WHEN (OLD.status IS DISTINCT FROM NEW.status AND NEW.notifier LIKE 'action:%')
     EXECUTE FUNCTION slawatch.action_delivery_settled();
+-- The later migrations run again: what they make goes too (0017_deliveries_due.sql).
+DROP FUNCTION slawatch.deliveries_due(text, timestamptz);
 DELETE FROM slawatch.schema_version WHERE version >= 14;
 """
 

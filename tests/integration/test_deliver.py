@@ -611,6 +611,34 @@ def test_each_due_deliverys_alert_is_probed_by_its_key_whatever_the_costs(conn: 
     assert ("alert", "Seq Scan") not in scans, scans
 
 
+def test_a_claim_leases_its_deliveries_by_their_alert_ids_reading_no_others(conn: Conn) -> None:
+    """delivery.id has no index (0018_lean_outbox.sql): the claim's lease finds its rows
+    through delivery_once by their alert ids, then their ids. By id alone (and the
+    batch's lowest alert id) it read every delivery of every alert from there up: 3,000
+    pending, 100 leased, 3,000 rows read."""
+    overdue_orders(conn, 3000)
+    conn.execute("ANALYZE slawatch.delivery, slawatch.alert")
+    params = {"now": CLAIMED, "owner": uuid.uuid4(), "lease": timedelta(seconds=30)}
+    params |= NOTHING_SENT | {"limit": 100, "notifier": "console"}
+    with conn.transaction(force_rollback=True):
+        (plan,) = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + queries()["claim_deliveries"], params
+        ).fetchone()  # type: ignore[misc]
+    read: list[tuple[str, float]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") == "delivery" and node["Node Type"] != "ModifyTable":
+            rows = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+            read.append((node.get("Index Name", node["Node Type"]), rows * node["Actual Loops"]))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(by_parent(conn, plan[0]["Plan"]))
+    assert statuses(conn) == {"pending": 3000}
+    assert ("delivery_once", 100) in read, read
+    assert all(rows <= 100 for index, rows in read if index != "delivery_due"), read
+
+
 def test_a_worker_that_wakes_claims_only_when_the_probe_says_something_is_due(
     conn: Conn, db: Database
 ) -> None:

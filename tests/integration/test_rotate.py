@@ -525,8 +525,9 @@ def read_partitions(plan: dict[str, Any], table: str) -> set[str]:
 
 
 def test_settling_deliveries_reads_only_their_ranges_partitions(conn: Conn) -> None:
-    """delivery.id is indexed per partition: by id alone, a settle probes every range.
-    With the alert ids the dispatcher has, it reads their ranges' partitions only: in
+    """delivery.id has no index (0018_lean_outbox.sql), in no range, the ranges opened
+    since included: by id alone, a settle would read every range. With the alert ids
+    the dispatcher has, it reads their ranges' partitions only (delivery_once): in
     mark_sent, mark_retry, mark_dead, and in the claim the settle of the batch sent
     (`sent`), the lease of the due deliveries (`leased`) and the settle of the silenced
     or acknowledged ones (`settled`)."""
@@ -542,6 +543,13 @@ def test_settling_deliveries_reads_only_their_ranges_partitions(conn: Conn) -> N
             {"at": start + day * DAY},
         )
         assert rotate(conn, start + (day + 1) * DAY) is not None
+    # No index of the outbox's deliveries is led by id, in any of the 4 ranges.
+    assert conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE a.attname = 'id')"
+        " FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid"
+        " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+        " WHERE c.relname LIKE 'delivery_h%'"
+    ).fetchone() == (4 * 5, 0)
     mine = alert(conn, start + 3 * DAY, "pending")  # in the open range, 3
     alert(conn, start + 3 * DAY, "pending")  # due: leased by the claim
     acked = alert(conn, start + 3 * DAY, "pending")  # settled by the claim
