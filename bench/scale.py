@@ -245,6 +245,28 @@ def verdict(ratio: float, slower_is_higher: bool = False) -> str:
     return "bends" if bent else "flat"
 
 
+def _columns(
+    label: str,
+    points: dict[int, dict[str, dict[str, float]]],
+    names: list[str],
+    *columns: tuple[str, str, int, str],
+) -> list[str]:
+    """A curve's table: a size per line, then for each of ``columns`` (the figure's key,
+    its heading after the variant's name, width, format) one column per variant."""
+    lines = [
+        f"{label:>12} "
+        + " ".join(" ".join(f"{n + title:>{w}}" for n in names) for _, title, w, _ in columns)
+    ]
+    for size, point in points.items():
+        lines.append(
+            f"{size:>12,} "
+            + " ".join(
+                " ".join(f"{point[n][key]:>{w}{fmt}}" for n in names) for key, _, w, fmt in columns
+            )
+        )
+    return lines
+
+
 def report(res: dict[str, Any]) -> list[str]:
     """The two curves as printed lines (bench/run.py prints these too)."""
     lines: list[str] = []
@@ -256,19 +278,13 @@ def report(res: dict[str, Any]) -> list[str]:
             f" {res['batch']:,}; claim rows/s and the empty probe (prepared; raw: custom"
             f" plans), medians of {reps} interleaved runs"
         )
-        lines.append(
-            f"{'rows':>12} "
-            + " ".join(f"{n + ' rows/s':>14}" for n in names)
-            + " "
-            + " ".join(f"{n + ' probe µs':>16}" for n in names)
+        lines += _columns(
+            "rows",
+            res["rows"],
+            names,
+            ("rate", " rows/s", 14, ",.0f"),
+            ("probe_us", " probe µs", 16, ",.0f"),
         )
-        for size, point in res["rows"].items():
-            lines.append(
-                f"{size:>12,} "
-                + " ".join(f"{point[n]['rate']:>14,.0f}" for n in names)
-                + " "
-                + " ".join(f"{point[n]['probe_us']:>16,.0f}" for n in names)
-            )
         if "rows_bend" in res:
             low, high = min(res["rows"]), max(res["rows"])
             for n in names:
@@ -284,19 +300,13 @@ def report(res: dict[str, Any]) -> list[str]:
             f" (the backlog added on top), batch {res['batch']:,}; seconds and rows/s,"
             f" medians of {reps} interleaved runs"
         )
-        lines.append(
-            f"{'backlog':>12} "
-            + " ".join(f"{n + ' s':>10}" for n in names)
-            + " "
-            + " ".join(f"{n + ' rows/s':>14}" for n in names)
+        lines += _columns(
+            "backlog",
+            res["backlog"],
+            names,
+            ("secs", " s", 10, ",.2f"),
+            ("rate", " rows/s", 14, ",.0f"),
         )
-        for size, point in res["backlog"].items():
-            lines.append(
-                f"{size:>12,} "
-                + " ".join(f"{point[n]['secs']:>10,.2f}" for n in names)
-                + " "
-                + " ".join(f"{point[n]['rate']:>14,.0f}" for n in names)
-            )
         if "backlog_bend" in res:
             low, high = min(res["backlog"]), max(res["backlog"])
             for n in names:
