@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from slawatch.actions.run import runner
@@ -173,6 +174,37 @@ DELETE FROM slawatch.schema_version WHERE version >= 14;
 """
 
 
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A JSON plan's nodes, depth first."""
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def batch_with_nested_loops(
+    conn: Conn, statement: sql.Composable, params: dict[str, Any]
+) -> tuple[dict[str, int], list[tuple[str | None, int]]]:
+    """EXPLAIN ANALYZE of a claim batch (rolled back) with nested loops for every join,
+    the plan statistics from before a backlog give: the rows each CTE wrote, by name,
+    and the joins that removed at least 2,000 rows by their join filter (a nested loop
+    comparing each row of one CTE with every row of another)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_hashjoin = off")
+        conn.execute("SET LOCAL enable_mergejoin = off")
+        (doc,) = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + statement, params
+        ).fetchone()  # type: ignore[misc]
+        raise psycopg.Rollback()  # EXPLAIN ANALYZE wrote the batch: undone
+    nodes = list(plan_nodes(doc[0]["Plan"]))
+    wrote = {str(n["Subplan Name"]): n["Actual Rows"] for n in nodes if n.get("Subplan Name")}
+    quadratic = [
+        (n.get("Join Filter"), n["Rows Removed by Join Filter"])
+        for n in nodes
+        if n.get("Rows Removed by Join Filter", 0) >= 2000
+    ]
+    return wrote, quadratic
+
+
 def by_parent(conn: Conn, plan: dict[str, Any]) -> dict[str, Any]:
     """An EXPLAIN (FORMAT JSON) plan with the outbox's partitions (0015_rotate.sql's id
     ranges) and their indexes named by their partitioned parents, in place."""
@@ -233,9 +265,7 @@ def unversioned(conn: Conn) -> None:
         " DROP FUNCTION IF EXISTS slawatch.claim_gate(text, text),"
         " slawatch.record_generation(text, text, jsonb);"
         # 0014_delivery_lease.sql's room for leases on the outbox's pages.
-        " ALTER TABLE slawatch.delivery RESET (fillfactor);"
-        # 0017_deliveries_due.sql's probe for the delivery workers.
-        " DROP FUNCTION IF EXISTS slawatch.deliveries_due(text, timestamptz)"
+        " ALTER TABLE slawatch.delivery RESET (fillfactor)"
     )
 
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from slawatch.actions.run import runner
 from slawatch.config.rules import Rule, Tier
@@ -18,7 +16,14 @@ from slawatch.delivery.dispatcher import deliver_due
 from slawatch.engine.claim import ClaimPlan, plan_claim
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
-from tests.integration.helpers import Conn, FixedClock, claim_all, episodes, shop
+from tests.integration.helpers import (
+    Conn,
+    FixedClock,
+    batch_with_nested_loops,
+    claim_all,
+    episodes,
+    shop,
+)
 from tests.integration.lifecycle_helpers import Inbox, resolved
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -195,10 +200,6 @@ def test_table_an_end_seen_at_the_re_notification_time(conn: Conn, track: str) -
     assert resolved(conn) == [("1", 1, "warning", ["console"])]
 
 
-def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    return [plan, *(n for child in plan.get("Plans", []) for n in _nodes(child))]
-
-
 def test_a_wave_of_ended_episodes_is_paired_in_one_pass_whatever_the_estimates(
     conn: Conn, track: str
 ) -> None:
@@ -222,19 +223,6 @@ def test_a_wave_of_ended_episodes_is_paired_in_one_pass_whatever_the_estimates(
         statement, params = plan.statement, plan.params(now)
     else:  # the sweep closes the shipped ones; the batch opens the moved ones
         statement, params = plan.table.claim, plan.params(now) | {"since": "-infinity"}
-    with conn.transaction():
-        conn.execute("SET LOCAL enable_hashjoin = off")
-        conn.execute("SET LOCAL enable_mergejoin = off")
-        (doc,) = conn.execute(
-            sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + statement, params
-        ).fetchone()  # type: ignore[misc]
-        raise psycopg.Rollback()  # EXPLAIN ANALYZE wrote the batch: undone
-    nodes = _nodes(doc[0]["Plan"])
-    wrote = {n.get("Subplan Name"): n["Actual Rows"] for n in nodes if n.get("Subplan Name")}
+    wrote, quadratic = batch_with_nested_loops(conn, statement, params)
     assert wrote["CTE resolved"] >= 1000  # the wave happened in this batch
-    quadratic = [
-        (n.get("Join Filter"), n["Rows Removed by Join Filter"])
-        for n in nodes
-        if n.get("Rows Removed by Join Filter", 0) >= 2000
-    ]
     assert quadratic == []

@@ -40,7 +40,14 @@ from slawatch.engine.queries import queries
 from slawatch.errors import ConfigError
 from slawatch.operate.lifecycle import add_silence
 from slawatch.operate.metrics import Metrics
-from tests.integration.helpers import Conn, FixedClock, claim_all, shop, unversioned
+from tests.integration.helpers import (
+    Conn,
+    FixedClock,
+    claim_all,
+    plan_nodes,
+    shop,
+    unversioned,
+)
 from tests.integration.test_admin import Start, start
 from tests.integration.test_cli import slawatch
 from tests.integration.test_email import notifier as mail_notifier
@@ -674,13 +681,6 @@ def test_email_and_console_show_the_storm(conn: Conn, db: Database, smtp: tuple[
         "[warning] order_unshipped storm: 150 rows overdue for order_unshipped"
     )
     assert [line.split()[3] for line in lines[1:]] == ["key=1", "key=2"]
-
-
-def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """A JSON plan's nodes, depth first."""
-    yield node
-    for child in node.get("Plans", []):
-        yield from plan_nodes(child)
 
 
 def due_indexes(conn: Conn) -> set[str]:

@@ -12,7 +12,6 @@ import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -23,7 +22,15 @@ from slawatch.config.rules import Rule
 from slawatch.engine.migrate import grants, migrate
 from slawatch.engine.ready import prepare
 from tests.conftest import ROOT
-from tests.integration.helpers import DAY, Conn, claim_all, episodes, shop
+from tests.integration.helpers import (
+    DAY,
+    Conn,
+    batch_with_nested_loops,
+    claim_all,
+    episodes,
+    plan_nodes,
+    shop,
+)
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -220,10 +227,6 @@ def test_a_batch_is_priced_as_a_batch_so_no_jit_compiles_it(conn: Conn, resolve:
     assert doc[0]["Plan"]["Total Cost"] < jit_above
 
 
-def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    return [plan, *(n for child in plan.get("Plans", []) for n in _plan_nodes(child))]
-
-
 def test_a_batch_builds_the_json_of_its_own_rows_only(conn: Conn) -> None:
     """Once the state table has statistics the planner may hash the claim's anti join:
     it then reads and sorts every row due in the window, and the alerts' JSON must
@@ -247,8 +250,8 @@ def test_a_batch_builds_the_json_of_its_own_rows_only(conn: Conn) -> None:
             plan.params(T0) | {"since": "-infinity"},
         ).fetchone()  # type: ignore[misc]
         raise psycopg.Rollback()  # EXPLAIN ANALYZE wrote the batch: undone
-    fresh = next(p for p in _plan_nodes(doc[0]["Plan"]) if p.get("Subplan Name") == "CTE fresh")
-    nodes = _plan_nodes(fresh)
+    fresh = next(p for p in plan_nodes(doc[0]["Plan"]) if p.get("Subplan Name") == "CTE fresh")
+    nodes = list(plan_nodes(fresh))
     assert any(n["Node Type"] == "Hash Join" for n in nodes)  # the hashed anti join
     built = [n["Actual Rows"] for n in nodes if "jsonb_build_object" in str(n.get("Output"))]
     assert built and max(built) == 2
@@ -282,25 +285,13 @@ def test_a_batch_pairs_the_episodes_it_opened_with_their_rows_whatever_the_estim
         "UPDATE orders SET paid_at = %s + id * interval '1 millisecond' WHERE id <= 1000",
         (T0 - 2 * H,),
     )
-    with conn.transaction():
-        # The joins such estimates get (statistics from before the backlog did it in
-        # bench/scale.py's drain): nested loops.
-        conn.execute("SET LOCAL enable_hashjoin = off")
-        conn.execute("SET LOCAL enable_mergejoin = off")
-        (doc,) = conn.execute(
-            sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + plan.table.claim,
-            plan.params(T0) | {"since": "-infinity"},
-        ).fetchone()  # type: ignore[misc]
-        raise psycopg.Rollback()  # EXPLAIN ANALYZE wrote the batch: undone
-    nodes = _plan_nodes(doc[0]["Plan"])
-    wrote = {n.get("Subplan Name"): n["Actual Rows"] for n in nodes if n.get("Subplan Name")}
+    # The joins such estimates get (statistics from before the backlog did it in
+    # bench/scale.py's drain): nested loops.
+    wrote, quadratic = batch_with_nested_loops(
+        conn, plan.table.claim, plan.params(T0) | {"since": "-infinity"}
+    )
     assert (wrote["CTE opened"], wrote["CTE renotified"]) == (1000, 1000)
     assert wrote["CTE alerts"] == 2000
-    quadratic = [
-        (n.get("Join Filter"), n["Rows Removed by Join Filter"])
-        for n in nodes
-        if n.get("Rows Removed by Join Filter", 0) >= 2000
-    ]
     assert quadratic == []
 
 
