@@ -204,7 +204,8 @@ def _check_query(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[s
     try:
         with conn.transaction(force_rollback=True):
             info = inspect_query(conn, rule)
-            volatile = _volatile_calls(conn, rule)
+            with translate(f"rule {rule.name}: the functions its query calls"):
+                volatile = _volatile_calls(conn, rule)
     except DatabaseUnavailable:
         raise
     except DatabaseError as exc:

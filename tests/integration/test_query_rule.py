@@ -371,3 +371,16 @@ def test_a_query_calling_a_volatile_function_of_the_database_is_refused(
     write(tmp_path / "rules", unshipped_rule(UNSHIPPED + " AND looked() = 1 AND random() < 2"))
     assert main([*args, "migrate"]) == 0
     assert main([*args, "check"]) == 0
+
+
+def test_a_query_a_view_cannot_hold_is_one_line_of_check(conn: Conn) -> None:
+    """The functions a query calls are read from a temporary view of it, which refuses
+    an output naming a column twice: that is the rule's error line, not an exception
+    that would stop check and migrate for every rule."""
+    conn.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL,"
+        " status text NOT NULL, paid_at timestamptz)"
+    )
+    rule = unshipped_rule("SELECT o.id, o.paid_at, o.customer, o.id AS id FROM orders o")
+    _, errors = check_rule(conn, rule)
+    assert errors == [f'{rule.source}: query: column "id" specified more than once']
