@@ -270,8 +270,9 @@ class KafkaSource(SourceBase):
         # never join its group (INVALID_SESSION_TIMEOUT at run time, not at check).
         if value < KAFKA_MIN_SESSION:
             raise ValueError(
-                f"{value.total_seconds():g}s is shorter than 6s, the least Kafka brokers"
-                " accept by default (group.min.session.timeout.ms)"
+                f"{value.total_seconds():g}s is shorter than"
+                f" {KAFKA_MIN_SESSION.total_seconds():g}s, the least Kafka brokers accept by"
+                " default (group.min.session.timeout.ms)"
             )
         return value
 

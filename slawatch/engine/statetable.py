@@ -139,6 +139,7 @@ fresh AS MATERIALIZED (
 ), claimed AS (
     SELECT c.key, c.episode, c.n,
            CASE WHEN isfinite(c.seen) THEN {seen_tz} END AS deadline, c.row_data
+      -- n and seen as `opened` writes them (sw_n = 1, sw_seen = the fresh deadline).
       FROM (SELECT f.key, ((SELECT episodes FROM opened_episodes) ->> f.key)::integer AS episode,
                    1 AS n, f.deadline AS seen, f.row_data
               FROM fresh f
@@ -152,7 +153,9 @@ fresh AS MATERIALIZED (
              WHERE ({o_key_text} IN (SELECT f.key FROM fresh f)) IS NOT TRUE
             UNION ALL
             -- Re-notifications, by what `renotified` wrote (a hashed subplan), for the
-            -- same reason; one that a concurrent write made otherwise goes out as written.
+            -- same reason. `again` locked these rows, so the next branch should find
+            -- nothing: it is a safeguard, so that no written re-notification goes
+            -- unsent whatever this pairing misses.
             SELECT c.key, c.episode, c.n + 1, c.seen, c.row_data
               FROM checked c
              WHERE ((c.key, c.episode, c.n + 1)

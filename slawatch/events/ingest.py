@@ -113,6 +113,13 @@ def control_character(text: str, what: str = "keys and types") -> str | None:
     )
 
 
+def id_problem(ident: str) -> str | None:
+    """Why ``ident`` is refused as an event's id (or a ping's run id); None: it is not."""
+    if not 1 <= len(ident) <= MAX_ID:
+        return f"must be 1 to {MAX_ID} characters, not {len(ident):,}"
+    return control_character(ident, "ids")
+
+
 def parse_event(
     raw: Any,
     index: int | None,
@@ -182,10 +189,8 @@ def parse_event(
         if isinstance(ident, bool) or not isinstance(ident, str | int):
             raise bad("id", f"{shorten(ident)}: an id is text (or a whole number)")
         ident = str(ident)
-        if not 1 <= len(ident) <= MAX_ID:
-            raise bad("id", f"must be 1 to {MAX_ID} characters, not {len(ident):,}")
-        if control := control_character(ident, "ids"):
-            raise bad("id", control)
+        if problem := id_problem(ident):
+            raise bad("id", problem)
     return Event(kind, key, at, data, ident)
 
 

@@ -29,7 +29,7 @@ from slawatch.events.ingest import (
     Event,
     EventError,
     Ingested,
-    control_character,
+    id_problem,
     ingest,
     parse_events,
 )
@@ -259,11 +259,8 @@ def router(
             if runner_metrics is not None:
                 runner_metrics.events_rejected("ping")
             raise StarletteHTTPException(404, "not found")
-        if rid is not None:
-            if not 1 <= len(rid) <= MAX_ID:
-                raise BadInput(f"rid: must be 1 to {MAX_ID} characters, not {len(rid):,}")
-            if control := control_character(rid, "ids"):
-                raise BadInput(f"rid: {control}")
+        if rid is not None and (problem := id_problem(rid)):
+            raise BadInput(f"rid: {problem}")
         data = ping_data(body, action, rid)
         if kind is None:
             # Data only (a log, a start of a heartbeat): answered, logged, nothing stored.
