@@ -353,7 +353,7 @@ def claim_deliveries(
         "sent_alerts": id_array([r["alert_id"] for r in sent.rows] if sent else ()),
         "sent_owner": sent.owner if sent else None,
     }
-    args = [claim[p] for p in _CLAIM.params]
+    args = _CLAIM.args(claim)
     storm = notifier.storm
     done: set[int] = set()  # of ``sent``, those the claim settled
 

@@ -80,11 +80,14 @@ class Rendered:
     query: bytes | str
     params: tuple[str, ...]
 
+    def args(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        """``values`` (by parameter name) in the order of the statement's ``$n``."""
+        return tuple(values[p] for p in self.params)
+
     def run(self, conn: Connection, values: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """The statement's first row, prepared where the pooler allows (``prepare=True``
         is ignored where prepared statements are off)."""
-        args = tuple(values[p] for p in self.params)
-        return execute_raw(conn, self.query, args, prepare=True).fetchone()
+        return execute_raw(conn, self.query, self.args(values), prepare=True).fetchone()
 
 
 def _raw(text: str) -> bytes | str:
