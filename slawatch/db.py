@@ -424,6 +424,15 @@ def parameter_types(conn: Connection, statement: Any) -> list[str]:
     return list(row[0]) if row else []
 
 
+LOCK_NOT_AVAILABLE = "55P03"  # a lock not had within lock_timeout
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE behind a :class:`DatabaseError` (or of a driver error itself): the
+    code, not the server's text, which follows its ``lc_messages``."""
+    return getattr(exc, "sqlstate", None) or getattr(exc.__cause__, "sqlstate", None)
+
+
 # A row moved to another partition, or a deadlock with the application: the batch
 # did nothing and may simply run again.
 _RETRY_STATES = {"40001", "40P01"}
@@ -436,7 +445,7 @@ def retry_conflicts(work: Callable[[], T], tries: int = 3) -> T:
         try:
             return work()
         except DatabaseError as exc:
-            state = getattr(exc.__cause__, "sqlstate", None)
+            state = sqlstate(exc)
             if state not in _RETRY_STATES or attempt == tries:
                 raise
             log.debug("conflict (%s), trying again: %s", state, exc)

@@ -50,6 +50,7 @@ from slawatch.config.batched import COUNTS, batch_relation
 from slawatch.config.durations import format_duration
 from slawatch.config.rules import Action, Rule, action_numbered
 from slawatch.db import (
+    LOCK_NOT_AVAILABLE,
     Connection,
     Refuse,
     attempt_state,
@@ -67,7 +68,6 @@ Status = Literal["ok", "failed", "skipped", "would_run", "retry"]
 
 # The SQLSTATEs of a statement that waited too long: for a row's lock (lock_timeout),
 # or in all (statement_timeout).
-LOCK_NOT_AVAILABLE = "55P03"
 QUERY_CANCELED = "57014"
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from psycopg import sql
 
 from slawatch.config.rules import Rule
-from slawatch.db import Connection, translate
+from slawatch.db import Connection, sqlstate, translate
 from slawatch.errors import DatabaseError
 
 # What decides a rule's episodes: whether a row (or timer) is open, when it is due,
@@ -182,5 +182,5 @@ def refusal(exc: BaseException) -> str | None:
     None for any other error."""
     if not isinstance(exc, DatabaseError):
         return None
-    state = getattr(exc.__cause__, "sqlstate", None)
+    state = sqlstate(exc)
     return {STALE_STATE: "stale", BUSY_STATE: "busy"}.get(state or "")

@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from psycopg import sql
 
 from slawatch.clock import Clock
-from slawatch.db import Connection, translate
+from slawatch.db import LOCK_NOT_AVAILABLE, Connection, sqlstate, translate
 from slawatch.errors import DatabaseError
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def _convert_empty(conn: Connection, now: datetime) -> bool:
                 return False
             conn.execute("SELECT slawatch.history_convert_all(%s)", (now,))
     except DatabaseError as exc:  # a lock not granted in time: running claims
-        if "lock timeout" not in str(exc):
+        if sqlstate(exc) != LOCK_NOT_AVAILABLE:
             raise
         return False
     log.info("converting the outbox: empty, converted in one transaction")
@@ -244,7 +244,7 @@ def _swap(conn: Connection, now: datetime) -> None:
                 _swap_now(conn, now)
             return
         except Exception as exc:  # a lock not granted in time: running claims; again
-            if "lock timeout" not in str(exc) or attempt + 1 == SWAP_TRIES:
+            if sqlstate(exc) != LOCK_NOT_AVAILABLE or attempt + 1 == SWAP_TRIES:
                 raise
             log.info("converting the outbox: the old tables are busy; trying the swap again")
             time.sleep(0.5)

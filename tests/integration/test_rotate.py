@@ -23,6 +23,8 @@ import psycopg
 import pytest
 
 from slawatch.db import Database, DatabaseUnavailable
+from slawatch.engine import rotate as rotate_module
+from slawatch.engine import schema
 from slawatch.engine.migrate import migrate
 from slawatch.engine.queries import queries
 from slawatch.engine.ready import prepare
@@ -593,3 +595,42 @@ def test_settling_deliveries_reads_only_their_ranges_partitions(conn: Conn) -> N
             read = read_partitions(ctes[f"CTE {cte}"], "delivery")
             assert read == {"delivery_h3"}, (cte, read)
             assert ctes[f"CTE {cte}"]["Actual Rows"] == 1, cte
+
+
+def test_a_conversion_that_cannot_lock_the_outbox_waits_for_it_by_its_sqlstate(
+    conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader of the old outbox holds it: converting it empty in one transaction
+    gives up at its lock_timeout, changing nothing, and the steps go on until the swap,
+    which tries its lock again until the reader is gone. The lock timeout is told by
+    its SQLSTATE (55P03), not by the server's text, which follows its lc_messages."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    monkeypatch.setattr(rotate_module, "LOCK_TIMEOUT", "50ms")
+    migrate(conn, [])
+    unrotated(conn)
+    for change in schema.pending(conn):  # the migrations, not yet the conversion
+        schema.apply(conn, change, datetime.now(UTC))
+    caplog.clear()
+    errors: list[BaseException] = []
+
+    def converting() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as other:
+                rotate_module.convert(other)
+        except BaseException as exc:  # the test's assertion, below
+            errors.append(exc)
+
+    with psycopg.connect(dsn) as reader:
+        reader.execute("SELECT count(*) FROM slawatch.alert")  # its transaction stays open
+        thread = threading.Thread(target=converting, daemon=True)
+        thread.start()
+        wait_for(lambda: logged(caplog, "trying the swap again") >= 1, "the swap to wait")
+        assert conn.execute(
+            "SELECT relkind FROM pg_class WHERE oid = 'slawatch.alert'::regclass"
+        ).fetchone() == ("r",)
+    thread.join(30)
+    assert errors == [] and not thread.is_alive()
+    assert logged(caplog, "converted in one transaction") == 0  # the steps did it
+    assert conn.execute(
+        "SELECT relkind FROM pg_class WHERE oid = 'slawatch.alert'::regclass"
+    ).fetchone() == ("p",)
