@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
@@ -53,6 +54,8 @@ from slawatch.engine.queries import queries
 from slawatch.engine.rotate import rotate_every
 from slawatch.engine.timers import DEDUPE, prune_timers
 from slawatch.errors import DatabaseError
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -225,24 +228,29 @@ def rotate(db: Database, now: datetime, retention: timedelta) -> PruneResult:
         if row and row[0] is not None:
             log.info("opened alert history range %s", row[0])
 
+    _or_warn(db, turn, "the open range stays open; the next run tries again")
+    result = PruneResult()
+    while True:
+        got = _or_warn(
+            db,
+            lambda conn: drop_range(conn, now - retention),
+            "the range is kept; the next run tries again",
+        )
+        if got is None or not got.ranges:
+            return result
+        result += got
+
+
+def _or_warn(db: Database, work: Callable[[Connection], T], then: str) -> T | None:
+    """``work``'s result, or None after one warning line (the error, then ``then``)
+    when the database refused it; an outage and a stop go on up."""
     try:
-        db.run("pruning alert history", turn)
+        return db.run("pruning alert history", work)
     except (DatabaseUnavailable, Interrupted):
         raise
     except DatabaseError as exc:
-        log.warning("%s (the open range stays open; the next run tries again)", exc)
-    result = PruneResult()
-    while True:
-        try:
-            got = db.run("pruning alert history", lambda conn: drop_range(conn, now - retention))
-        except (DatabaseUnavailable, Interrupted):
-            raise
-        except DatabaseError as exc:
-            log.warning("%s (the range is kept; the next run tries again)", exc)
-            return result
-        if not got.ranges:
-            return result
-        result += got
+        log.warning("%s (%s)", exc, then)
+        return None
 
 
 _PRUNE_EVENT_IDS = """\
