@@ -289,8 +289,9 @@ def _known(expr: str, types: list[str]) -> str:
 
 
 def function_sql(rules: list[Rule], kept: Mapping[str, str] | None = None) -> str:
-    """``slawatch.event_at`` (the work), ``slawatch.event`` (the application's call, at
-    the transaction's time) and ``slawatch.events`` (a batch, at slawatch's clock), with
+    """``slawatch.event_at`` (the work), ``slawatch.event`` (the application's call: the
+    same body, at the transaction's time) and ``slawatch.events`` (a batch, at slawatch's
+    clock, through event_at), with
     :func:`wanted_tags` as event_at's comment.
 
     ``kept``: parts of the installed function (by rule name) of rules not among
@@ -318,45 +319,65 @@ def _functions(
     names = sorted(parts)  # the same text in any order
     all_types = sorted(set(known_types(rules)).union(*(block_types(b) for b in parts.values())))
     blocks = "\n".join(parts[n] for n in names)
-    body = f"""CREATE OR REPLACE FUNCTION slawatch.event_at(
+    # slawatch.event() runs the same body as event_at, not a call of it: one PL/pgSQL
+    # frame and one SECURITY DEFINER switch per event instead of two
+    # (docs/performance-notes.md). Only the first lines, which name the arguments, differ.
+    at_head = """CREATE OR REPLACE FUNCTION slawatch.event_at(
     p_received timestamptz, p_type text, p_key text, p_at timestamptz, p_data jsonb,
-    p_id text)
+    p_id text)"""
+    at_args = """    v_received timestamptz := p_received;
+    v_type text := p_type;
+    v_key text := p_key;
+    v_at timestamptz := COALESCE(p_at, p_received);
+    v_data jsonb := COALESCE(p_data, '{}'::jsonb);
+    v_id text := p_id;"""
+    event_head = """CREATE OR REPLACE FUNCTION slawatch.event(
+    type text, key text, at timestamptz DEFAULT NULL, data jsonb DEFAULT NULL,
+    id text DEFAULT NULL)"""
+    event_args = """    v_received timestamptz := now();
+    v_type text := $1;
+    v_key text := $2;
+    v_at timestamptz := COALESCE($3, now());
+    v_data jsonb := COALESCE($4, '{}'::jsonb);
+    v_id text := $5;"""
+
+    def one(head: str, args: str) -> str:
+        return f"""{head}
 RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $slawatch$
 #variable_conflict use_column
 DECLARE
-    v_type text := p_type;
-    v_key text := p_key;
-    v_at timestamptz := COALESCE(p_at, p_received);
-    v_data jsonb := COALESCE(p_data, '{{}}'::jsonb);
+{args}
     v_ev jsonb;
     v_hit boolean := false;
 BEGIN
-    IF v_type IS NULL OR v_key IS NULL THEN
-        RAISE EXCEPTION 'slawatch.event: type and key are required' USING ERRCODE = '22004';
-    END IF;
-    IF length(v_key) NOT BETWEEN 1 AND {KEY_MAX} THEN
-        RAISE EXCEPTION 'slawatch.event: key must be 1 to {KEY_MAX} characters, not %',
-            length(v_key) USING ERRCODE = '22023';
-    END IF;
-    IF v_at > p_received + {_interval(FUTURE)} THEN
-        RAISE EXCEPTION 'slawatch.event: at % is more than 5 minutes in the future', v_at
-            USING ERRCODE = '22023';
-    END IF;
-    IF jsonb_typeof(v_data) <> 'object' THEN
-        RAISE EXCEPTION 'slawatch.event: data must be a JSON object, not %', jsonb_typeof(v_data)
-            USING ERRCODE = '22023';
+    -- One test on the way of a good event; which check failed is sorted out after it.
+    IF v_type IS NULL OR v_key IS NULL OR length(v_key) NOT BETWEEN 1 AND {KEY_MAX}
+       OR v_at > v_received + {_interval(FUTURE)} OR jsonb_typeof(v_data) <> 'object' THEN
+        IF v_type IS NULL OR v_key IS NULL THEN
+            RAISE EXCEPTION 'slawatch.event: type and key are required' USING ERRCODE = '22004';
+        END IF;
+        IF length(v_key) NOT BETWEEN 1 AND {KEY_MAX} THEN
+            RAISE EXCEPTION 'slawatch.event: key must be 1 to {KEY_MAX} characters, not %',
+                length(v_key) USING ERRCODE = '22023';
+        END IF;
+        IF v_at > v_received + {_interval(FUTURE)} THEN
+            RAISE EXCEPTION 'slawatch.event: at % is more than 5 minutes in the future', v_at
+                USING ERRCODE = '22023';
+        END IF;
+        RAISE EXCEPTION 'slawatch.event: data must be a JSON object, not %',
+            jsonb_typeof(v_data) USING ERRCODE = '22023';
     END IF;
     IF NOT ({_known("v_type", all_types)}) THEN
         -- No rule knows the type (yet): kept for the migrate that brings one, so the
         -- application's transaction neither fails nor loses it.
         INSERT INTO slawatch.event_held (received, type, key, at, data, id)
-        VALUES (p_received, v_type, v_key, v_at, v_data, p_id);
+        VALUES (v_received, v_type, v_key, v_at, v_data, v_id);
         RETURN 'held';
     END IF;
-    IF p_id IS NOT NULL THEN
+    IF v_id IS NOT NULL THEN
         -- A repeat while its id is kept (the dedupe window: maintenance prunes older ids).
-        INSERT INTO slawatch.event_seen (type, id, at) VALUES (v_type, p_id, p_received)
+        INSERT INTO slawatch.event_seen (type, id, at) VALUES (v_type, v_id, v_received)
         ON CONFLICT (type, id) DO NOTHING;
         IF NOT FOUND THEN
             RETURN 'duplicate';
@@ -367,13 +388,11 @@ BEGIN
     RETURN CASE WHEN v_hit THEN 'accepted' ELSE 'unknown' END;
 END
 $slawatch$"""
+
+    body = one(at_head, at_args)
     # PL/pgSQL, not SQL: it keeps the call's plan for the session, where a SQL function
     # with SECURITY DEFINER is planned again by every statement (docs/performance-notes.md).
-    event = """CREATE OR REPLACE FUNCTION slawatch.event(
-    type text, key text, at timestamptz DEFAULT NULL, data jsonb DEFAULT NULL,
-    id text DEFAULT NULL)
-RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $slawatch$ BEGIN RETURN slawatch.event_at(now(), $1, $2, $3, $4, $5); END $slawatch$"""
+    event = one(event_head, event_args)
     # One order of row locks for every batch, so that concurrent batches over the same
     # keys wait for each other instead of deadlocking: the ids first, by (type, id); then
     # the timers, by key (in "C" order), each key's events in the batch's order (a start
