@@ -319,9 +319,12 @@ def _listed(notifier: Notifier) -> int:
 
 # The claim rendered once with $n placeholders (slawatch.db.execute_raw): its text is
 # longer than psycopg caches the parse of (4,096 characters), so it was parsed at each run.
+# Prepared where the pooler allows (slawatch.db.may_prepare): the server parses and
+# analyses it once per connection. It is still planned at every run (a custom plan:
+# queries.sql, claim_deliveries).
 _CLAIM = render(
     sql.SQL(queries()["claim_deliveries"]),
-    ("now", "owner", "lease", "limit", "notifier", "sent", "sent_alerts", "sent_owner"),
+    ("now", "owner", "lease", "limit", "notifier", "sent_alerts", "sent_owner"),
 )
 
 
@@ -349,7 +352,6 @@ def claim_deliveries(
         "lease": lease_for(notifier),
         "limit": notifier.batch,
         "notifier": notifier.name,
-        "sent": id_array([r["id"] for r in sent.rows] if sent else ()),
         "sent_alerts": id_array([r["alert_id"] for r in sent.rows] if sent else ()),
         "sent_owner": sent.owner if sent else None,
     }
@@ -365,8 +367,10 @@ def claim_deliveries(
         with conn.transaction() if storm else one_statement(conn):
             folded = storm_summarize(conn, notifier.name, storm, now) if storm else []
             cur = raw_cursor(conn, dict_row)
+            # On this cursor only (a microsecond): the pooled connection's other users
+            # keep psycopg's own jsonb loader.
             cur.adapters.register_loader("jsonb", RowDataLoader)
-            got = cur.execute(_CLAIM.query, args).fetchall()
+            got = cur.execute(_CLAIM.query, args, prepare=True).fetchall()
             rows = [r for r in got if r["settled"] != "sent"]
             done.update(r["id"] for r in got if r["settled"] == "sent")
             send = [r for r in rows if r["settled"] is None]
@@ -595,8 +599,8 @@ def _settle_failure(
                 conn.execute(
                     q["mark_dead"],
                     {
-                        "ids": [r["id"] for r in dead],
-                        "alerts": [r["alert_id"] for r in dead],
+                        "ids": id_array([r["id"] for r in dead]),
+                        "alerts": id_array([r["alert_id"] for r in dead]),
                         "owner": owner,
                         "error": str(error),
                     },
@@ -605,8 +609,8 @@ def _settle_failure(
                 conn.execute(
                     q["mark_retry"],
                     {
-                        "ids": [r["id"] for r in retry],
-                        "alerts": [r["alert_id"] for r in retry],
+                        "ids": id_array([r["id"] for r in retry]),
+                        "alerts": id_array([r["alert_id"] for r in retry]),
                         "nexts": nexts,
                         "owner": owner,
                         "error": str(error),
