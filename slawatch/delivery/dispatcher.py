@@ -39,7 +39,8 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Collection, Mapping
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -324,7 +325,7 @@ def _listed(notifier: Notifier) -> int:
 # queries.sql, claim_deliveries).
 _CLAIM = render(
     sql.SQL(queries()["claim_deliveries"]),
-    ("now", "owner", "lease", "limit", "notifier", "sent_alerts", "sent_owner"),
+    ("now", "owner", "lease", "limit", "notifier", "sent_alerts", "sent_owners"),
 )
 
 
@@ -336,24 +337,32 @@ def id_array(ids: Collection[int]) -> str:
 
 
 def claim_deliveries(
-    db: Database, notifier: Notifier, now: datetime, sent: _Batch | None = None
+    db: Database,
+    notifier: Notifier,
+    now: datetime,
+    sent: _Batch | Sequence[_Batch] | None = None,
+    *,
+    batches: int = 1,
 ) -> _Batch:
-    """Lease up to a batch of due deliveries to a fresh owner; settle ``sent`` (a batch
-    the receiver accepted) as sent in the same statement, and what of it that statement
-    could not lock at once in one more (mark_sent). If the statement fails, both
-    stay undone: ``sent`` is sent again once its lease expires (at least once).
+    """Lease up to ``batches`` batches of due deliveries to a fresh owner (one
+    :class:`_Batch`: :func:`_split` makes batches of it); settle ``sent`` (batches the
+    receiver accepted) as sent in the same statement, and what of them that statement
+    could not lock at once in one more per batch (mark_sent). If the statement fails,
+    both stay undone: ``sent`` is sent again once its leases expire (at least once).
 
     For a notifier with ``storm``, the same transaction first folds storms into
     summaries under the notifier's storm lock (slawatch/delivery/storm.py)."""
     owner = uuid.uuid4()
+    settle = [sent] if isinstance(sent, _Batch) else list(sent or ())
+    settle = [b for b in settle if b.rows]
     claim = {
         "now": now,
         "owner": owner,
         "lease": lease_for(notifier),
-        "limit": notifier.batch,
+        "limit": notifier.batch * max(batches, 1),
         "notifier": notifier.name,
-        "sent_alerts": id_array([r["alert_id"] for r in sent.rows] if sent else ()),
-        "sent_owner": sent.owner if sent else None,
+        "sent_alerts": id_array([r["alert_id"] for b in settle for r in b.rows]),
+        "sent_owners": "{" + ",".join(str(b.owner) for b in settle) + "}",
     }
     args = _CLAIM.args(claim)
     storm = notifier.storm
@@ -381,18 +390,11 @@ def claim_deliveries(
         return _Batch(owner, send, silenced, folded, listed, acked)
 
     batch = db.run(f"claiming deliveries for {notifier.name}", run)
-    if sent is not None and (left := [r for r in sent.rows if r["id"] not in done]):
-        # Rows another claim held locked for a moment (see claim_deliveries in queries.sql).
-        mark = {
-            "ids": id_array([r["id"] for r in left]),
-            "alerts": id_array([r["alert_id"] for r in left]),
-            "owner": sent.owner,
-            "now": now,
-        }
-        db.run(
-            f"recording deliveries for {notifier.name}",
-            lambda conn: conn.execute(queries()["mark_sent"], mark),
-        )
+    for b in settle:
+        if left := [r for r in b.rows if r["id"] not in done]:
+            # Rows another claim held locked for a moment (see claim_deliveries in
+            # queries.sql).
+            _mark_sent(db, notifier, b.owner, left, now)
     if batch.silenced:
         log.debug("notifier %s: %d deliveries silenced", notifier.name, batch.silenced)
     if batch.acknowledged:
@@ -408,6 +410,38 @@ def claim_deliveries(
             f.summary_id,
         )
     return batch
+
+
+def _mark_sent(
+    db: Database, notifier: Notifier, owner: uuid.UUID, rows: list[dict[str, Any]], now: datetime
+) -> None:
+    """Settle ``rows`` (leased to ``owner``) as sent, without a claim."""
+    mark = {
+        "ids": id_array([r["id"] for r in rows]),
+        "alerts": id_array([r["alert_id"] for r in rows]),
+        "owner": owner,
+        "now": now,
+    }
+    query = queries()["mark_sent"]
+    db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, mark))
+
+
+def _split(batch: _Batch, size: int) -> list[_Batch]:
+    """A claim of several batches as batches of ``size`` deliveries, under its one
+    lease; what the claim settled or folded is counted with the first. None when
+    the claim took nothing."""
+    if not (batch.claimed or batch.folded):
+        return []
+    chunks = [batch.rows[i : i + size] for i in range(0, len(batch.rows), size)] or [[]]
+    first = _Batch(
+        batch.owner,
+        chunks[0],
+        batch.silenced,
+        batch.folded,
+        batch.listings,
+        batch.acknowledged,
+    )
+    return [first] + [_Batch(batch.owner, c, listings=batch.listings) for c in chunks[1:]]
 
 
 def _payloads(
@@ -492,14 +526,7 @@ def _deliver(
         _settled(notifier, done, started, metrics, accepted, fired)
         return done, following
     # A short batch: nothing more was due (or held back), so no claim to ride on.
-    sent = {
-        "ids": id_array([r["id"] for r in batch.rows]),
-        "alerts": id_array([r["alert_id"] for r in batch.rows]),
-        "owner": batch.owner,
-        "now": clock.now(),
-    }
-    query = queries()["mark_sent"]
-    db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, sent))
+    _mark_sent(db, notifier, batch.owner, batch.rows, clock.now())
     _settled(notifier, done, started, metrics, accepted, fired)
     return done, _Batch(batch.owner, [])
 
@@ -690,6 +717,118 @@ def deliver_due(
     return total
 
 
+@dataclass
+class _Sent:
+    """A batch its receiver accepted, to be settled as sent by the next claim of its
+    notifier (any worker's), and what its log line and metrics say once it is."""
+
+    batch: _Batch
+    result: PassResult
+    started: float
+    accepted: datetime
+    fired: list[datetime]
+
+
+def _send_one(
+    db: Database,
+    notifier: Notifier,
+    clock: Clock,
+    batch: _Batch,
+    descriptions: Mapping[str, str],
+    metrics: Metrics | None,
+    admin_url: str | None,
+) -> tuple[PassResult, _Sent | None]:
+    """Send a claimed batch: a failure is settled (retry or dead) and counted here; an
+    accepted batch comes back to be settled by a claim (or :func:`_settle_sent`)."""
+    started = time.monotonic()
+    unsent = PassResult(
+        silenced=batch.silenced,
+        acknowledged=batch.acknowledged,
+        summarized=batch.summarized,
+        summaries=batch.summaries,
+    )
+    if not batch.rows:  # all settled by the claim already (silenced, acknowledged, summarized)
+        _settled(notifier, unsent, started, metrics, clock.now(), [])
+        return unsent, None
+    error = _send(notifier, batch, descriptions, admin_url)
+    accepted = clock.now()
+    if error is not None:
+        failed = _settle_failure(db, notifier, clock.now(), batch.owner, batch.rows, error)
+        failed += unsent
+        _settled(notifier, failed, started, metrics, accepted, [])
+        return failed, None
+    done = PassResult(sent=len(batch.rows))
+    done += unsent
+    fired = [] if metrics is None else [datetime.fromisoformat(r["fired_at"]) for r in batch.rows]
+    return done, _Sent(batch, done, started, accepted, fired)
+
+
+def _settle_sent(
+    db: Database, notifier: Notifier, sent: list[_Sent], now: datetime, metrics: Metrics | None
+) -> None:
+    """Settle accepted batches without a claim (nothing more is due), and count them."""
+    for s in sent:
+        _mark_sent(db, notifier, s.batch.owner, s.batch.rows, now)
+        _settled(notifier, s.result, s.started, metrics, s.accepted, s.fired)
+
+
+def _deliver_shared(
+    db: Database,
+    group: _Workers,
+    clock: Clock,
+    descriptions: Mapping[str, str],
+    metrics: Metrics | None = None,
+    admin_url: str | None = None,
+) -> PassResult:
+    """:func:`deliver_notifier` for one of a notifier's worker threads, which claim for
+    each other: a claim leases a batch for the worker that runs it and one for each
+    other worker with none in view (:meth:`_Workers.reserve`), and settles every batch
+    accepted since the last claim. A worker takes a batch claimed ahead before it
+    claims; one taken has time left on its lease for a whole send (its notifier's
+    timeout and 2 s; an older one is dropped, due again when the lease runs out), so a
+    slow receiver never has batches wait behind each other. Each accepted batch is
+    settled by the next claim of any worker, or, when nothing more is due, as it is.
+    Stops when nothing more is due, when the receiver fails, or once ``stop`` is set
+    (after the batches claimed ahead are sent)."""
+    notifier = group.notifier
+    total = PassResult()
+    margin = notifier.timeout + 2.0
+    if not group.ready and (group.stop.is_set() or not deliveries_due(db, notifier, clock.now())):
+        return total
+    more = True  # the last claim took all it asked for: more may be due
+    while True:
+        batch = group.take(margin)
+        if batch is None:
+            sent = group.sent()
+            holds = any(s.batch.holds for s in sent)
+            if group.stop.is_set() or not (more or holds):
+                _settle_sent(db, notifier, sent, clock.now(), metrics)
+                return total
+            reserved = group.reserve()
+            ends = time.monotonic() + lease_for(notifier).total_seconds()
+            try:
+                claimed = claim_deliveries(
+                    db, notifier, clock.now(), [s.batch for s in sent], batches=reserved
+                )
+            except BaseException:
+                group.put(reserved, [], ends)
+                raise
+            for s in sent:
+                _settled(notifier, s.result, s.started, metrics, s.accepted, s.fired)
+            more = claimed.claimed >= reserved * notifier.batch
+            batches = _split(claimed, notifier.batch)
+            group.put(reserved, batches[1:], ends)
+            if not batches:
+                return total
+            batch = batches[0]
+        result, done = _send_one(db, notifier, clock, batch, descriptions, metrics, admin_url)
+        total += result
+        if done is not None:
+            group.sent(done)
+        elif result.total:
+            return total  # the receiver failed: it is down (the batch is settled)
+
+
 class _Workers:
     """The worker threads of one notifier, with a stop of their own (a reload may
     remove the notifier while the others go on)."""
@@ -703,6 +842,57 @@ class _Workers:
         # Failures other than an unreachable database (which the database logs): a broken
         # schema, a bug. One record per notifier, so N workers failing alike are one line.
         self.trouble = Outage(f"delivery worker for {notifier.name}", log)
+        # Claims for each other (_deliver_shared): batches claimed ahead, with when their
+        # lease ends (time.monotonic()); batches accepted, to be settled by the next
+        # claim; and how many batches the claims under way will add to ``ready``.
+        self.lock = threading.Lock()
+        self.ready: deque[tuple[float, _Batch]] = deque()
+        self.accepted: list[_Sent] = []
+        self.ahead = 0
+
+    def take(self, margin: float) -> _Batch | None:
+        """A batch claimed ahead with at least ``margin`` seconds left on its lease.
+        One claimed too long ago is dropped: its deliveries are due again when the lease
+        runs out (sent later, never twice at once)."""
+        with self.lock:
+            while self.ready:
+                ends, batch = self.ready.popleft()
+                if ends - time.monotonic() >= margin:
+                    return batch
+                log.debug(
+                    "notifier %s: %d deliveries claimed ahead left to their lease",
+                    self.notifier.name,
+                    len(batch.rows),
+                )
+        return None
+
+    def reserve(self) -> int:
+        """Batches for the next claim: one for the worker claiming, and one for each
+        other worker that neither has a batch claimed ahead waiting for it nor one that
+        a claim under way will add."""
+        with self.lock:
+            k = max(1, len(self.wake) - len(self.ready) - self.ahead)
+            self.ahead += k - 1
+            return k
+
+    def put(self, reserved: int, batches: list[_Batch], ends: float) -> None:
+        """The other batches of a claim of ``reserved``, for the other workers."""
+        with self.lock:
+            self.ahead -= reserved - 1
+            self.ready.extend((ends, b) for b in batches)
+        if batches:
+            for event in self.wake:
+                event.set()
+
+    def sent(self, done: _Sent | None = None) -> list[_Sent]:
+        """Record ``done`` (accepted, to be settled); or, without it, take every batch
+        recorded so far (to settle them)."""
+        with self.lock:
+            if done is not None:
+                self.accepted.append(done)
+                return []
+            taken, self.accepted = self.accepted, []
+            return taken
 
 
 class Dispatcher:
@@ -824,16 +1014,15 @@ class Dispatcher:
 
     def _work(self, group: _Workers, wake: threading.Event) -> None:
         backoff = Backoff(cap=self.backoff_cap)
-        notifier, trouble = group.notifier, group.trouble
+        trouble = group.trouble
         while not group.stop.is_set():
             since = time.monotonic()
             try:
-                deliver_notifier(
+                _deliver_shared(
                     self.db,
-                    notifier,
+                    group,
                     self.clock,
-                    self.descriptions,
-                    group.stop,
+                    self.descriptions or {},
                     self.metrics,
                     self.admin_url,
                 )

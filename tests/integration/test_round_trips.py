@@ -78,6 +78,10 @@ def test_a_delivery_claim_without_storm_is_one_round_trip(conn: Conn, dsn: str) 
     try:
         with db.connection("tracing") as pooled:
             traced = pooled  # the pool's one connection: the one claim_deliveries will get
+        # The first claim on a connection also prepares the statement (one more round
+        # trip, once) where the pooler allows; every claim after it is one.
+        first = round_trips(traced, lambda: claim_deliveries(db, notifier, NOW), empty=True)
+        assert first <= 2
         count = round_trips(traced, lambda: claim_deliveries(db, notifier, NOW), empty=True)
         assert count == 1
     finally:
