@@ -21,11 +21,15 @@ puts dead and orphaned ones back, to their own notifier or another.
 
 :class:`Dispatcher` runs ``concurrency`` worker threads per notifier (a slow
 receiver holds up only its own deliveries) and a listener that wakes them on
-the claim's ``NOTIFY``, polling as the fallback. Each worker claims, sends and
-settles its own batches, so a notifier has up to ``concurrency`` batches in
-flight: one batch's round trip to the receiver overlaps the others' claims and
-commits. Their leases keep them apart (SKIP LOCKED at the claim, a delivery
-leased to one owner is not due until the lease expires). Workers never die: a
+the claim's ``NOTIFY``, polling as the fallback. A notifier has up to
+``concurrency`` batches in flight: one batch's round trip to the receiver
+overlaps the others' claims and commits. The workers of an HTTP notifier claim
+for each other (:func:`_deliver_shared`): one claim statement leases a batch for
+each worker without one and settles every batch accepted since the last claim,
+so a busy notifier pays one claim (planned at every run) per ``concurrency``
+batches, not one per batch; each batch is still sent by a worker of its own at
+once and settled as it is accepted. Leases keep processes apart (SKIP LOCKED at
+the claim, a delivery leased to one owner is not due until the lease expires). Workers never die: a
 database outage, a receiver outage or an unexpected error is logged once when
 it starts and once when it ends (one record per notifier, shared by its
 workers), and the worker backs off (woken early by stop) and goes on.
@@ -53,6 +57,7 @@ from slawatch.config.files import shorten
 from slawatch.config.rules import ACTION_TARGET
 from slawatch.db import Connection, Database, DatabaseUnavailable, one_statement, raw_cursor
 from slawatch.delivery.notifiers import Notifier
+from slawatch.delivery.notifiers.http import HttpNotifier
 from slawatch.delivery.storm import Folded, listings, summary_payload
 from slawatch.delivery.storm import summarize as storm_summarize
 from slawatch.engine.outbox import RowDataLoader, alert_payload
@@ -93,6 +98,9 @@ CHANNEL = "slawatch_delivery"
 POLL = 1.0  # seconds: the fallback when no NOTIFY arrives
 PROBE_WAIT = 3.0  # seconds for our own NOTIFY to come back after LISTEN
 BACKOFF_CAP = 30.0  # seconds: the longest wait of a worker after a failure
+# Seconds: an accepted batch whose send took longer is settled at once when batches
+# claimed ahead are waiting (else by the next claim, a moment later).
+SETTLE_NOW = 0.05
 DEFAULT_LISTED = 20  # alerts listed in a storm summary when the notifier says nothing
 
 
@@ -793,7 +801,10 @@ def _deliver_shared(
     notifier = group.notifier
     total = PassResult()
     margin = notifier.timeout + 2.0
-    if not group.ready and (group.stop.is_set() or not deliveries_due(db, notifier, clock.now())):
+    # (Batches accepted in a pass that ended on an error are settled now.)
+    if not (group.ready or group.accepted) and (
+        group.stop.is_set() or not deliveries_due(db, notifier, clock.now())
+    ):
         return total
     more = True  # the last claim took all it asked for: more may be due
     while True:
@@ -824,9 +835,15 @@ def _deliver_shared(
         result, done = _send_one(db, notifier, clock, batch, descriptions, metrics, admin_url)
         total += result
         if done is not None:
-            group.sent(done)
-        elif result.total:
-            return total  # the receiver failed: it is down (the batch is settled)
+            if group.ready and time.monotonic() - done.started > SETTLE_NOW:
+                # A slow receiver: the next claim may be a send away (the others are
+                # taking the batches claimed ahead); a crash meanwhile would resend it.
+                _settle_sent(db, notifier, [done], clock.now(), metrics)
+            else:
+                group.sent(done)
+        elif result.total:  # the receiver failed (the batch is settled): it is down
+            _settle_sent(db, notifier, group.sent(), clock.now(), metrics)
+            return total
 
 
 class _Workers:
@@ -869,7 +886,12 @@ class _Workers:
     def reserve(self) -> int:
         """Batches for the next claim: one for the worker claiming, and one for each
         other worker that neither has a batch claimed ahead waiting for it nor one that
-        a claim under way will add."""
+        a claim under way will add. Only one for a notifier whose send may outlast its
+        timeout (NATS: a timeout per message; SMTP: per step): a batch claimed ahead
+        waits up to one timeout, and its lease covers two (lease_for). An HTTP
+        notifier's send is bounded by its timeout (one deadline for the batch)."""
+        if not isinstance(self.notifier, HttpNotifier):
+            return 1
         with self.lock:
             k = max(1, len(self.wake) - len(self.ready) - self.ahead)
             self.ahead += k - 1
