@@ -308,6 +308,25 @@ def server_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float] | None:
     return read
 
 
+def backends_cpu(conn: psycopg.Connection[Any]) -> float:
+    """CPU seconds used so far by the server processes of ``conn``'s database other
+    than ``conn``'s own (the drain's workers and listener, which connected for it):
+    unlike :func:`server_cpu`, nothing of other work on the same server."""
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid()"
+    ).fetchall()
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for (pid,) in rows:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 # The outbox as 0014_delivery_lease.sql left it, before 0015_rotate.sql's id ranges:
 # plain tables (as tests/integration/helpers.py's UNROTATED, with 0014's fillfactor),
 # the baseline of --claims-only.
@@ -576,6 +595,7 @@ def drain_once(
                 cpu["python"] = time.process_time() - python0
                 if server_seconds:
                     cpu["server"] = server_seconds() - server0
+                    cpu["backends"] = backends_cpu(conn)
             dispatcher.stop()
         hook.close()
         return rate, list(receiver.bodies)
@@ -625,7 +645,7 @@ def measure(
         "straight": statistics.median(straight),
         "rounds": float(rounds),
     }
-    for key in ("python", "server"):
+    for key in ("python", "server", "backends"):
         if all(key in c for c in cpus):
             got[f"{key}_cpu"] = statistics.median(c[key] for c in cpus) * 1e5 / alerts
     return got
@@ -709,6 +729,11 @@ def main() -> None:
             f" straight POSTs {got['straight']:,.0f} alerts/s, ratio {got['ratio']:.2f};"
             f" CPU per 100 alerts: Python {got['python_cpu']:.2f} ms, server "
             + (f"{got['server_cpu']:.2f} ms" if "server_cpu" in got else "not readable")
+            + (
+                f" (the drain's own backends {got['backends_cpu']:.2f} ms)"
+                if "backends_cpu" in got
+                else ""
+            )
         )
         return
 

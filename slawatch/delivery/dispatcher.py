@@ -101,6 +101,9 @@ BACKOFF_CAP = 30.0  # seconds: the longest wait of a worker after a failure
 # Seconds: an accepted batch whose send took longer is settled at once when batches
 # claimed ahead are waiting (else by the next claim, a moment later).
 SETTLE_NOW = 0.05
+# Claims of one notifier under way at once before a worker waits for theirs rather than
+# claim: one claim at a time would leave the server's other cores idle while it runs.
+CLAIMS = 2
 DEFAULT_LISTED = 20  # alerts listed in a storm summary when the notifier says nothing
 
 
@@ -808,11 +811,11 @@ def _deliver_shared(
         return total
     more = True  # the last claim took all it asked for: more may be due
     while True:
-        batch = group.take(margin)
+        batch, ended = group.take(margin, notifier.timeout)
         if batch is None:
             sent = group.sent()
             holds = any(s.batch.holds for s in sent)
-            if group.stop.is_set() or not (more or holds):
+            if group.stop.is_set() or not ((more and not ended) or holds):
                 _settle_sent(db, notifier, sent, clock.now(), metrics)
                 return total
             reserved = group.reserve()
@@ -822,13 +825,13 @@ def _deliver_shared(
                     db, notifier, clock.now(), [s.batch for s in sent], batches=reserved
                 )
             except BaseException:
-                group.put(reserved, [], ends)
+                group.put(reserved, [], ends, True)
                 raise
             for s in sent:
                 _settled(notifier, s.result, s.started, metrics, s.accepted, s.fired)
             more = claimed.claimed >= reserved * notifier.batch
             batches = _split(claimed, notifier.batch)
-            group.put(reserved, batches[1:], ends)
+            group.put(reserved, batches[1:], ends, more)
             if not batches:
                 return total
             batch = batches[0]
@@ -862,26 +865,45 @@ class _Workers:
         # Claims for each other (_deliver_shared): batches claimed ahead, with when their
         # lease ends (time.monotonic()); batches accepted, to be settled by the next
         # claim; and how many batches the claims under way will add to ``ready``.
+        # ``promised``: of ``ahead``, those workers wait for; ``claiming``: claims under
+        # way; ``more``: whether the last claim took all it asked for.
         self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
         self.ready: deque[tuple[float, _Batch]] = deque()
         self.accepted: list[_Sent] = []
-        self.ahead = 0
+        self.ahead = self.promised = self.claiming = 0
+        self.more = True
 
-    def take(self, margin: float) -> _Batch | None:
-        """A batch claimed ahead with at least ``margin`` seconds left on its lease.
-        One claimed too long ago is dropped: its deliveries are due again when the lease
-        runs out (sent later, never twice at once)."""
-        with self.lock:
-            while self.ready:
-                ends, batch = self.ready.popleft()
-                if ends - time.monotonic() >= margin:
-                    return batch
-                log.debug(
-                    "notifier %s: %d deliveries claimed ahead left to their lease",
-                    self.notifier.name,
-                    len(batch.rows),
-                )
-        return None
+    def take(self, margin: float, wait: float) -> tuple[_Batch | None, bool]:
+        """A batch claimed ahead with at least ``margin`` seconds left on its lease (one
+        claimed too long ago is dropped: its deliveries are due again when the lease
+        runs out, sent later, never twice at once). While :data:`CLAIMS` claims
+        are under way and one of them leased a batch for a worker that no other worker
+        waits for, waits for it (at most ``wait`` seconds) rather than claim too.
+        ``(None, False)``: claim; ``(None, True)``: the claim waited for found nothing
+        more to do."""
+        with self.cond:
+            waited = False
+            while True:
+                while self.ready:
+                    ends, batch = self.ready.popleft()
+                    if ends - time.monotonic() >= margin:
+                        return batch, False
+                    log.debug(
+                        "notifier %s: %d deliveries claimed ahead left to their lease",
+                        self.notifier.name,
+                        len(batch.rows),
+                    )
+                if waited and not self.more:
+                    return None, True
+                if self.ahead - self.promised <= 0 or self.claiming < CLAIMS:
+                    return None, False
+                self.promised += 1
+                try:
+                    self.cond.wait(wait)
+                finally:
+                    self.promised -= 1
+                waited = True
 
     def reserve(self) -> int:
         """Batches for the next claim: one for the worker claiming, and one for each
@@ -895,13 +917,18 @@ class _Workers:
         with self.lock:
             k = max(1, len(self.wake) - len(self.ready) - self.ahead)
             self.ahead += k - 1
+            self.claiming += 1
             return k
 
-    def put(self, reserved: int, batches: list[_Batch], ends: float) -> None:
-        """The other batches of a claim of ``reserved``, for the other workers."""
-        with self.lock:
+    def put(self, reserved: int, batches: list[_Batch], ends: float, more: bool) -> None:
+        """The other batches of a claim of ``reserved``, for the other workers; ``more``:
+        whether it took all it asked for (more may be due)."""
+        with self.cond:
             self.ahead -= reserved - 1
+            self.claiming -= 1
+            self.more = more
             self.ready.extend((ends, b) for b in batches)
+            self.cond.notify_all()
         if batches:
             for event in self.wake:
                 event.set()
