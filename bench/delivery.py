@@ -486,8 +486,7 @@ def claims_once(
                             "notifier": "hook",
                             "sent": sent[k][0],
                             "sent_alerts": sent[k][1],
-                            "sent_owner": sent[k][2],  # before the owners were an array
-                            "sent_owners": [sent[k][2]] if sent[k][2] else [],
+                            "sent_owner": sent[k][2],
                         }
                         rows = c.execute(query, params).fetchall()
                         ids = [r[0] for r in rows if r[3] != "sent"]

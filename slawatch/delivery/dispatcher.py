@@ -21,15 +21,11 @@ puts dead and orphaned ones back, to their own notifier or another.
 
 :class:`Dispatcher` runs ``concurrency`` worker threads per notifier (a slow
 receiver holds up only its own deliveries) and a listener that wakes them on
-the claim's ``NOTIFY``, polling as the fallback. A notifier has up to
-``concurrency`` batches in flight: one batch's round trip to the receiver
-overlaps the others' claims and commits. The workers of an HTTP notifier claim
-for each other (:func:`_deliver_shared`): one claim statement leases a batch for
-each worker without one and settles every batch accepted since the last claim,
-so a busy notifier pays one claim (planned at every run) per ``concurrency``
-batches, not one per batch; each batch is still sent by a worker of its own at
-once and settled as it is accepted. Leases keep processes apart (SKIP LOCKED at
-the claim, a delivery leased to one owner is not due until the lease expires). Workers never die: a
+the claim's ``NOTIFY``, polling as the fallback. Each worker claims, sends and
+settles its own batches, so a notifier has up to ``concurrency`` batches in
+flight: one batch's round trip to the receiver overlaps the others' claims and
+commits. Their leases keep them apart (SKIP LOCKED at the claim, a delivery
+leased to one owner is not due until the lease expires). Workers never die: a
 database outage, a receiver outage or an unexpected error is logged once when
 it starts and once when it ends (one record per notifier, shared by its
 workers), and the worker backs off (woken early by stop) and goes on.
@@ -43,8 +39,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections import deque
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -57,7 +52,6 @@ from slawatch.config.files import shorten
 from slawatch.config.rules import ACTION_TARGET
 from slawatch.db import Connection, Database, DatabaseUnavailable, one_statement, raw_cursor
 from slawatch.delivery.notifiers import Notifier
-from slawatch.delivery.notifiers.http import HttpNotifier
 from slawatch.delivery.storm import Folded, listings, summary_payload
 from slawatch.delivery.storm import summarize as storm_summarize
 from slawatch.engine.outbox import RowDataLoader, alert_payload
@@ -98,12 +92,6 @@ CHANNEL = "slawatch_delivery"
 POLL = 1.0  # seconds: the fallback when no NOTIFY arrives
 PROBE_WAIT = 3.0  # seconds for our own NOTIFY to come back after LISTEN
 BACKOFF_CAP = 30.0  # seconds: the longest wait of a worker after a failure
-# Seconds: an accepted batch whose send took longer is settled at once when batches
-# claimed ahead are waiting (else by the next claim, a moment later).
-SETTLE_NOW = 0.05
-# Claims of one notifier under way at once before a worker waits for theirs rather than
-# claim: one claim at a time would leave the server's other cores idle while it runs.
-CLAIMS = 2
 DEFAULT_LISTED = 20  # alerts listed in a storm summary when the notifier says nothing
 
 
@@ -336,7 +324,7 @@ def _listed(notifier: Notifier) -> int:
 # queries.sql, claim_deliveries).
 _CLAIM = render(
     sql.SQL(queries()["claim_deliveries"]),
-    ("now", "owner", "lease", "limit", "notifier", "sent_alerts", "sent_owners"),
+    ("now", "owner", "lease", "limit", "notifier", "sent_alerts", "sent_owner"),
 )
 
 
@@ -348,32 +336,24 @@ def id_array(ids: Collection[int]) -> str:
 
 
 def claim_deliveries(
-    db: Database,
-    notifier: Notifier,
-    now: datetime,
-    sent: _Batch | Sequence[_Batch] | None = None,
-    *,
-    batches: int = 1,
+    db: Database, notifier: Notifier, now: datetime, sent: _Batch | None = None
 ) -> _Batch:
-    """Lease up to ``batches`` batches of due deliveries to a fresh owner (one
-    :class:`_Batch`: :func:`_split` makes batches of it); settle ``sent`` (batches the
-    receiver accepted) as sent in the same statement, and what of them that statement
-    could not lock at once in one more per batch (mark_sent). If the statement fails,
-    both stay undone: ``sent`` is sent again once its leases expire (at least once).
+    """Lease up to a batch of due deliveries to a fresh owner; settle ``sent`` (a batch
+    the receiver accepted) as sent in the same statement, and what of it that statement
+    could not lock at once in one more (mark_sent). If the statement fails, both
+    stay undone: ``sent`` is sent again once its lease expires (at least once).
 
     For a notifier with ``storm``, the same transaction first folds storms into
     summaries under the notifier's storm lock (slawatch/delivery/storm.py)."""
     owner = uuid.uuid4()
-    settle = [sent] if isinstance(sent, _Batch) else list(sent or ())
-    settle = [b for b in settle if b.rows]
     claim = {
         "now": now,
         "owner": owner,
         "lease": lease_for(notifier),
-        "limit": notifier.batch * max(batches, 1),
+        "limit": notifier.batch,
         "notifier": notifier.name,
-        "sent_alerts": id_array([r["alert_id"] for b in settle for r in b.rows]),
-        "sent_owners": "{" + ",".join(str(b.owner) for b in settle) + "}",
+        "sent_alerts": id_array([r["alert_id"] for r in sent.rows] if sent else ()),
+        "sent_owner": sent.owner if sent else None,
     }
     args = _CLAIM.args(claim)
     storm = notifier.storm
@@ -401,11 +381,18 @@ def claim_deliveries(
         return _Batch(owner, send, silenced, folded, listed, acked)
 
     batch = db.run(f"claiming deliveries for {notifier.name}", run)
-    for b in settle:
-        if left := [r for r in b.rows if r["id"] not in done]:
-            # Rows another claim held locked for a moment (see claim_deliveries in
-            # queries.sql).
-            _mark_sent(db, notifier, b.owner, left, now)
+    if sent is not None and (left := [r for r in sent.rows if r["id"] not in done]):
+        # Rows another claim held locked for a moment (see claim_deliveries in queries.sql).
+        mark = {
+            "ids": id_array([r["id"] for r in left]),
+            "alerts": id_array([r["alert_id"] for r in left]),
+            "owner": sent.owner,
+            "now": now,
+        }
+        db.run(
+            f"recording deliveries for {notifier.name}",
+            lambda conn: conn.execute(queries()["mark_sent"], mark),
+        )
     if batch.silenced:
         log.debug("notifier %s: %d deliveries silenced", notifier.name, batch.silenced)
     if batch.acknowledged:
@@ -421,38 +408,6 @@ def claim_deliveries(
             f.summary_id,
         )
     return batch
-
-
-def _mark_sent(
-    db: Database, notifier: Notifier, owner: uuid.UUID, rows: list[dict[str, Any]], now: datetime
-) -> None:
-    """Settle ``rows`` (leased to ``owner``) as sent, without a claim."""
-    mark = {
-        "ids": id_array([r["id"] for r in rows]),
-        "alerts": id_array([r["alert_id"] for r in rows]),
-        "owner": owner,
-        "now": now,
-    }
-    query = queries()["mark_sent"]
-    db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, mark))
-
-
-def _split(batch: _Batch, size: int) -> list[_Batch]:
-    """A claim of several batches as batches of ``size`` deliveries, under its one
-    lease; what the claim settled or folded is counted with the first. None when
-    the claim took nothing."""
-    if not (batch.claimed or batch.folded):
-        return []
-    chunks = [batch.rows[i : i + size] for i in range(0, len(batch.rows), size)] or [[]]
-    first = _Batch(
-        batch.owner,
-        chunks[0],
-        batch.silenced,
-        batch.folded,
-        batch.listings,
-        batch.acknowledged,
-    )
-    return [first] + [_Batch(batch.owner, c, listings=batch.listings) for c in chunks[1:]]
 
 
 def _payloads(
@@ -537,7 +492,14 @@ def _deliver(
         _settled(notifier, done, started, metrics, accepted, fired)
         return done, following
     # A short batch: nothing more was due (or held back), so no claim to ride on.
-    _mark_sent(db, notifier, batch.owner, batch.rows, clock.now())
+    sent = {
+        "ids": id_array([r["id"] for r in batch.rows]),
+        "alerts": id_array([r["alert_id"] for r in batch.rows]),
+        "owner": batch.owner,
+        "now": clock.now(),
+    }
+    query = queries()["mark_sent"]
+    db.run(f"recording deliveries for {notifier.name}", lambda conn: conn.execute(query, sent))
     _settled(notifier, done, started, metrics, accepted, fired)
     return done, _Batch(batch.owner, [])
 
@@ -728,127 +690,6 @@ def deliver_due(
     return total
 
 
-@dataclass
-class _Sent:
-    """A batch its receiver accepted, to be settled as sent by the next claim of its
-    notifier (any worker's), and what its log line and metrics say once it is."""
-
-    batch: _Batch
-    result: PassResult
-    started: float
-    accepted: datetime
-    fired: list[datetime]
-
-
-def _send_one(
-    db: Database,
-    notifier: Notifier,
-    clock: Clock,
-    batch: _Batch,
-    descriptions: Mapping[str, str],
-    metrics: Metrics | None,
-    admin_url: str | None,
-) -> tuple[PassResult, _Sent | None]:
-    """Send a claimed batch: a failure is settled (retry or dead) and counted here; an
-    accepted batch comes back to be settled by a claim (or :func:`_settle_sent`)."""
-    started = time.monotonic()
-    unsent = PassResult(
-        silenced=batch.silenced,
-        acknowledged=batch.acknowledged,
-        summarized=batch.summarized,
-        summaries=batch.summaries,
-    )
-    if not batch.rows:  # all settled by the claim already (silenced, acknowledged, summarized)
-        _settled(notifier, unsent, started, metrics, clock.now(), [])
-        return unsent, None
-    error = _send(notifier, batch, descriptions, admin_url)
-    accepted = clock.now()
-    if error is not None:
-        failed = _settle_failure(db, notifier, clock.now(), batch.owner, batch.rows, error)
-        failed += unsent
-        _settled(notifier, failed, started, metrics, accepted, [])
-        return failed, None
-    done = PassResult(sent=len(batch.rows))
-    done += unsent
-    fired = [] if metrics is None else [datetime.fromisoformat(r["fired_at"]) for r in batch.rows]
-    return done, _Sent(batch, done, started, accepted, fired)
-
-
-def _settle_sent(
-    db: Database, notifier: Notifier, sent: list[_Sent], now: datetime, metrics: Metrics | None
-) -> None:
-    """Settle accepted batches without a claim (nothing more is due), and count them."""
-    for s in sent:
-        _mark_sent(db, notifier, s.batch.owner, s.batch.rows, now)
-        _settled(notifier, s.result, s.started, metrics, s.accepted, s.fired)
-
-
-def _deliver_shared(
-    db: Database,
-    group: _Workers,
-    clock: Clock,
-    descriptions: Mapping[str, str],
-    metrics: Metrics | None = None,
-    admin_url: str | None = None,
-) -> PassResult:
-    """:func:`deliver_notifier` for one of a notifier's worker threads, which claim for
-    each other: a claim leases a batch for the worker that runs it and one for each
-    other worker with none in view (:meth:`_Workers.reserve`), and settles every batch
-    accepted since the last claim. A worker takes a batch claimed ahead before it
-    claims; one taken has time left on its lease for a whole send (its notifier's
-    timeout and 2 s; an older one is dropped, due again when the lease runs out), so a
-    slow receiver never has batches wait behind each other. Each accepted batch is
-    settled by the next claim of any worker, or, when nothing more is due, as it is.
-    Stops when nothing more is due, when the receiver fails, or once ``stop`` is set
-    (after the batches claimed ahead are sent)."""
-    notifier = group.notifier
-    total = PassResult()
-    margin = notifier.timeout + 2.0
-    # (Batches accepted in a pass that ended on an error are settled now.)
-    if not (group.ready or group.accepted) and (
-        group.stop.is_set() or not deliveries_due(db, notifier, clock.now())
-    ):
-        return total
-    more = True  # the last claim took all it asked for: more may be due
-    while True:
-        batch, ended = group.take(margin, notifier.timeout)
-        if batch is None:
-            sent = group.sent()
-            holds = any(s.batch.holds for s in sent)
-            if group.stop.is_set() or not ((more and not ended) or holds):
-                _settle_sent(db, notifier, sent, clock.now(), metrics)
-                return total
-            reserved = group.reserve()
-            ends = time.monotonic() + lease_for(notifier).total_seconds()
-            try:
-                claimed = claim_deliveries(
-                    db, notifier, clock.now(), [s.batch for s in sent], batches=reserved
-                )
-            except BaseException:
-                group.put(reserved, [], ends, True)
-                raise
-            for s in sent:
-                _settled(notifier, s.result, s.started, metrics, s.accepted, s.fired)
-            more = claimed.claimed >= reserved * notifier.batch
-            batches = _split(claimed, notifier.batch)
-            group.put(reserved, batches[1:], ends, more)
-            if not batches:
-                return total
-            batch = batches[0]
-        result, done = _send_one(db, notifier, clock, batch, descriptions, metrics, admin_url)
-        total += result
-        if done is not None:
-            if group.ready and time.monotonic() - done.started > SETTLE_NOW:
-                # A slow receiver: the next claim may be a send away (the others are
-                # taking the batches claimed ahead); a crash meanwhile would resend it.
-                _settle_sent(db, notifier, [done], clock.now(), metrics)
-            else:
-                group.sent(done)
-        elif result.total:  # the receiver failed (the batch is settled): it is down
-            _settle_sent(db, notifier, group.sent(), clock.now(), metrics)
-            return total
-
-
 class _Workers:
     """The worker threads of one notifier, with a stop of their own (a reload may
     remove the notifier while the others go on)."""
@@ -862,86 +703,6 @@ class _Workers:
         # Failures other than an unreachable database (which the database logs): a broken
         # schema, a bug. One record per notifier, so N workers failing alike are one line.
         self.trouble = Outage(f"delivery worker for {notifier.name}", log)
-        # Claims for each other (_deliver_shared): batches claimed ahead, with when their
-        # lease ends (time.monotonic()); batches accepted, to be settled by the next
-        # claim; and how many batches the claims under way will add to ``ready``.
-        # ``promised``: of ``ahead``, those workers wait for; ``claiming``: claims under
-        # way; ``more``: whether the last claim took all it asked for.
-        self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)
-        self.ready: deque[tuple[float, _Batch]] = deque()
-        self.accepted: list[_Sent] = []
-        self.ahead = self.promised = self.claiming = 0
-        self.more = True
-
-    def take(self, margin: float, wait: float) -> tuple[_Batch | None, bool]:
-        """A batch claimed ahead with at least ``margin`` seconds left on its lease (one
-        claimed too long ago is dropped: its deliveries are due again when the lease
-        runs out, sent later, never twice at once). While :data:`CLAIMS` claims
-        are under way and one of them leased a batch for a worker that no other worker
-        waits for, waits for it (at most ``wait`` seconds) rather than claim too.
-        ``(None, False)``: claim; ``(None, True)``: the claim waited for found nothing
-        more to do."""
-        with self.cond:
-            waited = False
-            while True:
-                while self.ready:
-                    ends, batch = self.ready.popleft()
-                    if ends - time.monotonic() >= margin:
-                        return batch, False
-                    log.debug(
-                        "notifier %s: %d deliveries claimed ahead left to their lease",
-                        self.notifier.name,
-                        len(batch.rows),
-                    )
-                if waited and not self.more:
-                    return None, True
-                if self.ahead - self.promised <= 0 or self.claiming < CLAIMS:
-                    return None, False
-                self.promised += 1
-                try:
-                    self.cond.wait(wait)
-                finally:
-                    self.promised -= 1
-                waited = True
-
-    def reserve(self) -> int:
-        """Batches for the next claim: one for the worker claiming, and one for each
-        other worker that neither has a batch claimed ahead waiting for it nor one that
-        a claim under way will add. Only one for a notifier whose send may outlast its
-        timeout (NATS: a timeout per message; SMTP: per step): a batch claimed ahead
-        waits up to one timeout, and its lease covers two (lease_for). An HTTP
-        notifier's send is bounded by its timeout (one deadline for the batch)."""
-        if not isinstance(self.notifier, HttpNotifier):
-            return 1
-        with self.lock:
-            k = max(1, len(self.wake) - len(self.ready) - self.ahead)
-            self.ahead += k - 1
-            self.claiming += 1
-            return k
-
-    def put(self, reserved: int, batches: list[_Batch], ends: float, more: bool) -> None:
-        """The other batches of a claim of ``reserved``, for the other workers; ``more``:
-        whether it took all it asked for (more may be due)."""
-        with self.cond:
-            self.ahead -= reserved - 1
-            self.claiming -= 1
-            self.more = more
-            self.ready.extend((ends, b) for b in batches)
-            self.cond.notify_all()
-        if batches:
-            for event in self.wake:
-                event.set()
-
-    def sent(self, done: _Sent | None = None) -> list[_Sent]:
-        """Record ``done`` (accepted, to be settled); or, without it, take every batch
-        recorded so far (to settle them)."""
-        with self.lock:
-            if done is not None:
-                self.accepted.append(done)
-                return []
-            taken, self.accepted = self.accepted, []
-            return taken
 
 
 class Dispatcher:
@@ -1063,15 +824,16 @@ class Dispatcher:
 
     def _work(self, group: _Workers, wake: threading.Event) -> None:
         backoff = Backoff(cap=self.backoff_cap)
-        trouble = group.trouble
+        notifier, trouble = group.notifier, group.trouble
         while not group.stop.is_set():
             since = time.monotonic()
             try:
-                _deliver_shared(
+                deliver_notifier(
                     self.db,
-                    group,
+                    notifier,
                     self.clock,
-                    self.descriptions or {},
+                    self.descriptions,
+                    group.stop,
                     self.metrics,
                     self.admin_url,
                 )

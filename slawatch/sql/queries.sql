@@ -11,21 +11,18 @@
 -- index entries. The price: leased deliveries keep their place in delivery_due, so a
 -- claim steps over those in flight (at most `concurrency` batches per process) and
 -- checks each one's lease in the heap.
--- A claim leases `limit` deliveries, one batch or several (the dispatcher's workers
--- claim for each other: slawatch/delivery/dispatcher.py). It also settles the batches
--- its notifier's receiver accepted since the last claim (`sent`: their alert ids, each
--- leased to one of `sent_owners`, fenced like mark_sent), so busy workers pay one
--- statement and one commit per claim, not one more per batch; a first claim passes
--- empty arrays. `sent` is found by its alert ids and the notifier (delivery_once: an
--- alert has one delivery per notifier) and the owners; the claim skips what is leased
--- to `sent_owners`: once those leases ran out mid-send they are due again, and one
+-- A worker that just sent a full batch settles it here too (`sent`, leased to
+-- `sent_owner`, fenced like mark_sent), so a busy worker pays one statement and
+-- one commit per batch, not two; a first claim passes an empty `sent_alerts` and a
+-- NULL owner. `sent` is found by its alert ids and the notifier (delivery_once: an
+-- alert has one delivery per notifier) and the owner; the claim skips what is leased
+-- to `sent_owner`: once those leases ran out mid-send they are due again, and one
 -- statement would then both settle and re-lease the same row (both CTEs see the
 -- same snapshot; of two updates of one row PostgreSQL keeps one, unpredictably).
--- An owner is fresh per claim, so what is leased to the owners is exactly the batches
--- sent, and each of these tests compares a row with the few owners: they were tests
--- of each row against every id of the batch (`id <> ALL(sent)`), whose cost grew
--- with the claim's size squared (bench/delivery.py: claims of 400 cost more per alert
--- than claims of 100).
+-- The owner is fresh per claim, so what is leased to it is exactly the batch sent,
+-- and each of these tests is one comparison per row: they were tests of each row
+-- against the batch's ids (`id <> ALL(sent)`), whose cost grew with the batch's size
+-- squared (bench/delivery.py: claims of 400 cost more per alert than claims of 100).
 -- Each candidate's alert is read once, in `due` (a probe of its primary key), and
 -- carried to the checks and the answer. The probe is a LATERAL subquery with OFFSET 0,
 -- so that it stays a probe per due delivery taken in order from delivery_due: as a join,
@@ -42,7 +39,7 @@
 -- episode to the same notifier is pending (due, in flight or waiting to retry), so no
 -- receiver is told "resolved" before "firing" (PagerDuty and Alertmanager would open
 -- an incident for good on the late trigger). The notifications of `sent` are settled by
--- this statement: they hold nothing back (when still leased to `sent_owners`). A
+-- this statement: they hold nothing back (when still leased to `sent_owner`). A
 -- resolved notice costs a look at its episode's alerts (alert_once) and their
 -- deliveries (delivery_once); one held back is looked at again by every claim of its
 -- notifier until its notification is settled (measured: 5,000 held back add about
@@ -102,7 +99,7 @@ WITH sent AS (
            last_error = NULL
       FROM (SELECT id, alert_id FROM slawatch.delivery
              WHERE alert_id = ANY(%(sent_alerts)s::bigint[]) AND notifier = %(notifier)s
-               AND lease_owner = ANY(%(sent_owners)s::uuid[])
+               AND lease_owner = %(sent_owner)s::uuid
                FOR UPDATE SKIP LOCKED) s
      WHERE d.id = s.id AND d.alert_id = s.alert_id
        AND d.alert_id = ANY(%(sent_alerts)s::bigint[])
@@ -114,7 +111,7 @@ WITH sent AS (
      CROSS JOIN LATERAL (SELECT * FROM slawatch.alert a WHERE a.id = d.alert_id OFFSET 0) a
      WHERE d.status = 'pending' AND d.notifier = %(notifier)s AND d.next_attempt_at <= %(now)s
        AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= %(now)s)
-       AND coalesce(d.lease_owner <> ALL(%(sent_owners)s::uuid[]), true)
+       AND coalesce(d.lease_owner <> %(sent_owner)s::uuid, true)
        AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
        AND (a.kind <> 'resolved' OR NOT EXISTS (
             SELECT 1 FROM slawatch.alert f
@@ -122,8 +119,7 @@ WITH sent AS (
                    SELECT p.id, p.status, p.lease_owner FROM slawatch.delivery p
                     WHERE p.alert_id = f.id AND p.notifier = d.notifier OFFSET 0) p
              WHERE f.rule = a.rule AND f.key = a.key AND f.episode = a.episode AND f.n > 0
-               AND p.status = 'pending'
-               AND coalesce(p.lease_owner <> ALL(%(sent_owners)s::uuid[]), true)))
+               AND p.status = 'pending' AND coalesce(p.lease_owner <> %(sent_owner)s::uuid, true)))
      ORDER BY d.next_attempt_at
      LIMIT %(limit)s
        FOR UPDATE OF d SKIP LOCKED

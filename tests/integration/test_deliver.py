@@ -48,7 +48,7 @@ CLAIMED = T0 + timedelta(days=3)  # when the alerts were claimed and became deli
 NOTHING_SENT: dict[str, Any] = {
     "sent": [],
     "sent_alerts": [],
-    "sent_owners": [],
+    "sent_owner": None,
 }  # a claim settling no batch
 
 
@@ -295,7 +295,7 @@ def test_a_lost_lease_fences_the_old_owner_out(conn: Conn) -> None:
         "owner": uuid.uuid4(),
         "sent": [first[0]],
         "sent_alerts": [first[4]],
-        "sent_owners": [old],
+        "sent_owner": old,
     }
     assert conn.execute(q["claim_deliveries"], settle).fetchall() == []
     assert statuses(conn) == {"pending": 1}
@@ -355,7 +355,7 @@ def test_the_next_claim_settles_the_batch_sent_and_never_takes_it_again(conn: Co
         "owner": uuid.uuid4(),
         "sent": ids,
         "sent_alerts": alerts,
-        "sent_owners": [owner],
+        "sent_owner": owner,
     }
     rows = conn.execute(q["claim_deliveries"], claim | settle).fetchall()
     # The rows it settled come back as 'sent' (the worker marks the rest itself).
@@ -566,7 +566,7 @@ def test_the_claim_and_mark_sent_commit_asynchronously_and_mark_dead_does_not(
             "owner": uuid.uuid4(),
             "sent": [first[0]],
             "sent_alerts": [first[4]],
-            "sent_owners": [owner],
+            "sent_owner": owner,
         }
         assert [r[3] for r in tx.execute(q["claim_deliveries"], settle).fetchall()] == ["sent"]
         assert synchronous(tx) == "off"  # nothing more was due: settling alone

@@ -176,34 +176,6 @@ def test_no_delivery_is_sent_twice_while_its_lease_holds(conn: Conn, db: Databas
     assert attempts.fetchall() == [(1, 1200)]
 
 
-def test_a_claim_leases_a_batch_for_each_worker_without_one(conn: Conn, db: Database) -> None:
-    """Four workers start at once: the first claim leases a batch for each of them under
-    its one owner, and the others send those instead of claiming; batches are still
-    settled one by one, every alert arrives once, in its first attempt."""
-    overdue_orders(conn, 800, notify="hook")
-    with CountingReceiver(gate=5, hold=WAIT) as receiver:  # holds the first four
-        notifier = hook(receiver.url, 100)
-        dispatcher = Dispatcher(db, {"hook": notifier}, Clock(), poll=0.2, concurrency={"hook": 4})
-        dispatcher.start()
-        try:
-            wait_for(lambda: receiver.in_flight == 4, "four batches in flight")
-            (most,) = conn.execute(
-                "SELECT max(n) FROM (SELECT count(*) AS n FROM slawatch.delivery"
-                " WHERE lease_owner IS NOT NULL GROUP BY lease_owner) o"
-            ).fetchone() or (0,)
-            with receiver.cond:
-                receiver.gate_met = True
-                receiver.cond.notify_all()
-            wait_for(lambda: statuses(conn).get("sent") == 800, "800 deliveries sent")
-        finally:
-            dispatcher.stop()
-            notifier.close()
-    assert most >= 200
-    assert sorted(receiver.ids) == sorted(f"order_unshipped:{k}:e1:n1" for k in range(1, 801))
-    attempts = conn.execute("SELECT attempts, count(*) FROM slawatch.delivery GROUP BY 1")
-    assert attempts.fetchall() == [(1, 800)]
-
-
 def test_the_workers_of_a_notifier_report_a_failure_once(
     conn: Conn, db: Database, caplog: pytest.LogCaptureFixture
 ) -> None:

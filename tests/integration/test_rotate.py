@@ -575,7 +575,7 @@ def test_settling_deliveries_reads_only_their_ranges_partitions(conn: Conn) -> N
         "mark_retry": {"ids": [delivery], "alerts": [mine]} | common,
         "mark_dead": {"ids": [delivery], "alerts": [mine]} | common,
         "claim_deliveries": claim
-        | {"sent": [delivery], "sent_alerts": [mine], "sent_owners": [owner]}
+        | {"sent": [delivery], "sent_alerts": [mine], "sent_owner": owner}
         | {"now": later, "owner": uuid.uuid4()},
     }
     for name, params in cases.items():

@@ -376,7 +376,7 @@ def test_a_summary_counts_exactly_what_it_replaces_while_another_claim_runs(
     rule = orders(conn, 2_000, ["hook-a"])
     assert claim(conn, rule) == 2_000
     lease = {"now": CLAIMED, "owner": uuid.uuid4(), "lease": timedelta(minutes=1)}
-    lease |= {"limit": 100, "notifier": "hook-a", "sent": [], "sent_alerts": [], "sent_owners": []}
+    lease |= {"limit": 100, "notifier": "hook-a", "sent": [], "sent_alerts": [], "sent_owner": None}
     with psycopg.connect(dsn) as other:
         other.execute(queries()["storm_lock"], {"notifier": "hook-a"})
         assert len(other.execute(queries()["claim_deliveries"], lease).fetchall()) == 100
