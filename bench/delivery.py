@@ -625,7 +625,8 @@ def measure(
     SLAWATCH_DSN or the embedded one). Medians: ``slawatch`` and ``straight`` in
     alerts/s, ``ratio`` (of each round's two rates); CPU ms per 100 alerts delivered,
     ``python_cpu`` (the workers and the receiver) and, where it can be read,
-    ``server_cpu`` (every process of the PostgreSQL server)."""
+    ``server_cpu`` (every process of the PostgreSQL server, other work on it too) and
+    ``backends_cpu`` (the drain's own server processes)."""
     receiver = Receiver()
     drained: list[float] = []
     straight: list[float] = []
