@@ -449,17 +449,24 @@ class Variant:
     name: str
     ranges: int
     query: str
+    generic: bool = False  # run as the dispatcher does now: on its generic plan
 
 
 def claims_once(
-    scratch: Scratch, template: str, alerts: int, concurrency: int, query: str
+    scratch: Scratch,
+    template: str,
+    alerts: int,
+    concurrency: int,
+    query: str,
+    generic: bool = False,
 ) -> dict[str, float]:
     """The server's side of a drain alone, on a copy of ``template`` (an outbox that
     :func:`fill_outbox` filled with ``alerts``): ``concurrency`` connections (a worker
     each) take turns, each claim (``query``) settling that worker's previous batch as
     sent, as a worker whose receiver accepts at once does (so up to ``concurrency - 1``
     batches are in flight, leased, at each claim), until nothing is due. The claim
-    statement as the workers run it (prepared from its 6th run). Per 100 alerts:
+    statement as the workers run it (prepared from its 6th run; with ``generic`` on its
+    generic plan, as the dispatcher runs it where it prepares). Per 100 alerts:
     ``server_cpu`` ms of the claiming backends (from /proc: the server must run on this
     machine); ``hot``: the share of the outbox's updates that were HOT; ``mb``: the
     outbox's heap after it; ``generic``: the share of the prepared claims' runs on a
@@ -470,6 +477,8 @@ def claims_once(
         with psycopg.connect(dsn, autocommit=True) as conn:
             conns = [psycopg.connect(dsn, autocommit=True) for _ in range(concurrency)]
             try:
+                for c in conns if generic else ():
+                    c.execute("SET plan_cache_mode = force_generic_plan")
                 cpus = [backend_cpu(c) for c in conns]
                 before = sum(read() for read in cpus)
                 sent: list[tuple[list[int], list[int], Any]] = [([], [], None)] * concurrency
@@ -549,7 +558,9 @@ def claims_compare(
             templates[ranges] = name
         for _ in range(rounds):
             for v in variants:
-                got = claims_once(scratch, templates[v.ranges], alerts, concurrency, v.query)
+                got = claims_once(
+                    scratch, templates[v.ranges], alerts, concurrency, v.query, v.generic
+                )
                 runs[v.name].append(got)
                 print(
                     f"  {v.name:<16} server CPU per 100 alerts {got['server_cpu']:.2f} ms,"
@@ -697,7 +708,7 @@ def main() -> None:
         variants = [Variant("unpartitioned", 0, old or new)]
         if old is not None:
             variants.append(Variant(f"ranges {args.old_ref}", args.ranges, old))
-        variants.append(Variant("ranges now", args.ranges, new))
+        variants.append(Variant("ranges now", args.ranges, new, generic=True))
         print(
             f"claims of {args.due:,} deliveries, 100 x {args.concurrency} workers in turn;"
             f" unpartitioned outbox and {args.ranges} id ranges;"

@@ -678,8 +678,9 @@ def deliver_notifier(
 def deliveries_due(db: Database, notifier: Notifier, now: datetime) -> bool:
     """Whether ``notifier`` has a delivery due at ``now`` that no lease holds: what a
     claim could take (and a resolved notice held back behind its firing one). Asked
-    before a worker claims after it wakes: the claim statement is planned at every run,
-    this function's statement once per server process (0017_deliveries_due.sql)."""
+    before a worker claims after it wakes: the claim is a large statement (planned at
+    every run behind a transaction pooler), this function's one query is planned once
+    per server process (0017_deliveries_due.sql)."""
     query, params = queries()["deliveries_due"], {"notifier": notifier.name, "now": now}
 
     def ask(conn: Connection) -> bool:
