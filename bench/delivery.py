@@ -308,6 +308,25 @@ def server_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float] | None:
     return read
 
 
+def backends_cpu(conn: psycopg.Connection[Any]) -> float:
+    """CPU seconds used so far by the server processes of ``conn``'s database other
+    than ``conn``'s own (the drain's workers and listener, which connected for it):
+    unlike :func:`server_cpu`, nothing of other work on the same server."""
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid()"
+    ).fetchall()
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for (pid,) in rows:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 # The outbox as 0014_delivery_lease.sql left it, before 0015_rotate.sql's id ranges:
 # plain tables (as tests/integration/helpers.py's UNROTATED, with 0014's fillfactor),
 # the baseline of --claims-only.
@@ -430,17 +449,24 @@ class Variant:
     name: str
     ranges: int
     query: str
+    generic: bool = False  # run as the dispatcher does now: on its generic plan
 
 
 def claims_once(
-    scratch: Scratch, template: str, alerts: int, concurrency: int, query: str
+    scratch: Scratch,
+    template: str,
+    alerts: int,
+    concurrency: int,
+    query: str,
+    generic: bool = False,
 ) -> dict[str, float]:
     """The server's side of a drain alone, on a copy of ``template`` (an outbox that
     :func:`fill_outbox` filled with ``alerts``): ``concurrency`` connections (a worker
     each) take turns, each claim (``query``) settling that worker's previous batch as
     sent, as a worker whose receiver accepts at once does (so up to ``concurrency - 1``
     batches are in flight, leased, at each claim), until nothing is due. The claim
-    statement as the workers run it (prepared from its 6th run). Per 100 alerts:
+    statement as the workers run it (prepared from its 6th run; with ``generic`` on its
+    generic plan, as the dispatcher runs it where it prepares). Per 100 alerts:
     ``server_cpu`` ms of the claiming backends (from /proc: the server must run on this
     machine); ``hot``: the share of the outbox's updates that were HOT; ``mb``: the
     outbox's heap after it; ``generic``: the share of the prepared claims' runs on a
@@ -451,6 +477,8 @@ def claims_once(
         with psycopg.connect(dsn, autocommit=True) as conn:
             conns = [psycopg.connect(dsn, autocommit=True) for _ in range(concurrency)]
             try:
+                for c in conns if generic else ():
+                    c.execute("SET plan_cache_mode = force_generic_plan")
                 cpus = [backend_cpu(c) for c in conns]
                 before = sum(read() for read in cpus)
                 sent: list[tuple[list[int], list[int], Any]] = [([], [], None)] * concurrency
@@ -530,7 +558,9 @@ def claims_compare(
             templates[ranges] = name
         for _ in range(rounds):
             for v in variants:
-                got = claims_once(scratch, templates[v.ranges], alerts, concurrency, v.query)
+                got = claims_once(
+                    scratch, templates[v.ranges], alerts, concurrency, v.query, v.generic
+                )
                 runs[v.name].append(got)
                 print(
                     f"  {v.name:<16} server CPU per 100 alerts {got['server_cpu']:.2f} ms,"
@@ -575,6 +605,7 @@ def drain_once(
                 cpu["python"] = time.process_time() - python0
                 if server_seconds:
                     cpu["server"] = server_seconds() - server0
+                    cpu["backends"] = backends_cpu(conn)
             dispatcher.stop()
         hook.close()
         return rate, list(receiver.bodies)
@@ -605,7 +636,8 @@ def measure(
     SLAWATCH_DSN or the embedded one). Medians: ``slawatch`` and ``straight`` in
     alerts/s, ``ratio`` (of each round's two rates); CPU ms per 100 alerts delivered,
     ``python_cpu`` (the workers and the receiver) and, where it can be read,
-    ``server_cpu`` (every process of the PostgreSQL server)."""
+    ``server_cpu`` (every process of the PostgreSQL server, other work on it too) and
+    ``backends_cpu`` (the drain's own server processes)."""
     receiver = Receiver()
     drained: list[float] = []
     straight: list[float] = []
@@ -624,7 +656,7 @@ def measure(
         "straight": statistics.median(straight),
         "rounds": float(rounds),
     }
-    for key in ("python", "server"):
+    for key in ("python", "server", "backends"):
         if all(key in c for c in cpus):
             got[f"{key}_cpu"] = statistics.median(c[key] for c in cpus) * 1e5 / alerts
     return got
@@ -676,7 +708,7 @@ def main() -> None:
         variants = [Variant("unpartitioned", 0, old or new)]
         if old is not None:
             variants.append(Variant(f"ranges {args.old_ref}", args.ranges, old))
-        variants.append(Variant("ranges now", args.ranges, new))
+        variants.append(Variant("ranges now", args.ranges, new, generic=True))
         print(
             f"claims of {args.due:,} deliveries, 100 x {args.concurrency} workers in turn;"
             f" unpartitioned outbox and {args.ranges} id ranges;"
@@ -708,6 +740,11 @@ def main() -> None:
             f" straight POSTs {got['straight']:,.0f} alerts/s, ratio {got['ratio']:.2f};"
             f" CPU per 100 alerts: Python {got['python_cpu']:.2f} ms, server "
             + (f"{got['server_cpu']:.2f} ms" if "server_cpu" in got else "not readable")
+            + (
+                f" (the drain's own backends {got['backends_cpu']:.2f} ms)"
+                if "backends_cpu" in got
+                else ""
+            )
         )
         return
 

@@ -13,10 +13,16 @@
 -- checks each one's lease in the heap.
 -- A worker that just sent a full batch settles it here too (`sent`, leased to
 -- `sent_owner`, fenced like mark_sent), so a busy worker pays one statement and
--- one commit per batch, not two; a first claim passes an empty `sent`. The claim
--- skips those ids: once their lease ran out mid-send they are due again, and one
+-- one commit per batch, not two; a first claim passes an empty `sent_alerts` and a
+-- NULL owner. `sent` is found by its alert ids and the notifier (delivery_once: an
+-- alert has one delivery per notifier) and the owner; the claim skips what is leased
+-- to `sent_owner`: once those leases ran out mid-send they are due again, and one
 -- statement would then both settle and re-lease the same row (both CTEs see the
 -- same snapshot; of two updates of one row PostgreSQL keeps one, unpredictably).
+-- The owner is fresh per claim, so what is leased to it is exactly the batch sent,
+-- and each of these tests is one comparison per row: they were tests of each row
+-- against the batch's ids (`id <> ALL(sent)`), whose cost grew with the batch's size
+-- squared (bench/delivery.py: claims of 400 cost more per alert than claims of 100).
 -- Each candidate's alert is read once, in `due` (a probe of its primary key), and
 -- carried to the checks and the answer. The probe is a LATERAL subquery with OFFSET 0,
 -- so that it stays a probe per due delivery taken in order from delivery_due: as a join,
@@ -68,16 +74,25 @@
 -- index (0018_lean_outbox.sql): every write finds its rows by alert id first, through
 -- delivery_once (an alert has one to three deliveries). `sent` and `settled` join their
 -- rows back by (alert_id, id): as a nested loop, each probe goes to its alert's range
--- (run-time pruning). `leased` takes its alert ids and ids as two arrays, the alert ids
--- probed in each range's delivery_once, and only in the ranges from the batch's lowest
--- alert id up (pruned when the statement runs): a join was hashed, by a planner that
--- prices a probe per range and row, over a scan of every range (EXPLAIN ANALYZE
--- mid-drain, 5,000 deliveries in 4 ranges: 3 ms of a claim; 0.3 ms as arrays). `sent` is compared to the due rows as an InitPlan's value,
--- `(SELECT %(sent)s)`, never as the array itself: inline, its 100 ids made the planner's
--- work grow with the ranges (bench/delivery.py --claims-only, 4 ranges: 26 ms of
--- planning per claim, 0.8 ms unpartitioned; as the InitPlan's value 2-4 ms). The claim
--- is planned at every run: its generic plan, which PostgreSQL never picks here, costs
--- far more (100 ms a claim with 4 ranges).
+-- (run-time pruning). `leased` takes its alert ids as an array (with the notifier, one
+-- delivery each), probed in each range's delivery_once, and only in the ranges from
+-- the batch's lowest alert id up (pruned when the statement runs): a join was hashed,
+-- by a planner that prices a probe per range and row, over a scan of every range
+-- (EXPLAIN ANALYZE mid-drain, 5,000 deliveries in 4 ranges: 3 ms of a claim; 0.3 ms as
+-- arrays). No array of ids is compared with the due rows: inline, the 100 ids of `sent`
+-- made the planner's work grow with the ranges (bench/delivery.py --claims-only, 4
+-- ranges: 26 ms of planning per claim, 0.8 ms unpartitioned).
+-- Where the dispatcher prepares the claim (the pooler allows it) it runs the claim on its
+-- generic plan (SET LOCAL plan_cache_mode, slawatch/delivery/dispatcher.py), which
+-- PostgreSQL's own choice never picks here: planned once per connection, where custom
+-- plans were planned at every run (0.7 ms a claim on one range, 1.1 ms on 4, and
+-- growing with the ranges). `due` reads delivery_due in its order under a LIMIT (`now`
+-- only ends the range), the other index reads are equalities, and the ranges are
+-- pruned at run time: the generic plan is the custom one. Server CPU
+-- per 100 alerts, sequential claims of 100 over 20,000 deliveries: 2.62 -> 1.90 ms on
+-- one range, 3.77 -> 2.42 on 4, 9.67 -> 2.98 on 8. (Before `sent` was matched by owner,
+-- a forced generic plan took 100 ms a claim on 4 ranges.) Behind a transaction pooler
+-- nothing is prepared, and the claim is planned at every run.
 -- `holds`: a firing notification whose episode's resolved notice to this notifier
 -- waits for it; once it is sent, the worker settles it through a claim (this statement)
 -- even when the batch was short, and that claim takes the resolved notice.
@@ -91,7 +106,7 @@ WITH sent AS (
        SET status = 'sent', sent_at = %(now)s, lease_owner = NULL, lease_expires_at = NULL,
            last_error = NULL
       FROM (SELECT id, alert_id FROM slawatch.delivery
-             WHERE id = ANY(%(sent)s::bigint[]) AND alert_id = ANY(%(sent_alerts)s::bigint[])
+             WHERE alert_id = ANY(%(sent_alerts)s::bigint[]) AND notifier = %(notifier)s
                AND lease_owner = %(sent_owner)s::uuid
                FOR UPDATE SKIP LOCKED) s
      WHERE d.id = s.id AND d.alert_id = s.alert_id
@@ -104,7 +119,7 @@ WITH sent AS (
      CROSS JOIN LATERAL (SELECT * FROM slawatch.alert a WHERE a.id = d.alert_id OFFSET 0) a
      WHERE d.status = 'pending' AND d.notifier = %(notifier)s AND d.next_attempt_at <= %(now)s
        AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= %(now)s)
-       AND d.id <> ALL((SELECT %(sent)s::bigint[])::bigint[])
+       AND coalesce(d.lease_owner <> %(sent_owner)s::uuid, true)
        AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
        AND (a.kind <> 'resolved' OR NOT EXISTS (
             SELECT 1 FROM slawatch.alert f
@@ -112,9 +127,7 @@ WITH sent AS (
                    SELECT p.id, p.status, p.lease_owner FROM slawatch.delivery p
                     WHERE p.alert_id = f.id AND p.notifier = d.notifier OFFSET 0) p
              WHERE f.rule = a.rule AND f.key = a.key AND f.episode = a.episode AND f.n > 0
-               AND p.status = 'pending'
-               AND (p.id <> ALL((SELECT %(sent)s::bigint[])::bigint[])
-                    OR p.lease_owner IS DISTINCT FROM %(sent_owner)s::uuid)))
+               AND p.status = 'pending' AND coalesce(p.lease_owner <> %(sent_owner)s::uuid, true)))
      ORDER BY d.next_attempt_at
      LIMIT %(limit)s
        FOR UPDATE OF d SKIP LOCKED
@@ -143,7 +156,7 @@ WITH sent AS (
            lease_expires_at = %(now)s + %(lease)s::interval,
            attempts = d.attempts + 1
      WHERE d.alert_id = ANY(ARRAY(SELECT alert_id FROM due WHERE id NOT IN (SELECT id FROM muted)))
-       AND d.id = ANY(ARRAY(SELECT id FROM due WHERE id NOT IN (SELECT id FROM muted)))
+       AND d.notifier = %(notifier)s
        AND d.alert_id >= (SELECT min(alert_id) FROM due)
     RETURNING d.id, d.notifier, d.attempts, NULL::text AS settled
 )
@@ -302,8 +315,9 @@ SELECT s.id AS summary_id, l.*
 -- it in the write that leaves 'pending', so it also says the row is still pending:
 -- no `status = 'pending'` here, which let the planner scan every pending delivery
 -- through delivery_due instead of probing the primary key (measured: 8 ms per 100
--- with 10 k pending, growing with the backlog; now 2 ms). The ::bigint[] keeps
--- psycopg from sending a smallint[] for small ids.
+-- with 10 k pending, growing with the backlog; now 2 ms). The ids come as array
+-- literals (dispatcher.id_array, text: a seventh of psycopg's time to adapt a list),
+-- made arrays by the ::bigint[] casts; the same in mark_retry and mark_dead.
 -- Asynchronous commit, as claim_deliveries: a lost 'sent' is a resend.
 -- `alerts`: the deliveries' alert ids (the dispatcher has them): the rows are found
 -- through delivery_once, in their id ranges' partitions only (delivery is partitioned

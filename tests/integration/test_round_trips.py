@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from slawatch.db import Pooler
 from slawatch.engine.claim import batches, claim_batch
 from slawatch.engine.ready import prepare
 from tests.integration.helpers import Conn, shop
@@ -56,10 +57,16 @@ def test_a_claim_batch_is_one_round_trip(conn: Conn, track: str) -> None:
     assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (1,)
 
 
-def test_a_delivery_claim_without_storm_is_one_round_trip(conn: Conn, dsn: str) -> None:
+@pytest.mark.parametrize("pooler", ["transaction", "none"])
+def test_a_delivery_claim_without_storm_is_one_statement(
+    conn: Conn, dsn: str, pooler: Pooler
+) -> None:
     """The delivery loop's claim (leases, and the settling of the batch just sent) is one
-    statement in its own transaction unless the notifier folds storms; taking the
-    connection from the pool costs none (no liveness query: it was used a moment ago)."""
+    statement, in its own transaction where nothing is prepared (behind a transaction
+    pooler: one round trip); where it is prepared, in a transaction that runs it on its
+    generic plan (BEGIN, SET LOCAL, the claim, COMMIT), planned once per connection.
+    Taking the connection from the pool costs none (no liveness query: it was used a
+    moment ago)."""
     from slawatch.config.notifiers import ConsoleConfig
     from slawatch.db import Database
     from slawatch.delivery.dispatcher import claim_deliveries
@@ -74,11 +81,22 @@ def test_a_delivery_claim_without_storm_is_one_round_trip(conn: Conn, dsn: str) 
     step = batches(conn, prepare(conn, rules["order_unshipped"]), NOW)
     assert step() == 1
     notifier = build(ConsoleConfig(name="console", type="console"))
-    db = Database(dsn, size=1, timeout=10)
+    db = Database(dsn, size=1, timeout=10, pooler=pooler)
     try:
         with db.connection("tracing") as pooled:
             traced = pooled  # the pool's one connection: the one claim_deliveries will get
+        # The first claim on a connection also prepares the statement (one more round
+        # trip, once) where the pooler allows.
+        first = round_trips(traced, lambda: claim_deliveries(db, notifier, NOW), empty=True)
         count = round_trips(traced, lambda: claim_deliveries(db, notifier, NOW), empty=True)
-        assert count == 1
+        plans = traced.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE 'WITH sent AS%'"
+        ).fetchall()
     finally:
         db.close()
+    if pooler == "transaction":
+        assert (first, count, plans) == (1, 1, [])
+    else:
+        assert (first, count) == (5, 4)
+        assert plans == [(2, 0)]  # both claims on the generic plan, none planned again
