@@ -1,11 +1,8 @@
-"""A known loss, kept red until it is fixed (xfail, strict: it fails the suite once it
-passes, so that the marker goes with the fix): slawatch.history_drop
-(0016_rotate_retry.sql) reads whether a range holds a pending delivery before it locks
-the range's partitions; a `slawatch replay` of one of the range's dead deliveries that
-commits while the DROP waits for its lock is dropped with the range, though replay
-counted it replayed. Locking the partitions before the checks (each later statement of
-the function then reads what the replay committed) keeps the range; that needs a
-migration that replaces the function.
+"""A delivery replayed while retention drops its id range is kept: slawatch.history_drop
+(0019_history_drop_locked.sql) locks a range that looks droppable and reads it again; a
+`slawatch replay` of one of the range's dead deliveries that committed while the DROP
+waited for its lock keeps the range. Before 0019 the check ran before the lock, and the
+replayed delivery was dropped with the range though replay had counted it.
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-import pytest
 
 from slawatch.engine.migrate import migrate
 from tests.integration.helpers import Conn, history
@@ -23,7 +19,6 @@ from tests.waiting import wait_until
 DAY = timedelta(days=1)
 
 
-@pytest.mark.xfail(strict=True, reason="history_drop checks before it locks (issue 27 faults)")
 def test_a_delivery_replayed_while_its_range_is_dropped_is_kept(conn: Conn, dsn: str) -> None:
     migrate(conn, [])
     start = datetime.now(UTC)

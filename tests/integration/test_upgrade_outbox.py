@@ -1,5 +1,6 @@
 """An upgrade from the release before issue 27's outbox changes (its migrations end at
-0016_rotate_retry.sql) to 0017_deliveries_due.sql and 0018_lean_outbox.sql, with
+0016_rotate_retry.sql) to 0017_deliveries_due.sql, 0018_lean_outbox.sql and
+0019_history_drop_locked.sql (which replaces a function and moves no row), with
 history in the outbox: every alert, delivery (pending, leased, retrying, sent, dead),
 open episode and event timer is kept as it was, and what was pending is delivered
 once after it. Also across a conversion into id ranges that the release before started
@@ -50,7 +51,7 @@ class Receiver(BaseNotifier):
 def previous_release(monkeypatch: pytest.MonkeyPatch) -> None:
     """schema.migrations() as the release before 0017 shipped them, until ``upgrade()``."""
     shipped = schema.migrations()
-    assert [m.version for m in shipped[PREVIOUS:]] == [17, 18], "a migration since: look here"
+    assert [m.version for m in shipped[PREVIOUS:]] == [17, 18, 19], "a migration since: look here"
     monkeypatch.setattr(schema, "migrations", lambda: shipped[:PREVIOUS])
 
 
