@@ -58,14 +58,14 @@ class Lines:
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             try:
-                line = self._new.get(timeout=left)
+                new: str | None = self._new.get(timeout=left)
             except queue.Empty:
                 break
-            if line is None:
+            if new is None:
                 pytest.fail(f"the stream ended without a line containing {text!r}:\n{self}")
-            self.lines.append(line)
-            if text in line:
-                return line
+            self.lines.append(new)
+            if text in new:
+                return new
         pytest.fail(f"no line containing {text!r} within {timeout:g}s:\n{self}")
 
     def rest(self, timeout: float = WAIT) -> str:

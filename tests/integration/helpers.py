@@ -303,7 +303,7 @@ def dsn_as(dsn: str, user: str) -> str:
     """``dsn`` connecting as ``user`` (a role without a password: trust auth)."""
     params = conninfo_to_dict(dsn) | {"user": user}
     params.pop("password", None)
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 def history(
