@@ -328,13 +328,26 @@ _CLAIM = render(
 
 
 # The claim on its generic plan from its first run, in the claim's own transaction only
-# (SET LOCAL: the pooled connection's other statements keep PostgreSQL's choice, which
-# for the claim is a custom plan at every run). Planning was a quarter to a third of a
-# claim's server CPU; the generic plan runs as fast as the custom ones (queries.sql,
-# claim_deliveries). The price: BEGIN, this and COMMIT, three round trips more per claim
-# where one statement was its own transaction. Behind a transaction pooler nothing is
-# prepared, and the claim is planned at each run as before.
-_GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan"
+# (set_config(..., true), SET LOCAL: the pooled connection's other statements keep
+# PostgreSQL's choice, which for the claim is a custom plan at every run). Planning was
+# a quarter to a third of a claim's server CPU; the generic plan runs as fast as the
+# custom ones (queries.sql, claim_deliveries). Without JIT: a cached plan keeps its
+# plan but not its compiled code, and the generic plan's estimate grows with the
+# pending deliveries and the ranges (no pruning at plan time, a LIMIT of unknown size)
+# past jit_above_cost, so each claim over a backlog compiled its expressions again
+# (385 ms a claim of 100 over 12,000 pending in 7 ranges, 14 ms without). The price:
+# BEGIN, this and COMMIT, three round trips more per claim where one statement was its
+# own transaction. Behind a transaction pooler nothing is prepared, and the claim is
+# planned at each run as before.
+_GENERIC = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true),"
+    " set_config('jit', 'off', true)"
+)
+# Back to the connection's own settings for what follows the claim in its transaction.
+_SETTLED = (
+    "SELECT set_config(name, reset_val, true) FROM pg_settings"
+    " WHERE name IN ('plan_cache_mode', 'jit')"
+)
 
 
 def id_array(ids: Collection[int]) -> str:
@@ -376,9 +389,9 @@ def claim_deliveries(
         # end of the claim; where the claim is prepared, SET LOCAL needs a transaction.
         generic = conn.prepare_threshold is not None  # it prepares (slawatch.db.may_prepare)
         with conn.transaction() if storm or generic else one_statement(conn):
-            if generic:
-                conn.execute(_GENERIC)
             folded = storm_summarize(conn, notifier.name, storm, now) if storm else []
+            if generic:
+                conn.execute(_GENERIC)  # for the claim alone: not the fold, not listings
             cur = raw_cursor(conn, dict_row)
             # On this cursor only (a microsecond): the pooled connection's other users
             # keep psycopg's own jsonb loader.
@@ -388,6 +401,8 @@ def claim_deliveries(
             done.update(r["id"] for r in got if r["settled"] == "sent")
             send = [r for r in rows if r["settled"] is None]
             summaries = [r["alert_id"] for r in send if r["kind"] == "summary"]
+            if generic and summaries:
+                conn.execute(_SETTLED)
             listed = listings(conn, summaries, _listed(notifier))
         silenced = sum(1 for r in rows if r["settled"] == "silenced")
         acked = len(rows) - len(send) - silenced

@@ -83,12 +83,16 @@
 -- made the planner's work grow with the ranges (bench/delivery.py --claims-only, 4
 -- ranges: 26 ms of planning per claim, 0.8 ms unpartitioned).
 -- Where the dispatcher prepares the claim (the pooler allows it) it runs the claim on its
--- generic plan (SET LOCAL plan_cache_mode, slawatch/delivery/dispatcher.py), which
+-- generic plan, without JIT (plan_cache_mode and jit set for the claim alone,
+-- slawatch/delivery/dispatcher.py's _GENERIC), which
 -- PostgreSQL's own choice never picks here: planned once per connection, where custom
 -- plans were planned at every run (0.7 ms a claim on one range, 1.1 ms on 4, and
 -- growing with the ranges). `due` reads delivery_due in its order under a LIMIT (`now`
 -- only ends the range), the other index reads are equalities, and the ranges are
--- pruned at run time: the generic plan is the custom one. Server CPU
+-- pruned at run time: the generic plan has the custom one's shape. Its estimate does
+-- not (ranges not pruned at plan time, a LIMIT of unknown size): it grows with the
+-- pending deliveries past jit_above_cost, and a cached plan is JIT-compiled again at
+-- each run (385 ms a claim over 12,000 pending in 7 ranges): hence jit off. Server CPU
 -- per 100 alerts, sequential claims of 100 over 20,000 deliveries: 2.62 -> 1.90 ms on
 -- one range, 3.77 -> 2.42 on 4, 9.67 -> 2.98 on 8. (Before `sent` was matched by owner,
 -- a forced generic plan took 100 ms a claim on 4 ranges.) Behind a transaction pooler

@@ -5,9 +5,12 @@ paid for BEGIN and COMMIT besides the statement)."""
 from __future__ import annotations
 
 import tempfile
+import uuid
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from slawatch.db import Pooler
 from slawatch.engine.claim import batches, claim_batch
@@ -81,6 +84,13 @@ def test_a_delivery_claim_without_storm_is_one_statement(
     step = batches(conn, prepare(conn, rules["order_unshipped"]), NOW)
     assert step() == 1
     notifier = build(ConsoleConfig(name="console", type="console"))
+    # Every plan priced for JIT: the claim's generic plan is planned without it (its
+    # estimate grows with a backlog past the threshold, and a cached plan is compiled
+    # again at each run).
+    (database,) = conn.execute("SELECT current_database()").fetchone()  # type: ignore[misc]
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET jit_above_cost = 0").format(sql.Identifier(database))
+    )
     db = Database(dsn, size=1, timeout=10, pooler=pooler)
     try:
         with db.connection("tracing") as pooled:
@@ -93,6 +103,7 @@ def test_a_delivery_claim_without_storm_is_one_statement(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
             " WHERE statement LIKE 'WITH sent AS%'"
         ).fetchall()
+        jit = compiled(traced) if pooler == "none" else None
     finally:
         db.close()
     if pooler == "transaction":
@@ -100,3 +111,39 @@ def test_a_delivery_claim_without_storm_is_one_statement(
     else:
         assert (first, count) == (5, 4)
         assert plans == [(2, 0)]  # both claims on the generic plan, none planned again
+        # The cached generic plan was made without JIT: run again on it (the session's
+        # jit on), it compiles nothing.
+        available = conn.execute("SELECT pg_jit_available()").fetchone() == (True,)
+        assert jit == (False if available else None)
+
+
+def compiled(conn: Conn) -> bool | None:
+    """Whether the delivery claim's cached generic plan on ``conn`` compiles with JIT
+    when it runs (EXPLAIN ANALYZE of it, rolled back); None where the server has no JIT."""
+    from slawatch.delivery.dispatcher import _CLAIM
+
+    if conn.execute("SELECT pg_jit_available()").fetchone() != (True,):
+        return None
+    (name,) = conn.execute(  # type: ignore[misc]
+        "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'WITH sent AS%'"
+    ).fetchone()
+    values = _CLAIM.args(
+        {
+            "now": NOW,
+            "owner": uuid.uuid4(),
+            "lease": "60 seconds",
+            "limit": 100,
+            "notifier": "console",
+            "sent_alerts": "{}",
+            "sent_owner": None,
+        }
+    )
+    with conn.transaction():
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")  # the cached plan
+        (doc,) = conn.execute(  # type: ignore[misc]
+            sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {}({})").format(
+                sql.Identifier(name), sql.SQL(", ").join(map(sql.Literal, values))
+            )
+        ).fetchone()
+        raise psycopg.Rollback()
+    return "JIT" in doc[0]
