@@ -8,7 +8,8 @@
 -- order), and is looked at again after the lock: each statement of the function reads
 -- what committed before it, so a replay or an ack that got in first keeps the range.
 -- A range that looks kept is passed over without a lock, as before: one busy old range
--- does not hold back the call. The signature and result are 0016's: CREATE OR REPLACE
+-- does not hold back the call. One found kept only under the lock ends the call (its
+-- locks would otherwise be held while the loop waits for the next range's). The signature and result are 0016's: CREATE OR REPLACE
 -- keeps the grants.
 
 CREATE OR REPLACE FUNCTION slawatch.history_drop(cutoff timestamptz)
@@ -19,6 +20,7 @@ DECLARE
     r slawatch.history_range;
     part text;
     kept boolean;
+    locked boolean;
 BEGIN
     IF to_regclass('slawatch.alert_rotating') IS NOT NULL THEN
         RETURN;
@@ -28,6 +30,7 @@ BEGIN
               WHERE h.closed_at < cutoff ORDER BY h.n LOOP
         -- Pass 1 reads; a range that looks droppable gets its partitions locked and
         -- pass 2 reads again what committed meanwhile.
+        locked := false;
         FOR pass IN 1..2 LOOP
             -- Kept: a delivery still to send, or an alert acked within the window.
             kept := EXISTS (SELECT 1 FROM slawatch.delivery d
@@ -44,7 +47,13 @@ BEGIN
                     EXECUTE format('LOCK TABLE slawatch.%I IN ACCESS EXCLUSIVE MODE', part);
                 END IF;
             END LOOP;
+            locked := true;
         END LOOP;
+        IF kept AND locked THEN
+            -- Kept since pass 1 (a replay, an ack): its partitions stay locked until
+            -- the call ends, so it ends here; the next run goes on past the range.
+            RETURN;
+        END IF;
         CONTINUE WHEN kept;
         n := r.n;
         -- A partition dropped already counts as empty (to_regclass: NULL, no row).
