@@ -6,9 +6,12 @@ be prepared (behind a transaction pooler: ~0.4 ms of planning for ~0.02 ms of
 execution). ``slawatch migrate`` creates one PL/pgSQL function per rule whose body
 is that probe: PL/pgSQL keeps the plans of its statements per server process, and a
 pooler keeps its server connections, so the probe is planned once per server
-connection whatever the pooler does. ``plan_cache_mode = force_generic_plan`` (set on
-the function) skips the five custom plans: no parameter of the probes reaches an
-index read, so their generic plan is the one a custom plan would pick.
+connection whatever the pooler does. An inline rule's function reads the probe's
+values in a statement without parameters (:class:`Parts`), which PostgreSQL plans
+generic from the first call; a ``track: table`` rule's takes its bounds, and
+``plan_cache_mode = force_generic_plan`` (set on that function) skips the five custom
+plans. Where the connection prepares statements the scans send the probe's text,
+prepared, instead (:func:`prepares`): the same plan without the call around it.
 
 The call is one short statement, cheap to plan: ``SELECT slawatch."r_probe"('<digest>',
 $cutoff, ...)``. The function compares the digest of the body the caller composed
