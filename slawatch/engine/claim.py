@@ -53,6 +53,7 @@ from slawatch.engine.probefn import (
     INLINE_PARAMS,
     TABLE_PARAMS,
     Definition,
+    Parts,
     ProbeFunction,
     Rendered,
     define,
@@ -140,12 +141,20 @@ SELECT (SELECT count(*) FROM alerts), (SELECT count(*) FROM deliveries),
 # of a prepared probe) guesses a third of the index below an unknown `$1` and scans
 # the table instead: 13 ms at 100,000 open rows, 150 ms at 1,000,000 (benchmarks:
 # bench/events.py --probe). NULLs sort last: an index of NULLs alone compares NULL.
+#
+# Its three parts (engine/probefn.py's Parts): the earliest deadline not notified, the
+# earliest re-notification, and whether anything else is to do (an ended episode, an
+# event rule's chores), none of which takes a parameter; the probe compares the first
+# two with the cutoffs.
 _PROBE = """\
-SELECT COALESCE((SELECT {deadline} FROM {table} WHERE {first} ORDER BY {deadline} LIMIT 1)
+SELECT COALESCE(({due})
                 < %(cutoff)s, false)
-    OR COALESCE((SELECT {next} FROM {table} WHERE {again} ORDER BY {next} LIMIT 1)
+    OR COALESCE(({again})
                 < %(renotify_by)s::timestamptz, false)
-    OR EXISTS (SELECT 1 FROM {table} WHERE {ended})"""
+    OR {other}"""
+_PROBE_DUE = "SELECT {deadline} FROM {table} WHERE {first} ORDER BY {deadline} LIMIT 1"
+_PROBE_AGAIN = "SELECT {next} FROM {table} WHERE {again} ORDER BY {next} LIMIT 1"
+_PROBE_ENDED = "EXISTS (SELECT 1 FROM {table} WHERE {ended})"
 
 # rule `resolve: true`: the notified episodes this claim ends, for their resolved
 # notices (outbox.resolved). `ended` and `first` carry the values from before the
@@ -187,6 +196,8 @@ class ClaimPlan:
     act: Act | None = None
     # inline: whether anything is due (_PROBE); the claim runs only then.
     probe: sql.Composed | None = None
+    # Its parts, for the probe function's body (engine/probefn.py).
+    probe_parts: Parts | None = None
     # The probe as slawatch."<rule>_probe", where migrate created it (engine/probefn.py).
     probe_fn: ProbeFunction | None = None
 
@@ -415,14 +426,7 @@ def plan_claim(
             due=due_column(rule, key),
         )
         return ClaimPlan(rule, statement, has_tz, table)
-    probe = sql.SQL(_PROBE).format(
-        table=table_ident(rule),
-        deadline=deadline,
-        first=first,
-        next=nxt,
-        again=again,
-        ended=ended,
-    )
+    other: sql.Composable = sql.SQL(_PROBE_ENDED).format(table=table_ident(rule), ended=ended)
     if rule.events is not None:
         # The timers' housekeeping (timers.housekeep) runs only when the probe finds work:
         # a scheduled beat without its deadline, a too-fast stop whose page was claimed.
@@ -432,10 +436,16 @@ def plan_claim(
         if rule.events.min is not None:
             chores.append(sql.SQL("open AND too_fast AND {} > 0").format(n))
         for chore in chores:
-            probe = sql.SQL("{}\n    OR EXISTS (SELECT 1 FROM {} WHERE {})").format(
-                probe, table_ident(rule), chore
+            other = sql.SQL("{}\n    OR EXISTS (SELECT 1 FROM {} WHERE {})").format(
+                other, table_ident(rule), chore
             )
-    return ClaimPlan(rule, statement, has_tz, probe=probe)
+    parts = Parts(
+        due=sql.SQL(_PROBE_DUE).format(deadline=deadline, table=table_ident(rule), first=first),
+        again=sql.SQL(_PROBE_AGAIN).format(next=nxt, table=table_ident(rule), again=again),
+        other=other,
+    )
+    probe = sql.SQL(_PROBE).format(due=parts.due, again=parts.again, other=parts.other)
+    return ClaimPlan(rule, statement, has_tz, probe=probe, probe_parts=parts)
 
 
 def probe_definition(plan: ClaimPlan) -> Definition | None:
@@ -447,7 +457,7 @@ def probe_definition(plan: ClaimPlan) -> Definition | None:
         return define(plan.rule, plan.table.probe, TABLE_PARAMS)
     if plan.probe is None:
         return None
-    return define(plan.rule, plan.probe, INLINE_PARAMS)
+    return define(plan.rule, plan.probe, INLINE_PARAMS, plan.probe_parts)
 
 
 def batches(conn: Connection, plan: ClaimPlan, now: datetime) -> Callable[[], int]:

@@ -6,9 +6,12 @@ be prepared (behind a transaction pooler: ~0.4 ms of planning for ~0.02 ms of
 execution). ``slawatch migrate`` creates one PL/pgSQL function per rule whose body
 is that probe: PL/pgSQL keeps the plans of its statements per server process, and a
 pooler keeps its server connections, so the probe is planned once per server
-connection whatever the pooler does. ``plan_cache_mode = force_generic_plan`` (set on
-the function) skips the five custom plans: no parameter of the probes reaches an
-index read, so their generic plan is the one a custom plan would pick.
+connection whatever the pooler does. An inline rule's function reads the probe's
+values in a statement without parameters (:class:`Parts`), which PostgreSQL plans
+generic from the first call; a ``track: table`` rule's takes its bounds, and
+``plan_cache_mode = force_generic_plan`` (set on that function) skips the five custom
+plans. Where the connection prepares statements the scans send the probe's text,
+prepared, instead (:func:`prepares`): the same plan without the call around it.
 
 The call is one short statement, cheap to plan: ``SELECT slawatch."r_probe"('<digest>',
 $cutoff, ...)``. The function compares the digest of the body the caller composed
@@ -31,7 +34,7 @@ from typing import Any
 from psycopg import sql
 
 from slawatch.config.rules import Rule
-from slawatch.db import Connection, execute_raw, one_statement, translate
+from slawatch.db import PREPARING, Connection, execute_raw, one_statement, translate
 from slawatch.errors import DatabaseError
 
 # What the probe of each way to track takes, in order (after the digest).
@@ -100,6 +103,19 @@ def render(statement: sql.Composable, params: tuple[str, ...]) -> Rendered:
 
 
 @dataclass(frozen=True)
+class Parts:
+    """An inline (or event) rule's probe in three parts, none with a parameter: the
+    earliest deadline not notified (``due``, a query of one value of the deadline's
+    type), the earliest re-notification (``again``, a query of one timestamptz), and
+    whether anything else is to do (``other``, a boolean expression). The probe
+    compares ``due`` with ``cutoff`` and ``again`` with ``renotify_by``."""
+
+    due: sql.Composable
+    again: sql.Composable
+    other: sql.Composable
+
+
+@dataclass(frozen=True)
 class Definition:
     """A rule's probe function: what migrate creates and what the runtime calls."""
 
@@ -107,6 +123,9 @@ class Definition:
     params: tuple[str, ...]
     digest: str
     source: str  # the function's body, as pg_proc.prosrc holds it
+    # SET plan_cache_mode = force_generic_plan on the function: where its statement
+    # takes the function's parameters (a body from Parts takes none: see define).
+    generic: bool = True
 
     @property
     def signature(self) -> str:
@@ -119,8 +138,8 @@ class Definition:
         return (
             f"CREATE OR REPLACE FUNCTION {name(self.rule).as_string(None)}({self.signature})\n"
             " RETURNS boolean LANGUAGE plpgsql STABLE PARALLEL SAFE\n"
-            " SET plan_cache_mode = force_generic_plan\n"
-            f"AS {tag}{self.source}{tag}"
+            + (" SET plan_cache_mode = force_generic_plan\n" if self.generic else "")
+            + f"AS {tag}{self.source}{tag}"
         )
 
     def drop_other(self) -> str:
@@ -129,18 +148,45 @@ class Definition:
         return f"DROP FUNCTION IF EXISTS {name(self.rule).as_string(None)}({other})"
 
 
-def define(rule: Rule, probe: sql.Composable, params: tuple[str, ...]) -> Definition:
-    """The probe function of ``rule`` whose probe is ``probe`` (placeholders ``params``)."""
+def define(
+    rule: Rule, probe: sql.Composable, params: tuple[str, ...], parts: Parts | None = None
+) -> Definition:
+    """The probe function of ``rule`` whose probe is ``probe`` (placeholders ``params``).
+
+    With ``parts`` (``probe``'s, :class:`Parts`) the body reads the three values in a
+    statement that takes no parameter and compares them in PL/pgSQL: PostgreSQL plans
+    a statement without parameters once per server process, generic from the first
+    call, so the function needs no ``SET plan_cache_mode`` (a SET clause on a function
+    saves and restores the setting at every call). Without, the body is the probe,
+    whose parameters reach its statement, and the SET skips its five custom plans."""
     text = _positional(probe.as_string(None), params)
     digest = hashlib.sha256(f"{params}\n{text}".encode()).hexdigest()[:16]
-    source = (
-        f"\n{MARK}{rule.name} (docs/explanation/claim.md)\nBEGIN\n"
+    head = f"\n{MARK}{rule.name} (docs/explanation/claim.md)\n"
+    check = (
         f"    IF $1 IS DISTINCT FROM '{digest}' THEN\n"
         "        RETURN NULL;  -- another definition's caller: it runs its own probe\n"
         "    END IF;\n"
-        f"    RETURN (\n{text});\nEND\n"
     )
-    return Definition(rule.name, params, digest, source)
+    if parts is None:
+        source = f"{head}BEGIN\n{check}    RETURN (\n{text});\nEND\n"
+        return Definition(rule.name, params, digest, source)
+    if params != INLINE_PARAMS:
+        raise ValueError(f"probe parts take {INLINE_PARAMS}, not {params}")
+    due, again, other = (
+        _positional(p.as_string(None), ()) for p in (parts.due, parts.again, parts.other)
+    )
+    # use_column: a name in the statement is the table's column, never one of the
+    # variables (a column named like one would otherwise be an error, or a parameter).
+    source = (
+        f"\n#variable_conflict use_column{head}"
+        "DECLARE\n    sw_due $2%TYPE;\n    sw_again timestamptz;\n    sw_other boolean;\n"
+        f"BEGIN\n{check}"
+        f"    SELECT ({due}),\n           ({again}),\n           {other}\n"
+        "      INTO sw_due, sw_again, sw_other;\n"
+        "    RETURN COALESCE(sw_due < $2, false) OR COALESCE(sw_again < $3, false) OR sw_other;\n"
+        "END\n"
+    )
+    return Definition(rule.name, params, digest, source, generic=False)
 
 
 @dataclass
@@ -202,6 +248,16 @@ def changes(wanted: dict[str, Definition | None], have: list[Installed]) -> list
     return out
 
 
+def prepares(conn: Connection) -> bool:
+    """Whether ``conn`` prepares statements (a connection proven direct, or any with
+    ``SLAWATCH_POOLER=none`` or ``session``: slawatch/db.py). There the probe's text,
+    prepared, is what a scan runs, not the function: its generic plan is the function's,
+    without a call around it (a PL/pgSQL call and its statement, executed inside the
+    call's, cost the server about twice the prepared text; docs/performance-notes.md).
+    The function is for the connections that cannot keep a plan (behind a pooler)."""
+    return not PREPARING.off and conn.prepare_threshold is not None
+
+
 @dataclass
 class ProbeFunction:
     """How this process calls its rule's probe function (see the module's doc)."""
@@ -222,9 +278,10 @@ class ProbeFunction:
         )
 
     def ask(self, conn: Connection, values: dict[str, Any]) -> bool | None:
-        """The function's answer; None when it cannot answer for this definition (then
-        the caller runs the probe's text)."""
-        if not self.usable:
+        """The function's answer; None where the caller runs the probe's text instead:
+        on a connection that prepares statements (:func:`prepares`), or when the
+        function cannot answer for this definition."""
+        if not self.usable or prepares(conn):
             return None
         try:
             with translate(f"probe for rule {self.definition.rule}"), one_statement(conn):

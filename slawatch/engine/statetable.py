@@ -40,6 +40,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from psycopg import sql
@@ -57,7 +58,7 @@ from slawatch.engine.outbox import (
     resolved,
     severities,
 )
-from slawatch.engine.probefn import ProbeFunction
+from slawatch.engine.probefn import TABLE_PARAMS, ProbeFunction, Rendered, render
 
 log = logging.getLogger(__name__)
 
@@ -370,6 +371,11 @@ class TablePlan:
     # This process's watermark, kept across drains (dataclasses.replace keeps it).
     mark: Mark = field(default_factory=Mark, compare=False)
 
+    @cached_property
+    def probe_text(self) -> Rendered | None:
+        """``probe`` rendered once per plan, for every idle scan (without the function)."""
+        return None if self.probe is None else render(self.probe, TABLE_PARAMS)
+
 
 def compose(
     rule: Rule,
@@ -655,9 +661,11 @@ class TableScan:
         }
         answer = None if self.plan.probe_fn is None else self.plan.probe_fn.ask(conn, values)
         if answer is None:
+            probe = self.plan.probe_text
+            assert probe is not None
             with translate(f"probe for rule {rule.name}"), one_statement(conn):
-                # prepare=True is ignored where prepared statements are off (SLAWATCH_POOLER).
-                row = conn.execute(self.plan.probe, values, prepare=True).fetchone()
+                # Prepared at once where the pooler allows: the probe is what an idle scan costs.
+                row = probe.run(conn, values)
             answer = bool(row and row[0])
         if answer:
             return True

@@ -71,7 +71,10 @@ def test_migrate_print_shows_the_probe_functions(conn: Conn) -> None:
         'CREATE OR REPLACE FUNCTION "slawatch"."late_probe"'
         "(text, anyelement, timestamp with time zone)" in script
     )
-    assert "SET plan_cache_mode = force_generic_plan" in script
+    # An inline rule's function needs no setting (its statement takes no parameter).
+    function = script[script.index('"slawatch"."late_probe"(text') :]
+    function = function[: function.index("$sw_probe$")]
+    assert "plan_cache_mode" not in function
     offline = render([rule("inline")])
     assert 'CREATE OR REPLACE FUNCTION "slawatch"."late_probe"' in offline
 
@@ -128,3 +131,39 @@ def test_without_the_function_the_probe_text_runs(conn: Conn, dsn: str) -> None:
         assert not claim.probe_fn.usable
         c.execute("INSERT INTO orders VALUES (1, 'paid', now() - interval '1 day')")
         assert anything_due(c, claim, NOW)
+
+
+def test_the_probe_function_of_each_track_and_its_setting(conn: Conn, dsn: str) -> None:
+    """An inline rule's function reads the three values in a statement without
+    parameters, which PostgreSQL plans generic at once: no SET on the function (which
+    costs a save and restore of the setting at each call); a ``track: table`` rule's
+    statement takes the range's bounds, and the SET skips its five custom plans. A
+    column named like one of the function's variables is the column."""
+    conn.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, status text, paid_at timestamptz,"
+        " sw_due boolean, sw_other boolean)"
+    )
+    inline = rule("inline", "status = 'paid' AND sw_due IS NOT TRUE AND sw_other IS NOT TRUE")
+    migrate(conn, [inline, rule("table", name="other")])
+    settings = dict(
+        conn.execute(
+            "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = 'slawatch'::regnamespace"
+            " AND proname LIKE '%\\_probe'"
+        ).fetchall()
+    )
+    assert settings == {
+        "late_probe": None,
+        "other_probe": ["plan_cache_mode=force_generic_plan"],
+    }
+    values = {"cutoff": NOW, "renotify_by": NOW}
+    with (
+        Database(dsn, size=1, timeout=10, pooler="transaction") as db,
+        db.connection("test") as c,
+    ):
+        claim = prepare(c, inline)
+        assert claim.probe_fn is not None
+        assert claim.probe_fn.ask(c, values) is False
+        conn.execute("INSERT INTO orders VALUES (1, 'paid', now() - interval '1 day', true)")
+        assert claim.probe_fn.ask(c, values) is False  # not open (sw_due)
+        conn.execute("INSERT INTO orders VALUES (2, 'paid', now() - interval '1 day')")
+        assert claim.probe_fn.ask(c, values) is True
