@@ -321,7 +321,7 @@ def _listed(notifier: Notifier) -> int:
 # longer than psycopg caches the parse of (4,096 characters), so it was parsed at each run.
 # Prepared where the pooler allows (slawatch.db.may_prepare), and run on its generic
 # plan there (_GENERIC): planned once per connection, not at every run.
-_CLAIM = render(
+CLAIM = render(
     sql.SQL(queries()["claim_deliveries"]),
     ("now", "owner", "lease", "limit", "notifier", "sent_alerts", "sent_owner"),
 )
@@ -377,7 +377,7 @@ def claim_deliveries(
         "sent_alerts": id_array([r["alert_id"] for r in sent.rows] if sent else ()),
         "sent_owner": sent.owner if sent else None,
     }
-    args = _CLAIM.args(claim)
+    args = CLAIM.args(claim)
     storm = notifier.storm
     done: set[int] = set()  # of ``sent``, those the claim settled
 
@@ -396,7 +396,7 @@ def claim_deliveries(
             # On this cursor only (a microsecond): the pooled connection's other users
             # keep psycopg's own jsonb loader.
             cur.adapters.register_loader("jsonb", RowDataLoader)
-            got = cur.execute(_CLAIM.query, args, prepare=True).fetchall()
+            got = cur.execute(CLAIM.query, args, prepare=True).fetchall()
             rows = [r for r in got if r["settled"] != "sent"]
             done.update(r["id"] for r in got if r["settled"] == "sent")
             send = [r for r in rows if r["settled"] is None]

@@ -120,14 +120,14 @@ def test_a_delivery_claim_without_storm_is_one_statement(
 def compiled(conn: Conn) -> bool | None:
     """Whether the delivery claim's cached generic plan on ``conn`` compiles with JIT
     when it runs (EXPLAIN ANALYZE of it, rolled back); None where the server has no JIT."""
-    from slawatch.delivery.dispatcher import _CLAIM
+    from slawatch.delivery.dispatcher import CLAIM
 
     if conn.execute("SELECT pg_jit_available()").fetchone() != (True,):
         return None
     (name,) = conn.execute(  # type: ignore[misc]
         "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'WITH sent AS%'"
     ).fetchone()
-    values = _CLAIM.args(
+    values = CLAIM.args(
         {
             "now": NOW,
             "owner": uuid.uuid4(),
