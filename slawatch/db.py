@@ -267,6 +267,14 @@ class Preparing:
 PREPARING = Preparing()
 
 
+def prepares(conn: Connection) -> bool:
+    """Whether ``conn`` prepares statements now: a connection proven direct, or any
+    with ``SLAWATCH_POOLER=none`` or ``session``, while no pooler was seen
+    (:data:`PREPARING`). What a caller may run on a kept plan (the probe's text, the
+    delivery claim's generic plan) instead of what suits a pooler."""
+    return not PREPARING.off and conn.prepare_threshold is not None
+
+
 @contextlib.contextmanager
 def _following(conn: Connection) -> Iterator[None]:
     """Around a statement on ``conn``: :data:`PREPARING` read before it, told what failed."""

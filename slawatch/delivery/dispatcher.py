@@ -50,7 +50,14 @@ from psycopg.rows import dict_row
 from slawatch.clock import Clock
 from slawatch.config.files import shorten
 from slawatch.config.rules import ACTION_TARGET
-from slawatch.db import Connection, Database, DatabaseUnavailable, one_statement, raw_cursor
+from slawatch.db import (
+    Connection,
+    Database,
+    DatabaseUnavailable,
+    one_statement,
+    prepares,
+    raw_cursor,
+)
 from slawatch.delivery.notifiers import Notifier
 from slawatch.delivery.storm import Folded, listings, summary_payload
 from slawatch.delivery.storm import summarize as storm_summarize
@@ -387,7 +394,7 @@ def claim_deliveries(
         # COMMIT round trips per batch (a listing is read only for a summary made before
         # storm was turned off). With storm the lock must be held from the fold to the
         # end of the claim; where the claim is prepared, SET LOCAL needs a transaction.
-        generic = conn.prepare_threshold is not None  # it prepares (slawatch.db.may_prepare)
+        generic = prepares(conn)
         with conn.transaction() if storm or generic else one_statement(conn):
             folded = storm_summarize(conn, notifier.name, storm, now) if storm else []
             if generic:

@@ -11,7 +11,7 @@ values in a statement without parameters (:class:`Parts`), which PostgreSQL plan
 generic from the first call; a ``track: table`` rule's takes its bounds, and
 ``plan_cache_mode = force_generic_plan`` (set on that function) skips the five custom
 plans. Where the connection prepares statements the scans send the probe's text,
-prepared, instead (:func:`prepares`): the same plan without the call around it.
+prepared, instead (:func:`slawatch.db.prepares`): the same plan without the call around it.
 
 The call is one short statement, cheap to plan: ``SELECT slawatch."r_probe"('<digest>',
 $cutoff, ...)``. The function compares the digest of the body the caller composed
@@ -34,7 +34,7 @@ from typing import Any
 from psycopg import sql
 
 from slawatch.config.rules import Rule
-from slawatch.db import PREPARING, Connection, execute_raw, one_statement, translate
+from slawatch.db import Connection, execute_raw, one_statement, prepares, sqlstate, translate
 from slawatch.errors import DatabaseError
 
 # What the probe of each way to track takes, in order (after the digest).
@@ -248,16 +248,6 @@ def changes(wanted: dict[str, Definition | None], have: list[Installed]) -> list
     return out
 
 
-def prepares(conn: Connection) -> bool:
-    """Whether ``conn`` prepares statements (a connection proven direct, or any with
-    ``SLAWATCH_POOLER=none`` or ``session``: slawatch/db.py). There the probe's text,
-    prepared, is what a scan runs, not the function: its generic plan is the function's,
-    without a call around it (a PL/pgSQL call and its statement, executed inside the
-    call's, cost the server about twice the prepared text; docs/performance-notes.md).
-    The function is for the connections that cannot keep a plan (behind a pooler)."""
-    return not PREPARING.off and conn.prepare_threshold is not None
-
-
 @dataclass
 class ProbeFunction:
     """How this process calls its rule's probe function (see the module's doc)."""
@@ -279,7 +269,7 @@ class ProbeFunction:
 
     def ask(self, conn: Connection, values: dict[str, Any]) -> bool | None:
         """The function's answer; None where the caller runs the probe's text instead:
-        on a connection that prepares statements (:func:`prepares`), or when the
+        on a connection that prepares statements (:func:`slawatch.db.prepares`), or when the
         function cannot answer for this definition."""
         if not self.usable or prepares(conn):
             return None
@@ -287,7 +277,7 @@ class ProbeFunction:
             with translate(f"probe for rule {self.definition.rule}"), one_statement(conn):
                 row = self.call.run(conn, values)
         except DatabaseError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != UNDEFINED_FUNCTION:
+            if sqlstate(exc) != UNDEFINED_FUNCTION:
                 raise
             self.usable = False
             return None

@@ -28,7 +28,7 @@ import orjson
 from slawatch.config.durations import format_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import EVENT_TYPE
-from slawatch.db import Connection, Database, translate
+from slawatch.db import Connection, Database, sqlstate, translate
 from slawatch.engine.timers import FUTURE, KEY_MAX
 from slawatch.errors import BadInput, ConfigError, DatabaseError
 
@@ -255,7 +255,7 @@ def ingest(db: Database, events: list[Event], now: datetime) -> Ingested:
         try:
             return db.run("storing events", work)
         except DatabaseError as exc:
-            state = getattr(exc.__cause__, "sqlstate", None)
+            state = sqlstate(exc)
             if state not in _RETRY_STATES:
                 raise
             if attempt == TRIES:
