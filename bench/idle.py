@@ -233,10 +233,13 @@ def window(dsn: str, statements: bool, seconds: float, top: str = "") -> dict[st
 # Seconds the load runs before the window opens: slawatch's start (catalog reads,
 # settling orphans, LISTEN) is not idle cost, nor is its warming up. With prepared
 # statements (--pooler auto on a direct connection, or none) PostgreSQL plans each of
-# 100 rules' probes 5 times on each pooled connection before it keeps a generic plan,
-# which takes 40-60 s (measured: 2.8x the raw probes' DB time at 10 s, 1.4x at 60 s).
-# The window opens after that and before the scans' records are written again (a
-# minute after the first, then every minute): 60-70 s would hold those writes.
+# 100 rules' probes once on each pooled connection (a statement without parameters is
+# generic from its first run), done within 45 s; until 2026-11-28 the probe took the
+# cutoffs as parameters and was planned 5 times more, which took 100-110 s (1.7 ms/s of
+# planning still at 75 s). The window opens after that and before the scans' records
+# are written again (a minute after the first, then every minute): 60-70 s would hold
+# those writes. The pool may grow by a connection then, whose first run of each probe
+# plans it (0.5 ms each, about 100 in the next 30 s): a window can still hold some.
 WARM = 75.0
 # The raw probes' warming up: psycopg prepares each at its 6th run, PostgreSQL keeps a
 # generic plan after 5 more; one connection, one run a second.

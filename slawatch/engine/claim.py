@@ -155,6 +155,20 @@ SELECT COALESCE(({due})
 _PROBE_DUE = "SELECT {deadline} FROM {table} WHERE {first} ORDER BY {deadline} LIMIT 1"
 _PROBE_AGAIN = "SELECT {next} FROM {table} WHERE {again} ORDER BY {next} LIMIT 1"
 _PROBE_ENDED = "EXISTS (SELECT 1 FROM {table} WHERE {ended})"
+# The same three parts as one statement without a parameter, whose first two values
+# the caller compares with the cutoffs (ClaimPlan.answer): PostgreSQL plans a prepared
+# statement that takes no parameter generic at its first run, where one that takes the
+# cutoffs is planned five times more on each connection before its plan is kept (with
+# 100 rules on a pool of 8, 4,800 plannings over the first 100 s or so: a restart's
+# cost, measured in docs/performance.md). Each time is brought within the years a
+# Python datetime holds, so that an infinite or far deadline loads and compares as
+# the statement compared it: -infinity (or a year BC) is before any cutoff, infinity
+# (or a year past 9998) after.
+_PROBE_VALUES = "SELECT {due},\n       {again},\n       {other}"
+_WITHIN_YEARS = (
+    "(SELECT CASE WHEN s.v < '0002-01-01' THEN '0002-01-01'"
+    " WHEN s.v > '9998-12-31' THEN '9998-12-31' ELSE s.v END\n          FROM ({part}) AS s(v))"
+)
 
 # rule `resolve: true`: the notified episodes this claim ends, for their resolved
 # notices (outbox.resolved). `ended` and `first` carry the values from before the
@@ -202,9 +216,15 @@ class ClaimPlan:
     probe_fn: ProbeFunction | None = None
 
     @cached_property
-    def probe_text(self) -> Rendered | None:
-        """``probe`` rendered once per plan, for every idle scan (without the function)."""
-        return None if self.probe is None else render(self.probe, INLINE_PARAMS)
+    def probe_values(self) -> Rendered | None:
+        """The probe's parts as one statement without a parameter (:data:`_PROBE_VALUES`),
+        rendered once per plan, for every idle scan without the function."""
+        parts = self.probe_parts
+        if parts is None:
+            return None
+        due, again = (sql.SQL(_WITHIN_YEARS).format(part=p) for p in (parts.due, parts.again))
+        statement = sql.SQL(_PROBE_VALUES).format(due=due, again=again, other=parts.other)
+        return render(statement, ())
 
     def with_act(self, act: Act) -> ClaimPlan:
         """This plan with ``act`` running its rule's action (no change without one)."""
@@ -503,12 +523,20 @@ def anything_due(conn: Connection, plan: ClaimPlan, now: datetime) -> bool:
         answer = plan.probe_fn.ask(conn, params)
         if answer is not None:
             return answer
-    probe = plan.probe_text
+    probe = plan.probe_values
     assert probe is not None
     with translate(f"probe for rule {plan.rule.name}"), one_statement(conn):
         # Prepared at once where the pooler allows: the probe is what an idle scan costs.
-        row = probe.run(conn, params)
-    return bool(row and row[0])
+        row = probe.run(conn, {})
+    if row is None:
+        return False
+    # As the probe compares (_PROBE): a NULL (no entry, or a NULL time) is not due.
+    due, again, other = row
+    return (
+        (due is not None and due < cutoff)
+        or (again is not None and again < params["renotify_by"])
+        or bool(other)
+    )
 
 
 def claim_batch(conn: Connection, plan: ClaimPlan, now: datetime) -> int:

@@ -10,8 +10,10 @@ connection whatever the pooler does. An inline rule's function reads the probe's
 values in a statement without parameters (:class:`Parts`), which PostgreSQL plans
 generic from the first call; a ``track: table`` rule's takes its bounds, and
 ``plan_cache_mode = force_generic_plan`` (set on that function) skips the five custom
-plans. Where the connection prepares statements the scans send the probe's text,
-prepared, instead (:func:`slawatch.db.prepares`): the same plan without the call around it.
+plans. Where the connection prepares statements the scans send the probe's three
+values as a statement without parameters, prepared, instead, and compare them
+themselves (:func:`slawatch.db.prepares`, engine/claim.py's ``_PROBE_VALUES``): the
+same plan without the call around it, generic from its first run.
 
 The call is one short statement, cheap to plan: ``SELECT slawatch."r_probe"('<digest>',
 $cutoff, ...)``. The function compares the digest of the body the caller composed

@@ -378,7 +378,7 @@ def test_the_probe_is_prepared_where_the_pooler_allows_and_stays_so(
             for i in range(150):
                 pooled.execute(f"SELECT {i} + %s::int", (i,), prepare=pooler != "transaction")
             prepared = pooled.execute(
-                "SELECT statement LIKE 'SELECT COALESCE((SELECT %%', count(*)"
+                "SELECT statement LIKE 'SELECT (SELECT CASE WHEN %%', count(*)"
                 " FROM pg_prepared_statements WHERE statement LIKE '%%order_unshipped%%'"
                 " GROUP BY 1"
             ).fetchall()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from slawatch.config.rules import Rule
 from slawatch.db import Database
 from slawatch.engine.claim import anything_due
@@ -167,3 +169,44 @@ def test_the_probe_function_of_each_track_and_its_setting(conn: Conn, dsn: str) 
         assert claim.probe_fn.ask(c, values) is False  # not open (sw_due)
         conn.execute("INSERT INTO orders VALUES (2, 'paid', now() - interval '1 day')")
         assert claim.probe_fn.ask(c, values) is True
+
+
+@pytest.mark.parametrize("kind", ["timestamptz", "timestamp"])
+def test_the_probe_text_takes_no_parameter_and_compares_any_deadline(
+    conn: Conn, dsn: str, kind: str
+) -> None:
+    """Straight to the server the scans send the probe's text, prepared; it takes no
+    parameter, so PostgreSQL keeps its generic plan from the first run on each
+    connection instead of planning it five times more. Its values are compared as the
+    statement compared them, whatever the deadline: -infinity and a year BC are due,
+    infinity and a year past 9999 are not, and none fails to load."""
+    conn.execute(f"CREATE TABLE orders (id bigint PRIMARY KEY, status text, paid_at {kind})")
+    migrate(conn, [rule("inline")])
+    with Database(dsn, size=1, timeout=10, pooler="none") as db, db.connection("test") as c:
+        claim = prepare(c, rule("inline"))
+        for _ in range(8):
+            assert not anything_due(c, claim, NOW)
+        plans = c.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%orders%%paid_at%%'"
+        ).fetchall()
+        assert plans == [(8, 0)]  # every run on the generic plan, none planned for its values
+        expected = {
+            "infinity": False,
+            "20000-01-01": False,
+            "9999-12-31 23:00": False,
+            "-infinity": True,
+            "0044-03-15 BC": True,
+            "0001-01-01": True,
+        }
+        for paid_at, due in expected.items():
+            conn.execute("DELETE FROM orders")
+            conn.execute("INSERT INTO orders VALUES (1, 'paid', %s)", (paid_at,))
+            assert anything_due(c, claim, NOW) is due, paid_at
+        # The re-notification's time too: notified once, again at infinity (never).
+        conn.execute("UPDATE orders SET paid_at = now() - interval '2 h'")
+        assert anything_due(c, claim, NOW)
+        conn.execute("UPDATE orders SET sw_late_seen = paid_at, sw_late_next = 'infinity'")
+        assert not anything_due(c, claim, NOW)
+        conn.execute("UPDATE orders SET sw_late_next = '-infinity'")
+        assert anything_due(c, claim, NOW)
