@@ -425,7 +425,9 @@ def claim_deliveries(
 
     def _claimed(conn: Connection, got: list[dict[str, Any]]) -> _Batch:
         rows = [r for r in got if r["settled"] != "sent"]
-        done.update(r["id"] for r in got if r["settled"] == "sent")
+        for r in got:
+            if r["settled"] == "sent":
+                done.update(r["sent"])
         send = [r for r in rows if r["settled"] is None]
         summaries = [r["alert_id"] for r in send if r["kind"] == "summary"]
         listed = listings(conn, summaries, _listed(notifier))

@@ -118,6 +118,48 @@ def test_a_delivery_claim_without_storm_is_one_statement(
         assert jit == (False if available else None)
 
 
+@pytest.mark.parametrize("pooler", ["transaction", "none"])
+def test_the_batch_sent_is_settled_by_the_next_claim_alone(
+    conn: Conn, dsn: str, pooler: Pooler
+) -> None:
+    """The claim that follows an accepted batch settles it as sent and says which of its
+    deliveries it settled (their ids, in one row): the worker then has nothing left to
+    mark, so settling costs no round trip of its own (mark_sent runs only for what
+    another claim held locked)."""
+    from slawatch.config.notifiers import ConsoleConfig
+    from slawatch.db import Database
+    from slawatch.delivery.dispatcher import claim_deliveries
+    from slawatch.delivery.notifiers import build
+
+    rules = shop(conn)
+    conn.execute(
+        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+        " SELECT g, 7, 100, 'paid', %s FROM generate_series(1, 3) g",
+        (datetime(2026, 2, 1, tzinfo=UTC),),
+    )
+    step = batches(conn, prepare(conn, rules["order_unshipped"]), NOW)
+    assert step() == 3
+    notifier = build(ConsoleConfig(name="console", type="console", batch=2))
+    db = Database(dsn, size=1, timeout=10, pooler=pooler)
+    try:
+        with db.connection("tracing") as pooled:
+            traced = pooled
+        first = claim_deliveries(db, notifier, NOW)
+        assert len(first.rows) == 2
+        following: list[object] = []
+        count = round_trips(
+            traced,
+            lambda: following.append(claim_deliveries(db, notifier, NOW, sent=first)),
+            empty=True,
+        )
+    finally:
+        db.close()
+    assert count == 1
+    assert conn.execute(
+        "SELECT status, count(*) FROM slawatch.delivery GROUP BY 1 ORDER BY 1"
+    ).fetchall() == [("pending", 1), ("sent", 2)]
+
+
 def compiled(conn: Conn) -> bool | None:
     """Whether the delivery claim's cached generic plan on ``conn`` compiles with JIT
     when it runs (EXPLAIN ANALYZE of it, rolled back); None where the server has no JIT."""
