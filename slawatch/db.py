@@ -363,7 +363,12 @@ def pipelined(conn: Connection) -> Iterator[None]:
     BEGIN, the statements and COMMIT were as many; a setting made local
     (``set_config(..., true)``) holds for the statements after it. Their results are on
     their cursors when the block ends (read them after it: inside, a fetch would ask the
-    server for them, a round trip more). Errors are raised at the end of the block."""
+    server for them, a round trip more). Errors are raised at the end of the block.
+    With a libpq older than 14 (no pipeline mode), a transaction: BEGIN and COMMIT."""
+    if not psycopg.Pipeline.is_supported():
+        with _following(conn), conn.transaction():
+            yield
+        return
     with _following(conn), conn.pipeline():
         yield
 
