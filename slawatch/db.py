@@ -354,6 +354,25 @@ def one_statement(conn: Connection) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext() if conn.autocommit else conn.transaction()
 
 
+@contextlib.contextmanager
+def pipelined(conn: Connection) -> Iterator[None]:
+    """The statements run inside as one request and one transaction: an autocommit
+    connection (the pool's) queues them in pipeline mode and sends them with one Sync at
+    the end, and PostgreSQL runs what comes before a Sync as one implicit transaction
+    (committed at the Sync, rolled back whole if a statement fails). One round trip where
+    BEGIN, the statements and COMMIT were as many; a setting made local
+    (``set_config(..., true)``) holds for the statements after it. Their results are on
+    their cursors when the block ends (read them after it: inside, a fetch would ask the
+    server for them, a round trip more). Errors are raised at the end of the block.
+    With a libpq older than 14 (no pipeline mode), a transaction: BEGIN and COMMIT."""
+    if not psycopg.Pipeline.is_supported():
+        with _following(conn), conn.transaction():
+            yield
+        return
+    with _following(conn), conn.pipeline():
+        yield
+
+
 def attempt(
     conn: Connection, statement: Any, params: dict[str, Any], max_rows: int, *, keep: bool = True
 ) -> tuple[int | None, str | None]:

@@ -40,7 +40,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -55,6 +55,7 @@ from slawatch.db import (
     Database,
     DatabaseUnavailable,
     one_statement,
+    pipelined,
     prepares,
     raw_cursor,
 )
@@ -342,9 +343,10 @@ CLAIM = render(
 # plan but not its compiled code, and the generic plan's estimate grows with the
 # pending deliveries and the ranges (no pruning at plan time, a LIMIT of unknown size)
 # past jit_above_cost, so each claim over a backlog compiled its expressions again
-# (385 ms a claim of 100 over 12,000 pending in 7 ranges, 14 ms without). The price:
-# BEGIN, this and COMMIT, three round trips more per claim where one statement was its
-# own transaction. Behind a transaction pooler nothing is prepared, and the claim is
+# (385 ms a claim of 100 over 12,000 pending in 7 ranges, 14 ms without). This and the
+# claim go in one request (slawatch.db.pipelined: one Sync, one implicit transaction),
+# so the setting costs no round trip; it cost three (BEGIN, this, COMMIT) in an explicit
+# transaction. Behind a transaction pooler nothing is prepared, and the claim is
 # planned at each run as before.
 _GENERIC = (
     "SELECT set_config('plan_cache_mode', 'force_generic_plan', true),"
@@ -389,31 +391,49 @@ def claim_deliveries(
     done: set[int] = set()  # of ``sent``, those the claim settled
 
     def run(conn: Connection) -> _Batch:
-        # One unit, so Database.run may run it again. Without storm, and where nothing
-        # is prepared, it is the one claim statement, its own transaction: no BEGIN and
-        # COMMIT round trips per batch (a listing is read only for a summary made before
-        # storm was turned off). With storm the lock must be held from the fold to the
-        # end of the claim; where the claim is prepared, SET LOCAL needs a transaction.
+        # One unit, so Database.run may run it again. Without storm it is one request:
+        # where nothing is prepared, the one claim statement, its own transaction; where
+        # the claim is prepared, _GENERIC and the claim pipelined with one Sync, which
+        # PostgreSQL runs as one implicit transaction (slawatch.db.pipelined): no BEGIN
+        # and COMMIT round trips per batch either way (a listing is read only for a
+        # summary made before storm was turned off, after the claim committed). With
+        # storm the lock must be held from the fold to the end of the claim, in a
+        # transaction.
         generic = prepares(conn)
-        with conn.transaction() if storm or generic else one_statement(conn):
-            folded = storm_summarize(conn, notifier.name, storm, now) if storm else []
-            if generic:
-                conn.execute(_GENERIC)  # for the claim alone: not the fold, not listings
-            cur = raw_cursor(conn, dict_row)
-            # On this cursor only (a microsecond): the pooled connection's other users
-            # keep psycopg's own jsonb loader.
-            cur.adapters.register_loader("jsonb", RowDataLoader)
-            got = cur.execute(CLAIM.query, args, prepare=True).fetchall()
-            rows = [r for r in got if r["settled"] != "sent"]
-            done.update(r["id"] for r in got if r["settled"] == "sent")
-            send = [r for r in rows if r["settled"] is None]
-            summaries = [r["alert_id"] for r in send if r["kind"] == "summary"]
-            if generic and summaries:
-                conn.execute(_SETTLED)
-            listed = listings(conn, summaries, _listed(notifier))
+        cur = raw_cursor(conn, dict_row)
+        # On this cursor only (a microsecond): the pooled connection's other users
+        # keep psycopg's own jsonb loader.
+        cur.adapters.register_loader("jsonb", RowDataLoader)
+        if storm:
+            with conn.transaction():
+                folded = storm_summarize(conn, notifier.name, storm, now)
+                if generic:
+                    conn.execute(_GENERIC)  # for the claim alone: not the fold, not listings
+                got = cur.execute(CLAIM.query, args, prepare=True).fetchall()
+                if generic and any(r["kind"] == "summary" for r in got):
+                    conn.execute(_SETTLED)
+                batch = _claimed(conn, got)
+            return replace(batch, folded=folded)
+        if generic:
+            with pipelined(conn):
+                conn.execute(_GENERIC)
+                cur.execute(CLAIM.query, args, prepare=True)
+        else:
+            with one_statement(conn):
+                cur.execute(CLAIM.query, args, prepare=True)
+        return _claimed(conn, cur.fetchall())
+
+    def _claimed(conn: Connection, got: list[dict[str, Any]]) -> _Batch:
+        rows = [r for r in got if r["settled"] != "sent"]
+        for r in got:
+            if r["settled"] == "sent":
+                done.update(r["sent"])
+        send = [r for r in rows if r["settled"] is None]
+        summaries = [r["alert_id"] for r in send if r["kind"] == "summary"]
+        listed = listings(conn, summaries, _listed(notifier))
         silenced = sum(1 for r in rows if r["settled"] == "silenced")
         acked = len(rows) - len(send) - silenced
-        return _Batch(owner, send, silenced, folded, listed, acked)
+        return _Batch(owner, send, silenced, [], listed, acked)
 
     batch = db.run(f"claiming deliveries for {notifier.name}", run)
     if sent is not None and (left := [r for r in sent.rows if r["id"] not in done]):

@@ -62,7 +62,9 @@
 -- is sent again (at least once); a lost silenced/acknowledged settle is decided again by
 -- the next claim. At worst an alert is sent again, never lost; and a later synchronous
 -- commit (mark_dead, any alert claim) flushes the WAL up to itself, this one included.
--- The rows of `sent` it settled come back too, as `settled` 'sent' with nothing else.
+-- The ids of the rows of `sent` it settled come back too, as one more row: `settled`
+-- 'sent', their ids in `sent`, nothing else (none when it settled none). One row, not
+-- one per delivery: a hundred rows fewer to sort, send and decode per claim.
 -- `sent` takes its rows' locks with SKIP LOCKED, so no claim ever waits for another:
 -- `due` may lock a row that its snapshot still saw due although another worker has
 -- leased it since (the row then fails the recheck, and is not returned, but stays
@@ -172,7 +174,7 @@ SELECT l.id, l.notifier, l.attempts, l.settled, a.alert_id,
                '.000000', '') || 'Z' AS due_at,
        replace(to_char(a.fired_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
                '.000000', '') || 'Z' AS fired_at,
-       a.row_data, h.holds IS NOT NULL AS holds
+       a.row_data, h.holds IS NOT NULL AS holds, NULL::bigint[] AS sent
   FROM (SELECT * FROM leased UNION ALL SELECT * FROM settled) l
   JOIN due a ON a.id = l.id
   -- LATERAL with LIMIT: a probe per row (alert_once, delivery_once), never a hash of
@@ -187,9 +189,10 @@ SELECT l.id, l.notifier, l.attempts, l.settled, a.alert_id,
           AND rd.status = 'pending'
         LIMIT 1) h ON true
 UNION ALL
-SELECT id, %(notifier)s, NULL, 'sent', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, false
+SELECT NULL, %(notifier)s, NULL, 'sent', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, false, array_agg(id)
   FROM sent
+HAVING count(*) > 0
  ORDER BY notifier, id;
 
 -- deliveries_due --

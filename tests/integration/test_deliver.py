@@ -358,8 +358,10 @@ def test_the_next_claim_settles_the_batch_sent_and_never_takes_it_again(conn: Co
         "sent_owner": owner,
     }
     rows = conn.execute(q["claim_deliveries"], claim | settle).fetchall()
-    # The rows it settled come back as 'sent' (the worker marks the rest itself).
-    assert sorted(r[0] for r in rows if r[3] == "sent") == sorted(ids)
+    # The ids of the rows it settled come back as one row 'sent' (the worker marks the
+    # rest itself).
+    (settled,) = [r for r in rows if r[3] == "sent"]
+    assert sorted(settled[16]) == sorted(ids)
     (claimed,) = [r for r in rows if r[3] != "sent"]
     assert claimed[0] not in ids
     rows = conn.execute("SELECT id, status, attempts FROM slawatch.delivery").fetchall()

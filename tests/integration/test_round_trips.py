@@ -65,11 +65,12 @@ def test_a_delivery_claim_without_storm_is_one_statement(
     conn: Conn, dsn: str, pooler: Pooler
 ) -> None:
     """The delivery loop's claim (leases, and the settling of the batch just sent) is one
-    statement, in its own transaction where nothing is prepared (behind a transaction
-    pooler: one round trip); where it is prepared, in a transaction that runs it on its
-    generic plan (BEGIN, SET LOCAL, the claim, COMMIT), planned once per connection.
-    Taking the connection from the pool costs none (no liveness query: it was used a
-    moment ago)."""
+    statement and one round trip: in its own transaction where nothing is prepared
+    (behind a transaction pooler); where it is prepared, the setting that runs it on its
+    generic plan and the claim are pipelined with one Sync (one implicit transaction:
+    no BEGIN, no COMMIT), planned once per connection, and prepared in the same request
+    the first time. Taking the connection from the pool costs none (no liveness query:
+    it was used a moment ago)."""
     from slawatch.config.notifiers import ConsoleConfig
     from slawatch.db import Database
     from slawatch.delivery.dispatcher import claim_deliveries
@@ -95,8 +96,8 @@ def test_a_delivery_claim_without_storm_is_one_statement(
     try:
         with db.connection("tracing") as pooled:
             traced = pooled  # the pool's one connection: the one claim_deliveries will get
-        # The first claim on a connection also prepares the statement (one more round
-        # trip, once) where the pooler allows.
+        # The first claim on a connection also prepares the statement where the pooler
+        # allows: in the same request.
         first = round_trips(traced, lambda: claim_deliveries(db, notifier, NOW), empty=True)
         count = round_trips(traced, lambda: claim_deliveries(db, notifier, NOW), empty=True)
         plans = traced.execute(
@@ -109,12 +110,54 @@ def test_a_delivery_claim_without_storm_is_one_statement(
     if pooler == "transaction":
         assert (first, count, plans) == (1, 1, [])
     else:
-        assert (first, count) == (5, 4)
+        assert (first, count) == (1, 1)
         assert plans == [(2, 0)]  # both claims on the generic plan, none planned again
         # The cached generic plan was made without JIT: run again on it (the session's
         # jit on), it compiles nothing.
         available = conn.execute("SELECT pg_jit_available()").fetchone() == (True,)
         assert jit == (False if available else None)
+
+
+@pytest.mark.parametrize("pooler", ["transaction", "none"])
+def test_the_batch_sent_is_settled_by_the_next_claim_alone(
+    conn: Conn, dsn: str, pooler: Pooler
+) -> None:
+    """The claim that follows an accepted batch settles it as sent and says which of its
+    deliveries it settled (their ids, in one row): the worker then has nothing left to
+    mark, so settling costs no round trip of its own (mark_sent runs only for what
+    another claim held locked)."""
+    from slawatch.config.notifiers import ConsoleConfig
+    from slawatch.db import Database
+    from slawatch.delivery.dispatcher import claim_deliveries
+    from slawatch.delivery.notifiers import build
+
+    rules = shop(conn)
+    conn.execute(
+        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+        " SELECT g, 7, 100, 'paid', %s FROM generate_series(1, 3) g",
+        (datetime(2026, 2, 1, tzinfo=UTC),),
+    )
+    step = batches(conn, prepare(conn, rules["order_unshipped"]), NOW)
+    assert step() == 3
+    notifier = build(ConsoleConfig(name="console", type="console", batch=2))
+    db = Database(dsn, size=1, timeout=10, pooler=pooler)
+    try:
+        with db.connection("tracing") as pooled:
+            traced = pooled
+        first = claim_deliveries(db, notifier, NOW)
+        assert len(first.rows) == 2
+        following: list[object] = []
+        count = round_trips(
+            traced,
+            lambda: following.append(claim_deliveries(db, notifier, NOW, sent=first)),
+            empty=True,
+        )
+    finally:
+        db.close()
+    assert count == 1
+    assert conn.execute(
+        "SELECT status, count(*) FROM slawatch.delivery GROUP BY 1 ORDER BY 1"
+    ).fetchall() == [("pending", 1), ("sent", 2)]
 
 
 def compiled(conn: Conn) -> bool | None:
