@@ -311,14 +311,20 @@ class _RawCursor(psycopg.RawCursor[Any]):
 
 
 def execute_raw(
-    conn: Connection, query: bytes | str, params: Sequence[Any], *, prepare: bool | None = None
+    conn: Connection,
+    query: bytes | str,
+    params: Sequence[Any],
+    *,
+    prepare: bool | None = None,
+    binary: bool | None = None,
 ) -> psycopg.Cursor[Any]:
     """``conn.execute`` of ``query``, text already rendered with PostgreSQL's placeholders
     (``$1``, ``$2``, ...), and ``params`` in their order: psycopg neither renders a
     ``sql.Composed`` nor parses ``%(name)s`` placeholders at each run. For the statements
     every scan of every rule runs (a probe): psycopg caches its parses of 128 texts, so
-    with more rules than that each one's text was parsed again at each run."""
-    return _RawCursor(conn).execute(query, params, prepare=prepare)
+    with more rules than that each one's text was parsed again at each run. ``binary``:
+    the results in PostgreSQL's binary format (times read whatever the DateStyle)."""
+    return _RawCursor(conn).execute(query, params, prepare=prepare, binary=binary)
 
 
 def raw_cursor(conn: Connection, row_factory: RowFactory[Any]) -> psycopg.RawCursor[Any]:
