@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import logging
 import os
 import re
@@ -41,6 +42,7 @@ from urllib.parse import unquote
 
 import psycopg
 import psycopg.sql
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import RowFactory
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -309,14 +311,20 @@ class _RawCursor(psycopg.RawCursor[Any]):
 
 
 def execute_raw(
-    conn: Connection, query: bytes | str, params: Sequence[Any], *, prepare: bool | None = None
+    conn: Connection,
+    query: bytes | str,
+    params: Sequence[Any],
+    *,
+    prepare: bool | None = None,
+    binary: bool | None = None,
 ) -> psycopg.Cursor[Any]:
     """``conn.execute`` of ``query``, text already rendered with PostgreSQL's placeholders
     (``$1``, ``$2``, ...), and ``params`` in their order: psycopg neither renders a
     ``sql.Composed`` nor parses ``%(name)s`` placeholders at each run. For the statements
     every scan of every rule runs (a probe): psycopg caches its parses of 128 texts, so
-    with more rules than that each one's text was parsed again at each run."""
-    return _RawCursor(conn).execute(query, params, prepare=prepare)
+    with more rules than that each one's text was parsed again at each run. ``binary``:
+    the results in PostgreSQL's binary format (times read whatever the DateStyle)."""
+    return _RawCursor(conn).execute(query, params, prepare=prepare, binary=binary)
 
 
 def raw_cursor(conn: Connection, row_factory: RowFactory[Any]) -> psycopg.RawCursor[Any]:
@@ -364,8 +372,10 @@ def pipelined(conn: Connection) -> Iterator[None]:
     (``set_config(..., true)``) holds for the statements after it. Their results are on
     their cursors when the block ends (read them after it: inside, a fetch would ask the
     server for them, a round trip more). Errors are raised at the end of the block.
-    With a libpq older than 14 (no pipeline mode), a transaction: BEGIN and COMMIT."""
-    if not psycopg.Pipeline.is_supported():
+    With a libpq older than 14 (no pipeline mode), or on a connection not in autocommit
+    (where the Sync would leave psycopg's transaction open), a transaction: BEGIN and
+    COMMIT."""
+    if not psycopg.Pipeline.is_supported() or not conn.autocommit:
         with _following(conn), conn.transaction():
             yield
         return
@@ -761,6 +771,10 @@ class Database:
                     conn.prepared_max = self.prepared_max
                 try:
                     yield conn
+                except (psycopg.Error, DatabaseError):
+                    if self._may_prepare(conn):
+                        _forget_prepared(conn)
+                    raise
                 finally:
                     self._used[conn] = time.monotonic()
         except PoolTimeout as exc:
@@ -829,6 +843,29 @@ class Database:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Each DEALLOCATE ALL of _forget_prepared is a text psycopg has not seen: psycopg looks
+# at the outcome of a statement the first time it meets its text only.
+_FORGOTTEN = itertools.count()
+
+
+def _forget_prepared(conn: Connection) -> None:
+    """After a statement failed on ``conn``, which prepares: every prepared statement
+    deallocated, psycopg's record of them with it.
+
+    psycopg forgets a prepared statement whose run failed outside a transaction (an
+    autocommit statement, a pipeline), but the server keeps it and its plans until
+    the connection ends: about 670 KB for the delivery claim, so a statement failing
+    at every scan would grow the server process without bound. A failed transaction
+    does not leave one (psycopg deallocates them all at its rollback); this does the
+    same. psycopg notices a DEALLOCATE ALL it runs and forgets what it had prepared,
+    so that it prepares again what runs next. Not where the connection is broken or
+    left in a transaction: the pool checks or rolls those back."""
+    if conn.closed or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        return
+    with contextlib.suppress(psycopg.Error):
+        conn.execute(f"DEALLOCATE ALL -- {next(_FORGOTTEN)}".encode(), prepare=False)
 
 
 class Interrupted(DatabaseError):

@@ -527,7 +527,9 @@ def anything_due(conn: Connection, plan: ClaimPlan, now: datetime) -> bool:
     assert probe is not None
     with translate(f"probe for rule {plan.rule.name}"), one_statement(conn):
         # Prepared at once where the pooler allows: the probe is what an idle scan costs.
-        row = probe.run(conn, {})
+        # Binary: the times are read whatever the session's DateStyle (psycopg reads
+        # text times in the ISO style only).
+        row = probe.run(conn, {}, binary=True)
     if row is None:
         return False
     # As the probe compares (_PROBE): a NULL (no entry, or a NULL time) is not due.

@@ -89,10 +89,13 @@ class Rendered:
         """``values`` (by parameter name) in the order of the statement's ``$n``."""
         return tuple(values[p] for p in self.params)
 
-    def run(self, conn: Connection, values: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    def run(
+        self, conn: Connection, values: Mapping[str, Any], *, binary: bool | None = None
+    ) -> tuple[Any, ...] | None:
         """The statement's first row, prepared where the pooler allows (``prepare=True``
         is ignored where prepared statements are off)."""
-        return execute_raw(conn, self.query, self.args(values), prepare=True).fetchone()
+        query, args = self.query, self.args(values)
+        return execute_raw(conn, query, args, prepare=True, binary=binary).fetchone()
 
 
 def _raw(text: str) -> bytes | str:

@@ -19,10 +19,12 @@ from slawatch.db import (
     PREPARING,
     Connection,
     Database,
+    DatabaseError,
     Pooler,
     PreparedStatementLost,
     attempt,
     connect,
+    pipelined,
     quiet,
 )
 from tests.integration.helpers import Conn
@@ -212,3 +214,39 @@ def test_a_dedicated_connection_prepares_nothing(dsn: str, pooler: Pooler) -> No
             conn.execute("SELECT 1").fetchone()
         prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
     assert prepared == (0,)
+
+
+def test_a_prepared_statement_that_fails_leaves_nothing_prepared_behind(dsn: str) -> None:
+    """psycopg forgets a prepared statement whose run failed outside a transaction,
+    while the server keeps it (and its plans: about 670 KB for the delivery claim) until
+    the connection ends; a statement failing at each scan would grow the server process
+    without bound. After a statement fails on a connection that prepares, the pool
+    deallocates them all, and psycopg, told so, prepares again what it runs next."""
+    with Database(dsn, size=1, timeout=10, pooler="none") as db:
+        with db.connection("warm") as c:
+            for _ in range(3):
+                c.execute("SELECT 1 + %s::int", (1,), prepare=True)
+        for i in range(20):
+            with pytest.raises(DatabaseError), db.connection("failing") as c:
+                c.execute("SELECT %s::int / 0", (i,), prepare=True)
+        with db.connection("after") as c:
+            assert c.execute("SELECT 1 + %s::int", (2,), prepare=True).fetchone() == (3,)
+            left = c.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+    assert [s for (s,) in left if "/ 0" in s] == []
+    assert len(left) <= 2, left
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_pipelined_statements_are_one_transaction_and_leave_none_open(
+    dsn: str, autocommit: bool
+) -> None:
+    """``pipelined``: a local setting holds for the statements after it in the block and
+    is gone after it, and no transaction is left open, on the pool's autocommit
+    connections and on any other."""
+    with psycopg.connect(dsn, autocommit=autocommit) as c:
+        with pipelined(c):
+            c.execute("SELECT set_config('application_name', 'inside', true)")
+            cur = c.execute("SELECT current_setting('application_name')")
+        assert cur.fetchone() == ("inside",)
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert c.execute("SELECT current_setting('application_name')").fetchone() != ("inside",)

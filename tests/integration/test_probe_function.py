@@ -210,3 +210,9 @@ def test_the_probe_text_takes_no_parameter_and_compares_any_deadline(
         assert not anything_due(c, claim, NOW)
         conn.execute("UPDATE orders SET sw_late_next = '-infinity'")
         assert anything_due(c, claim, NOW)
+        # Whatever the session's DateStyle (psycopg reads text times in ISO only).
+        c.execute("SET DateStyle = 'SQL, DMY'")
+        conn.execute("UPDATE orders SET sw_late_next = now() - interval '1 h'")
+        assert anything_due(c, claim, NOW)
+        conn.execute("UPDATE orders SET sw_late_next = now() + interval '1 h'")
+        assert not anything_due(c, claim, NOW)
