@@ -505,9 +505,8 @@ def anything_due(conn: Connection, plan: ClaimPlan, now: datetime) -> bool:
             return answer
     probe = plan.probe_text
     assert probe is not None
-    with translate(f"probe for rule {plan.rule.name}"), one_statement(conn):
-        # Prepared at once where the pooler allows: the probe is what an idle scan costs.
-        row = probe.run(conn, params)
+    # Prepared at once where the pooler allows: the probe is what an idle scan costs.
+    row = probe.first(conn, params, f"probe for rule {plan.rule.name}")
     return bool(row and row[0])
 
 

@@ -34,7 +34,15 @@ from typing import Any
 from psycopg import sql
 
 from slawatch.config.rules import Rule
-from slawatch.db import Connection, execute_raw, one_statement, prepares, sqlstate, translate
+from slawatch.db import (
+    Connection,
+    execute_raw,
+    first_row,
+    one_statement,
+    prepares,
+    sqlstate,
+    translate,
+)
 from slawatch.errors import DatabaseError
 
 # What the probe of each way to track takes, in order (after the digest).
@@ -91,6 +99,13 @@ class Rendered:
         """The statement's first row, prepared where the pooler allows (``prepare=True``
         is ignored where prepared statements are off)."""
         return execute_raw(conn, self.query, self.args(values), prepare=True).fetchone()
+
+    def first(
+        self, conn: Connection, values: Mapping[str, Any], what: str
+    ) -> tuple[Any, ...] | None:
+        """:meth:`run` as its own unit of work, its errors translated (``what`` names the
+        work): :func:`slawatch.db.first_row`."""
+        return first_row(conn, self.query, self.args(values), what)
 
 
 def _raw(text: str) -> bytes | str:
