@@ -64,7 +64,7 @@ from slawatch.operate.metrics import Metrics
 from slawatch.outage import Backoff, Outage
 from slawatch.runtime import scans
 from slawatch.runtime.definitions import Definitions
-from slawatch.runtime.executor import ScanExecutor
+from slawatch.runtime.executor import ScanExecutor, ScanJobStore
 from slawatch.runtime.maintain import EVERY as MAINTAIN_EVERY
 from slawatch.runtime.maintain import PruneResult, prune, prune_events
 
@@ -625,6 +625,7 @@ class Runner:
                 "default": ThreadPoolExecutor(3),  # pruning, the watch, the scans' beat
                 self._scans: self._scan_executor,
             },
+            jobstores={"default": ScanJobStore()},
             timezone=UTC,
         )
         now = datetime.now(UTC)
