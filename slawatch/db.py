@@ -44,7 +44,7 @@ import psycopg
 import psycopg.sql
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.rows import RowFactory
+from psycopg.rows import RowFactory, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from slawatch.errors import ConfigError, DatabaseError
@@ -277,15 +277,11 @@ def prepares(conn: Connection) -> bool:
     return not PREPARING.off and conn.prepare_threshold is not None
 
 
-@contextlib.contextmanager
-def _following(conn: Connection) -> Iterator[None]:
-    """Around a statement on ``conn``: :data:`PREPARING` read before it, told what failed."""
+def _follow(conn: Connection) -> None:
+    """Before a statement on ``conn``: :data:`PREPARING` read (the cursors below, inline:
+    a context manager around every statement cost an idle scan a tenth of its
+    probe; docs/performance.md, the rules curve)."""
     PREPARING.follow(conn)
-    try:
-        yield
-    except psycopg.Error as exc:
-        PREPARING.sign(exc)
-        raise
 
 
 class _Cursor(psycopg.Cursor[Any]):
@@ -294,20 +290,48 @@ class _Cursor(psycopg.Cursor[Any]):
     seen on one connection reaches a connection another thread holds right now."""
 
     def execute(self, *args: Any, **kwargs: Any) -> Self:
-        with _following(self.connection):
+        _follow(self.connection)
+        try:
             return super().execute(*args, **kwargs)
+        except psycopg.Error as exc:
+            PREPARING.sign(exc)
+            raise
 
     def executemany(self, *args: Any, **kwargs: Any) -> None:
-        with _following(self.connection):
+        _follow(self.connection)
+        try:
             super().executemany(*args, **kwargs)
+        except psycopg.Error as exc:
+            PREPARING.sign(exc)
+            raise
 
 
 class _RawCursor(psycopg.RawCursor[Any]):
     """:class:`_Cursor` for a statement in PostgreSQL's own terms (:func:`execute_raw`)."""
 
     def execute(self, *args: Any, **kwargs: Any) -> Self:
-        with _following(self.connection):
+        _follow(self.connection)
+        try:
             return super().execute(*args, **kwargs)
+        except psycopg.Error as exc:
+            PREPARING.sign(exc)
+            raise
+
+
+class _Connection(psycopg.Connection[Any]):
+    """The connections slawatch opens (the pool's, :func:`connect`'s, dedicated ones):
+    psycopg's, with one raw cursor kept for :func:`execute_raw`. A cursor made per
+    statement (its adapters, its transformer) cost an idle scan about a quarter of
+    what its probe cost in all (docs/performance.md, the rules curve)."""
+
+    _raw: _RawCursor | None = None
+
+    def kept_cursor(self) -> _RawCursor:
+        """This connection's raw cursor (tuples), made at its first use."""
+        cur = self._raw
+        if cur is None:
+            cur = self._raw = _RawCursor(self, row_factory=tuple_row)
+        return cur
 
 
 def execute_raw(
@@ -323,8 +347,36 @@ def execute_raw(
     ``sql.Composed`` nor parses ``%(name)s`` placeholders at each run. For the statements
     every scan of every rule runs (a probe): psycopg caches its parses of 128 texts, so
     with more rules than that each one's text was parsed again at each run. ``binary``:
-    the results in PostgreSQL's binary format (times read whatever the DateStyle)."""
-    return _RawCursor(conn).execute(query, params, prepare=prepare, binary=binary)
+    the results in PostgreSQL's binary format (times read whatever the DateStyle).
+
+    On a connection slawatch opened the cursor is the connection's own, kept (rows as
+    tuples): read its rows before the next ``execute_raw`` on the same connection."""
+    cur = conn.kept_cursor() if isinstance(conn, _Connection) else _RawCursor(conn)
+    return cur.execute(query, params, prepare=prepare, binary=binary)
+
+
+def first_row(
+    conn: Connection,
+    query: bytes | str,
+    params: Sequence[Any],
+    what: str,
+    *,
+    binary: bool | None = None,
+) -> tuple[Any, ...] | None:
+    """The first row of one statement as :func:`execute_raw` takes it, prepared where the
+    connection prepares, as its own unit of work (:func:`one_statement`), errors
+    translated as :func:`translate` does (``what`` names the work). Without the context
+    managers: it is what every idle scan runs (docs/performance.md, the rules curve)."""
+    try:
+        if conn.autocommit:
+            cur = execute_raw(conn, query, params, prepare=True, binary=binary)
+            row: tuple[Any, ...] | None = cur.fetchone()
+            return row
+        with conn.transaction():
+            row = execute_raw(conn, query, params, prepare=True, binary=binary).fetchone()
+        return row
+    except psycopg.Error as exc:
+        raise _translated(what, exc) from exc
 
 
 def raw_cursor(conn: Connection, row_factory: RowFactory[Any]) -> psycopg.RawCursor[Any]:
@@ -375,12 +427,17 @@ def pipelined(conn: Connection) -> Iterator[None]:
     With a libpq older than 14 (no pipeline mode), or on a connection not in autocommit
     (where the Sync would leave psycopg's transaction open), a transaction: BEGIN and
     COMMIT."""
-    if not psycopg.Pipeline.is_supported() or not conn.autocommit:
-        with _following(conn), conn.transaction():
+    _follow(conn)
+    try:
+        if not psycopg.Pipeline.is_supported() or not conn.autocommit:
+            with conn.transaction():
+                yield
+            return
+        with conn.pipeline():
             yield
-        return
-    with _following(conn), conn.pipeline():
-        yield
+    except psycopg.Error as exc:
+        PREPARING.sign(exc)
+        raise
 
 
 def attempt(
@@ -528,7 +585,7 @@ def connect(
             "check SLAWATCH_DSN or --dsn"
         )
     try:
-        conn = psycopg.connect(dsn, **_connection_kwargs(timeout, autocommit))
+        conn = _Connection.connect(dsn, **_connection_kwargs(timeout, autocommit))
     except psycopg.Error as exc:
         message = f"cannot connect to {redact(dsn)}: {_scrub(describe(exc), dsn)}"
         if unreachable(exc) and not refused(exc):
@@ -710,6 +767,7 @@ class Database:
         del kwargs["connect_timeout"]  # the pool's own timeout and reconnects govern
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             dsn,
+            connection_class=_Connection,
             min_size=1,
             max_size=max(size, 1),
             kwargs=kwargs,
@@ -764,19 +822,26 @@ class Database:
         (every connection may just be busy), though it raises DatabaseUnavailable.
         """
         since = time.monotonic()
+        pool = self._pool
         try:
-            with self._pool.connection(timeout=wait) as conn:
-                conn.prepare_threshold = PREPARE_THRESHOLD if self._may_prepare(conn) else None
-                if conn.prepared_max != self.prepared_max:  # raised since it was made
-                    conn.prepared_max = self.prepared_max
-                try:
-                    yield conn
-                except (psycopg.Error, DatabaseError):
-                    if self._may_prepare(conn):
-                        _forget_prepared(conn)
-                    raise
-                finally:
-                    self._used[conn] = time.monotonic()
+            # The pool's connection(), less a context manager of its own (and its usage
+            # statistics): a checkout is part of every idle scan (docs/performance.md).
+            conn = pool.getconn(timeout=wait)
+            try:
+                with conn:  # psycopg's commit, or rollback on an error, as connection() does
+                    conn.prepare_threshold = PREPARE_THRESHOLD if self._may_prepare(conn) else None
+                    if conn.prepared_max != self.prepared_max:  # raised since it was made
+                        conn.prepared_max = self.prepared_max
+                    try:
+                        yield conn
+                    except (psycopg.Error, DatabaseError):
+                        if self._may_prepare(conn):
+                            _forget_prepared(conn)
+                        raise
+                    finally:
+                        self._used[conn] = time.monotonic()
+            finally:
+                pool.putconn(conn)
         except PoolTimeout as exc:
             error = _translated(what, exc)
             if wait is not None:
@@ -813,7 +878,7 @@ class Database:
             # Never prepared (as made: prepare_threshold=None): its statements (LISTEN,
             # readiness) are few and rare, and behind a transaction pooler psycopg's
             # default (prepared at the 6th run) would reach another session's statement.
-            with psycopg.connect(self.dsn, **_connection_kwargs(self.timeout)) as conn:
+            with _Connection.connect(self.dsn, **_connection_kwargs(self.timeout)) as conn:
                 self.outage.ok()
                 yield conn
         except psycopg.Error as exc:

@@ -525,11 +525,10 @@ def anything_due(conn: Connection, plan: ClaimPlan, now: datetime) -> bool:
             return answer
     probe = plan.probe_values
     assert probe is not None
-    with translate(f"probe for rule {plan.rule.name}"), one_statement(conn):
-        # Prepared at once where the pooler allows: the probe is what an idle scan costs.
-        # Binary: the times are read whatever the session's DateStyle (psycopg reads
-        # text times in the ISO style only).
-        row = probe.run(conn, {}, binary=True)
+    # Prepared at once where the pooler allows: the probe is what an idle scan costs.
+    # Binary: the times are read whatever the session's DateStyle (psycopg reads text
+    # times in the ISO style only).
+    row = probe.first(conn, {}, f"probe for rule {plan.rule.name}", binary=True)
     if row is None:
         return False
     # As the probe compares (_PROBE): a NULL (no entry, or a NULL time) is not due.

@@ -36,7 +36,15 @@ from typing import Any
 from psycopg import sql
 
 from slawatch.config.rules import Rule
-from slawatch.db import Connection, execute_raw, one_statement, prepares, sqlstate, translate
+from slawatch.db import (
+    Connection,
+    execute_raw,
+    first_row,
+    one_statement,
+    prepares,
+    sqlstate,
+    translate,
+)
 from slawatch.errors import DatabaseError
 
 # What the probe of each way to track takes, in order (after the digest).
@@ -96,6 +104,13 @@ class Rendered:
         is ignored where prepared statements are off)."""
         query, args = self.query, self.args(values)
         return execute_raw(conn, query, args, prepare=True, binary=binary).fetchone()
+
+    def first(
+        self, conn: Connection, values: Mapping[str, Any], what: str, *, binary: bool = False
+    ) -> tuple[Any, ...] | None:
+        """:meth:`run` as its own unit of work, its errors translated (``what`` names the
+        work): :func:`slawatch.db.first_row`."""
+        return first_row(conn, self.query, self.args(values), what, binary=binary)
 
 
 def _raw(text: str) -> bytes | str:

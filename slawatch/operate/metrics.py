@@ -109,6 +109,7 @@ class Metrics:
             buckets=SCAN_BUCKETS,
             registry=self.registry,
         )
+        self._scan_children: dict[str, Histogram] = {}
         self.scan_failures = Counter(
             "slawatch_scan_failures",
             "Scans of a rule that failed other than by the database being unreachable "
@@ -185,7 +186,11 @@ class Metrics:
 
     def scanned(self, rule: str, seconds: float, severities: Mapping[str, int]) -> None:
         """A scan of ``rule`` took ``seconds`` and wrote these alerts per severity."""
-        self.scan.labels(rule).observe(seconds)
+        # Each rule's child of the histogram, looked up once: every scan observes it.
+        child = self._scan_children.get(rule)
+        if child is None:
+            child = self._scan_children[rule] = self.scan.labels(rule)
+        child.observe(seconds)
         for severity, count in severities.items():
             if count:
                 self.alerts.labels(rule, severity).inc(count)

@@ -51,6 +51,7 @@ from slawatch.delivery.dispatcher import (
 )
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.engine.abandon import give_up
+from slawatch.engine.acting import Act
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, fill_due
 from slawatch.engine.ready import prepare_all, prepare_ready
 from slawatch.engine.timers import DEDUPE, known_types
@@ -63,7 +64,7 @@ from slawatch.operate.metrics import Metrics
 from slawatch.outage import Backoff, Outage
 from slawatch.runtime import scans
 from slawatch.runtime.definitions import Definitions
-from slawatch.runtime.executor import ScanExecutor
+from slawatch.runtime.executor import ScanExecutor, ScanJobStore
 from slawatch.runtime.maintain import EVERY as MAINTAIN_EVERY
 from slawatch.runtime.maintain import PruneResult, prune, prune_events
 
@@ -175,10 +176,22 @@ class _Running:
     trouble: Outage
     backoff: Backoff
     retry_at: float = 0.0  # time.monotonic() before which a failing rule waits
+    # ``plan`` with the runner's act (ClaimPlan.with_act), made once per plan: a rule
+    # with an action would otherwise copy its plan, and render its probe, at each scan.
+    _acting: tuple[ClaimPlan, ClaimPlan] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def start(cls, rule: Rule, plan: ClaimPlan, backoff_cap: float) -> _Running:
         return cls(rule, plan, Outage(f"rule {rule.name}: scans", log), Backoff(cap=backoff_cap))
+
+    def acting(self, act: Act) -> ClaimPlan:
+        """``plan`` with ``act`` running its rule's action (the same ``act`` every call)."""
+        made = self._acting
+        if made is None or made[0] is not self.plan:
+            made = self._acting = (self.plan, self.plan.with_act(act))
+        return made[1]
 
 
 class LoggedEvents:
@@ -344,19 +357,17 @@ class Runner:
             return None
         seconds = 0.0
 
-        def timed(plan: ClaimPlan) -> DrainResult:
+        def timed(_: str) -> DrainResult:
             nonlocal seconds
             started = time.monotonic()
-            drained = self._drain(plan)
+            drained = self._drain(running)
             seconds = time.monotonic() - started
             return drained
 
         try:
             if not self.definitions.check(running.rule):
                 return None  # another definition is recorded: not this instance's to claim
-            result = scans.recorded(
-                self.db, rule, self.clock, lambda _: timed(running.plan), self._scan_records
-            )
+            result = scans.recorded(self.db, rule, self.clock, timed, self._scan_records)
         except DatabaseUnavailable:
             result = None  # the database's outage line says it
         except SlawatchError as exc:
@@ -524,9 +535,9 @@ class Runner:
         except SlawatchError:
             pass  # the database's outage line says it
 
-    def _drain(self, plan: ClaimPlan, sweep: bool = False) -> DrainResult:
+    def _drain(self, running: _Running, sweep: bool = False) -> DrainResult:
+        plan = running.acting(self._act)
         self._retry_held(plan.rule)
-        plan = plan.with_act(self._act)
         try:
             return drain(self.db, plan, self.clock, sweep=sweep)
         except PreparedStatementLost:
@@ -552,7 +563,7 @@ class Runner:
     def _drain_running(self, rule: str) -> DrainResult:
         # run --once sweeps `track: table` rules too: it drains every due row, backfills
         # with deadlines older than the watermark's look-back included.
-        return self._drain(self._running[rule].plan, sweep=True)
+        return self._drain(self._running[rule], sweep=True)
 
     def once(self) -> OnceResult:
         """Store what waits in each event source, drain every rule once (``track:
@@ -614,6 +625,7 @@ class Runner:
                 "default": ThreadPoolExecutor(3),  # pruning, the watch, the scans' beat
                 self._scans: self._scan_executor,
             },
+            jobstores={"default": ScanJobStore()},
             timezone=UTC,
         )
         now = datetime.now(UTC)
