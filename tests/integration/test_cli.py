@@ -13,6 +13,7 @@ from pathlib import Path
 from slawatch.demo import SHOP
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn
+from tests.waiting import wait_until
 
 
 def clean_env() -> dict[str, str]:
@@ -309,7 +310,13 @@ def test_the_demo_says_where_its_admin_api_is_and_serves_it(tmp_path: Path) -> N
                 break
         assert url is not None, "the demo did not print its admin address"
         assert url != f"http://127.0.0.1:{port}"
-        assert httpx.get(f"{url}/readyz", timeout=10).json()["ready"] is True
+
+        def ready() -> bool:
+            return bool(httpx.get(f"{url}/readyz", timeout=10).json()["ready"])
+
+        # Ready once its first readiness probe has run (503 until then, as for any
+        # instance starting; on a loaded machine that can come after the address).
+        wait_until(ready, "the demo's admin API to say it is ready", timeout=30)
         assert "slawatch_alerts_claimed_total" in httpx.get(f"{url}/metrics", timeout=10).text
         # The documents the line names answer (the OpenAPI document, the metrics).
         named = re.findall(r"(?:OpenAPI|metrics) at (http://127\.0\.0\.1:\d+/[^\s,)]+)", printed)
