@@ -51,7 +51,6 @@ from slawatch.delivery.dispatcher import (
 )
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.engine.abandon import give_up
-from slawatch.engine.acting import Act
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, fill_due
 from slawatch.engine.ready import prepare_all, prepare_ready
 from slawatch.engine.timers import DEDUPE, known_types
@@ -176,22 +175,10 @@ class _Running:
     trouble: Outage
     backoff: Backoff
     retry_at: float = 0.0  # time.monotonic() before which a failing rule waits
-    # ``plan`` with the runner's act (ClaimPlan.with_act), made once per plan: a rule
-    # with an action would otherwise copy its plan, and render its probe, at each scan.
-    _acting: tuple[ClaimPlan, ClaimPlan] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
 
     @classmethod
     def start(cls, rule: Rule, plan: ClaimPlan, backoff_cap: float) -> _Running:
         return cls(rule, plan, Outage(f"rule {rule.name}: scans", log), Backoff(cap=backoff_cap))
-
-    def acting(self, act: Act) -> ClaimPlan:
-        """``plan`` with ``act`` running its rule's action (the same ``act`` every call)."""
-        made = self._acting
-        if made is None or made[0] is not self.plan:
-            made = self._acting = (self.plan, self.plan.with_act(act))
-        return made[1]
 
 
 class LoggedEvents:
@@ -536,7 +523,7 @@ class Runner:
             pass  # the database's outage line says it
 
     def _drain(self, running: _Running, sweep: bool = False) -> DrainResult:
-        plan = running.acting(self._act)
+        plan = running.plan.with_act(self._act)
         self._retry_held(plan.rule)
         try:
             return drain(self.db, plan, self.clock, sweep=sweep)
