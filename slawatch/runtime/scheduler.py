@@ -911,12 +911,14 @@ class Runner:
             self._add_scan(scheduler, name, running.rule, when)
 
     def _threads_wanted(self) -> int:
-        """Threads for the scans: one per rule up to one per pooled connection, and one
-        more. A scan's work is on a connection: scans beyond the connections would only
-        wait for one, and a thousand threads waiting for two connections cost more CPU
-        than the scans themselves (docs/performance.md, the rules curve); a rule whose
-        turn comes while every thread is busy waits in the executor's queue instead."""
-        return min(len(self._running), self._connections) + 1
+        """Threads for the scans: one per rule up to ``scan_connections``, the pooled
+        connections the scans share. A scan's work is on a connection: a scan thread
+        beyond them would wait in the pool for one (a waiter's condition made, a wakeup
+        of its thread at each return: at 1,000 idle rules a third of slawatch's own CPU,
+        docs/performance.md, the rules curve), and take the connection the rest (the
+        delivery workers, pruning, the admin API) was sized for. A rule whose turn
+        comes while every scan thread is busy waits in the executor's queue instead."""
+        return max(min(len(self._running), self.scan_connections), 1)
 
     def _apply_notifiers(
         self, configs: dict[str, NotifierConfig], built: dict[str, Notifier]
