@@ -260,7 +260,9 @@ class Settings(BaseSettings):
     # "auto" (default): prepared statements only on a connection proven direct
     # (db.direct), since a transaction pooler may sit in between.
     pooler: Literal["auto", "none", "session", "transaction"] = "auto"
-    # Database connections that the scans of every rule share (however many rules):
+    # Database connections that the scans of every rule share (however many rules),
+    # and so the rules scanned at once: a rule whose turn comes while every one is busy
+    # (a long claim, a table the application holds locked) waits for the next.
     # `slawatch run` opens at most this + the notifiers' concurrency + the event
     # sources + 2 (the rest's one, and the delivery listener's).
     scan_connections: int = Field(default=2, ge=1, le=100)

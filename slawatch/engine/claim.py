@@ -227,11 +227,17 @@ class ClaimPlan:
         return render(statement, ())
 
     def with_act(self, act: Act) -> ClaimPlan:
-        """This plan with ``act`` running its rule's action (no change without one)."""
-        if self.rule.action is None:
+        """This plan with ``act`` running its rule's action (no change without one).
+        The copy is kept for the last ``act`` asked: a scan asks at each run, with the
+        runner's one ``act``, and a copy made each time would render its probe again."""
+        if self.rule.action is None or self.act is act:
             return self
-        table = None if self.table is None else replace(self.table, act=act)
-        return replace(self, act=act, table=table)
+        made: ClaimPlan | None = self.__dict__.get("_with_act")
+        if made is None or made.act is not act:
+            table = None if self.table is None else replace(self.table, act=act)
+            made = replace(self, act=act, table=table)
+            object.__setattr__(self, "_with_act", made)  # a cache on a frozen plan
+        return made
 
     def to_deadline(self, t: datetime) -> datetime:
         """An aware time as a value of the deadline column's type.

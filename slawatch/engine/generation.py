@@ -123,6 +123,32 @@ def recorded(conn: Connection) -> dict[str, Recorded]:
     return {r[0]: Recorded(r[1], dict(r[2]), r[3]) for r in rows}
 
 
+def recorded_generations(conn: Connection) -> dict[str, str]:
+    """Every rule's recorded generation alone, by rule name; empty before migration
+    0009. What a running instance compares with its own rules' every few seconds: the
+    definitions (:func:`recorded_one`) only say which parts differ, when one does."""
+    with translate("reading the rules' recorded definitions"):
+        there = conn.execute("SELECT to_regclass('slawatch.rule_generation')").fetchone()
+        if there is None or there[0] is None:
+            return {}
+        rows = conn.execute("SELECT rule, generation FROM slawatch.rule_generation").fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def recorded_one(conn: Connection, rule: str) -> Recorded | None:
+    """``rule``'s recorded definition (None: none is recorded, or no table yet)."""
+    with translate(f"reading rule {rule}'s recorded definition"):
+        there = conn.execute("SELECT to_regclass('slawatch.rule_generation')").fetchone()
+        if there is None or there[0] is None:
+            return None
+        r = conn.execute(
+            "SELECT generation, definition, recorded_at FROM slawatch.rule_generation"
+            " WHERE rule = %s",
+            (rule,),
+        ).fetchone()
+    return None if r is None else Recorded(r[0], dict(r[1]), r[2])
+
+
 def record_statement(rule: Rule) -> str:
     """The statement that records ``rule``'s definition (``migrate``, and printed by
     ``migrate --print``): it waits for the claims made under the old record to end."""

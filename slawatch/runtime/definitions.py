@@ -2,7 +2,7 @@
 
 The claims' gate (engine/generation.py) is what keeps an instance running another
 definition of a rule from changing anything for it; this is what the process
-knows of it: the recorded definitions, read again every :data:`REREAD` seconds
+knows of it: the recorded generations, read again every :data:`REREAD` seconds
 (one statement for every rule, by one scan: the others meanwhile go by the records
 as last read) and at once after a gate refused, so that a
 rule found stale is skipped without a probe, ``/readyz`` and
@@ -19,7 +19,13 @@ from collections.abc import Callable
 
 from slawatch.config.rules import Rule
 from slawatch.db import Database
-from slawatch.engine.generation import Recorded, generation, mismatch, recorded, refusal
+from slawatch.engine.generation import (
+    generation,
+    mismatch,
+    recorded_generations,
+    recorded_one,
+    refusal,
+)
 from slawatch.errors import SlawatchError
 
 log = logging.getLogger(__name__)
@@ -45,7 +51,12 @@ class Definitions:
         # the records go old while 200 scans a second look at them, and each reading
         # them (every row) would make the cost grow with the square of the rules.
         self._reading = threading.Lock()
-        self._records: dict[str, Recorded] = {}
+        # Each rule's recorded generation, by name: a few bytes a rule, read every
+        # REREAD seconds (the definitions themselves only name the parts that differ).
+        self._records: dict[str, str] = {}
+        # The line saying why a rule is stale, by name, with the generations it is of
+        # (recorded, this process's): made from its recorded definition once.
+        self._whys: dict[str, tuple[str, str, str | None]] = {}
         self._read_at: float | None = None
         self._stale: dict[str, str] = {}
         # Each rule's generation (a hash of its definition), by name, with the rule it
@@ -75,19 +86,38 @@ class Definitions:
         if read_at is None or time.monotonic() - read_at >= self.reread:
             self._read(wait=read_at is None)
         with self._lock:
-            why = self._mismatch(rule, self._records.get(rule.name))
+            recorded = self._records.get(rule.name)
+            mine = self._generation(rule)
+        why = None if recorded is None or recorded == mine else self._why(rule, recorded, mine)
         self._set(rule.name, why)
         return why is None
 
-    def _mismatch(self, rule: Rule, record: Recorded | None) -> str | None:
-        """:func:`~slawatch.engine.generation.mismatch`, with ``rule``'s generation
-        computed once (per rule object: a reload's new rule is hashed anew)."""
-        if record is None:
-            return None
+    def _generation(self, rule: Rule) -> str:
+        """``rule``'s generation, computed once per rule object (a reload's new rule is
+        hashed anew)."""
         mine = self._generations.get(rule.name)
         if mine is None or mine[0] is not rule:
             mine = self._generations[rule.name] = (rule, generation(rule))
-        return None if record.generation == mine[1] else mismatch(rule, record)
+        return mine[1]
+
+    def _why(self, rule: Rule, recorded: str, mine: str) -> str | None:
+        """Why ``rule`` (of generation ``mine``) is not claimed where ``recorded`` is
+        recorded: :func:`~slawatch.engine.generation.mismatch` of its recorded
+        definition, read once per pair of generations (a stale rule is checked at each
+        of its scans)."""
+        with self._lock:
+            made = self._whys.get(rule.name)
+        if made is not None and made[:2] == (recorded, mine):
+            return made[2]
+        record = self.db.run(
+            f"reading rule {rule.name}'s recorded definition",
+            lambda conn: recorded_one(conn, rule.name),
+        )
+        why = mismatch(rule, record)
+        if record is not None:
+            with self._lock:
+                self._whys[rule.name] = (record.generation, mine, why)
+        return why
 
     def _read(self, wait: bool) -> None:
         """Read the records, unless another scan is reading them: then wait for it
@@ -99,7 +129,7 @@ class Definitions:
                 read_at = self._read_at
             if read_at is not None and time.monotonic() - read_at < self.reread:
                 return  # read by the scan that held the lock before this one
-            records = self.db.run("reading the rules' recorded definitions", recorded)
+            records = self.db.run("reading the rules' recorded definitions", recorded_generations)
             with self._lock:
                 self._records, self._read_at = records, time.monotonic()
         finally:
@@ -128,6 +158,7 @@ class Definitions:
         """``name`` is no longer run (a reload removed it)."""
         with self._lock:
             self._generations.pop(name, None)
+            self._whys.pop(name, None)
         self._set(name, None)
 
     def _set(self, name: str, why: str | None) -> None:

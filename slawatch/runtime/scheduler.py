@@ -51,7 +51,6 @@ from slawatch.delivery.dispatcher import (
 )
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.engine.abandon import give_up
-from slawatch.engine.acting import Act
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, fill_due
 from slawatch.engine.ready import prepare_all, prepare_ready
 from slawatch.engine.timers import DEDUPE, known_types
@@ -176,22 +175,10 @@ class _Running:
     trouble: Outage
     backoff: Backoff
     retry_at: float = 0.0  # time.monotonic() before which a failing rule waits
-    # ``plan`` with the runner's act (ClaimPlan.with_act), made once per plan: a rule
-    # with an action would otherwise copy its plan, and render its probe, at each scan.
-    _acting: tuple[ClaimPlan, ClaimPlan] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
 
     @classmethod
     def start(cls, rule: Rule, plan: ClaimPlan, backoff_cap: float) -> _Running:
         return cls(rule, plan, Outage(f"rule {rule.name}: scans", log), Backoff(cap=backoff_cap))
-
-    def acting(self, act: Act) -> ClaimPlan:
-        """``plan`` with ``act`` running its rule's action (the same ``act`` every call)."""
-        made = self._acting
-        if made is None or made[0] is not self.plan:
-            made = self._acting = (self.plan, self.plan.with_act(act))
-        return made[1]
 
 
 class LoggedEvents:
@@ -536,7 +523,7 @@ class Runner:
             pass  # the database's outage line says it
 
     def _drain(self, running: _Running, sweep: bool = False) -> DrainResult:
-        plan = running.acting(self._act)
+        plan = running.plan.with_act(self._act)
         self._retry_held(plan.rule)
         try:
             return drain(self.db, plan, self.clock, sweep=sweep)
@@ -924,12 +911,14 @@ class Runner:
             self._add_scan(scheduler, name, running.rule, when)
 
     def _threads_wanted(self) -> int:
-        """Threads for the scans: one per rule up to one per pooled connection, and one
-        more. A scan's work is on a connection: scans beyond the connections would only
-        wait for one, and a thousand threads waiting for two connections cost more CPU
-        than the scans themselves (docs/performance.md, the rules curve); a rule whose
-        turn comes while every thread is busy waits in the executor's queue instead."""
-        return min(len(self._running), self._connections) + 1
+        """Threads for the scans: one per rule up to ``scan_connections``, the pooled
+        connections the scans share. A scan's work is on a connection: a scan thread
+        beyond them would wait in the pool for one (a waiter's condition made, a wakeup
+        of its thread at each return: at 1,000 idle rules a third of slawatch's own CPU,
+        docs/performance.md, the rules curve), and take the connection the rest (the
+        delivery workers, pruning, the admin API) was sized for. A rule whose turn
+        comes while every scan thread is busy waits in the executor's queue instead."""
+        return max(min(len(self._running), self.scan_connections), 1)
 
     def _apply_notifiers(
         self, configs: dict[str, NotifierConfig], built: dict[str, Notifier]

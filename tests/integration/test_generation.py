@@ -181,6 +181,37 @@ def test_an_idle_instance_sees_its_rule_turn_stale_and_current_again(conn: Conn,
         runner.close()
 
 
+def test_a_stale_rule_is_said_stale_by_the_parts_of_the_definition_recorded_now(
+    conn: Conn, dsn: str
+) -> None:
+    """The records read every few seconds are the generations alone; the line that
+    names the parts that differ comes from the definition recorded when the rule is
+    found stale, each time it is: a rule stale again, against another definition,
+    names that one's parts."""
+    from slawatch.db import Database
+    from slawatch.runtime.definitions import Definitions
+
+    rule = shop(conn)["order_unshipped"]
+    later = rule.model_copy(update={"after": rule.after + timedelta(hours=1)})
+    elsewhere = rule.model_copy(update={"open_when": f"({rule.open_when}) AND total_cents > 0"})
+    db = Database(dsn, size=1, timeout=10)
+    said: list[str] = []
+    definitions = Definitions(db, reread=0.0)
+    definitions._set = lambda name, why: said.append(why or "")  # type: ignore[method-assign]
+    try:
+        assert definitions.check(rule)
+        migrate(conn, [later])
+        assert not definitions.check(rule)
+        assert "(after differ)" in said[-1]
+        migrate(conn, [rule])
+        assert definitions.check(rule)
+        migrate(conn, [elsewhere])
+        assert not definitions.check(rule)
+        assert "(open_when differ)" in said[-1]
+    finally:
+        db.close()
+
+
 def test_run_once_with_a_stale_rule_fails_naming_it_and_records_no_scan(
     conn: Conn, dsn: str
 ) -> None:

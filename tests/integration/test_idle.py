@@ -215,7 +215,9 @@ def test_a_running_process_shows_its_idle_scans(conn: Conn, dsn: str) -> None:
 def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> None:
     """12 rules scanned every second: at most SLAWATCH_SCAN_CONNECTIONS + 2 connections
     (no notifier, no source: one for the rest, one for the delivery listener), not one
-    per rule; every rule is scanned all the same."""
+    per rule, and as many scan threads as SLAWATCH_SCAN_CONNECTIONS: the scans never
+    wait in the pool, nor take the rest's connection; every rule is scanned all the
+    same."""
     base = shop(conn)["order_unshipped"]
     rules = [
         base.model_copy(update={"name": f"late{i:02}", "every": timedelta(seconds=1)})
@@ -223,7 +225,7 @@ def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> N
     ]
     migrate(conn, rules)
     paid(conn, 1, NOW - timedelta(days=3))
-    runner = Runner(dsn, rules, [], scan_connections=1)
+    runner = Runner(dsn, rules, [], scan_connections=2)
     seen: list[int] = []
 
     def connections() -> int:
@@ -243,13 +245,10 @@ def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> N
         alerts = conn.execute("SELECT count(DISTINCT rule) FROM slawatch.alert").fetchone()
         return row == (12,) and alerts == (12,)
 
-    before = threading.active_count()
     serving = threading.Thread(target=runner.serve, kwargs={"seconds": 60}, daemon=True)
     try:
         # Every scan held up (the table locked): each rule's turn comes while the others
-        # wait. Threads for the scans go up to the pool's connections (here 2), not one
-        # per rule: a thousand threads waiting for two connections cost more CPU than
-        # the scans themselves.
+        # wait in the executor's queue, on its threads: one per scan connection.
         with conn.transaction():
             conn.execute("LOCK TABLE orders")
             # Each rule's first scan is within a second of the start: a job whose next
@@ -258,16 +257,16 @@ def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> N
             serving.start()
             wait_until(
                 lambda: len(lock_waits(conn)) == 2 and every_scan_submitted(runner, 12, after),
-                "both connections waiting, every rule's scan submitted",
+                "both scan connections waiting, every rule's scan submitted",
             )
-            threads = threading.active_count() - before
+            scanning = [t.name for t in threading.enumerate() if t.name.startswith("scans")]
         wait_until(scanned, "a scan and an alert of every rule")
     finally:
         runner.stop()
         serving.join(timeout=30)
         runner.close()
-    assert max(seen) <= 1 + 2
-    assert threads < len(rules)
+    assert max(seen) <= 2 + 2
+    assert sorted(scanning) == ["scans_0", "scans_1"]
 
 
 def every_scan_submitted(runner: Runner, rules: int, after: datetime) -> bool:

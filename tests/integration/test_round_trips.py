@@ -41,6 +41,19 @@ def round_trips(conn: Conn, work: object, *, empty: bool = False) -> int:
     )
 
 
+def alerted(conn: Conn, orders: int) -> None:
+    """The shop with ``orders`` paid orders overdue, claimed by ``order_unshipped``:
+    one pending delivery each, for the console."""
+    rules = shop(conn)
+    conn.execute(
+        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+        " SELECT g, 7, 100, 'paid', %s FROM generate_series(1, %s) g",
+        (datetime(2026, 2, 1, tzinfo=UTC), orders),
+    )
+    step = batches(conn, prepare(conn, rules["order_unshipped"]), NOW)
+    assert step() == orders
+
+
 @pytest.mark.parametrize("track", ["inline", "table"])
 def test_a_claim_batch_is_one_round_trip(conn: Conn, track: str) -> None:
     rules = shop(conn, track)
@@ -76,14 +89,7 @@ def test_a_delivery_claim_without_storm_is_one_statement(
     from slawatch.delivery.dispatcher import claim_deliveries
     from slawatch.delivery.notifiers import build
 
-    rules = shop(conn)
-    conn.execute(
-        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
-        " VALUES (1, 7, 100, 'paid', %s)",
-        (datetime(2026, 2, 1, tzinfo=UTC),),
-    )
-    step = batches(conn, prepare(conn, rules["order_unshipped"]), NOW)
-    assert step() == 1
+    alerted(conn, 1)
     notifier = build(ConsoleConfig(name="console", type="console"))
     # Every plan priced for JIT: the claim's generic plan is planned without it (its
     # estimate grows with a backlog past the threshold, and a cached plan is compiled
@@ -131,14 +137,7 @@ def test_the_batch_sent_is_settled_by_the_next_claim_alone(
     from slawatch.delivery.dispatcher import claim_deliveries
     from slawatch.delivery.notifiers import build
 
-    rules = shop(conn)
-    conn.execute(
-        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
-        " SELECT g, 7, 100, 'paid', %s FROM generate_series(1, 3) g",
-        (datetime(2026, 2, 1, tzinfo=UTC),),
-    )
-    step = batches(conn, prepare(conn, rules["order_unshipped"]), NOW)
-    assert step() == 3
+    alerted(conn, 3)
     notifier = build(ConsoleConfig(name="console", type="console", batch=2))
     db = Database(dsn, size=1, timeout=10, pooler=pooler)
     try:
