@@ -40,7 +40,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -412,8 +412,7 @@ def claim_deliveries(
                 got = cur.execute(CLAIM.query, args, prepare=True).fetchall()
                 if generic and any(r["kind"] == "summary" for r in got):
                     conn.execute(_SETTLED)
-                batch = _claimed(conn, got)
-            return replace(batch, folded=folded)
+                return _claimed(conn, got, folded)
         if generic:
             with pipelined(conn):
                 conn.execute(_GENERIC)
@@ -421,9 +420,9 @@ def claim_deliveries(
         else:
             with one_statement(conn):
                 cur.execute(CLAIM.query, args, prepare=True)
-        return _claimed(conn, cur.fetchall())
+        return _claimed(conn, cur.fetchall(), [])
 
-    def _claimed(conn: Connection, got: list[dict[str, Any]]) -> _Batch:
+    def _claimed(conn: Connection, got: list[dict[str, Any]], folded: list[Folded]) -> _Batch:
         rows = [r for r in got if r["settled"] != "sent"]
         for r in got:
             if r["settled"] == "sent":
@@ -433,7 +432,7 @@ def claim_deliveries(
         listed = listings(conn, summaries, _listed(notifier))
         silenced = sum(1 for r in rows if r["settled"] == "silenced")
         acked = len(rows) - len(send) - silenced
-        return _Batch(owner, send, silenced, [], listed, acked)
+        return _Batch(owner, send, silenced, folded, listed, acked)
 
     batch = db.run(f"claiming deliveries for {notifier.name}", run)
     if sent is not None and (left := [r for r in sent.rows if r["id"] not in done]):

@@ -111,11 +111,16 @@ class Recorded:
     at: datetime
 
 
+def _recorded_anything(conn: Connection) -> bool:
+    """Whether the table of recorded definitions is there (migration 0009 ran)."""
+    there = conn.execute("SELECT to_regclass('slawatch.rule_generation')").fetchone()
+    return there is not None and there[0] is not None
+
+
 def recorded(conn: Connection) -> dict[str, Recorded]:
     """Every rule's recorded definition, by rule name; empty before migration 0009."""
     with translate("reading the rules' recorded definitions"):
-        there = conn.execute("SELECT to_regclass('slawatch.rule_generation')").fetchone()
-        if there is None or there[0] is None:
+        if not _recorded_anything(conn):
             return {}
         rows = conn.execute(
             "SELECT rule, generation, definition, recorded_at FROM slawatch.rule_generation"
@@ -128,8 +133,7 @@ def recorded_generations(conn: Connection) -> dict[str, str]:
     0009. What a running instance compares with its own rules' every few seconds: the
     definitions (:func:`recorded_one`) only say which parts differ, when one does."""
     with translate("reading the rules' recorded definitions"):
-        there = conn.execute("SELECT to_regclass('slawatch.rule_generation')").fetchone()
-        if there is None or there[0] is None:
+        if not _recorded_anything(conn):
             return {}
         rows = conn.execute("SELECT rule, generation FROM slawatch.rule_generation").fetchall()
     return {r[0]: r[1] for r in rows}
@@ -138,8 +142,7 @@ def recorded_generations(conn: Connection) -> dict[str, str]:
 def recorded_one(conn: Connection, rule: str) -> Recorded | None:
     """``rule``'s recorded definition (None: none is recorded, or no table yet)."""
     with translate(f"reading rule {rule}'s recorded definition"):
-        there = conn.execute("SELECT to_regclass('slawatch.rule_generation')").fetchone()
-        if there is None or there[0] is None:
+        if not _recorded_anything(conn):
             return None
         r = conn.execute(
             "SELECT generation, definition, recorded_at FROM slawatch.rule_generation"
