@@ -51,6 +51,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -131,13 +132,23 @@ WITH sent AS (
     RETURNING b.id, b.rule, b.kind, b.fired_at, b.due_after, b.keys, b.episodes, b.ns,
               b.severities, b.deadlines, b.row_data
 )
-SELECT l.id, e.i, l.rule, e.key, e.episode, e.n, l.kind, e.severity,
+{answer}"""
+
+# The alerts a row each, as today's claim answers.
+UNNESTED = """SELECT l.id, e.i, l.rule, e.key, e.episode, e.n, l.kind, e.severity,
        {deadline} AS deadline, {due_at} AS due_at, {fired_at} AS fired_at,
        e.row_data, {muted} AS muted
   FROM leased l
  CROSS JOIN LATERAL unnest(l.keys, l.episodes, l.ns, l.severities, l.deadlines, l.row_data)
        WITH ORDINALITY AS e(key, episode, n, severity, deadline, row_data, i)
  ORDER BY e.i
+"""
+
+# The row as it is, its arrays zipped by the worker (the times as text, as above).
+ARRAYS = """SELECT l.id, l.rule, l.kind, {fired_at} AS fired_at, l.keys, l.episodes, l.ns,
+       l.severities, ARRAY(SELECT {deadline} FROM unnest(l.deadlines) e(deadline)) AS deadlines,
+       ARRAY(SELECT {due_at} FROM unnest(l.deadlines) e(deadline)) AS due_ats, l.row_data
+  FROM leased l
 """
 
 # Today's probes (claim_deliveries' acked and muted), per alert of the row.
@@ -153,19 +164,41 @@ PROBES = """CASE
     THEN 'silenced' END"""
 
 
-def lease_query(probes: bool) -> Rendered:
+@dataclass(frozen=True)
+class Variant:
+    """A way of draining B100's rows: with today's acks and silences probes; the alerts
+    answered as a row's arrays (zipped in Python) instead of a row each."""
+
+    name: str
+    probes: bool = False
+    arrays: bool = False
+
+
+VARIANTS = (
+    Variant("B100"),
+    Variant("B100+probes", probes=True),
+    Variant("B100 arrays", arrays=True),
+)
+
+
+def lease_query(v: Variant) -> Rendered:
     """The lease, rendered once with $n placeholders (as the dispatcher's claim is)."""
-    text = LEASE.format(
+    answer = (ARRAYS if v.arrays else UNNESTED).format(
         deadline=_TEXT.format("e.deadline"),
         due_at=_TEXT.format("(e.deadline + l.due_after)"),
         fired_at=_TEXT.format("l.fired_at"),
-        muted=PROBES if probes else "NULL::text",
+        muted=PROBES if v.probes else "NULL::text",
     )
+    text = LEASE.format(answer=answer)
     return render(sql.SQL(text), ("now", "owner", "lease", "notifier", "sent_id", "sent_owner"))
 
 
 def worker(
-    db: Database, hook: WebhookNotifier, query: Rendered, failed: list[BaseException]
+    db: Database,
+    hook: WebhookNotifier,
+    query: Rendered,
+    arrays: bool,
+    failed: list[BaseException],
 ) -> None:
     """Lease, send and settle rows until none is due."""
     descriptions = {"backlog": DESCRIPTION}
@@ -191,9 +224,27 @@ def worker(
             rows = db.run("leasing a row", lease)  # and settling sent_id
             if not rows:
                 return
-            send = [
-                alert_payload(r, descriptions.get(r["rule"], "")) for r in rows if not r["muted"]
-            ]
+            if arrays:
+                (r,) = rows
+                base = {"rule": r["rule"], "kind": r["kind"], "fired_at": r["fired_at"]}
+                description = descriptions.get(r["rule"], "")
+                send = [
+                    alert_payload(
+                        {**base, "key": k, "episode": e, "n": n, "severity": s, "deadline": d,
+                         "due_at": u, "row_data": j},
+                        description,
+                    )
+                    for k, e, n, s, d, u, j in zip(
+                        r["keys"], r["episodes"], r["ns"], r["severities"], r["deadlines"],
+                        r["due_ats"], r["row_data"], strict=True,
+                    )
+                ]  # fmt: skip
+            else:
+                send = [
+                    alert_payload(r, descriptions.get(r["rule"], ""))
+                    for r in rows
+                    if not r["muted"]
+                ]
             if send:
                 hook.send(send)
             sent_id, sent_owner = rows[0]["id"], owner
@@ -220,13 +271,13 @@ def drain_rows(
     receiver: Receiver,
     alerts: int,
     concurrency: int,
-    probes: bool,
+    variant: Variant,
 ) -> dict[str, float]:
     """B100's rows of a copy of ``template`` drained by ``concurrency`` workers: alerts/s
     and CPU seconds (``python``: this process; ``server``: the drain's own backends)."""
     name = f"run{len(scratch.names)}"
     dsn = scratch.create(name, template)
-    query = lease_query(probes)
+    query = lease_query(variant)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             hook = WebhookNotifier(
@@ -236,7 +287,9 @@ def drain_rows(
             failed: list[BaseException] = []
             with Database(dsn, size=concurrency + 3, timeout=30) as db:
                 threads = [
-                    threading.Thread(target=worker, args=(db, hook, query, failed), daemon=True)
+                    threading.Thread(
+                        target=worker, args=(db, hook, query, variant.arrays, failed), daemon=True
+                    )
                     for _ in range(concurrency)
                 ]
                 python0 = time.process_time()
@@ -299,9 +352,10 @@ def main() -> None:
         args.alerts, args.rounds = 2_000, 1
     if args.alerts < 100 or args.rounds < 1 or not 1 <= args.concurrency <= 16:
         ap.error("--alerts >= 100, --rounds >= 1, --concurrency from 1 to 16")
-    names = ("today", "B100", "B100+probes")
+    names = ("today", *(v.name for v in VARIANTS))
     runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     straight: list[float] = []
+    straight_python: list[float] = []
     loads = [os.getloadavg()[0]]
     began = time.perf_counter()
     receiver = Receiver()
@@ -311,24 +365,34 @@ def main() -> None:
                 print(machine(server), flush=True)
             with psycopg.connect(scratch.create("rows"), autocommit=True) as conn:
                 fill_rows(conn, args.alerts)
+            sent: dict[str, list[bytes]] = {}
             for r in range(args.rounds):
-                cpu: dict[str, float] = {}
-                rate, bodies = drain_once(None, receiver, args.alerts, args.concurrency, cpu)
-                runs["today"].append(
-                    {
-                        "rate": rate,
-                        "python": cpu["python"],
-                        "server": cpu.get("backends", float("nan")),
-                    }
-                )
-                straight.append(post_straight(receiver, bodies))
-                for probes in (False, True):
-                    got = drain_rows(
-                        scratch, "rows", receiver, args.alerts, args.concurrency, probes
-                    )
-                    runs[names[1 + probes]].append(got)
-                    if r == 0 and not probes:
-                        same_alerts(bodies, receiver.bodies)
+                k = r % len(names)
+                for n in names[k:] + names[:k]:  # the order turns each round
+                    if n == "today":
+                        cpu: dict[str, float] = {}
+                        rate, bodies = drain_once(
+                            None, receiver, args.alerts, args.concurrency, cpu
+                        )
+                        got = {
+                            "rate": rate,
+                            "python": cpu["python"],
+                            "server": cpu.get("backends", float("nan")),
+                        }
+                        python0 = time.process_time()
+                        straight.append(post_straight(receiver, bodies))  # 3 passes of them
+                        straight_python.append((time.process_time() - python0) / 3)
+                    else:
+                        variant = next(v for v in VARIANTS if v.name == n)
+                        got = drain_rows(
+                            scratch, "rows", receiver, args.alerts, args.concurrency, variant
+                        )
+                        bodies = list(receiver.bodies)
+                    runs[n].append(got)
+                    if r == 0:
+                        sent[n] = bodies
+                for n in names[1:] if r == 0 else ():
+                    same_alerts(sent["today"], sent[n])
                 loads.append(os.getloadavg()[0])
                 print(
                     f"round {r + 1}: straight {straight[-1]:,.0f}/s; "
@@ -351,7 +415,10 @@ def main() -> None:
         f"{'variant':>12} {'alerts/s':>9} {'vs POSTs':>8}"
         f" {'Python ms/100':>13} {'server ms/100':>13}"
     )
-    print(f"{'straight':>12} {statistics.median(straight):9,.0f} {1:8.2f} {'':>13} {'':>13}")
+    print(
+        f"{'straight':>12} {statistics.median(straight):9,.0f} {1:8.2f}"
+        f" {statistics.median(straight_python) * per100:13.2f} {'':>13}"
+    )
     for n in names:
         rs = runs[n]
         ratio = statistics.median(x["rate"] / s for x, s in zip(rs, straight, strict=True))
