@@ -1,27 +1,32 @@
 """The lean outbox's delivery side, measured before it is built: a drain of B100's rows
 (bench/outbox_shapes.py: one outbox row per delivery batch of 100 alerts, its keys,
-episodes, n, deadlines, severities and rows' data as arrays) beside today's drain and
-straight POSTs of the same bodies.
+episodes, n, deadlines, severities and rows' data as arrays) beside today's drain, each
+against straight POSTs of the same bodies.
 
-Each round, interleaved, in this order:
+Each round runs every variant once, interleaved, the order turning each round:
 
 - ``today``: bench/delivery.py's ``drain_once``: ``--alerts`` claimed into today's
   outbox, then delivered by slawatch's Dispatcher (webhook batch 100, ``--concurrency``
   workers, the webhook notifier's default 4);
-- ``straight``: the request bodies of that drain POSTed one after the other, one client,
-  no database (bench/delivery.py's ``post_straight``): the transport's ceiling;
 - ``B100``: the same alerts as rows of 100 in outbox_shapes' ``shapes.batch`` (copied
-  from the alerts slawatch's own claim wrote, so the bodies are the same), drained by
-  ``--concurrency`` worker threads, each in a loop: one statement that settles the row
-  it sent last (the row's status, one UPDATE, not HOT: ``pending`` is in the due
-  index's predicate) and leases the next due row (FOR UPDATE SKIP LOCKED; a HOT update:
-  the lease columns are not indexed) and answers its alerts unnested, a row each, with
-  the times as text (as today's claim); the payloads by slawatch's own ``alert_payload``;
-  one POST of the 100 through slawatch's ``WebhookNotifier.send`` (as today: the webhook
-  sends a batch per request); the last row settled by the lease that finds nothing more due;
+  from the alerts slawatch's own claim wrote, so the bodies are the same: checked in the
+  first round), drained by ``--concurrency`` worker threads, each in a loop: one
+  statement that settles the row it sent last (one UPDATE of the row, not HOT:
+  ``pending`` is in the due index's predicate), leases the next due row (FOR UPDATE SKIP
+  LOCKED; a HOT update: the lease columns are not indexed) and answers its alerts
+  unnested, a row each, the times as text (as today's claim); the payloads made by
+  slawatch's own ``alert_payload``; one POST of the 100 through slawatch's
+  ``WebhookNotifier.send`` (as today: the webhook sends a batch per request); the last
+  row settled by the lease that finds nothing more due;
 - ``B100+probes``: the same, with today's per-alert acks and silences probes in the
   lease (a probe of ``slawatch.ack``'s primary key and of ``silence_rule_ends`` per alert,
-  both tables empty as in today's drain); an alert they match would not be sent.
+  both tables empty as in today's drain); an alert they match is not sent;
+- ``B100 arrays``: B100 answering the leased row as it is (its arrays, the times as text
+  arrays), zipped into the payloads by the worker: no row per alert to decode.
+
+After each drain, its own request bodies are POSTed straight, one after the other, one
+client, no database (bench/delivery.py's ``post_straight``): the transport's ceiling,
+under the same moment's load.
 
 What the prototype skips of today's guarantees (docs/performance.md, "The lean outbox:
 the delivery side measured"): held resolved notices (every alert here is a first
@@ -29,13 +34,13 @@ notification), exception rows for failed sends (the receiver accepts every reque
 storms, a lease per notifier (one notifier here).
 
 Per variant, medians of the rounds: alerts/s (workers' start to the last arrival), the
-ratio to the round's straight POSTs, and CPU per 100 alerts: this Python process (the
+ratio to the straight POSTs after it, and CPU per 100 alerts: this Python process (the
 workers, and the receiver's threads: the same in every variant) and the drain's own
 server processes (from /proc: the server must run on this machine).
 
     SLAWATCH_BENCH_DSN=postgresql://postgres@127.0.0.1:5432/postgres \\
         .venv/bin/python bench/delivery_shapes.py [--alerts 20000] [--rounds 5]
-    .venv/bin/python bench/delivery_shapes.py --quick   # 2,000 alerts, one round (~20 s)
+    .venv/bin/python bench/delivery_shapes.py --quick   # 2,000 alerts, one round (~10 s)
 
 Every database it makes is dropped at the end.
 """
@@ -379,15 +384,18 @@ def main() -> None:
                             "python": cpu["python"],
                             "server": cpu.get("backends", float("nan")),
                         }
-                        python0 = time.process_time()
-                        straight.append(post_straight(receiver, bodies))  # 3 passes of them
-                        straight_python.append((time.process_time() - python0) / 3)
                     else:
                         variant = next(v for v in VARIANTS if v.name == n)
                         got = drain_rows(
                             scratch, "rows", receiver, args.alerts, args.concurrency, variant
                         )
                         bodies = list(receiver.bodies)
+                    # Its own bodies POSTed straight, at once: the ratio's two rates
+                    # under the same moment's load.
+                    python0 = time.process_time()
+                    got["straight"] = post_straight(receiver, bodies)  # 3 passes of them
+                    straight_python.append((time.process_time() - python0) / 3)
+                    straight.append(got["straight"])
                     runs[n].append(got)
                     if r == 0:
                         sent[n] = bodies
@@ -395,10 +403,10 @@ def main() -> None:
                     same_alerts(sent["today"], sent[n])
                 loads.append(os.getloadavg()[0])
                 print(
-                    f"round {r + 1}: straight {straight[-1]:,.0f}/s; "
+                    f"round {r + 1}: "
                     + "; ".join(
                         f"{n} {runs[n][-1]['rate']:,.0f}/s"
-                        f" ({runs[n][-1]['rate'] / straight[-1]:.2f}x)"
+                        f" ({runs[n][-1]['rate'] / runs[n][-1]['straight']:.2f}x)"
                         for n in names
                     ),
                     flush=True,
@@ -421,16 +429,17 @@ def main() -> None:
     )
     for n in names:
         rs = runs[n]
-        ratio = statistics.median(x["rate"] / s for x, s in zip(rs, straight, strict=True))
+        ratio = statistics.median(x["rate"] / x["straight"] for x in rs)
         print(
             f"{n:>12} {statistics.median(x['rate'] for x in rs):9,.0f} {ratio:8.2f}"
             f" {statistics.median(x['python'] for x in rs) * per100:13.2f}"
             f" {statistics.median(x['server'] for x in rs) * per100:13.2f}"
         )
     print(
-        "\nvs POSTs: the median of each round's ratio to that round's straight POSTs of"
-        " today's bodies (goal: delivery >= 0.5x). Python: this process (workers and"
-        " receiver); server: the drain's own backends (from /proc)."
+        "\nvs POSTs: the median of each drain's ratio to the straight POSTs of its own bodies"
+        " right after it (goal: delivery >= 0.5x); straight: the median of them all."
+        " Python: this process (workers and receiver); server: the drain's own backends"
+        " (from /proc)."
     )
 
 
