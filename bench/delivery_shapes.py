@@ -318,11 +318,29 @@ def drain_rows(
                 "SELECT count(*) FILTER (WHERE pending > 0),"
                 " count(*) FILTER (WHERE attempts[1] <> 1) FROM shapes.batch"
             ).fetchone()
-            if row != (0, 0) or posts != alerts // 100 + (alerts % 100 > 0):
+            rows = alerts // 100 + (alerts % 100 > 0)
+            if row != (0, 0) or posts != rows:
                 raise SystemExit(f"B100 drain: rows pending, resent: {row}; {posts} POSTs")
+            hot = hot_share(conn, 2 * rows)
     finally:
         scratch.drop(name)
-    return {"rate": rate, "python": python, "server": server}
+    return {"rate": rate, "python": python, "server": server, "hot": hot}
+
+
+def hot_share(conn: psycopg.Connection[Any], updates: int) -> float:
+    """The share of the rows' updates that were HOT (a lease and a settle per row:
+    ``updates``), once the closed backends' counters have arrived (or after 10 s)."""
+    stats = (
+        "SELECT coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_hot_upd), 0)"
+        " FROM pg_stat_user_tables WHERE schemaname = 'shapes'"
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        upd, hot = conn.execute(stats).fetchone() or (0, 0)
+        if upd >= updates or time.monotonic() > deadline:
+            return float(hot) / float(upd) if upd else float("nan")
+        time.sleep(0.1)
 
 
 def same_alerts(today: list[bytes], rows: list[bytes]) -> None:
@@ -421,7 +439,7 @@ def main() -> None:
     )
     print(
         f"{'variant':>12} {'alerts/s':>9} {'vs POSTs':>8}"
-        f" {'Python ms/100':>13} {'server ms/100':>13}"
+        f" {'Python ms/100':>13} {'server ms/100':>13} {'HOT':>4}"
     )
     print(
         f"{'straight':>12} {statistics.median(straight):9,.0f} {1:8.2f}"
@@ -434,12 +452,14 @@ def main() -> None:
             f"{n:>12} {statistics.median(x['rate'] for x in rs):9,.0f} {ratio:8.2f}"
             f" {statistics.median(x['python'] for x in rs) * per100:13.2f}"
             f" {statistics.median(x['server'] for x in rs) * per100:13.2f}"
+            + (f" {statistics.median(x['hot'] for x in rs):4.0%}" if "hot" in rs[0] else "")
         )
     print(
         "\nvs POSTs: the median of each drain's ratio to the straight POSTs of its own bodies"
         " right after it (goal: delivery >= 0.5x); straight: the median of them all."
         " Python: this process (workers and receiver); server: the drain's own backends"
-        " (from /proc)."
+        " (from /proc). HOT: the share of the B100 rows' updates (a lease and a settle each)"
+        " that were HOT."
     )
 
 
