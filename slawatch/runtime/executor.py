@@ -19,6 +19,7 @@ import math
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -37,7 +38,10 @@ class ScanExecutor(BaseExecutor):  # type: ignore[misc]
     def __init__(self, threads: int) -> None:
         super().__init__()
         self.threads = max(int(threads), 1)
-        self._runs: queue.SimpleQueue[tuple[Job, list[datetime]] | None] = queue.SimpleQueue()
+        # A job's run, a call (:meth:`call`), or None: a thread's end.
+        self._runs: queue.SimpleQueue[tuple[Job, list[datetime]] | Callable[[], None] | None] = (
+            queue.SimpleQueue()
+        )
         self._workers: list[threading.Thread] = []
         self._closed = False
 
@@ -55,11 +59,25 @@ class ScanExecutor(BaseExecutor):  # type: ignore[misc]
             raise RuntimeError("cannot run a job after the executor was shut down")
         self._runs.put((job, run_times))
 
+    def call(self, run: Callable[[], None]) -> None:
+        """Run ``run`` on a thread, after the runs submitted before it: a scan handed
+        over by its step's job (Runner.scan_step), which is no job of APScheduler's.
+        RuntimeError after :meth:`shutdown`."""
+        if self._closed:
+            raise RuntimeError("cannot run a call after the executor was shut down")
+        self._runs.put(run)
+
     def _work(self) -> None:
         while True:
             item = self._runs.get()
             if item is None:
                 return
+            if not isinstance(item, tuple):
+                try:
+                    item()
+                except Exception:  # the thread goes on with the next run
+                    self._logger.exception("scan executor: a call failed")
+                continue
             job, run_times = item
             # A thread that ended here would leave its share of the scans unrun, in
             # silence: whatever the run or APScheduler's bookkeeping of it raises is
