@@ -44,6 +44,9 @@ class ScanExecutor(BaseExecutor):  # type: ignore[misc]
         )
         self._workers: list[threading.Thread] = []
         self._closed = False
+        # Held while a call is queued and while the executor closes: a call is either
+        # refused or queued before the threads' ends, never after (it would never run).
+        self._closing = threading.Lock()
 
     def start(self, scheduler: Any, alias: str) -> None:
         super().start(scheduler, alias)
@@ -63,9 +66,10 @@ class ScanExecutor(BaseExecutor):  # type: ignore[misc]
         """Run ``run`` on a thread, after the runs submitted before it: a scan handed
         over by its step's job (Runner.scan_step), which is no job of APScheduler's.
         RuntimeError after :meth:`shutdown`."""
-        if self._closed:
-            raise RuntimeError("cannot run a call after the executor was shut down")
-        self._runs.put(run)
+        with self._closing:
+            if self._closed:
+                raise RuntimeError("cannot run a call after the executor was shut down")
+            self._runs.put(run)
 
     def _work(self) -> None:
         while True:
@@ -96,11 +100,12 @@ class ScanExecutor(BaseExecutor):  # type: ignore[misc]
     def shutdown(self, wait: bool = True) -> None:
         """No more runs; the threads finish the runs submitted until now, then end
         (``wait``: this returns after that)."""
-        if self._closed:
-            return
-        self._closed = True
-        for _ in self._workers:
-            self._runs.put(None)
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            for _ in self._workers:
+                self._runs.put(None)
         if wait:
             for worker in self._workers:
                 if worker is not threading.current_thread():

@@ -418,6 +418,15 @@ class Runner:
         is every rule when the statement fails for another reason than the database's
         outage. A rule whose last scan still runs is left to it, and a failing rule
         waits out its backoff, as in :meth:`scan`."""
+        try:
+            self._scan_step(names)
+        except Exception as exc:  # a bug: the step's rules are scanned one by one
+            self._step_trouble.failed(f"unexpected {type(exc).__name__}: {exc}", exc_info=exc)
+            for name in names:
+                if name in self._running and name not in self._busy:
+                    self._hand(name)
+
+    def _scan_step(self, names: list[str]) -> None:
         now = time.monotonic()
         asked: list[_Running] = []
         alone: list[str] = []

@@ -16,6 +16,7 @@ from slawatch.engine.claim import ClaimPlan, anything_due
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
 from slawatch.engine.steps import askable, probe_step
+from slawatch.runtime import scheduler as scheduler_module
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, shop
 from tests.integration.test_round_trips import round_trips
@@ -220,4 +221,29 @@ def test_a_reload_keeps_each_rule_in_one_step_at_its_every(conn: Conn, dsn: str)
     finally:
         runner.stop()
         serving.join(timeout=30)
+        runner.close()
+
+
+def test_a_bug_in_a_step_scans_its_rules_one_by_one_and_says_so_once(
+    conn: Conn, dsn: str, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's job that would die on an unexpected exception would leave its rules
+    unscanned in silence: they are scanned alone, and one ERROR line says why."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    runner = runner_of(conn, dsn, STEP)
+
+    def broken(plan: ClaimPlan) -> bool:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(scheduler_module, "askable", broken)
+    try:
+        overdue(conn, 1)
+        runner.scan_step(STEP)
+        runner.scan_step(STEP)
+        alerts = conn.execute("SELECT rule, key FROM slawatch.alert").fetchall()
+        assert alerts == [("order_unshipped", "1")]
+        lines = [r for r in caplog.records if "the steps' probes" in r.message]
+        assert len(lines) == 1 and lines[0].levelno == logging.ERROR
+        assert "unexpected RuntimeError: a bug" in lines[0].message
+    finally:
         runner.close()
