@@ -22,6 +22,12 @@ its scan would have had:
 
 ``track: table`` rules are not asked here: their probe depends on where their last
 sweep ended (engine/statetable.py), which their own scan reads.
+
+One statement for many rules must not wait for one rule's table: the statement runs
+with ``lock_timeout`` set for it alone (:data:`LOCK_TIMEOUT`, in the same request:
+slawatch.db.pipelined), so a table held by an ``ALTER TABLE`` or a ``LOCK TABLE``
+fails it at once instead of holding up the step's other rules, which are then
+scanned one by one (runtime/scheduler.py).
 """
 
 from __future__ import annotations
@@ -30,8 +36,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from slawatch.db import Connection, first_row, prepares
+from slawatch.db import Connection, execute_raw, pipelined, prepares, translate
 from slawatch.engine.claim import ClaimPlan, probe_answer
+
+# How long the statement waits for a lock on a rule's table before it fails (the
+# step's rules are then scanned one by one). Its probes take the weakest lock, which
+# only an ALTER TABLE, a LOCK TABLE, a VACUUM FULL and the like conflict with.
+LOCK_TIMEOUT = "200ms"
+_LOCK_TIMEOUT = f"SELECT set_config('lock_timeout', '{LOCK_TIMEOUT}', true)".encode()
 
 # Statements composed for the steps, by what they are made of (a reload makes new ones;
 # kept at most this many).
@@ -72,7 +84,7 @@ def _by_values(
         joined = ",\n     ".join(f"({_text(q)}) AS p{i}" for i, q in enumerate(parts))
         query = _kept(key, f"SELECT * FROM {joined}")
     # Binary: the times are read whatever the session's DateStyle (as anything_due).
-    row = first_row(conn, query, (), what, binary=True)
+    row = _first(conn, query, (), what, binary=True)
     if row is None:
         return [None] * len(plans)
     return [
@@ -114,11 +126,24 @@ def _by_functions(
             calls.append(fn.expression(first))
             first += len(fn.definition.params)
         query = _kept(tuple(key), "SELECT " + ",\n       ".join(calls))
-    row = first_row(conn, query, args, what)
+    row = _first(conn, query, args, what)
     if row is not None:
         for i, value in zip(asked, row, strict=True):
             out[i] = None if value is None else bool(value)
     return out
+
+
+def _first(
+    conn: Connection, query: bytes | str, args: Sequence[Any], what: str, *, binary: bool = False
+) -> tuple[Any, ...] | None:
+    """The statement's one row, prepared where the connection prepares, after
+    :data:`LOCK_TIMEOUT` is set for it alone: one request, one transaction."""
+    with translate(what):
+        with pipelined(conn):
+            conn.execute(_LOCK_TIMEOUT)
+            cur = execute_raw(conn, query, args, prepare=True, binary=binary)
+        row: tuple[Any, ...] | None = cur.fetchone()
+    return row
 
 
 def _text(query: bytes | str) -> str:

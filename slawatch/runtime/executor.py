@@ -9,7 +9,9 @@ cheap statement, and the hand-over cost a good part of what the scan itself did
 (docs/performance.md, the rules curve). Here a run is one item on a queue that a fixed
 set of threads take from: :func:`apscheduler.executors.base.run_job` runs it as it
 did (misfires, the job's events), and the executor's instance count and events are
-APScheduler's own (``max_instances``, listeners).
+APScheduler's own (``max_instances``, listeners). A step's job hands the scans of its
+rules with work to the same threads as plain calls (:meth:`ScanExecutor.call`,
+Runner.scan_step), after the runs submitted before them.
 """
 
 from __future__ import annotations

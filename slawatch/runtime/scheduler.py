@@ -173,6 +173,27 @@ class OnceResult:
 
 
 @dataclass
+class Step:
+    """One step's scan job (Runner.scan_step): its rules, and how its statement fails."""
+
+    names: list[str]
+    trouble: Outage  # the statement failing: its rules are scanned one by one meanwhile
+    bugs: Outage  # an unexpected exception in the step's job
+    backoff: Backoff
+    retry_at: float = 0.0  # time.monotonic() before which the statement is not tried
+
+    @classmethod
+    def of(cls, names: list[str], backoff_cap: float) -> Step:
+        what = f"the probes of the step of rule {names[0]}"
+        return cls(
+            names,
+            Outage(what, log, level=logging.WARNING),
+            Outage(what, log),
+            Backoff(cap=backoff_cap),
+        )
+
+
+@dataclass
 class _Running:
     """A rule being scanned: its claim plan, and how its scans are failing."""
 
@@ -311,10 +332,9 @@ class Runner:
         self._scans = "scans"  # the executor the scan jobs run on
         self._scan_threads = 0
         self._scan_executor: ScanExecutor | None = None
-        # The steps' scans (scan_step): the rules whose scan runs or waits for a thread,
-        # and a bug in asking (a line when it starts, one when it ends).
-        self._busy: set[str] = set()
-        self._step_trouble = Outage("the steps' probes", log)
+        # The rules whose scan runs or waits for a thread (scan_step), since when.
+        self._busy: dict[str, float] = {}
+        self._busy_lock = threading.Lock()
         events = recorder or LoggedEvents(self.metrics)
         self.sources: dict[str, SourceRunner] = {
             c.name: SourceRunner(
@@ -406,107 +426,134 @@ class Runner:
             )
         return result
 
-    def scan_step(self, names: list[str]) -> None:
+    def scan_step(self, step: Step) -> None:
         """Scan the rules of one step (:func:`staggered`), which come due together;
         never raises.
 
         The step's inline and event rules are asked whether anything is due in one
         statement (engine/steps.py); each that says no has had its scan, of nothing
         (:meth:`scan` ``idle``). The others (those with something due, ``track: table``
-        rules, a rule whose held actions are to run again, a rule the statement could
-        not answer for) are each handed to the scan threads as a scan of their own, as
-        is every rule when the statement fails for another reason than the database's
-        outage. A rule whose last scan still runs is left to it, and a failing rule
-        waits out its backoff, as in :meth:`scan`."""
+        rules, a rule whose held actions are to run again) are each handed to the scan
+        threads as a scan of their own, as is every rule while the statement fails for
+        another reason than the database's outage (one line when that starts, one when
+        it ends; the statement waits out a backoff meanwhile). A rule whose last scan
+        still runs is left to it (one line when that has gone on too long), and a
+        failing rule waits out its backoff, as in :meth:`scan`."""
+        taken: list[str] = []
         try:
-            self._scan_step(names)
+            self._scan_step(step, taken)
         except Exception as exc:  # a bug: the step's rules are scanned one by one
-            self._step_trouble.failed(f"unexpected {type(exc).__name__}: {exc}", exc_info=exc)
-            for name in names:
-                if name in self._running and name not in self._busy:
+            step.bugs.failed(f"unexpected {type(exc).__name__}: {exc}", exc_info=exc)
+            for name in step.names:
+                if name in self._running and (name in taken or self._take(name)):
                     self._hand(name)
+            return
+        step.bugs.ok()
 
-    def _scan_step(self, names: list[str]) -> None:
+    def _scan_step(self, step: Step, taken: list[str]) -> None:
         now = time.monotonic()
-        asked: list[_Running] = []
+        probed: list[_Running] = []  # the statement's rules: the same from tick to tick
         alone: list[str] = []
-        for name in names:
+        for name in step.names:
             running = self._running.get(name)
-            if running is None or name in self._busy or now < running.retry_at:
-                continue  # removed by a reload; still scanning; backing off
-            if askable(running.plan) and not self._may_hold(running.rule):
-                asked.append(running)
-            else:
+            if running is None or now < running.retry_at:
+                continue  # removed by a reload; backing off
+            ask = askable(running.plan) and now >= step.retry_at
+            if ask:
+                probed.append(running)
+            if not self._take(name):
+                self._still_scanning(running, now)
+                continue
+            taken.append(name)
+            if not ask or self._may_hold(running.rule):
                 alone.append(name)
-        answers = self._ask(asked) if asked else {}
-        if answers is None:
-            asked = []  # the database's outage: its line says it, the rules back off
-        for running in asked:
+        mine = set(taken) - set(alone)
+        asked = [r for r in probed if r.rule.name in mine]
+        answers = self._ask(step, probed) if asked else {}
+        if answers is None:  # the database's outage: its line says it; the rules back off
+            for running in asked:
+                running.retry_at = time.monotonic() + running.backoff.next()
+                self._release(running.rule.name)
+            asked = []
+        for i, running in enumerate(asked):
             name = running.rule.name
-            due = answers.get(name) if answers else None
-            if isinstance(due, float):
-                self.scan(name, idle=due)
-            elif due is not False:  # False: another definition is recorded, not ours
+            took = answers.get(name) if answers is not None else None
+            if took is None:
+                alone.append(name)  # something due, or no answer: its own scan
+                continue
+            try:
+                ours = self.definitions.check(running.rule)
+            except DatabaseUnavailable:  # each check would wait for the pool again
+                for rest in asked[i:]:
+                    rest.retry_at = time.monotonic() + rest.backoff.next()
+                    self._release(rest.rule.name)
+                break
+            except Exception:  # its own scan reads the records again and says it
                 alone.append(name)
+                continue
+            try:
+                if ours:  # else another definition is recorded: not ours to scan
+                    self.scan(name, idle=took)
+            finally:
+                self._release(name)
         for name in alone:
             self._hand(name)
+
+    def _take(self, name: str) -> bool:
+        """Mark ``name`` as being scanned; False when a scan of it runs or waits already."""
+        with self._busy_lock:
+            if name in self._busy:
+                return False
+            self._busy[name] = time.monotonic()
+            return True
+
+    def _release(self, name: str) -> None:
+        with self._busy_lock:
+            self._busy.pop(name, None)
+
+    def _still_scanning(self, running: _Running, now: float) -> None:
+        """A rule whose scan has run for far longer than its drains may (a lock held on
+        its table, a statement that does not end) is a rule not scanned: said once, as
+        the rule's trouble, until that scan ends."""
+        since = self._busy.get(running.rule.name)
+        if since is not None and now - since > max(3 * running.rule.every.total_seconds(), 60):
+            running.trouble.failed(f"its scan has been running for {now - since:.0f}s", since)
 
     def _may_hold(self, rule: Rule) -> bool:
         """Whether ``rule``'s scan may have held actions to run again (_retry_held)."""
         return rule.name in self._held and self.actions == "on"
 
-    def _ask(self, asked: list[_Running]) -> dict[str, float | bool] | None:
-        """What one statement says of each rule, by name: the seconds it took where
-        nothing is due (the rule's scan, of nothing); False where another definition of
-        the rule is recorded (not scanned, as :meth:`scan` skips it); no entry where the
-        rule is to be scanned alone. None when the database is unreachable."""
+    def _ask(self, step: Step, probed: list[_Running]) -> dict[str, float] | None:
+        """The rules of ``probed`` with nothing due, by name, each with its share of the
+        statement's time; None when the database is unreachable. When the statement
+        fails otherwise, none (each rule is scanned alone) and the step's statement
+        backs off."""
         since = time.monotonic()
-        out: dict[str, float | bool] = {}
-        checked: list[_Running] = []
-        for running in asked:
-            try:
-                if not self.definitions.check(running.rule):
-                    out[running.rule.name] = False
-                    continue
-            except Exception:  # its own scan reads the records again and says it
-                continue
-            checked.append(running)
-        if not checked:
-            return out
-        plans = [r.plan for r in checked]
         try:
             with self.db.connection("probe for a step of rules") as conn:
-                got = probe_step(conn, plans, self.clock.now())
+                got = probe_step(conn, [r.plan for r in probed], self.clock.now())
         except DatabaseUnavailable:
-            for running in asked:
-                running.retry_at = time.monotonic() + running.backoff.next()
             return None
         except SlawatchError as exc:
-            # One rule's probe that fails (its table gone) fails the statement: each
-            # scan alone says which, and a failing rule is left out until its backoff.
-            log.debug("a step's probes failed, its rules scanned one by one: %s", exc)
-            return out
-        except Exception as exc:  # a bug: the rules are scanned one by one meanwhile
-            why = f"unexpected {type(exc).__name__}: {exc}"
-            self._step_trouble.failed(why, since, exc_info=exc)
-            return out
-        self._step_trouble.ok()
-        took = time.monotonic() - since
-        for running, due in zip(checked, got, strict=True):
-            if due is False:
-                out[running.rule.name] = took
-        return out
+            # One rule's probe that fails (its table gone or locked) fails the statement:
+            # each scan alone says which; a failing rule is left out during its backoff.
+            step.retry_at = time.monotonic() + step.backoff.next()
+            step.trouble.failed(f"{exc}; its rules are scanned one by one meanwhile", since)
+            return {}
+        step.trouble.ok()
+        step.backoff.reset()
+        share = (time.monotonic() - since) / len(probed)
+        return {r.rule.name: share for r, due in zip(probed, got, strict=True) if due is False}
 
     def _hand(self, name: str) -> None:
-        """Run ``name``'s scan on a scan thread, as a run of its own; no other scan of it
-        starts until it ends (:meth:`scan_step` leaves a busy rule to its scan)."""
-        self._busy.add(name)
+        """Run ``name``'s scan (taken: :meth:`_take`) on a scan thread, as a run of its
+        own, and release it when that ends."""
 
         def run() -> None:
             try:
                 self.scan(name)
             finally:
-                self._busy.discard(name)
+                self._release(name)
 
         executor = self._scan_executor
         try:
@@ -847,7 +894,7 @@ class Runner:
                     self.scan_step,
                     "interval",
                     seconds=seconds,
-                    args=[step],
+                    args=[Step.of(step, self.backoff_cap)],
                     id=job_id,
                     executor=self._scans,
                     max_instances=1,
@@ -861,7 +908,7 @@ class Runner:
         if self._scheduler is None:
             return None
         for job in self._scheduler.get_jobs():
-            if job.id.startswith("scan:") and rule in job.args[0]:
+            if job.id.startswith("scan:") and rule in job.args[0].names:
                 return job
         return None
 
@@ -1019,7 +1066,8 @@ class Runner:
     def _reschedule(self) -> None:
         """Make the scheduler's scan jobs match the running rules: each rule in one step
         job at its `every`, none for a rule gone. A step keeps its time while rules
-        leave it; a rule added, or whose `every` changed, joins a new step.
+        leave it; a rule added, or whose `every` changed, joins a step of its `every`
+        with room (fewer than :data:`STEP_RULES` rules), else a new one.
 
         Derived from ``self._running`` and the jobs themselves, not from what a reload
         changed: a reload that failed halfway (and logged it) is mended by the next.
@@ -1042,21 +1090,35 @@ class Runner:
             if old is not None:
                 old.shutdown(wait=False)  # its threads end after the runs it was given
         scheduled: set[str] = set()
+        room: dict[timedelta, list[Step]] = {}
         for job_id, job in jobs.items():
-            names = job.args[0]
+            step: Step = job.args[0]
             kept = [
                 name
-                for name in names
+                for name in step.names
                 if name not in scheduled
                 and (running := self._running.get(name)) is not None
                 and running.rule.every == job.trigger.interval
             ]
             if not kept:
                 scheduler.remove_job(job_id)
-            elif kept != names:
-                scheduler.modify_job(job_id, args=[kept])
+                continue
+            step.names = kept  # a run under way goes on with the list it has
             scheduled.update(kept)
-        self._add_steps(scheduler, [n for n in self._running if n not in scheduled], now)
+            if len(kept) < STEP_RULES:
+                room.setdefault(job.trigger.interval, []).append(step)
+        new: list[str] = []
+        for name in self._running:
+            if name in scheduled:
+                continue
+            steps = room.get(self._running[name].rule.every, [])
+            if steps:
+                steps[0].names = [*steps[0].names, name]
+                if len(steps[0].names) >= STEP_RULES:
+                    steps.pop(0)
+            else:
+                new.append(name)
+        self._add_steps(scheduler, new, now)
 
     def _threads_wanted(self) -> int:
         """Threads for the scans: one per rule up to ``scan_connections``, the pooled

@@ -280,7 +280,7 @@ def every_scan_submitted(runner: Runner, rules: int, after: datetime) -> bool:
     if scheduler is None or not scheduler.running:
         return False
     jobs = [j for j in scheduler.get_jobs() if j.id.startswith("scan:")]
-    return sum(len(j.args[0]) for j in jobs) == rules and all(
+    return sum(len(j.args[0].names) for j in jobs) == rules and all(
         j.next_run_time is not None and j.next_run_time > after for j in jobs
     )
 
