@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -537,11 +537,16 @@ def anything_due(conn: Connection, plan: ClaimPlan, now: datetime) -> bool:
     row = probe.first(conn, {}, f"probe for rule {plan.rule.name}", binary=True)
     if row is None:
         return False
-    # As the probe compares (_PROBE): a NULL (no entry, or a NULL time) is not due.
-    due, again, other = row
+    return probe_answer(row, cutoff, params["renotify_by"])
+
+
+def probe_answer(values: Sequence[Any], cutoff: datetime, renotify_by: datetime) -> bool:
+    """The probe's answer from its three values (:data:`_PROBE_VALUES`), as the probe
+    compares (:data:`_PROBE`): a NULL (no entry, or a NULL time) is not due."""
+    due, again, other = values
     return (
         (due is not None and due < cutoff)
-        or (again is not None and again < params["renotify_by"])
+        or (again is not None and again < renotify_by)
         or bool(other)
     )
 

@@ -287,6 +287,15 @@ class ProbeFunction:
             sql.SQL("SELECT {}({})").format(name(d.rule), sql.SQL(", ").join(args)), d.params
         )
 
+    def expression(self, first: int) -> str:
+        """The call as an expression, for a statement of several (engine/steps.py): its
+        parameters ``$first``, ``$first + 1``, ... in the order of the definition's."""
+        d = self.definition
+        args = [sql.Literal(d.digest).as_string(None)]
+        for i, p in enumerate(d.params):
+            args.append(f"${first + i}" + ("::timestamptz" if _TYPES[p] == "timestamptz" else ""))
+        return f"{name(d.rule).as_string(None)}({', '.join(args)})"
+
     def ask(self, conn: Connection, values: dict[str, Any]) -> bool | None:
         """The function's answer; None where the caller runs the probe's text instead:
         on a connection that prepares statements (:func:`slawatch.db.prepares`), or when the

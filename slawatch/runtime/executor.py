@@ -9,7 +9,9 @@ cheap statement, and the hand-over cost a good part of what the scan itself did
 (docs/performance.md, the rules curve). Here a run is one item on a queue that a fixed
 set of threads take from: :func:`apscheduler.executors.base.run_job` runs it as it
 did (misfires, the job's events), and the executor's instance count and events are
-APScheduler's own (``max_instances``, listeners).
+APScheduler's own (``max_instances``, listeners). A step's job hands the scans of its
+rules with work to the same threads as plain calls (:meth:`ScanExecutor.call`,
+Runner.scan_step), after the runs submitted before them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import math
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -37,9 +40,15 @@ class ScanExecutor(BaseExecutor):  # type: ignore[misc]
     def __init__(self, threads: int) -> None:
         super().__init__()
         self.threads = max(int(threads), 1)
-        self._runs: queue.SimpleQueue[tuple[Job, list[datetime]] | None] = queue.SimpleQueue()
+        # A job's run, a call (:meth:`call`), or None: a thread's end.
+        self._runs: queue.SimpleQueue[tuple[Job, list[datetime]] | Callable[[], None] | None] = (
+            queue.SimpleQueue()
+        )
         self._workers: list[threading.Thread] = []
         self._closed = False
+        # Held while a call is queued and while the executor closes: a call is either
+        # refused or queued before the threads' ends, never after (it would never run).
+        self._closing = threading.Lock()
 
     def start(self, scheduler: Any, alias: str) -> None:
         super().start(scheduler, alias)
@@ -55,11 +64,26 @@ class ScanExecutor(BaseExecutor):  # type: ignore[misc]
             raise RuntimeError("cannot run a job after the executor was shut down")
         self._runs.put((job, run_times))
 
+    def call(self, run: Callable[[], None]) -> None:
+        """Run ``run`` on a thread, after the runs submitted before it: a scan handed
+        over by its step's job (Runner.scan_step), which is no job of APScheduler's.
+        RuntimeError after :meth:`shutdown`."""
+        with self._closing:
+            if self._closed:
+                raise RuntimeError("cannot run a call after the executor was shut down")
+            self._runs.put(run)
+
     def _work(self) -> None:
         while True:
             item = self._runs.get()
             if item is None:
                 return
+            if not isinstance(item, tuple):
+                try:
+                    item()
+                except Exception:  # the thread goes on with the next run
+                    self._logger.exception("scan executor: a call failed")
+                continue
             job, run_times = item
             # A thread that ended here would leave its share of the scans unrun, in
             # silence: whatever the run or APScheduler's bookkeeping of it raises is
@@ -78,11 +102,12 @@ class ScanExecutor(BaseExecutor):  # type: ignore[misc]
     def shutdown(self, wait: bool = True) -> None:
         """No more runs; the threads finish the runs submitted until now, then end
         (``wait``: this returns after that)."""
-        if self._closed:
-            return
-        self._closed = True
-        for _ in self._workers:
-            self._runs.put(None)
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            for _ in self._workers:
+                self._runs.put(None)
         if wait:
             for worker in self._workers:
                 if worker is not threading.current_thread():

@@ -1,4 +1,5 @@
-"""``slawatch run``: one APScheduler interval job per rule; delivery workers beside it.
+"""``slawatch run``: APScheduler interval jobs that scan the rules, a step of rules
+each (:meth:`Runner.scan_step`); delivery workers beside it.
 
 A scan job never raises. APScheduler 3.11 would catch an exception from a job,
 log it with its traceback and keep the job scheduled; we do not rely on that:
@@ -21,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.job import Job
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
@@ -53,6 +55,7 @@ from slawatch.delivery.notifiers import Notifier, build
 from slawatch.engine.abandon import give_up
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, fill_due
 from slawatch.engine.ready import prepare_all, prepare_ready
+from slawatch.engine.steps import askable, probe_step
 from slawatch.engine.timers import DEDUPE, known_types
 from slawatch.errors import ConfigError, SlawatchError
 from slawatch.events.ingest import Ingested
@@ -77,6 +80,9 @@ SCAN_CONNECTIONS = 2
 STAGGER = 1.0
 # The shortest step between those first scans (staggered): more rules share a step.
 SLOT = 0.02
+# Rules per step, where the steps allow (staggered): a step's idle rules are asked
+# whether anything is due in one statement (Runner.scan_step).
+STEP_RULES = 20
 # Seconds between looks at the database (Runner.watch), and the longest wait for a
 # pooled connection in one.
 WATCH_EVERY = 2.0
@@ -164,6 +170,27 @@ class OnceResult:
                 for name, d in self.sources.items()
             }
         return out
+
+
+@dataclass
+class Step:
+    """One step's scan job (Runner.scan_step): its rules, and how its statement fails."""
+
+    names: list[str]
+    trouble: Outage  # the statement failing: its rules are scanned one by one meanwhile
+    bugs: Outage  # an unexpected exception in the step's job
+    backoff: Backoff
+    retry_at: float = 0.0  # time.monotonic() before which the statement is not tried
+
+    @classmethod
+    def of(cls, names: list[str], backoff_cap: float) -> Step:
+        what = f"the probes of the step of rule {names[0]}"
+        return cls(
+            names,
+            Outage(what, log, level=logging.WARNING),
+            Outage(what, log),
+            Backoff(cap=backoff_cap),
+        )
 
 
 @dataclass
@@ -305,6 +332,9 @@ class Runner:
         self._scans = "scans"  # the executor the scan jobs run on
         self._scan_threads = 0
         self._scan_executor: ScanExecutor | None = None
+        # The rules whose scan runs or waits for a thread (scan_step), since when.
+        self._busy: dict[str, float] = {}
+        self._busy_lock = threading.Lock()
         events = recorder or LoggedEvents(self.metrics)
         self.sources: dict[str, SourceRunner] = {
             c.name: SourceRunner(
@@ -334,25 +364,30 @@ class Runner:
         """Their claim plans."""
         return {name: r.plan for name, r in self._running.items()}
 
-    def scan(self, rule: str) -> DrainResult | None:
-        """Drain one rule; never raises. After a failure the rule's scans back off."""
+    def scan(self, rule: str, *, idle: float | None = None) -> DrainResult | None:
+        """Drain one rule; never raises. After a failure the rule's scans back off.
+
+        ``idle``: the rule's step found nothing due for it (:meth:`scan_step`), in that
+        many seconds, after checking its definition: a scan of nothing, recorded as one."""
         running = self._running.get(rule)
         if running is None:
             return None  # removed by a reload since this run was scheduled
         since = time.monotonic()
         if since < running.retry_at:
             return None
-        seconds = 0.0
+        seconds = 0.0 if idle is None else idle
 
         def timed(_: str) -> DrainResult:
             nonlocal seconds
+            if idle is not None:
+                return DrainResult(0, 0)
             started = time.monotonic()
             drained = self._drain(running)
             seconds = time.monotonic() - started
             return drained
 
         try:
-            if not self.definitions.check(running.rule):
+            if idle is None and not self.definitions.check(running.rule):
                 return None  # another definition is recorded: not this instance's to claim
             result = scans.recorded(self.db, rule, self.clock, timed, self._scan_records)
         except DatabaseUnavailable:
@@ -390,6 +425,143 @@ class Runner:
                 },
             )
         return result
+
+    def scan_step(self, step: Step) -> None:
+        """Scan the rules of one step (:func:`staggered`), which come due together;
+        never raises.
+
+        The step's inline and event rules are asked whether anything is due in one
+        statement (engine/steps.py); each that says no has had its scan, of nothing
+        (:meth:`scan` ``idle``). The others (those with something due, ``track: table``
+        rules, a rule whose held actions are to run again) are each handed to the scan
+        threads as a scan of their own, as is every rule while the statement fails for
+        another reason than the database's outage (one line when that starts, one when
+        it ends; the statement waits out a backoff meanwhile). A rule whose last scan
+        still runs is left to it (one line when that has gone on too long), and a
+        failing rule waits out its backoff, as in :meth:`scan`."""
+        taken: list[str] = []
+        try:
+            self._scan_step(step, taken)
+        except Exception as exc:  # a bug: the step's rules are scanned one by one
+            step.bugs.failed(f"unexpected {type(exc).__name__}: {exc}", exc_info=exc)
+            for name in step.names:
+                if name in self._running and (name in taken or self._take(name)):
+                    self._hand(name)
+            return
+        step.bugs.ok()
+
+    def _scan_step(self, step: Step, taken: list[str]) -> None:
+        now = time.monotonic()
+        probed: list[_Running] = []  # the statement's rules: the same from tick to tick
+        alone: list[str] = []
+        for name in step.names:
+            running = self._running.get(name)
+            if running is None or now < running.retry_at:
+                continue  # removed by a reload; backing off
+            ask = askable(running.plan) and now >= step.retry_at
+            if ask:
+                probed.append(running)
+            if not self._take(name):
+                self._still_scanning(running, now)
+                continue
+            taken.append(name)
+            if not ask or self._may_hold(running.rule):
+                alone.append(name)
+        mine = set(taken) - set(alone)
+        asked = [r for r in probed if r.rule.name in mine]
+        answers = self._ask(step, probed) if asked else {}
+        if answers is None:  # the database's outage: its line says it; the rules back off
+            for running in asked:
+                running.retry_at = time.monotonic() + running.backoff.next()
+                self._release(running.rule.name)
+            asked = []
+        for i, running in enumerate(asked):
+            name = running.rule.name
+            took = answers.get(name) if answers is not None else None
+            if took is None:
+                alone.append(name)  # something due, or no answer: its own scan
+                continue
+            try:
+                ours = self.definitions.check(running.rule)
+            except DatabaseUnavailable:  # each check would wait for the pool again
+                for rest in asked[i:]:
+                    rest.retry_at = time.monotonic() + rest.backoff.next()
+                    self._release(rest.rule.name)
+                break
+            except Exception:  # its own scan reads the records again and says it
+                alone.append(name)
+                continue
+            try:
+                if ours:  # else another definition is recorded: not ours to scan
+                    self.scan(name, idle=took)
+            finally:
+                self._release(name)
+        for name in alone:
+            self._hand(name)
+
+    def _take(self, name: str) -> bool:
+        """Mark ``name`` as being scanned; False when a scan of it runs or waits already."""
+        with self._busy_lock:
+            if name in self._busy:
+                return False
+            self._busy[name] = time.monotonic()
+            return True
+
+    def _release(self, name: str) -> None:
+        with self._busy_lock:
+            self._busy.pop(name, None)
+
+    def _still_scanning(self, running: _Running, now: float) -> None:
+        """A rule whose scan has run for far longer than its drains may (a lock held on
+        its table, a statement that does not end) is a rule not scanned: said once, as
+        the rule's trouble, until that scan ends."""
+        since = self._busy.get(running.rule.name)
+        if since is not None and now - since > max(3 * running.rule.every.total_seconds(), 60):
+            running.trouble.failed(f"its scan has been running for {now - since:.0f}s", since)
+
+    def _may_hold(self, rule: Rule) -> bool:
+        """Whether ``rule``'s scan may have held actions to run again (_retry_held)."""
+        return rule.name in self._held and self.actions == "on"
+
+    def _ask(self, step: Step, probed: list[_Running]) -> dict[str, float] | None:
+        """The rules of ``probed`` with nothing due, by name, each with its share of the
+        statement's time; None when the database is unreachable. When the statement
+        fails otherwise, none (each rule is scanned alone) and the step's statement
+        backs off."""
+        since = time.monotonic()
+        try:
+            with self.db.connection("probe for a step of rules") as conn:
+                got = probe_step(conn, [r.plan for r in probed], self.clock.now())
+        except DatabaseUnavailable:
+            return None
+        except SlawatchError as exc:
+            # One rule's probe that fails (its table gone or locked) fails the statement:
+            # each scan alone says which; a failing rule is left out during its backoff.
+            step.retry_at = time.monotonic() + step.backoff.next()
+            step.trouble.failed(f"{exc}; its rules are scanned one by one meanwhile", since)
+            return {}
+        step.trouble.ok()
+        step.backoff.reset()
+        share = (time.monotonic() - since) / len(probed)
+        return {r.rule.name: share for r, due in zip(probed, got, strict=True) if due is False}
+
+    def _hand(self, name: str) -> None:
+        """Run ``name``'s scan (taken: :meth:`_take`) on a scan thread, as a run of its
+        own, and release it when that ends."""
+
+        def run() -> None:
+            try:
+                self.scan(name)
+            finally:
+                self._release(name)
+
+        executor = self._scan_executor
+        try:
+            if executor is None:
+                raise RuntimeError("no scan threads")
+            executor.call(run)
+        except RuntimeError:  # replaced by a reload just now (or none): on this thread
+            run()
 
     def settle_orphans(self, grace: timedelta = timedelta(0)) -> dict[str, int]:
         """Settle the pending deliveries to notifiers not configured now as 'orphaned'
@@ -616,10 +788,7 @@ class Runner:
             timezone=UTC,
         )
         now = datetime.now(UTC)
-        for (name, running), when in zip(
-            self._running.items(), staggered(now, len(self._running)), strict=True
-        ):
-            self._add_scan(scheduler, name, running.rule, when)
+        self._add_steps(scheduler, list(self._running), now)
         every = self.maintain_every.total_seconds()
         scheduler.add_job(
             self.maintain,
@@ -704,22 +873,44 @@ class Runner:
                 scheduler.shutdown(wait=True)
                 dispatcher.stop()
 
-    def _add_scan(
-        self, scheduler: BackgroundScheduler, name: str, rule: Rule, when: datetime
-    ) -> None:
-        every = rule.every.total_seconds()
-        scheduler.add_job(
-            self.scan,
-            "interval",
-            seconds=every,
-            args=[name],
-            id=f"scan:{name}",
-            executor=self._scans,
-            max_instances=1,
-            coalesce=True,
-            misfire_grace_time=max(int(every), 1),
-            next_run_time=when,
-        )
+    def _add_steps(self, scheduler: BackgroundScheduler, names: list[str], now: datetime) -> None:
+        """Scan jobs for the running rules ``names``: those of one `every` spread over
+        steps (:func:`staggered`), one job per step (:meth:`scan_step`), its id
+        ``scan:`` and its first rule's name."""
+        by_every: dict[timedelta, list[str]] = {}
+        for name in names:
+            by_every.setdefault(self._running[name].rule.every, []).append(name)
+        for every, group in by_every.items():
+            steps: dict[datetime, list[str]] = {}
+            for name, when in zip(group, staggered(now, len(group)), strict=True):
+                steps.setdefault(when, []).append(name)
+            for when, step in steps.items():
+                seconds = every.total_seconds()
+                job_id, n = f"scan:{step[0]}", 1
+                while scheduler.get_job(job_id) is not None:  # a name reused after a reload
+                    n += 1
+                    job_id = f"scan:{step[0]}#{n}"
+                scheduler.add_job(
+                    self.scan_step,
+                    "interval",
+                    seconds=seconds,
+                    args=[Step.of(step, self.backoff_cap)],
+                    id=job_id,
+                    executor=self._scans,
+                    max_instances=1,
+                    coalesce=True,
+                    misfire_grace_time=max(int(seconds), 1),
+                    next_run_time=when,
+                )
+
+    def scan_job(self, rule: str) -> Job | None:
+        """The scheduler's job that scans ``rule`` (its step's), if any."""
+        if self._scheduler is None:
+            return None
+        for job in self._scheduler.get_jobs():
+            if job.id.startswith("scan:") and rule in job.args[0].names:
+                return job
+        return None
 
     def _started(self, http: str | None) -> None:
         """The startup line: what runs, against which database (no password), where."""
@@ -873,8 +1064,10 @@ class Runner:
         )
 
     def _reschedule(self) -> None:
-        """Make the scheduler's scan jobs match the running rules: one job per rule at
-        its `every`, none for a rule gone.
+        """Make the scheduler's scan jobs match the running rules: each rule in one step
+        job at its `every`, none for a rule gone. A step keeps its time while rules
+        leave it; a rule added, or whose `every` changed, joins a step of its `every`
+        with room (fewer than :data:`STEP_RULES` rules), else a new one.
 
         Derived from ``self._running`` and the jobs themselves, not from what a reload
         changed: a reload that failed halfway (and logged it) is mended by the next.
@@ -896,19 +1089,36 @@ class Runner:
             scheduler.remove_executor(previous, shutdown=False)
             if old is not None:
                 old.shutdown(wait=False)  # its threads end after the runs it was given
-        for job_id in jobs.keys() - {f"scan:{name}" for name in self._running}:
-            scheduler.remove_job(job_id)
-        new = [
-            (name, running)
-            for name, running in self._running.items()
-            if (job := jobs.get(f"scan:{name}")) is None
-            or job.trigger.interval != running.rule.every
-        ]
-        for (name, running), when in zip(new, staggered(now, len(new)), strict=True):
-            job = jobs.get(f"scan:{name}")
-            if job is not None:
-                scheduler.remove_job(job.id)
-            self._add_scan(scheduler, name, running.rule, when)
+        scheduled: set[str] = set()
+        room: dict[timedelta, list[Step]] = {}
+        for job_id, job in jobs.items():
+            step: Step = job.args[0]
+            kept = [
+                name
+                for name in step.names
+                if name not in scheduled
+                and (running := self._running.get(name)) is not None
+                and running.rule.every == job.trigger.interval
+            ]
+            if not kept:
+                scheduler.remove_job(job_id)
+                continue
+            step.names = kept  # a run under way goes on with the list it has
+            scheduled.update(kept)
+            if len(kept) < STEP_RULES:
+                room.setdefault(job.trigger.interval, []).append(step)
+        new: list[str] = []
+        for name in self._running:
+            if name in scheduled:
+                continue
+            steps = room.get(self._running[name].rule.every, [])
+            if steps:
+                steps[0].names = [*steps[0].names, name]
+                if len(steps[0].names) >= STEP_RULES:
+                    steps.pop(0)
+            else:
+                new.append(name)
+        self._add_steps(scheduler, new, now)
 
     def _threads_wanted(self) -> int:
         """Threads for the scans: one per rule up to ``scan_connections``, the pooled
@@ -998,10 +1208,10 @@ class Runner:
 
 
 def _prepared_max(rules: list[Rule]) -> int:
-    """Prepared statements each pooled connection keeps: the default, and two per rule
-    (its probe and its claim) on top, so that the rules' statements used in turn stay
-    prepared however many rules there are."""
-    return PREPARED_MAX + 2 * len(rules)
+    """Prepared statements each pooled connection keeps: the default, and three per rule
+    (its probe, its claim and at most a step's probes) on top, so that the rules'
+    statements used in turn stay prepared however many rules there are."""
+    return PREPARED_MAX + 3 * len(rules)
 
 
 def staggered(now: datetime, count: int) -> list[datetime]:
@@ -1009,14 +1219,15 @@ def staggered(now: datetime, count: int) -> list[datetime]:
     ``now``: rules started together would otherwise all come due at the same instant at
     every tick, a burst of every scan at once for the executor and the pool.
 
-    In steps of at least :data:`SLOT`: the rules of one step come due together, so the
-    scheduler hands them to the executor in one wakeup and its threads take them one
-    after another. Each wakeup of the scheduler's thread and of a scan thread costs
-    about what an idle scan does; with a thousand rules a step of their own each
-    (a millisecond apart) was a wakeup of both per scan (docs/performance.md)."""
+    In steps of :data:`STEP_RULES` rules (more where that would make steps closer than
+    :data:`SLOT`): the rules of one step come due together and are scanned by one job
+    (Runner.scan_step), their probes one statement. Each wakeup of the scheduler's thread
+    and of a scan thread costs about what an idle scan does; with a thousand rules a
+    step of their own each (a millisecond apart) was a wakeup of both per scan
+    (docs/performance.md)."""
     if count == 0:
         return []
-    steps = max(min(count, int(STAGGER / SLOT)), 1)
+    steps = max(min(-(-count // STEP_RULES), int(STAGGER / SLOT)), 1)
     return [now + timedelta(seconds=(i * steps // count) * STAGGER / steps) for i in range(count)]
 
 

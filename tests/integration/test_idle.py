@@ -23,6 +23,7 @@ from slawatch.engine.ready import prepare
 from slawatch.errors import SlawatchError
 from slawatch.operate.inspect import rule_status
 from slawatch.runtime import scans
+from slawatch.runtime import scheduler as scheduler_module
 from slawatch.runtime.definitions import Definitions
 from slawatch.runtime.scans import ScanRecords
 from slawatch.runtime.scheduler import Runner
@@ -212,12 +213,15 @@ def test_a_running_process_shows_its_idle_scans(conn: Conn, dsn: str) -> None:
         runner.close()
 
 
-def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> None:
-    """12 rules scanned every second: at most SLAWATCH_SCAN_CONNECTIONS + 2 connections
-    (no notifier, no source: one for the rest, one for the delivery listener), not one
-    per rule, and as many scan threads as SLAWATCH_SCAN_CONNECTIONS: the scans never
-    wait in the pool, nor take the rest's connection; every rule is scanned all the
-    same."""
+def test_the_scans_of_many_rules_share_a_bounded_pool(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """12 rules scanned every second, in two steps of 6: at most
+    SLAWATCH_SCAN_CONNECTIONS + 2 connections (no notifier, no source: one for the rest,
+    one for the delivery listener), not one per rule, and as many scan threads as
+    SLAWATCH_SCAN_CONNECTIONS: the scans never wait in the pool, nor take the rest's
+    connection; every rule is scanned all the same."""
+    monkeypatch.setattr(scheduler_module, "STEP_RULES", 6)
     base = shop(conn)["order_unshipped"]
     rules = [
         base.model_copy(update={"name": f"late{i:02}", "every": timedelta(seconds=1)})
@@ -247,8 +251,8 @@ def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> N
 
     serving = threading.Thread(target=runner.serve, kwargs={"seconds": 60}, daemon=True)
     try:
-        # Every scan held up (the table locked): each rule's turn comes while the others
-        # wait in the executor's queue, on its threads: one per scan connection.
+        # Every scan held up (the table locked): each step's turn comes while the other
+        # waits in the executor's queue, on its threads: one per scan connection.
         with conn.transaction():
             conn.execute("LOCK TABLE orders")
             # Each rule's first scan is within a second of the start: a job whose next
@@ -257,7 +261,7 @@ def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> N
             serving.start()
             wait_until(
                 lambda: len(lock_waits(conn)) == 2 and every_scan_submitted(runner, 12, after),
-                "both scan connections waiting, every rule's scan submitted",
+                "both scan connections waiting, every step's scan submitted",
             )
             scanning = [t.name for t in threading.enumerate() if t.name.startswith("scans")]
         wait_until(scanned, "a scan and an alert of every rule")
@@ -270,12 +274,13 @@ def test_the_scans_of_many_rules_share_a_bounded_pool(conn: Conn, dsn: str) -> N
 
 
 def every_scan_submitted(runner: Runner, rules: int, after: datetime) -> bool:
-    """Whether each of the ``rules`` scan jobs' next run is later than ``after``."""
+    """Whether the scan jobs of ``rules`` rules (their steps') all have their next run
+    later than ``after``."""
     scheduler = runner._scheduler
     if scheduler is None or not scheduler.running:
         return False
     jobs = [j for j in scheduler.get_jobs() if j.id.startswith("scan:")]
-    return len(jobs) == rules and all(
+    return sum(len(j.args[0].names) for j in jobs) == rules and all(
         j.next_run_time is not None and j.next_run_time > after for j in jobs
     )
 

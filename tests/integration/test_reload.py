@@ -134,11 +134,11 @@ def test_the_scan_jobs_follow_the_rules_even_after_a_reload_that_failed_halfway(
     assert scheduler is not None
     (config.rules_dir / "late.yaml").write_text(LATE.replace("every: 1s", "every: 2s"))
     assert runner.reload() is True
-    job = scheduler.get_job("scan:late")
+    job = runner.scan_job("late")
     assert job is not None and job.trigger.interval.total_seconds() == 2
-    scheduler.remove_job("scan:late")
+    scheduler.remove_job(job.id)
     assert runner.reload() is True  # nothing changed in the files
-    job = scheduler.get_job("scan:late")
+    job = runner.scan_job("late")
     assert job is not None and job.trigger.interval.total_seconds() == 2
 
 
@@ -169,7 +169,7 @@ def test_a_good_change_takes_effect(
         (config.notifiers_dir / "hook.yaml").unlink()
         assert runner.reload() is True
         assert list(runner.rules) == ["big"]
-        assert runner._scheduler is not None and runner._scheduler.get_job("scan:late") is None
+        assert runner.scan_job("late") is None and runner.scan_job("big") is not None
         assert runner.health()["workers"] == {"hook2": True}
         assert not [t for t in threading.enumerate() if t.name == "deliver-hook"]
         before = len(receiver.requests)

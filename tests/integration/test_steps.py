@@ -1,0 +1,325 @@
+"""A step of rules scanned together: their probes in one statement (engine/steps.py),
+the rules with something due scanned one by one (Runner.scan_step)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from slawatch.clock import Clock
+from slawatch.db import Database, Pooler
+from slawatch.engine.claim import ClaimPlan, anything_due
+from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
+from slawatch.engine.steps import askable, probe_step
+from slawatch.runtime import scheduler as scheduler_module
+from slawatch.runtime.scheduler import Runner, Step
+from tests.integration.helpers import Conn, shop
+from tests.integration.test_round_trips import round_trips
+from tests.waiting import wait_until
+
+NOW = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+class Fixed(Clock):
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def now(self) -> datetime:
+        return self.at
+
+
+def overdue(conn: Conn, order: int = 1, refund: int | None = None) -> None:
+    """A paid order not shipped for 3 days (order_unshipped is due), and with
+    ``refund`` a refund requested 4 days ago (refund_unprocessed is due)."""
+    conn.execute(
+        "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+        " VALUES (%s, 7, 100, 'paid', %s)",
+        (order, NOW - timedelta(days=3)),
+    )
+    if refund is not None:
+        conn.execute(
+            "INSERT INTO refunds (id, order_id, amount_cents, status, requested_at)"
+            " VALUES (%s, 1, 100, 'requested', %s)",
+            (refund, NOW - timedelta(days=4)),
+        )
+
+
+def asked(conn: Conn) -> list[ClaimPlan]:
+    """The shop's rules that a step asks (inline and event rules), order_unshipped
+    neither first nor last."""
+    plans = [prepare(conn, r) for r in shop(conn).values()]
+    plans = [p for p in plans if askable(p)]
+    plans.sort(key=lambda p: (p.rule.name != "refund_unprocessed", p.rule.name))
+    assert len(plans) >= 4 and plans[0].rule.name == "refund_unprocessed"
+    assert plans[-1].rule.name != "order_unshipped"
+    return plans
+
+
+@pytest.mark.parametrize("pooler", ["none", "transaction"])
+def test_a_step_is_asked_in_one_statement_and_each_rule_gets_its_own_probes_answer(
+    conn: Conn, dsn: str, pooler: Pooler
+) -> None:
+    """Where the connection prepares (the probes' values side by side) and behind a
+    pooler (the rules' probe functions): one round trip for the step, and each rule's
+    answer is what its own probe says, as its work comes and goes."""
+    plans = asked(conn)
+    with Database(dsn, size=1, timeout=10, pooler=pooler) as db, db.connection("t") as c:
+
+        def each() -> list[bool | None]:
+            return [anything_due(c, p, NOW) for p in plans]
+
+        got = probe_step(c, plans, NOW)
+        assert got == each() and not any(got)
+        overdue(conn, 1)
+        got = probe_step(c, plans, NOW)
+        assert got == each() and got.count(True) == 1
+        assert got[[p.rule.name for p in plans].index("order_unshipped")] is True
+        conn.execute("DELETE FROM orders")
+        overdue(conn, 2, refund=1)
+        got = probe_step(c, plans, NOW)
+        assert got == each() and got.count(True) == 2 and got[0] is True
+        assert round_trips(c, lambda: probe_step(c, plans, NOW)) == 1
+        assert probe_step(c, [], NOW) == []
+
+
+def runner_of(conn: Conn, dsn: str, names: list[str]) -> Runner:
+    rules = shop(conn)
+    return Runner(dsn, [rules[n] for n in names], [], Fixed(NOW), actions="off")
+
+
+STEP = ["order_unshipped", "refund_unprocessed", "parcel_undelivered"]
+
+
+def alone(runner: Runner) -> list[str]:
+    """The rules ``runner`` scans with a scan of their own from now on, in order."""
+    own: list[str] = []
+    scan = runner.scan
+
+    def scanning(rule: str, *, idle: float | None = None) -> Any:
+        if idle is None:
+            own.append(rule)
+        return scan(rule, idle=idle)
+
+    runner.scan = scanning  # type: ignore[method-assign]
+    return own
+
+
+def test_a_steps_idle_rules_are_scanned_without_a_scan_of_their_own(conn: Conn, dsn: str) -> None:
+    """The rule with something due is claimed by a scan of its own; the idle ones are
+    each recorded scanned, claiming nothing, with no scan of their own."""
+    runner = runner_of(conn, dsn, STEP)
+    step = Step.of(list(STEP), 30.0)
+    try:
+        runner._held.clear()  # no held action to run again: every rule is asked
+        overdue(conn, 1)
+        own = alone(runner)
+        runner.scan_step(step)
+        assert own == ["order_unshipped"]
+        alerts = conn.execute("SELECT rule, key FROM slawatch.alert").fetchall()
+        assert alerts == [("order_unshipped", "1")]
+        assert set(runner._scan_records._ran) == set(STEP)
+        runner.scan_step(step)  # notified: idle now
+        assert own == ["order_unshipped"]
+    finally:
+        runner.close()
+
+
+def test_a_step_whose_statement_fails_scans_each_rule_alone(
+    conn: Conn, dsn: str, caplog: Any
+) -> None:
+    """One rule's probe that fails (its table gone) fails the step's statement: each
+    rule is then scanned alone, the others claim as before, the broken one says why
+    and backs off; the step says so once, its statement backs off too, and once that
+    backoff is over the others are asked in one statement again (one line more)."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    runner = runner_of(conn, dsn, STEP)
+    step = Step.of(list(STEP), 30.0)
+    try:
+        runner._held.clear()
+        overdue(conn, 1, refund=1)
+        conn.execute("ALTER TABLE refunds RENAME TO refunds_gone")
+        own = alone(runner)
+        runner.scan_step(step)
+        assert sorted(own) == sorted(STEP)
+        alerts = conn.execute("SELECT rule, key FROM slawatch.alert").fetchall()
+        assert alerts == [("order_unshipped", "1")]
+        failing = [r.message for r in caplog.records if "refund_unprocessed" in r.message]
+        assert len(failing) == 2
+        assert failing[0].startswith("the probes of the step of rule order_unshipped failing:")
+        assert failing[1].startswith("rule refund_unprocessed: scans failing:")
+        assert runner._running["refund_unprocessed"].retry_at > 0
+        assert runner._running["order_unshipped"].retry_at == 0
+        assert step.retry_at > 0
+        own.clear()
+        runner.scan_step(step)  # the statement backs off: every rule alone
+        assert sorted(own) == ["order_unshipped", "parcel_undelivered"]
+        own.clear()
+        step.retry_at = 0.0  # its backoff over; refund_unprocessed's is not
+        overdue(conn, 2)
+        runner.scan_step(step)
+        assert own == ["order_unshipped"]  # due; the others asked in one statement
+        alerts = conn.execute("SELECT rule, key FROM slawatch.alert ORDER BY key").fetchall()
+        assert alerts == [("order_unshipped", "1"), ("order_unshipped", "2")]
+        lines = [r.message for r in caplog.records if r.message.startswith("the probes of")]
+        assert len(lines) == 2 and "working again" in lines[1]
+    finally:
+        runner.close()
+
+
+def test_a_rule_whose_scan_still_runs_is_left_to_it(conn: Conn, dsn: str, caplog: Any) -> None:
+    """No second scan of a rule starts while one runs (or waits for a thread); one
+    that runs for far longer than a scan may is said once, as the rule's trouble."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    runner = runner_of(conn, dsn, STEP)
+    step = Step.of(list(STEP), 30.0)
+    try:
+        runner._held.clear()
+        overdue(conn, 1)
+        assert runner._take("order_unshipped")
+        runner.scan_step(step)
+        assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (0,)
+        assert not [r for r in caplog.records if "has been running" in r.message]
+        runner._busy["order_unshipped"] -= 91  # began 91 s ago (every: 30s)
+        runner.scan_step(step)
+        runner.scan_step(step)
+        lines = [r for r in caplog.records if "has been running" in r.message]
+        assert len(lines) == 1 and lines[0].levelno == logging.ERROR
+        assert lines[0].message.startswith("rule order_unshipped: scans failing: its scan")
+        runner._release("order_unshipped")
+        runner.scan_step(step)
+        assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (1,)
+    finally:
+        runner.close()
+
+
+def test_a_rule_whose_recorded_definition_is_another_is_not_scanned(conn: Conn, dsn: str) -> None:
+    """As its own scan would: idle, not recorded scanned; due, not claimed (its own
+    scan skips it); the step's other rules are scanned."""
+    runner = runner_of(conn, dsn, STEP)
+    step = Step.of(list(STEP), 30.0)
+    try:
+        runner._held.clear()
+        runner.definitions.reread = 0.0
+        rule = runner.rules["order_unshipped"]
+        migrate(conn, [rule.model_copy(update={"after": rule.after + timedelta(hours=1)})])
+        runner.scan_step(step)
+        assert set(runner._scan_records._ran) == set(STEP) - {"order_unshipped"}
+        overdue(conn, 1, refund=1)
+        runner.scan_step(step)
+        alerts = conn.execute("SELECT rule FROM slawatch.alert").fetchall()
+        assert alerts == [("refund_unprocessed",)]
+        assert set(runner._scan_records._ran) == set(STEP) - {"order_unshipped"}
+    finally:
+        runner.close()
+
+
+def test_a_reload_keeps_each_rule_in_one_step_at_its_every(conn: Conn, dsn: str) -> None:
+    """A rule removed leaves its step (which keeps its time), a rule whose `every`
+    changed moves to a step of that `every`, a rule added joins a step with room; every
+    rule is in exactly one step job."""
+    rules = shop(conn)
+    runner = Runner(dsn, [rules[n] for n in STEP], [], actions="off")
+    serving = threading.Thread(target=runner.serve, kwargs={"seconds": 60}, daemon=True)
+
+    def steps() -> dict[str, tuple[list[str], float]]:
+        assert runner._scheduler is not None
+        jobs = [j for j in runner._scheduler.get_jobs() if j.id.startswith("scan:")]
+        return {j.id: (sorted(j.args[0].names), j.trigger.interval.total_seconds()) for j in jobs}
+
+    try:
+        serving.start()
+        wait_until(lambda: runner._scheduler is not None and bool(steps()), "the scan jobs")
+        ((first, (names, every)),) = steps().items()
+        assert names == sorted(STEP) and every == 30
+        order = rules["order_unshipped"]
+        faster = order.model_copy(update={"every": timedelta(seconds=10)})
+        keep = [faster, rules["refund_unprocessed"], rules["job_hung"]]
+        assert runner.apply(keep, [])
+        got = steps()
+        # job_hung, added, joins the step of its `every` with room.
+        assert got[first] == (["job_hung", "refund_unprocessed"], 30)
+        assert sorted(got.values()) == [
+            (["job_hung", "refund_unprocessed"], 30),
+            (["order_unshipped"], 10),
+        ]
+    finally:
+        runner.stop()
+        serving.join(timeout=30)
+        runner.close()
+
+
+def test_a_bug_in_a_step_scans_its_rules_one_by_one_and_says_so_once(
+    conn: Conn, dsn: str, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's job that would die on an unexpected exception would leave its rules
+    unscanned in silence: they are scanned alone, and one ERROR line says why."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    runner = runner_of(conn, dsn, STEP)
+    step = Step.of(list(STEP), 30.0)
+
+    def broken(plan: ClaimPlan) -> bool:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(scheduler_module, "askable", broken)
+    try:
+        overdue(conn, 1)
+        runner.scan_step(step)
+        runner.scan_step(step)
+        alerts = conn.execute("SELECT rule, key FROM slawatch.alert").fetchall()
+        assert alerts == [("order_unshipped", "1")]
+        lines = [r for r in caplog.records if r.message.startswith("the probes of the step")]
+        assert len(lines) == 1 and lines[0].levelno == logging.ERROR
+        assert "unexpected RuntimeError: a bug" in lines[0].message
+    finally:
+        runner.close()
+
+
+def test_a_table_held_locked_holds_up_its_rule_only(conn: Conn, dsn: str) -> None:
+    """A rule's table held by a LOCK TABLE (an ALTER TABLE, a VACUUM FULL) fails the
+    step's statement within its lock_timeout instead of holding it: the step's other
+    rules are scanned and claim while the lock is held; the locked rule's own scan
+    waits for it, then claims."""
+    runner = runner_of(conn, dsn, STEP)
+    step = Step.of(list(STEP), 30.0)
+    other = psycopg.connect(dsn, autocommit=False)
+    scanning = threading.Thread(target=runner.scan_step, args=[step], daemon=True)
+    try:
+        runner._held.clear()
+        overdue(conn, 1, refund=1)
+        other.execute("LOCK TABLE refunds")
+        scanning.start()
+
+        def alerted() -> list[tuple[str]]:
+            return conn.execute("SELECT rule FROM slawatch.alert ORDER BY rule").fetchall()
+
+        wait_until(lambda: alerted() == [("order_unshipped",)], "the unlocked rule's alert")
+        other.rollback()
+        scanning.join(timeout=30)
+        assert not scanning.is_alive()
+        assert alerted() == [("order_unshipped",), ("refund_unprocessed",)]
+    finally:
+        other.close()
+        runner.close()
+
+
+def test_a_rule_whose_held_actions_may_run_again_is_scanned_alone(conn: Conn, dsn: str) -> None:
+    """At start every rule may have actions held for a retry (another run's): each is
+    scanned alone once, which looks; then, none held, it is asked with its step."""
+    rules = shop(conn)
+    runner = Runner(dsn, [rules[n] for n in STEP], [], Fixed(NOW), actions="on")
+    step = Step.of(list(STEP), 30.0)
+    try:
+        own = alone(runner)
+        runner.scan_step(step)
+        assert sorted(own) == sorted(STEP)
+        own.clear()
+        runner.scan_step(step)
+        assert own == []
+    finally:
+        runner.close()
