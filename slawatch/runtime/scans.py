@@ -8,7 +8,9 @@ recorded at all (the write would only wait for a connection once more).
 ``slawatch run`` keeps what it last wrote per rule (:class:`ScanRecords`) and writes
 a scan only when its outcome differs (alerts claimed, error) or the rule's record is
 :data:`REFRESH` old: an idle rule scanned every second costs a write a minute, not
-one a second. A scan that claimed, or failed, or recovered, is there at once. When
+one a second, and the idle rules of a step (runtime/scheduler.py) are written in one
+statement (:func:`recorded_idle`). A scan that claimed, or failed, or recovered, is
+there at once. When
 each rule was last scanned, idle or not, is one row per process
 (``slawatch.scanner``), written every :data:`BEAT` seconds while scans run
 (:meth:`ScanRecords.beat`): "last scan" (the later of the two) is the last scan run,
