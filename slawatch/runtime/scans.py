@@ -8,7 +8,9 @@ recorded at all (the write would only wait for a connection once more).
 ``slawatch run`` keeps what it last wrote per rule (:class:`ScanRecords`) and writes
 a scan only when its outcome differs (alerts claimed, error) or the rule's record is
 :data:`REFRESH` old: an idle rule scanned every second costs a write a minute, not
-one a second. A scan that claimed, or failed, or recovered, is there at once. When
+one a second, and the idle rules of a step (runtime/scheduler.py) are written in one
+statement (:func:`recorded_idle`). A scan that claimed, or failed, or recovered, is
+there at once. When
 each rule was last scanned, idle or not, is one row per process
 (``slawatch.scanner``), written every :data:`BEAT` seconds while scans run
 (:meth:`ScanRecords.beat`): "last scan" (the later of the two) is the last scan run,
@@ -125,6 +127,35 @@ def recorded(
         raise
     _write(db, rule, at, started, result.claimed, None, records)
     return result
+
+
+def recorded_idle(
+    db: Database, scans: list[tuple[str, datetime, float]], records: ScanRecords
+) -> None:
+    """Scans of nothing, each (rule, when it began, seconds), recorded as
+    :func:`recorded` records one (``records`` told each ran; a row written where the
+    last one is old), the rows in one statement: a step's idle rules
+    (runtime/scheduler.py). A failure is logged at DEBUG: the next scans write again."""
+    wanted = []
+    for rule, at, seconds in scans:
+        records.ran(rule, at)
+        if records.wanted(rule, 0, None):
+            wanted.append((rule, at, round(seconds * 1000)))
+    if not wanted:
+        return
+    params = {
+        "rules": [w[0] for w in wanted],
+        "at": [w[1] for w in wanted],
+        "duration_ms": [w[2] for w in wanted],
+    }
+    statement = queries()["record_scans"]
+    try:
+        db.run("recording the scans of a step", lambda c: c.execute(statement, params))
+    except SlawatchError as exc:
+        log.debug("the scans of rules %s were not recorded: %s", params["rules"], exc)
+        return
+    for rule, _, _ in wanted:
+        records.written(rule, 0, None)
 
 
 def _write(

@@ -364,30 +364,25 @@ class Runner:
         """Their claim plans."""
         return {name: r.plan for name, r in self._running.items()}
 
-    def scan(self, rule: str, *, idle: float | None = None) -> DrainResult | None:
-        """Drain one rule; never raises. After a failure the rule's scans back off.
-
-        ``idle``: the rule's step found nothing due for it (:meth:`scan_step`), in that
-        many seconds, after checking its definition: a scan of nothing, recorded as one."""
+    def scan(self, rule: str) -> DrainResult | None:
+        """Drain one rule; never raises. After a failure the rule's scans back off."""
         running = self._running.get(rule)
         if running is None:
             return None  # removed by a reload since this run was scheduled
         since = time.monotonic()
         if since < running.retry_at:
             return None
-        seconds = 0.0 if idle is None else idle
+        seconds = 0.0
 
         def timed(_: str) -> DrainResult:
             nonlocal seconds
-            if idle is not None:
-                return DrainResult(0, 0)
             started = time.monotonic()
             drained = self._drain(running)
             seconds = time.monotonic() - started
             return drained
 
         try:
-            if idle is None and not self.definitions.check(running.rule):
+            if not self.definitions.check(running.rule):
                 return None  # another definition is recorded: not this instance's to claim
             result = scans.recorded(self.db, rule, self.clock, timed, self._scan_records)
         except DatabaseUnavailable:
@@ -431,8 +426,9 @@ class Runner:
         never raises.
 
         The step's inline and event rules are asked whether anything is due in one
-        statement (engine/steps.py); each that says no has had its scan, of nothing
-        (:meth:`scan` ``idle``). The others (those with something due, ``track: table``
+        statement (engine/steps.py); each that says no has had its scan, of nothing,
+        recorded as :meth:`scan` records one (the step's records in one statement:
+        scans.recorded_idle). The others (those with something due, ``track: table``
         rules, a rule whose held actions are to run again) are each handed to the scan
         threads as a scan of their own, as is every rule while the statement fails for
         another reason than the database's outage (one line when that starts, one when
@@ -469,12 +465,14 @@ class Runner:
                 alone.append(name)
         mine = set(taken) - set(alone)
         asked = [r for r in probed if r.rule.name in mine]
+        at = self.clock.now()
         answers = self._ask(step, probed) if asked else {}
         if answers is None:  # the database's outage: its line says it; the rules back off
             for running in asked:
                 running.retry_at = time.monotonic() + running.backoff.next()
                 self._release(running.rule.name)
             asked = []
+        idle: list[tuple[str, datetime, float]] = []
         for i, running in enumerate(asked):
             name = running.rule.name
             took = answers.get(name) if answers is not None else None
@@ -491,13 +489,18 @@ class Runner:
             except Exception:  # its own scan reads the records again and says it
                 alone.append(name)
                 continue
-            try:
-                if ours:  # else another definition is recorded: not ours to scan
-                    self.scan(name, idle=took)
-            finally:
-                self._release(name)
+            if ours:  # else another definition is recorded: not ours to scan
+                # Its scan, of nothing: as Runner.scan ends one, its record below.
+                running.trouble.ok()
+                running.backoff.reset()
+                running.retry_at = 0.0
+                self.metrics.scanned(name, took, {})
+                idle.append((name, at, took))
+            self._release(name)
         for name in alone:
             self._hand(name)
+        if idle:
+            scans.recorded_idle(self.db, idle, self._scan_records)
 
     def _take(self, name: str) -> bool:
         """Mark ``name`` as being scanned; False when a scan of it runs or waits already."""

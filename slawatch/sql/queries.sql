@@ -652,6 +652,17 @@ ON CONFLICT (rule) DO UPDATE
    SET last_at = excluded.last_at, duration_ms = excluded.duration_ms,
        claimed = excluded.claimed, error = excluded.error;
 
+-- record_scans --
+-- The scans of nothing of a step's rules (slawatch/runtime/scans.py): record_scan's rows,
+-- for several rules in one statement.
+INSERT INTO slawatch.scan AS s (rule, last_at, duration_ms, claimed, error)
+SELECT r.rule, r.at, r.duration_ms, 0, NULL
+  FROM unnest(%(rules)s::text[], %(at)s::timestamptz[], %(duration_ms)s::int[])
+       AS r(rule, at, duration_ms)
+ON CONFLICT (rule) DO UPDATE
+   SET last_at = excluded.last_at, duration_ms = excluded.duration_ms,
+       claimed = excluded.claimed, error = excluded.error;
+
 -- record_scanner --
 -- When this process last scanned each of its rules (slawatch/runtime/scans.py): its one
 -- row, and the rows of processes gone for a day (a crash leaves its row) removed.

@@ -101,10 +101,9 @@ def alone(runner: Runner) -> list[str]:
     own: list[str] = []
     scan = runner.scan
 
-    def scanning(rule: str, *, idle: float | None = None) -> Any:
-        if idle is None:
-            own.append(rule)
-        return scan(rule, idle=idle)
+    def scanning(rule: str) -> Any:
+        own.append(rule)
+        return scan(rule)
 
     runner.scan = scanning  # type: ignore[method-assign]
     return own
@@ -124,6 +123,12 @@ def test_a_steps_idle_rules_are_scanned_without_a_scan_of_their_own(conn: Conn, 
         alerts = conn.execute("SELECT rule, key FROM slawatch.alert").fetchall()
         assert alerts == [("order_unshipped", "1")]
         assert set(runner._scan_records._ran) == set(STEP)
+        recorded = conn.execute("SELECT rule, claimed, error FROM slawatch.scan").fetchall()
+        assert sorted(recorded) == [
+            ("order_unshipped", 1, None),
+            ("parcel_undelivered", 0, None),
+            ("refund_unprocessed", 0, None),
+        ]
         runner.scan_step(step)  # notified: idle now
         assert own == ["order_unshipped"]
     finally:
