@@ -110,6 +110,30 @@ def test_an_ack_click_stops_the_episodes_renotification(
     assert episodes(conn, "order_unshipped") == [("1", 1, 1)] + [("2", 1, n) for n in range(1, 6)]
 
 
+def test_a_name_typed_before_the_pages_script_ran_is_kept(
+    conn: Conn, servers: Servers, open_tab: Open
+) -> None:
+    """The page's script is deferred: a name typed while it loads (a quick hand, or a
+    test) is the one an ack carries, not replaced by the stored one (none here)."""
+    from playwright.sync_api import Route, expect
+
+    found = seeded(conn, "inline")
+    server = servers.start(found.listed, now=DUE + M)
+    tab = open_tab()
+    held: list[Route] = []
+    tab.route("**/static/page.js", lambda route: held.append(route))  # held until let through
+    tab.goto(server.url, wait_until="commit")  # DOMContentLoaded waits for the script
+    card = tab.locator('article[data-id="order_unshipped:1:e1:n1"]')
+    expect(card).to_be_visible()
+    tab.fill("#who", "ana")
+    tab.wait_for_function("() => true")  # a round trip: the route's request is in
+    assert len(held) == 1
+    held[0].continue_()
+    tab.wait_for_load_state("load")
+    card.locator('button[data-action="ack"]').click()
+    expect(card.locator(".acked")).to_contain_text("acknowledged by ana")
+
+
 def test_a_silence_made_on_the_page_keeps_the_next_alert_from_the_receiver(
     conn: Conn, servers: Servers, open_tab: Open, receiver: WebhookReceiver, db: Database
 ) -> None:

@@ -10,7 +10,8 @@
   const KEY = "slawatch.who";
 
   if (who) {
-    who.value = localStorage.getItem(KEY) || "";
+    // A name typed before this script ran (it is deferred) is kept, not replaced.
+    who.value = who.value || localStorage.getItem(KEY) || "";
     who.addEventListener("change", () => localStorage.setItem(KEY, who.value.trim()));
   }
 
