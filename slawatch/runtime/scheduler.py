@@ -400,10 +400,7 @@ class Runner:
         if result is None:
             running.retry_at = time.monotonic() + running.backoff.next()
             return None
-        running.trouble.ok()
-        running.backoff.reset()
-        running.retry_at = 0.0
-        self.metrics.scanned(rule, seconds, result.severities)
+        self._scanned(running, seconds, result.severities)
         if result.claimed or result.closed:
             activity.info(
                 "rule %s: %d claimed, %d closed in %.0f ms",
@@ -436,17 +433,20 @@ class Runner:
         still runs is left to it (one line when that has gone on too long), and a
         failing rule waits out its backoff, as in :meth:`scan`."""
         taken: list[str] = []
+        handed: set[str] = set()
         try:
-            self._scan_step(step, taken)
+            self._scan_step(step, taken, handed)
         except Exception as exc:  # a bug: the step's rules are scanned one by one
             step.bugs.failed(f"unexpected {type(exc).__name__}: {exc}", exc_info=exc)
             for name in step.names:
-                if name in self._running and (name in taken or self._take(name)):
+                if name in handed or name not in self._running:
+                    continue
+                if name in taken or self._take(name):
                     self._hand(name)
             return
         step.bugs.ok()
 
-    def _scan_step(self, step: Step, taken: list[str]) -> None:
+    def _scan_step(self, step: Step, taken: list[str], handed: set[str]) -> None:
         now = time.monotonic()
         probed: list[_Running] = []  # the statement's rules: the same from tick to tick
         alone: list[str] = []
@@ -491,16 +491,22 @@ class Runner:
                 continue
             if ours:  # else another definition is recorded: not ours to scan
                 # Its scan, of nothing: as Runner.scan ends one, its record below.
-                running.trouble.ok()
-                running.backoff.reset()
-                running.retry_at = 0.0
-                self.metrics.scanned(name, took, {})
+                self._scanned(running, took, {})
                 idle.append((name, at, took))
             self._release(name)
         for name in alone:
+            handed.add(name)
             self._hand(name)
         if idle:
             scans.recorded_idle(self.db, idle, self._scan_records)
+
+    def _scanned(self, running: _Running, seconds: float, severities: dict[str, int]) -> None:
+        """A scan of ``running``'s rule that succeeded: its trouble over, its backoff
+        reset, its time and alerts in the metrics."""
+        running.trouble.ok()
+        running.backoff.reset()
+        running.retry_at = 0.0
+        self.metrics.scanned(running.rule.name, seconds, severities)
 
     def _take(self, name: str) -> bool:
         """Mark ``name`` as being scanned; False when a scan of it runs or waits already."""
