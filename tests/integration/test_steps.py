@@ -285,6 +285,74 @@ def test_a_bug_in_a_step_scans_its_rules_one_by_one_and_says_so_once(
         runner.close()
 
 
+def scans_of(runner: Runner) -> dict[str, float]:
+    """Each rule's scans that succeeded so far, its own or its step's
+    (``slawatch_scan_duration_seconds``)."""
+    got = {}
+    for name in runner.rules:
+        value = runner.registry.get_sample_value(
+            "slawatch_scan_duration_seconds_count", {"rule": name}
+        )
+        got[name] = value or 0.0
+    return got
+
+
+def test_a_bug_in_a_steps_probes_backs_its_statement_off_and_says_so_once(
+    conn: Conn, dsn: str, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception in the step's statement (its probes' building) is a
+    bug: the statement backs off as a failing one does, its rules are scanned alone at
+    every tick meanwhile, one ERROR line says it (not one per try, nor a line of its end
+    for a tick that did not ask), and once fixed the step is asked together again."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    runner = runner_of(conn, dsn, STEP)
+    step = Step.of(list(STEP), 30.0)
+    tried: list[int] = []
+
+    def broken(*args: Any) -> list[bool | None]:
+        tried.append(1)
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(scheduler_module, "probe_step", broken)
+    try:
+        runner._held.clear()
+        own = alone(runner)
+
+        def tick() -> None:
+            before = scans_of(runner)
+            own.clear()
+            runner.scan_step(step)
+            assert sorted(own) == sorted(STEP)  # each rule scanned alone...
+            after = scans_of(runner)
+            assert all(after[n] == before[n] + 1 for n in STEP)  # ...and its scan went well
+
+        tick()  # the bug: one ERROR, every rule alone
+        assert len(tried) == 1 and step.retry_at > 0
+        tick()  # the statement backs off: not tried
+        tick()
+        assert len(tried) == 1
+        step.retry_at = 0.0  # its backoff over: every rule busy, none to ask this tick
+        for name in STEP:
+            assert runner._take(name)
+        runner.scan_step(step)
+        for name in STEP:
+            runner._release(name)
+        tick()  # tried again: still the bug, said already
+        assert len(tried) == 2
+        lines = [r for r in caplog.records if r.message.startswith("the probes of the step")]
+        assert len(lines) == 1 and lines[0].levelno == logging.ERROR
+        assert "unexpected RuntimeError: a bug" in lines[0].message
+        monkeypatch.undo()  # fixed
+        step.retry_at = 0.0
+        own.clear()
+        runner.scan_step(step)
+        assert own == []  # idle, asked together: no scan of their own
+        lines = [r for r in caplog.records if r.message.startswith("the probes of the step")]
+        assert len(lines) == 2 and "working again" in lines[1].message
+    finally:
+        runner.close()
+
+
 def test_a_table_held_locked_holds_up_its_rule_only(conn: Conn, dsn: str) -> None:
     """A rule's table held by a LOCK TABLE (an ALTER TABLE, a VACUUM FULL) fails the
     step's statement within its lock_timeout instead of holding it: the step's other
