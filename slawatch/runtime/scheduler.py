@@ -476,10 +476,11 @@ class Runner:
         asked = [r for r in probed if r.rule.name in mine]
         at = self.clock.now()
         answers = self._ask(step, probed) if asked else {}
-        if asked:
-            whole = answers is not None and not step.trouble.failing
-        else:
-            whole = asking and not probed  # a step without a statement to ask
+        # Its statement asked and answered, or none to ask (scan_step: a bug's end);
+        # not while it backs off (none probed then).
+        whole = (
+            (answers is not None and not step.trouble.failing) if asked else (asking and not probed)
+        )
         if answers is None:  # the database's outage: its line says it; the rules back off
             for running in asked:
                 running.retry_at = time.monotonic() + running.backoff.next()

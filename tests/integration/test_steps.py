@@ -3,8 +3,11 @@ the rules with something due scanned one by one (Runner.scan_step)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import tempfile
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +16,7 @@ import pytest
 
 from slawatch.clock import Clock
 from slawatch.db import Database, Pooler
+from slawatch.engine import probefn
 from slawatch.engine.claim import ClaimPlan, anything_due
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
@@ -349,6 +353,85 @@ def test_a_bug_in_a_steps_probes_backs_its_statement_off_and_says_so_once(
         assert own == []  # idle, asked together: no scan of their own
         lines = [r for r in caplog.records if r.message.startswith("the probes of the step")]
         assert len(lines) == 2 and "working again" in lines[1].message
+    finally:
+        runner.close()
+
+
+def sent(runner: Runner) -> list[str]:
+    """The statements ``runner`` sends from now on, on whichever pooled connection
+    (each traced while taken), in order: the first line of each (Parse or Query)."""
+    out: list[str] = []
+    connection = runner.db.connection
+
+    @contextlib.contextmanager
+    def traced(what: str, **kwargs: Any) -> Iterator[Any]:
+        with connection(what, **kwargs) as conn, tempfile.TemporaryFile("w+") as trace:
+            conn.pgconn.trace(trace.fileno())
+            try:
+                yield conn
+            finally:
+                conn.pgconn.untrace()
+                trace.seek(0)
+                for f in (line.split("\t") for line in trace.read().splitlines()):
+                    if len(f) > 3 and f[1] == "F" and f[3] in ("Parse", "Query"):
+                        out.append(f[-1])
+
+    runner.db.connection = traced  # type: ignore[method-assign]
+    return out
+
+
+def test_behind_a_pooler_a_function_answering_null_is_left_out_for_the_probe_text(
+    conn: Conn, dsn: str
+) -> None:
+    """Behind a transaction pooler a rule whose function is another definition's (a
+    rolling deploy) answers NULL: the rule is scanned alone with its probe's text, and
+    from then on neither the step nor its scan calls that function (the step's
+    statement and the rule's text each tick, not its call besides) until RECHECK has
+    passed; it still claims what comes due, and once its function is its definition's
+    again it is asked with its step again."""
+    rules = shop(conn)
+    runner = Runner(
+        dsn, [rules[n] for n in STEP], [], Fixed(NOW), actions="off", pooler="transaction"
+    )
+    step = Step.of(list(STEP), 30.0)
+    fn = runner.plans["order_unshipped"].probe_fn
+    assert fn is not None and fn.answers
+    # Another definition's function: its digest is not this instance's.
+    row = conn.execute(
+        "SELECT pg_get_functiondef('slawatch.order_unshipped_probe'::regproc)"
+    ).fetchone()
+    assert row is not None
+    conn.execute(row[0].replace(fn.definition.digest, "0" * 16))
+    try:
+        runner._held.clear()
+        runner.definitions.reread = 3600.0  # the records read once: no reads between ticks
+        own = alone(runner)
+        runner.scan_step(step)  # NULL: scanned alone, with its probe's text
+        assert own == ["order_unshipped"] and not fn.answers
+        for _ in range(3):
+            before = scans_of(runner)
+            own.clear()
+            statements = sent(runner)
+            runner.scan_step(step)
+            del runner.db.connection  # untraced
+            assert own == ["order_unshipped"]
+            assert all(scans_of(runner)[n] == before[n] + 1 for n in STEP)
+            # The step's (lock_timeout, then the other rules' calls) and the rule's text.
+            assert len(statements) == 3, statements
+            assert not [s for s in statements if "order_unshipped_probe" in s]
+            assert "refund_unprocessed_probe" in statements[1]
+        overdue(conn, 1)
+        runner.scan_step(step)  # never quiet: its text sees the order
+        assert conn.execute("SELECT rule, key FROM slawatch.alert").fetchall() == [
+            ("order_unshipped", "1")
+        ]
+        runner.scan_step(step)  # notified: idle
+        migrate(conn, list(rules.values()))  # its definition's function again
+        assert fn.declined is not None
+        fn.declined -= probefn.RECHECK  # RECHECK has passed
+        own.clear()
+        runner.scan_step(step)
+        assert own == [] and fn.answers  # asked with its step, and answering
     finally:
         runner.close()
 
