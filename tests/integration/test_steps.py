@@ -479,3 +479,94 @@ def test_a_rule_whose_held_actions_may_run_again_is_scanned_alone(conn: Conn, ds
         assert own == []
     finally:
         runner.close()
+
+
+def test_a_reload_that_grows_the_scan_threads_while_a_step_hands_off_loses_no_rule(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload adds rules while a step's job, on the first executor's one thread, is
+    handing its rule off: the executor is replaced by a larger one (its threads follow
+    the rules), the hand-off meets the old one shut down and scans on its own thread,
+    the old thread then ends; no rule is scanned twice at once (that scan, held, while
+    its step runs on the new threads), and every rule, old and added, is scanned after
+    the reload (``track: table`` rules: each handed off at every tick)."""
+    monkeypatch.setattr(scheduler_module, "STEP_RULES", 6)
+    base = shop(conn, "table")["order_unshipped"]
+    rules = [
+        base.model_copy(update={"name": f"late{i:02}", "every": timedelta(seconds=1)})
+        for i in range(12)
+    ]
+    migrate(conn, rules)
+    runner = Runner(dsn, rules[:1], [], scan_connections=4, actions="off")
+    lock = threading.Lock()
+    scanning: set[str] = set()
+    twice: list[str] = []
+    where: dict[str, list[str]] = {}
+    scan, scan_step = runner.scan, runner.scan_step
+    stepped = threading.Event()  # late00's step ran twice on the new threads
+
+    def scanned(rule: str) -> Any:
+        here = threading.current_thread().name
+        with lock:
+            if rule in scanning:
+                twice.append(rule)
+            scanning.add(rule)
+            where.setdefault(rule, []).append(here)
+        try:
+            if here == "scans_0":  # the hand-off on the old thread: its step runs meanwhile
+                stepped.wait(60)
+            return scan(rule)
+        finally:
+            with lock:
+                scanning.discard(rule)
+
+    new_runs: list[str] = []
+
+    def stepping(step: Step) -> None:
+        scan_step(step)
+        if "late00" in step.names and threading.current_thread().name.startswith("scans-4"):
+            new_runs.append(threading.current_thread().name)
+            if len(new_runs) >= 2:
+                stepped.set()
+
+    runner.scan = scanned  # type: ignore[method-assign]
+    runner.scan_step = stepping  # type: ignore[method-assign]
+    handing, resume = threading.Event(), threading.Event()
+    serving = threading.Thread(target=runner.serve, kwargs={"seconds": 60}, daemon=True)
+    try:
+        serving.start()
+        wait_until(lambda: runner._scan_executor is not None, "the scan threads")
+        first = runner._scan_executor
+        assert first is not None and first.threads == 1
+        call = first.call
+
+        def held(run: Any) -> None:  # the first hand-off waits for the reload
+            if not handing.is_set():
+                handing.set()
+                resume.wait(60)
+            call(run)
+
+        first.call = held  # type: ignore[method-assign]
+        wait_until(handing.is_set, "a step handing its rule off")
+        assert runner.apply(rules, [])
+        assert runner._scan_executor is not first and runner._scan_threads == 4
+        before = scans_of(runner)
+        resume.set()
+        wait_until(
+            lambda: all(n >= before.get(r, 0) + 2 for r, n in scans_of(runner).items()),
+            "every rule scanned twice after the reload",
+        )
+        # The hand-off met the old executor shut down: on the step's own thread.
+        assert where["late00"][0] == "scans_0"
+        wait_until(
+            lambda: not [t for t in threading.enumerate() if t.name == "scans_0"],
+            "the old scan thread's end",
+        )
+    finally:
+        resume.set()
+        stepped.set()
+        runner.stop()
+        serving.join(timeout=30)
+        runner.close()
+    assert twice == []
+    assert sorted(where) == [r.name for r in rules]
