@@ -22,13 +22,17 @@ a rolling reload, a folder that defines the rule otherwise): the caller then run
 the probe's text itself, as it does when the function is not there (a database not
 migrated since the upgrade, a rule another deployment's migrate removed). So the
 function never answers for a definition other than the caller's, and the claims stay
-gated as before (engine/generation.py).
+gated as before (engine/generation.py). A function that answered NULL is not called
+again for :data:`RECHECK` seconds (the probe's text meanwhile, one statement instead
+of two at every scan until the instance reloads): then once, in case a migrate made it
+this definition's again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +65,8 @@ _SIGNATURES = {
 SUFFIX = "_probe"
 MARK = "-- slawatch: the probe of rule "
 UNDEFINED_FUNCTION = "42883"
+# Seconds a function that answered NULL (another definition's body) is not called.
+RECHECK = 60.0
 
 _PLACEHOLDER = re.compile(r"%(?:(%)|\((\w+)\)s|(.))", re.DOTALL)
 
@@ -275,6 +281,24 @@ class ProbeFunction:
     definition: Definition
     # False once the function was not there: the probe's text until the next prepare.
     usable: bool = True
+    # When (time.monotonic()) it last answered NULL: the probe's text for RECHECK seconds.
+    declined: float | None = None
+
+    @property
+    def answers(self) -> bool:
+        """Whether to call the function now: it is there, and has not answered NULL
+        within :data:`RECHECK` seconds."""
+        declined = self.declined
+        return self.usable and (declined is None or time.monotonic() - declined >= RECHECK)
+
+    def answer(self, value: Any) -> bool | None:
+        """The function's ``value`` as an answer: None for its NULL (the body of another
+        definition), after which it is not called for :data:`RECHECK` seconds."""
+        if value is None:
+            self.declined = time.monotonic()
+            return None
+        self.declined = None
+        return bool(value)
 
     def __post_init__(self) -> None:
         d = self.definition
@@ -299,8 +323,8 @@ class ProbeFunction:
     def ask(self, conn: Connection, values: dict[str, Any]) -> bool | None:
         """The function's answer; None where the caller runs the probe's text instead:
         on a connection that prepares statements (:func:`slawatch.db.prepares`), or when the
-        function cannot answer for this definition."""
-        if not self.usable or prepares(conn):
+        function cannot answer for this definition (or did not lately: :attr:`answers`)."""
+        if not self.answers or prepares(conn):
             return None
         try:
             with translate(f"probe for rule {self.definition.rule}"), one_statement(conn):
@@ -310,9 +334,7 @@ class ProbeFunction:
                 raise
             self.usable = False
             return None
-        if row is None or row[0] is None:
-            return None
-        return bool(row[0])
+        return self.answer(None if row is None else row[0])
 
 
 def attach(conn: Connection, defined: dict[str, Definition]) -> dict[str, ProbeFunction]:

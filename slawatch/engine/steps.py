@@ -18,7 +18,8 @@ its scan would have had:
   a call in one ``SELECT``: each function keeps its plans per server connection, and
   the statement around them is cheap to plan. A rule without a usable function is
   not asked (its scan probes it), nor is a function's NULL taken for an answer (a
-  definition other than the caller's).
+  definition other than the caller's): that rule is then not asked for a while
+  (engine/probefn.py, ``RECHECK``), its scan running its probe's text alone.
 
 ``track: table`` rules are not asked here: their probe depends on where their last
 sweep ended (engine/statetable.py), which their own scan reads.
@@ -106,7 +107,7 @@ def _by_functions(
     key: list[Any] = ["functions"]
     for i, plan in enumerate(plans):
         fn = plan.probe_fn
-        if fn is None or not fn.usable:
+        if fn is None or not fn.answers:
             continue
         values = {
             "cutoff": plan.to_deadline(plan.rule.cutoff(now)),
@@ -129,7 +130,9 @@ def _by_functions(
     row = _first(conn, query, args, what)
     if row is not None:
         for i, value in zip(asked, row, strict=True):
-            out[i] = None if value is None else bool(value)
+            fn = plans[i].probe_fn
+            assert fn is not None
+            out[i] = fn.answer(value)
     return out
 
 

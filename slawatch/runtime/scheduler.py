@@ -429,14 +429,18 @@ class Runner:
         rules, a rule whose held actions are to run again) are each handed to the scan
         threads as a scan of their own, as is every rule while the statement fails for
         another reason than the database's outage (one line when that starts, one when
-        it ends; the statement waits out a backoff meanwhile). A rule whose last scan
-        still runs is left to it (one line when that has gone on too long), and a
-        failing rule waits out its backoff, as in :meth:`scan`."""
+        it ends; the statement waits out a backoff meanwhile), and so is every rule
+        after an unexpected exception in the job (a bug: one ERROR line when that
+        starts, one when the statement is answered again; the statement backs off the
+        same way). A rule whose last scan still runs is left to it (one line when that
+        has gone on too long), and a failing rule waits out its backoff, as in
+        :meth:`scan`."""
         taken: list[str] = []
         handed: set[str] = set()
         try:
-            self._scan_step(step, taken, handed)
+            whole = self._scan_step(step, taken, handed)
         except Exception as exc:  # a bug: the step's rules are scanned one by one
+            step.retry_at = time.monotonic() + step.backoff.next()  # not asked every tick
             step.bugs.failed(f"unexpected {type(exc).__name__}: {exc}", exc_info=exc)
             for name in step.names:
                 if name in handed or name not in self._running:
@@ -444,17 +448,22 @@ class Runner:
                 if name in taken or self._take(name):
                     self._hand(name)
             return
-        step.bugs.ok()
+        if whole:  # not merely a run while the statement backs off, or not asked
+            step.bugs.ok()
+            step.backoff.reset()
 
-    def _scan_step(self, step: Step, taken: list[str], handed: set[str]) -> None:
+    def _scan_step(self, step: Step, taken: list[str], handed: set[str]) -> bool:
+        """The step's scans (:meth:`scan_step`); whether its statement, if it has one,
+        was asked and answered."""
         now = time.monotonic()
+        asking = now >= step.retry_at  # else its statement backs off: every rule alone
         probed: list[_Running] = []  # the statement's rules: the same from tick to tick
         alone: list[str] = []
         for name in step.names:
             running = self._running.get(name)
             if running is None or now < running.retry_at:
                 continue  # removed by a reload; backing off
-            ask = askable(running.plan) and now >= step.retry_at
+            ask = asking and askable(running.plan)
             if ask:
                 probed.append(running)
             if not self._take(name):
@@ -467,6 +476,11 @@ class Runner:
         asked = [r for r in probed if r.rule.name in mine]
         at = self.clock.now()
         answers = self._ask(step, probed) if asked else {}
+        # Its statement asked and answered, or none to ask (scan_step: a bug's end);
+        # not while it backs off (none probed then).
+        whole = (
+            (answers is not None and not step.trouble.failing) if asked else (asking and not probed)
+        )
         if answers is None:  # the database's outage: its line says it; the rules back off
             for running in asked:
                 running.retry_at = time.monotonic() + running.backoff.next()
@@ -499,6 +513,7 @@ class Runner:
             self._hand(name)
         if idle:
             scans.recorded_idle(self.db, idle, self._scan_records)
+        return whole
 
     def _scanned(self, running: _Running, seconds: float, severities: dict[str, int]) -> None:
         """A scan of ``running``'s rule that succeeded: its trouble over, its backoff
@@ -549,8 +564,7 @@ class Runner:
             step.retry_at = time.monotonic() + step.backoff.next()
             step.trouble.failed(f"{exc}; its rules are scanned one by one meanwhile", since)
             return {}
-        step.trouble.ok()
-        step.backoff.reset()
+        step.trouble.ok()  # its backoff is reset once the whole step went well (scan_step)
         share = (time.monotonic() - since) / len(probed)
         return {r.rule.name: share for r, due in zip(probed, got, strict=True) if due is False}
 

@@ -3,8 +3,11 @@ the rules with something due scanned one by one (Runner.scan_step)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import tempfile
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +16,7 @@ import pytest
 
 from slawatch.clock import Clock
 from slawatch.db import Database, Pooler
+from slawatch.engine import probefn
 from slawatch.engine.claim import ClaimPlan, anything_due
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
@@ -285,6 +289,153 @@ def test_a_bug_in_a_step_scans_its_rules_one_by_one_and_says_so_once(
         runner.close()
 
 
+def scans_of(runner: Runner) -> dict[str, float]:
+    """Each rule's scans that succeeded so far, its own or its step's
+    (``slawatch_scan_duration_seconds``)."""
+    got = {}
+    for name in runner.rules:
+        value = runner.registry.get_sample_value(
+            "slawatch_scan_duration_seconds_count", {"rule": name}
+        )
+        got[name] = value or 0.0
+    return got
+
+
+def test_a_bug_in_a_steps_probes_backs_its_statement_off_and_says_so_once(
+    conn: Conn, dsn: str, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception in the step's statement (its probes' building) is a
+    bug: the statement backs off as a failing one does, its rules are scanned alone at
+    every tick meanwhile, one ERROR line says it (not one per try, nor a line of its end
+    for a tick that did not ask), and once fixed the step is asked together again."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    runner = runner_of(conn, dsn, STEP)
+    step = Step.of(list(STEP), 30.0)
+    tried: list[int] = []
+
+    def broken(*args: Any) -> list[bool | None]:
+        tried.append(1)
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(scheduler_module, "probe_step", broken)
+    try:
+        runner._held.clear()
+        own = alone(runner)
+
+        def tick() -> None:
+            before = scans_of(runner)
+            own.clear()
+            runner.scan_step(step)
+            assert sorted(own) == sorted(STEP)  # each rule scanned alone...
+            after = scans_of(runner)
+            assert all(after[n] == before[n] + 1 for n in STEP)  # ...and its scan went well
+
+        tick()  # the bug: one ERROR, every rule alone
+        assert len(tried) == 1 and step.retry_at > 0
+        tick()  # the statement backs off: not tried
+        tick()
+        assert len(tried) == 1
+        step.retry_at = 0.0  # its backoff over: every rule busy, none to ask this tick
+        for name in STEP:
+            assert runner._take(name)
+        runner.scan_step(step)
+        for name in STEP:
+            runner._release(name)
+        tick()  # tried again: still the bug, said already
+        assert len(tried) == 2
+        lines = [r for r in caplog.records if r.message.startswith("the probes of the step")]
+        assert len(lines) == 1 and lines[0].levelno == logging.ERROR
+        assert "unexpected RuntimeError: a bug" in lines[0].message
+        monkeypatch.undo()  # fixed
+        step.retry_at = 0.0
+        own.clear()
+        runner.scan_step(step)
+        assert own == []  # idle, asked together: no scan of their own
+        lines = [r for r in caplog.records if r.message.startswith("the probes of the step")]
+        assert len(lines) == 2 and "working again" in lines[1].message
+    finally:
+        runner.close()
+
+
+def sent(runner: Runner) -> list[str]:
+    """The statements ``runner`` sends from now on, on whichever pooled connection
+    (each traced while taken), in order: the first line of each (Parse or Query)."""
+    out: list[str] = []
+    connection = runner.db.connection
+
+    @contextlib.contextmanager
+    def traced(what: str, **kwargs: Any) -> Iterator[Any]:
+        with connection(what, **kwargs) as conn, tempfile.TemporaryFile("w+") as trace:
+            conn.pgconn.trace(trace.fileno())
+            try:
+                yield conn
+            finally:
+                conn.pgconn.untrace()
+                trace.seek(0)
+                for f in (line.split("\t") for line in trace.read().splitlines()):
+                    if len(f) > 3 and f[1] == "F" and f[3] in ("Parse", "Query"):
+                        out.append(f[-1])
+
+    runner.db.connection = traced  # type: ignore[method-assign]
+    return out
+
+
+def test_behind_a_pooler_a_function_answering_null_is_left_out_for_the_probe_text(
+    conn: Conn, dsn: str
+) -> None:
+    """Behind a transaction pooler a rule whose function is another definition's (a
+    rolling deploy) answers NULL: the rule is scanned alone with its probe's text, and
+    from then on neither the step nor its scan calls that function (the step's
+    statement and the rule's text each tick, not its call besides) until RECHECK has
+    passed; it still claims what comes due, and once its function is its definition's
+    again it is asked with its step again."""
+    rules = shop(conn)
+    runner = Runner(
+        dsn, [rules[n] for n in STEP], [], Fixed(NOW), actions="off", pooler="transaction"
+    )
+    step = Step.of(list(STEP), 30.0)
+    fn = runner.plans["order_unshipped"].probe_fn
+    assert fn is not None and fn.answers
+    # Another definition's function: its digest is not this instance's.
+    row = conn.execute(
+        "SELECT pg_get_functiondef('slawatch.order_unshipped_probe'::regproc)"
+    ).fetchone()
+    assert row is not None
+    conn.execute(row[0].replace(fn.definition.digest, "0" * 16))
+    try:
+        runner._held.clear()
+        runner.definitions.reread = 3600.0  # the records read once: no reads between ticks
+        own = alone(runner)
+        runner.scan_step(step)  # NULL: scanned alone, with its probe's text
+        assert own == ["order_unshipped"] and not fn.answers
+        for _ in range(3):
+            before = scans_of(runner)
+            own.clear()
+            statements = sent(runner)
+            runner.scan_step(step)
+            del runner.db.connection  # untraced
+            assert own == ["order_unshipped"]
+            assert all(scans_of(runner)[n] == before[n] + 1 for n in STEP)
+            # The step's (lock_timeout, then the other rules' calls) and the rule's text.
+            assert len(statements) == 3, statements
+            assert not [s for s in statements if "order_unshipped_probe" in s]
+            assert "refund_unprocessed_probe" in statements[1]
+        overdue(conn, 1)
+        runner.scan_step(step)  # never quiet: its text sees the order
+        assert conn.execute("SELECT rule, key FROM slawatch.alert").fetchall() == [
+            ("order_unshipped", "1")
+        ]
+        runner.scan_step(step)  # notified: idle
+        migrate(conn, list(rules.values()))  # its definition's function again
+        assert fn.declined is not None
+        fn.declined -= probefn.RECHECK  # RECHECK has passed
+        own.clear()
+        runner.scan_step(step)
+        assert own == [] and fn.answers  # asked with its step, and answering
+    finally:
+        runner.close()
+
+
 def test_a_table_held_locked_holds_up_its_rule_only(conn: Conn, dsn: str) -> None:
     """A rule's table held by a LOCK TABLE (an ALTER TABLE, a VACUUM FULL) fails the
     step's statement within its lock_timeout instead of holding it: the step's other
@@ -328,3 +479,94 @@ def test_a_rule_whose_held_actions_may_run_again_is_scanned_alone(conn: Conn, ds
         assert own == []
     finally:
         runner.close()
+
+
+def test_a_reload_that_grows_the_scan_threads_while_a_step_hands_off_loses_no_rule(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload adds rules while a step's job, on the first executor's one thread, is
+    handing its rule off: the executor is replaced by a larger one (its threads follow
+    the rules), the hand-off meets the old one shut down and scans on its own thread,
+    the old thread then ends; no rule is scanned twice at once (that scan, held, while
+    its step runs on the new threads), and every rule, old and added, is scanned after
+    the reload (``track: table`` rules: each handed off at every tick)."""
+    monkeypatch.setattr(scheduler_module, "STEP_RULES", 6)
+    base = shop(conn, "table")["order_unshipped"]
+    rules = [
+        base.model_copy(update={"name": f"late{i:02}", "every": timedelta(seconds=1)})
+        for i in range(12)
+    ]
+    migrate(conn, rules)
+    runner = Runner(dsn, rules[:1], [], scan_connections=4, actions="off")
+    lock = threading.Lock()
+    scanning: set[str] = set()
+    twice: list[str] = []
+    where: dict[str, list[str]] = {}
+    scan, scan_step = runner.scan, runner.scan_step
+    stepped = threading.Event()  # late00's step ran twice on the new threads
+
+    def scanned(rule: str) -> Any:
+        here = threading.current_thread().name
+        with lock:
+            if rule in scanning:
+                twice.append(rule)
+            scanning.add(rule)
+            where.setdefault(rule, []).append(here)
+        try:
+            if here == "scans_0":  # the hand-off on the old thread: its step runs meanwhile
+                stepped.wait(60)
+            return scan(rule)
+        finally:
+            with lock:
+                scanning.discard(rule)
+
+    new_runs: list[str] = []
+
+    def stepping(step: Step) -> None:
+        scan_step(step)
+        if "late00" in step.names and threading.current_thread().name.startswith("scans-4"):
+            new_runs.append(threading.current_thread().name)
+            if len(new_runs) >= 2:
+                stepped.set()
+
+    runner.scan = scanned  # type: ignore[method-assign]
+    runner.scan_step = stepping  # type: ignore[method-assign]
+    handing, resume = threading.Event(), threading.Event()
+    serving = threading.Thread(target=runner.serve, kwargs={"seconds": 60}, daemon=True)
+    try:
+        serving.start()
+        wait_until(lambda: runner._scan_executor is not None, "the scan threads")
+        first = runner._scan_executor
+        assert first is not None and first.threads == 1
+        call = first.call
+
+        def held(run: Any) -> None:  # the first hand-off waits for the reload
+            if not handing.is_set():
+                handing.set()
+                resume.wait(60)
+            call(run)
+
+        first.call = held  # type: ignore[method-assign]
+        wait_until(handing.is_set, "a step handing its rule off")
+        assert runner.apply(rules, [])
+        assert runner._scan_executor is not first and runner._scan_threads == 4
+        before = scans_of(runner)
+        resume.set()
+        wait_until(
+            lambda: all(n >= before.get(r, 0) + 2 for r, n in scans_of(runner).items()),
+            "every rule scanned twice after the reload",
+        )
+        # The hand-off met the old executor shut down: on the step's own thread.
+        assert where["late00"][0] == "scans_0"
+        wait_until(
+            lambda: not [t for t in threading.enumerate() if t.name == "scans_0"],
+            "the old scan thread's end",
+        )
+    finally:
+        resume.set()
+        stepped.set()
+        runner.stop()
+        serving.join(timeout=30)
+        runner.close()
+    assert twice == []
+    assert sorted(where) == [r.name for r in rules]
