@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from psycopg.errors import LockNotAvailable
+
 from slawatch.db import Connection, execute_raw, pipelined, prepares, translate
 from slawatch.engine.claim import ClaimPlan, probe_answer
 
@@ -50,6 +52,12 @@ _LOCK_TIMEOUT = f"SELECT set_config('lock_timeout', '{LOCK_TIMEOUT}', true)".enc
 # kept at most this many).
 _TEXTS: dict[tuple[Any, ...], bytes | str] = {}
 _TEXTS_MAX = 4_096
+
+
+def lock_not_had(exc: BaseException) -> bool:
+    """Whether ``exc`` (a translated error) is a lock not had within the
+    ``lock_timeout``: a table held by another session, not a fault of the rule's."""
+    return isinstance(exc.__cause__, LockNotAvailable)
 
 
 def askable(plan: ClaimPlan) -> bool:

@@ -55,7 +55,7 @@ from slawatch.delivery.notifiers import Notifier, build
 from slawatch.engine.abandon import give_up
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, fill_due
 from slawatch.engine.ready import prepare_all, prepare_ready
-from slawatch.engine.steps import askable, probe_step
+from slawatch.engine.steps import askable, lock_not_had, probe_step
 from slawatch.engine.timers import DEDUPE, known_types
 from slawatch.errors import ConfigError, SlawatchError
 from slawatch.events.ingest import Ingested
@@ -458,7 +458,8 @@ class Runner:
         now = time.monotonic()
         asking = now >= step.retry_at  # else its statement backs off: every rule alone
         probed: list[_Running] = []  # the statement's rules: the same from tick to tick
-        alone: list[str] = []
+        alone: list[str] = []  # each handed to a scan of its own
+        lonely: list[str] = []  # each asked alone first (_ask_alone)
         for name in step.names:
             running = self._running.get(name)
             if running is None or now < running.retry_at:
@@ -470,9 +471,14 @@ class Runner:
                 self._still_scanning(running, now)
                 continue
             taken.append(name)
-            if not ask or self._may_hold(running.rule):
+            if self._may_hold(running.rule):
                 alone.append(name)
-        mine = set(taken) - set(alone)
+            elif not ask:
+                # While the statement backs off, an inline or event rule is asked alone,
+                # as safe from a lock on its table as in the statement; a `track:
+                # table` rule has its own scan.
+                (lonely if askable(running.plan) else alone).append(name)
+        mine = set(taken) - set(alone) - set(lonely)
         asked = [r for r in probed if r.rule.name in mine]
         at = self.clock.now()
         answers = self._ask(step, probed) if asked else {}
@@ -486,19 +492,41 @@ class Runner:
                 running.retry_at = time.monotonic() + running.backoff.next()
                 self._release(running.rule.name)
             asked = []
+        elif asked and step.trouble.failing:  # the statement failed just now: each alone
+            lonely.extend(r.rule.name for r in asked)
+            asked = []
         idle: list[tuple[str, datetime, float]] = []
-        for i, running in enumerate(asked):
+        answered: list[tuple[_Running, float | None]] = [
+            (r, answers.get(r.rule.name) if answers is not None else None) for r in asked
+        ]
+        for i, name in enumerate(lonely):
+            running = self._running.get(name)
+            if running is None:  # removed by a reload meanwhile
+                self._release(name)
+                continue
+            try:
+                took = self._ask_alone(running)
+            except DatabaseUnavailable:  # each rule would wait for the pool again
+                for rest in lonely[i:]:
+                    if (left := self._running.get(rest)) is not None:
+                        left.retry_at = time.monotonic() + left.backoff.next()
+                    self._release(rest)
+                break
+            if took is False:  # its table is locked: said as its trouble; backs off
+                self._release(name)
+                continue
+            answered.append((running, took))
+        for i, (running, took) in enumerate(answered):
             name = running.rule.name
-            took = answers.get(name) if answers is not None else None
             if took is None:
                 alone.append(name)  # something due, or no answer: its own scan
                 continue
             try:
                 ours = self.definitions.check(running.rule)
             except DatabaseUnavailable:  # each check would wait for the pool again
-                for rest in asked[i:]:
-                    rest.retry_at = time.monotonic() + rest.backoff.next()
-                    self._release(rest.rule.name)
+                for waiting, _ in answered[i:]:
+                    waiting.retry_at = time.monotonic() + waiting.backoff.next()
+                    self._release(waiting.rule.name)
                 break
             except Exception:  # its own scan reads the records again and says it
                 alone.append(name)
@@ -567,6 +595,31 @@ class Runner:
         step.trouble.ok()  # its backoff is reset once the whole step went well (scan_step)
         share = (time.monotonic() - since) / len(probed)
         return {r.rule.name: share for r, due in zip(probed, got, strict=True) if due is False}
+
+    def _ask_alone(self, running: _Running) -> float | bool | None:
+        """Ask ``running``'s rule alone, as its step's statement would (while that
+        fails or backs off): its share of time when nothing is due; None when its own
+        scan is to look (something due, no answer, or a failure that scan will say);
+        False when a lock on its table was not had within the statement's
+        ``lock_timeout``, said as the rule's trouble, the rule backing off. A rule's own
+        scan waits for such a lock; asked here first, a table held by an ``ALTER
+        TABLE`` or a ``LOCK TABLE`` keeps its rules off the scan threads, which the
+        other rules need. Raises DatabaseUnavailable."""
+        since = time.monotonic()
+        name = running.rule.name
+        try:
+            with self.db.connection(f"probe for rule {name}") as conn:
+                (due,) = probe_step(conn, [running.plan], self.clock.now())
+        except DatabaseUnavailable:
+            raise
+        except SlawatchError as exc:
+            if not lock_not_had(exc):
+                return None
+            running.trouble.failed(f"{exc}; its table is locked: scanned again later", since)
+            self.metrics.scan_failed(name)
+            running.retry_at = time.monotonic() + running.backoff.next()
+            return False
+        return time.monotonic() - since if due is False else None
 
     def _hand(self, name: str) -> None:
         """Run ``name``'s scan (taken: :meth:`_take`) on a scan thread, as a run of its

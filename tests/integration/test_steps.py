@@ -155,7 +155,8 @@ def test_a_step_whose_statement_fails_scans_each_rule_alone(
         conn.execute("ALTER TABLE refunds RENAME TO refunds_gone")
         own = alone(runner)
         runner.scan_step(step)
-        assert sorted(own) == sorted(STEP)
+        # Each asked alone first: the due one and the broken one get a scan of their own.
+        assert sorted(own) == ["order_unshipped", "refund_unprocessed"]
         alerts = conn.execute("SELECT rule, key FROM slawatch.alert").fetchall()
         assert alerts == [("order_unshipped", "1")]
         failing = [r.message for r in caplog.records if "refund_unprocessed" in r.message]
@@ -166,8 +167,11 @@ def test_a_step_whose_statement_fails_scans_each_rule_alone(
         assert runner._running["order_unshipped"].retry_at == 0
         assert step.retry_at > 0
         own.clear()
-        runner.scan_step(step)  # the statement backs off: every rule alone
-        assert sorted(own) == ["order_unshipped", "parcel_undelivered"]
+        before = scans_of(runner)
+        runner.scan_step(step)  # the statement backs off: every rule asked alone
+        assert own == []  # nothing due: none scanned on its own, each recorded scanned
+        after = scans_of(runner)
+        assert [after[n] - before[n] for n in STEP] == [1, 0, 1]  # refund_: backing off
         own.clear()
         step.retry_at = 0.0  # its backoff over; refund_unprocessed's is not
         overdue(conn, 2)
@@ -313,8 +317,9 @@ def test_a_bug_in_a_steps_probes_backs_its_statement_off_and_says_so_once(
     step = Step.of(list(STEP), 30.0)
     tried: list[int] = []
 
-    def broken(*args: Any) -> list[bool | None]:
-        tried.append(1)
+    def broken(conn: Any, plans: list[ClaimPlan], now: datetime) -> list[bool | None]:
+        if len(plans) > 1:  # the step's statement (a rule asked alone: one plan)
+            tried.append(1)
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(scheduler_module, "probe_step", broken)
@@ -438,27 +443,46 @@ def test_behind_a_pooler_a_function_answering_null_is_left_out_for_the_probe_tex
 
 def test_a_table_held_locked_holds_up_its_rule_only(conn: Conn, dsn: str) -> None:
     """A rule's table held by a LOCK TABLE (an ALTER TABLE, a VACUUM FULL) fails the
-    step's statement within its lock_timeout instead of holding it: the step's other
-    rules are scanned and claim while the lock is held; the locked rule's own scan
-    waits for it, then claims."""
+    step's statement within its lock_timeout instead of holding it. Each rule is then
+    asked alone, as safe from the lock: the locked rule says so as its trouble and
+    backs off, with no scan of its own (which would wait for the lock on a scan thread
+    the other rules need: with two threads, two such rules stopped every rule); the
+    others are scanned and claim while the lock is held. Once it is gone, the locked
+    rule claims at its next scan."""
     runner = runner_of(conn, dsn, STEP)
     step = Step.of(list(STEP), 30.0)
+    own = alone(runner)
     other = psycopg.connect(dsn, autocommit=False)
-    scanning = threading.Thread(target=runner.scan_step, args=[step], daemon=True)
+    done = threading.Event()
+
+    def scanning() -> None:
+        runner.scan_step(step)
+        done.set()
+
+    def alerted() -> list[tuple[str]]:
+        return conn.execute("SELECT rule FROM slawatch.alert ORDER BY rule").fetchall()
+
     try:
         runner._held.clear()
         overdue(conn, 1, refund=1)
         other.execute("LOCK TABLE refunds")
-        scanning.start()
-
-        def alerted() -> list[tuple[str]]:
-            return conn.execute("SELECT rule FROM slawatch.alert ORDER BY rule").fetchall()
-
-        wait_until(lambda: alerted() == [("order_unshipped",)], "the unlocked rule's alert")
+        threading.Thread(target=scanning, daemon=True).start()
+        wait_until(done.is_set, "the step's scans, while the lock is held")
+        assert alerted() == [("order_unshipped",)]
+        assert own == ["order_unshipped"]
+        locked = runner._running["refund_unprocessed"]
+        assert locked.trouble.failing and locked.retry_at > 0
+        # The statement backs off: the next tick asks each rule alone, as safe.
+        done.clear()
+        threading.Thread(target=scanning, daemon=True).start()
+        wait_until(done.is_set, "the next tick's scans, while the lock is held")
+        assert own == ["order_unshipped"] and alerted() == [("order_unshipped",)]
         other.rollback()
-        scanning.join(timeout=30)
-        assert not scanning.is_alive()
+        locked.retry_at = 0.0  # its backoff waited out
+        runner.scan_step(step)
         assert alerted() == [("order_unshipped",), ("refund_unprocessed",)]
+        assert own == ["order_unshipped", "refund_unprocessed"]
+        assert not locked.trouble.failing
     finally:
         other.close()
         runner.close()
