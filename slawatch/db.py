@@ -440,6 +440,30 @@ def pipelined(conn: Connection) -> Iterator[None]:
         raise
 
 
+# How long a scan's probe waits for a lock on a watched table (engine/steps.py,
+# engine/statetable.py, engine/probefn.py): an ALTER TABLE, a LOCK TABLE or a VACUUM
+# FULL holding it fails the probe at once, so the rule says so and backs off instead of
+# holding a scan thread, which the other rules need, for as long as the lock is held.
+# The probes take the weakest lock, which only such statements conflict with.
+LOCK_TIMEOUT = "200ms"
+_LOCK_TIMEOUT = f"SELECT set_config('lock_timeout', '{LOCK_TIMEOUT}', true)".encode()
+
+
+@contextlib.contextmanager
+def lock_bounded(conn: Connection) -> Iterator[None]:
+    """:func:`pipelined`, with ``lock_timeout`` set to :data:`LOCK_TIMEOUT` for the
+    statements inside alone, in the same request: no round trip more."""
+    with pipelined(conn):
+        conn.execute(_LOCK_TIMEOUT)
+        yield
+
+
+def lock_not_had(exc: BaseException) -> bool:
+    """Whether ``exc`` (a translated error) is a lock not had within ``lock_timeout``:
+    a table held by another session, not a fault of the rule's."""
+    return isinstance(exc.__cause__, psycopg.errors.LockNotAvailable)
+
+
 def attempt(
     conn: Connection, statement: Any, params: dict[str, Any], max_rows: int, *, keep: bool = True
 ) -> tuple[int | None, str | None]:

@@ -44,7 +44,7 @@ from slawatch.db import (
     Connection,
     execute_raw,
     first_row,
-    one_statement,
+    lock_bounded,
     prepares,
     sqlstate,
     translate,
@@ -327,7 +327,8 @@ class ProbeFunction:
         if not self.answers or prepares(conn):
             return None
         try:
-            with translate(f"probe for rule {self.definition.rule}"), one_statement(conn):
+            # A lock on the watched table fails it at once (lock_bounded).
+            with translate(f"probe for rule {self.definition.rule}"), lock_bounded(conn):
                 row = self.call.run(conn, values)
         except DatabaseError as exc:
             if sqlstate(exc) != UNDEFINED_FUNCTION:

@@ -47,7 +47,7 @@ from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
-from slawatch.db import Connection, one_statement, retry_conflicts, translate
+from slawatch.db import Connection, lock_bounded, one_statement, retry_conflicts, translate
 from slawatch.engine.acting import Act, parse_due
 from slawatch.engine.generation import GATE_CTE, GATE_WHERE
 from slawatch.engine.outbox import (
@@ -663,8 +663,9 @@ class TableScan:
         if answer is None:
             probe = self.plan.probe_text
             assert probe is not None
-            with translate(f"probe for rule {rule.name}"), one_statement(conn):
-                # Prepared at once where the pooler allows: the probe is what an idle scan costs.
+            # Prepared at once where the pooler allows: the probe is what an idle scan
+            # costs. A lock on the watched table fails it at once (lock_bounded).
+            with translate(f"probe for rule {rule.name}"), lock_bounded(conn):
                 row = probe.run(conn, values)
             answer = bool(row and row[0])
         if answer:

@@ -25,7 +25,7 @@ its scan would have had:
 sweep ended (engine/statetable.py), which their own scan reads.
 
 One statement for many rules must not wait for one rule's table: the statement runs
-with ``lock_timeout`` set for it alone (:data:`LOCK_TIMEOUT`, in the same request:
+with ``lock_timeout`` set for it alone (:data:`slawatch.db.LOCK_TIMEOUT`, in the same request:
 slawatch.db.pipelined), so a table held by an ``ALTER TABLE`` or a ``LOCK TABLE``
 fails it at once instead of holding up the step's other rules, which are then
 scanned one by one (runtime/scheduler.py).
@@ -37,27 +37,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from psycopg.errors import LockNotAvailable
-
-from slawatch.db import Connection, execute_raw, pipelined, prepares, translate
+from slawatch.db import Connection, execute_raw, lock_bounded, prepares, translate
 from slawatch.engine.claim import ClaimPlan, probe_answer
-
-# How long the statement waits for a lock on a rule's table before it fails (the
-# step's rules are then scanned one by one). Its probes take the weakest lock, which
-# only an ALTER TABLE, a LOCK TABLE, a VACUUM FULL and the like conflict with.
-LOCK_TIMEOUT = "200ms"
-_LOCK_TIMEOUT = f"SELECT set_config('lock_timeout', '{LOCK_TIMEOUT}', true)".encode()
 
 # Statements composed for the steps, by what they are made of (a reload makes new ones;
 # kept at most this many).
 _TEXTS: dict[tuple[Any, ...], bytes | str] = {}
 _TEXTS_MAX = 4_096
-
-
-def lock_not_had(exc: BaseException) -> bool:
-    """Whether ``exc`` (a translated error) is a lock not had within the
-    ``lock_timeout``: a table held by another session, not a fault of the rule's."""
-    return isinstance(exc.__cause__, LockNotAvailable)
 
 
 def askable(plan: ClaimPlan) -> bool:
@@ -148,10 +134,9 @@ def _first(
     conn: Connection, query: bytes | str, args: Sequence[Any], what: str, *, binary: bool = False
 ) -> tuple[Any, ...] | None:
     """The statement's one row, prepared where the connection prepares, after
-    :data:`LOCK_TIMEOUT` is set for it alone: one request, one transaction."""
+    :data:`slawatch.db.LOCK_TIMEOUT` is set for it alone: one request, one transaction."""
     with translate(what):
-        with pipelined(conn):
-            conn.execute(_LOCK_TIMEOUT)
+        with lock_bounded(conn):
             cur = execute_raw(conn, query, args, prepare=True, binary=binary)
         row: tuple[Any, ...] | None = cur.fetchone()
     return row

@@ -41,6 +41,7 @@ from slawatch.db import (
     DatabaseUnavailable,
     Pooler,
     PreparedStatementLost,
+    lock_not_had,
     redact,
 )
 from slawatch.delivery.dispatcher import (
@@ -55,7 +56,7 @@ from slawatch.delivery.notifiers import Notifier, build
 from slawatch.engine.abandon import give_up
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, fill_due
 from slawatch.engine.ready import prepare_all, prepare_ready
-from slawatch.engine.steps import askable, lock_not_had, probe_step
+from slawatch.engine.steps import askable, probe_step
 from slawatch.engine.timers import DEDUPE, known_types
 from slawatch.errors import ConfigError, SlawatchError
 from slawatch.events.ingest import Ingested
@@ -390,7 +391,8 @@ class Runner:
         except SlawatchError as exc:
             if self.definitions.refused(running.rule, exc):
                 return None  # the claims' gate: said once by Definitions
-            running.trouble.failed(str(exc), since)
+            locked = "; its table is locked: scanned again later" if lock_not_had(exc) else ""
+            running.trouble.failed(f"{exc}{locked}", since)
             self.metrics.scan_failed(rule)
             result = None
         except Exception as exc:  # a bug: keep scanning the other rules, and this one later
@@ -481,19 +483,17 @@ class Runner:
         mine = set(taken) - set(alone) - set(lonely)
         asked = [r for r in probed if r.rule.name in mine]
         at = self.clock.now()
-        answers = self._ask(step, probed) if asked else {}
+        answers, failed = self._ask(step, probed) if asked else ({}, False)
         # Its statement asked and answered, or none to ask (scan_step: a bug's end);
         # not while it backs off (none probed then).
-        whole = (
-            (answers is not None and not step.trouble.failing) if asked else (asking and not probed)
-        )
-        if answers is None:  # the database's outage: its line says it; the rules back off
+        whole = (answers is not None) if asked else (asking and not probed)
+        if failed:  # the statement failed just now: each rule asked alone
+            lonely.extend(r.rule.name for r in asked)
+            asked = []
+        elif answers is None:  # the database's outage: its line says it; the rules back off
             for running in asked:
                 running.retry_at = time.monotonic() + running.backoff.next()
                 self._release(running.rule.name)
-            asked = []
-        elif asked and step.trouble.failing:  # the statement failed just now: each alone
-            lonely.extend(r.rule.name for r in asked)
             asked = []
         idle: list[tuple[str, datetime, float]] = []
         answered: list[tuple[_Running, float | None]] = [
@@ -575,26 +575,32 @@ class Runner:
         """Whether ``rule``'s scan may have held actions to run again (_retry_held)."""
         return rule.name in self._held and self.actions == "on"
 
-    def _ask(self, step: Step, probed: list[_Running]) -> dict[str, float] | None:
+    def _ask(self, step: Step, probed: list[_Running]) -> tuple[dict[str, float] | None, bool]:
         """The rules of ``probed`` with nothing due, by name, each with its share of the
-        statement's time; None when the database is unreachable. When the statement
-        fails otherwise, none (each rule is scanned alone) and the step's statement
-        backs off."""
+        statement's time, and whether the statement failed; (None, False) when the
+        database is unreachable. When the statement fails otherwise, (None, True): each
+        rule is to be asked alone (:meth:`_ask_alone`), and the step's statement backs
+        off, unless what failed it was a lock on a rule's table (that rule's trouble)."""
         since = time.monotonic()
         try:
             with self.db.connection("probe for a step of rules") as conn:
                 got = probe_step(conn, [r.plan for r in probed], self.clock.now())
         except DatabaseUnavailable:
-            return None
+            return None, False
         except SlawatchError as exc:
-            # One rule's probe that fails (its table gone or locked) fails the statement:
-            # each scan alone says which; a failing rule is left out during its backoff.
-            step.retry_at = time.monotonic() + step.backoff.next()
-            step.trouble.failed(f"{exc}; its rules are scanned one by one meanwhile", since)
-            return {}
+            # One rule's probe that fails fails the statement: each rule is then asked
+            # alone, which says which; a failing rule is left out during its backoff. A
+            # table held locked is that rule's trouble, said by it alone, not the step's:
+            # the statement goes on without it at the next tick.
+            if not lock_not_had(exc):
+                step.retry_at = time.monotonic() + step.backoff.next()
+                step.trouble.failed(f"{exc}; its rules are scanned one by one meanwhile", since)
+            return None, True
         step.trouble.ok()  # its backoff is reset once the whole step went well (scan_step)
         share = (time.monotonic() - since) / len(probed)
-        return {r.rule.name: share for r, due in zip(probed, got, strict=True) if due is False}
+        return {
+            r.rule.name: share for r, due in zip(probed, got, strict=True) if due is False
+        }, False
 
     def _ask_alone(self, running: _Running) -> float | bool | None:
         """Ask ``running``'s rule alone, as its step's statement would (while that

@@ -92,7 +92,8 @@ def test_an_idle_inline_drain_is_one_read_only_statement(conn: Conn, pooled: Dat
     assert traced_drain(pooled, plan, NOW) == (1, 0)
     sent = sent_statements(pooled, lambda: drain(pooled, plan, Fixed(NOW)))
     # No write: the rule's probe function (its probe; engine/probefn.py).
-    assert len(sent) == 1 and '"SELECT "slawatch"."order_unshipped_probe"(' in sent[0]
+    assert len(sent) == 2 and "set_config('lock_timeout'" in sent[0]  # in one request
+    assert '"SELECT "slawatch"."order_unshipped_probe"(' in sent[1]
 
 
 def test_the_probe_finds_each_kind_of_work(conn: Conn, pooled: Database) -> None:
@@ -509,7 +510,8 @@ def test_an_idle_table_drain_is_one_read_only_statement(conn: Conn, pooled: Data
     for later in (NOW + S, five, five + S):
         sent = sent_statements(pooled, lambda at=later: drain(pooled, plan, Fixed(at)))
         # No write: the probe function (engine/probefn.py) alone.
-        assert len(sent) == 1 and '"SELECT "slawatch"."order_unshipped_probe"(' in sent[0]
+        assert len(sent) == 2 and "set_config('lock_timeout'" in sent[0]  # in one request
+        assert '"SELECT "slawatch"."order_unshipped_probe"(' in sent[1]
         if later == five:  # due 4 minutes ago, committed now: before the idle probes'
             order(conn, 5, NOW - DUE + 60 * S)  # window too (it moved on): the sweep's
     assert watermark(conn) == mark

@@ -441,7 +441,7 @@ def test_behind_a_pooler_a_function_answering_null_is_left_out_for_the_probe_tex
         runner.close()
 
 
-def test_a_table_held_locked_holds_up_its_rule_only(conn: Conn, dsn: str) -> None:
+def test_a_table_held_locked_holds_up_its_rule_only(conn: Conn, dsn: str, caplog: Any) -> None:
     """A rule's table held by a LOCK TABLE (an ALTER TABLE, a VACUUM FULL) fails the
     step's statement within its lock_timeout instead of holding it. Each rule is then
     asked alone, as safe from the lock: the locked rule says so as its trouble and
@@ -449,6 +449,7 @@ def test_a_table_held_locked_holds_up_its_rule_only(conn: Conn, dsn: str) -> Non
     the other rules need: with two threads, two such rules stopped every rule); the
     others are scanned and claim while the lock is held. Once it is gone, the locked
     rule claims at its next scan."""
+    caplog.set_level(logging.INFO, logger="slawatch")
     runner = runner_of(conn, dsn, STEP)
     step = Step.of(list(STEP), 30.0)
     own = alone(runner)
@@ -472,6 +473,9 @@ def test_a_table_held_locked_holds_up_its_rule_only(conn: Conn, dsn: str) -> Non
         assert own == ["order_unshipped"]
         locked = runner._running["refund_unprocessed"]
         assert locked.trouble.failing and locked.retry_at > 0
+        # The lock is that rule's trouble, not the step's: its statement does not back off.
+        assert not [r for r in caplog.records if r.message.startswith("the probes of")]
+        assert step.retry_at == 0
         # The statement backs off: the next tick asks each rule alone, as safe.
         done.clear()
         threading.Thread(target=scanning, daemon=True).start()
@@ -594,3 +598,51 @@ def test_a_reload_that_grows_the_scan_threads_while_a_step_hands_off_loses_no_ru
         runner.close()
     assert twice == []
     assert sorted(where) == [r.name for r in rules]
+
+
+@pytest.mark.parametrize("pooler", ["none", "transaction"])
+def test_a_table_rules_scan_on_a_locked_table_says_so_and_backs_off(
+    conn: Conn, dsn: str, caplog: Any, pooler: Pooler
+) -> None:
+    """A `track: table` rule has a scan of its own at every tick; between sweeps it
+    probes its table with the step's lock_timeout (its probe's text where the
+    connection prepares, its function behind a pooler). A lock on the table fails the
+    probe at once, said as the rule's trouble, and the rule backs off: the scan thread
+    is not held for as long as the lock (two such rules held both default threads, and
+    every rule stopped, saying nothing). Once the lock is gone, it claims."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    rule = shop(conn, "table")["order_unshipped"]
+    runner = Runner(dsn, [rule], [], Fixed(NOW), actions="off", pooler=pooler)
+    other = psycopg.connect(dsn, autocommit=False)
+    done = threading.Event()
+
+    def scanning() -> None:
+        runner.scan(rule.name)
+        done.set()
+
+    try:
+        assert runner.scan(rule.name) is not None  # the first: a sweep; then probes
+        other.execute("LOCK TABLE orders")
+        threading.Thread(target=scanning, daemon=True).start()
+        wait_until(done.is_set, "the scan, while the lock is held")
+        running = runner._running[rule.name]
+        assert running.trouble.failing and running.retry_at > 0
+        lines = [r for r in caplog.records if "its table is locked" in r.message]
+        assert len(lines) == 1 and "lock timeout" in lines[0].message
+        failures = runner.registry.get_sample_value(
+            "slawatch_scan_failures_total", {"rule": rule.name}
+        )
+        assert failures == 1
+        other.rollback()
+        conn.execute(
+            "INSERT INTO orders (id, user_id, total_cents, status, paid_at)"
+            " VALUES (1, 7, 100, 'paid', %s)",
+            (NOW - timedelta(hours=48, seconds=1),),
+        )
+        running.retry_at = 0.0  # its backoff waited out
+        result = runner.scan(rule.name)
+        assert result is not None and result.claimed == 1
+        assert not running.trouble.failing
+    finally:
+        other.close()
+        runner.close()
