@@ -21,6 +21,7 @@ from psycopg import sql
 
 from slawatch.config.rules import Rule
 from slawatch.db import Connection
+from slawatch.engine.outbox import MAX_DATA, TRUNCATED, row_cap
 
 # The column a claim statement with an action ends with (after the counts): one JSON
 # array [key, episode, n, [placeholder values], skip] per alert owing its action. An
@@ -41,7 +42,7 @@ _DUE = """,
                                    WHERE s.rule = %(rule)s AND s.ends_at > %(now)s::timestamptz
                                      AND s.starts_at <= %(now)s::timestamptz
                                      AND (s.key IS NULL OR s.key = a.key)
-                                     AND a.row_data @> s.matchers) THEN 'silenced' END)
+                                     AND a.row_data @> s.matchers) THEN 'silenced'{truncated} END)
                 ORDER BY a.key), '[]'::json)
           FROM alerts a
          WHERE a.n = %(action_on)s::integer
@@ -91,7 +92,16 @@ def due_column(rule: Rule, key: list[str]) -> sql.Composable:
         else sql.SQL("a.key")  # a one-column key (Rule.action_columns)
         for name in rule.action.placeholders
     ]
-    return sql.SQL(_DUE).format(params=sql.SQL(", ").join(values))
+    # A row over the bound keeps its key's columns alone (outbox.capped): an action that
+    # reads another is recorded skipped, not run with NULL in its place.
+    dropped = row_cap(rule, key) or []
+    truncated: sql.Composable = sql.SQL("")
+    if any(name in dropped for name in rule.action.placeholders):
+        truncated = sql.SQL("\n                     WHEN a.row_data ? {} THEN {}").format(
+            sql.Literal(TRUNCATED),
+            sql.Literal(f"row data over {MAX_DATA:,} bytes (docs/reference/rules.md, columns)"),
+        )
+    return sql.SQL(_DUE).format(params=sql.SQL(", ").join(values), truncated=truncated)
 
 
 def parse_due(value: Any, rule: Rule) -> list[Due]:

@@ -47,7 +47,7 @@ from slawatch.db import Connection, Database, one_statement, retry_conflicts, tr
 from slawatch.engine.acting import Act, due_column, parse_due
 from slawatch.engine.catalog import table_ident
 from slawatch.engine.generation import GATE_CTE, GATE_WHERE, generation
-from slawatch.engine.outbox import SEVERITIES, Tally, outbox, resolved, severities
+from slawatch.engine.outbox import SEVERITIES, Tally, outbox, resolved, row_cap, severities
 from slawatch.engine.predicates import predicates
 from slawatch.engine.probefn import (
     INLINE_PARAMS,
@@ -395,6 +395,7 @@ def plan_claim(
             ),
             resolved_severity,
             paged,
+            drop=row_cap(rule, key),
         )
         wake = sql.SQL(
             "EXISTS (SELECT 1 FROM deliveries) OR EXISTS (SELECT 1 FROM resolved_deliveries)"
@@ -431,6 +432,7 @@ def plan_claim(
             notify,
             acting=rule.action is not None,
             closed=sql.SQL("SELECT sw_key FROM closed"),
+            drop=row_cap(rule, key),
         ),
         severities=sql.SQL(SEVERITIES),
         due=due_column(rule, key),

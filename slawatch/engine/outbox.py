@@ -20,21 +20,71 @@ as receivers, the API and the CLI see it (docs/reference/notifiers.md).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from psycopg import sql
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 
+if TYPE_CHECKING:
+    from slawatch.config.rules import Rule
+
+# Bytes of an event's data as JSON (events/ingest.py), and of an alert's row data as
+# jsonb (capped below): one bound for what a receiver, the page and the API are sent.
+MAX_DATA = 64 * 1024
+
+# The one field of an alert's row that stands in for row data over MAX_DATA, beside
+# the row's key columns (docs/reference/rules.md, `columns`).
+TRUNCATED = "_slawatch_truncated"
+
+# An alert's row data, bounded: pg_column_size of a jsonb value just built is its
+# length (no read of the value), so a row within the bound costs one comparison. One
+# over it is replaced, in the rare branch, by TRUNCATED's sentence and the row's key
+# columns ({drop}: the others), or the sentence alone if those are over it too.
+_CAPPED = """\
+CASE WHEN pg_column_size({value}) <= {max} THEN {value}
+     ELSE (SELECT CASE WHEN pg_column_size(t.m || t.k) <= {max} THEN t.m || t.k ELSE t.m END
+             FROM (SELECT jsonb_build_object({truncated}, format(
+                              'row data of %%s bytes is over the %%s-byte limit;'
+                              ' see the row in the table',
+                              to_char(pg_column_size({value}), 'FM999,999,999,999'),
+                              {max_text})) AS m,
+                          {value} - {drop}::text[] AS k
+                   OFFSET 0) t) END"""
+
+
+def row_cap(rule: Rule, key: Sequence[str]) -> list[str] | None:
+    """The columns an alert of ``rule`` leaves out when its row data is over MAX_DATA
+    (:func:`capped`): its ``columns`` but the key's. None for an event rule: its row is
+    bounded when each event is taken (the data at MAX_DATA as JSON), and carried whole."""
+    if rule.events is not None:
+        return None
+    return [c for c in rule.alert_columns(list(key)) if c not in key]
+
+
+def capped(value: sql.Composable, drop: Sequence[str] | None) -> sql.Composable:
+    """``value`` (an alert's row data, jsonb) within MAX_DATA bytes; ``drop``: see
+    :func:`row_cap` (None: the value as it is)."""
+    if drop is None:
+        return value
+    return sql.SQL(_CAPPED).format(
+        value=value,
+        max=sql.Literal(MAX_DATA),
+        max_text=sql.Literal(f"{MAX_DATA:,}"),
+        truncated=sql.Literal(TRUNCATED),
+        drop=sql.Literal(list(drop)),
+    )
+
+
 _OUTBOX = """\
 ), alerts AS (
     INSERT INTO slawatch.alert (rule, key, episode, n, severity, deadline, due_at, fired_at,
                                 row_data)
     SELECT %(rule)s, c.key, c.episode, c.n, {severity}, c.deadline,
-           c.deadline + %(after)s::interval, %(now)s::timestamptz, c.row_data
+           c.deadline + %(after)s::interval, %(now)s::timestamptz, {row_data}
       FROM claimed c
     -- At most once, and a notification that exists already (tracking state restored
     -- from a backup, an upgrade cut short) is not an error that would stop the rule.
@@ -125,7 +175,7 @@ _RESOLVED = """\
     INSERT INTO slawatch.alert (rule, key, episode, n, kind, severity, deadline, due_at,
                                 fired_at, row_data)
     SELECT %(rule)s, e.key, e.episode, 0, 'resolved', {severity}, e.deadline,
-           e.deadline + %(after)s::interval, %(now)s::timestamptz, e.row_data
+           e.deadline + %(after)s::interval, %(now)s::timestamptz, {row_data}
       FROM ended_episodes e
     ON CONFLICT DO NOTHING
     RETURNING id, key, episode
@@ -149,11 +199,21 @@ _RESOLVED = """\
 
 
 def resolved(
-    ended_episodes: sql.Composable, severity: sql.Composable, paged: sql.Composable
+    ended_episodes: sql.Composable,
+    severity: sql.Composable,
+    paged: sql.Composable,
+    *,
+    drop: Sequence[str] | None,
 ) -> sql.Composed:
     """The CTEs writing resolved notices for ``ended_episodes`` (a SELECT); ``severity``
-    and ``paged`` (the notifiers paged in the episode) may read ``e.n``."""
-    return sql.SQL(_RESOLVED).format(ended_episodes=ended_episodes, severity=severity, paged=paged)
+    and ``paged`` (the notifiers paged in the episode) may read ``e.n``; ``drop``: the
+    row's cap (:func:`row_cap`)."""
+    return sql.SQL(_RESOLVED).format(
+        ended_episodes=ended_episodes,
+        severity=severity,
+        paged=paged,
+        row_data=capped(sql.SQL("e.row_data"), drop),
+    )
 
 
 def outbox(
@@ -162,16 +222,19 @@ def outbox(
     acting: bool = False,
     *,
     closed: sql.Composable,
+    drop: Sequence[str] | None,
 ) -> sql.Composed:
     """The ``alerts`` and ``deliveries`` CTEs for a rule's severity and notifiers, and
     the episode history's: new episodes, and ``closed`` (a SELECT of the keys of the
     episodes this statement closed) ended. ``acting``: ``alerts`` also returns key,
-    episode and row_data (engine/acting.py reads them)."""
+    episode and row_data (engine/acting.py reads them). ``drop``: the row's cap
+    (:func:`row_cap`): the alerts' row data is bounded as it is written."""
     returning = sql.SQL(", key, episode, row_data" if acting else "")
     return sql.SQL(_OUTBOX).format(
         severity=severity,
         notify=notify,
         returning=returning,
+        row_data=capped(sql.SQL("c.row_data"), drop),
         superseded=sql.SQL(_HISTORY_END).format(
             keys=sql.SQL("SELECT c.key FROM claimed c WHERE c.n = 1 AND c.episode > 1")
         ),

@@ -56,6 +56,7 @@ from slawatch.engine.outbox import (
     history_ended,
     outbox,
     resolved,
+    row_cap,
     severities,
 )
 from slawatch.engine.probefn import TABLE_PARAMS, ProbeFunction, Rendered, render
@@ -480,6 +481,7 @@ def compose(
             ),
             resolved_severity,
             paged,
+            drop=row_cap(rule, key),
         )
         close_resolved = resolved(
             sql.SQL(_SWEPT_EPISODES).format(
@@ -492,6 +494,7 @@ def compose(
             ),
             resolved_severity,
             paged,
+            drop=row_cap(rule, key),
         )
     # The rule's definition must be the recorded one (engine/generation.py).
     gate, gate_where = sql.SQL(GATE_CTE), sql.SQL(GATE_WHERE)
@@ -538,6 +541,7 @@ def compose(
             notify,
             acting=rule.action is not None,
             closed=sql.SQL("SELECT key FROM closed"),
+            drop=row_cap(rule, key),
         ),
         severities=sql.SQL(SEVERITIES),
         due=due or sql.SQL(""),

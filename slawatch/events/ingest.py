@@ -29,13 +29,13 @@ from slawatch.config.durations import format_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import EVENT_TYPE
 from slawatch.db import Connection, Database, sqlstate, translate
+from slawatch.engine.outbox import MAX_DATA as MAX_DATA  # bytes of an event's data, as JSON
 from slawatch.engine.timers import FUTURE, KEY_MAX
 from slawatch.errors import BadInput, ConfigError, DatabaseError
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 10_000  # events in one request or call
-MAX_DATA = 64 * 1024  # bytes of one event's data, as JSON
 MAX_ID = 200  # characters of an event id
 FIELDS = ("type", "key", "at", "data", "id")
 TRIES = 4  # attempts of a batch that hit a deadlock or a serialization failure

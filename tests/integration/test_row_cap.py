@@ -1,0 +1,180 @@
+"""An alert's row data is bounded (docs/reference/rules.md, ``columns``): a row over
+MAX_DATA bytes is still alerted, once, with a small replacement that says so, in both
+ways to track, in its resolved notice too, and the webhook sends the replacement."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+
+from slawatch.actions.run import runner
+from slawatch.clock import Clock
+from slawatch.config.notifiers import WebhookConfig
+from slawatch.config.rules import Rule
+from slawatch.db import Database
+from slawatch.delivery.dispatcher import deliver_due
+from slawatch.delivery.notifiers.webhook import WebhookNotifier
+from slawatch.engine.migrate import migrate
+from slawatch.engine.outbox import MAX_DATA, TRUNCATED
+from slawatch.engine.ready import prepare
+from tests.integration.helpers import Conn, claim_all
+from tests.receivers import WebhookReceiver, receiver
+
+__all__ = ["receiver"]
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+H = timedelta(hours=1)
+BIG = 4 * 1024 * 1024  # the probe's was 50 MiB: the same branch, a faster test
+
+TABLE = """
+CREATE TABLE orders (
+    id bigint PRIMARY KEY, status text NOT NULL, paid_at timestamptz NOT NULL, payload text
+)"""
+
+
+def rule(track: str, **fields: object) -> Rule:
+    base = {
+        "name": "late",
+        "table": "public.orders",
+        "track": track,
+        "deadline": "paid_at",
+        "after": "1h",
+        "open_when": "status = 'paid'",
+        "columns": ["id", "payload"],
+        "notify": ["console"],
+    }
+    return Rule.model_validate(base | fields)
+
+
+def row_size(conn: Conn, id: int) -> int:
+    """The size the claim compares: the row's jsonb as the rule's columns build it."""
+    (size,) = conn.execute(
+        "SELECT pg_column_size(jsonb_build_object('id', id, 'payload', payload))"
+        " FROM orders WHERE id = %s",
+        (id,),
+    ).fetchone()  # type: ignore[misc]
+    return int(size)
+
+
+def sized_orders(conn: Conn) -> None:
+    """Order 1 at 4 MiB of payload, 2 exactly at the bound, 3 one byte over it."""
+    conn.execute(TABLE)
+    conn.execute(
+        "INSERT INTO orders VALUES (1, 'paid', %s, repeat('x', %s)), (2, 'paid', %s, ''),"
+        " (3, 'paid', %s, 'y')",
+        (T0, BIG, T0, T0),
+    )
+    # A string's jsonb grows by its length: fill order 2 to the bound exactly.
+    conn.execute(
+        "UPDATE orders SET payload = repeat('z', %s) WHERE id = 2", (MAX_DATA - row_size(conn, 2),)
+    )
+    conn.execute(
+        "UPDATE orders SET payload = repeat('y', %s) WHERE id = 3",
+        (MAX_DATA + 1 - row_size(conn, 3) + 1,),
+    )
+    assert row_size(conn, 2) == MAX_DATA
+    assert row_size(conn, 3) == MAX_DATA + 1
+
+
+def replacement(size: int) -> str:
+    return f"row data of {size:,} bytes is over the 65,536-byte limit; see the row in the table"
+
+
+def row_data(conn: Conn, kind: str = "firing") -> dict[str, Any]:
+    rows = conn.execute(
+        "SELECT key, row_data FROM slawatch.alert WHERE rule = 'late' AND kind = %s ORDER BY key",
+        (kind,),
+    ).fetchall()
+    return {key: data for key, data in rows}
+
+
+def test_a_row_over_the_bound_is_alerted_once_with_a_small_replacement(
+    conn: Conn, track: str
+) -> None:
+    sized_orders(conn)
+    big, over = row_size(conn, 1), row_size(conn, 3)
+    late = rule(track, resolve=True)
+    migrate(conn, [late])
+    plan = prepare(conn, late)
+    assert claim_all(conn, plan, T0 + 2 * H) == 3
+    assert claim_all(conn, plan, T0 + 3 * H) == 0  # once
+    got = row_data(conn)
+    # The row's key columns are kept beside the sentence; the rest is left out.
+    assert got["1"] == {"id": 1, TRUNCATED: replacement(big)}
+    assert got["3"] == {"id": 3, TRUNCATED: replacement(over)}
+    assert got["2"] == {"id": 2, "payload": "z" * (len(got["2"]["payload"]))}
+    (stored,) = conn.execute(
+        "SELECT max(pg_column_size(row_data)) FROM slawatch.alert WHERE rule = 'late'"
+    ).fetchone()  # type: ignore[misc]
+    assert stored <= MAX_DATA
+    assert big > BIG
+    # Their resolved notices are bounded alike.
+    conn.execute("UPDATE orders SET status = 'shipped'")
+    claim_all(conn, plan, T0 + 30 * H)
+    if track == "table":  # a notified-once episode ends at the sweep
+        claim_all(conn, plan, T0 + 31 * H)
+    resolved = row_data(conn, "resolved")
+    assert resolved["1"] == {"id": 1, TRUNCATED: replacement(big)}
+    assert resolved["2"]["payload"] == got["2"]["payload"]
+
+
+@pytest.mark.parametrize("track", ["inline"])
+def test_without_the_key_in_columns_the_sentence_is_alone(conn: Conn, track: str) -> None:
+    sized_orders(conn)
+    late = rule(track, columns=["payload"])
+    migrate(conn, [late])
+    assert claim_all(conn, prepare(conn, late), T0 + 2 * H) == 3
+    (size,) = conn.execute(
+        "SELECT pg_column_size(jsonb_build_object('payload', payload)) FROM orders WHERE id = 1"
+    ).fetchone()  # type: ignore[misc]
+    assert row_data(conn)["1"] == {TRUNCATED: replacement(int(size))}
+
+
+@pytest.mark.parametrize("track", ["inline"])
+def test_the_webhook_is_sent_the_replacement(
+    conn: Conn, dsn: str, receiver: WebhookReceiver, track: str
+) -> None:
+    sized_orders(conn)
+    big = row_size(conn, 1)
+    late = rule(track, notify=["hook"])
+    migrate(conn, [late])
+    claimed = T0 + 2 * H
+    assert claim_all(conn, prepare(conn, late), claimed) == 3
+    hook = WebhookNotifier(
+        WebhookConfig.model_validate({"name": "hook", "type": "webhook", "url": receiver.url})
+    )
+    with Database(dsn, size=2, timeout=10) as pool, freeze_time(claimed):
+        assert deliver_due(pool, {"hook": hook}, Clock()).sent == 3
+    hook.close()
+    (request,) = receiver.requests
+    rows = {a["key"]: a["row"] for a in request.alerts}
+    assert rows["1"] == {"id": 1, TRUNCATED: replacement(big)}
+    assert len(rows["2"]["payload"]) > MAX_DATA - 100
+    assert len(request.body) < 3 * MAX_DATA
+
+
+@pytest.mark.parametrize(
+    ("action", "runs"),
+    [
+        ("insert into marks (id, note) values (:id, :payload)", ["2"]),
+        ("insert into marks (id) values (:id)", ["1", "2", "3"]),
+    ],
+)
+def test_an_action_that_reads_a_column_left_out_is_recorded_skipped(
+    conn: Conn, track: str, action: str, runs: list[str]
+) -> None:
+    """Not run with NULL in the column's place; one that reads the key alone runs."""
+    sized_orders(conn)
+    conn.execute("CREATE TABLE marks (id bigint NOT NULL, note text)")
+    late = rule(track, action={"sql": action})
+    migrate(conn, [late])
+    plan = prepare(conn, late).with_act(runner("on"))
+    assert claim_all(conn, plan, T0 + 2 * H) == 3
+    done = conn.execute("SELECT key, status, error FROM slawatch.action ORDER BY key").fetchall()
+    why = f"row data over {MAX_DATA:,} bytes (docs/reference/rules.md, columns)"
+    assert done == [(k, "ok", None) if k in runs else (k, "skipped", why) for k in ["1", "2", "3"]]
+    marked = conn.execute("SELECT id::text FROM marks ORDER BY id").fetchall()
+    assert [m for (m,) in marked] == runs
