@@ -27,7 +27,12 @@ _ISO = re.compile(
     r"P(?:(?P<w>\d+)W)?(?:(?P<d>\d+)D)?"
     r"(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?"
 )
-_HINT = "try 30s, 15m, 6h, 1d, 1h30m or PT48H"
+# What parse_duration reads, in every error about a value that is not a duration.
+_HINT = "a number of seconds, whole s, m, h, d, w (90s, 1h30m) or ISO 8601 (PT48H)"
+_WORD = re.compile(r"(?:\d+(?:\.\d+)?[a-zµ]+)+")
+_WORD_PART = re.compile(r"(\d+(?:\.\d+)?)([a-zµ]+)")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?")
+_ISO_DATE = re.compile(r"P(?:\d+(?:\.\d+)?[YMWD])+(?:T.*)?")
 
 # 100 years: PostgreSQL's timestamps reach the year 294276, so any "now" plus
 # this (or a sum of a few of these) stays in range, and no rule needs more.
@@ -83,7 +88,29 @@ def parse_duration(
                 seconds=values.get("s", 0),
             ),
         )
-    raise ValueError(f"{shorten(s)} is not a duration ({_HINT})")
+    raise ValueError(_not_a_duration(s, compact, upper))
+
+
+def _not_a_duration(s: str, compact: str, upper: str) -> str:
+    """Why ``s`` is not a duration: what is wrong with one that nearly is, and the forms."""
+    why = ""
+    if _NUMBER.fullmatch(compact):
+        # YAML reads 1e9 (no dot) and a quoted number as text, not as a number.
+        why = ": YAML reads it as text; write the seconds in digits, unquoted"
+    elif _ISO_DATE.fullmatch(upper) and ("Y" in upper or "M" in upper.split("T")[0]):
+        return (
+            f"{shorten(s)} is not a duration: ISO 8601 years and months are not accepted"
+            " (their length varies); write days, e.g. P3650D"
+        )
+    elif _WORD.fullmatch(compact):
+        for number, unit in _WORD_PART.findall(compact):
+            if unit not in _UNITS:
+                why = f": {unit!r} is not a unit"
+                break
+            if "." in number:
+                why = f": {number}{unit} is not a whole number of {unit}"
+                break
+    return f"{shorten(s)} is not a duration{why} ({_HINT})"
 
 
 def _bounded(
@@ -119,13 +146,24 @@ def format_duration(value: timedelta) -> str:
 
 
 def duration_validator(
-    *, positive: bool, limit: timedelta = MAX_DURATION, limit_text: str = MAX_DURATION_TEXT
+    *,
+    positive: bool,
+    limit: timedelta = MAX_DURATION,
+    limit_text: str = MAX_DURATION_TEXT,
+    least: timedelta | None = None,
+    least_why: str = "",
 ) -> BeforeValidator:
     """A pydantic validator for a duration field of at most ``limit`` (named ``limit_text``
-    in errors), and longer than zero when ``positive``."""
+    in errors), longer than zero when ``positive``, and at least ``least`` (the error
+    gives ``least_why``)."""
 
     def validate(value: Any) -> timedelta:
         d = parse_duration(value, limit, limit_text)
+        if least is not None and d < least:
+            raise ValueError(
+                f"{shorten(value)} is shorter than {format_duration(least)},"
+                f" the least slawatch accepts{least_why}"
+            )
         if positive and d <= timedelta(0):
             raise ValueError(f"{shorten(value)} must be longer than 0s")
         return d

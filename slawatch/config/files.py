@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import reprlib
 import stat
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,6 +50,34 @@ def check_name(value: str, pattern: re.Pattern[str], what: str, letters: str) ->
             " starting with a letter, at most 40 characters"
         )
     return value
+
+
+# PostgreSQL's longest name, in bytes (NAMEDATALEN - 1): a longer one is truncated.
+NAME_BYTES = 63
+
+
+def _ident_letters(text: object) -> bool:
+    if not isinstance(text, str) or not text or not (text[0].isalpha() or text[0] == "_"):
+        return False
+    return all(c.isalnum() or c in "_$" or unicodedata.category(c).startswith("M") for c in text)
+
+
+def is_ident(text: object) -> bool:
+    """Whether ``text`` is a name as PostgreSQL reads one (docs/reference/rules.md): a
+    letter (of any script) or ``_`` first, then letters, their combining marks, digits,
+    ``_`` and ``$``; at most :data:`NAME_BYTES` bytes in UTF-8. slawatch quotes every name,
+    so case matters and a keyword is a name like any other."""
+    return _ident_letters(text) and len(str(text).encode()) <= NAME_BYTES
+
+
+def ident_problem(text: object, what: str) -> str | None:
+    """Why ``text`` is not a name (``what``: "a column name", "a table name" ...); None: it is."""
+    if is_ident(text):
+        return None
+    if _ident_letters(text):
+        size = len(str(text).encode())
+        return f"{shorten(text)} is not {what}: {size} bytes in UTF-8, at most {NAME_BYTES}"
+    return f"{shorten(text)} is not {what} (a letter or _, then letters, digits, _ and $)"
 
 
 def shorten(value: object, limit: int = 80) -> str:

@@ -40,21 +40,27 @@ from slawatch.config.calendars import (
     MAX_WORKING_SPAN_TEXT,
     Calendar,
 )
-from slawatch.config.durations import Duration, PositiveDuration
-from slawatch.config.files import FileModel, check_name, load_dir, shorten
+from slawatch.config.durations import Duration, PositiveDuration, duration_validator
+from slawatch.config.files import (
+    FileModel,
+    check_name,
+    ident_problem,
+    is_ident,
+    load_dir,
+    shorten,
+)
 from slawatch.config.notifiers import WebhookConfig, interpolate
 from slawatch.errors import ConfigError
 
 RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
-# An identifier exactly as it is in the catalog (quoted in SQL, so case matters).
-IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 
 Severity = Literal["info", "warning", "critical"]
 
 
 def _ident(value: str) -> str:
-    if not isinstance(value, str) or not IDENT.fullmatch(value):
-        raise ValueError(f"{shorten(value)} is not a column name (letters, digits, _ and $)")
+    # An identifier exactly as it is in the catalog (quoted in SQL, so case matters).
+    if problem := ident_problem(value, "a column name"):
+        raise ValueError(problem)
     return value
 
 
@@ -377,8 +383,10 @@ ActionTimeout = Annotated[Duration, BeforeValidator(_milliseconds), AfterValidat
 def _role(v: object) -> object:
     if v is None:
         return v
-    if not isinstance(v, str) or not IDENT.fullmatch(v) or v.lower() in ("none", "public"):
-        raise ValueError(f"{shorten(v)} is not a role name (letters, digits, _ and $)")
+    if problem := ident_problem(v, "a role name"):
+        raise ValueError(problem)
+    if str(v).lower() in ("none", "public"):
+        raise ValueError(f"{shorten(v)} is not a role name (none and public are keywords)")
     return v
 
 
@@ -532,6 +540,16 @@ _TABLE_ONLY = (
 
 # How far ahead of a scan's time a re-notification is taken (Rule.renotify_cutoff).
 RENOTIFY_LEAD = timedelta(seconds=1)
+# The shortest `every` (docs/reference/rules.md): a scan is at least one transaction, and
+# 1 s is what the benchmarks measure (docs/performance.md); an `every: 0.001` rule ran
+# ~735 transactions a second and used a third of a CPU.
+MIN_EVERY = timedelta(seconds=1)
+Every = Annotated[
+    timedelta,
+    duration_validator(
+        positive=True, least=MIN_EVERY, least_why=" (each scan is a transaction or more)"
+    ),
+]
 
 
 def _zone(v: str) -> str:
@@ -570,7 +588,7 @@ class Rule(FileModel):
     deadline: Annotated[str, BeforeValidator(_deadline_text)]
     after: Duration = timedelta(0)
     open_when: str
-    every: PositiveDuration = timedelta(seconds=30)
+    every: Every = timedelta(seconds=30)
     batch: int = Field(default=10_000, ge=1, le=1_000_000)
     renotify: Renotify | None = None
     severity: Severity = "warning"
@@ -637,7 +655,7 @@ class Rule(FileModel):
                 "query: needs key: the column(s) of the query's output that identify a row"
             )
         deadline = data.get("deadline")
-        if isinstance(deadline, str) and not IDENT.fullmatch(deadline.strip()):
+        if isinstance(deadline, str) and not is_ident(deadline.strip()):
             raise ValueError(
                 "query: deadline: must be a column of the query's output (compute it in the query)"
             )
@@ -769,8 +787,11 @@ class Rule(FileModel):
     @classmethod
     def _table(cls, v: str) -> str:
         parts = v.split(".")
-        if len(parts) > 2 or not all(IDENT.fullmatch(p) for p in parts):
+        if len(parts) > 2:
             raise ValueError(f"{shorten(v)} is not a table name (table or schema.table)")
+        for part in parts:
+            if problem := ident_problem(part, "a table name (table or schema.table)"):
+                raise ValueError(problem if part == v else f"{shorten(v)}: {problem}")
         return v
 
     @field_validator("open_when")
@@ -787,7 +808,7 @@ class Rule(FileModel):
     @field_validator("deadline")
     @classmethod
     def _deadline(cls, v: str, info: ValidationInfo) -> str:
-        if IDENT.fullmatch(v):
+        if is_ident(v):
             return v
         problem = deadline_problem(v, str(info.data.get("table", "")).split(".")[-1])
         if problem:
@@ -887,7 +908,7 @@ class Rule(FileModel):
     @property
     def deadline_column(self) -> str | None:
         """The deadline's column; None when the deadline is an expression."""
-        return self.deadline if IDENT.fullmatch(self.deadline) else None
+        return self.deadline if is_ident(self.deadline) else None
 
     @property
     def deadline_columns(self) -> list[str]:
@@ -1379,7 +1400,7 @@ def action_statement(text: str) -> tuple[str, list[str]]:
             continue
         name = tokens[i + 1]
         ident = text[name.start : name.end + 1]
-        if name.start != token.end + 1 or not IDENT.fullmatch(ident):
+        if name.start != token.end + 1 or not is_ident(ident):
             continue
         out.append(text[at : token.start].replace("%", "%%"))
         out.append(f"%({ident})s")

@@ -23,7 +23,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from slawatch.config.durations import parse_duration
-from slawatch.config.files import describe_validation_error, shorten
+from slawatch.config.files import describe_validation_error, ident_problem, shorten
 from slawatch.config.rules import EVENT_TYPE
 
 DEFAULT_RETENTION = timedelta(days=30)
@@ -213,19 +213,17 @@ def _ingest_tokens(value: Any) -> list[IngestScope]:
     return scopes
 
 
-# A role name as in the catalog (set with set_config, so case matters): as a rule's
-# action.role.
-ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
-
-
 def _action_role(value: Any) -> str | None:
     if value is None or value == "":
         return None
     text = str(value)
-    if not ROLE_NAME.fullmatch(text) or text.lower() in ("none", "public"):
-        raise PydanticCustomError(
-            "role", "{reason}", {"reason": f"{text!r} is not a role name (letters, digits, _, $)"}
-        )
+    # A role name as in the catalog (set with set_config, so case matters): as a rule's
+    # action.role.
+    reason = ident_problem(text, "a role name")
+    if reason is None and text.lower() in ("none", "public"):
+        reason = f"{text!r} is not a role name (none and public are keywords)"
+    if reason is not None:
+        raise PydanticCustomError("role", "{reason}", {"reason": reason})
     return text
 
 

@@ -13,6 +13,15 @@ from slawatch.engine.migrate import event_function_pending, inline_refusal, pend
 from slawatch.engine.probefn import attach
 from slawatch.errors import ConfigError
 
+# How a problem that `slawatch migrate` solves ends (:func:`needs_migrate`).
+RUN_MIGRATE = "run 'slawatch migrate'"
+
+
+def needs_migrate(problem: str) -> bool:
+    """Whether ``problem`` (from :func:`prepare_ready`) is one that `slawatch migrate`
+    solves: the rule is new or changed since its migrate, not broken."""
+    return problem.endswith(RUN_MIGRATE)
+
 
 def prepare(conn: Connection, rule: Rule) -> ClaimPlan:
     """Read the table's catalog entry and compose the claim; the table must be migrated."""
@@ -41,7 +50,7 @@ def prepare_ready(
         if rule.name in stale_function:
             problems[rule.name] = (
                 f"{rule.source}: rule {rule.name!r}: slawatch.event() does not know its event"
-                " types yet; run 'slawatch migrate'"
+                f" types yet; {RUN_MIGRATE}"
             )
             continue
         info = rule_table(conn, rule)
@@ -63,7 +72,7 @@ def prepare_ready(
             # Claiming now could be wrong (no tracking columns) or slow (no usable index).
             problems[rule.name] = (
                 f"{rule.source}: rule {rule.name!r} is not migrated or changed since the "
-                f"last migrate ({'; '.join(todo)}); run 'slawatch migrate'"
+                f"last migrate ({'; '.join(todo)}); {RUN_MIGRATE}"
             )
             continue
         key = key_columns(rule, info)

@@ -44,8 +44,8 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from slawatch.config.durations import parse_duration
-from slawatch.config.files import shorten
-from slawatch.config.rules import IDENT, Rule
+from slawatch.config.files import is_ident, shorten
+from slawatch.config.rules import Rule
 from slawatch.db import Connection, Database, translate
 from slawatch.engine.outbox import alert_id
 from slawatch.engine.queries import queries
@@ -235,7 +235,7 @@ def _matchers(value: object, rule: Rule) -> dict[str, Any]:
     known = rule.alert_columns(list(rule.key or ())) if rule.columns or rule.key else None
     out: dict[str, Any] = {}
     for field, v in value.items():
-        if not isinstance(field, str) or not IDENT.fullmatch(field):
+        if not isinstance(field, str) or not is_ident(field):
             raise BadInput(f"matchers: {shorten(field)} is not a field name (a column name)")
         if known is not None and field not in known:
             raise BadInput(

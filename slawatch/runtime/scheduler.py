@@ -55,7 +55,7 @@ from slawatch.delivery.dispatcher import (
 from slawatch.delivery.notifiers import Notifier, build
 from slawatch.engine.abandon import give_up
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, fill_due
-from slawatch.engine.ready import prepare_all, prepare_ready
+from slawatch.engine.ready import needs_migrate, prepare_all, prepare_ready
 from slawatch.engine.steps import askable, probe_step
 from slawatch.engine.timers import DEDUPE, known_types
 from slawatch.errors import ConfigError, SlawatchError
@@ -1104,8 +1104,20 @@ class Runner:
                 if before is None:
                     log.error("reload: %s; rule %s left out until then", problems[name], name)
                     continue
-                # Never quiet by accident: the rule as it ran pages on until migrated.
-                log.error("reload: %s; rule %s goes on as it was until then", problems[name], name)
+                # Never quiet by accident: the rule as it ran pages on. Waiting for a
+                # migrate is the rolling deploy's order (docs/how-to/rolling-deploys.md):
+                # a warning; a trigger created or the table gone is an error.
+                if needs_migrate(problems[name]):
+                    log.warning(
+                        "reload: %s; rule %s goes on with its running definition until"
+                        " 'slawatch migrate' records the new one (then reload to run it)",
+                        problems[name],
+                        name,
+                    )
+                else:
+                    log.error(
+                        "reload: %s; rule %s goes on as it was until then", problems[name], name
+                    )
                 running[name] = before
             elif before is None:
                 running[name] = _Running.start(rule, plans[name], self.backoff_cap)

@@ -40,7 +40,7 @@ KNOWN = ("shipped", "delivered")  # the event types of parcel_rule()
 RULE = """\
 name: parcel
 events: {start: shipped, stop: delivered, within: 1h}
-every: 0.2
+every: 1  # the least slawatch accepts (docs/reference/rules.md)
 notify: [hook]
 """
 

@@ -531,3 +531,32 @@ def test_a_partitioned_table_is_baselined_batch_by_batch(conn: Conn, track: str)
     assert (
         claim_all(conn, plan, T0 + M) if track == "table" else claim_batch(conn, plan, T0 + M)
     ) == 0
+
+
+@pytest.mark.parametrize("track", ["inline", "table"])
+def test_a_renamed_rule_pages_again_unless_baselined_or_named_as_before(
+    conn: Conn, track: str
+) -> None:
+    """What docs/reference/rules.md (Renaming a rule) says: a rule's name is its
+    identity (tracking columns or state table, alert ids), so a renamed rule is a new
+    rule that pages every overdue row again; `migrate --baseline --rule NEW` before it
+    runs marks them seen instead; `name: OLD` in the renamed file keeps the rule."""
+    old, plan = orders(conn, track)
+    overdue(conn, 3)
+    assert claim_all(conn, plan, NOW) == 3  # paged under the old name
+    renamed = old.model_copy(update={"name": "order_late"})
+    again = old.model_copy(update={"name": "order_again"})
+    migrate(conn, [old, renamed, again])
+    # Named as before (name: order_unshipped in the renamed file): the same rule.
+    assert claim_all(conn, prepare(conn, old), NOW + M) == 0
+    # Not baselined: every row is paged again, with new ids.
+    assert claim_all(conn, prepare(conn, again), NOW + M) == 3
+    assert {e[0] for e in episodes(conn, "order_again")} == {"1", "2", "3"}
+    # Baselined first (migrate --baseline --rule order_late): none is.
+    assert baseline(conn, renamed, NOW + M) == 3
+    assert claim_all(conn, prepare(conn, renamed), NOW + 2 * M) == 0
+    assert episodes(conn, "order_late") == []
+    # What falls due from then on pages under the new name.
+    conn.execute("INSERT INTO orders VALUES (4, 4, 100, 'paid', %s)", (T0 + H + 2 * M,))
+    assert claim_all(conn, prepare(conn, renamed), NOW + 3 * M) == 1
+    assert episodes(conn, "order_late") == [("4", 1, 1)]

@@ -120,3 +120,54 @@ def test_a_huge_value_is_quoted_in_short() -> None:
     message = str(exc.value)
     assert "(10,485,760 characters) is not a duration" in message
     assert len(message) < 200
+
+
+# What the forms are, and what is wrong with a value that nearly is one (an operator
+# probe: '1ms' only said "not a duration", P10Y the same though it is ISO 8601).
+AS_TEXT = "YAML reads it as text; write the seconds in digits, unquoted"
+NO_YEARS = (
+    "ISO 8601 years and months are not accepted (their length varies); write days, e.g. P3650D"
+)
+FORMS = "(a number of seconds, whole s, m, h, d, w (90s, 1h30m) or ISO 8601 (PT48H))"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1ms", f"'1ms' is not a duration: 'ms' is not a unit {FORMS}"),
+        ("6 hourz", f"'6 hourz' is not a duration: 'hourz' is not a unit {FORMS}"),
+        ("1.5h", f"'1.5h' is not a duration: 1.5h is not a whole number of h {FORMS}"),
+        # YAML reads 1e9 (no dot, no sign in the exponent) and a quoted number as text.
+        (
+            "1e9",
+            f"'1e9' is not a duration: {AS_TEXT} {FORMS}",
+        ),
+        (
+            "30",
+            f"'30' is not a duration: {AS_TEXT} {FORMS}",
+        ),
+        (
+            "P10Y",
+            f"'P10Y' is not a duration: {NO_YEARS}",
+        ),
+        (
+            "P1M",
+            f"'P1M' is not a duration: {NO_YEARS}",
+        ),
+        ("a fortnight", f"'a fortnight' is not a duration {FORMS}"),
+        ("36501d", "'36501d' is longer than 100 years, the most slawatch accepts"),
+    ],
+)
+def test_an_error_says_what_is_wrong_and_which_forms_are_read(text: str, expected: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        parse_duration(text)
+    assert str(exc.value) == expected
+
+
+def test_the_forms_the_errors_name_are_read() -> None:
+    assert parse_duration(1e9) == timedelta(seconds=1e9)
+    assert parse_duration(1000000000) == timedelta(seconds=1e9)
+    assert parse_duration("90s") == timedelta(seconds=90)
+    assert parse_duration("3650d") == timedelta(days=3650)
+    assert parse_duration("P3650D") == timedelta(days=3650)
+    assert parse_duration("P1DT12H") == timedelta(days=1, hours=12)

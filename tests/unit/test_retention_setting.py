@@ -29,7 +29,10 @@ def test_the_default_is_30_days(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("a fortnight", "SLAWATCH_RETENTION: 'a fortnight' is not a duration (try 30s"),
+        (
+            "a fortnight",
+            "SLAWATCH_RETENTION: 'a fortnight' is not a duration (a number of seconds, whole s",
+        ),
         ("59m", "SLAWATCH_RETENTION: '59m' is shorter than 1h, the least slawatch accepts"),
         ("3651d", "SLAWATCH_RETENTION: '3651d' is longer than 10 years, the most slawatch"),
         ("9" * 400 + "d", "is longer than 10 years"),

@@ -89,7 +89,10 @@ def test_backoff_doubles_up_to_max(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (GOOD + "every: 6 hourz\n", "orders.yaml: every: '6 hourz' is not a duration (try"),
+        (
+            GOOD + "every: 6 hourz\n",
+            "orders.yaml: every: '6 hourz' is not a duration: 'hourz' is not a unit (a number",
+        ),
         (GOOD + "renotify: {every: 6 hourz}\n", "orders.yaml: renotify.every: '6 hourz' is not"),
         (GOOD + "colour: red\n", "orders.yaml: colour: unknown field (known fields:"),
         (GOOD + "name: Orders-1\n", "orders.yaml: name: 'Orders-1' is not a rule name"),

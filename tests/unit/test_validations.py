@@ -88,7 +88,16 @@ def load_rule(tmp_path: Path, text: str) -> Rule:
         # Rule._open_when: not blank.
         ("open_when: '   '\n", "open_when: must be an SQL condition, e.g. status = 'paid'"),
         # Rule.every / sweep: PositiveDuration; after: a Duration (0 or more).
-        ("every: 0s\n", "every: '0s' must be longer than 0s"),
+        ("every: 0s\n", "every: '0s' is shorter than 1s, the least slawatch accepts"),
+        # Rule.every: at least MIN_EVERY (an operator's `every: 0.001` ran ~735
+        # transactions a second); 'ms' is not a unit.
+        (
+            "every: 0.001\n",
+            "every: 0.001 is shorter than 1s, the least slawatch accepts (each scan is a",
+        ),
+        ("every: 0.999\n", "every: 0.999 is shorter than 1s, the least slawatch accepts"),
+        ("every: PT0.5S\n", "every: 'PT0.5S' is shorter than 1s, the least slawatch accepts"),
+        ("every: 1ms\n", "every: '1ms' is not a duration: 'ms' is not a unit (a number of"),
         ("track: table\nsweep: 0s\n", "sweep: '0s' must be longer than 0s"),
         ("after: -1\n", "after: -1 is negative; a duration must be 0 or more"),
         # Rule.batch: 1 to 1,000,000.
@@ -106,7 +115,9 @@ def test_rule_bounds_are_accepted_at_their_limit(tmp_path: Path) -> None:
     text = GOOD.replace("key: id\n", "key: [a, b, c, d, e, f, g, h]\n")
     text += "batch: 1000000\nrenotify: {backoff: {first: 1h, max: 1h}, max: 1000000}\n"
     text += "escalate: [{from: 1, severity: info}]\nname: " + "a" * 40 + "\n"
+    text += "every: 1\n"  # MIN_EVERY
     rule = load_rule(tmp_path, text)
+    assert rule.every == timedelta(seconds=1)
     assert rule.batch == 1_000_000 and rule.key is not None and len(rule.key) == 8
     assert rule.renotify is not None and rule.renotify.max == 1_000_000
 
@@ -354,3 +365,63 @@ def test_a_bind_address_check(text: str) -> None:
 def test_a_duration_check(value: Any, expected: str) -> None:
     with pytest.raises(ValueError, match=expected):
         parse_duration(value)
+
+
+# Names as PostgreSQL reads them (an operator probe: `key: ключ` was refused as "not
+# letters"): a letter of any script or _ first, then letters, digits, _ and $, at most
+# 63 bytes in UTF-8 (NAMEDATALEN - 1), not 63 characters.
+CYRILLIC_63 = "я" * 31 + "x"  # 63 bytes, 32 characters
+CYRILLIC_64 = "я" * 32  # 64 bytes, 32 characters
+
+
+def test_names_of_any_script_are_column_table_and_schema_names(tmp_path: Path) -> None:
+    text = GOOD.replace("table: public.orders", "table: склад.заказы")
+    text = text.replace("key: id", "key: ключ")
+    text = text.replace("deadline: paid_at", "deadline: оплачен")
+    text += "columns: [ключ, Сумма_2$, हिन्दी, 日本語, _x]\n"
+    rule = load_rule(tmp_path, text)
+    assert (rule.schema_name, rule.table_name) == ("склад", "заказы")
+    assert rule.key == ["ключ"] and rule.deadline_column == "оплачен"
+    assert rule.columns == ["ключ", "Сумма_2$", "हिन्दी", "日本語", "_x"]
+    assert rule.deadline_sql("t") == '"t"."оплачен"'
+    assert load_rule(tmp_path, GOOD + f"columns: [{CYRILLIC_63}]\n").columns == [CYRILLIC_63]
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            f"columns: [{CYRILLIC_64}]\n",
+            f"columns.0: '{CYRILLIC_64}' is not a column name: 64 bytes in UTF-8, at most 63",
+        ),
+        (
+            f"key: {CYRILLIC_64}\n",
+            f"key.0: '{CYRILLIC_64}' is not a column name: 64 bytes in UTF-8, at most 63",
+        ),
+        (
+            f"table: {CYRILLIC_64}.orders\n",
+            f"table: '{CYRILLIC_64}.orders': '{CYRILLIC_64}' is not a table name (table or"
+            " schema.table): 64 bytes in UTF-8, at most 63",
+        ),
+        (
+            "columns: [2x]\n",
+            "columns.0: '2x' is not a column name (a letter or _, then letters, digits, _ and $)",
+        ),
+        ("columns: ['ключ-2']\n", "columns.0: 'ключ-2' is not a column name (a letter or _"),
+        ("key: '$x'\n", "key.0: '$x' is not a column name"),
+    ],
+)
+def test_a_name_is_refused_for_what_is_wrong_with_it(
+    tmp_path: Path, extra: str, expected: str
+) -> None:
+    message = rule_error(tmp_path, GOOD + extra)
+    assert f"{tmp_path}/orders.yaml: {expected}" in message, message
+
+
+def test_an_actions_placeholders_and_role_may_be_of_any_script(tmp_path: Path) -> None:
+    text = GOOD.replace("key: id", "key: ключ") + "columns: [ключ, сумма]\n"
+    text += "action: {on: 1, role: роль, sql: 'UPDATE orders SET n = :сумма WHERE id = :ключ'}\n"
+    rule = load_rule(tmp_path, text)
+    assert rule.action is not None and rule.action.role == "роль"
+    assert rule.action.placeholders == ["сумма", "ключ"]
+    assert Settings(action_role="роль").action_role == "роль"

@@ -1,0 +1,115 @@
+"""Names of any script, as PostgreSQL takes them (docs/reference/rules.md): a rule on
+``склад.заказы`` keyed by ``ключ`` is checked, migrated (tracking columns, its indexes)
+and claimed on both tracks, from the engine and from the command line.
+
+An operator probe found ``key: ключ`` refused as "not letters, digits, _ and $".
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slawatch.actions.run import runner
+from slawatch.config.rules import Rule
+from slawatch.engine.migrate import check, migrate
+from slawatch.engine.ready import prepare
+from tests.integration.helpers import Conn, alerts, claim_all
+from tests.integration.test_cli import slawatch
+
+NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+# 63 bytes in UTF-8 (PostgreSQL's longest name): 31 two-byte letters and one more.
+LONGEST = "я" * 31 + "x"
+
+TABLE = f"""
+CREATE SCHEMA склад;
+CREATE TABLE склад.заказы (
+    ключ bigint PRIMARY KEY,
+    статус text NOT NULL,
+    оплачен timestamptz NOT NULL,
+    "Сумма" integer NOT NULL,
+    {LONGEST} text NOT NULL DEFAULT 'долго'
+);
+INSERT INTO склад.заказы VALUES
+    (1, 'оплачен', '2026-03-01 10:00+00', 100),  -- overdue (26 h > 1 h)
+    (2, 'отправлен', '2026-03-01 10:00+00', 200),  -- done
+    (3, 'оплачен', '2026-03-02 11:30+00', 300);  -- not due yet
+"""
+
+
+def rule(track: str, **fields: Any) -> Rule:
+    return Rule.model_validate(
+        {
+            "name": "zakaz_late",
+            "table": "склад.заказы",
+            "key": "ключ",
+            "deadline": "оплачен",
+            "after": "1h",
+            "open_when": "статус = 'оплачен'",
+            "columns": ["ключ", "Сумма", LONGEST],
+            "notify": ["console"],
+            "track": track,
+        }
+        | fields
+    )
+
+
+@pytest.mark.parametrize("track", ["inline", "table"])
+def test_a_rule_on_names_of_any_script_is_migrated_and_claimed(conn: Conn, track: str) -> None:
+    conn.execute(TABLE)
+    watched = rule(track)
+    check(conn, [watched])
+    migrate(conn, [watched])
+    if track == "inline":  # its tracking columns and its partial index on the table
+        added = conn.execute(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = 'склад.заказы'::regclass"
+            " AND attname LIKE '%zakaz_late%' AND NOT attisdropped"
+        ).fetchone()
+        assert added is not None and added[0] > 0
+    indexes = conn.execute(
+        "SELECT indexdef FROM pg_indexes WHERE indexdef LIKE '%оплачен%'"
+    ).fetchall()
+    assert indexes, "an index on the deadline column"
+    plan = prepare(conn, watched)
+    assert claim_all(conn, plan, NOW) == 1
+    assert alerts(conn, "zakaz_late") == [("1", 1, "warning", ["console"])]
+    (row,) = conn.execute(
+        "SELECT row_data FROM slawatch.alert WHERE rule = 'zakaz_late'"
+    ).fetchone() or (None,)
+    assert row == {"ключ": 1, "Сумма": 100, LONGEST: "долго"}
+    assert claim_all(conn, plan, NOW + timedelta(minutes=1)) == 0  # alerted once
+
+
+def test_check_migrate_and_run_take_such_a_rule(conn: Conn, dsn: str, tmp_path: Path) -> None:
+    conn.execute(TABLE)
+    (tmp_path / "zakaz_late.yaml").write_text(
+        "table: склад.заказы\nkey: ключ\ndeadline: оплачен\nafter: 1h\n"
+        "open_when: \"статус = 'оплачен'\"\ncolumns: [ключ, Сумма]\nnotify: [console]\n",
+        encoding="utf-8",
+    )
+    before = slawatch("--rules", str(tmp_path), "check", dsn=dsn)
+    assert before.returncode == 1 and "will add" in before.stdout, before  # needs a migrate
+    for command in (["migrate"], ["check"], ["run", "--once"]):
+        result = slawatch("--rules", str(tmp_path), *command, dsn=dsn)
+        assert result.returncode == 0, result
+    rows = conn.execute(
+        "SELECT key, row_data FROM slawatch.alert WHERE rule = 'zakaz_late' ORDER BY key"
+    ).fetchall()
+    # Orders 1 and 3 are overdue by the wall clock (paid in March 2026, one hour allowed).
+    assert rows == [("1", {"ключ": 1, "Сумма": 100}), ("3", {"ключ": 3, "Сумма": 300})]
+
+
+def test_an_actions_placeholder_of_any_script_is_bound(conn: Conn) -> None:
+    conn.execute(TABLE)
+    acting = rule(
+        "inline",
+        action={"on": 1, "sql": "UPDATE склад.заказы SET статус = 'просрочен' WHERE ключ = :ключ"},
+    )
+    migrate(conn, [acting])
+    plan = prepare(conn, acting).with_act(runner("on"))
+    assert claim_all(conn, plan, NOW) == 1
+    statuses = conn.execute("SELECT ключ, статус FROM склад.заказы ORDER BY ключ").fetchall()
+    assert statuses == [(1, "просрочен"), (2, "отправлен"), (3, "оплачен")]
