@@ -520,20 +520,23 @@ def probe_table_indexes(
 
     Each rule's statements run in a savepoint, so that a rule PostgreSQL refuses gets
     its own answer and the others theirs. Its condition is tried first on the copy as
-    its rule alone would have it (the table's columns and its own tracking columns,
-    rolled back): the other rules' tracking columns must not make a name in
-    open_when resolve. Then the indexes of the rules whose condition passed, each
-    rule's tracking columns added in its savepoint and kept with its indexes
-    (tracking columns are named after their rule: no two rules share one).
+    its rule alone would have it: the other rules' tracking columns must not make a
+    name in open_when resolve. A condition that reads the table's columns reads them
+    with its own rule's tracking columns too, so those are added (and rolled back) only
+    to try again one the table alone refuses. Then the tracking columns of every rule
+    whose condition passed, in one ALTER TABLE (each costs as much as a copy; tracking
+    columns are named after their rule: no two rules share one), and each rule's
+    indexes; where that ALTER fails, each rule adds its own, for its own error.
     """
     tmp = sql.Identifier("pg_temp", probes[0].rule.table_name)
     refused: dict[int, str] = {}
     names = [
         [f"slawatch_probe_{n}_{i}" for i in range(len(p.indexes))] for n, p in enumerate(probes)
     ]
+    together = True  # every rule's tracking columns are on the copy
 
-    def tracked(probe: IndexProbe) -> None:
-        if probe.tracking:
+    def add(tracking: dict[str, str]) -> None:
+        if tracking:
             # The copy is empty: (re)adding a column gives it the wanted type.
             conn.execute(
                 sql.SQL("ALTER TABLE {} {}").format(
@@ -542,13 +545,12 @@ def probe_table_indexes(
                         sql.SQL("DROP COLUMN IF EXISTS {}, ADD COLUMN {} {}").format(
                             sql.Identifier(column), sql.Identifier(column), sql.SQL(type_)
                         )
-                        for column, type_ in probe.tracking.items()
+                        for column, type_ in tracking.items()
                     ),
                 )
             )
 
     def condition_alone(n: int) -> None:
-        tracked(probes[n])
         # Parameters force the extended protocol, which refuses several statements,
         # and prove that a literal % in the condition survives parameter substitution.
         conn.execute(
@@ -556,8 +558,13 @@ def probe_table_indexes(
             (1,),
         )
 
+    def condition_tracked(n: int) -> None:
+        add(probes[n].tracking)
+        condition_alone(n)
+
     def build(n: int) -> None:
-        tracked(probes[n])
+        if not together:
+            add(probes[n].tracking)
         for name, (column, predicate) in zip(names[n], probes[n].indexes, strict=True):
             where = sql.SQL("\nWHERE {}").format(sql.SQL(predicate)) if predicate else sql.SQL("")
             conn.execute(
@@ -589,9 +596,19 @@ def probe_table_indexes(
             )
             for n in range(len(probes)):
                 each(condition_alone, n, keep=False)
-            for n in range(len(probes)):
-                if n not in refused:
-                    each(build, n, keep=True)
+                if n in refused and probes[n].tracking:
+                    del refused[n]
+                    each(condition_tracked, n, keep=False)
+            passed = [n for n in range(len(probes)) if n not in refused]
+            try:
+                with translate("probing open_when"), conn.transaction():
+                    add({c: t for n in passed for c, t in probes[n].tracking.items()})
+            except DatabaseUnavailable:
+                raise
+            except DatabaseError:
+                together = False  # each rule adds its own, for its own error
+            for n in passed:
+                each(build, n, keep=True)
             found = dict(
                 conn.execute(
                     "SELECT c.relname, pg_get_indexdef(c.oid) FROM pg_class c"

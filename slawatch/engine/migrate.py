@@ -10,6 +10,9 @@ Whether an index is the one a rule needs is decided from the catalog, not from
 a label: PostgreSQL builds the wanted index on an empty copy of the table, and
 its canonical definition (``pg_get_indexdef``: columns and predicate) must
 equal the existing index's, which must also be valid and on the rule's table.
+A command probes each rule once, and all the rules of a table on one copy of
+it (:func:`with_probed_indexes`): a copy costs tens of milliseconds, and a
+deployment may watch a table with dozens of rules.
 """
 
 from __future__ import annotations

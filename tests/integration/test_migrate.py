@@ -640,8 +640,8 @@ def test_each_command_probes_a_tables_rules_on_one_copy_of_it(conn: Conn, n: int
 
 def test_a_tables_rules_probed_together_get_the_answers_each_gets_alone(conn: Conn) -> None:
     """On the one copy, a rule PostgreSQL refuses gets its own error and the others
-    their definitions; a rule's open_when does not see another rule's tracking columns,
-    which its table lacks; and check names each refused rule, only those."""
+    their definitions; a rule's open_when sees its own tracking columns, not another
+    rule's, which its table lacks; and check names each refused rule, only those."""
     conn.execute(TABLE)
     rules = [
         rule(name="a"),
@@ -649,6 +649,7 @@ def test_a_tables_rules_probed_together_get_the_answers_each_gets_alone(conn: Co
         rule(name="c", open_when="sw_a_n = 0"),  # a's column: only on a's copy
         rule(name="d", open_when="statuz = 'paid'"),  # the condition is refused
         rule(name="e", track="table", open_when="note LIKE '%x'"),
+        rule(name="f", open_when="sw_f_n = 0"),  # its own column: on its copy
     ]
     for r in rules:
         r._source = f"rules/{r.name}.yaml"  # type: ignore[assignment]
@@ -661,7 +662,7 @@ def test_a_tables_rules_probed_together_get_the_answers_each_gets_alone(conn: Co
 
     alone = {r.name: answers([r])[r.name] for r in rules}
     assert answers(rules) == alone
-    assert [len(alone[r.name][0]) for r in rules] == [3, 0, 0, 0, 2]
+    assert [len(alone[r.name][0]) for r in rules] == [3, 0, 0, 0, 2, 3]
     assert "IMMUTABLE" in str(alone["b"][1])
     assert 'column "sw_a_n" does not exist' in str(alone["c"][1])
     assert 'column "statuz" does not exist' in str(alone["d"][1])
