@@ -256,7 +256,7 @@ def cmd_migrate(
             return 0
         with connect(settings.dsn, pooler=settings.pooler) as conn:
             tables = check(conn, rules)
-            steps = plan(conn, rules, drop_event_types=drop_event_types)
+            steps = plan(conn, rules, drop_event_types=drop_event_types, tables=tables)
             sys.stdout.write(render(rules, steps, leftovers(conn, rules)))
             if not drop_event_types:
                 for line in kept_event_types(conn, rules):

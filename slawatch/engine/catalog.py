@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from psycopg import sql
@@ -13,6 +14,10 @@ from slawatch.engine.queries import queries
 from slawatch.errors import ConfigError, DatabaseError
 
 TIMESTAMP_TYPES = {"timestamp without time zone", "timestamp with time zone"}
+
+# Each rule's answer from :func:`probe_table_indexes`: PostgreSQL's canonical definitions
+# of its indexes, or why it refused them.
+Probed = tuple[list[str], str | None]
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,9 @@ class TableInfo:
     partitions: tuple[Partition, ...] = ()  # of a partitioned table, all levels
     # The type of each rule's deadline expression (text as written) over this table.
     deadline_types: dict[str, str] = field(default_factory=dict)
+    # Each rule's indexes as PostgreSQL defines them (by rule name): probed once per
+    # command for all the rules of a table (migrate.with_probed_indexes).
+    probed_indexes: dict[str, Probed] = field(default_factory=dict, compare=False)
 
 
 def deadline_type_of(rule: Rule, info: TableInfo) -> str:
@@ -471,13 +479,22 @@ def _key_is_unique(key: list[str], info: TableInfo) -> bool:
     return any(u <= columns for u in info.unique_keys)
 
 
+@dataclass(frozen=True)
+class IndexProbe:
+    """One rule's part of :func:`probe_table_indexes` (the arguments of :func:`probe_indexes`)."""
+
+    rule: Rule
+    tracking: dict[str, str]
+    indexes: list[tuple[str, str]]
+
+
 def probe_indexes(
     conn: Connection,
     rule: Rule,
     columns: dict[str, str],
     tracking: dict[str, str],
     indexes: list[tuple[str, str]],
-) -> tuple[list[str], str | None]:
+) -> Probed:
     """Build the rule's partial indexes on an empty copy of its table; PostgreSQL's
     canonical definitions of them, or why it refused.
 
@@ -490,55 +507,134 @@ def probe_indexes(
     always rolled back; comparing these definitions with those in the catalog tells
     whether an index is the one the rule needs.
     """
-    tmp = sql.Identifier("pg_temp", rule.table_name)
-    definitions = []
+    return probe_table_indexes(conn, columns, [IndexProbe(rule, tracking, indexes)])[0]
+
+
+def probe_table_indexes(
+    conn: Connection, columns: dict[str, str], probes: list[IndexProbe]
+) -> list[Probed]:
+    """:func:`probe_indexes` of several rules of one table (one ``table_name``, these
+    ``columns``), each rule's answer in turn: one empty copy of the table for all of
+    them, in one transaction, and their definitions read in one query: a copy costs
+    tens of milliseconds, and a table may have many rules.
+
+    Each rule's statements run in a savepoint, so that a rule PostgreSQL refuses gets
+    its own answer and the others theirs. Its condition is tried first on the copy as
+    its rule alone would have it: the other rules' tracking columns must not make a
+    name in open_when resolve. A condition that reads the table's columns reads them
+    with its own rule's tracking columns too, so those are added (and rolled back) only
+    to try again one the table alone refuses. Then the tracking columns of every rule
+    whose condition passed, in one ALTER TABLE (each costs as much as a copy; tracking
+    columns are named after their rule: no two rules share one), and each rule's
+    indexes; where that ALTER fails, each rule adds its own, for its own error.
+    """
+    tmp = sql.Identifier("pg_temp", probes[0].rule.table_name)
+    refused: dict[int, str] = {}
+    names = [
+        [f"slawatch_probe_{n}_{i}" for i in range(len(p.indexes))] for n, p in enumerate(probes)
+    ]
+    together = True  # every rule's tracking columns are on the copy
+
+    def add(tracking: dict[str, str]) -> None:
+        if tracking:
+            # The copy is empty: (re)adding a column gives it the wanted type.
+            conn.execute(
+                sql.SQL("ALTER TABLE {} {}").format(
+                    tmp,
+                    sql.SQL(", ").join(
+                        sql.SQL("DROP COLUMN IF EXISTS {}, ADD COLUMN {} {}").format(
+                            sql.Identifier(column), sql.Identifier(column), sql.SQL(type_)
+                        )
+                        for column, type_ in tracking.items()
+                    ),
+                )
+            )
+
+    def condition_alone(n: int) -> None:
+        # Parameters force the extended protocol, which refuses several statements,
+        # and prove that a literal % in the condition survives parameter substitution.
+        conn.execute(
+            sql.SQL("SELECT %s FROM {} WHERE ({}\n)").format(tmp, condition(probes[n].rule)),
+            (1,),
+        )
+
+    def condition_tracked(n: int) -> None:
+        add(probes[n].tracking)
+        condition_alone(n)
+
+    def build(n: int) -> None:
+        if not together:
+            add(probes[n].tracking)
+        for name, (column, predicate) in zip(names[n], probes[n].indexes, strict=True):
+            where = sql.SQL("\nWHERE {}").format(sql.SQL(predicate)) if predicate else sql.SQL("")
+            conn.execute(
+                sql.SQL("CREATE INDEX {} ON {} ({}){}").format(
+                    sql.Identifier(name), tmp, sql.SQL(column), where
+                )
+            )
+
+    def each(work: Callable[[int], None], n: int, *, keep: bool) -> None:
+        """``work`` for probe ``n`` in a savepoint; an error is its rule's answer."""
+        try:
+            with translate("probing open_when"), conn.transaction(force_rollback=not keep):
+                work(n)
+        except DatabaseUnavailable:
+            raise
+        except DatabaseError as exc:  # the database's verdict is the answer we are after
+            refused[n] = _refusal(exc)
+
     try:
         with translate("probing open_when"), conn.transaction(force_rollback=True):
             conn.execute(
                 sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(
-                    sql.Identifier(rule.table_name),
+                    sql.Identifier(probes[0].rule.table_name),
                     sql.SQL(", ").join(
                         sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))
                         for c, t in columns.items()
                     ),
                 )
             )
-            for column, type_ in tracking.items():
-                # The copy is empty: (re)adding a column gives it the wanted type.
+            for n in range(len(probes)):
+                each(condition_alone, n, keep=False)
+                if n in refused and probes[n].tracking:
+                    del refused[n]
+                    each(condition_tracked, n, keep=False)
+            passed = [n for n in range(len(probes)) if n not in refused]
+            try:
+                with translate("probing open_when"), conn.transaction():
+                    add({c: t for n in passed for c, t in probes[n].tracking.items()})
+            except DatabaseUnavailable:
+                raise
+            except DatabaseError:
+                together = False  # each rule adds its own, for its own error
+            for n in passed:
+                each(build, n, keep=True)
+            found = dict(
                 conn.execute(
-                    sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS {}, ADD COLUMN {} {}").format(
-                        tmp, sql.Identifier(column), sql.Identifier(column), sql.SQL(type_)
-                    )
-                )
-            # Parameters force the extended protocol, which refuses several statements,
-            # and prove that a literal % in the condition survives parameter substitution.
-            conn.execute(
-                sql.SQL("SELECT %s FROM {} WHERE ({}\n)").format(tmp, condition(rule)), (1,)
+                    "SELECT c.relname, pg_get_indexdef(c.oid) FROM pg_class c"
+                    " WHERE c.relname = ANY(%s) AND c.relnamespace = pg_my_temp_schema()",
+                    ([name for ns in names for name in ns],),
+                ).fetchall()
             )
-            for i, (column, predicate) in enumerate(indexes):
-                probe = f"slawatch_probe_{i}"
-                where = (
-                    sql.SQL("\nWHERE {}").format(sql.SQL(predicate)) if predicate else sql.SQL("")
-                )
-                conn.execute(
-                    sql.SQL("CREATE INDEX {} ON {} ({}){}").format(
-                        sql.Identifier(probe), tmp, sql.SQL(column), where
-                    )
-                )
-                found = conn.execute(
-                    "SELECT pg_get_indexdef(c.oid) FROM pg_class c"
-                    " WHERE c.relname = %s AND c.relnamespace = pg_my_temp_schema()",
-                    (probe,),
-                ).fetchone()
-                definitions.append(definition_tail(found[0]) if found else "")
     except DatabaseUnavailable:
         raise
-    except DatabaseError as exc:  # the database's verdict is the answer we are after
-        msg = describe(exc.__cause__ or exc)
-        if "IMMUTABLE" in msg and "index predicate" in msg:
-            msg += " (open_when must not call now(), random() or other volatile functions)"
-        return [], msg
-    return definitions, None
+    except DatabaseError as exc:  # the copy itself: every rule's answer
+        msg = _refusal(exc)
+        return [([], msg) for _ in probes]
+    return [
+        ([], refused[n])
+        if n in refused
+        else ([definition_tail(found[k]) if k in found else "" for k in ns], None)
+        for n, ns in enumerate(names)
+    ]
+
+
+def _refusal(exc: DatabaseError) -> str:
+    """Why PostgreSQL refused a rule's probe, in one line."""
+    msg = describe(exc.__cause__ or exc)
+    if "IMMUTABLE" in msg and "index predicate" in msg:
+        msg += " (open_when must not call now(), random() or other volatile functions)"
+    return msg
 
 
 def _timing(tgtype: int) -> str:

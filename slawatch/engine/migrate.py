@@ -10,6 +10,9 @@ Whether an index is the one a rule needs is decided from the catalog, not from
 a label: PostgreSQL builds the wanted index on an empty copy of the table, and
 its canonical definition (``pg_get_indexdef``: columns and predicate) must
 equal the existing index's, which must also be valid and on the rule's table.
+A command probes each rule once, and all the rules of a table on one copy of
+it (:func:`with_probed_indexes`): a copy costs tens of milliseconds, and a
+deployment may watch a table with dozens of rules.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from slawatch.config.rules import Rule, condition_columns
 from slawatch.db import Connection, quoted, translate
 from slawatch.engine import generation, probefn, rotate, schema, timers, trackswitch
 from slawatch.engine.catalog import (
+    IndexProbe,
     IndexState,
     Partition,
+    Probed,
     TableInfo,
     check_rule,
     deadline_type_of,
@@ -38,6 +43,7 @@ from slawatch.engine.catalog import (
     inspect_table,
     key_columns,
     probe_indexes,
+    probe_table_indexes,
     same_indexes,
     table_ident,
     update_side_effects,
@@ -326,11 +332,21 @@ def check(conn: Connection, rules: list[Rule]) -> dict[str, TableInfo]:
             "the database has standard_conforming_strings = off; slawatch needs it on "
             "(the default since PostgreSQL 9.1)"
         )
+    checked: dict[str, tuple[TableInfo | None, list[str]]] = {}
+    sound = []
     for rule in rules:
         if rule.events is not None and inspect_table(conn, "slawatch", rule.timers) is None:
             continue  # an event rule's timer table: migrate creates it
-        info, problems = check_rule(conn, rule)
+        info, problems = checked[rule.name] = check_rule(conn, rule)
         if info is not None and not problems:
+            sound.append((rule, info))
+    probed = with_probed_indexes(conn, sound)
+    for rule in rules:
+        if rule.name not in checked:
+            continue
+        info, problems = checked[rule.name]
+        if rule.name in probed:
+            info = probed[rule.name]
             _, problem = _wanted(conn, rule, info)
             if problem:
                 problems = [f"{rule.source}: open_when: {problem}"]
@@ -366,11 +382,43 @@ def inline_refusal(conn: Connection, rule: Rule) -> str | None:
     )
 
 
-def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> tuple[list[str], str | None]:
-    """The canonical definitions of the rule's indexes (see catalog.probe_indexes)."""
+def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> Probed:
+    """The canonical definitions of the rule's indexes (see catalog.probe_indexes): as
+    :func:`with_probed_indexes` found them, else probed now."""
+    known = info.probed_indexes.get(rule.name)
+    if known is not None:
+        return known
+    return probe_indexes(conn, rule, info.columns, *_probe_args(rule, info))
+
+
+def _probe_args(rule: Rule, info: TableInfo) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The tracking columns the rule's copy of its table needs, and its indexes'
+    (key, predicate): what catalog.probe_indexes builds."""
     specs = _all_indexes(rule)
     types = tracking_types(rule, deadline_type_of(rule, info)) if rule.track == "inline" else {}
-    return probe_indexes(conn, rule, info.columns, types, [(s.key, s.predicate) for s in specs])
+    return types, [(s.key, s.predicate) for s in specs]
+
+
+def with_probed_indexes(
+    conn: Connection, checked: list[tuple[Rule, TableInfo]]
+) -> dict[str, TableInfo]:
+    """Each rule's table (by rule name) with its wanted indexes probed, for every rule
+    of a table on one copy of it (catalog.probe_table_indexes): each command that
+    needs them (check, migrate, a start or reload of run) probes each rule once, and
+    a table's rules together (a copy costs tens of milliseconds)."""
+    tables: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[Rule, TableInfo]]] = {}
+    for rule, info in checked:
+        # The copy is a temporary table of the rule's table's name, with its columns.
+        tables.setdefault((rule.table_name, tuple(info.columns.items())), []).append((rule, info))
+    out = {}
+    for group in tables.values():
+        probes = [IndexProbe(rule, *_probe_args(rule, info)) for rule, info in group]
+        answers = probe_table_indexes(conn, group[0][1].columns, probes)
+        for (rule, info), answer in zip(group, answers, strict=True):
+            out[rule.name] = replace(
+                info, probed_indexes={**info.probed_indexes, rule.name: answer}
+            )
+    return out
 
 
 def _all_indexes(rule: Rule) -> list[IndexSpec]:
@@ -392,13 +440,21 @@ def schema_current(conn: Connection) -> bool:
     return schema.current(conn)
 
 
-def plan(conn: Connection, rules: list[Rule], *, drop_event_types: bool = False) -> list[Step]:
+def plan(
+    conn: Connection,
+    rules: list[Rule],
+    *,
+    drop_event_types: bool = False,
+    tables: dict[str, TableInfo] | None = None,
+) -> list[Step]:
     """What the database needs for ``rules``; nothing when it is up to date.
-    ``drop_event_types``: see :func:`_event_function`.
+    ``drop_event_types``: see :func:`_event_function`. ``tables``: what :func:`check`
+    returned for ``rules``, when the caller checked them already.
 
     Raises ConfigError, listing every problem, when any rule fails its check.
     """
-    tables = check(conn, rules)
+    if tables is None:
+        tables = check(conn, rules)
     steps = []
     for change in schema.pending(conn):
         steps.append(Step(change.sql, change.done, change=change))

@@ -7,9 +7,15 @@ from dataclasses import replace
 
 from slawatch.config.rules import Rule
 from slawatch.db import Connection
-from slawatch.engine.catalog import deadline_type_of, key_columns, rule_table
+from slawatch.engine.catalog import TableInfo, deadline_type_of, key_columns, rule_table
 from slawatch.engine.claim import ClaimPlan, plan_claim, probe_definition
-from slawatch.engine.migrate import event_function_pending, inline_refusal, pending, require_schema
+from slawatch.engine.migrate import (
+    event_function_pending,
+    inline_refusal,
+    pending,
+    require_schema,
+    with_probed_indexes,
+)
 from slawatch.engine.probefn import attach
 from slawatch.errors import ConfigError
 
@@ -46,6 +52,7 @@ def prepare_ready(
     plans, problems = {}, {}
     require_schema(conn)
     stale_function = set(event_function_pending(conn, rules))
+    found: list[tuple[Rule, TableInfo]] = []
     for rule in rules:
         if rule.name in stale_function:
             problems[rule.name] = (
@@ -58,7 +65,7 @@ def prepare_ready(
             problems[rule.name] = f"{rule.source}: table: {rule.table} does not exist"
             continue
         try:
-            deadline_type = deadline_type_of(rule, info)
+            deadline_type_of(rule, info)
         except ConfigError as exc:
             problems[rule.name] = str(exc)
             continue
@@ -67,6 +74,12 @@ def prepare_ready(
         if refused:
             problems[rule.name] = refused
             continue
+        found.append((rule, info))
+    # Each rule's wanted indexes, a table's rules on one copy of it (pending compares them).
+    probed = with_probed_indexes(conn, found)
+    for rule, _ in found:
+        info = probed[rule.name]
+        deadline_type = deadline_type_of(rule, info)
         todo = pending(conn, rule, info)
         if todo:
             # Claiming now could be wrong (no tracking columns) or slow (no usable index).
@@ -86,6 +99,9 @@ def prepare_ready(
             partitioned=info.relkind == "p",
             key=key,
         )
+    # In the order of ``rules``, as the reasons were logged before the probes were batched.
+    order = {rule.name: n for n, rule in enumerate(rules)}
+    problems = dict(sorted(problems.items(), key=lambda item: order[item[0]]))
     return with_probe_functions(conn, plans), problems
 
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from slawatch.config.rules import Rule
-from slawatch.engine.migrate import migrate, render
+from slawatch.engine.catalog import Probed, inspect_table
+from slawatch.engine.migrate import check, migrate, pending, render, with_probed_indexes
+from slawatch.engine.ready import prepare_ready
 from slawatch.errors import ConfigError
 from tests.integration.helpers import Conn, role_slawatch_app, shop
 
@@ -592,3 +597,79 @@ def test_a_migration_that_cannot_get_its_lock_fails_instead_of_queueing(
         assert conn.execute("SELECT to_regclass('slawatch.session')").fetchone() == (None,)
     migrate(conn, rules)
     assert schema_current(conn)
+
+
+def temp_tables(conn: Conn, work: Callable[[], object]) -> int:
+    """The statements ``work()`` sends on ``conn`` that create a temporary table."""
+    sent: list[str] = []
+
+    class Recording(psycopg.Cursor[Any]):
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            sent.append(query.as_string(self) if isinstance(query, sql.Composable) else str(query))
+            return super().execute(query, params, **kwargs)
+
+    conn.cursor_factory = Recording
+    try:
+        work()
+    finally:
+        conn.cursor_factory = psycopg.Cursor
+    return sum("CREATE TEMP TABLE" in s for s in sent)
+
+
+@pytest.mark.parametrize("n", [1, 6])
+def test_each_command_probes_a_tables_rules_on_one_copy_of_it(conn: Conn, n: int) -> None:
+    """The wanted indexes of all the rules of a table are built on one empty copy of it,
+    once per command (check then each rule's pending, as 'slawatch check'; migrate; a
+    start or reload of run): a copy per rule and use made 2,000 rules take minutes."""
+    conn.execute(TABLE)
+    rules = [
+        rule(name=f"late{i}", open_when=f"status = 'paid' AND ref = '{i}'", track=track)
+        for i, track in zip(range(n), itertools.cycle(["inline", "table"]), strict=False)
+    ]
+
+    def check_command() -> None:
+        tables = check(conn, rules)
+        for r in rules:
+            pending(conn, r, tables[r.name])
+
+    assert temp_tables(conn, check_command) == 1
+    assert temp_tables(conn, lambda: migrate(conn, rules)) == 1
+    assert temp_tables(conn, lambda: prepare_ready(conn, rules)) == 1
+    assert prepare_ready(conn, rules)[1] == {}
+
+
+def test_a_tables_rules_probed_together_get_the_answers_each_gets_alone(conn: Conn) -> None:
+    """On the one copy, a rule PostgreSQL refuses gets its own error and the others
+    their definitions; a rule's open_when sees its own tracking columns, not another
+    rule's, which its table lacks; and check names each refused rule, only those."""
+    conn.execute(TABLE)
+    rules = [
+        rule(name="a"),
+        rule(name="b", open_when="paid_at < now()"),  # the index is refused
+        rule(name="c", open_when="sw_a_n = 0"),  # a's column: only on a's copy
+        rule(name="d", open_when="statuz = 'paid'"),  # the condition is refused
+        rule(name="e", track="table", open_when="note LIKE '%x'"),
+        rule(name="f", open_when="sw_f_n = 0"),  # its own column: on its copy
+    ]
+    for r in rules:
+        r._source = f"rules/{r.name}.yaml"  # type: ignore[assignment]
+    info = inspect_table(conn, "public", "orders")
+    assert info is not None
+
+    def answers(rs: list[Rule]) -> dict[str, Probed]:
+        probed = with_probed_indexes(conn, [(r, info) for r in rs])
+        return {name: i.probed_indexes[name] for name, i in probed.items()}
+
+    alone = {r.name: answers([r])[r.name] for r in rules}
+    assert answers(rules) == alone
+    assert [len(alone[r.name][0]) for r in rules] == [3, 0, 0, 0, 2, 3]
+    assert "IMMUTABLE" in str(alone["b"][1])
+    assert 'column "sw_a_n" does not exist' in str(alone["c"][1])
+    assert 'column "statuz" does not exist' in str(alone["d"][1])
+    with pytest.raises(ConfigError) as exc:
+        check(conn, rules)
+    assert [line.split(":")[0] for line in str(exc.value).splitlines()] == [
+        "rules/b.yaml",
+        "rules/c.yaml",
+        "rules/d.yaml",
+    ]
