@@ -145,6 +145,12 @@ def format_duration(value: timedelta) -> str:
     return "".join(out)
 
 
+def shorter_than(value: Any, least_text: str, why: str = "") -> str:
+    """The error for a duration ``value`` under the least slawatch accepts (``least_text``,
+    e.g. "1s"; ``why``: the reason, as " (…)")."""
+    return f"{shorten(value)} is shorter than {least_text}, the least slawatch accepts{why}"
+
+
 def duration_validator(
     *,
     positive: bool,
@@ -160,10 +166,7 @@ def duration_validator(
     def validate(value: Any) -> timedelta:
         d = parse_duration(value, limit, limit_text)
         if least is not None and d < least:
-            raise ValueError(
-                f"{shorten(value)} is shorter than {format_duration(least)},"
-                f" the least slawatch accepts{least_why}"
-            )
+            raise ValueError(shorter_than(value, format_duration(least), least_why))
         if positive and d <= timedelta(0):
             raise ValueError(f"{shorten(value)} must be longer than 0s")
         return d

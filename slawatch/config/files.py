@@ -72,12 +72,22 @@ def is_ident(text: object) -> bool:
 
 def ident_problem(text: object, what: str) -> str | None:
     """Why ``text`` is not a name (``what``: "a column name", "a table name" ...); None: it is."""
-    if is_ident(text):
-        return None
-    if _ident_letters(text):
-        size = len(str(text).encode())
+    if not _ident_letters(text):
+        return f"{shorten(text)} is not {what} (a letter or _, then letters, digits, _ and $)"
+    size = len(str(text).encode())
+    if size > NAME_BYTES:
         return f"{shorten(text)} is not {what}: {size} bytes in UTF-8, at most {NAME_BYTES}"
-    return f"{shorten(text)} is not {what} (a letter or _, then letters, digits, _ and $)"
+    return None
+
+
+def role_problem(text: str) -> str | None:
+    """Why ``text`` is not a role name as set_config takes one (a rule's ``action.role``,
+    ``SLAWATCH_ACTION_ROLE``); None: it is."""
+    if problem := ident_problem(text, "a role name"):
+        return problem
+    if text.lower() in ("none", "public"):
+        return f"{shorten(text)} is not a role name (none and public are keywords)"
+    return None
 
 
 def shorten(value: object, limit: int = 80) -> str:

@@ -47,6 +47,7 @@ from slawatch.config.files import (
     ident_problem,
     is_ident,
     load_dir,
+    role_problem,
     shorten,
 )
 from slawatch.config.notifiers import WebhookConfig, interpolate
@@ -383,10 +384,10 @@ ActionTimeout = Annotated[Duration, BeforeValidator(_milliseconds), AfterValidat
 def _role(v: object) -> object:
     if v is None:
         return v
-    if problem := ident_problem(v, "a role name"):
+    if not isinstance(v, str):
+        raise ValueError(ident_problem(v, "a role name"))
+    if problem := role_problem(v):
         raise ValueError(problem)
-    if str(v).lower() in ("none", "public"):
-        raise ValueError(f"{shorten(v)} is not a role name (none and public are keywords)")
     return v
 
 

@@ -22,8 +22,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from slawatch.config.durations import parse_duration
-from slawatch.config.files import describe_validation_error, ident_problem, shorten
+from slawatch.config.durations import parse_duration, shorter_than
+from slawatch.config.files import describe_validation_error, role_problem, shorten
 from slawatch.config.rules import EVENT_TYPE
 
 DEFAULT_RETENTION = timedelta(days=30)
@@ -47,7 +47,7 @@ def _at_least(kind: str, value: Any, least: timedelta, least_text: str, why: str
     except ValueError as exc:
         raise PydanticCustomError(kind, "{reason}", {"reason": str(exc)}) from None
     if got < least:
-        reason = f"{shorten(value)} is shorter than {least_text}, the least slawatch accepts{why}"
+        reason = shorter_than(value, least_text, why)
         raise PydanticCustomError(kind, "{reason}", {"reason": reason})
     return got
 
@@ -219,10 +219,7 @@ def _action_role(value: Any) -> str | None:
     text = str(value)
     # A role name as in the catalog (set with set_config, so case matters): as a rule's
     # action.role.
-    reason = ident_problem(text, "a role name")
-    if reason is None and text.lower() in ("none", "public"):
-        reason = f"{text!r} is not a role name (none and public are keywords)"
-    if reason is not None:
+    if (reason := role_problem(text)) is not None:
         raise PydanticCustomError("role", "{reason}", {"reason": reason})
     return text
 

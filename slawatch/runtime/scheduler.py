@@ -391,14 +391,11 @@ class Runner:
         except SlawatchError as exc:
             if self.definitions.refused(running.rule, exc):
                 return None  # the claims' gate: said once by Definitions
-            locked = "; its table is locked: scanned again later" if lock_not_had(exc) else ""
-            running.trouble.failed(f"{exc}{locked}", since)
-            self.metrics.scan_failed(rule)
-            result = None
+            self._failed(running, exc, since)
+            return None
         except Exception as exc:  # a bug: keep scanning the other rules, and this one later
-            running.trouble.failed(f"unexpected {type(exc).__name__}: {exc}", since, exc_info=exc)
-            self.metrics.scan_failed(rule)
-            result = None
+            self._failed(running, exc, since)
+            return None
         if result is None:
             running.retry_at = time.monotonic() + running.backoff.next()
             return None
@@ -543,6 +540,19 @@ class Runner:
             scans.recorded_idle(self.db, idle, self._scan_records)
         return whole
 
+    def _failed(self, running: _Running, exc: Exception, since: float) -> None:
+        """A scan of ``running``'s rule that failed with ``exc`` (a SlawatchError, or
+        any other exception: a bug, said with its traceback): its trouble said, counted,
+        and the rule backing off. A lock on its table says so."""
+        if not isinstance(exc, SlawatchError):
+            message, exc_info = f"unexpected {type(exc).__name__}: {exc}", exc
+        else:
+            locked = "; its table is locked: scanned again later" if lock_not_had(exc) else ""
+            message, exc_info = f"{exc}{locked}", None
+        running.trouble.failed(message, since, exc_info=exc_info)
+        self.metrics.scan_failed(running.rule.name)
+        running.retry_at = time.monotonic() + running.backoff.next()
+
     def _scanned(self, running: _Running, seconds: float, severities: dict[str, int]) -> None:
         """A scan of ``running``'s rule that succeeded: its trouble over, its backoff
         reset, its time and alerts in the metrics."""
@@ -621,9 +631,7 @@ class Runner:
         except SlawatchError as exc:
             if not lock_not_had(exc):
                 return None
-            running.trouble.failed(f"{exc}; its table is locked: scanned again later", since)
-            self.metrics.scan_failed(name)
-            running.retry_at = time.monotonic() + running.backoff.next()
+            self._failed(running, exc, since)
             return False
         return time.monotonic() - since if due is False else None
 
