@@ -435,28 +435,31 @@ def test_sql_nested_deep_enough_to_crash_the_parser_is_refused_in_one_line(
         },
         "action.sql": {"action": {"sql": f"UPDATE orders SET n = {deep} WHERE id = :id"}},
     }
-    for field, change in fields.items():
-        rules = tmp_path / field
-        rules.mkdir()
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    for field, change in fields.items():  # one file each, one `check` for all four
         body = {k: v for k, v in (RULE | change).items() if v is not None}
-        (rules / "r.yaml").write_text(yaml.safe_dump(body, width=10**6))
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "slawatch",
-                "check",
-                "--rules",
-                str(rules),
-                "--notifiers",
-                str(tmp_path),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 2, (field, done.returncode, done.stderr[-300:])
-        lines = done.stderr.splitlines()
-        assert len(lines) == 1, (field, lines)
-        assert lines[0].startswith(f"slawatch: error: {rules / 'r.yaml'}: {field}: is "), lines
-        assert lines[0].endswith(" characters; at most 20,000"), lines
+        name = field.replace(".", "_")  # a rule's name is its file's
+        (rules / f"{name}.yaml").write_text(yaml.safe_dump(body, width=10**6))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slawatch",
+            "check",
+            "--rules",
+            str(rules),
+            "--notifiers",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, (done.returncode, done.stderr[-300:])
+    lines = sorted(done.stderr.splitlines())
+    assert len(lines) == len(fields), lines  # one line per file, every file refused
+    for field, line in zip(sorted(fields), lines, strict=True):
+        name = field.replace(".", "_")
+        assert line.startswith(f"slawatch: error: {rules / name}.yaml: {field}: is "), line
+        assert line.endswith(" characters; at most 20,000"), line

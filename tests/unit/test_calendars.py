@@ -7,6 +7,7 @@ reference that walks minute by minute.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -218,22 +219,26 @@ RANGES = [
 ]
 
 
+# ODD's hours by weekday (Monday 0), in minutes of the local day.
+ODD_MINUTES: dict[int, list[tuple[int, int]]] = {
+    0: [(510, 720), (780, 1065)],
+    1: [(540, 1020)],
+    2: [(540, 1020)],
+    3: [(1320, 1440)],
+    4: [(0, 180), (600, 660)],
+    5: [],
+    6: [(60, 240)],
+}
+
+
+@functools.cache  # the walks below cross the same minutes again and again
 def working_minute(t: datetime) -> bool:
     """Whether the minute [t, t + 1m) is working time, read from the wall clock alone."""
     local = t.astimezone(BERLIN)
     if local.date() in {date(2026, 3, 25), date(2026, 10, 21)}:
         return False
     hm = local.hour * 60 + local.minute
-    ranges = {
-        0: [(510, 720), (780, 1065)],
-        1: [(540, 1020)],
-        2: [(540, 1020)],
-        3: [(1320, 1440)],
-        4: [(0, 180), (600, 660)],
-        5: [],
-        6: [(60, 240)],
-    }[local.weekday()]
-    return any(a <= hm < b for a, b in ranges)
+    return any(a <= hm < b for a, b in ODD_MINUTES[local.weekday()])
 
 
 def ref_forward(start: datetime, minutes: int) -> datetime:
