@@ -5,7 +5,7 @@ checked against what the run did (each due (row, episode, n) alerted exactly
 once, each delivered at least once).
 
 The harness is tests/faultharness.py, the one the CI fault suite
-(tests/integration/test_faults.py) runs for ~50 kills; this runs it for as
+(tests/integration/test_faults.py) runs for ~30 kills; this runs it for as
 many as asked. Two processes run at a time; each is killed 0.1-1.5 s after it
 connected and restarted at once. Every --outage-every seconds the storm pauses
 for a fault with the processes left running: alternately the database is

@@ -70,12 +70,13 @@ def test_sigkill_at_random_points(
 ) -> None:
     """Two processes at a time, each SIGKILLed 0.1-1.5 s after it connected, restarted
     at once, while rows fall due, complete and get new deadlines; one clean run settles."""
-    run = start(runs, dsn, tmp_path, seed, rows=3000, spread=45)
-    run.kill_storm(kills=50, seconds=45, processes=2)
+    # Bounded for the test run (about 30 s of storm); bench/faults.py runs the long one.
+    run = start(runs, dsn, tmp_path, seed, rows=2000, spread=30)
+    run.kill_storm(kills=30, seconds=30, processes=2)
     during = len(run.receiver.seen())
     run.settle(timeout=120)
     report = run.verify()
-    assert report.kills >= 50
+    assert report.kills >= 30
     # The kills fell while work was being done, not before or after it.
     assert during >= report.expected[0] // 4, f"seed {seed}: only {during} alerts in the storm"
     assert_exactly_once(run, report, seed)
