@@ -297,7 +297,11 @@ def test_sighup_reloads_a_running_slawatch_which_logs_json(
                 "the delivery in /metrics",
             )
             assert httpx.get(f"{api}/v1/rules/job_hung").status_code == 404
-            shutil.copy(ROOT / "rules" / "job_hung.yaml", tmp_path)
+            # Scanned every 2 s, not the sample's 30 s: a rule added by a reload joins a
+            # step of its `every` (here none) and is first scanned at that step's tick.
+            hung = (ROOT / "rules" / "job_hung.yaml").read_text()
+            assert "\nevery: 30s\n" in hung
+            (tmp_path / "job_hung.yaml").write_text(hung.replace("\nevery: 30s\n", "\nevery: 2s\n"))
             proc.send_signal(signal.SIGHUP)
             wait_for(lambda: out.has("[critical] job_hung #1 key=9"), "the added rule's alert")
             assert httpx.get(f"{api}/v1/rules/job_hung").status_code == 200
