@@ -32,7 +32,8 @@ class Outage:
     success during which a new failure does not start an outage (a pool may
     still be reconnecting while another caller already got through). ``after``:
     seconds of failures with no success between after which a failure starts an
-    outage even within the grace (None: never); its line says for how long.
+    outage even within the grace (None: never); its line says for how long. The
+    end's line says how long since the first failure with no success between.
     """
 
     def __init__(
@@ -103,10 +104,13 @@ class Outage:
     def ok(self) -> None:
         """Report a successful attempt; ends the outage (one line) if there was one."""
         with self._lock:
-            self._last_ok = time.monotonic()
-            since, self._down_since, self._failing_since = self._down_since, None, None
+            self._last_ok = now = time.monotonic()
+            # How long it failed: from the first failure since the last success,
+            # which may precede the failure that started (and logged) the outage.
+            since = self._failing_since if self._down_since is not None else None
+            self._down_since = self._failing_since = None
         if since is not None:
-            self.log.info("%s %s after %.0fs", self.what, self.up_words, time.monotonic() - since)
+            self.log.info("%s %s after %.0fs", self.what, self.up_words, now - since)
 
 
 class Backoff:

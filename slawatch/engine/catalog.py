@@ -122,6 +122,73 @@ def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
     return TableInfo(schema, name, relkind, columns, unique, not_null, primary_key, partitions)
 
 
+# Many relations at once (:func:`inspect_tables`): each as :func:`inspect_table` reads it.
+_TABLES = (
+    "SELECT n.nspname, c.relname, c.relkind,"
+    " (SELECT json_agg(json_build_array(a.attname, format_type(a.atttypid, a.atttypmod),"
+    "   a.attnotnull) ORDER BY a.attnum) FROM pg_attribute a"
+    "   WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),"
+    " (SELECT json_agg(ARRAY(SELECT a.attname FROM unnest(i.indkey[0:i.indnkeyatts - 1])"
+    "   AS k(attnum) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum))"
+    "   FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique"
+    "   AND i.indpred IS NULL AND i.indexprs IS NULL),"
+    " (SELECT ARRAY(SELECT a.attname FROM unnest(i.indkey[0:i.indnkeyatts - 1])"
+    "   WITH ORDINALITY AS k(attnum, ord)"
+    "   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+    "   ORDER BY k.ord)"
+    "   FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)"
+    " FROM unnest(%s::text[], %s::text[]) w(s, t)"
+    " JOIN pg_namespace n ON n.nspname = w.s"
+    " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.t"
+)
+
+
+def inspect_tables(
+    conn: Connection, names: list[tuple[str, str]]
+) -> dict[tuple[str, str], TableInfo]:
+    """:func:`inspect_table` of each ``(schema, name)`` that is a relation, in one
+    statement (a partitioned table's partitions: a look-up of its own)."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return {}
+    with translate("reading the catalog for the rules' tables"):
+        rows = conn.execute(_TABLES, ([s for s, _ in wanted], [t for _, t in wanted])).fetchall()
+    found: dict[tuple[str, str], TableInfo] = {}
+    for schema, name, relkind, attributes, unique, pk in rows:
+        if relkind == "p":
+            info = inspect_table(conn, schema, name)
+            if info is not None:
+                found[schema, name] = info
+            continue
+        attributes = attributes or []
+        found[schema, name] = TableInfo(
+            schema,
+            name,
+            relkind,
+            {a: t for a, t, _ in attributes},
+            frozenset(frozenset(k) for k in unique or []),
+            frozenset(a for a, _, notnull in attributes if notnull),
+            tuple(pk) if pk else (),
+        )
+    return found
+
+
+def existing_indexes(conn: Connection, names: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which of the indexes ``(schema, name)`` exist (one statement; see :func:`index_state`)."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return set()
+    with translate("reading the catalog for the rules' indexes"):
+        rows = conn.execute(
+            "SELECT n.nspname, c.relname FROM unnest(%s::text[], %s::text[]) w(s, t)"
+            " JOIN pg_namespace n ON n.nspname = w.s"
+            " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.t"
+            " JOIN pg_index i ON i.indexrelid = c.oid",
+            ([s for s, _ in wanted], [t for _, t in wanted]),
+        ).fetchall()
+    return {(str(s), str(t)) for s, t in rows}
+
+
 def inspect_query(conn: Connection, rule: Rule) -> TableInfo:
     """A query rule's output as a table: its columns and their types, from the
     description of ``SELECT * FROM (query) w LIMIT 0`` (planned, nothing read). It has
@@ -143,7 +210,11 @@ def rule_table(conn: Connection, rule: Rule) -> TableInfo | None:
     database accepts (else unknown: :func:`deadline_type_of` says so)."""
     if rule.query is not None:
         return inspect_query(conn, rule)
-    info = inspect_table(conn, rule.schema_name, rule.table_name)
+    return with_deadline_type(conn, rule, inspect_table(conn, rule.schema_name, rule.table_name))
+
+
+def with_deadline_type(conn: Connection, rule: Rule, info: TableInfo | None) -> TableInfo | None:
+    """:func:`rule_table` of a table rule whose table ``info`` was read already."""
     if info is None or rule.deadline_column is not None:
         return info
     if any(c not in info.columns for c in rule.deadline_columns):

@@ -32,19 +32,20 @@ from slawatch.actions.history import ActionAttempt, actions_of
 from slawatch.config.durations import format_duration, parse_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import RULE_NAME, Rule
-from slawatch.db import Connection, translate
+from slawatch.db import Connection, pipelined, translate
 from slawatch.engine import generation
 from slawatch.engine.catalog import (
     TableInfo,
     deadline_type_of,
-    index_state,
-    inspect_table,
+    existing_indexes,
+    inspect_tables,
     key_columns,
     rule_table,
     table_ident,
+    with_deadline_type,
 )
 from slawatch.engine.claim import ClaimPlan, sql_text
-from slawatch.engine.migrate import index_specs, require_schema
+from slawatch.engine.migrate import IndexSpec, index_specs, require_schema
 from slawatch.engine.outbox import alert_id
 from slawatch.engine.predicates import predicates
 from slawatch.engine.queries import queries
@@ -299,9 +300,16 @@ def _read(conn: Connection, what: str, statement: Any, params: Any = None) -> li
         return conn.execute(statement, params).fetchall()
 
 
-def _problem(conn: Connection, rule: Rule, info: TableInfo | None) -> str | None:
-    """Why the rule's rows cannot be counted: no table, or not migrated (a catalog
-    look-up only; whether each index is still the right one is for ``check``)."""
+def _problem(
+    rule: Rule,
+    info: TableInfo | None,
+    tables: dict[tuple[str, str], TableInfo],
+    specs: list[IndexSpec],
+    indexes: set[tuple[str, str]],
+) -> str | None:
+    """Why the rule's rows cannot be counted: no table, or not migrated (from
+    :func:`_catalog`'s look-ups; whether each index is still the right one is for
+    ``check``)."""
     if info is None:
         return f"table {rule.table} does not exist"
     if rule.deadline_column is None and rule.deadline not in info.deadline_types:
@@ -311,26 +319,50 @@ def _problem(conn: Connection, rule: Rule, info: TableInfo | None) -> str | None
     if rule.track == "inline":
         missing = [c for c in rule.tracking_columns if c not in info.columns]
     else:
-        state = inspect_table(conn, "slawatch", f"{rule.name}_state")
-        missing = [] if state is not None else [f"slawatch.{rule.name}_state"]
-    missing += [s.name for s in index_specs(rule) if index_state(conn, s.schema, s.name) is None]
+        state = ("slawatch", f"{rule.name}_state")
+        missing = [] if state in tables else [f"slawatch.{rule.name}_state"]
+    missing += [s.name for s in specs if (s.schema, s.name) not in indexes]
     if missing:
         return f"not migrated (missing {', '.join(missing)}); run 'slawatch migrate'"
     return None
 
 
-def notified_statement(rule: Rule) -> sql.Composed:
+def _catalog(conn: Connection, rules: list[Rule]) -> list[tuple[TableInfo | None, str | None]]:
+    """Each rule's table and why its rows cannot be counted (:func:`_problem`): the
+    tables, state tables and indexes of all the rules in two statements (a query rule's
+    columns, an expression deadline's type: a statement of their own each)."""
+    names = [(r.schema_name, r.table_name) for r in rules if r.query is None]
+    names += [("slawatch", f"{r.name}_state") for r in rules if r.track == "table"]
+    tables = inspect_tables(conn, names)
+    specs = [index_specs(r) for r in rules]
+    indexes = existing_indexes(conn, [(s.schema, s.name) for wanted in specs for s in wanted])
+    out = []
+    for rule, wanted in zip(rules, specs, strict=True):
+        if rule.query is not None:
+            info = rule_table(conn, rule)
+        else:
+            info = with_deadline_type(conn, rule, tables.get((rule.schema_name, rule.table_name)))
+        out.append((info, _problem(rule, info, tables, wanted, indexes)))
+    return out
+
+
+def notified_statement(rule: Rule, *, params: bool = False) -> sql.Composed:
     """Open episodes awaiting a re-notification, counted through the re-notify partial
     index (the watched table's ``_again`` index, or the state table's). An episode
-    given up (``give_up_after``: next is ``infinity``) is not counted."""
+    given up (``give_up_after``: next is ``infinity``) is not counted. ``params``: for
+    a statement with parameters (a ``%`` of the predicate doubled)."""
     if rule.track == "table":
         source: sql.Composable = sql.SQL("{} WHERE sw_next < 'infinity'").format(state_table(rule))
     else:
         # The predicate word for word as the index has it, so the planner matches them
-        # (run without parameters: a `%` in it stays as it is); `next < 'infinity'` is
-        # then a condition on the index's key (its non-null, not given up part).
+        # (run without parameters a `%` in it stays as it is; with, it is doubled, and the
+        # server gets it as it is); `next < 'infinity'` is then a condition on the
+        # index's key (its non-null, not given up part).
+        again = predicates(rule)[1]
         source = sql.SQL("{} WHERE {} < 'infinity' AND {}").format(
-            table_ident(rule), sql.Identifier(rule.next_column), sql.SQL(predicates(rule)[1])
+            table_ident(rule),
+            sql.Identifier(rule.next_column),
+            sql_text(again) if params else sql.SQL(again),
         )
     return sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT {}) a").format(
         source, sql.Literal(COUNT_LIMIT)
@@ -420,18 +452,22 @@ def overdue_statement(rule: Rule, info: TableInfo) -> sql.Composed:
     ).format(cap=cap, t=t, d=d, first=first, again=again)
 
 
+def _cutoff(rule: Rule, info: TableInfo, now: datetime) -> Any:
+    """:func:`overdue_statement`'s ``cutoff`` at ``now``."""
+    has_tz = deadline_type_of(rule, info) == "timestamp with time zone"
+    return ClaimPlan(rule, sql.Composed([]), has_tz).to_deadline(rule.cutoff(now))
+
+
 def count_overdue(
     conn: Connection, rule: Rule, info: TableInfo, now: datetime
 ) -> tuple[int, int, bool, bool] | None:
     """:func:`overdue_statement` at ``now``; None when it ran out of time."""
-    has_tz = deadline_type_of(rule, info) == "timestamp with time zone"
-    cutoff = ClaimPlan(rule, sql.Composed([]), has_tz).to_deadline(rule.cutoff(now))
     try:
         ((overdue, fresh, capped, fresh_capped),) = _read(
             conn,
             f"counting overdue rows of rule {rule.name}",
             overdue_statement(rule, info),
-            {"cutoff": cutoff},
+            {"cutoff": _cutoff(rule, info, now)},
         )
     except DatabaseError as exc:
         if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
@@ -440,8 +476,69 @@ def count_overdue(
     return int(overdue), int(fresh), bool(capped), bool(fresh_capped)
 
 
+Counts = tuple[tuple[int, int, bool, bool] | None, int | None]
+
+
+def _counts(conn: Connection, counted: list[tuple[Rule, TableInfo]], now: datetime) -> list[Counts]:
+    """Each rule's overdue rows (:func:`count_overdue`) and open episodes
+    (:func:`notified_statement`, None for a rule without ``renotify``): one statement a
+    rule, all in one request, each bounded by :data:`READ_TIMEOUT`; when one ran out of time
+    (the request fails whole), each rule's statements again on their own, so that only
+    the slow ones say they could not count."""
+    try:
+        with translate("counting the rules' rows"):
+            cursors = []
+            with pipelined(conn):
+                conn.execute("SELECT set_config('statement_timeout', %s, true)", (READ_TIMEOUT,))
+                for rule, info in counted:
+                    notified: sql.Composable = sql.SQL("NULL::bigint")
+                    if rule.renotify is not None:
+                        notified = sql.SQL("({})").format(notified_statement(rule, params=True))
+                    cur = conn.cursor()
+                    cur.execute(
+                        sql.SQL("SELECT o.*, {} FROM ({}) o").format(
+                            notified, overdue_statement(rule, info)
+                        ),
+                        {"cutoff": _cutoff(rule, info, now)},
+                    )
+                    cursors.append(cur)
+            out: list[Counts] = []
+            for cur in cursors:
+                ((n, fresh, capped, fresh_capped, episodes),) = cur.fetchall()
+                out.append(
+                    (
+                        (int(n), int(fresh), bool(capped), bool(fresh_capped)),
+                        None if episodes is None else int(episodes),
+                    )
+                )
+            return out
+    except DatabaseError as exc:
+        if not isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+            raise
+    return [
+        (count_overdue(conn, rule, info, now), count_notified(conn, rule)) for rule, info in counted
+    ]
+
+
+def count_notified(conn: Connection, rule: Rule) -> int | None:
+    """:func:`notified_statement`; None for a rule without ``renotify``, or when it ran
+    out of time."""
+    if rule.renotify is None:
+        return None
+    try:
+        ((n,),) = _read(
+            conn, f"counting open episodes of rule {rule.name}", notified_statement(rule)
+        )
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+            return None
+        raise
+    return int(n)
+
+
 def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[RuleStatus]:
     """The status of each of ``rules`` at ``now``."""
+    rules = list(rules)
     q = queries()
     backlog = {
         r[0]: r[1:] for r in _read(conn, "reading the delivery backlog", q["delivery_backlog"])
@@ -455,17 +552,16 @@ def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[
         for r in _read(conn, "counting abandoned episodes", q["abandoned_episodes"])
     }
     records = generation.recorded(conn)
+    catalog = _catalog(conn, rules)
+    counted = [
+        (rule, info)
+        for rule, (info, problem) in zip(rules, catalog, strict=True)
+        if info is not None and problem is None
+    ]
+    counts = dict(zip([r.name for r, _ in counted], _counts(conn, counted, now), strict=True))
     out = []
-    for rule in rules:
-        info = rule_table(conn, rule)
-        problem = _problem(conn, rule, info)
-        overdue = notified = None
-        if info is not None and problem is None:
-            overdue = count_overdue(conn, rule, info, now)
-            if rule.renotify is not None:
-                (notified,) = _read(
-                    conn, f"counting open episodes of rule {rule.name}", notified_statement(rule)
-                )[0]
+    for rule, (_, problem) in zip(rules, catalog, strict=True):
+        overdue, notified = counts.get(rule.name, (None, None))
         pending, dead, oldest, orphaned = backlog.get(rule.name, (0, 0, None, 0))
         out.append(
             RuleStatus(

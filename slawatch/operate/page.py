@@ -43,6 +43,10 @@ COOKIE = "slawatch_session"
 PAGE_HEADER = "X-Slawatch-Page"
 COOKIE_AGE = SESSION_AGE  # the browser forgets the cookie when the session ends
 PAGE_ALERTS = 30  # alerts per page of the list
+# Rows of the rules table: every rule that needs a look, then quiet rules up to this
+# many rows in all; the other quiet rules are one link each, folded (2,000 rules in
+# full made a page of 9 MB, mostly their charts).
+FULL_RULES = 50
 MAX_LOGIN_BODY = 4096
 
 _WEB = resources.files("slawatch.operate").joinpath("web")
@@ -177,6 +181,40 @@ def _rule_row(status: RuleStatus, hourly: HourlyAlerts | None, writes: bool, now
 <td data-label="Last 24 h" class="spark">{chart(hourly) if hourly else ""}</td>
 <td class="act">{silence}</td>
 </tr>"""
+
+
+def needs_look(status: RuleStatus, hourly: HourlyAlerts | None) -> bool:
+    """Whether the rule has anything for on-call: a problem, a failed scan, a count it
+    could not make, rows overdue, open episodes, deliveries pending or dead, or an
+    alert in the last 24 hours."""
+    scan = status.last_scan
+    return bool(
+        status.problem
+        or (scan is not None and scan.error)
+        or status.overdue is None
+        or status.overdue
+        or status.not_notified
+        or status.notified
+        or status.pending
+        or status.dead
+        or (hourly is not None and any(hourly.counts))
+    )
+
+
+def _quiet_rules(folded: Sequence[RuleStatus]) -> str:
+    """The quiet rules past :data:`FULL_RULES`: a link to each one's alerts, folded."""
+    if not folded:
+        return ""
+    links = " ".join(
+        f'<a href="{esc("/?" + urlencode({"rule": s.name}) + "#alerts")}" '
+        f'data-rule="{esc(s.name)}">{esc(s.name)}</a>'
+        for s in folded
+    )
+    return (
+        f'<details class="quiet"><summary>{len(folded):,} more rules with nothing overdue, '
+        "open, pending, dead or failing, and no alerts in the last 24 h</summary>"
+        f'<p class="quiet-rules">{links}</p></details>'
+    )
 
 
 def _alert(
@@ -323,10 +361,24 @@ def _document(title: str, body: str) -> str:
 def render_page(view: View) -> str:
     """The whole on-call page."""
     now = view.now
+    # The rules that need a look first, each in full; quiet ones after, folded past
+    # FULL_RULES rows.
+    look = [s for s in view.rules if needs_look(s, view.hourly.get(s.name))]
+    quiet = [s for s in view.rules if not needs_look(s, view.hourly.get(s.name))]
+    room = max(FULL_RULES - len(look), 0)
     rows = (
-        "".join(_rule_row(s, view.hourly.get(s.name), view.writes, now) for s in view.rules)
+        "".join(
+            _rule_row(s, view.hourly.get(s.name), view.writes, now) for s in look + quiet[:room]
+        )
         or '<tr><td colspan="7" class="muted">no rules configured</td></tr>'
     )
+    summary = ""
+    if view.rules:
+        summary = (
+            f'<p class="rules-summary">{len(view.rules):,} rules, {len(look):,} with something '
+            "to look at (listed first)</p>"
+        )
+    folded = _quiet_rules(quiet[room:])
     alerts = (
         "".join(
             _alert(
@@ -377,11 +429,13 @@ def render_page(view: View) -> str:
 {readonly}
 <main>
 <section id="rules"><h2>Rules</h2>
+{summary}
 <table class="rules">
 <thead><tr><th>Rule</th><th>Overdue now</th><th>Not yet notified</th><th>Open episodes</th>
 <th>Pending</th><th>Dead</th><th>Alerts per hour, last 24 h</th><th></th></tr></thead>
 <tbody>{rows}</tbody>
 </table>
+{folded}
 </section>
 <section id="sla"><h2>SLA, last 7 days</h2>
 <p class="muted">Episodes that fell due each day (bars) and the compliance where due

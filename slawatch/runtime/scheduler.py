@@ -759,7 +759,17 @@ class Runner:
             self._held.add(rule)
 
     def beat(self) -> None:
-        """Write when each rule was last scanned (slawatch.scanner); never raises."""
+        """Say each scan that has run for too long (:meth:`_still_scanning`), then write
+        when each rule was last scanned (slawatch.scanner); never raises. The step jobs
+        say a stuck scan too, but they run on the scan threads: when every one of those
+        is stuck, they wait behind it, and only this job (on the default executor) says
+        so."""
+        now = time.monotonic()
+        with self._busy_lock:
+            busy = list(self._busy)
+        for name in busy:
+            if (running := self._running.get(name)) is not None:
+                self._still_scanning(running, now)
         self._scan_records.beat(self.db, self.clock.now())
 
     def watch(self) -> None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from slawatch.db import Database, DatabaseUnavailable
-from slawatch.engine.catalog import inspect_table
+from slawatch.engine.catalog import inspect_table, inspect_tables
 from slawatch.engine.claim import DrainResult
 from slawatch.engine.migrate import migrate
 from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
+from slawatch.operate import inspect as inspect_module
 from slawatch.operate.inspect import (
     COUNT_LIMIT,
     get_alert,
@@ -178,6 +180,53 @@ def test_rule_status_names_a_missing_table_or_migration(conn: Conn) -> None:
     assert order.problem is not None and "sw_order_unshipped_again" in order.problem
     assert "slawatch migrate" in order.problem and order.overdue is None
     assert refund.problem == "table public.refunds does not exist"
+
+
+def test_a_count_that_runs_out_of_time_leaves_the_other_rules_counted(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rules are counted in one request; a count that runs out of time (a table
+    locked) fails it whole, and each rule is then counted on its own: the slow rule says
+    it could not count, the others have their numbers."""
+    rules = shop(conn)
+    orders(conn, [(1, "paid", NOW - timedelta(hours=49))])
+    conn.execute(
+        "INSERT INTO refunds VALUES (1, 1, 500, 'requested', %s)",
+        (NOW - timedelta(days=30),),
+    )
+    monkeypatch.setattr(inspect_module, "READ_TIMEOUT", "200ms")
+    order, refund = rules["order_unshipped"], rules["refund_unprocessed"]
+    (refund_alone,) = rule_status(conn, [refund], NOW)
+    assert refund_alone.overdue == 1
+    with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE orders")
+        slow, counted = rule_status(conn, [order, refund], NOW)
+    assert slow.problem is None and (slow.overdue, slow.notified) == (None, None)
+    assert (counted.overdue, counted.not_notified) == (1, 1)
+    assert counted.notified == refund_alone.notified
+
+
+def test_the_catalog_of_many_tables_at_once_is_each_ones(conn: Conn) -> None:
+    """inspect_tables (the status of many rules) reads what inspect_table reads, table
+    by table: columns, not-null, unique keys, primary key, a partitioned table's parts."""
+    shop(conn)
+    conn.execute("CREATE UNIQUE INDEX ON orders (user_id, id)")
+    conn.execute(
+        "CREATE TABLE parted (id bigint, at timestamptz NOT NULL, PRIMARY KEY (id, at))"
+        " PARTITION BY RANGE (at)"
+    )
+    conn.execute(
+        "CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM ('2026-01-01') TO ('2026-02-01')"
+    )
+    conn.execute("CREATE VIEW late_orders AS SELECT * FROM orders")
+    names = [
+        ("public", t)
+        for t in ("orders", "jobs", "refunds", "shipments", "parted", "late_orders", "nope")
+    ] + [("slawatch", "scan"), ("nope", "orders")]
+    one_by_one = {n: inspect_table(conn, *n) for n in names}
+    assert one_by_one[("public", "orders")] is not None
+    assert len(one_by_one[("public", "orders")].unique_keys) == 2  # type: ignore[union-attr]
+    assert inspect_tables(conn, names) == {n: i for n, i in one_by_one.items() if i is not None}
 
 
 def test_status_before_migrate_says_so(conn: Conn) -> None:

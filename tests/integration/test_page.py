@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from slawatch.operate import inspect
+from slawatch.operate import page as page_module
 from slawatch.operate.page import COOKIE, PAGE_HEADER
 from tests.integration.helpers import Conn
 from tests.integration.page_helpers import (
@@ -103,6 +104,33 @@ def test_the_page_shows_rules_alerts_and_silences(conn: Conn, servers: Servers, 
     silences = section(html, "silences")
     assert "carrier strike" in silences and f'data-silence="{made.json()["id"]}"' in silences
     assert silences.count("<option ") == len(found.rules)
+
+
+def test_rules_that_need_a_look_come_first_and_quiet_ones_fold(
+    conn: Conn, servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With more rules than FULL_RULES, the rules with something to look at are rows in
+    full (first, whatever their place in the configuration); quiet rules fill the rows
+    left, and the rest are one link each, folded."""
+    found = seeded(conn, users=(7,))  # order_unshipped: overdue, an open episode
+    monkeypatch.setattr(page_module, "FULL_RULES", 2)
+    listed = sorted(found.listed, key=lambda r: r.name != "order_unshipped")[::-1]
+    assert listed[-1].name == "order_unshipped"  # configured last
+    html = page(servers.client(listed))
+    rows = re.findall(r'<tr data-rule="([^"]+)">', section(html, "rules"))
+    assert rows == ["order_unshipped", listed[0].name]
+    assert rule_row(html, "order_unshipped")["overdue"] == "1"
+    folded = re.search(r'<details class="quiet">(.*?)</details>', html, re.DOTALL)
+    assert folded, "no folded rules"
+    assert f"{len(listed) - 2} more rules" in folded.group(1)
+    assert re.findall(r'data-rule="([^"]+)"', folded.group(1)) == [r.name for r in listed[1:-1]]
+    assert f"{len(listed)} rules, 1 with something to look at" in html
+    # A failed scan is something to look at too.
+    quiet = listed[2].name
+    conn.execute("INSERT INTO slawatch.scan VALUES (%s, %s, 5, 0, 'boom')", (quiet, DUE))
+    html = page(servers.client(listed))
+    rows = re.findall(r'<tr data-rule="([^"]+)">', section(html, "rules"))
+    assert rows == [quiet, "order_unshipped"]
 
 
 def alert_card(html: str, idempotency_id: str) -> str:

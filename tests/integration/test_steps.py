@@ -211,6 +211,27 @@ def test_a_rule_whose_scan_still_runs_is_left_to_it(conn: Conn, dsn: str, caplog
         runner.close()
 
 
+def test_a_stuck_scan_is_said_by_the_beat_too(conn: Conn, dsn: str, caplog: Any) -> None:
+    """The step jobs run on the scan threads: when every scan thread is stuck, they
+    wait behind the stuck scans and say nothing. The beat (on the default executor)
+    says a scan that has run for too long too, once."""
+    caplog.set_level(logging.INFO, logger="slawatch")
+    runner = runner_of(conn, dsn, STEP)
+    try:
+        assert runner._take("order_unshipped")  # its scan runs (or waits for a thread)
+        runner.beat()
+        assert not [r for r in caplog.records if "has been running" in r.message]
+        runner._busy["order_unshipped"] -= 91  # began 91 s ago (every: 30s)
+        runner.beat()
+        runner.beat()
+        lines = [r for r in caplog.records if "has been running" in r.message]
+        assert len(lines) == 1 and lines[0].levelno == logging.ERROR
+        assert lines[0].message.startswith("rule order_unshipped: scans failing: its scan")
+    finally:
+        runner._release("order_unshipped")
+        runner.close()
+
+
 def test_a_rule_whose_recorded_definition_is_another_is_not_scanned(conn: Conn, dsn: str) -> None:
     """As its own scan would: idle, not recorded scanned; due, not claimed (its own
     scan skips it); the step's other rules are scanned."""

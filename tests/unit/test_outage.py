@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import types
 
 import pytest
 
+from slawatch import outage as outage_module
 from slawatch.outage import Backoff, Outage
 
 log = logging.getLogger("test.outage")
@@ -91,6 +93,28 @@ def test_failures_within_the_grace_for_longer_than_after_are_an_outage(
     # A success starts the count again: a failure just after it is no outage.
     assert not outage.failed("connection refused", time.monotonic())
     assert not outage.down
+
+
+def test_the_end_says_how_long_since_the_first_failure(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure within the grace is no outage yet, but the outage a later one starts
+    began with it: "again after" counts from it, not from the line that said so."""
+    caplog.set_level(logging.INFO)
+    now = [1000.0]
+    monkeypatch.setattr(outage_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    outage = Outage("database", log, down="unreachable", up="reachable again", grace=10)
+    outage.ok()
+    now[0] += 5
+    assert not outage.failed("pool still reconnecting", now[0])  # the first failure
+    now[0] += 15
+    assert outage.failed("connection refused", now[0])  # past the grace: logged
+    now[0] += 30
+    outage.ok()
+    assert lines(caplog) == [
+        (logging.ERROR, "database unreachable: connection refused"),
+        (logging.INFO, "database reachable again after 45s"),
+    ]
 
 
 def test_unexpected_errors_keep_their_traceback(caplog: pytest.LogCaptureFixture) -> None:
