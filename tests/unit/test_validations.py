@@ -98,8 +98,15 @@ def load_rule(tmp_path: Path, text: str) -> Rule:
         ("every: 0.999\n", "every: 0.999 is shorter than 1s, the least slawatch accepts"),
         ("every: PT0.5S\n", "every: 'PT0.5S' is shorter than 1s, the least slawatch accepts"),
         ("every: 1ms\n", "every: '1ms' is not a duration: 'ms' is not a unit (a number of"),
-        ("track: table\nsweep: 0s\n", "sweep: '0s' must be longer than 0s"),
         ("after: -1\n", "after: -1 is negative; a duration must be 0 or more"),
+        # A rule file's durations are YAML's: a quoted number is text there (elsewhere,
+        # an environment variable's, a number needs a unit: test_durations.py).
+        ("after: '30'\n", "after: '30' is not a duration: YAML reads it as text; write the"),
+        (
+            "after: P1.5D\n",
+            "after: 'P1.5D' is not a duration: ISO 8601 fractions are accepted in seconds"
+            " only (PT0.5S); write P1DT12H or 1d12h",
+        ),
         # Rule.batch: 1 to 1,000,000.
         ("batch: 1000001\n", "batch: 1000001: Input should be less than or equal to 1000000"),
         # Rule.name: the pattern (here: too long).
