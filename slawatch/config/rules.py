@@ -790,8 +790,10 @@ class Rule(FileModel):
         parts = v.split(".")
         if len(parts) > 2:
             raise ValueError(f"{shorten(v)} is not a table name (table or schema.table)")
-        for part in parts:
-            if problem := ident_problem(part, "a table name (table or schema.table)"):
+        # The part that is wrong, by its name: schema.table's first part is the schema.
+        whats = ["a table name"] if len(parts) == 1 else ["a schema name", "a table name"]
+        for part, what in zip(parts, whats, strict=True):
+            if problem := ident_problem(part, what):
                 raise ValueError(problem if part == v else f"{shorten(v)}: {problem}")
         return v
 

@@ -405,11 +405,25 @@ def test_names_of_any_script_are_column_table_and_schema_names(tmp_path: Path) -
             f"key: {CYRILLIC_64}\n",
             f"key.0: '{CYRILLIC_64}' is not a column name: 64 bytes in UTF-8, at most 63",
         ),
+        # The part of schema.table that is wrong is named (the schema was "a table name").
         (
             f"table: {CYRILLIC_64}.orders\n",
-            f"table: '{CYRILLIC_64}.orders': '{CYRILLIC_64}' is not a table name (table or"
-            " schema.table): 64 bytes in UTF-8, at most 63",
+            f"table: '{CYRILLIC_64}.orders': '{CYRILLIC_64}' is not a schema name: 64 bytes in"
+            " UTF-8, at most 63",
         ),
+        (
+            f"table: public.{CYRILLIC_64}\n",
+            f"table: 'public.{CYRILLIC_64}': '{CYRILLIC_64}' is not a table name: 64 bytes in"
+            " UTF-8, at most 63",
+        ),
+        (
+            "table: 2x.orders\n",
+            "table: '2x.orders': '2x' is not a schema name (a letter or _, then letters,"
+            " digits, _ and $)",
+        ),
+        ("table: .orders\n", "table: '.orders': '' is not a schema name (a letter or _"),
+        ("table: склад.2x\n", "table: 'склад.2x': '2x' is not a table name (a letter or _"),
+        ("table: 2x\n", "table: '2x' is not a table name (a letter or _, then letters,"),
         (
             "columns: [2x]\n",
             "columns.0: '2x' is not a column name (a letter or _, then letters, digits, _ and $)",
