@@ -551,6 +551,18 @@ Every = Annotated[
         positive=True, least=MIN_EVERY, least_why=" (each scan is a transaction or more)"
     ),
 ]
+# The shortest `sweep` (track: table): a sweep is part of a scan, so one shorter than
+# the shortest `every` would sweep at every scan all the same (and read every open
+# overdue row each time).
+MIN_SWEEP = MIN_EVERY
+Sweep = Annotated[
+    timedelta,
+    duration_validator(
+        positive=True,
+        least=MIN_SWEEP,
+        least_why=" (a sweep is part of a scan, at most one a second)",
+    ),
+]
 
 
 def _zone(v: str) -> str:
@@ -581,7 +593,7 @@ class Rule(FileModel):
     # Where the rule's state lives: columns on the watched table, or a table of slawatch's.
     track: Literal["inline", "table"] = "inline"
     # track: table: how often a scan also reads every open overdue row (see statetable.py).
-    sweep: PositiveDuration = timedelta(minutes=10)
+    sweep: Sweep = timedelta(minutes=10)
     # track: inline: what to do when a claim's UPDATE of the watched table would set off
     # something (triggers, rewrite rules, publications): refuse the rule, or let them fire.
     inline_triggers: Literal["refuse", "fire"] = "refuse"

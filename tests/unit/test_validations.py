@@ -98,6 +98,14 @@ def load_rule(tmp_path: Path, text: str) -> Rule:
         ("every: 0.999\n", "every: 0.999 is shorter than 1s, the least slawatch accepts"),
         ("every: PT0.5S\n", "every: 'PT0.5S' is shorter than 1s, the least slawatch accepts"),
         ("every: 1ms\n", "every: '1ms' is not a duration: 'ms' is not a unit (a number of"),
+        # Rule.sweep: at least MIN_SWEEP (it had no minimum but more than 0s).
+        (
+            "track: table\nsweep: 0s\n",
+            "sweep: '0s' is shorter than 1s, the least slawatch accepts (a sweep is part of a"
+            " scan, at most one a second)",
+        ),
+        ("track: table\nsweep: 0.5\n", "sweep: 0.5 is shorter than 1s, the least slawatch"),
+        ("track: table\nsweep: PT0.5S\n", "sweep: 'PT0.5S' is shorter than 1s, the least"),
         ("after: -1\n", "after: -1 is negative; a duration must be 0 or more"),
         # A rule file's durations are YAML's: a quoted number is text there (elsewhere,
         # an environment variable's, a number needs a unit: test_durations.py).
@@ -125,6 +133,8 @@ def test_rule_bounds_are_accepted_at_their_limit(tmp_path: Path) -> None:
     text += "every: 1\n"  # MIN_EVERY
     rule = load_rule(tmp_path, text)
     assert rule.every == timedelta(seconds=1)
+    swept = load_rule(tmp_path, GOOD + "track: table\nsweep: 1s\n")  # MIN_SWEEP
+    assert swept.sweep == timedelta(seconds=1)
     assert rule.batch == 1_000_000 and rule.key is not None and len(rule.key) == 8
     assert rule.renotify is not None and rule.renotify.max == 1_000_000
 
