@@ -44,6 +44,7 @@ from slawatch.config.durations import Duration, PositiveDuration, duration_valid
 from slawatch.config.files import (
     FileModel,
     check_name,
+    ident_letters,
     ident_problem,
     is_ident,
     load_dir,
@@ -66,6 +67,13 @@ def _ident(value: str) -> str:
 
 
 Ident = Annotated[str, BeforeValidator(_ident)]
+
+
+def _deadline_name_problem(text: str) -> str | None:
+    """Why a deadline written as a name (letters, digits, _ and $ only) is not a column
+    name (too long, not NFC); None when it is one or is written as an expression. Such
+    text is a name: taken for an expression, PostgreSQL would fold or truncate it."""
+    return ident_problem(text, "a column name") if ident_letters(text) else None
 
 
 def _deadline_text(value: object) -> object:
@@ -668,6 +676,8 @@ class Rule(FileModel):
                 "query: needs key: the column(s) of the query's output that identify a row"
             )
         deadline = data.get("deadline")
+        if isinstance(deadline, str) and (problem := _deadline_name_problem(deadline.strip())):
+            raise ValueError(f"deadline: {problem}")
         if isinstance(deadline, str) and not is_ident(deadline.strip()):
             raise ValueError(
                 "query: deadline: must be a column of the query's output (compute it in the query)"
@@ -825,6 +835,8 @@ class Rule(FileModel):
     def _deadline(cls, v: str, info: ValidationInfo) -> str:
         if is_ident(v):
             return v
+        if problem := _deadline_name_problem(v):
+            raise ValueError(problem)
         problem = deadline_problem(v, str(info.data.get("table", "")).split(".")[-1])
         if problem:
             raise ValueError(problem)
@@ -1415,7 +1427,11 @@ def action_statement(text: str) -> tuple[str, list[str]]:
             continue
         name = tokens[i + 1]
         ident = text[name.start : name.end + 1]
-        if name.start != token.end + 1 or not is_ident(ident):
+        if name.start != token.end + 1:
+            continue
+        if not is_ident(ident):
+            if ident_letters(ident):  # meant as a name: say what is wrong with it
+                raise ValueError(f":{ident}: {ident_problem(ident, 'a column name')}")
             continue
         out.append(text[at : token.start].replace("%", "%%"))
         out.append(f"%({ident})s")

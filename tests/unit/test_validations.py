@@ -456,3 +456,81 @@ def test_an_actions_placeholders_and_role_may_be_of_any_script(tmp_path: Path) -
     assert rule.action is not None and rule.action.role == "роль"
     assert rule.action.placeholders == ["сумма", "ключ"]
     assert Settings(action_role="роль").action_role == "роль"
+
+
+# Names are compared byte for byte by PostgreSQL: 'é' decomposed (e + U+0301, NFD, as
+# some systems write text) is another name than the 'é' a table is created with (NFC),
+# so such a name passed load and then missed its table or column. It is refused, with
+# the NFC form to write (test_unicode_names.py: against a real table).
+CAFE_NFD, CAFE = "cafe\u0301", "caf\u00e9"
+CHAI_NFD, CHAI = "ча\u0438\u0306", "ча\u0439"
+NOT_NFC = "is not composed (Unicode NFC) and PostgreSQL compares names byte for byte"
+E_NFC = f"its 'e\u0301' (U+0065 U+0301) {NOT_NFC}; write it as NFC has it (U+00E9)"
+Y_NFC = f"its '\u0438\u0306' (U+0438 U+0306) {NOT_NFC}; write it as NFC has it (U+0439)"
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            f"table: склад.{CHAI_NFD}\n",
+            f"table: 'склад.{CHAI_NFD}': '{CHAI_NFD}' is not a table name: {Y_NFC}: '{CHAI}'",
+        ),
+        (
+            f"table: {CAFE_NFD}.orders\n",
+            f"table: '{CAFE_NFD}.orders': '{CAFE_NFD}' is not a schema name: {E_NFC}: '{CAFE}'",
+        ),
+        (f"key: {CAFE_NFD}\n", f"key.0: '{CAFE_NFD}' is not a column name: {E_NFC}: '{CAFE}'"),
+        (
+            f"deadline: {CAFE_NFD}\n",
+            f"deadline: '{CAFE_NFD}' is not a column name: {E_NFC}: '{CAFE}'",
+        ),
+        (
+            f"columns: [id, {CHAI_NFD}_2]\n",
+            f"columns.1: '{CHAI_NFD}_2' is not a column name: {Y_NFC}: '{CHAI}_2'",
+        ),
+        (
+            f"columns: [{CAFE}]\n"
+            f"action: {{on: 1, sql: 'UPDATE t SET n = 1 WHERE c = :{CAFE_NFD}'}}\n",
+            f":{CAFE_NFD}: '{CAFE_NFD}' is not a column name: {E_NFC}: '{CAFE}'",
+        ),
+        (
+            f"action: {{on: 1, role: {CAFE_NFD}, sql: 'UPDATE t SET n = 1'}}\n",
+            f"action.role: '{CAFE_NFD}' is not a role name: {E_NFC}: '{CAFE}'",
+        ),
+        # A deadline written as a name is a name (longer than 63 bytes: refused, not
+        # taken for an expression that PostgreSQL would truncate).
+        (
+            f"deadline: {CYRILLIC_64}\n",
+            f"deadline: '{CYRILLIC_64}' is not a column name: 64 bytes in UTF-8, at most 63",
+        ),
+    ],
+)
+def test_a_name_not_in_nfc_is_refused_with_its_nfc_form(
+    tmp_path: Path, extra: str, expected: str
+) -> None:
+    message = rule_error(tmp_path, GOOD + extra)
+    assert f"{tmp_path}/orders.yaml: " in message and expected in message, message
+    assert len(message.splitlines()) == 1, message
+
+
+def test_a_query_rules_deadline_not_in_nfc_is_refused_with_its_nfc_form(tmp_path: Path) -> None:
+    text = (
+        f"query: SELECT 1 AS id, now() AS {CAFE}\ntrack: table\nkey: id\n"
+        f"deadline: {CAFE_NFD}\nopen_when: 'true'\nnotify: [console]\n"
+    )
+    message = rule_error(tmp_path, text)
+    assert f"deadline: '{CAFE_NFD}' is not a column name: {E_NFC}: '{CAFE}'" in message, message
+
+
+def test_the_nfc_forms_are_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = GOOD.replace("table: public.orders", f"table: {CAFE}.{CHAI}")
+    text = text.replace("key: id", f"key: {CAFE}").replace("deadline: paid_at", f"deadline: {CHAI}")
+    text += f"action: {{on: 1, role: {CAFE}, sql: 'UPDATE t SET n = 1 WHERE c = :{CAFE}'}}\n"
+    rule = load_rule(tmp_path, text)
+    assert (rule.schema_name, rule.table_name, rule.deadline_column) == (CAFE, CHAI, CHAI)
+    assert rule.action is not None and rule.action.placeholders == [CAFE]
+    monkeypatch.setenv("SLAWATCH_ACTION_ROLE", CAFE_NFD)
+    with pytest.raises(ValidationError) as exc:
+        Settings()
+    assert f"'{CAFE_NFD}' is not a role name: {E_NFC}: '{CAFE}'" in str(exc.value)
