@@ -41,6 +41,38 @@ INSERT INTO склад.заказы VALUES
 """
 
 
+# The indexes of склад.заказы after a migrate of rule(track), as pg_indexes defines them:
+# its primary key's, and the rule's (docs/explanation/claim.md, tracking.md).
+ON = 'ON "склад"."заказы" USING btree'
+OPEN = "(\"статус\" = 'оплачен'::text)"
+WANTED_INDEXES = {
+    "inline": [
+        (
+            "sw_zakaz_late_again",
+            f"INDEX sw_zakaz_late_again {ON} (sw_zakaz_late_next)"
+            f' WHERE ((sw_zakaz_late_seen = "оплачен") AND {OPEN})',
+        ),
+        (
+            "sw_zakaz_late_ended",
+            f"INDEX sw_zakaz_late_ended {ON} (sw_zakaz_late_seen)"
+            " WHERE ((sw_zakaz_late_seen IS NOT NULL) AND ((sw_zakaz_late_seen IS DISTINCT FROM"
+            f' "оплачен") OR ({OPEN} IS NOT TRUE)))',
+        ),
+        (
+            "sw_zakaz_late_first",
+            f'INDEX sw_zakaz_late_first {ON} ("оплачен")'
+            f' WHERE ((sw_zakaz_late_seen IS DISTINCT FROM "оплачен") AND {OPEN})',
+        ),
+        ("заказы_pkey", f'UNIQUE INDEX "заказы_pkey" {ON} ("ключ")'),
+    ],
+    "table": [
+        ("sw_zakaz_late_deadline", f'INDEX sw_zakaz_late_deadline {ON} ("оплачен")'),
+        ("sw_zakaz_late_due", f'INDEX sw_zakaz_late_due {ON} ("оплачен") WHERE {OPEN}'),
+        ("заказы_pkey", f'UNIQUE INDEX "заказы_pkey" {ON} ("ключ")'),
+    ],
+}
+
+
 def rule(track: str, **fields: Any) -> Rule:
     return Rule.model_validate(
         {
@@ -70,10 +102,14 @@ def test_a_rule_on_names_of_any_script_is_migrated_and_claimed(conn: Conn, track
             " AND attname LIKE '%zakaz_late%' AND NOT attisdropped"
         ).fetchone()
         assert added is not None and added[0] > 0
+    # Every index of the table, exactly: each of the rule's on its column, with its
+    # predicate ('оплачен' is the status too: an index on any column with open_when in
+    # its predicate would have matched "an index that mentions оплачен").
     indexes = conn.execute(
-        "SELECT indexdef FROM pg_indexes WHERE indexdef LIKE '%оплачен%'"
+        "SELECT indexname, indexdef FROM pg_indexes"
+        " WHERE schemaname = 'склад' AND tablename = 'заказы' ORDER BY 1"
     ).fetchall()
-    assert indexes, "an index on the deadline column"
+    assert indexes == [(name, f"CREATE {how}") for name, how in WANTED_INDEXES[track]]
     plan = prepare(conn, watched)
     assert claim_all(conn, plan, NOW) == 1
     assert alerts(conn, "zakaz_late") == [("1", 1, "warning", ["console"])]
