@@ -103,7 +103,12 @@ def settings_page() -> str:
             "slawatch reads its settings from environment variables. The command line's"
             " flags (`--dsn`, `--rules`, `--notifiers`, `--sources`, `--calendars`) win over"
             " the variables they name."
-            " A bad value is one line and exit 2.",
+            " A bad value is one line and exit 2."
+            " A duration (`SLAWATCH_RETENTION`, `SLAWATCH_DEDUPE_WINDOW`) is written as in"
+            " rule files, with a unit (`30d`, `12h`, `1h30m`) or in ISO 8601 (`P30D`); a"
+            " variable is text, so a bare number is refused: `SLAWATCH_RETENTION: '30' is"
+            " not a duration: a number needs a unit here, e.g. 30m or 30d (whole s, m, h,"
+            " d, w (90s, 1h30m) or ISO 8601 (PT48H))`.",
             "",
             "| variable | default | meaning |",
             "|---|---|---|",

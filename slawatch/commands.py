@@ -42,7 +42,7 @@ from slawatch.engine.migrate import (
     event_function_pending,
     kept_event_types,
     leftovers,
-    migrate,
+    migrate_checked,
     pending,
     plan,
     render,
@@ -266,7 +266,7 @@ def cmd_migrate(
         return 0
     dsn = database_dsn(settings)
     with connect(dsn, pooler=settings.pooler) as conn:
-        done = migrate(conn, rules, drop_event_types=drop_event_types)
+        done, tables = migrate_checked(conn, rules, drop_event_types=drop_event_types)
         for line in done:
             print(line)
         for line in kept_event_types(conn, rules):
@@ -275,7 +275,11 @@ def cmd_migrate(
         for left in leftovers(conn, rules):
             print(f"{left.what}\n  {left.statement}")
         if baseline:
-            run_baselines(conn, chosen, check(conn, chosen), Clock().now())
+            # The tables as the migrate's check read and probed them (a migrate changes
+            # no key, kind or deadline type); an event rule's timer table it created, now.
+            unread = [rule for rule in chosen if rule.name not in tables]
+            tables = {**tables, **(check(conn, unread) if unread else {})}
+            run_baselines(conn, chosen, tables, Clock().now())
     return 0
 
 

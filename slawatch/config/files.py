@@ -56,7 +56,9 @@ def check_name(value: str, pattern: re.Pattern[str], what: str, letters: str) ->
 NAME_BYTES = 63
 
 
-def _ident_letters(text: object) -> bool:
+def ident_letters(text: object) -> bool:
+    """Whether ``text`` is made as a name is (:func:`is_ident`), whatever its length and
+    Unicode form: text such as this is meant as a name, never as an expression."""
     if not isinstance(text, str) or not text or not (text[0].isalpha() or text[0] == "_"):
         return False
     return all(c.isalnum() or c in "_$" or unicodedata.category(c).startswith("M") for c in text)
@@ -65,19 +67,51 @@ def _ident_letters(text: object) -> bool:
 def is_ident(text: object) -> bool:
     """Whether ``text`` is a name as PostgreSQL reads one (docs/reference/rules.md): a
     letter (of any script) or ``_`` first, then letters, their combining marks, digits,
-    ``_`` and ``$``; at most :data:`NAME_BYTES` bytes in UTF-8. slawatch quotes every name,
-    so case matters and a keyword is a name like any other."""
-    return _ident_letters(text) and len(str(text).encode()) <= NAME_BYTES
+    ``_`` and ``$``; at most :data:`NAME_BYTES` bytes in UTF-8; composed (Unicode NFC).
+    slawatch quotes every name, so case matters and a keyword is a name like any other."""
+    return (
+        ident_letters(text)
+        and unicodedata.is_normalized("NFC", str(text))
+        and len(str(text).encode()) <= NAME_BYTES
+    )
 
 
 def ident_problem(text: object, what: str) -> str | None:
     """Why ``text`` is not a name (``what``: "a column name", "a table name" ...); None: it is."""
-    if not _ident_letters(text):
+    if not ident_letters(text):
         return f"{shorten(text)} is not {what} (a letter or _, then letters, digits, _ and $)"
-    size = len(str(text).encode())
+    name = str(text)
+    if not unicodedata.is_normalized("NFC", name):
+        # PostgreSQL compares names byte for byte: 'é' as e + U+0301 (NFD, as some
+        # systems write it) is another name than the 'é' typed in CREATE TABLE (NFC).
+        return f"{shorten(text)} is not {what}: {_decomposed(name)}"
+    size = len(name.encode())
     if size > NAME_BYTES:
         return f"{shorten(text)} is not {what}: {size} bytes in UTF-8, at most {NAME_BYTES}"
     return None
+
+
+def _decomposed(name: str) -> str:
+    """What in ``name`` is not NFC (decomposed, as some systems write 'é': e + U+0301),
+    and the name's NFC form."""
+    nfc = unicodedata.normalize("NFC", name)
+    # The first letter with its marks that NFC writes otherwise.
+    clusters: list[str] = []
+    for c in name:
+        if clusters and unicodedata.category(c).startswith("M"):
+            clusters[-1] += c
+        else:
+            clusters.append(c)
+    part = next((c for c in clusters if unicodedata.normalize("NFC", c) != c), name)
+    composed = unicodedata.normalize("NFC", part)
+
+    def points(text: str) -> str:
+        return " ".join(f"U+{ord(c):04X}" for c in text)
+
+    return (
+        f"its {part!r} ({points(part)}) is not composed (Unicode NFC) and PostgreSQL"
+        f" compares names byte for byte; write it as NFC has it ({points(composed)}): {nfc!r}"
+    )
 
 
 def role_problem(text: str) -> str | None:

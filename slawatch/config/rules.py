@@ -44,6 +44,7 @@ from slawatch.config.durations import Duration, PositiveDuration, duration_valid
 from slawatch.config.files import (
     FileModel,
     check_name,
+    ident_letters,
     ident_problem,
     is_ident,
     load_dir,
@@ -66,6 +67,13 @@ def _ident(value: str) -> str:
 
 
 Ident = Annotated[str, BeforeValidator(_ident)]
+
+
+def _deadline_name_problem(text: str) -> str | None:
+    """Why a deadline written as a name (letters, digits, _ and $ only) is not a column
+    name (too long, not NFC); None when it is one or is written as an expression. Such
+    text is a name: taken for an expression, PostgreSQL would fold or truncate it."""
+    return ident_problem(text, "a column name") if ident_letters(text) else None
 
 
 def _deadline_text(value: object) -> object:
@@ -551,6 +559,18 @@ Every = Annotated[
         positive=True, least=MIN_EVERY, least_why=" (each scan is a transaction or more)"
     ),
 ]
+# The shortest `sweep` (track: table): a sweep is part of a scan, so one shorter than
+# the shortest `every` would sweep at every scan all the same (and read every open
+# overdue row each time).
+MIN_SWEEP = MIN_EVERY
+Sweep = Annotated[
+    timedelta,
+    duration_validator(
+        positive=True,
+        least=MIN_SWEEP,
+        least_why=" (a sweep is part of a scan, at most one a second)",
+    ),
+]
 
 
 def _zone(v: str) -> str:
@@ -581,7 +601,7 @@ class Rule(FileModel):
     # Where the rule's state lives: columns on the watched table, or a table of slawatch's.
     track: Literal["inline", "table"] = "inline"
     # track: table: how often a scan also reads every open overdue row (see statetable.py).
-    sweep: PositiveDuration = timedelta(minutes=10)
+    sweep: Sweep = timedelta(minutes=10)
     # track: inline: what to do when a claim's UPDATE of the watched table would set off
     # something (triggers, rewrite rules, publications): refuse the rule, or let them fire.
     inline_triggers: Literal["refuse", "fire"] = "refuse"
@@ -656,6 +676,8 @@ class Rule(FileModel):
                 "query: needs key: the column(s) of the query's output that identify a row"
             )
         deadline = data.get("deadline")
+        if isinstance(deadline, str) and (problem := _deadline_name_problem(deadline.strip())):
+            raise ValueError(f"deadline: {problem}")
         if isinstance(deadline, str) and not is_ident(deadline.strip()):
             raise ValueError(
                 "query: deadline: must be a column of the query's output (compute it in the query)"
@@ -790,8 +812,10 @@ class Rule(FileModel):
         parts = v.split(".")
         if len(parts) > 2:
             raise ValueError(f"{shorten(v)} is not a table name (table or schema.table)")
-        for part in parts:
-            if problem := ident_problem(part, "a table name (table or schema.table)"):
+        # The part that is wrong, by its name: schema.table's first part is the schema.
+        whats = ["a table name"] if len(parts) == 1 else ["a schema name", "a table name"]
+        for part, what in zip(parts, whats, strict=True):
+            if problem := ident_problem(part, what):
                 raise ValueError(problem if part == v else f"{shorten(v)}: {problem}")
         return v
 
@@ -811,6 +835,8 @@ class Rule(FileModel):
     def _deadline(cls, v: str, info: ValidationInfo) -> str:
         if is_ident(v):
             return v
+        if problem := _deadline_name_problem(v):
+            raise ValueError(problem)
         problem = deadline_problem(v, str(info.data.get("table", "")).split(".")[-1])
         if problem:
             raise ValueError(problem)
@@ -1401,7 +1427,11 @@ def action_statement(text: str) -> tuple[str, list[str]]:
             continue
         name = tokens[i + 1]
         ident = text[name.start : name.end + 1]
-        if name.start != token.end + 1 or not is_ident(ident):
+        if name.start != token.end + 1:
+            continue
+        if not is_ident(ident):
+            if ident_letters(ident):  # meant as a name: say what is wrong with it
+                raise ValueError(f":{ident}: {ident_problem(ident, 'a column name')}")
             continue
         out.append(text[at : token.start].replace("%", "%%"))
         out.append(f"%({ident})s")

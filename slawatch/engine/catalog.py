@@ -46,9 +46,9 @@ class TableInfo:
     partitions: tuple[Partition, ...] = ()  # of a partitioned table, all levels
     # The type of each rule's deadline expression (text as written) over this table.
     deadline_types: dict[str, str] = field(default_factory=dict)
-    # Each rule's indexes as PostgreSQL defines them (by rule name): probed once per
-    # command for all the rules of a table (migrate.with_probed_indexes).
-    probed_indexes: dict[str, Probed] = field(default_factory=dict, compare=False)
+    # The indexes of the rule this was read for, as PostgreSQL defines them: probed once
+    # per command for all the rules of a table (migrate.with_probed_indexes); None: not yet.
+    probed_indexes: Probed | None = field(default=None, compare=False)
 
 
 def deadline_type_of(rule: Rule, info: TableInfo) -> str:

@@ -385,9 +385,8 @@ def inline_refusal(conn: Connection, rule: Rule) -> str | None:
 def _wanted(conn: Connection, rule: Rule, info: TableInfo) -> Probed:
     """The canonical definitions of the rule's indexes (see catalog.probe_indexes): as
     :func:`with_probed_indexes` found them, else probed now."""
-    known = info.probed_indexes.get(rule.name)
-    if known is not None:
-        return known
+    if info.probed_indexes is not None:
+        return info.probed_indexes
     return probe_indexes(conn, rule, info.columns, *_probe_args(rule, info))
 
 
@@ -415,9 +414,7 @@ def with_probed_indexes(
         probes = [IndexProbe(rule, *_probe_args(rule, info)) for rule, info in group]
         answers = probe_table_indexes(conn, group[0][1].columns, probes)
         for (rule, info), answer in zip(group, answers, strict=True):
-            out[rule.name] = replace(
-                info, probed_indexes={**info.probed_indexes, rule.name: answer}
-            )
+            out[rule.name] = replace(info, probed_indexes=answer)
     return out
 
 
@@ -1013,9 +1010,21 @@ def migrate(conn: Connection, rules: list[Rule], *, drop_event_types: bool = Fal
     Nothing is changed when any rule fails its check. Concurrent migrates take turns
     (an advisory lock): the second finds done what the first did.
     """
+    return migrate_checked(conn, rules, drop_event_types=drop_event_types)[0]
+
+
+def migrate_checked(
+    conn: Connection, rules: list[Rule], *, drop_event_types: bool = False
+) -> tuple[list[str], dict[str, TableInfo]]:
+    """:func:`migrate`, and each rule's table as its check found it, its indexes probed
+    (as :func:`check` returns them: none for an event rule whose timer table this
+    migrate created), for what the same command does next (``migrate --baseline``)
+    without probing again: the key, kind and deadline type a migrate leaves as they were.
+    """
     with schema.migrate_lock(conn):
         done = []
-        for step in plan(conn, rules, drop_event_types=drop_event_types):
+        tables = check(conn, rules)
+        for step in plan(conn, rules, drop_event_types=drop_event_types, tables=tables):
             if step.change is not None:
                 if schema.apply(conn, step.change, Clock().now()):
                     done.append(step.done)
@@ -1030,7 +1039,7 @@ def migrate(conn: Connection, rules: list[Rule], *, drop_event_types: bool = Fal
                     conn.execute(step.statement.encode())  # SQL text: no parameters
             if not step.detail:
                 done.append(line)
-        return done
+        return done, tables
 
 
 def _locked(conn: Connection, statement: str) -> None:

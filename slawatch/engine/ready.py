@@ -53,6 +53,7 @@ def prepare_ready(
     require_schema(conn)
     stale_function = set(event_function_pending(conn, rules))
     found: list[tuple[Rule, TableInfo]] = []
+    deadline_types: dict[str, str] = {}
     for rule in rules:
         if rule.name in stale_function:
             problems[rule.name] = (
@@ -65,7 +66,7 @@ def prepare_ready(
             problems[rule.name] = f"{rule.source}: table: {rule.table} does not exist"
             continue
         try:
-            deadline_type_of(rule, info)
+            deadline_types[rule.name] = deadline_type_of(rule, info)
         except ConfigError as exc:
             problems[rule.name] = str(exc)
             continue
@@ -79,7 +80,6 @@ def prepare_ready(
     probed = with_probed_indexes(conn, found)
     for rule, _ in found:
         info = probed[rule.name]
-        deadline_type = deadline_type_of(rule, info)
         todo = pending(conn, rule, info)
         if todo:
             # Claiming now could be wrong (no tracking columns) or slow (no usable index).
@@ -95,7 +95,7 @@ def prepare_ready(
             continue
         plans[rule.name] = plan_claim(
             rule,
-            deadline_type,
+            deadline_types[rule.name],
             partitioned=info.relkind == "p",
             key=key,
         )

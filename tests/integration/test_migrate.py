@@ -7,14 +7,17 @@ import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from slawatch.cli import main
 from slawatch.config.rules import Rule
-from slawatch.engine.catalog import Probed, inspect_table
+from slawatch.engine import migrate as migrate_module
+from slawatch.engine.catalog import IndexProbe, Probed, inspect_table
 from slawatch.engine.migrate import check, migrate, pending, render, with_probed_indexes
 from slawatch.engine.ready import prepare_ready
 from slawatch.errors import ConfigError
@@ -658,7 +661,11 @@ def test_a_tables_rules_probed_together_get_the_answers_each_gets_alone(conn: Co
 
     def answers(rs: list[Rule]) -> dict[str, Probed]:
         probed = with_probed_indexes(conn, [(r, info) for r in rs])
-        return {name: i.probed_indexes[name] for name, i in probed.items()}
+        out: dict[str, Probed] = {}
+        for name, i in probed.items():
+            assert i.probed_indexes is not None  # each rule's own answer
+            out[name] = i.probed_indexes
+        return out
 
     alone = {r.name: answers([r])[r.name] for r in rules}
     assert answers(rules) == alone
@@ -673,3 +680,45 @@ def test_a_tables_rules_probed_together_get_the_answers_each_gets_alone(conn: Co
         "rules/c.yaml",
         "rules/d.yaml",
     ]
+
+
+def test_migrate_baseline_probes_a_tables_rules_once(
+    conn: Conn,
+    dsn: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`slawatch migrate --baseline` baselines with the tables its migrate checked and
+    probed (a migrate changes no key, kind or deadline type): it checked them again,
+    a second copy of each table for its rules' indexes."""
+    conn.execute(TABLE)
+    conn.execute("INSERT INTO orders (id, status, paid_at) VALUES (1, 'paid', '2026-01-01')")
+    for i, track in enumerate(["inline", "table"]):
+        (tmp_path / f"late{i}.yaml").write_text(
+            "table: public.orders\nkey: id\ndeadline: paid_at\nafter: 1h\n"
+            f"open_when: \"status = 'paid' AND ref IS DISTINCT FROM '{i}'\"\n"
+            f"track: {track}\nnotify: [console]\n"
+        )
+    # An event rule: its timer table is made by this migrate, so read after it.
+    (tmp_path / "parcel_late.yaml").write_text(
+        "events: {start: shipped, stop: delivered, within: 1h}\nnotify: [console]\n"
+    )
+    probed: list[list[str]] = []
+    probe = migrate_module.probe_table_indexes
+
+    def counted(c: Conn, columns: dict[str, str], probes: list[IndexProbe]) -> list[Probed]:
+        probed.append([p.rule.name for p in probes])
+        return probe(c, columns, probes)
+
+    monkeypatch.setattr(migrate_module, "probe_table_indexes", counted)
+    monkeypatch.setenv("SLAWATCH_DSN", dsn)
+    assert main(["--rules", str(tmp_path), "migrate", "--baseline"]) == 0
+    # One copy of orders, once; the timer table's once, after the migrate made it.
+    assert probed == [["late0", "late1"], ["parcel_late"]]
+    out = capsys.readouterr().out
+    assert "baseline: late0: 1 rows marked as seen" in out, out
+    assert "baseline: late1: 1 rows marked as seen" in out, out
+    assert "baseline: parcel_late: 0 rows marked as seen" in out, out
+    assert main(["--rules", str(tmp_path), "migrate", "--baseline"]) == 0  # all read before
+    assert probed[2:] == [["late0", "late1"], ["parcel_late"]]

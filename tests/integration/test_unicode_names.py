@@ -7,6 +7,7 @@ An operator probe found ``key: ключ`` refused as "not letters, digits, _ and
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,38 @@ INSERT INTO склад.заказы VALUES
 """
 
 
+# The indexes of склад.заказы after a migrate of rule(track), as pg_indexes defines them:
+# its primary key's, and the rule's (docs/explanation/claim.md, tracking.md).
+ON = 'ON "склад"."заказы" USING btree'
+OPEN = "(\"статус\" = 'оплачен'::text)"
+WANTED_INDEXES = {
+    "inline": [
+        (
+            "sw_zakaz_late_again",
+            f"INDEX sw_zakaz_late_again {ON} (sw_zakaz_late_next)"
+            f' WHERE ((sw_zakaz_late_seen = "оплачен") AND {OPEN})',
+        ),
+        (
+            "sw_zakaz_late_ended",
+            f"INDEX sw_zakaz_late_ended {ON} (sw_zakaz_late_seen)"
+            " WHERE ((sw_zakaz_late_seen IS NOT NULL) AND ((sw_zakaz_late_seen IS DISTINCT FROM"
+            f' "оплачен") OR ({OPEN} IS NOT TRUE)))',
+        ),
+        (
+            "sw_zakaz_late_first",
+            f'INDEX sw_zakaz_late_first {ON} ("оплачен")'
+            f' WHERE ((sw_zakaz_late_seen IS DISTINCT FROM "оплачен") AND {OPEN})',
+        ),
+        ("заказы_pkey", f'UNIQUE INDEX "заказы_pkey" {ON} ("ключ")'),
+    ],
+    "table": [
+        ("sw_zakaz_late_deadline", f'INDEX sw_zakaz_late_deadline {ON} ("оплачен")'),
+        ("sw_zakaz_late_due", f'INDEX sw_zakaz_late_due {ON} ("оплачен") WHERE {OPEN}'),
+        ("заказы_pkey", f'UNIQUE INDEX "заказы_pkey" {ON} ("ключ")'),
+    ],
+}
+
+
 def rule(track: str, **fields: Any) -> Rule:
     return Rule.model_validate(
         {
@@ -69,10 +102,14 @@ def test_a_rule_on_names_of_any_script_is_migrated_and_claimed(conn: Conn, track
             " AND attname LIKE '%zakaz_late%' AND NOT attisdropped"
         ).fetchone()
         assert added is not None and added[0] > 0
+    # Every index of the table, exactly: each of the rule's on its column, with its
+    # predicate ('оплачен' is the status too: an index on any column with open_when in
+    # its predicate would have matched "an index that mentions оплачен").
     indexes = conn.execute(
-        "SELECT indexdef FROM pg_indexes WHERE indexdef LIKE '%оплачен%'"
+        "SELECT indexname, indexdef FROM pg_indexes"
+        " WHERE schemaname = 'склад' AND tablename = 'заказы' ORDER BY 1"
     ).fetchall()
-    assert indexes, "an index on the deadline column"
+    assert indexes == [(name, f"CREATE {how}") for name, how in WANTED_INDEXES[track]]
     plan = prepare(conn, watched)
     assert claim_all(conn, plan, NOW) == 1
     assert alerts(conn, "zakaz_late") == [("1", 1, "warning", ["console"])]
@@ -113,3 +150,58 @@ def test_an_actions_placeholder_of_any_script_is_bound(conn: Conn) -> None:
     assert claim_all(conn, plan, NOW) == 1
     statuses = conn.execute("SELECT ключ, статус FROM склад.заказы ORDER BY ключ").fetchall()
     assert statuses == [(1, "просрочен"), (2, "отправлен"), (3, "оплачен")]
+
+
+def test_a_name_not_in_nfc_is_refused_with_the_name_postgresql_has(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """A name written decomposed (NFD: 'й' as и + U+0306, as some systems write text)
+    passed load, then missed the table PostgreSQL has (it compares names byte for byte):
+    check and run refuse it in one line naming the composed (NFC) form, which is the
+    table's name in the catalog."""
+    table, column = "чай", "крайний_срок"  # й: U+0439 (NFC), и + U+0306 (NFD)
+    nfd_table, nfd_column = (unicodedata.normalize("NFD", n) for n in (table, column))
+    assert (nfd_table, nfd_column) != (table, column)
+    conn.execute(  # typed as people type it: NFC
+        f"CREATE SCHEMA склад; CREATE TABLE склад.{table} (ключ bigint PRIMARY KEY,"
+        f" {column} timestamptz NOT NULL); INSERT INTO склад.{table} VALUES"
+        " (1, '2026-03-01 10:00+00')"
+    )
+    # Why: the decomposed name is another name to PostgreSQL.
+    names = conn.execute(
+        "SELECT to_regclass(format('склад.%%I', %s::text)) IS NOT NULL,"
+        " to_regclass(format('склад.%%I', %s::text)) IS NOT NULL",
+        (table, nfd_table),
+    ).fetchone()
+    assert names == (True, False)
+    stored = conn.execute(
+        "SELECT c.relname, a.attname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid"
+        " WHERE c.oid = format('склад.%%I', %s::text)::regclass AND a.attnum = 2",
+        (table,),
+    ).fetchone()
+    assert stored == (table, column)
+
+    def write(t: str, d: str) -> None:
+        (tmp_path / "chai_late.yaml").write_text(
+            f"table: склад.{t}\nkey: ключ\ndeadline: {d}\nafter: 1h\nopen_when: 'true'\n"
+            "notify: [console]\n",
+            encoding="utf-8",
+        )
+
+    write(nfd_table, column)
+    for command in (["check"], ["run", "--once"]):
+        result = slawatch("--rules", str(tmp_path), *command, dsn=dsn)
+        assert result.returncode == 2, result
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(f"slawatch: error: {tmp_path}/chai_late.yaml: table: "), line
+        assert "is not a table name" in line and "(Unicode NFC)" in line, line
+        # The name the message says to write is the one the catalog has.
+        assert line.endswith(f": '{table}'") and stored[0] == table, line
+    write(table, nfd_column)
+    result = slawatch("--rules", str(tmp_path), "check", dsn=dsn)
+    assert result.returncode == 2 and result.stderr.rstrip().endswith(f": '{column}'"), result
+    write(table, column)  # as the messages say: the names PostgreSQL has
+    for command in (["migrate"], ["run", "--once"]):
+        result = slawatch("--rules", str(tmp_path), *command, dsn=dsn)
+        assert result.returncode == 0, result
+    assert alerts(conn, "chai_late") == [("1", 1, "warning", ["console"])]

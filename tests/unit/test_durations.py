@@ -160,8 +160,65 @@ FORMS = "(a number of seconds, whole s, m, h, d, w (90s, 1h30m) or ISO 8601 (PT4
 )
 def test_an_error_says_what_is_wrong_and_which_forms_are_read(text: str, expected: str) -> None:
     with pytest.raises(ValueError) as exc:
-        parse_duration(text)
+        parse_duration(text, yaml=True)
     assert str(exc.value) == expected
+
+
+# Outside YAML (an environment variable, an argument, a query parameter) every value is
+# text: a number there needs a unit, and "unquote it" would be advice for another file
+# (an operator's SLAWATCH_RETENTION=30 was told YAML reads it as text).
+TEXT_FORMS = "(whole s, m, h, d, w (90s, 1h30m) or ISO 8601 (PT48H))"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30", f"'30' is not a duration: a number needs a unit here, e.g. 30m or 30d {TEXT_FORMS}"),
+        (" 0600", "'0600' is not a duration: a number needs a unit here, e.g. 600m or 600d"),
+        (
+            "1e9",
+            f"'1e9' is not a duration: a number needs a unit here, e.g. 90s or 30d {TEXT_FORMS}",
+        ),
+        ("1.5", "'1.5' is not a duration: a number needs a unit here, e.g. 90s or 30d"),
+        ("1ms", f"'1ms' is not a duration: 'ms' is not a unit {TEXT_FORMS}"),
+        ("a fortnight", f"'a fortnight' is not a duration {TEXT_FORMS}"),
+    ],
+)
+def test_outside_yaml_a_number_needs_a_unit(text: str, expected: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        parse_duration(text)
+    assert str(exc.value).startswith(expected), str(exc.value)
+    assert "YAML" not in str(exc.value) and "a number of seconds" not in str(exc.value)
+
+
+# ISO 8601 allows a fraction in its smallest unit; slawatch reads one in seconds only
+# (an operator's P1.5D got the message of any text that is not a duration).
+FRACTION = "ISO 8601 fractions are accepted in seconds only (PT0.5S)"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("P1.5D", f"'P1.5D' is not a duration: {FRACTION}; write P1DT12H or 1d12h"),
+        ("P1,5D", f"'P1,5D' is not a duration: {FRACTION}; write P1DT12H or 1d12h"),
+        ("p2.5d", f"'p2.5d' is not a duration: {FRACTION}; write P2DT12H or 2d12h"),
+        ("P1.5W", f"'P1.5W' is not a duration: {FRACTION}; write P10DT12H or 1w3d12h"),
+        ("PT1.5H", f"'PT1.5H' is not a duration: {FRACTION}; write PT1H30M or 1h30m"),
+        ("P1DT0.5M", f"'P1DT0.5M' is not a duration: {FRACTION}; write P1DT30S or 1d30s"),
+        ("P0.00001D", f"'P0.00001D' is not a duration: {FRACTION}; write PT0.864S"),
+        ("P1.5DT0.5S", f"'P1.5DT0.5S' is not a duration: {FRACTION}; write P1DT12H0.5S"),
+        ("P" + "9" * 5000 + ".5D", f"is not a duration: {FRACTION}"),
+    ],
+)
+def test_an_iso_fraction_of_a_day_says_what_to_write(text: str, expected: str) -> None:
+    for yaml in (True, False):
+        with pytest.raises(ValueError) as exc:
+            parse_duration(text, yaml=yaml)
+        assert str(exc.value).endswith(expected), str(exc.value)
+        assert len(str(exc.value)) < 200
+    written = expected.rsplit("write ", 1)[-1].split(" or ")
+    if "write" in expected:  # what the message offers is read, as the same length
+        assert len({parse_duration(w) for w in written}) == 1
 
 
 def test_the_forms_the_errors_name_are_read() -> None:

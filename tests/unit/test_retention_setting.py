@@ -31,7 +31,8 @@ def test_the_default_is_30_days(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         (
             "a fortnight",
-            "SLAWATCH_RETENTION: 'a fortnight' is not a duration (a number of seconds, whole s",
+            # A variable is text: a bare number is not one of its forms.
+            "SLAWATCH_RETENTION: 'a fortnight' is not a duration (whole s, m, h, d, w",
         ),
         ("59m", "SLAWATCH_RETENTION: '59m' is shorter than 1h, the least slawatch accepts"),
         ("3651d", "SLAWATCH_RETENTION: '3651d' is longer than 10 years, the most slawatch"),

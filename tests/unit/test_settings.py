@@ -36,3 +36,28 @@ def test_a_bad_value_is_one_line_and_exit_2(
     assert main(["check"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"slawatch: error: {variable}: ") and says in line
+
+
+@pytest.mark.parametrize("command", [["check"], ["run", "--once"]])
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        # A digits-only duration in the environment was told to unquote it "as in YAML".
+        ("SLAWATCH_RETENTION", "30", "'30' is not a duration: a number needs a unit here"),
+        ("SLAWATCH_DEDUPE_WINDOW", "600", "'600' is not a duration: a number needs a unit"),
+        ("SLAWATCH_RETENTION", "P1.5D", "'P1.5D' is not a duration: ISO 8601 fractions are"),
+    ],
+)
+def test_a_duration_in_the_environment_is_advised_as_text(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+    variable: str,
+    value: str,
+    says: str,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(command) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"slawatch: error: {variable}: {says}"), line
+    assert "YAML" not in line and "a number of seconds" not in line, line

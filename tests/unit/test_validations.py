@@ -98,8 +98,23 @@ def load_rule(tmp_path: Path, text: str) -> Rule:
         ("every: 0.999\n", "every: 0.999 is shorter than 1s, the least slawatch accepts"),
         ("every: PT0.5S\n", "every: 'PT0.5S' is shorter than 1s, the least slawatch accepts"),
         ("every: 1ms\n", "every: '1ms' is not a duration: 'ms' is not a unit (a number of"),
-        ("track: table\nsweep: 0s\n", "sweep: '0s' must be longer than 0s"),
+        # Rule.sweep: at least MIN_SWEEP (it had no minimum but more than 0s).
+        (
+            "track: table\nsweep: 0s\n",
+            "sweep: '0s' is shorter than 1s, the least slawatch accepts (a sweep is part of a"
+            " scan, at most one a second)",
+        ),
+        ("track: table\nsweep: 0.5\n", "sweep: 0.5 is shorter than 1s, the least slawatch"),
+        ("track: table\nsweep: PT0.5S\n", "sweep: 'PT0.5S' is shorter than 1s, the least"),
         ("after: -1\n", "after: -1 is negative; a duration must be 0 or more"),
+        # A rule file's durations are YAML's: a quoted number is text there (elsewhere,
+        # an environment variable's, a number needs a unit: test_durations.py).
+        ("after: '30'\n", "after: '30' is not a duration: YAML reads it as text; write the"),
+        (
+            "after: P1.5D\n",
+            "after: 'P1.5D' is not a duration: ISO 8601 fractions are accepted in seconds"
+            " only (PT0.5S); write P1DT12H or 1d12h",
+        ),
         # Rule.batch: 1 to 1,000,000.
         ("batch: 1000001\n", "batch: 1000001: Input should be less than or equal to 1000000"),
         # Rule.name: the pattern (here: too long).
@@ -118,6 +133,8 @@ def test_rule_bounds_are_accepted_at_their_limit(tmp_path: Path) -> None:
     text += "every: 1\n"  # MIN_EVERY
     rule = load_rule(tmp_path, text)
     assert rule.every == timedelta(seconds=1)
+    swept = load_rule(tmp_path, GOOD + "track: table\nsweep: 1s\n")  # MIN_SWEEP
+    assert swept.sweep == timedelta(seconds=1)
     assert rule.batch == 1_000_000 and rule.key is not None and len(rule.key) == 8
     assert rule.renotify is not None and rule.renotify.max == 1_000_000
 
@@ -398,11 +415,25 @@ def test_names_of_any_script_are_column_table_and_schema_names(tmp_path: Path) -
             f"key: {CYRILLIC_64}\n",
             f"key.0: '{CYRILLIC_64}' is not a column name: 64 bytes in UTF-8, at most 63",
         ),
+        # The part of schema.table that is wrong is named (the schema was "a table name").
         (
             f"table: {CYRILLIC_64}.orders\n",
-            f"table: '{CYRILLIC_64}.orders': '{CYRILLIC_64}' is not a table name (table or"
-            " schema.table): 64 bytes in UTF-8, at most 63",
+            f"table: '{CYRILLIC_64}.orders': '{CYRILLIC_64}' is not a schema name: 64 bytes in"
+            " UTF-8, at most 63",
         ),
+        (
+            f"table: public.{CYRILLIC_64}\n",
+            f"table: 'public.{CYRILLIC_64}': '{CYRILLIC_64}' is not a table name: 64 bytes in"
+            " UTF-8, at most 63",
+        ),
+        (
+            "table: 2x.orders\n",
+            "table: '2x.orders': '2x' is not a schema name (a letter or _, then letters,"
+            " digits, _ and $)",
+        ),
+        ("table: .orders\n", "table: '.orders': '' is not a schema name (a letter or _"),
+        ("table: склад.2x\n", "table: 'склад.2x': '2x' is not a table name (a letter or _"),
+        ("table: 2x\n", "table: '2x' is not a table name (a letter or _, then letters,"),
         (
             "columns: [2x]\n",
             "columns.0: '2x' is not a column name (a letter or _, then letters, digits, _ and $)",
@@ -425,3 +456,81 @@ def test_an_actions_placeholders_and_role_may_be_of_any_script(tmp_path: Path) -
     assert rule.action is not None and rule.action.role == "роль"
     assert rule.action.placeholders == ["сумма", "ключ"]
     assert Settings(action_role="роль").action_role == "роль"
+
+
+# Names are compared byte for byte by PostgreSQL: 'é' decomposed (e + U+0301, NFD, as
+# some systems write text) is another name than the 'é' a table is created with (NFC),
+# so such a name passed load and then missed its table or column. It is refused, with
+# the NFC form to write (test_unicode_names.py: against a real table).
+CAFE_NFD, CAFE = "cafe\u0301", "caf\u00e9"
+CHAI_NFD, CHAI = "ча\u0438\u0306", "ча\u0439"
+NOT_NFC = "is not composed (Unicode NFC) and PostgreSQL compares names byte for byte"
+E_NFC = f"its 'e\u0301' (U+0065 U+0301) {NOT_NFC}; write it as NFC has it (U+00E9)"
+Y_NFC = f"its '\u0438\u0306' (U+0438 U+0306) {NOT_NFC}; write it as NFC has it (U+0439)"
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            f"table: склад.{CHAI_NFD}\n",
+            f"table: 'склад.{CHAI_NFD}': '{CHAI_NFD}' is not a table name: {Y_NFC}: '{CHAI}'",
+        ),
+        (
+            f"table: {CAFE_NFD}.orders\n",
+            f"table: '{CAFE_NFD}.orders': '{CAFE_NFD}' is not a schema name: {E_NFC}: '{CAFE}'",
+        ),
+        (f"key: {CAFE_NFD}\n", f"key.0: '{CAFE_NFD}' is not a column name: {E_NFC}: '{CAFE}'"),
+        (
+            f"deadline: {CAFE_NFD}\n",
+            f"deadline: '{CAFE_NFD}' is not a column name: {E_NFC}: '{CAFE}'",
+        ),
+        (
+            f"columns: [id, {CHAI_NFD}_2]\n",
+            f"columns.1: '{CHAI_NFD}_2' is not a column name: {Y_NFC}: '{CHAI}_2'",
+        ),
+        (
+            f"columns: [{CAFE}]\n"
+            f"action: {{on: 1, sql: 'UPDATE t SET n = 1 WHERE c = :{CAFE_NFD}'}}\n",
+            f":{CAFE_NFD}: '{CAFE_NFD}' is not a column name: {E_NFC}: '{CAFE}'",
+        ),
+        (
+            f"action: {{on: 1, role: {CAFE_NFD}, sql: 'UPDATE t SET n = 1'}}\n",
+            f"action.role: '{CAFE_NFD}' is not a role name: {E_NFC}: '{CAFE}'",
+        ),
+        # A deadline written as a name is a name (longer than 63 bytes: refused, not
+        # taken for an expression that PostgreSQL would truncate).
+        (
+            f"deadline: {CYRILLIC_64}\n",
+            f"deadline: '{CYRILLIC_64}' is not a column name: 64 bytes in UTF-8, at most 63",
+        ),
+    ],
+)
+def test_a_name_not_in_nfc_is_refused_with_its_nfc_form(
+    tmp_path: Path, extra: str, expected: str
+) -> None:
+    message = rule_error(tmp_path, GOOD + extra)
+    assert f"{tmp_path}/orders.yaml: " in message and expected in message, message
+    assert len(message.splitlines()) == 1, message
+
+
+def test_a_query_rules_deadline_not_in_nfc_is_refused_with_its_nfc_form(tmp_path: Path) -> None:
+    text = (
+        f"query: SELECT 1 AS id, now() AS {CAFE}\ntrack: table\nkey: id\n"
+        f"deadline: {CAFE_NFD}\nopen_when: 'true'\nnotify: [console]\n"
+    )
+    message = rule_error(tmp_path, text)
+    assert f"deadline: '{CAFE_NFD}' is not a column name: {E_NFC}: '{CAFE}'" in message, message
+
+
+def test_the_nfc_forms_are_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = GOOD.replace("table: public.orders", f"table: {CAFE}.{CHAI}")
+    text = text.replace("key: id", f"key: {CAFE}").replace("deadline: paid_at", f"deadline: {CHAI}")
+    text += f"action: {{on: 1, role: {CAFE}, sql: 'UPDATE t SET n = 1 WHERE c = :{CAFE}'}}\n"
+    rule = load_rule(tmp_path, text)
+    assert (rule.schema_name, rule.table_name, rule.deadline_column) == (CAFE, CHAI, CHAI)
+    assert rule.action is not None and rule.action.placeholders == [CAFE]
+    monkeypatch.setenv("SLAWATCH_ACTION_ROLE", CAFE_NFD)
+    with pytest.raises(ValidationError) as exc:
+        Settings()
+    assert f"'{CAFE_NFD}' is not a role name: {E_NFC}: '{CAFE}'" in str(exc.value)
