@@ -332,7 +332,16 @@ _PRINT_HEAD = """\
 
 
 def render_all(rules: list[Rule], tables: dict[str, TableInfo], now: datetime) -> str:
-    """The baselines of ``rules`` (``migrate --print --baseline``)."""
+    """The baselines of ``rules`` (``migrate --print --baseline``). An event rule whose
+    timer table the script above creates has no timer to mark yet: a comment says so."""
     out = [_PRINT_HEAD.format(batch=f"{BATCH:,}")]
-    out.extend(render(rule, tables[rule.name], now) for rule in rules)
+    for rule in rules:
+        info = tables.get(rule.name)
+        if info is None:
+            out.append(
+                f"-- {rule.name}: its timer table {rule.schema_name}.{rule.table_name} is"
+                " created by the migration above; no timer to mark as seen yet\n"
+            )
+        else:
+            out.append(render(rule, info, now))
     return "\n".join(out)

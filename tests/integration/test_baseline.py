@@ -444,6 +444,23 @@ def test_a_dry_run_writes_nothing(conn: Conn, dsn: str, track: str, tmp_path: Pa
     ]
 
 
+def test_the_printed_baseline_of_a_database_not_migrated_yet(conn: Conn, dsn: str) -> None:
+    """Before the first migrate an event rule's timer table does not exist: the printed
+    baseline says so for it (the script above it creates the table) and goes on."""
+    from slawatch.demo import SHOP
+    from tests.integration.test_cli import slawatch
+
+    conn.execute(SHOP)
+    result = slawatch("migrate", "--print", "--baseline", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert (
+        "-- parcel_undelivered: its timer table slawatch.parcel_undelivered_timers is created"
+        " by the migration above; no timer to mark as seen yet"
+    ) in result.stdout
+    assert "$slawatch_baseline$" in result.stdout  # the other rules' DO blocks
+
+
 def test_the_first_deployment_from_the_command_line(conn: Conn, dsn: str) -> None:
     from slawatch.demo import SHOP
     from tests.integration.test_cli import slawatch
