@@ -29,16 +29,17 @@ from psycopg import sql
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 
+# The one field of an alert's row that stands in for row data over MAX_DATA, beside
+# the row's key columns (docs/reference/rules.md, `columns`); a rule's row has no
+# column of that name (config.rules.Rule.row_problem).
+from slawatch.config.rules import TRUNCATED as TRUNCATED
+
 if TYPE_CHECKING:
     from slawatch.config.rules import Rule
 
 # Bytes of an event's data as JSON (events/ingest.py), and of an alert's row data as
 # jsonb (capped below): one bound for what a receiver, the page and the API are sent.
 MAX_DATA = 64 * 1024
-
-# The one field of an alert's row that stands in for row data over MAX_DATA, beside
-# the row's key columns (docs/reference/rules.md, `columns`).
-TRUNCATED = "_slawatch_truncated"
 
 # An alert's row data, bounded: pg_column_size of a jsonb value just built is its
 # length (no read of the value), so a row within the bound costs one comparison. One

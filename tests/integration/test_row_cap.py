@@ -20,6 +20,7 @@ from slawatch.delivery.notifiers.webhook import WebhookNotifier
 from slawatch.engine.migrate import migrate
 from slawatch.engine.outbox import MAX_DATA, TRUNCATED
 from slawatch.engine.ready import prepare
+from slawatch.errors import ConfigError
 from tests.integration.helpers import Conn, claim_all
 from tests.receivers import WebhookReceiver, receiver
 
@@ -178,3 +179,17 @@ def test_an_action_that_reads_a_column_left_out_is_recorded_skipped(
     assert done == [(k, "ok", None) if k in runs else (k, "skipped", why) for k in ["1", "2", "3"]]
     marked = conn.execute("SELECT id::text FROM marks ORDER BY id").fetchall()
     assert [m for (m,) in marked] == runs
+
+
+def test_a_primary_key_column_named_as_the_cap_field_is_refused(conn: Conn, track: str) -> None:
+    """Rules load refuses `columns` (or a key) with a column named as the field
+    (tests/unit/test_rules.py); a rule keyed by the table's primary key without `columns`
+    is known only from the catalog: refused when the claim is prepared."""
+    conn.execute(
+        "CREATE TABLE odd (_slawatch_truncated bigint PRIMARY KEY, status text NOT NULL,"
+        " paid_at timestamptz NOT NULL)"
+    )
+    odd = rule(track, table="public.odd", columns=None)
+    migrate(conn, [odd])
+    with pytest.raises(ConfigError, match="key or deadline: a column named _slawatch_truncated"):
+        prepare(conn, odd)
