@@ -37,16 +37,29 @@ from slawatch.config.rules import TRUNCATED as TRUNCATED
 if TYPE_CHECKING:
     from slawatch.config.rules import Rule
 
-# Bytes of an event's data as JSON (events/ingest.py), and of an alert's row data as
-# jsonb (capped below): one bound for what a receiver, the page and the API are sent.
+# The bound of what a receiver, the page and the API are sent of one alert's row, in
+# bytes, measured two ways (docs/reference/rules.md, `columns`):
+# - an event's `data`: its JSON text (as orjson writes it) when it is taken
+#   (events/ingest.py); the alert carries it whole.
+# - a table rule's row: the jsonb value the claim builds, by pg_column_size (its
+#   binary size, uncompressed: a value just built is not yet compressed). That is
+#   its JSON text's size within a few bytes per field for text, more for many small
+#   numbers, less for strings that JSON escapes. The claim does not measure the text:
+#   that would write out every row's JSON, where pg_column_size is a read of the
+#   value's length (see _CAPPED).
 MAX_DATA = 64 * 1024
 
 # An alert's row data, bounded: pg_column_size of a jsonb value just built is its
 # length (no read of the value), so a row within the bound costs one comparison. One
 # over it is replaced, in the rare branch, by TRUNCATED's sentence and the row's key
-# columns ({drop}: the others), or the sentence alone if those are over it too.
+# columns ({drop}: the others), or the sentence alone if those are over it too. A NULL
+# (no claim builds one: its row is jsonb_build_object's, or the key's) also takes the
+# rare branch, and becomes a sentence that says so rather than one with no size:
+# slawatch.alert.row_data is NOT NULL, and a NULL would fail the rule's every claim.
 _CAPPED = """\
 CASE WHEN pg_column_size({value}) <= {max} THEN {value}
+     WHEN {value} IS NULL THEN jsonb_build_object({truncated},
+                                  'no row data (NULL); see the row in the table')
      ELSE (SELECT CASE WHEN pg_column_size(t.m || t.k) <= {max} THEN t.m || t.k ELSE t.m END
              FROM (SELECT jsonb_build_object({truncated}, format(
                               'row data of %%s bytes is over the %%s-byte limit;'

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
+from psycopg import sql
 
 from slawatch.actions.run import runner
 from slawatch.clock import Clock
@@ -18,7 +19,7 @@ from slawatch.db import Database
 from slawatch.delivery.dispatcher import deliver_due
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
 from slawatch.engine.migrate import migrate
-from slawatch.engine.outbox import MAX_DATA, TRUNCATED
+from slawatch.engine.outbox import MAX_DATA, TRUNCATED, capped
 from slawatch.engine.ready import prepare
 from slawatch.errors import ConfigError
 from tests.integration.helpers import Conn, claim_all
@@ -107,10 +108,13 @@ def test_a_row_over_the_bound_is_alerted_once_with_a_small_replacement(
     assert got["1"] == {"id": 1, TRUNCATED: replacement(big)}
     assert got["3"] == {"id": 3, TRUNCATED: replacement(over)}
     assert got["2"] == {"id": 2, "payload": "z" * (len(got["2"]["payload"]))}
+    # The size the bound is on, of what was stored: as the claim measures a value just
+    # built (`|| '{}'` builds one), not pg_column_size of the stored value, which is
+    # compressed (order 1's 4 MiB of 'x' is some 50 kB so).
     (stored,) = conn.execute(
-        "SELECT max(pg_column_size(row_data)) FROM slawatch.alert WHERE rule = 'late'"
+        "SELECT max(pg_column_size(row_data || '{}')) FROM slawatch.alert WHERE rule = 'late'"
     ).fetchone()  # type: ignore[misc]
-    assert stored <= MAX_DATA
+    assert stored == MAX_DATA  # order 2's, whole
     assert big > BIG
     # Their resolved notices are bounded alike.
     conn.execute("UPDATE orders SET status = 'shipped'")
@@ -179,6 +183,23 @@ def test_an_action_that_reads_a_column_left_out_is_recorded_skipped(
     assert done == [(k, "ok", None) if k in runs else (k, "skipped", why) for k in ["1", "2", "3"]]
     marked = conn.execute("SELECT id::text FROM marks ORDER BY id").fetchall()
     assert [m for (m,) in marked] == runs
+
+
+def test_a_null_row_is_said_so_never_with_an_empty_size(conn: Conn) -> None:
+    """No claim builds a NULL row (jsonb_build_object's, or the key's), but the cap does
+    not turn one into "row data of  bytes": a sentence that says what it is (NULL would
+    fail the alert's NOT NULL, and so the rule's every claim)."""
+
+    def cap(value: str) -> Any:
+        query = sql.SQL("SELECT {}").format(capped(sql.SQL(value), ["payload"]))
+        (got,) = conn.execute(query, {"unused": None}).fetchone()  # type: ignore[misc]
+        return got
+
+    assert cap("NULL::jsonb") == {TRUNCATED: "no row data (NULL); see the row in the table"}
+    assert cap("'{\"id\": 1}'::jsonb") == {"id": 1}
+    over = f"jsonb_build_object('id', 1, 'payload', repeat('x', {MAX_DATA}))"
+    (size,) = conn.execute(f"SELECT pg_column_size({over})").fetchone()  # type: ignore[misc]
+    assert cap(over) == {"id": 1, TRUNCATED: replacement(size)}
 
 
 def test_a_primary_key_column_named_as_the_cap_field_is_refused(conn: Conn, track: str) -> None:
