@@ -202,6 +202,64 @@ def test_a_null_row_is_said_so_never_with_an_empty_size(conn: Conn) -> None:
     assert cap(over) == {"id": 1, TRUNCATED: replacement(size)}
 
 
+KEYED = """
+CREATE TABLE tagged (
+    id bigint NOT NULL, tag text NOT NULL, status text NOT NULL, paid_at timestamptz NOT NULL,
+    payload text,
+    UNIQUE (id, tag)  -- 'k' x 64 KiB compresses to fit an index entry
+)"""
+
+
+def test_an_action_reading_a_key_column_cut_with_its_row_is_skipped_and_logged(
+    conn: Conn, track: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key of two columns is read by an action from the alert's row (``columns``): when
+    the key's own columns are over the bound, the row keeps the sentence alone, and the
+    action is recorded skipped with a WARNING, never run with NULL keys. Its key kept
+    (only the payload over the bound), it runs."""
+    conn.execute(KEYED)
+    conn.execute(
+        "INSERT INTO tagged VALUES (1, repeat('k', %s), 'paid', %s, ''),"
+        " (2, 'b', 'paid', %s, repeat('p', %s)), (3, 'c', 'paid', %s, 'small')",
+        (MAX_DATA + 10, T0, T0, MAX_DATA + 10, T0),
+    )
+    conn.execute("CREATE TABLE marks (id bigint, tag text)")  # NULLs would go in
+    late = rule(
+        track,
+        table="public.tagged",
+        key=["id", "tag"],
+        columns=["id", "tag", "payload"],
+        action={"sql": "insert into marks (id, tag) values (:id, :tag)"},
+    )
+    migrate(conn, [late])
+    plan = prepare(conn, late).with_act(runner("on"))
+    with caplog.at_level("WARNING", logger="slawatch.actions.run"):
+        assert claim_all(conn, plan, T0 + 2 * H) == 3
+    done = conn.execute(
+        "SELECT left(key, 8), status, error, params FROM slawatch.action ORDER BY key"
+    ).fetchall()
+    why = f"row data over {MAX_DATA:,} bytes (docs/reference/rules.md, columns)"
+    assert done == [
+        ("(1,kkkkk", "skipped", why, {"id": None, "tag": None}),
+        ("(2,b)", "ok", None, {"id": "2", "tag": "b"}),
+        ("(3,c)", "ok", None, {"id": "3", "tag": "c"}),
+    ]
+    assert conn.execute("SELECT id, tag FROM marks ORDER BY id").fetchall() == [
+        (2, "b"),
+        (3, "c"),
+    ]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith("rule late: action for key (1,kkkk")
+    assert warning.endswith(
+        "(episode 1) not run, recorded skipped: its row data was over 65,536 bytes, and the"
+        " alert's row (cut to fit) has no value for :id, :tag (docs/reference/rules.md, columns)"
+    )
+    rows = row_data(conn)
+    assert [k for k, r in rows.items() if TRUNCATED in r and "id" not in r] == [
+        next(k for k in rows if k.startswith("(1,"))
+    ]
+
+
 def test_a_primary_key_column_named_as_the_cap_field_is_refused(conn: Conn, track: str) -> None:
     """Rules load refuses `columns` (or a key) with a column named as the field
     (tests/unit/test_rules.py); a rule keyed by the table's primary key without `columns`
