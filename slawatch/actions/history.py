@@ -48,7 +48,8 @@ class ActionAttempt(BaseModel):
     kind: Literal["sql", "webhook"]
     status: ActionStatus = Field(
         description="ok: ran (a webhook: delivered); failed: rolled back, or a webhook's "
-        "delivery went dead (see error); skipped: the episode was acknowledged or silenced; "
+        "delivery went dead (see error); skipped: the episode was acknowledged or silenced, "
+        "or the alert's row was over 64 KiB and cut without a column a placeholder reads; "
         "would_run: SLAWATCH_ACTIONS was off or dry-run; pending: a webhook not yet delivered; "
         "retry: a row was locked past lock_timeout, or the batch's time ran out: runs again "
         "at the rule's next scan"

@@ -28,7 +28,9 @@ reach, is recorded ``retry`` and runs again at the rule's next scan
 
 ``SLAWATCH_ACTIONS=off`` or ``dry-run`` records ``would_run`` and logs the
 statement with its values instead of running it; an acknowledged or silenced
-episode is recorded ``skipped``.
+episode is recorded ``skipped``, and so is an alert whose row, over the bound, was cut
+without a column a placeholder reads (engine/acting.py: never run with NULL in its
+place; logged as a WARNING; not ``failed``, which ``replay --actions`` would run again).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ from slawatch.db import (
     parameter_types,
     translate,
 )
-from slawatch.engine.acting import Act, Due
+from slawatch.engine.acting import TOO_BIG, Act, Due
+from slawatch.engine.outbox import MAX_DATA
 from slawatch.engine.queries import parse_queries
 
 log = logging.getLogger(__name__)
@@ -435,6 +438,18 @@ def runner(mode: Mode, counted: Callable[[str, str], None] | None = None) -> Act
         records: list[Record | None] = []
         todo: list[Due] = []
         for due in dues:
+            if due.skip == TOO_BIG:
+                missing = [":" + k for k, v in due.params.items() if v is None]
+                log.warning(
+                    "rule %s: action for key %s (episode %d) not run, recorded skipped: its"
+                    " row data was over %s bytes, and the alert's row (cut to fit) has no"
+                    " value for %s (docs/reference/rules.md, columns)",
+                    rule.name,
+                    due.key,
+                    due.episode,
+                    f"{MAX_DATA:,}",
+                    ", ".join(missing),
+                )
             if due.skip is not None:
                 records.append(
                     Record(due.key, due.episode, due.n, "skipped", None, due.skip, 1, due.params)

@@ -547,6 +547,11 @@ _TABLE_ONLY = (
 )
 
 
+# The one field of an alert's row that stands in for row data over the bound
+# (engine/outbox.py, MAX_DATA), beside the row's key columns: no column of a rule's
+# row may have this name (Rule.row_problem), or a row would be read as replaced.
+TRUNCATED = "_slawatch_truncated"
+
 # How far ahead of a scan's time a re-notification is taken (Rule.renotify_cutoff).
 RENOTIFY_LEAD = timedelta(seconds=1)
 # The shortest `every` (docs/reference/rules.md): a scan is at least one transaction, and
@@ -738,6 +743,32 @@ class Rule(FileModel):
             if problem:
                 raise ValueError(problem)
         return self
+
+    @model_validator(mode="after")
+    def _row_has_no_marker(self) -> Rule:
+        # As _action_fits: a rule keyed by the table's primary key without
+        # `columns` is checked by ready.prepare_ready.
+        if self.key is not None or self.columns is not None:
+            problem = self.row_problem(list(self.key or ()))
+            if problem:
+                raise ValueError(problem)
+        return self
+
+    def row_problem(self, key: list[str]) -> str | None:
+        """Why this rule's alerts cannot carry their row as it is (a column named as the
+        field that stands in for a row over the bound), or None."""
+        if TRUNCATED not in self.alert_columns(key):
+            return None
+        where, fix = (
+            ("columns", "leave it out")
+            if self.columns is not None
+            else ("key or deadline", "set columns: without it")
+        )
+        return (
+            f"{where}: a column named {TRUNCATED} cannot be in an alert's row (slawatch"
+            f" writes that field in place of row data over 64 KiB): {fix}, or select it"
+            " under another name (query:, a view)"
+        )
 
     def placeholder_problem(self, key: list[str]) -> str | None:
         """Why the action's placeholders are not all values an alert of this rule has

@@ -56,6 +56,11 @@ _DUE = """,
                                                WHERE b.n = %(action_on)s::integer))))"""
 
 
+# Why an action was not run: the alert's row data was over the bound, and the row
+# the alert carries lacks a column its placeholders read (docs/reference/rules.md).
+TOO_BIG = f"row data over {MAX_DATA:,} bytes (docs/reference/rules.md, columns)"
+
+
 @dataclass(frozen=True)
 class Due:
     """An action a claim owes: the alert it is for, and its placeholders' values (as
@@ -92,15 +97,17 @@ def due_column(rule: Rule, key: list[str]) -> sql.Composable:
         else sql.SQL("a.key")  # a one-column key (Rule.action_columns)
         for name in rule.action.placeholders
     ]
-    # A row over the bound keeps its key's columns alone (outbox.capped): an action that
-    # reads another is recorded skipped, not run with NULL in its place.
-    dropped = row_cap(rule, key) or []
+    # A row over the bound keeps its key's columns alone, or not even those when they are
+    # over it too (outbox.capped): an action whose placeholders read a column the alert's
+    # row lacks then is recorded skipped (and logged: actions/run.py), not run with NULL
+    # in its place. A one-column key not in `columns` is read from the alert's key,
+    # which is never cut. Only a replaced row is looked into (TRUNCATED's field).
+    read = [name for name in rule.action.placeholders if name in columns]
     truncated: sql.Composable = sql.SQL("")
-    if any(name in dropped for name in rule.action.placeholders):
-        truncated = sql.SQL("\n                     WHEN a.row_data ? {} THEN {}").format(
-            sql.Literal(TRUNCATED),
-            sql.Literal(f"row data over {MAX_DATA:,} bytes (docs/reference/rules.md, columns)"),
-        )
+    if row_cap(rule, key) is not None and read:
+        truncated = sql.SQL(
+            "\n                     WHEN a.row_data ? {} AND NOT a.row_data ?& {}::text[] THEN {}"
+        ).format(sql.Literal(TRUNCATED), sql.Literal(read), sql.Literal(TOO_BIG))
     return sql.SQL(_DUE).format(params=sql.SQL(", ").join(values), truncated=truncated)
 
 

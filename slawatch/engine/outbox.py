@@ -29,23 +29,37 @@ from psycopg import sql
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 
+# The one field of an alert's row that stands in for row data over MAX_DATA, beside
+# the row's key columns (docs/reference/rules.md, `columns`); a rule's row has no
+# column of that name (config.rules.Rule.row_problem).
+from slawatch.config.rules import TRUNCATED as TRUNCATED
+
 if TYPE_CHECKING:
     from slawatch.config.rules import Rule
 
-# Bytes of an event's data as JSON (events/ingest.py), and of an alert's row data as
-# jsonb (capped below): one bound for what a receiver, the page and the API are sent.
+# The bound of what a receiver, the page and the API are sent of one alert's row, in
+# bytes, measured two ways (docs/reference/rules.md, `columns`):
+# - an event's `data`: its JSON text (as orjson writes it) when it is taken
+#   (events/ingest.py); the alert carries it whole.
+# - a table rule's row: the jsonb value the claim builds, by pg_column_size (its
+#   binary size, uncompressed: a value just built is not yet compressed). That is
+#   its JSON text's size within a few bytes per field for text, more for many small
+#   numbers, less for strings that JSON escapes. The claim does not measure the text:
+#   that would write out every row's JSON, where pg_column_size is a read of the
+#   value's length (see _CAPPED).
 MAX_DATA = 64 * 1024
-
-# The one field of an alert's row that stands in for row data over MAX_DATA, beside
-# the row's key columns (docs/reference/rules.md, `columns`).
-TRUNCATED = "_slawatch_truncated"
 
 # An alert's row data, bounded: pg_column_size of a jsonb value just built is its
 # length (no read of the value), so a row within the bound costs one comparison. One
 # over it is replaced, in the rare branch, by TRUNCATED's sentence and the row's key
-# columns ({drop}: the others), or the sentence alone if those are over it too.
+# columns ({drop}: the others), or the sentence alone if those are over it too. A NULL
+# (no claim builds one: its row is jsonb_build_object's, or the key's) also takes the
+# rare branch, and becomes a sentence that says so rather than one with no size:
+# slawatch.alert.row_data is NOT NULL, and a NULL would fail the rule's every claim.
 _CAPPED = """\
 CASE WHEN pg_column_size({value}) <= {max} THEN {value}
+     WHEN {value} IS NULL THEN jsonb_build_object({truncated},
+                                  'no row data (NULL); see the row in the table')
      ELSE (SELECT CASE WHEN pg_column_size(t.m || t.k) <= {max} THEN t.m || t.k ELSE t.m END
              FROM (SELECT jsonb_build_object({truncated}, format(
                               'row data of %%s bytes is over the %%s-byte limit;'

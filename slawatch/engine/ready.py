@@ -89,7 +89,7 @@ def prepare_ready(
             )
             continue
         key = key_columns(rule, info)
-        problem = rule.placeholder_problem(key)
+        problem = rule.placeholder_problem(key) or rule.row_problem(key)
         if problem:  # a rule keyed by the table's primary key: known only now
             problems[rule.name] = f"{rule.source}: {problem}"
             continue

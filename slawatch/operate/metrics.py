@@ -149,7 +149,8 @@ class Metrics:
         self.actions = Counter(
             "slawatch_actions",
             "Attempts of rules' actions, per rule and status (ok, failed, skipped: its "
-            "episode was acknowledged or silenced, would_run: SLAWATCH_ACTIONS off/dry-run, "
+            "episode was acknowledged or silenced, or its row over 64 KiB was cut without a "
+            "column a placeholder reads, would_run: SLAWATCH_ACTIONS off/dry-run, "
             "pending: a webhook action queued, its outcome counted when its delivery settles, "
             "retry: a row held past lock_timeout or the batch's time ran out, run again at "
             "the rule's next scan)",
