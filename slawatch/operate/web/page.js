@@ -135,7 +135,9 @@
           if (!byRule.has(row.rule)) byRule.set(row.rule, []);
           byRule.get(row.rule).push(row);
         }
-        const top = Math.max(1, ...report.rows.map((r) => r.breached));
+        // Not Math.max(...rows): a spread of every rule's days can pass the engine's
+        // limit on arguments (thousands of rules).
+        const top = report.rows.reduce((m, r) => Math.max(m, r.breached), 1);
         for (const [rule, rows] of byRule) slaBox.appendChild(slaChart(rule, rows, top));
         slaBox.dataset.loaded = "1";
       })
