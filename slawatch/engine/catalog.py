@@ -273,6 +273,8 @@ def _refused_reads(conn: Connection, rule: Rule) -> list[str]:
     errors = []
     for name, schema in found:
         if schema == OWN_SCHEMA:
+            # Qualified: found through the search path, regprocedure leaves it bare.
+            name = name if name.startswith(f"{OWN_SCHEMA}.") else f"{OWN_SCHEMA}.{name}"
             errors.append(
                 f"calls {name}, slawatch's own function: a query rule reads the application's"
                 " tables"
