@@ -1386,7 +1386,7 @@ def call_refusal(node: Any, *, reads: bool) -> tuple[str, str] | None:
     if schema == OWN_SCHEMA:
         name = f"{schema}.{fn}"
         return name, f"{name}(): slawatch's own function (it keeps the alerts, outbox, history)"
-    if schema in _CATALOG_SCHEMAS[1:]:
+    if schema in _CATALOG_SCHEMAS and schema != "pg_catalog":  # pg_catalog's: by name
         name = f"{schema}.{fn}"
         return name, f"{name}(): a system catalog's function"
     if reads and _named(fn, _WRITING_FUNCTIONS):

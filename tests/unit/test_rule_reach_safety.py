@@ -96,6 +96,10 @@ def refused_line(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) 
             "SELECT table_name AS k, now() AS d FROM information_schema.tables",
             "information_schema.tables",
         ),
+        (
+            "SELECT information_schema._pg_char_max_length(25, 0) AS k, now() AS d",
+            "information_schema._pg_char_max_length()",
+        ),
         # slawatch's own schema: every rule's row data, the outbox, and what keeps them.
         ("SELECT id AS k, created_at AS d FROM slawatch.alert", "slawatch.alert"),
         (
