@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 
 from slawatch.config.needs import needs
-from slawatch.config.rules import Rule
+from slawatch.config.rules import OWN_SCHEMA, Rule
 from slawatch.db import Connection, attempt, translate
 
 
@@ -55,10 +55,40 @@ def refused(conn: Connection, rules: list[Rule]) -> list[Refused]:
             if reason is None:
                 # Nothing runs (EXPLAIN only plans), and the transaction is rolled back.
                 _, reason = attempt(conn, explain, params, max_rows=1_000_000_000)
+            if reason is None:
+                reason = _resolved_past(conn, rule)
             raise psycopg.Rollback()
         if reason is not None:
             out.append(Refused(rule.name, reason))
     return out
+
+
+def _resolved_past(conn: Connection, rule: Rule) -> str | None:
+    """Why a table the action names without a schema is not the application's, as the
+    role the action runs as resolves it (its search path: a role named ``slawatch``
+    finds slawatch's own schema first, under the default ``"$user", public``), or None.
+    A name written with its schema was read as rules load (rules.unsafe_objects)."""
+    assert rule.action is not None and rule.action.sql is not None
+    bare = sorted({n.name for n in needs(rule.action.sql) if n.schema is None and not n.function})
+    if not bare:
+        return None
+    row = conn.execute(
+        "SELECT w, quote_ident(n.nspname) || '.' || quote_ident(c.relname), n.nspname"
+        " FROM unnest(%s::text[]) w"
+        " JOIN pg_class c ON c.oid = to_regclass(quote_ident(w))"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname IN (%s, 'information_schema') OR n.nspname LIKE 'pg\\_%%'"
+        " ORDER BY 1 LIMIT 1",
+        (bare, OWN_SCHEMA),
+    ).fetchone()
+    if row is None:
+        return None
+    written, table, schema = row
+    what = "slawatch's own table" if schema == OWN_SCHEMA else "a system catalog"
+    return (
+        f"{written} is {table} through the search path, {what}: name the application's"
+        " table with its schema"
+    )
 
 
 def writes_watched(conn: Connection, rule: Rule) -> bool:

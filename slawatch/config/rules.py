@@ -689,6 +689,17 @@ class Rule(FileModel):
             )
         return {**data, "table": QUERY_TABLE}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _table_of_the_application(cls, data: Any) -> Any:
+        """A table rule's ``table:`` is not a system catalog's nor slawatch's own (an
+        event rule's timer table is filled in by the model, not written)."""
+        if isinstance(data, dict) and data.get("events") is None and data.get("query") is None:
+            table = data.get("table")
+            if isinstance(table, str) and (problem := table_refusal(table)):
+                raise ValueError(problem)
+        return data
+
     @field_validator("query")
     @classmethod
     def _query(cls, v: str | None) -> str | None:
@@ -1102,8 +1113,9 @@ def predicate_problem(text: str) -> str | None:
     PostgreSQL's own parser (pglast) reads it as the WHERE clause of a SELECT; it
     must be the whole clause and nothing else, so no text in it (a stray ``)``,
     ``;``, ``UNION``, a comment) can reach beyond the ``AND (...)`` slawatch
-    puts it in. Whether it is boolean, immutable and names real columns is for
-    the database to say at ``check``/``migrate`` time.
+    puts it in; and it calls none of the functions :func:`call_refusal` names.
+    Whether it is boolean, immutable and names real columns is for the database to
+    say at ``check``/``migrate`` time.
     """
     # Imported here: parsing rules is the only use, and the module is large.
     import pglast
@@ -1139,6 +1151,8 @@ def predicate_problem(text: str) -> str | None:
             return "must not contain a subquery (a partial index cannot use one)"
         if isinstance(node, ast.ParamRef):
             return "must not contain parameters ($1); write the value"
+        if isinstance(node, ast.FuncCall) and (refused := call_refusal(node, reads=True)):
+            return f"must not call {refused[1]}"
     return None
 
 
@@ -1150,9 +1164,9 @@ def query_problem(text: str) -> str | None:
     """Why ``text`` is not one plain SELECT to watch, or None. PostgreSQL's parser
     (pglast) reads it: exactly one ``SELECT`` (joins, subqueries, ``UNION`` and
     read-only ``WITH`` allowed), no data-modifying ``WITH``, no ``FOR UPDATE``/``SHARE``,
-    no ``SELECT INTO``, no parameters, no comment, no system catalog and none of the
-    functions an action must allow by name. The query is put in parentheses in the
-    scan's statements: nothing in it may reach beyond them."""
+    no ``SELECT INTO``, no parameters, no comment, no table of :func:`relation_refusal`
+    (system catalogs, slawatch's own) and no function of :func:`call_refusal`. The query
+    is put in parentheses in the scan's statements: nothing in it may reach beyond them."""
     import pglast
     from pglast import ast, parser
 
@@ -1178,44 +1192,11 @@ def query_problem(text: str) -> str | None:
             return "must not be SELECT INTO"
         if isinstance(node, ast.ParamRef):
             return "must not contain parameters ($1); write the value"
-        if isinstance(node, ast.RangeVar):
-            schema, rel = node.schemaname, str(node.relname)
-            if (schema or "").lower() in _CATALOG_SCHEMAS or (
-                schema is None and rel.lower().startswith("pg_")
-            ):
-                return f"must not read a system catalog ({schema + '.' if schema else ''}{rel})"
-        if isinstance(node, ast.FuncCall):
-            parts = [str(p.sval) for p in node.funcname or () if isinstance(p, ast.String)]
-            fn = parts[-1].lower() if parts else ""
-            if _unsafe_function(fn):
-                return f"must not call {fn}(): it reaches files, servers, settings or sessions"
-            if _writing_function(fn):
-                return (
-                    f"must not call {fn}(): a query rule only reads, and is run at every"
-                    " sweep (it would write, lock, notify or wait each time)"
-                )
+        if isinstance(node, ast.RangeVar) and (refused := relation_refusal(node)):
+            return f"must not read {refused[0]}: {refused[1]}"
+        if isinstance(node, ast.FuncCall) and (refused := call_refusal(node, reads=True)):
+            return f"must not call {refused[1]}"
     return None
-
-
-# Functions a read-only query must not call, though an action may: they advance a
-# sequence, take an advisory lock, assign a transaction id, notify listeners or wait,
-# each time the query runs (every sweep). A name ending in "*" is a prefix.
-_WRITING_FUNCTIONS = (
-    "nextval",
-    "setval",
-    "pg_advisory_*",
-    "pg_try_advisory_*",
-    "txid_current",
-    "pg_current_xact_id",
-    "pg_notify",
-    "pg_sleep*",
-)
-
-
-def _writing_function(name: str) -> bool:
-    return any(
-        name.startswith(p[:-1]) if p.endswith("*") else name == p for p in _WRITING_FUNCTIONS
-    )
 
 
 # How a deadline that needs a value from another table can be had
@@ -1351,52 +1332,144 @@ def action_problem(text: str) -> str | None:
     return f"{what} is not allowed: one INSERT, UPDATE, DELETE or SELECT fn(...)"
 
 
-# Schemas of the system catalogs: an action reads and writes the application's tables.
+# Schemas of the system catalogs: a rule reads and writes the application's tables.
 _CATALOG_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
-# Functions that reach outside the database (files, other servers, processes), change
-# settings or other sessions, or run SQL given as text (which no reading of the
-# statement can see into). A name ending in "*" is a prefix.
+# slawatch's own schema (its alerts, outbox, history, timers and the functions that keep
+# them): a rule's SQL treats it as a system catalog.
+OWN_SCHEMA = "slawatch"
+# PostgreSQL's own functions are refused by name: every ``pg_*`` one (unqualified or in
+# pg_catalog: sessions, settings, configuration files, statistics, locks, replication,
+# definitions of other objects; a list of the dangerous ones would miss the next), but
+# these, which tell about a value only:
+_PLAIN_PG_FUNCTIONS = ("pg_typeof", "pg_column_size", "pg_size_pretty", "pg_size_bytes")
+# ... and those of PostgreSQL's that reach as far without the prefix: files and large
+# objects, other servers, settings, SQL given as text (which no reading of the statement
+# sees into), a table read by its name, index maintenance that writes. A name ending in
+# "*" is a prefix.
 _UNSAFE_FUNCTIONS = (
-    "pg_read_file",
-    "pg_read_binary_file",
-    "pg_ls_*",
-    "pg_stat_file",
-    "pg_file_*",
     "lo_*",
+    "loread",
+    "lowrite",
     "dblink*",
     "set_config",
-    "pg_terminate_backend",
-    "pg_cancel_backend",
-    "pg_reload_conf",
-    "pg_rotate_logfile",
-    "pg_promote",
-    "pg_switch_wal",
-    "pg_create_restore_point",
-    "pg_backup_*",
-    "pg_start_backup",
-    "pg_stop_backup",
-    "pg_logical_emit_message",
-    "pg_*_replication_slot",
-    "pg_replication_origin_*",
-    "pg_import_system_collations",
+    "current_setting",
+    "setseed",
     "query_to_xml*",
     "cursor_to_xml*",
     "table_to_xml*",
     "schema_to_xml*",
     "database_to_xml*",
+    "ts_stat",
+    "ts_rewrite",
+    "currtid*",
+    "binary_upgrade_*",
+    "brin_summarize_*",
+    "brin_desummarize_range",
+    "gin_clean_pending_list",
+)
+# Functions a read-only query must not call, though an action may: they advance a
+# sequence, take an advisory lock, assign a transaction id, notify listeners or wait,
+# each time the query runs (every sweep).
+_WRITING_FUNCTIONS = (
+    "nextval",
+    "setval",
+    "currval",
+    "lastval",
+    "txid_current",
+    "pg_current_xact_id",
+    "pg_advisory_*",
+    "pg_try_advisory_*",
+    "pg_notify",
+    "pg_sleep*",
+)
+# The pg_* functions an action may call besides _PLAIN_PG_FUNCTIONS: it writes, and these
+# lock until the claim commits or notify listeners when it does (a session's advisory
+# lock would outlive the claim on a pooled connection: refused).
+_ACTION_PG_FUNCTIONS = (
+    "pg_advisory_xact_lock*",
+    "pg_try_advisory_xact_lock*",
+    "pg_notify",
 )
 
 
-def _unsafe_function(name: str) -> bool:
-    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in _UNSAFE_FUNCTIONS)
+def _named(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+
+
+def relation_refusal(node: Any) -> tuple[str, str] | None:
+    """(its name as written, what kind of table it is) when the table or view ``node``
+    (a RangeVar) is one a rule must not touch unasked: a system catalog's (a schema of
+    the catalogs, or a ``pg_`` name, which PostgreSQL looks up in pg_catalog first) or
+    slawatch's own."""
+    schema, rel = node.schemaname, str(node.relname)
+    name = f"{schema}.{rel}" if schema else rel
+    if (schema or "").lower() == OWN_SCHEMA:
+        return name, "slawatch's own table (every rule's alerts, the outbox, history)"
+    if (schema or "").lower() in _CATALOG_SCHEMAS or (
+        schema is None and rel.lower().startswith("pg_")
+    ):
+        return name, "a system catalog"
+    return None
+
+
+def table_refusal(table: str) -> str | None:
+    """Why a table rule may not watch ``table`` (as written in ``table:``), in one line,
+    or None: a table of the system catalogs (``pg_catalog``, ``information_schema``,
+    ``pg_toast``, any ``pg_*`` schema: PostgreSQL reserves the prefix) or of slawatch's
+    own schema. ``check`` would count its rows and ``migrate`` alter it. A name without
+    a schema is in ``public``."""
+    schema = table.split(".")[0] if "." in table else None
+    if schema == OWN_SCHEMA:
+        return (
+            f"table: {shorten(table)} is slawatch's own table (its alerts, outbox, history):"
+            " a rule watches the application's tables"
+        )
+    if schema is not None and (schema in _CATALOG_SCHEMAS or schema.startswith("pg_")):
+        return (
+            f"table: {shorten(table)} is a system catalog: a rule watches the application's tables"
+        )
+    return None
+
+
+def call_refusal(node: Any, *, reads: bool) -> tuple[str, str] | None:
+    """(the name to allow, ``name(): what it is``) when the function call ``node``
+    (a FuncCall) is one a rule must not make unasked. ``reads``: a query, condition or
+    deadline, which only read, and run at every scan; else an action, which writes."""
+    from pglast import ast
+
+    parts = [str(p.sval).lower() for p in node.funcname or () if isinstance(p, ast.String)]
+    fn = parts[-1] if parts else ""
+    schema = parts[-2] if len(parts) > 1 else None
+    if schema == OWN_SCHEMA:
+        name = f"{schema}.{fn}"
+        return name, f"{name}(): slawatch's own function (it keeps the alerts, outbox, history)"
+    if schema in _CATALOG_SCHEMAS and schema != "pg_catalog":  # pg_catalog's: by name
+        name = f"{schema}.{fn}"
+        return name, f"{name}(): a system catalog's function"
+    if reads and _named(fn, _WRITING_FUNCTIONS):
+        return fn, (
+            f"{fn}(): a function that writes, locks, notifies or waits (what a rule watches"
+            " is read at every scan: it would do so each time)"
+        )
+    if _named(fn, _UNSAFE_FUNCTIONS):
+        return fn, (
+            f"{fn}(): a function that reaches files, servers or settings, or runs SQL given as text"
+        )
+    if schema in (None, "pg_catalog") and fn.startswith("pg_"):
+        if fn in _PLAIN_PG_FUNCTIONS or (not reads and _named(fn, _ACTION_PG_FUNCTIONS)):
+            return None
+        return fn, (
+            f"{fn}(): a server function of PostgreSQL's (pg_*: sessions, settings, files,"
+            " statistics, catalogs)"
+        )
+    return None
 
 
 def unsafe_objects(text: str) -> list[tuple[str, str]]:
     """What the action statement ``text`` touches that a rule must allow by name
     (``action.allow``): (the name to allow, what it is), read from PostgreSQL's parse
-    tree. A system catalog's table or view (a schema of the catalogs, or a ``pg_``
-    name, which PostgreSQL looks up in pg_catalog first), or a function of
-    :data:`_UNSAFE_FUNCTIONS`. Statements other than one INSERT, UPDATE, DELETE or
+    tree: a table or view of :func:`relation_refusal`, a function of
+    :func:`call_refusal`. Statements other than one INSERT, UPDATE, DELETE or
     ``SELECT fn(...)`` (COPY, SET, DO, CALL, DDL, GRANT) are refused outright
     (:func:`action_problem`); ``text`` that does not parse touches nothing here."""
     import pglast
@@ -1409,20 +1482,10 @@ def unsafe_objects(text: str) -> list[tuple[str, str]]:
         return []
     found: dict[str, str] = {}
     for node in walk(tree):
-        if isinstance(node, ast.RangeVar):
-            schema, rel = node.schemaname, str(node.relname)
-            if (schema or "").lower() in _CATALOG_SCHEMAS or (
-                schema is None and rel.lower().startswith("pg_")
-            ):
-                name = f"{schema}.{rel}" if schema else rel
-                found.setdefault(name, f"{name}: a system catalog")
-        elif isinstance(node, ast.FuncCall):
-            parts = [str(p.sval) for p in node.funcname or () if isinstance(p, ast.String)]
-            fn = parts[-1].lower() if parts else ""
-            if _unsafe_function(fn):
-                found.setdefault(
-                    fn, f"{fn}(): a function that reaches files, servers, settings or sessions"
-                )
+        if isinstance(node, ast.RangeVar) and (refused := relation_refusal(node)):
+            found.setdefault(refused[0], f"{refused[0]}: {refused[1]}")
+        elif isinstance(node, ast.FuncCall) and (refused := call_refusal(node, reads=False)):
+            found.setdefault(*refused)
     return list(found.items())
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from psycopg import sql
 
-from slawatch.config.rules import OTHER_TABLE, QUERY_TABLE, Rule, condition_columns
+from slawatch.config.rules import OTHER_TABLE, OWN_SCHEMA, QUERY_TABLE, Rule, condition_columns
 from slawatch.db import Connection, DatabaseUnavailable, describe, translate
 from slawatch.engine.queries import queries
 from slawatch.errors import ConfigError, DatabaseError
@@ -284,16 +284,11 @@ def _check_query(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[s
         with conn.transaction(force_rollback=True):
             info = inspect_query(conn, rule)
             with translate(f"rule {rule.name}: the functions its query calls"):
-                volatile = _volatile_calls(conn, rule)
+                errors = [f"{where}: query: {e}" for e in _refused_reads(conn, rule)]
     except DatabaseUnavailable:
         raise
     except DatabaseError as exc:
         return None, [f"{where}: query: {describe(exc.__cause__ or exc)}"]
-    errors = [
-        f"{where}: query: calls {name}, a VOLATILE function of the database's: a query"
-        " rule only reads, at every sweep (a function that only reads can be declared STABLE)"
-        for name in volatile
-    ]
     known = ", ".join(info.columns)
 
     def missing(field: str, column: str) -> None:
@@ -319,26 +314,53 @@ def _check_query(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[s
     return info, errors
 
 
-def _volatile_calls(conn: Connection, rule: Rule) -> list[str]:
-    """The functions outside pg_catalog that a query rule's query calls and that are
-    VOLATILE, the only kind PostgreSQL lets write (pg_catalog's own that write, lock or
-    wait are refused by name at load: rules.query_problem). PostgreSQL analyses the
-    query in a temporary view (the caller rolls it back), whose stored query names every
-    function and operator it calls; so do the stored queries of the views it reads, and
-    of the views those read (a view's SELECT runs its calls as the query's would)."""
+# PostgreSQL's own VOLATILE functions a query rule may call: they write nothing.
+_PLAIN_VOLATILE = ["random", "clock_timestamp", "timeofday", "gen_random_uuid"]
+
+
+def _refused_reads(conn: Connection, rule: Rule) -> list[str]:
+    """Why a query rule's query may not run at every sweep, as the server resolves its
+    names (the search path included): each VOLATILE function it calls, the only kind
+    PostgreSQL lets write, the database's or PostgreSQL's own (but _PLAIN_VOLATILE);
+    each function of slawatch's own schema; each table or view it reads in a schema of
+    the system catalogs or slawatch's own. PostgreSQL analyses the query in a temporary
+    view (the caller rolls it back), whose stored query names every function and
+    operator it calls; so do the stored queries of the views it reads, and of the views
+    those read (a view's SELECT runs its calls as the query's would). What it reads is
+    the probe view's own dependencies (a view it reads reads with its owner's rights)."""
     assert rule.query is not None
     conn.execute(sql.SQL("CREATE TEMP VIEW slawatch_query_probe AS {}").format(sql.SQL(rule.query)))
     actions = conn.execute(_VIEWS_READ).fetchall()
     calls = [c for (action,) in actions for c in _CALLS.findall(str(action))]
     oids = [int(f) for f, _, _ in calls if f] + [int(fn) for _, _, fn in calls if fn]
     found = conn.execute(
-        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        "SELECT p.oid::regprocedure::text, n.nspname FROM pg_proc p"
         " JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " WHERE p.oid = ANY(%s) AND p.provolatile = 'v' AND n.nspname <> 'pg_catalog'"
+        " WHERE p.oid = ANY(%s) AND (n.nspname = %s OR p.provolatile = 'v'"
+        " AND NOT (n.nspname = 'pg_catalog' AND p.proname = ANY(%s)))"
         " ORDER BY 1",
-        (oids,),
+        (oids, OWN_SCHEMA, _PLAIN_VOLATILE),
     ).fetchall()
-    return [str(r[0]) for r in found]
+    errors = []
+    for name, schema in found:
+        if schema == OWN_SCHEMA:
+            # Qualified: found through the search path, regprocedure leaves it bare.
+            name = name if name.startswith(f"{OWN_SCHEMA}.") else f"{OWN_SCHEMA}.{name}"
+            errors.append(
+                f"calls {name}, slawatch's own function: a query rule reads the application's"
+                " tables"
+            )
+        else:
+            whose = "PostgreSQL's" if schema == "pg_catalog" else "the database's"
+            errors.append(
+                f"calls {name}, a VOLATILE function of {whose}: a query rule only reads, at"
+                " every sweep (a function that only reads can be declared STABLE)"
+            )
+    read = conn.execute(_SYSTEM_READ, (OWN_SCHEMA,)).fetchall()
+    for name, schema in read:
+        what = "slawatch's own table" if schema == OWN_SCHEMA else "a system catalog"
+        errors.append(f"reads {name}, {what}: a query rule reads the application's tables")
+    return errors
 
 
 def check_rule(conn: Connection, rule: Rule) -> tuple[TableInfo | None, list[str]]:
@@ -447,6 +469,20 @@ WITH RECURSIVE views(oid) AS (
       JOIN pg_class c ON c.oid = d.refobjid AND c.relkind = 'v'
 )
 SELECT r.ev_action::text FROM pg_rewrite r JOIN views v ON r.ev_class = v.oid"""
+# The tables and views the probe view reads (its rewrite rule's dependencies) in a schema
+# of the system catalogs or slawatch's own (%s): with their schema, as the server
+# resolved each name.
+_SYSTEM_READ = """\
+SELECT DISTINCT quote_ident(n.nspname) || '.' || quote_ident(c.relname), n.nspname
+  FROM pg_rewrite r
+  JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+                  AND d.refclassid = 'pg_class'::regclass
+  JOIN pg_class c ON c.oid = d.refobjid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE r.ev_class = 'pg_temp.slawatch_query_probe'::regclass AND c.oid <> r.ev_class
+   AND (n.nspname IN (%s, 'information_schema') OR n.nspname LIKE 'pg\\_%%'
+        AND n.nspname NOT LIKE 'pg\\_temp\\_%%')
+ ORDER BY 1"""
 _NOT_ONE_ROW = ("hasAggs", "hasWindowFuncs", "hasTargetSRFs")
 _VOLATILITY = {"s": "STABLE", "v": "VOLATILE"}
 

@@ -47,7 +47,7 @@ def test_a_stuck_action_holds_the_other_rows_of_its_batch_for_a_bounded_time(
     sleeps. The application's UPDATE of job 2 waits for the batch's budget at most
     (default timeout 1.5s: 4.5s), not for the sleep; job 1's action is failed by its
     own timeout, job 2's ran."""
-    plan = setup(conn, job_rule_with({"sql": SLOW_FOR_ONE}), jobs=2)
+    plan = setup(conn, job_rule_with({"sql": SLOW_FOR_ONE, "allow": ["pg_sleep"]}), jobs=2)
     done: list[Any] = []
 
     def claim() -> None:
@@ -156,7 +156,7 @@ def test_an_action_that_timed_out_alone_is_not_run_again_one_by_one(
         "insert into restarts (job_id, kind) select 1, :kind"
         " where :id <> 3 or (select true from pg_sleep(60))"
     )
-    rule = job_rule_with({"sql": sql, "timeout": "500ms"}, track="table")
+    rule = job_rule_with({"sql": sql, "timeout": "500ms", "allow": ["pg_sleep"]}, track="table")
     plan = setup(conn, rule, jobs=3)
     conn.execute("CREATE UNIQUE INDEX ON restarts (job_id)")
     with caplog.at_level(logging.INFO, logger="slawatch.actions.run"):

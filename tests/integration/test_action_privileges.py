@@ -264,3 +264,27 @@ def test_check_plans_the_action_as_its_role(
         conn.execute(g)
     code, out = check(tmp_path, as_role, rule, capsys)
     assert code == 0, out
+
+
+def test_check_refuses_an_action_whose_table_is_slawatchs_own_through_the_search_path(
+    conn: Conn,
+) -> None:
+    """``delete from delivery`` names no schema: as a role named slawatch resolves it
+    (``"$user", public``: its own schema first) it is slawatch's outbox, which load
+    cannot see in the text. The server's resolution decides, as the action's role."""
+    from slawatch.actions.verify import refused
+
+    conn.execute(SHOP)
+    conn.execute(
+        "CREATE TABLE delivery (id bigint); CREATE SCHEMA slawatch;"
+        " CREATE TABLE slawatch.delivery (id bigint)"
+    )
+    rule = job_rule("delete from delivery where id = :id", track="inline")
+    assert refused(conn, [rule]) == []  # public.delivery: the application's
+    conn.execute("SET search_path = slawatch, public")
+    (got,) = refused(conn, [rule])
+    assert got.reason == (
+        "delivery is slawatch.delivery through the search path, slawatch's own table:"
+        " name the application's table with its schema"
+    )
+    assert refused(conn, [job_rule("delete from public.delivery where id = :id")]) == []

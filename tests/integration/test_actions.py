@@ -181,7 +181,7 @@ def test_a_crash_before_the_commit_leaves_neither_alert_nor_action(
     """The backend dies inside the claim's transaction (the action terminates its own
     connection): nothing of the claim survives, and the next claim does it all."""
     kill = "select pg_terminate_backend(pg_backend_pid()) where :id > 0"
-    plan = setup(conn, job_rule(track, sql=kill, allow=["pg_terminate_backend"]))
+    plan = setup(conn, job_rule(track, sql=kill, allow=["pg_terminate_backend", "pg_backend_pid"]))
     with psycopg.connect(dsn, autocommit=True) as other, pytest.raises(DatabaseError):
         claim_all(other, plan, T0 + 15 * M + S)
     assert episodes(conn, "job_hung") == [] and actions(conn) == []

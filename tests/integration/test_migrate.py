@@ -152,7 +152,7 @@ def test_invalid_index_left_by_an_interrupted_build_is_rebuilt(conn: Conn) -> No
         ({"open_when": "statuz = 'paid'"}, 'open_when: column "statuz" does not exist'),
         ({"open_when": "paid_at < now()"}, "open_when: functions in index predicate must be"),
         ({"open_when": "status"}, "open_when: argument of WHERE must be type boolean"),
-        ({"open_when": "pg_sleep(1) IS NULL"}, "open_when: functions in index predicate must be"),
+        ({"open_when": "random() < 0.5"}, "open_when: functions in index predicate must be"),
         ({"open_when": "status = 'paid'"}, None),
     ],
 )

@@ -333,8 +333,7 @@ def test_a_query_calling_a_volatile_function_of_the_database_is_refused(
     conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Only a VOLATILE function may write: one the query calls would write at every
-    sweep. A STABLE one (it can only read), and pg_catalog's own (those that write are
-    refused by name at load), are taken."""
+    sweep. A STABLE one (it can only read), and random(), are taken."""
     conn.execute(
         "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL,"
         " status text NOT NULL, paid_at timestamptz);"
@@ -371,6 +370,65 @@ def test_a_query_calling_a_volatile_function_of_the_database_is_refused(
     write(tmp_path / "rules", unshipped_rule(UNSHIPPED + " AND looked() = 1 AND random() < 2"))
     assert main([*args, "migrate"]) == 0
     assert main([*args, "check"]) == 0
+
+
+def test_check_refuses_what_the_server_resolves_past_the_applications_rows(
+    conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What no reading of the text can place, the server's analysis of the query does:
+    a VOLATILE function of PostgreSQL's own that load did not name (only random(),
+    clock_timestamp(), timeofday() and gen_random_uuid() are taken), and a table or
+    function of slawatch's own schema found through the search path (a role named
+    slawatch finds its own schema first: ``"$user", public``)."""
+    conn.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL,"
+        " status text NOT NULL, paid_at timestamptz);"
+        "CREATE TABLE shipments (id bigserial PRIMARY KEY, order_id bigint NOT NULL);"
+        "CREATE SCHEMA slawatch; CREATE TABLE slawatch.alert (id bigint, row_data jsonb);"
+        "CREATE FUNCTION slawatch.gate() RETURNS boolean LANGUAGE sql STABLE AS 'SELECT true';"
+        "SET search_path = slawatch, public"
+    )
+    rule = unshipped_rule(UNSHIPPED + " AND txid_status(1) IS NULL")
+    assert check_rule(conn, rule)[1] == [
+        f"{rule.source}: query: calls txid_status(bigint), a VOLATILE function of"
+        " PostgreSQL's: a query rule only reads, at every sweep (a function that only reads"
+        " can be declared STABLE)"
+    ]
+    rule = unshipped_rule(UNSHIPPED + " AND o.id IN (SELECT id FROM alert)")
+    assert check_rule(conn, rule)[1] == [
+        f"{rule.source}: query: reads slawatch.alert, slawatch's own table: a query rule"
+        " reads the application's tables"
+    ]
+    rule = unshipped_rule(UNSHIPPED + " AND gate()")
+    assert check_rule(conn, rule)[1] == [
+        f"{rule.source}: query: calls slawatch.gate(), slawatch's own function: a query rule"
+        " reads the application's tables"
+    ]
+    taken = " AND random() < 2 AND clock_timestamp() > o.paid_at AND gen_random_uuid() IS NOT NULL"
+    assert check_rule(conn, unshipped_rule(UNSHIPPED + taken))[1] == []
+
+
+def test_a_table_in_a_catalog_is_refused_before_check_counts_it(
+    dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``table: pg_catalog.pg_authid``: refused as rules load, so neither ``check`` (which
+    would count its rows) nor ``migrate --print`` (which would print its ALTER TABLE)
+    gets to it."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "authid.yaml").write_text(
+        "table: pg_catalog.pg_authid\nkey: oid\ndeadline: rolvaliduntil\n"
+        'open_when: "rolcanlogin"\ntrack: inline\nnotify: [console]\n'
+    )
+    args = ["--dsn", dsn, "--rules", str(rules), "--notifiers", str(ROOT / "notifiers")]
+    for command in (["check"], ["migrate", "--print"]):
+        assert main([*args, *command]) == 2
+        out, err = capsys.readouterr()
+        assert "ALTER" not in out and "pg_authid" not in out
+        assert err.splitlines() == [
+            f"slawatch: error: {rules / 'authid.yaml'}: table: 'pg_catalog.pg_authid' is a"
+            " system catalog: a rule watches the application's tables"
+        ]
 
 
 def test_a_query_a_view_cannot_hold_is_one_line_of_check(conn: Conn) -> None:

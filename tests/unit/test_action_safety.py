@@ -52,6 +52,27 @@ REFUSED = [
         "update jobs set kind = query_to_xml('select 1', true, true, '')::text where id = :id",
         "query_to_xml",
     ),
+    # Other sessions' SQL, configuration files, settings: every pg_* server function.
+    (
+        "update jobs set kind = (select max(query) from pg_stat_get_activity(null)) where id = :id",
+        "pg_stat_get_activity",
+    ),
+    (
+        "update jobs set kind = (select max(address) from pg_hba_file_rules()) where id = :id",
+        "pg_hba_file_rules",
+    ),
+    (
+        "update jobs set kind = current_setting('data_directory') where id = :id",
+        "current_setting",
+    ),
+    ("select pg_catalog.pg_stat_reset() where :id > 0", "pg_stat_reset"),
+    # slawatch's own schema: its outbox, every rule's alerts, what keeps them.
+    ("delete from slawatch.delivery where true and :id > 0", "slawatch.delivery"),
+    (
+        "insert into jobs (kind) select row_data::text from slawatch.alert where :id > 0",
+        "slawatch.alert",
+    ),
+    ("select slawatch.history_drop(now() + :id * interval '1 day')", "slawatch.history_drop"),
 ]
 
 
@@ -111,6 +132,23 @@ def test_ordinary_functions_and_tables_are_not_refused(tmp_path: Path) -> None:
         " and kind <> coalesce(pg_typeof(id)::text, '')"
     )
     assert load(tmp_path, {"sql": sql}).action is not None
+    # An action writes: a sequence, a lock held until the claim commits, a notice then.
+    sql = (
+        "insert into jobs (id, kind) select nextval('jobs_id_seq'), :kind"
+        " where pg_try_advisory_xact_lock(:id) and pg_notify('jobs', :kind) is null"
+    )
+    assert load(tmp_path, {"sql": sql}).action is not None
+
+
+def test_the_outbox_delete_of_the_probe_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The probe's action: it would empty slawatch's outbox at the first claim."""
+    sql = {"sql": "delete from slawatch.delivery where true", "max_rows": 100000}
+    message = error_of(tmp_path, sql)
+    assert message == (
+        f"{tmp_path / 'jobs.yaml'}: action: slawatch.delivery: slawatch's own table (every"
+        " rule's alerts, the outbox, history) is refused (a rule file is code: add allow:"
+        " [slawatch.delivery] to the action to run it anyway)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -188,7 +188,14 @@ def test_missing_or_empty_rules_folder(tmp_path: Path) -> None:
         ("status = 'it''s' AND note LIKE '%)%'", None),
         ("status IN ('paid', 'packed') AND total > 0", None),
         # Volatile functions parse; PostgreSQL refuses them at check/migrate (partial index).
-        ("pg_sleep(1) IS NULL", None),
+        ("random() > 0.5", None),
+        # PostgreSQL's server functions, slawatch's own and those reaching settings are
+        # refused by name, as in a query rule (docs/explanation/safety.md).
+        ("pg_sleep(1) IS NULL", "must not call pg_sleep(): a function that writes, locks"),
+        ("pg_stat_reset() IS NULL", "must not call pg_stat_reset(): a server function"),
+        ("current_setting('data_directory') <> ''", "must not call current_setting()"),
+        ("slawatch.claim_gate('x', 'y')", "must not call slawatch.claim_gate(): slawatch's own"),
+        ("pg_typeof(id) IS NOT NULL", None),
     ],
 )
 def test_open_when_is_exactly_one_expression(
