@@ -102,11 +102,25 @@ def _key_columns(value: list[str]) -> list[str]:
 KeyColumns = Annotated[list[Ident], BeforeValidator(_key), AfterValidator(_key_columns)]
 
 
+# The shortest wait before a re-notification: one is taken by a scan, at most one a
+# second (MIN_EVERY), so a shorter wait re-notified at every scan all the same (and,
+# without renotify.max, for as long as the row stayed overdue).
+MIN_RENOTIFY = timedelta(seconds=1)
+RenotifyWait = Annotated[
+    timedelta,
+    duration_validator(
+        positive=True,
+        least=MIN_RENOTIFY,
+        least_why=" (a re-notification is taken by a scan, at most one a second)",
+    ),
+]
+
+
 class Backoff(FileModel):
     """Doubling intervals: ``first``, ``2*first``, ``4*first`` ... capped at ``max``."""
 
-    first: PositiveDuration
-    max: PositiveDuration
+    first: RenotifyWait
+    max: RenotifyWait
 
     @model_validator(mode="after")
     def _max_not_below_first(self) -> Backoff:
@@ -128,7 +142,7 @@ class Backoff(FileModel):
 class Renotify(FileModel):
     """When to notify again while a row stays overdue."""
 
-    every: PositiveDuration | None = None
+    every: RenotifyWait | None = None
     backoff: Backoff | None = None
     max: int | None = Field(default=None, ge=1, le=1_000_000)
 

@@ -60,11 +60,20 @@ def load_rule(tmp_path: Path, text: str) -> Rule:
             "renotify: {backoff: {first: 2h, max: 1h}}\n",
             "renotify.backoff: backoff.max must not be shorter than backoff.first",
         ),
-        # Backoff first/max: PositiveDuration.
-        ("renotify: {backoff: {first: 0s, max: 1h}}\n", "backoff.first: '0s' must be longer"),
-        ("renotify: {backoff: {first: 1h, max: 0s}}\n", "backoff.max: '0s' must be longer"),
-        # Renotify.every: PositiveDuration.
-        ("renotify: {every: 0s}\n", "renotify.every: '0s' must be longer than 0s"),
+        # Backoff first/max, Renotify.every: at least MIN_RENOTIFY (0.001 was taken, and
+        # re-notified at every scan).
+        ("renotify: {backoff: {first: 0s, max: 1h}}\n", "backoff.first: '0s' is shorter than 1s"),
+        ("renotify: {backoff: {first: 1h, max: 0s}}\n", "backoff.max: '0s' is shorter than 1s"),
+        (
+            "renotify: {backoff: {first: 0.001, max: 0.001}}\n",
+            "backoff.first: 0.001 is shorter than 1s, the least slawatch accepts",
+        ),
+        ("renotify: {every: 0s}\n", "renotify.every: '0s' is shorter than 1s"),
+        (
+            "renotify: {every: 0.001}\n",
+            "renotify.every: 0.001 is shorter than 1s, the least slawatch accepts (a"
+            " re-notification is taken by a scan, at most one a second)",
+        ),
         # Renotify.max: 1 to 1,000,000.
         ("renotify: {every: 1h, max: 0}\n", "renotify.max: 0: Input should be greater than or"),
         ("renotify: {every: 1h, max: 1000001}\n", "renotify.max: 1000001: Input should be less"),
@@ -135,6 +144,10 @@ def test_rule_bounds_are_accepted_at_their_limit(tmp_path: Path) -> None:
     assert rule.every == timedelta(seconds=1)
     swept = load_rule(tmp_path, GOOD + "track: table\nsweep: 1s\n")  # MIN_SWEEP
     assert swept.sweep == timedelta(seconds=1)
+    again = load_rule(tmp_path, GOOD + "renotify: {every: 1s}\n")  # MIN_RENOTIFY
+    assert again.renotify is not None and again.renotify.every == timedelta(seconds=1)
+    again = load_rule(tmp_path, GOOD + "renotify: {backoff: {first: 1s, max: 1s}}\n")
+    assert again.renotify is not None and again.renotify.backoff is not None
     assert rule.batch == 1_000_000 and rule.key is not None and len(rule.key) == 8
     assert rule.renotify is not None and rule.renotify.max == 1_000_000
 
