@@ -1165,7 +1165,9 @@ def predicate_problem(text: str) -> str | None:
             return "must not contain a subquery (a partial index cannot use one)"
         if isinstance(node, ast.ParamRef):
             return "must not contain parameters ($1); write the value"
-        if isinstance(node, ast.FuncCall) and (refused := call_refusal(node, reads=True)):
+        if isinstance(node, ast.FuncCall | ast.TypeCast) and (
+            refused := call_refusal(node, reads=True)
+        ):
             return f"must not call {refused[1]}"
     return None
 
@@ -1208,7 +1210,9 @@ def query_problem(text: str) -> str | None:
             return "must not contain parameters ($1); write the value"
         if isinstance(node, ast.RangeVar) and (refused := relation_refusal(node)):
             return f"must not read {refused[0]}: {refused[1]}"
-        if isinstance(node, ast.FuncCall) and (refused := call_refusal(node, reads=True)):
+        if isinstance(node, ast.FuncCall | ast.TypeCast) and (
+            refused := call_refusal(node, reads=True)
+        ):
             return f"must not call {refused[1]}"
     return None
 
@@ -1360,6 +1364,22 @@ _PLAIN_PG_FUNCTIONS = ("pg_typeof", "pg_column_size", "pg_size_pretty", "pg_size
 # objects, other servers, settings, SQL given as text (which no reading of the statement
 # sees into), a table read by its name, index maintenance that writes. A name ending in
 # "*" is a prefix.
+# The types whose values are catalog rows found by name: a cast to one
+# (``g::regrole``, ``'pg_authid'::regclass``) reads a catalog, as does a call of its
+# name (``regclass('x')``).
+_REG_TYPES = (
+    "regclass",
+    "regcollation",
+    "regconfig",
+    "regdictionary",
+    "regnamespace",
+    "regoper",
+    "regoperator",
+    "regproc",
+    "regprocedure",
+    "regrole",
+    "regtype",
+)
 _UNSAFE_FUNCTIONS = (
     "lo_*",
     "loread",
@@ -1380,6 +1400,47 @@ _UNSAFE_FUNCTIONS = (
     "brin_summarize_*",
     "brin_desummarize_range",
     "gin_clean_pending_list",
+    # Extensions' functions that run SQL given as text (tablefunc, xml2) or read raw
+    # pages (pageinspect): the text is run with slawatch's role, unseen by any check.
+    "crosstab*",
+    "connectby",
+    "xpath_table",
+    "get_raw_page",
+    "heap_page_items",
+    # Catalogs and the server read without a pg_ prefix: other roles' and objects'
+    # comments, the server's version and address, other sessions' transactions, whether
+    # a role may do what, any object found by its name.
+    "obj_description",
+    "shobj_description",
+    "col_description",
+    "version",
+    "inet_server_*",
+    "inet_client_*",
+    "txid_current_snapshot",
+    "txid_current_if_assigned",
+    "txid_snapshot_*",
+    "txid_status",
+    "txid_visible_in_snapshot",
+    *(
+        f"has_{what}_privilege"
+        for what in (
+            "any_column",
+            "column",
+            "database",
+            "foreign_data_wrapper",
+            "function",
+            "language",
+            "parameter",
+            "schema",
+            "sequence",
+            "server",
+            "table",
+            "tablespace",
+            "type",
+        )
+    ),
+    "to_reg*",
+    *_REG_TYPES,
 )
 # Functions a read-only query must not call, though an action may: they advance a
 # sequence, take an advisory lock, assign a transaction id, notify listeners or wait,
@@ -1447,10 +1508,17 @@ def table_refusal(table: str) -> str | None:
 
 def call_refusal(node: Any, *, reads: bool) -> tuple[str, str] | None:
     """(the name to allow, ``name(): what it is``) when the function call ``node``
-    (a FuncCall) is one a rule must not make unasked. ``reads``: a query, condition or
+    (a FuncCall) is one a rule must not make unasked, or the cast ``node`` (a TypeCast)
+    one to a type of :data:`_REG_TYPES`. ``reads``: a query, condition or
     deadline, which only read, and run at every scan; else an action, which writes."""
     from pglast import ast
 
+    if isinstance(node, ast.TypeCast):  # a cast to a reg* type reads a catalog by name
+        names = node.typeName.names if node.typeName is not None else ()
+        typ = [str(p.sval).lower() for p in names or () if isinstance(p, ast.String)]
+        if typ and typ[-1] in _REG_TYPES:
+            return typ[-1], f"::{typ[-1]} (a cast to {typ[-1]} finds catalog rows by name)"
+        return None
     parts = [str(p.sval).lower() for p in node.funcname or () if isinstance(p, ast.String)]
     fn = parts[-1] if parts else ""
     schema = parts[-2] if len(parts) > 1 else None
@@ -1467,7 +1535,8 @@ def call_refusal(node: Any, *, reads: bool) -> tuple[str, str] | None:
         )
     if _named(fn, _UNSAFE_FUNCTIONS):
         return fn, (
-            f"{fn}(): a function that reaches files, servers or settings, or runs SQL given as text"
+            f"{fn}(): a function that reaches files, servers, settings or catalogs, or runs"
+            " SQL given as text"
         )
     if schema in (None, "pg_catalog") and fn.startswith("pg_"):
         if fn in _PLAIN_PG_FUNCTIONS or (not reads and _named(fn, _ACTION_PG_FUNCTIONS)):
@@ -1498,7 +1567,9 @@ def unsafe_objects(text: str) -> list[tuple[str, str]]:
     for node in walk(tree):
         if isinstance(node, ast.RangeVar) and (refused := relation_refusal(node)):
             found.setdefault(refused[0], f"{refused[0]}: {refused[1]}")
-        elif isinstance(node, ast.FuncCall) and (refused := call_refusal(node, reads=False)):
+        elif isinstance(node, ast.FuncCall | ast.TypeCast) and (
+            refused := call_refusal(node, reads=False)
+        ):
             found.setdefault(*refused)
     return list(found.items())
 

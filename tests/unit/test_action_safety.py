@@ -73,6 +73,19 @@ REFUSED = [
         "slawatch.alert",
     ),
     ("select slawatch.history_drop(now() + :id * interval '1 day')", "slawatch.history_drop"),
+    # SQL given as text to an extension's function: a probe's crosstab reset the action's
+    # role and copied pg_authid into the application's table; pageinspect's raw pages.
+    (
+        "insert into jobs (kind) select c from crosstab($$select 1$$,"
+        " $$select set_config('role', 'none', false)$$) as ct(r text, c text) where :id > 0",
+        "crosstab",
+    ),
+    (
+        "update jobs set kind = encode(get_raw_page('slawatch.alert_h0', 0), 'escape')"
+        " where id = :id",
+        "get_raw_page",
+    ),
+    ("update jobs set kind = (:id)::regrole::text where id = :id", "regrole"),
 ]
 
 
