@@ -303,7 +303,15 @@ class Runner:
         # What the scans last wrote to slawatch.scan: an idle scan is written once a minute;
         # when each rule was last scanned goes to slawatch.scanner every few seconds.
         self._scan_records = scans.ScanRecords()
-        self.notifiers: dict[str, Notifier] = {c.name: build(c) for c in notifiers}
+        self.notifiers: dict[str, Notifier] = {}
+        for config in notifiers:
+            try:
+                self.notifiers[config.name] = build(config)
+            except ConfigError as exc:  # a ca_file spoilt since it was loaded
+                for built in self.notifiers.values():
+                    built.close()
+                self.db.close()
+                raise ConfigError(f"notifier {config.name}: {exc}") from exc
         # Shared with the delivery workers, so changed in place on reload.
         self.descriptions = {r.name: r.description for r in rules}
         self._maintain_trouble = Outage("pruning history", log)

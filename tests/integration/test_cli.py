@@ -159,6 +159,25 @@ def test_run_names_every_rule_that_needs_migrate(conn: Conn, dsn: str, tmp_path:
     assert check.returncode == 1 and "(order_unshipped, refund_unprocessed)" in check.stdout
 
 
+def test_a_ca_file_that_is_no_certificate_stops_check_and_run_in_one_line(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """The probe's case: `ca_file: /etc/shadow` passed check, then run died with an
+    ssl.SSLError traceback."""
+    conn.execute(SHOP)
+    assert slawatch("migrate", dsn=dsn).returncode == 0
+    (tmp_path / "console.yaml").write_text((ROOT / "notifiers" / "console.yaml").read_text())
+    not_a_ca = tmp_path / "shadow"
+    not_a_ca.write_text("root:*:19000:0:99999:7:::\n")
+    (tmp_path / "hook.yaml").write_text(
+        f"type: webhook\nurl: https://127.0.0.1:9/in\nca_file: {not_a_ca}\n"
+    )
+    expected = f"{tmp_path}/hook.yaml: ca_file: not a PEM file of CA certificates"
+    for command in (["check"], ["run", "--once"]):
+        result = slawatch("--notifiers", str(tmp_path), *command, dsn=dsn)
+        assert_one_line_error(result, 2, expected)
+
+
 def test_migrate_then_run_once_prints_each_alert_once(conn: Conn, dsn: str) -> None:
     conn.execute(SHOP)
     conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")
