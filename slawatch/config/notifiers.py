@@ -258,6 +258,32 @@ class WebhookConfig(_HttpTarget):
         return v
 
 
+def _mail_address(value: str) -> str:
+    # Checked now: a bad address fails only at send time, every batch, as the
+    # server's refusal (or a Python error before it is even sent).
+    from email.errors import HeaderParseError
+    from email.headerregistry import HeaderRegistry
+
+    form = "name@example.com or Name <name@example.com>"
+    try:
+        header = HeaderRegistry()("to", value)
+        addresses, defects = header.addresses, header.defects
+    except (HeaderParseError, IndexError, ValueError):  # the parser's own stumbles
+        addresses, defects = (), ()
+    if len(addresses) > 1:
+        raise ValueError(f"{shorten(value)} is more than one address: give each as its own")
+    if defects or len(addresses) != 1 or not addresses[0].username or not addresses[0].domain:
+        if addresses and addresses[0].username and not addresses[0].domain:
+            why = " (no @domain)"
+        else:
+            why = f" ({str(defects[0]).rstrip(')')})" if defects else ""
+        raise ValueError(f"{shorten(value)} is not an e-mail address{why}: write {form}")
+    return value
+
+
+MailAddress = Annotated[str, AfterValidator(_mail_address)]
+
+
 class EmailConfig(NotifierBase):
     """One digest e-mail per batch (plain text + HTML), over SMTP."""
 
@@ -267,8 +293,8 @@ class EmailConfig(NotifierBase):
     security: Literal["starttls", "tls", "none"] = "starttls"
     username: str | None = None
     password: SecretStr | None = None
-    from_: str = Field(alias="from")
-    to: list[str] = Field(min_length=1)
+    from_: MailAddress = Field(alias="from")
+    to: list[MailAddress] = Field(min_length=1)
     subject_prefix: str = "[slawatch]"
     ca_file: CaFile = None  # PEM bundle to trust for TLS (default: the system's)
 

@@ -146,6 +146,37 @@ def test_a_ca_file_spoilt_after_load_fails_build_in_one_line(tmp_path: Path) -> 
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "from: a@b\nto: [not-an-address]\n",
+            "to.0: 'not-an-address' is not an e-mail address (no @domain): write"
+            " name@example.com or Name <name@example.com>",
+        ),
+        ("from: x\nto: [c@d]\n", "from: 'x' is not an e-mail address (no @domain)"),
+        ("from: a@b\nto: [c@d, '@e']\n", "to.1: '@e' is not an e-mail address"),
+        ("from: a@b\nto: ['c@d, e@f']\n", "to.0: 'c@d, e@f' is more than one address"),
+        ("from: 'a@b.com>'\nto: [c@d]\n", "from: 'a@b.com>' is not an e-mail address"),
+        ("from: 'a@'\nto: [c@d]\n", "from: 'a@' is not an e-mail address: write"),
+    ],
+)
+def test_email_addresses_are_checked_at_load(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_of(tmp_path, f"type: email\nhost: h\n{text}")
+    assert message.startswith(f"{tmp_path}/hook.yaml: {expected}"), message
+    assert "\n" not in message
+
+
+def test_email_addresses_in_their_usual_forms_pass(tmp_path: Path) -> None:
+    (config,) = load(
+        tmp_path,
+        "type: email\nhost: h\nfrom: 'Slawatch <slawatch@shop.example.com>'\n"
+        "to: [oncall@shop.example.com, '<lead@shop.example.com>', 'ops@[192.0.2.1]']\n",
+    )
+    assert isinstance(config, EmailConfig)
+    assert config.from_ == "Slawatch <slawatch@shop.example.com>"
+
+
 def test_email_port_follows_security() -> None:
     base = {"name": "m", "type": "email", "host": "h", "from": "a@b", "to": ["c@d"]}
     assert EmailConfig.model_validate(base).effective_port == 587
