@@ -266,7 +266,7 @@ def _mail_address(value: str) -> str:
 
     form = "name@example.com or Name <name@example.com>"
     try:
-        header = HeaderRegistry()("to", value)
+        header: Any = HeaderRegistry()("to", value)  # an AddressHeader
         addresses, defects = header.addresses, header.defects
     except (HeaderParseError, IndexError, ValueError):  # the parser's own stumbles
         addresses, defects = (), ()
@@ -666,6 +666,17 @@ BY_TYPE: dict[str, type[FileModel]] = {
     "teams": TeamsConfig,
     "opsgenie": OpsgenieConfig,
 }
+
+
+def http_target(config: NotifierConfig) -> tuple[str, str] | None:
+    """The field and URL an HTTP notifier posts to (None for the others)."""
+    if isinstance(config, WebhookConfig | AlertmanagerConfig | OpsgenieConfig):
+        return "url", config.url
+    if isinstance(config, PagerDutyConfig):
+        return "base_url", config.base_url
+    if isinstance(config, SlackConfig | TeamsConfig):
+        return "url", config.url.get_secret_value()
+    return None
 
 
 def interpolate(
