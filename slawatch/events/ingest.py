@@ -34,6 +34,10 @@ from slawatch.engine.timers import FUTURE, KEY_MAX
 from slawatch.errors import BadInput, ConfigError, DatabaseError
 
 log = logging.getLogger(__name__)
+# Objects and lists nested in an event's data, data itself the first: the 254 orjson
+# writes at most, less the two levels write() puts it in (tests/integration/
+# test_events_http.py pins it).
+MAX_DEPTH = 252
 
 MAX_BATCH = 10_000  # events in one request or call
 MAX_ID = 200  # characters of an event id
@@ -177,12 +181,18 @@ def parse_event(
         if not isinstance(data, dict):
             raise bad("data", f"must be a JSON object, not {type(data).__name__}")
         try:
-            size = len(orjson.dumps(data))
+            # As deep as write() puts it, [{..., "data": data}]: what passes here is stored.
+            encoded = orjson.dumps([[data]])
         except (TypeError, orjson.JSONEncodeError) as exc:
+            if "Recursion limit" in str(exc):  # orjson writes 254 levels at most
+                raise bad(
+                    "data", f"nested too deep: at most {MAX_DEPTH} levels of objects and lists"
+                ) from None
             raise bad("data", f"not JSON: {exc}") from None
+        size = len(encoded) - 4  # the two lists' brackets
         if size > MAX_DATA:
             raise bad("data", f"{size:,} bytes as JSON, more than {MAX_DATA:,}")
-        if "\\u0000" in orjson.dumps(data).decode():
+        if b"\\u0000" in encoded:
             raise bad("data", "must not contain NUL characters (PostgreSQL's jsonb cannot)")
     ident = raw.get("id")
     if ident is not None:
