@@ -18,7 +18,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -130,8 +130,10 @@ def parse_event(
     known: Iterable[str],
     now: datetime,
     retention: timedelta,
+    unmigrated: Collection[str] = (),
 ) -> Event:
-    """One event from its JSON form, or EventError naming the field."""
+    """One event from its JSON form, or EventError naming the field. ``unmigrated``:
+    types of rules in the rule files that do not run until a migrate (said so)."""
 
     def bad(name: str | None, message: str) -> EventError:
         return EventError(index, name, message)
@@ -152,6 +154,12 @@ def parse_event(
         raise bad("type", f"{shorten(kind)} is not an event type")
     known = set(known)
     if kind not in known:
+        if kind in unmigrated:
+            raise bad(
+                "type",
+                f"{kind!r}: no running rule uses this type; its rule is in the rule files but"
+                " not migrated: run 'slawatch migrate' (then reload)",
+            )
         have = ", ".join(sorted(known)[:20]) or "none: no rule has events:"
         raise bad("type", f"{kind!r}: no rule uses this type (rules use: {have})")
     key = raw.get("key")
@@ -205,7 +213,11 @@ def parse_event(
 
 
 def parse_events(
-    payload: Any, known: Iterable[str], now: datetime, retention: timedelta
+    payload: Any,
+    known: Iterable[str],
+    now: datetime,
+    retention: timedelta,
+    unmigrated: Collection[str] = (),
 ) -> list[Event]:
     """One event, or ``{"events": [...]}`` (1 to :data:`MAX_BATCH`): all checked, or
     EventError for the first bad one."""
@@ -220,8 +232,10 @@ def parse_events(
             raise EventError(
                 None, "events", f"holds {len(items):,} events; a batch is 1 to {MAX_BATCH:,}"
             )
-        return [parse_event(raw, i, known, now, retention) for i, raw in enumerate(items)]
-    return [parse_event(payload, None, known, now, retention)]
+        return [
+            parse_event(raw, i, known, now, retention, unmigrated) for i, raw in enumerate(items)
+        ]
+    return [parse_event(payload, None, known, now, retention, unmigrated)]
 
 
 _INGEST = "SELECT type, outcome, events FROM slawatch.events(%s::jsonb, %s)"

@@ -208,6 +208,7 @@ def start_admin(
             public_url=settings.public_url,
             forwarded_allow_ips=settings.forwarded_allow_ips,
             outage=runner.db.outage,  # one line per database outage, not one per pool
+            unmigrated=lambda: runner.unmigrated_types,
         )
 
     try:

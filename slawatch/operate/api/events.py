@@ -206,7 +206,11 @@ def router(
             raise BadInput(f"body: not JSON: {str(exc).splitlines()[0]}") from None
         try:
             events = parse_events(
-                payload, known_types(list(ctx.configured().values())), now, retention
+                payload,
+                known_types(list(ctx.configured().values())),
+                now,
+                retention,
+                ctx.unmigrated(),
             )
         except EventError:
             if runner_metrics is not None:
