@@ -49,7 +49,7 @@ from slawatch.engine.migrate import (
     require_schema,
     schema_current,
 )
-from slawatch.errors import BadInput, ConfigError, DatabaseError, DeliveryError
+from slawatch.errors import BadInput, ConfigError, DatabaseError, DeliveryError, NotFound
 from slawatch.operate.chart import as_html as sla_html
 from slawatch.operate.chart import as_svg as sla_svg
 from slawatch.operate.explain import explain
@@ -805,15 +805,34 @@ def _lifecycle_db(settings: Settings) -> Database:
 
 def cmd_ack(settings: Settings, alert: str, by: str | None, comment: str, as_json: bool) -> int:
     """Acknowledge an alert's episode; an episode already over is said, not an error."""
-    from slawatch.operate.lifecycle import ack
+    from slawatch.operate.lifecycle import ack, parse_alert
 
     with _lifecycle_db(settings) as db:
-        result = ack(db, alert, by=by or default_author(), comment=comment, now=Clock().now())
+        try:
+            result = ack(db, alert, by=by or default_author(), comment=comment, now=Clock().now())
+        except NotFound:
+            _unknown_rule(settings, parse_alert(alert))
+            raise
     if as_json:
         print(json.dumps(result.to_dict()))
     else:
         print(("ok: " if result.state != "ended" else "") + result.message())
     return 0
+
+
+def _unknown_rule(settings: Settings, name: int | tuple[str, str, int, int]) -> None:
+    """BadInput (exit 2, as every other unknown name) when an alert that was not found
+    is named by a rule the rule files do not have; an alert of a rule removed since
+    is still found (and acknowledged) first."""
+    if isinstance(name, int):
+        return
+    try:
+        names = sorted(r.name for r in load_rules(settings.rules_dir))
+    except ConfigError:
+        return  # the rule files say nothing now: not found it is
+    if name[0] not in names:
+        have = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") or "none"
+        raise BadInput(f"alert: no rule named {shorten(name[0])} (defined: {have})")
 
 
 def _describe(s: Silence) -> str:

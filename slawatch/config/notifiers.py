@@ -24,15 +24,26 @@ import string
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BeforeValidator, Field, FilePath, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    FilePath,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from slawatch.config.durations import duration_validator
 from slawatch.config.extras import require_extra
 from slawatch.config.files import FileModel, load_dir, shorten
 from slawatch.errors import ConfigError
+
+if TYPE_CHECKING:
+    import ssl
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 TEMPLATE_FIELDS = {"rule", "severity", "key", "n"}
@@ -96,6 +107,46 @@ def _storm(value: Any) -> Any:
     )
 
 
+class CaFileError(ConfigError):
+    """A ``ca_file`` that holds no certificate or cannot be read."""
+
+    def __init__(self, ca_file: Path, problem: str) -> None:
+        super().__init__(f"ca_file {shorten(str(ca_file), 500)}: {problem}")
+        self.problem = problem
+
+
+def tls_context(ca_file: Path | None) -> ssl.SSLContext:
+    """Certificate-verifying TLS, trusting the PEM bundle ``ca_file`` instead of the
+    system's CAs if given; :class:`CaFileError` (one line, exit 2) when that file holds
+    no certificate or cannot be read."""
+    import ssl  # here: `slawatch event` from cron loads no TLS
+
+    if ca_file is None:
+        return ssl.create_default_context()
+    try:
+        return ssl.create_default_context(cafile=str(ca_file))
+    except ssl.SSLError as exc:
+        problem = f"not a PEM file of CA certificates ({exc.reason or type(exc).__name__})"
+        raise CaFileError(ca_file, problem) from exc
+    except OSError as exc:
+        raise CaFileError(ca_file, f"cannot be read ({exc.strerror or exc})") from exc
+
+
+def _ca_file(value: Path | None) -> Path | None:
+    # Loaded now: a file that is not a certificate bundle would otherwise pass check,
+    # then stop run at its start (or fail every send).
+    if value is not None:
+        try:
+            tls_context(value)
+        except CaFileError as exc:
+            raise ValueError(exc.problem) from None
+    return value
+
+
+# A PEM bundle to trust for TLS instead of the system's CAs.
+CaFile = Annotated[FilePath | None, AfterValidator(_ca_file)]
+
+
 class NotifierBase(FileModel):
     """The settings every notifier type has."""
 
@@ -147,7 +198,7 @@ class _HttpTarget(NotifierBase):
 
     url: str
     headers: dict[str, str] = Field(default_factory=dict)
-    ca_file: FilePath | None = None  # PEM bundle to trust for https (default: the system's)
+    ca_file: CaFile = None  # PEM bundle to trust for https (default: the system's)
 
     @field_validator("url")
     @classmethod
@@ -207,6 +258,32 @@ class WebhookConfig(_HttpTarget):
         return v
 
 
+def _mail_address(value: str) -> str:
+    # Checked now: a bad address fails only at send time, every batch, as the
+    # server's refusal (or a Python error before it is even sent).
+    from email.errors import HeaderParseError
+    from email.headerregistry import HeaderRegistry
+
+    form = "name@example.com or Name <name@example.com>"
+    try:
+        header: Any = HeaderRegistry()("to", value)  # an AddressHeader
+        addresses, defects = header.addresses, header.defects
+    except (HeaderParseError, IndexError, ValueError):  # the parser's own stumbles
+        addresses, defects = (), ()
+    if len(addresses) > 1:
+        raise ValueError(f"{shorten(value)} is more than one address: give each as its own")
+    if defects or len(addresses) != 1 or not addresses[0].username or not addresses[0].domain:
+        if addresses and addresses[0].username and not addresses[0].domain:
+            why = " (no @domain)"
+        else:
+            why = f" ({str(defects[0]).rstrip(')')})" if defects else ""
+        raise ValueError(f"{shorten(value)} is not an e-mail address{why}: write {form}")
+    return value
+
+
+MailAddress = Annotated[str, AfterValidator(_mail_address)]
+
+
 class EmailConfig(NotifierBase):
     """One digest e-mail per batch (plain text + HTML), over SMTP."""
 
@@ -216,10 +293,10 @@ class EmailConfig(NotifierBase):
     security: Literal["starttls", "tls", "none"] = "starttls"
     username: str | None = None
     password: SecretStr | None = None
-    from_: str = Field(alias="from")
-    to: list[str] = Field(min_length=1)
+    from_: MailAddress = Field(alias="from")
+    to: list[MailAddress] = Field(min_length=1)
     subject_prefix: str = "[slawatch]"
-    ca_file: FilePath | None = None  # PEM bundle to trust for TLS (default: the system's)
+    ca_file: CaFile = None  # PEM bundle to trust for TLS (default: the system's)
 
     @model_validator(mode="after")
     def _auth_pair(self) -> EmailConfig:
@@ -404,7 +481,7 @@ class SlackConfig(NotifierBase):
     # Alerts shown in one message, each a section block; the rest of the batch is
     # counted in a last line. Slack takes at most 50 blocks per message.
     listed: int = Field(default=10, ge=1, le=45)
-    ca_file: FilePath | None = None
+    ca_file: CaFile = None
 
 
 class PagerDutyConfig(NotifierBase):
@@ -418,7 +495,7 @@ class PagerDutyConfig(NotifierBase):
     source_: str = Field(default="slawatch", alias="source", min_length=1, max_length=255)
     # PagerDuty takes about 120 events a minute per routing key: small batches.
     batch: int = Field(default=20, ge=1, le=10_000)
-    ca_file: FilePath | None = None
+    ca_file: CaFile = None
 
     @field_validator("routing_key")
     @classmethod
@@ -447,7 +524,7 @@ class TeamsConfig(NotifierBase):
     # Alerts shown in one card; the rest of the batch is counted in a last line.
     # Teams refuses a message over about 28 KB: each alert is cut to fit 10.
     listed: int = Field(default=10, ge=1, le=10)
-    ca_file: FilePath | None = None
+    ca_file: CaFile = None
 
 
 # slawatch's severities as Opsgenie priorities (P1 the highest, P3 its default).
@@ -473,7 +550,7 @@ class OpsgenieConfig(NotifierBase):
     )
     # Opsgenie's API takes a few requests a second per integration: small batches.
     batch: int = Field(default=20, ge=1, le=10_000)
-    ca_file: FilePath | None = None
+    ca_file: CaFile = None
 
     @field_validator("api_key")
     @classmethod
@@ -589,6 +666,17 @@ BY_TYPE: dict[str, type[FileModel]] = {
     "teams": TeamsConfig,
     "opsgenie": OpsgenieConfig,
 }
+
+
+def http_target(config: NotifierConfig) -> tuple[str, str] | None:
+    """The field and URL an HTTP notifier posts to (None for the others)."""
+    if isinstance(config, WebhookConfig | AlertmanagerConfig | OpsgenieConfig):
+        return "url", config.url
+    if isinstance(config, PagerDutyConfig):
+        return "base_url", config.base_url
+    if isinstance(config, SlackConfig | TeamsConfig):
+        return "url", config.url.get_secret_value()
+    return None
 
 
 def interpolate(

@@ -18,7 +18,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,6 +34,10 @@ from slawatch.engine.timers import FUTURE, KEY_MAX
 from slawatch.errors import BadInput, ConfigError, DatabaseError
 
 log = logging.getLogger(__name__)
+# Objects and lists nested in an event's data, data itself the first: the 254 orjson
+# writes at most, less the two levels write() puts it in (tests/integration/
+# test_events_http.py pins it).
+MAX_DEPTH = 252
 
 MAX_BATCH = 10_000  # events in one request or call
 MAX_ID = 200  # characters of an event id
@@ -126,8 +130,10 @@ def parse_event(
     known: Iterable[str],
     now: datetime,
     retention: timedelta,
+    unmigrated: Collection[str] = (),
 ) -> Event:
-    """One event from its JSON form, or EventError naming the field."""
+    """One event from its JSON form, or EventError naming the field. ``unmigrated``:
+    types of rules in the rule files that do not run until a migrate (said so)."""
 
     def bad(name: str | None, message: str) -> EventError:
         return EventError(index, name, message)
@@ -148,6 +154,12 @@ def parse_event(
         raise bad("type", f"{shorten(kind)} is not an event type")
     known = set(known)
     if kind not in known:
+        if kind in unmigrated:
+            raise bad(
+                "type",
+                f"{kind!r}: no running rule uses this type; its rule is in the rule files but"
+                " not migrated: run 'slawatch migrate' (then reload)",
+            )
         have = ", ".join(sorted(known)[:20]) or "none: no rule has events:"
         raise bad("type", f"{kind!r}: no rule uses this type (rules use: {have})")
     key = raw.get("key")
@@ -177,12 +189,18 @@ def parse_event(
         if not isinstance(data, dict):
             raise bad("data", f"must be a JSON object, not {type(data).__name__}")
         try:
-            size = len(orjson.dumps(data))
+            # As deep as write() puts it, [{..., "data": data}]: what passes here is stored.
+            encoded = orjson.dumps([[data]])
         except (TypeError, orjson.JSONEncodeError) as exc:
+            if "Recursion limit" in str(exc):  # orjson writes 254 levels at most
+                raise bad(
+                    "data", f"nested too deep: at most {MAX_DEPTH} levels of objects and lists"
+                ) from None
             raise bad("data", f"not JSON: {exc}") from None
+        size = len(encoded) - 4  # the two lists' brackets
         if size > MAX_DATA:
             raise bad("data", f"{size:,} bytes as JSON, more than {MAX_DATA:,}")
-        if "\\u0000" in orjson.dumps(data).decode():
+        if b"\\u0000" in encoded:
             raise bad("data", "must not contain NUL characters (PostgreSQL's jsonb cannot)")
     ident = raw.get("id")
     if ident is not None:
@@ -195,7 +213,11 @@ def parse_event(
 
 
 def parse_events(
-    payload: Any, known: Iterable[str], now: datetime, retention: timedelta
+    payload: Any,
+    known: Iterable[str],
+    now: datetime,
+    retention: timedelta,
+    unmigrated: Collection[str] = (),
 ) -> list[Event]:
     """One event, or ``{"events": [...]}`` (1 to :data:`MAX_BATCH`): all checked, or
     EventError for the first bad one."""
@@ -210,8 +232,10 @@ def parse_events(
             raise EventError(
                 None, "events", f"holds {len(items):,} events; a batch is 1 to {MAX_BATCH:,}"
             )
-        return [parse_event(raw, i, known, now, retention) for i, raw in enumerate(items)]
-    return [parse_event(payload, None, known, now, retention)]
+        return [
+            parse_event(raw, i, known, now, retention, unmigrated) for i, raw in enumerate(items)
+        ]
+    return [parse_event(payload, None, known, now, retention, unmigrated)]
 
 
 _INGEST = "SELECT type, outcome, events FROM slawatch.events(%s::jsonb, %s)"

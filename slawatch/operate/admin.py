@@ -49,7 +49,7 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -574,6 +574,7 @@ def create_app(
     events_db: Database | None = None,
     ingest_tokens: Sequence[IngestScope] = (),
     public_url: str | None = None,
+    unmigrated: Callable[[], Collection[str]] = lambda: (),
 ) -> FastAPI:
     """The admin API over ``db`` for the configured ``rules`` and ``notifiers`` (names);
     either may be a callable, read per request, so that a reload shows at once.
@@ -591,13 +592,16 @@ def create_app(
     events are written on (:data:`EVENTS_AT_ONCE` connections; default: one of ``db``'s
     at a time, leaving the other to the reads); ``ingest_tokens``: producer tokens
     limited to event types and keys; ``public_url``: the page's address as people
-    reach it (https: the login cookie is ``Secure`` whatever the request's scheme).
+    reach it (https: the login cookie is ``Secure`` whatever the request's scheme);
+    ``unmigrated()``: event types of rules in the files that wait for a migrate.
 
     ``app.state.drain`` is the server's stop (:class:`Drain`): pools of ``db`` and
     ``events_db`` that are :class:`~slawatch.db.Interruptible` are interrupted by it.
     """
     clock = clock or Clock()
-    ctx = Context(db, clock, rules, notifiers, token=token, allow_writes=allow_writes)
+    ctx = Context(
+        db, clock, rules, notifiers, token=token, allow_writes=allow_writes, unmigrated=unmigrated
+    )
 
     def probe_every() -> float:
         # Within one scan interval of the fastest rule, so /readyz is never further behind.
@@ -781,6 +785,7 @@ def serve_admin(
     public_url: str | None = None,
     forwarded_allow_ips: str | None = None,
     outage: Outage | None = None,
+    unmigrated: Callable[[], Collection[str]] = lambda: (),
 ) -> AdminServer:
     """``slawatch run``'s admin API on ``bind``, with a pool of its own; logs its address.
     ``outage``: the runner's database outage record, which its pools share."""
@@ -823,6 +828,7 @@ def serve_admin(
             events_db=events_db,
             ingest_tokens=ingest_tokens,
             public_url=public_url,
+            unmigrated=unmigrated,
         )
         server = serve_in_thread(app, host, port, forwarded_allow_ips=forwarded_allow_ips)
     except BaseException:

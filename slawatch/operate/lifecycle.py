@@ -182,9 +182,10 @@ def parse_alert(text: object) -> AlertName:
     return m["rule"], m["key"], episode, n
 
 
-def parse_until(text: str, now: datetime) -> datetime:
-    """``--until``: an ISO 8601 time (no zone: UTC) or a duration from ``now`` (``2h``)."""
-    text = _text("--until", text, 100, required=True).strip()
+def parse_until(text: str, now: datetime, field: str = "--until") -> datetime:
+    """An ISO 8601 time (no zone: UTC) or a duration from ``now`` (``2h``); errors name
+    ``field``: the command line's ``--until``, the API's ``until``."""
+    text = _text(field, text, 100, required=True).strip()
     try:
         return now + parse_duration(text)
     except ValueError as exc:
@@ -193,9 +194,9 @@ def parse_until(text: str, now: datetime) -> datetime:
         when = datetime.fromisoformat(text)
     except ValueError:
         if re.fullmatch(r"[0-9 ]+[smhdw].*|P.*", text):  # meant as a duration: say why not
-            raise BadInput(f"--until: {not_a_duration}") from None
+            raise BadInput(f"{field}: {not_a_duration}") from None
         raise BadInput(
-            f"--until: {shorten(text)} is neither a time (2026-03-01T14:00Z) nor a duration"
+            f"{field}: {shorten(text)} is neither a time (2026-03-01T14:00Z) nor a duration"
             " (2h, 30m, 1d)"
         ) from None
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)

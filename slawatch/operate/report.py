@@ -210,7 +210,7 @@ def query(
     try:
         window = parse_duration(DEFAULT_SINCE if since is None else since)
     except ValueError as exc:
-        raise BadInput(f"since: {shorten(since or '')}: {exc}") from None
+        raise BadInput(f"since: {exc}") from None  # exc quotes the value
     if window <= timedelta(0):
         raise BadInput(f"since: {shorten(since or '')} must be more than 0")
     chosen = rules

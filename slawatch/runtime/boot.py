@@ -37,11 +37,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import urlsplit
 
 from psycopg import sql
 
 from slawatch.config.calendars import load_calendars
-from slawatch.config.notifiers import NotifierConfig, load_notifiers
+from slawatch.config.notifiers import NotifierConfig, http_target, load_notifiers
 from slawatch.config.rules import (
     Rule,
     check_calendar_names,
@@ -73,7 +74,49 @@ def load_config(settings: Settings) -> tuple[list[Rule], list[NotifierConfig]]:
         settings.calendars_dir, required="calendars_dir" in settings.model_fields_set
     )
     check_calendar_names(rules, calendars)
+    check_not_own_api(notifiers, settings.http)
     return rules, notifiers
+
+
+def check_not_own_api(notifiers: list[NotifierConfig], http: str | None) -> None:
+    """ConfigError when a notifier posts to slawatch's own admin API (``http``, the
+    SLAWATCH_HTTP bind): no route there takes alerts, so every one would be refused
+    and end dead (or, by way of an endpoint that takes them, make more alerts)."""
+    bind = parse_bind(http or "")
+    if bind is None:
+        return
+    errors = []
+    for config in notifiers:
+        target = http_target(config)
+        if target is None:
+            continue
+        field, url = target
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname or ""
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:  # checked when loaded; nothing to compare
+            continue
+        if port == bind[1] and _same_host(host, bind[0]):
+            errors.append(
+                f"{config.source}: {field}: aims at slawatch's own admin API (SLAWATCH_HTTP "
+                f"{http}), which takes no alerts: every one would be refused; give the "
+                "receiver's address"
+            )
+    if errors:
+        raise ConfigError("\n".join(errors))
+
+
+def _same_host(url_host: str, bind_host: str) -> bool:
+    """Whether a URL's host reaches a server bound to ``bind_host`` on this machine:
+    the same name or address, ``localhost`` for a loopback address, any loopback
+    address for a server bound to every interface."""
+    a, b = url_host.lower().strip("[]"), bind_host.lower().strip("[]")
+    if a == b:
+        return True
+    if b in ("0.0.0.0", "::"):
+        return is_loopback(a)
+    return is_loopback(a) and is_loopback(b) and "localhost" in (a, b)
 
 
 def load_event_sources(settings: Settings, rules: list[Rule]) -> list[SourceConfig]:
@@ -165,6 +208,7 @@ def start_admin(
             public_url=settings.public_url,
             forwarded_allow_ips=settings.forwarded_allow_ips,
             outage=runner.db.outage,  # one line per database outage, not one per pool
+            unmigrated=lambda: runner.unmigrated_types,
         )
 
     try:

@@ -300,10 +300,20 @@ class Runner:
             self.db.close()
             raise
         self._running = {r.name: _Running.start(r, plans[r.name], backoff_cap) for r in rules}
+        # Event types of rules in the files that wait for a migrate (set by a reload).
+        self.unmigrated_types: frozenset[str] = frozenset()
         # What the scans last wrote to slawatch.scan: an idle scan is written once a minute;
         # when each rule was last scanned goes to slawatch.scanner every few seconds.
         self._scan_records = scans.ScanRecords()
-        self.notifiers: dict[str, Notifier] = {c.name: build(c) for c in notifiers}
+        self.notifiers: dict[str, Notifier] = {}
+        for config in notifiers:
+            try:
+                self.notifiers[config.name] = build(config)
+            except ConfigError as exc:  # a ca_file spoilt since it was loaded
+                for built in self.notifiers.values():
+                    built.close()
+                self.db.close()
+                raise ConfigError(f"notifier {config.name}: {exc}") from exc
         # Shared with the delivery workers, so changed in place on reload.
         self.descriptions = {r.name: r.description for r in rules}
         self._maintain_trouble = Outage("pruning history", log)
@@ -1150,6 +1160,9 @@ class Runner:
         self._held.update(added + changed)  # a changed action may run what the old held
         # Scans look their rule up when they start: one assignment switches them over.
         self._running = running
+        runs = set(known_types([r.rule for r in running.values()]))
+        waiting = [r for r in rules if r.name in problems]
+        self.unmigrated_types = frozenset(set(known_types(waiting)) - runs)
         self.definitions.invalidate()  # each scan compares its rule with the records anew
         for name in removed:
             self.definitions.forget(name)

@@ -424,6 +424,13 @@ def test_silences(rules: list[Rule], conn: Conn, start: Start) -> None:
         ({"rule": "r" * 101}, 422, "body.rule: String should have at most 100"),
     ]:
         assert says in error(api.post("/v1/silences", json=good | change), status), change
+    # The API names its own field, not the command line's --until.
+    for until, says in [
+        ("99999-12-31T23:59:59Z", "until: '99999-12-31T23:59:59Z' is neither a time"),
+        ("3 dayz", "until: '3 dayz' is not a duration"),
+        ("", "until: must not be empty"),
+    ]:
+        assert error(api.post("/v1/silences", json=good | {"until": until}), 400).startswith(says)
     (count,) = conn.execute("SELECT count(*) FROM slawatch.silence").fetchone()  # type: ignore[misc]
     assert count == 2  # none of the refused ones was written
 

@@ -159,6 +159,49 @@ def test_run_names_every_rule_that_needs_migrate(conn: Conn, dsn: str, tmp_path:
     assert check.returncode == 1 and "(order_unshipped, refund_unprocessed)" in check.stdout
 
 
+def test_a_ca_file_that_is_no_certificate_stops_check_and_run_in_one_line(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """The probe's case: `ca_file: /etc/shadow` passed check, then run died with an
+    ssl.SSLError traceback."""
+    conn.execute(SHOP)
+    assert slawatch("migrate", dsn=dsn).returncode == 0
+    (tmp_path / "console.yaml").write_text((ROOT / "notifiers" / "console.yaml").read_text())
+    not_a_ca = tmp_path / "shadow"
+    not_a_ca.write_text("root:*:19000:0:99999:7:::\n")
+    (tmp_path / "hook.yaml").write_text(
+        f"type: webhook\nurl: https://127.0.0.1:9/in\nca_file: {not_a_ca}\n"
+    )
+    expected = f"{tmp_path}/hook.yaml: ca_file: not a PEM file of CA certificates"
+    for command in (["check"], ["run", "--once"]):
+        result = slawatch("--notifiers", str(tmp_path), *command, dsn=dsn)
+        assert_one_line_error(result, 2, expected)
+
+
+def test_a_notifier_aimed_at_slawatchs_own_admin_api_is_refused(tmp_path: Path) -> None:
+    """No route of the admin API takes a notifier's alerts: each would be refused and end
+    dead. check (and every command that loads the notifiers) says so; another port passes."""
+    (tmp_path / "console.yaml").write_text((ROOT / "notifiers" / "console.yaml").read_text())
+    env = {"SLAWATCH_HTTP": "0.0.0.0:8181", "SLAWATCH_API_TOKEN": "t" * 32}
+    for url in ("http://localhost:8181/v1/events", "http://127.0.0.1:8181", "http://[::1]:8181/"):
+        (tmp_path / "hook.yaml").write_text(f"type: webhook\nurl: {url}\n")
+        result = slawatch("--notifiers", str(tmp_path), "check", env=env)
+        assert_one_line_error(
+            result,
+            2,
+            f"{tmp_path}/hook.yaml: url: aims at slawatch's own admin API (SLAWATCH_HTTP"
+            " 0.0.0.0:8181), which takes no alerts",
+        )
+    for url, http in (
+        ("http://127.0.0.1:8182/in", "0.0.0.0:8181"),  # another port
+        ("http://hooks.example:8181/in", "127.0.0.1:8181"),  # another host
+        ("http://127.0.0.1:8181/in", ""),  # no admin API
+    ):
+        (tmp_path / "hook.yaml").write_text(f"type: webhook\nurl: {url}\n")
+        result = slawatch("--notifiers", str(tmp_path), "check", env=env | {"SLAWATCH_HTTP": http})
+        assert result.returncode == 0, (url, result.stderr)
+
+
 def test_migrate_then_run_once_prints_each_alert_once(conn: Conn, dsn: str) -> None:
     conn.execute(SHOP)
     conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days')")

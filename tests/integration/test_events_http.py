@@ -4,6 +4,7 @@ every kind, the ingest token, and the events counted in the metrics."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from slawatch.clock import Clock
 from slawatch.config.rules import Rule
 from slawatch.db import Database
 from slawatch.engine.migrate import migrate
+from slawatch.events.ingest import MAX_DEPTH
 from slawatch.operate.admin import EVENTS_AT_ONCE, AdminServer, create_app, serve_in_thread
 from slawatch.operate.metrics import Metrics
 from tests.integration.helpers import Conn, FixedClock
@@ -182,7 +184,7 @@ BAD: list[tuple[Any, str]] = [
     (b'{"type": "parcel_shipped", "key": "p1",}', "body: not JSON"),
     (b"\xff\xfe", "body: not JSON"),
     (b'{"type": "parcel_shipped", "key": 1' + b"0" * 30 + b"}", "key: 1e+30: a key is text"),
-    (b"[" * 5000 + b"]" * 5000, "body: not JSON"),
+    (b"[" * 5000 + b"]" * 5000, "body: nested too deep (over 1,024 levels"),
     ([1], "an event is a JSON object, not list"),
     ("parcel_shipped", "an event is a JSON object, not str"),
     (None, "an event is a JSON object, not NoneType"),
@@ -214,6 +216,30 @@ BAD: list[tuple[Any, str]] = [
     (shipped("p1", id={"a": 1}), "id: {'a': 1}: an id is text"),
     (shipped("p1", when="now"), "when: unknown field (known: type, key, at, data, id)"),
 ]
+
+
+def test_data_nested_too_deep_says_so_and_the_limit(
+    rules: list[Rule], conn: Conn, serve: Any
+) -> None:
+    """Was "data: not JSON: Recursion limit reached". The limit is orjson's; json.dumps
+    writes the bodies (orjson would refuse the deepest itself)."""
+
+    def nested(depth: int) -> dict[str, Any]:
+        data: dict[str, Any] = {"leaf": [1]}  # a list is a level too
+        for _ in range(depth - 2):
+            data = {"a": data}
+        return data
+
+    served = serve(rules)
+    deep = json.dumps(shipped("p1", data=nested(MAX_DEPTH + 1))).encode()
+    answer = post_raw(served.api, deep)
+    assert error(answer, 400) == (
+        f"data: nested too deep: at most {MAX_DEPTH} levels of objects and lists"
+    )
+    assert MAX_DEPTH == 252
+    assert stored(conn) == (0, 0, 0)
+    fits = json.dumps(shipped("p2", data=nested(MAX_DEPTH))).encode()
+    assert post_raw(served.api, fits).status_code == 202
 
 
 def test_bad_input_is_a_400_naming_the_problem(rules: list[Rule], conn: Conn, serve: Any) -> None:

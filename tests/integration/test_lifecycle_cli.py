@@ -22,6 +22,23 @@ def test_ack_from_the_command_line(conn: Conn, dsn: str) -> None:
     assert json.loads(again.stdout)["state"] == "already acknowledged"
     assert_one_line_error(slawatch("ack", "nope", dsn=dsn), 2, "is neither an alert id")
     assert_one_line_error(slawatch("ack", "77", dsn=dsn), 1, "no alert 77")
+    # A rule the files do not have is an unknown name, exit 2 as the others; an unknown
+    # alert of a known rule is not found, exit 1 as above.
+    assert_one_line_error(
+        slawatch("ack", "nosuch:1:e1:n1", dsn=dsn),
+        2,
+        "alert: no rule named 'nosuch' (defined: job_hung, order_unshipped, ",
+    )
+    assert_one_line_error(
+        slawatch("ack", "order_unshipped:1:e1:n1", dsn=dsn), 1, "no alert order_unshipped:1:e1:n1"
+    )
+    # An alert of a rule since removed from the files is still acknowledged.
+    conn.execute(
+        "INSERT INTO slawatch.alert (rule, key, episode, n, severity, fired_at, row_data)"
+        " VALUES ('gone_rule', '5', 1, 1, 'warning', now(), '{}')"
+    )
+    gone = slawatch("ack", "gone_rule:5:e1:n1", dsn=dsn)
+    assert gone.returncode == 0 and gone.stdout.startswith("ok: acknowledged"), gone
 
 
 def test_silence_from_the_command_line(conn: Conn, dsn: str) -> None:

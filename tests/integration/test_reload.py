@@ -29,6 +29,7 @@ from slawatch.commands import load_config
 from slawatch.config.rules import Rule
 from slawatch.config.settings import Settings
 from slawatch.engine.migrate import migrate
+from slawatch.runtime.boot import start_admin
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, shop
@@ -240,6 +241,37 @@ def test_a_rule_that_needs_a_migrate_is_reported_and_the_others_go_on(
         lambda: {"late:150:e1:n1", "big:150:e1:n1"} <= ids(receiver), "the ready rules' alerts"
     )
     assert not any(i.startswith("fresh:") for i in ids(receiver))
+
+
+def test_an_event_of_a_rule_waiting_for_migrate_says_to_migrate(
+    runner: Runner, config: Settings, dsn: str
+) -> None:
+    """Was "no rule uses this type (rules use: none ...)": the type is in the rule files,
+    its rule left out by the reload until a migrate."""
+    (config.rules_dir / "parcel.yaml").write_text(
+        "events: {start: parcel_shipped, stop: parcel_delivered, within: 1h}\n"
+        "every: 1s\nseverity: warning\nnotify: [hook]\n"
+    )
+    assert runner.reload() is True
+    assert sorted(runner.rules) == ["late"]
+    assert runner.unmigrated_types == {"parcel_shipped", "parcel_delivered"}
+    admin = start_admin(config.model_copy(update={"http": f"127.0.0.1:{free_port()}"}), dsn, runner)
+    assert admin is not None
+    try:
+        answer = httpx.post(
+            f"{admin.url}/v1/events", json={"type": "parcel_shipped", "key": "p1"}, timeout=10
+        )
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"] == (
+            "type: 'parcel_shipped': no running rule uses this type; its rule is in the rule"
+            " files but not migrated: run 'slawatch migrate' (then reload)"
+        )
+        unknown = httpx.post(
+            f"{admin.url}/v1/events", json={"type": "parcel_lost", "key": "p1"}, timeout=10
+        )
+        assert "no rule uses this type" in unknown.json()["error"]
+    finally:
+        admin.stop()
 
 
 class Lines:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import certifi
 import pytest
 
 from slawatch.config.notifiers import (
@@ -107,6 +108,73 @@ def test_bad_notifiers(tmp_path: Path, text: str, expected: str) -> None:
     message = error_of(tmp_path, text)
     assert message.startswith(f"{tmp_path}/hook.yaml: "), message
     assert expected in message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "type: webhook\nurl: https://x\n",
+        "type: email\nhost: h\nfrom: a@b\nto: [c@d]\n",
+        "type: alertmanager\nurl: https://x\n",
+        "type: pagerduty\nrouting_key: 0123456789abcdef0123456789ABCDEF\n",
+    ],
+)
+def test_a_ca_file_that_holds_no_certificate_is_refused_at_load(tmp_path: Path, text: str) -> None:
+    """An existing file that is no PEM bundle (the probe's /etc/shadow) passed check, then
+    `run` died with ssl.SSLError at its start: it is loaded, and refused, with the file."""
+    bundle = tmp_path / "not-a-ca.pem"
+    bundle.write_text("root:*:19000:0:99999:7:::\n")
+    message = error_of(tmp_path, f"{text}ca_file: {bundle}\n")
+    assert message == (
+        f"{tmp_path}/hook.yaml: ca_file: not a PEM file of CA certificates"
+        " (NO_CERTIFICATE_OR_CRL_FOUND)"
+    )
+
+
+def test_a_ca_file_spoilt_after_load_fails_build_in_one_line(tmp_path: Path) -> None:
+    """run builds its notifiers after loading them: a file changed in between (or on a
+    reload) is a ConfigError, one line, never an ssl traceback."""
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text(Path(certifi.where()).read_text())
+    (hook,) = load(tmp_path, f"type: webhook\nurl: https://x\nca_file: {bundle}\n")
+    assert isinstance(hook, WebhookConfig)
+    bundle.write_text("not a certificate\n")
+    with pytest.raises(ConfigError) as exc:
+        build(hook)
+    assert str(exc.value) == (
+        f"ca_file {str(bundle)!r}: not a PEM file of CA certificates (NO_CERTIFICATE_OR_CRL_FOUND)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "from: a@b\nto: [not-an-address]\n",
+            "to.0: 'not-an-address' is not an e-mail address (no @domain): write"
+            " name@example.com or Name <name@example.com>",
+        ),
+        ("from: x\nto: [c@d]\n", "from: 'x' is not an e-mail address (no @domain)"),
+        ("from: a@b\nto: [c@d, '@e']\n", "to.1: '@e' is not an e-mail address"),
+        ("from: a@b\nto: ['c@d, e@f']\n", "to.0: 'c@d, e@f' is more than one address"),
+        ("from: 'a@b.com>'\nto: [c@d]\n", "from: 'a@b.com>' is not an e-mail address"),
+        ("from: 'a@'\nto: [c@d]\n", "from: 'a@' is not an e-mail address: write"),
+    ],
+)
+def test_email_addresses_are_checked_at_load(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_of(tmp_path, f"type: email\nhost: h\n{text}")
+    assert message.startswith(f"{tmp_path}/hook.yaml: {expected}"), message
+    assert "\n" not in message
+
+
+def test_email_addresses_in_their_usual_forms_pass(tmp_path: Path) -> None:
+    (config,) = load(
+        tmp_path,
+        "type: email\nhost: h\nfrom: 'Slawatch <slawatch@shop.example.com>'\n"
+        "to: [oncall@shop.example.com, '<lead@shop.example.com>', 'ops@[192.0.2.1]']\n",
+    )
+    assert isinstance(config, EmailConfig)
+    assert config.from_ == "Slawatch <slawatch@shop.example.com>"
 
 
 def test_email_port_follows_security() -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import ssl
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -12,6 +10,7 @@ import orjson
 from pydantic import SecretStr
 
 from slawatch.config.notifiers import NotifierBase, RetrySettings, StormSettings
+from slawatch.config.notifiers import tls_context as tls_context  # the notifiers' import
 
 
 class BaseNotifier:
@@ -65,11 +64,6 @@ class BaseNotifier:
 
     def close(self) -> None:
         pass
-
-
-def tls_context(ca_file: Path | None) -> ssl.SSLContext:
-    """Certificate-verifying TLS, trusting ``ca_file`` instead of the system's CAs if given."""
-    return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
 
 
 def number(alert: dict[str, Any]) -> str:

@@ -113,6 +113,8 @@ class EmailNotifier(BaseNotifier):
     def __init__(self, config: EmailConfig) -> None:
         super().__init__(config)
         self.config = config
+        # Built once: a ca_file that holds no certificate fails here, at the start.
+        self._tls = tls_context(config.ca_file) if config.security != "none" else None
 
     def message(self, alerts: list[dict[str, Any]]) -> EmailMessage:
         c = self.config
@@ -134,13 +136,13 @@ class EmailNotifier(BaseNotifier):
                     c.host,
                     c.effective_port,
                     timeout=self.timeout,
-                    context=tls_context(c.ca_file),
+                    context=self._tls,
                 )
             else:
                 smtp = smtplib.SMTP(c.host, c.effective_port, timeout=self.timeout)
             with smtp:
                 if c.security == "starttls":
-                    smtp.starttls(context=tls_context(c.ca_file))
+                    smtp.starttls(context=self._tls)
                 if c.username is not None and c.password is not None:
                     smtp.login(c.username, c.password.get_secret_value())
                 refused = smtp.send_message(self.message(alerts))

@@ -3,7 +3,7 @@ answers they share."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -55,6 +55,9 @@ class Context:
     notifiers: list[str] | Callable[[], list[str]]
     token: str | None
     allow_writes: bool
+    # Event types of rules in the rule files that wait for a migrate (a reload leaves
+    # them out): their events are refused with that said.
+    unmigrated: Callable[[], Collection[str]] = lambda: ()
 
     def configured(self) -> dict[str, Rule]:
         """The configured rules by name, as they are now."""

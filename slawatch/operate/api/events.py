@@ -25,6 +25,7 @@ from slawatch.errors import BadInput, DatabaseError
 from slawatch.events.ingest import (
     MAX_BATCH,
     MAX_DATA,
+    MAX_DEPTH,
     MAX_ID,
     Event,
     EventError,
@@ -197,10 +198,19 @@ def router(
         except orjson.JSONDecodeError as exc:
             if runner_metrics is not None:
                 runner_metrics.events_rejected("http")
+            if "depth limit" in str(exc):  # orjson's 1,024
+                raise BadInput(
+                    "body: nested too deep (over 1,024 levels; an event's data may nest"
+                    f" {MAX_DEPTH})"
+                ) from None
             raise BadInput(f"body: not JSON: {str(exc).splitlines()[0]}") from None
         try:
             events = parse_events(
-                payload, known_types(list(ctx.configured().values())), now, retention
+                payload,
+                known_types(list(ctx.configured().values())),
+                now,
+                retention,
+                ctx.unmigrated(),
             )
         except EventError:
             if runner_metrics is not None:

@@ -52,7 +52,7 @@ def router(ctx: Context) -> APIRouter:
             rule=body.rule,
             key=body.key,
             matchers=body.matchers,
-            until=parse_until(body.until, now),
+            until=parse_until(body.until, now, "until"),
             comment=body.comment,
             author=body.author,
             now=now,
