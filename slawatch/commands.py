@@ -35,7 +35,7 @@ from slawatch.delivery.dispatcher import replay_deliveries, replay_problem
 from slawatch.engine import generation
 from slawatch.engine.baseline import recorded, select
 from slawatch.engine.baseline import render_all as render_baselines
-from slawatch.engine.catalog import TableInfo
+from slawatch.engine.catalog import TableInfo, broad_role
 from slawatch.engine.due import RuleDue, count_due
 from slawatch.engine.migrate import (
     check,
@@ -196,6 +196,13 @@ def cmd_check(settings: Settings) -> int:
                 if not verdict.ok:
                     lines.append(f"  {rule.name}: note: {verdict.verdict}")
         refused, notes = _check_actions(conn, rules)
+        role, broad = broad_role(conn)
+    if broad is not None:
+        notes.append(
+            f"  note: slawatch connects as {role}, {broad}: only slawatch's checks bound"
+            " what a rule's SQL may read and run, not the database (connect as a role with"
+            " what 'migrate --print' grants: docs/explanation/safety.md)"
+        )
     if refused:
         print(
             f"refused: {what} are valid, but {_many(len(refused), 'action')} cannot run as"

@@ -824,3 +824,40 @@ def same_indexes(conn: Connection, schema: str, name: str, definition: str) -> l
             (schema, name),
         ).fetchall()
     return [r[0] for r in rows if definition_tail(r[1]) == definition]
+
+
+# PostgreSQL's roles that let their members read or run past the tables a rule watches
+# (files, every table, settings, other sessions' SQL, programs): with one, slawatch's
+# checks of a rule's SQL are all that bounds it (docs/explanation/safety.md).
+BROAD_ROLES = (
+    "pg_read_server_files",
+    "pg_write_server_files",
+    "pg_execute_server_program",
+    "pg_read_all_data",
+    "pg_write_all_data",
+    "pg_read_all_settings",
+    "pg_read_all_stats",
+)
+
+
+def broad_role(conn: Connection) -> tuple[str, str | None]:
+    """The role slawatch connects as, and what lets it reach past the application's
+    tables: ``"a superuser"``, ``"a member of pg_read_all_data, ..."`` (of
+    :data:`BROAD_ROLES`, those the server has), or None."""
+    with translate("reading slawatch's role"):
+        row = conn.execute(
+            "SELECT current_user, r.rolsuper,"
+            " ARRAY(SELECT b.rolname::text FROM pg_roles b"
+            "        WHERE b.rolname = ANY(%s::text[])"
+            "          AND pg_has_role(current_user, b.oid, 'MEMBER') ORDER BY 1)"
+            " FROM pg_roles r WHERE r.rolname = current_user",
+            (list(BROAD_ROLES),),
+        ).fetchone()
+    if row is None:  # not a role of pg_roles (cannot be): nothing to say
+        return "?", None
+    role, superuser, members = row
+    if superuser:
+        return role, "a superuser"
+    if members:
+        return role, f"a member of {', '.join(members)}"
+    return role, None

@@ -160,11 +160,11 @@ def test_check_notes_a_track_table_rule_whose_action_writes_its_table(
     elsewhere = job_rule("insert into restarts values (:id)")
     migrate(conn, [elsewhere])  # its definition recorded: check is about the action alone
     code, out = check(tmp_path, dsn, elsewhere, capsys)
-    assert code == 0 and "note:" not in out, out
+    assert code == 0 and "job_hung: note:" not in out, out
     inline = job_rule(track="inline")
     migrate(conn, [inline])
     code, out = check(tmp_path, dsn, inline, capsys)
-    assert code == 0 and "note:" not in out, out
+    assert code == 0 and "job_hung: note:" not in out, out
 
 
 def test_check_names_an_action_on_a_missing_column(
@@ -288,3 +288,30 @@ def test_check_refuses_an_action_whose_table_is_slawatchs_own_through_the_search
         " name the application's table with its schema"
     )
     assert refused(conn, [job_rule("delete from public.delivery where id = :id")]) == []
+
+
+def test_check_says_when_slawatchs_role_reaches_past_its_checks(
+    conn: Conn, dsn: str, role: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A role with the printed GRANTs alone: no note. A superuser, or a member of a role
+    that reads past the tables (pg_read_all_stats: other sessions' SQL): `check` says
+    that only slawatch's checks then bound a rule's SQL (docs/explanation/safety.md)."""
+    name, as_role = role
+    rule = job_rule()
+    shop(conn, rule)
+    for g in grants([rule], name):
+        conn.execute(g)
+    code, out = check(tmp_path, as_role, rule, capsys)
+    assert code == 0, out
+    assert "note: slawatch connects as" not in out
+    conn.execute(f'GRANT pg_read_all_stats TO "{name}"')
+    code, out = check(tmp_path, as_role, rule, capsys)
+    assert code == 0, out
+    assert (
+        f"  note: slawatch connects as {name}, a member of pg_read_all_stats: only slawatch's"
+        " checks bound what a rule's SQL may read and run, not the database" in out
+    )
+    (me,) = conn.execute("SELECT current_user").fetchone() or ("",)
+    code, out = check(tmp_path, dsn, rule, capsys)
+    assert code == 0, out
+    assert f"  note: slawatch connects as {me}, a superuser: only slawatch's checks" in out

@@ -245,7 +245,7 @@ def test_check_names_a_column_the_query_does_not_return_and_explain_shows_its_pl
     assert main([*args, "check"]) == 0
     out = capsys.readouterr().out
     assert "  order_unshipped: 0 rows would be notified on the next scan\n" in out
-    assert "note:" not in out, out  # small tables: read whole, and rightly
+    assert "order_unshipped: note:" not in out, out  # small tables: read whole, and rightly
     assert main([*args, "explain", "order_unshipped"]) == 0
     out = capsys.readouterr().out
     # The query's own plan, and its tables named as read whole (small now).
