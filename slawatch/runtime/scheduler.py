@@ -357,6 +357,7 @@ class Runner:
                 events,
                 backoff_cap=backoff_cap,
                 poll=min(poll, SOURCE_POLL),
+                unmigrated=lambda: self.unmigrated_types,
             )
             for c in self._source_configs
         }

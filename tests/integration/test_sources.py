@@ -203,6 +203,30 @@ def test_a_drain_goes_on_while_the_broker_counts_messages_waiting(
     assert broker.waiting() == 0 and timers(events_db) == 30
 
 
+def test_an_event_of_a_rule_not_migrated_yet_is_set_aside_saying_so(
+    broker: Broker, events_db: str
+) -> None:
+    """A type of a rule in the files that waits for a migrate (a reload left it out) is
+    told so, as POST /v1/events tells it: not "no rule uses this type"."""
+    broker.publish([event("picked", "p1", timedelta(0))])
+    db = Database(events_db, size=2)
+    source = SourceRunner(
+        build(broker.source(batch=5)),
+        db,
+        Clock(),
+        lambda: KNOWN,
+        DAYS_30,
+        unmigrated=lambda: {"picked"},
+    )
+    try:
+        assert source.drain(wait=0.001) == Drained(set_aside=1)
+    finally:
+        db.close()
+    ((_, reason),) = broker.dead()
+    assert "'picked': no running rule uses this type; its rule is in the rule files but" in reason
+    assert "run 'slawatch migrate' (then reload)" in reason
+
+
 # --- the command line ----------------------------------------------------------------
 
 

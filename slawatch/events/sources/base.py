@@ -9,7 +9,7 @@ and speaks for its broker: every broker or network error leaves it as a one-line
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -162,9 +162,12 @@ def read_event(
     known: Iterable[str],
     now: datetime,
     retention: timedelta,
+    unmigrated: Collection[str] = (),
 ) -> Event:
     """The event in a message's body (mapped by ``mapping`` when given), checked as
-    ``POST /v1/events`` checks one; :class:`Unreadable` naming the problem otherwise."""
+    ``POST /v1/events`` checks one; :class:`Unreadable` naming the problem otherwise.
+    ``unmigrated``: the event types of rules in the files that wait for a migrate (their
+    events are told so)."""
     if body is None:
         raise Unreadable("the message has no body")
     if len(body) > MAX_MESSAGE:
@@ -180,7 +183,7 @@ def read_event(
         found = {f: _lookup(raw, p) for f, p in paths.items()}
         raw = {f: v for f, v in found.items() if v is not _MISSING}
     try:
-        return parse_event(raw, None, known, now, retention)
+        return parse_event(raw, None, known, now, retention, unmigrated)
     except EventError as exc:
         if exc.field in paths:
             raise Unreadable(f"{exc.field} (from {paths[exc.field]}): {exc.reason}") from None

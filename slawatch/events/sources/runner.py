@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -91,8 +91,10 @@ class SourceRunner:
         *,
         backoff_cap: float = BACKOFF_CAP,
         poll: float = POLL,
+        unmigrated: Callable[[], Collection[str]] = lambda: (),
     ) -> None:
         self.consumer, self.db, self.clock = consumer, db, clock
+        self.unmigrated = unmigrated  # event types whose rules wait for a migrate
         self.config = consumer.config
         self.name = consumer.name
         self.known, self.retention = known, retention
@@ -194,7 +196,14 @@ class SourceRunner:
             try:
                 if message.problem is not None:
                     raise Unreadable(message.problem)
-                event = read_event(message.body, self.config.map, known, now, self.retention)
+                event = read_event(
+                    message.body,
+                    self.config.map,
+                    known,
+                    now,
+                    self.retention,
+                    self.unmigrated(),
+                )
             except Unreadable as exc:
                 self._set_aside(message, exc.reason)
                 done.set_aside += 1
