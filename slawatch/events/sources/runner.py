@@ -189,7 +189,7 @@ class SourceRunner:
     def _handle(self, messages: list[Message], hold: bool) -> Drained:
         """Set aside what is no event; store the rest in one transaction; acknowledge."""
         now = self.clock.now()
-        known = set(self.known())
+        known, unmigrated = set(self.known()), self.unmigrated()  # once a batch
         done = Drained()
         good: list[tuple[Message, Event]] = []
         for message in messages:
@@ -197,12 +197,7 @@ class SourceRunner:
                 if message.problem is not None:
                     raise Unreadable(message.problem)
                 event = read_event(
-                    message.body,
-                    self.config.map,
-                    known,
-                    now,
-                    self.retention,
-                    self.unmigrated(),
+                    message.body, self.config.map, known, now, self.retention, unmigrated
                 )
             except Unreadable as exc:
                 self._set_aside(message, exc.reason)
