@@ -1360,10 +1360,6 @@ OWN_SCHEMA = "slawatch"
 # definitions of other objects; a list of the dangerous ones would miss the next), but
 # these, which tell about a value only:
 _PLAIN_PG_FUNCTIONS = ("pg_typeof", "pg_column_size", "pg_size_pretty", "pg_size_bytes")
-# ... and those of PostgreSQL's that reach as far without the prefix: files and large
-# objects, other servers, settings, SQL given as text (which no reading of the statement
-# sees into), a table read by its name, index maintenance that writes. A name ending in
-# "*" is a prefix.
 # The types whose values are catalog rows found by name: a cast to one
 # (``g::regrole``, ``'pg_authid'::regclass``) reads a catalog, as does a call of its
 # name (``regclass('x')``).
@@ -1380,6 +1376,10 @@ _REG_TYPES = (
     "regrole",
     "regtype",
 )
+# ... and those of PostgreSQL's that reach as far without the prefix: files and large
+# objects, other servers, settings, SQL given as text (which no reading of the statement
+# sees into), a table read by its name, index maintenance that writes. A name ending in
+# "*" is a prefix.
 _UNSAFE_FUNCTIONS = (
     "lo_*",
     "loread",

@@ -853,8 +853,7 @@ def broad_role(conn: Connection) -> tuple[str, str | None]:
             " FROM pg_roles r WHERE r.rolname = current_user",
             (list(BROAD_ROLES),),
         ).fetchone()
-    if row is None:  # not a role of pg_roles (cannot be): nothing to say
-        return "?", None
+    assert row is not None  # current_user is a role of pg_roles
     role, superuser, members = row
     if superuser:
         return role, "a superuser"

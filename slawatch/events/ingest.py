@@ -152,7 +152,7 @@ def parse_event(
         raise bad("type", control)
     if not isinstance(kind, str) or not EVENT_TYPE.fullmatch(kind):
         raise bad("type", f"{shorten(kind)} is not an event type")
-    known = set(known)
+    known = known if isinstance(known, set | frozenset) else set(known)
     if kind not in known:
         if kind in unmigrated:
             raise bad(
@@ -232,8 +232,9 @@ def parse_events(
             raise EventError(
                 None, "events", f"holds {len(items):,} events; a batch is 1 to {MAX_BATCH:,}"
             )
+        types = set(known)  # once, not per event
         return [
-            parse_event(raw, i, known, now, retention, unmigrated) for i, raw in enumerate(items)
+            parse_event(raw, i, types, now, retention, unmigrated) for i, raw in enumerate(items)
         ]
     return [parse_event(payload, None, known, now, retention, unmigrated)]
 

@@ -462,18 +462,26 @@ def count_overdue(
     conn: Connection, rule: Rule, info: TableInfo, now: datetime
 ) -> tuple[int, int, bool, bool] | None:
     """:func:`overdue_statement` at ``now``; None when it ran out of time."""
+    rows = _bounded_read(
+        conn,
+        f"counting overdue rows of rule {rule.name}",
+        overdue_statement(rule, info),
+        {"cutoff": _cutoff(rule, info, now)},
+    )
+    if rows is None:
+        return None
+    ((overdue, fresh, capped, fresh_capped),) = rows
+    return int(overdue), int(fresh), bool(capped), bool(fresh_capped)
+
+
+def _bounded_read(conn: Connection, what: str, statement: Any, params: Any = None) -> Any:
+    """:func:`_read`, or None when the statement ran out of time (READ_TIMEOUT)."""
     try:
-        ((overdue, fresh, capped, fresh_capped),) = _read(
-            conn,
-            f"counting overdue rows of rule {rule.name}",
-            overdue_statement(rule, info),
-            {"cutoff": _cutoff(rule, info, now)},
-        )
+        return _read(conn, what, statement, params)
     except DatabaseError as exc:
         if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
             return None
         raise
-    return int(overdue), int(fresh), bool(capped), bool(fresh_capped)
 
 
 Counts = tuple[tuple[int, int, bool, bool] | None, int | None]
@@ -525,14 +533,12 @@ def count_notified(conn: Connection, rule: Rule) -> int | None:
     out of time."""
     if rule.renotify is None:
         return None
-    try:
-        ((n,),) = _read(
-            conn, f"counting open episodes of rule {rule.name}", notified_statement(rule)
-        )
-    except DatabaseError as exc:
-        if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
-            return None
-        raise
+    rows = _bounded_read(
+        conn, f"counting open episodes of rule {rule.name}", notified_statement(rule)
+    )
+    if rows is None:
+        return None
+    ((n,),) = rows
     return int(n)
 
 

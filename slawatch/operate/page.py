@@ -363,8 +363,10 @@ def render_page(view: View) -> str:
     now = view.now
     # The rules that need a look first, each in full; quiet ones after, folded past
     # FULL_RULES rows.
-    look = [s for s in view.rules if needs_look(s, view.hourly.get(s.name))]
-    quiet = [s for s in view.rules if not needs_look(s, view.hourly.get(s.name))]
+    look: list[RuleStatus] = []
+    quiet: list[RuleStatus] = []
+    for s in view.rules:
+        (look if needs_look(s, view.hourly.get(s.name)) else quiet).append(s)
     room = max(FULL_RULES - len(look), 0)
     rows = (
         "".join(

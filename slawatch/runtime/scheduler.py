@@ -309,11 +309,13 @@ class Runner:
         for config in notifiers:
             try:
                 self.notifiers[config.name] = build(config)
-            except ConfigError as exc:  # a ca_file spoilt since it was loaded
+            except BaseException as exc:  # e.g. a ca_file spoilt since it was loaded
                 for built in self.notifiers.values():
                     built.close()
                 self.db.close()
-                raise ConfigError(f"notifier {config.name}: {exc}") from exc
+                if isinstance(exc, ConfigError):
+                    raise ConfigError(f"notifier {config.name}: {exc}") from exc
+                raise
         # Shared with the delivery workers, so changed in place on reload.
         self.descriptions = {r.name: r.description for r in rules}
         self._maintain_trouble = Outage("pruning history", log)
@@ -399,12 +401,9 @@ class Runner:
             result = scans.recorded(self.db, rule, self.clock, timed, self._scan_records)
         except DatabaseUnavailable:
             result = None  # the database's outage line says it
-        except SlawatchError as exc:
-            if self.definitions.refused(running.rule, exc):
+        except Exception as exc:  # a bug too: keep scanning the other rules, this one later
+            if isinstance(exc, SlawatchError) and self.definitions.refused(running.rule, exc):
                 return None  # the claims' gate: said once by Definitions
-            self._failed(running, exc, since)
-            return None
-        except Exception as exc:  # a bug: keep scanning the other rules, and this one later
             self._failed(running, exc, since)
             return None
         if result is None:
@@ -778,9 +777,12 @@ class Runner:
         now = time.monotonic()
         with self._busy_lock:
             busy = list(self._busy)
-        for name in busy:
-            if (running := self._running.get(name)) is not None:
-                self._still_scanning(running, now)
+        try:
+            for name in busy:
+                if (running := self._running.get(name)) is not None:
+                    self._still_scanning(running, now)
+        except Exception:  # a bug here must not keep the scanner's beat from being written
+            log.exception("looking for stuck scans")
         self._scan_records.beat(self.db, self.clock.now())
 
     def watch(self) -> None:
