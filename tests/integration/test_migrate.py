@@ -105,6 +105,8 @@ def test_migrate_adds_columns_and_partial_indexes(conn: Conn) -> None:
         "scanner",  # issue 24: when each process last scanned each rule
         "history_range",  # issue 27: the outbox's id ranges (0015_rotate.sql)
         "history_convert",  # issue 27: the outbox's conversion into them
+        "outbox_row",  # issue 27: the outbox in rows of alerts (0020_outbox_rows.sql)
+        "outbox_send",  # issue 27: each row's delivery to each of its notifiers
     }
 
 
