@@ -73,58 +73,33 @@ _UNIQUE_KEYS = (
 
 def inspect_table(conn: Connection, schema: str, name: str) -> TableInfo | None:
     """The table ``schema.name``, or None when there is no such relation."""
-    with translate(f"reading the catalog for {schema}.{name}"):
-        row = conn.execute(
-            "SELECT c.oid, c.relkind FROM pg_class c"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname = %s",
-            (schema, name),
-        ).fetchone()
-        if row is None:
-            return None
-        oid, relkind = row
-        attributes = conn.execute(
-            "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute"
-            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            (oid,),
-        ).fetchall()
-        columns = {name: type_ for name, type_, _ in attributes}
-        not_null = frozenset(name for name, _, notnull in attributes if notnull)
-        unique = frozenset(frozenset(r[0]) for r in conn.execute(_UNIQUE_KEYS, (oid,)))
-        pk_row = conn.execute(
-            "SELECT ARRAY(SELECT a.attname FROM unnest(i.indkey[0:i.indnkeyatts - 1])"
-            "   WITH ORDINALITY AS k(attnum, ord)"
-            "   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
-            "   ORDER BY k.ord)"
-            " FROM pg_index i WHERE i.indrelid = %s AND i.indisprimary",
-            (oid,),
-        ).fetchone()
-        partitions: tuple[Partition, ...] = ()
-        if relkind == "p":
-            rows = conn.execute(
-                "SELECT t.relid::oid, n.nspname, c.relname, t.isleaf, t.level"
-                " FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid"
-                " JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE t.level > 0 ORDER BY c.relname",
-                (oid,),
-            ).fetchall()
-            partitions = tuple(
-                Partition(
-                    s,
-                    n,
-                    leaf,
-                    level,
-                    frozenset(frozenset(r[0]) for r in conn.execute(_UNIQUE_KEYS, (relid,))),
-                )
-                for relid, s, n, leaf, level in rows
-            )
-    primary_key = tuple(pk_row[0]) if pk_row else ()
-    return TableInfo(schema, name, relkind, columns, unique, not_null, primary_key, partitions)
+    return inspect_tables(conn, [(schema, name)]).get((schema, name))
 
 
-# Many relations at once (:func:`inspect_tables`): each as :func:`inspect_table` reads it.
+def _partitions(conn: Connection, oid: int) -> tuple[Partition, ...]:
+    """The partitions of the partitioned table ``oid``, all levels, by name."""
+    rows = conn.execute(
+        "SELECT t.relid::oid, n.nspname, c.relname, t.isleaf, t.level"
+        " FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE t.level > 0 ORDER BY c.relname",
+        (oid,),
+    ).fetchall()
+    return tuple(
+        Partition(
+            s,
+            n,
+            leaf,
+            level,
+            frozenset(frozenset(r[0]) for r in conn.execute(_UNIQUE_KEYS, (relid,))),
+        )
+        for relid, s, n, leaf, level in rows
+    )
+
+
+# Relations by (schema, name), with what TableInfo holds of each (:func:`inspect_tables`).
 _TABLES = (
-    "SELECT n.nspname, c.relname, c.relkind,"
+    "SELECT n.nspname, c.relname, c.relkind, c.oid,"
     " (SELECT json_agg(json_build_array(a.attname, format_type(a.atttypid, a.atttypmod),"
     "   a.attnotnull) ORDER BY a.attnum) FROM pg_attribute a"
     "   WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),"
@@ -146,30 +121,30 @@ _TABLES = (
 def inspect_tables(
     conn: Connection, names: list[tuple[str, str]]
 ) -> dict[tuple[str, str], TableInfo]:
-    """:func:`inspect_table` of each ``(schema, name)`` that is a relation, in one
-    statement (a partitioned table's partitions: a look-up of its own)."""
+    """Each ``(schema, name)`` that is a relation, as a TableInfo, in one statement (a
+    partitioned table's partitions: a look-up of its own)."""
     wanted = sorted(set(names))
     if not wanted:
         return {}
-    with translate("reading the catalog for the rules' tables"):
-        rows = conn.execute(_TABLES, ([s for s, _ in wanted], [t for _, t in wanted])).fetchall()
     found: dict[tuple[str, str], TableInfo] = {}
-    for schema, name, relkind, attributes, unique, pk in rows:
-        if relkind == "p":
-            info = inspect_table(conn, schema, name)
-            if info is not None:
-                found[schema, name] = info
-            continue
-        attributes = attributes or []
-        found[schema, name] = TableInfo(
-            schema,
-            name,
-            relkind,
-            {a: t for a, t, _ in attributes},
-            frozenset(frozenset(k) for k in unique or []),
-            frozenset(a for a, _, notnull in attributes if notnull),
-            tuple(pk) if pk else (),
-        )
+    with translate(
+        f"reading the catalog for {wanted[0][0]}.{wanted[0][1]}"
+        if len(wanted) == 1
+        else "reading the catalog for the rules' tables"
+    ):
+        rows = conn.execute(_TABLES, ([s for s, _ in wanted], [t for _, t in wanted])).fetchall()
+        for schema, name, relkind, oid, attributes, unique, pk in rows:
+            attributes = attributes or []
+            found[schema, name] = TableInfo(
+                schema,
+                name,
+                relkind,
+                {a: t for a, t, _ in attributes},
+                frozenset(frozenset(k) for k in unique or []),
+                frozenset(a for a, _, notnull in attributes if notnull),
+                tuple(pk) if pk else (),
+                _partitions(conn, oid) if relkind == "p" else (),
+            )
     return found
 
 
