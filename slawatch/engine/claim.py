@@ -43,6 +43,7 @@ from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
+from slawatch.config.settings import outbox_refusal
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.engine.acting import Act, due_column, parse_due
 from slawatch.engine.catalog import table_ident
@@ -320,6 +321,9 @@ def plan_claim(
     ``key``: the columns that identify a row (default: the rule's ``key``).
     ``outbox_in``: SLAWATCH_OUTBOX, the outbox's shape (docs/explanation/outbox-rows.md).
     """
+    refused = outbox_refusal(outbox_in, [rule], [])
+    if refused:  # `check` and `run` refuse it first (a row has one `after`)
+        raise ConfigError(refused)
     rows = outbox_in == "rows"
     key = key or list(rule.key or ())
     if not key:

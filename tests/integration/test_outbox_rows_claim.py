@@ -15,13 +15,16 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from slawatch.actions.run import runner
 from slawatch.config.rules import TRUNCATED, Rule
+from slawatch.config.settings import outbox_refusal
 from slawatch.db import Database
-from slawatch.engine.claim import ClaimPlan, DrainResult, drain
+from slawatch.engine.claim import ClaimPlan, DrainResult, drain, plan_claim
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
+from slawatch.errors import ConfigError
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock
 
@@ -347,6 +350,44 @@ def test_a_webhook_action_has_its_alert_on_todays_tables(
     assert len(elements(conn)) == 2
 
 
+def test_an_event_rule_writes_rows(conn: Conn, db: Database) -> None:
+    """An event rule's timers claim the same way: #1, #2, and the resolved notice when
+    the stop comes, as elements of rows (the alerts of test_events.py's first test)."""
+    rule = Rule.model_validate(
+        {
+            "name": "rowed",
+            "events": {"start": "parcel_shipped", "stop": "parcel_delivered", "within": "72h"},
+            "renotify": {"every": "12h", "max": 3},
+            "notify": ["hook"],
+            "resolve": True,
+        }
+    )
+    migrate(conn, [rule])
+    plan = prepare(conn, rule, outbox="rows")
+
+    def event(kind: str, at: datetime, data: dict[str, Any] | None = None) -> None:
+        conn.execute(
+            "SELECT slawatch.event_at(%s, %s, '1Z', %s, %s::jsonb, NULL)",
+            (at, kind, at, None if data is None else Jsonb(data)),
+        )
+
+    event("parcel_shipped", T0, {"to": "Berlin"})
+    assert drain(db, plan, FixedClock(T0 + 72 * H - S)).claimed == 0
+    assert drain(db, plan, FixedClock(T0 + 72 * H + S)).claimed == 1
+    assert drain(db, plan, FixedClock(T0 + 84 * H + 2 * S)).claimed == 1
+    event("parcel_delivered", T0 + 85 * H)
+    assert drain(db, plan, FixedClock(T0 + 96 * H + 3 * S)).claimed == 0
+    got = [(k, e, n, s, d, ns) for k, e, n, s, d, _, ns in elements(conn)]
+    assert got == [
+        ("1Z", 1, 1, "warning", T0 + 72 * H, ["hook"]),
+        ("1Z", 1, 2, "warning", T0 + 72 * H, ["hook"]),
+    ]
+    assert elements(conn)[0][5]["data"] == {"to": "Berlin"}
+    notices = [(k, e, n, ns) for k, e, n, _, _, _, ns in elements(conn, "resolved")]
+    assert notices == [("1Z", 1, 0, ["hook"])]
+    nothing_of_today(conn)
+
+
 RULE = """\
 table: public.orders
 key: id
@@ -406,3 +447,14 @@ def test_rows_with_a_storm_are_refused_at_check_and_run(
     assert "SLAWATCH_OUTBOX" not in slawatch("check", env=rows).stderr
     line = one_error(slawatch("check", env=env | {"SLAWATCH_OUTBOX": "row"}))
     assert line == "slawatch: error: SLAWATCH_OUTBOX: Input should be 'alerts' or 'rows'"
+
+
+def test_rows_with_a_calendar_rule_are_refused() -> None:
+    """A row has one `after` for all its alerts; a calendar's due times are each alert's."""
+    dated = rule("late", "inline", calendar="office")
+    assert outbox_refusal("alerts", [dated], []) is None
+    refused = outbox_refusal("rows", [dated, rule("plain", "inline")], [])
+    assert refused is not None
+    assert "SLAWATCH_OUTBOX=rows has no due times in working hours yet: rule late sets" in refused
+    with pytest.raises(ConfigError, match="rule late sets calendar"):
+        plan_claim(dated, "timestamp with time zone", outbox_in="rows")
