@@ -18,6 +18,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from slawatch.actions.run import runner
+from slawatch.config.notifiers import load_notifiers
 from slawatch.config.rules import TRUNCATED, Rule
 from slawatch.config.settings import outbox_refusal
 from slawatch.db import Database
@@ -25,6 +26,7 @@ from slawatch.engine.claim import ClaimPlan, DrainResult, drain, plan_claim
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
 from slawatch.errors import ConfigError
+from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock
 
@@ -458,3 +460,58 @@ def test_rows_with_a_calendar_rule_are_refused() -> None:
     assert "SLAWATCH_OUTBOX=rows has no due times in working hours yet: rule late sets" in refused
     with pytest.raises(ConfigError, match="rule late sets calendar"):
         plan_claim(dated, "timestamp with time zone", outbox_in="rows")
+
+
+def test_a_runner_with_rows_claims_into_rows_and_refuses_a_storm(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """`slawatch run`'s Runner takes SLAWATCH_OUTBOX: its claims write rows, and a storm
+    is refused at its start and at a reload (which leaves the running set as it was)."""
+    conn.execute(TABLE)
+    rowed = rule("rowed", "inline")
+    migrate(conn, [rowed])
+    orders(conn, range(1, 4), T0)
+    for name in ("console", "pager"):
+        (tmp_path / f"{name}.yaml").write_text("type: console\n")
+    notifiers = load_notifiers(tmp_path)
+    runner = Runner(dsn, [rowed], notifiers, clock=FixedClock(DUE), outbox="rows")
+    try:
+        assert runner.once().claimed == 3
+        assert [(k, n) for k, _, n, *_ in elements(conn)] == [("1", 1), ("2", 1), ("3", 1)]
+        nothing_of_today(conn)
+        (tmp_path / "pager.yaml").write_text("type: console\nstorm: 50\n")
+        stormy = load_notifiers(tmp_path)
+        assert runner.apply([rowed], stormy) is False
+        # Still running as it was: the next due notifications go on into rows.
+        orders(conn, range(4, 5), T0)
+        assert runner.once().claimed == 1 and len(elements(conn)) == 4
+    finally:
+        runner.close()
+    with pytest.raises(ConfigError, match="notifier pager sets storm"):
+        Runner(dsn, [rowed], stormy, clock=FixedClock(DUE), outbox="rows")
+    Runner(dsn, [rowed], stormy, clock=FixedClock(DUE)).close()  # today's outbox folds storms
+
+
+@pytest.mark.parametrize("track", ["inline"])
+def test_run_once_with_rows_writes_rows(conn: Conn, dsn: str, tmp_path: Path, track: str) -> None:
+    conn.execute(TABLE)
+    orders(conn, range(1, 4), T0)
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "late.yaml").write_text(RULE.replace("[console, hook]", "[console]"))
+    (tmp_path / "notifiers").mkdir()
+    (tmp_path / "notifiers" / "console.yaml").write_text("type: console\n")
+    env = {
+        "SLAWATCH_RULES_DIR": str(tmp_path / "rules"),
+        "SLAWATCH_NOTIFIERS_DIR": str(tmp_path / "notifiers"),
+        "SLAWATCH_DSN": dsn,
+    }
+    assert slawatch("migrate", env=env).returncode == 0
+    done = slawatch("run", "--once", env=env | {"SLAWATCH_OUTBOX": "rows"})
+    assert done.returncode == 0, done.stderr
+    rows = conn.execute(
+        "SELECT rule, kind, keys, notifiers FROM slawatch.outbox_row ORDER BY id"
+    ).fetchall()
+    assert [(r, k, sorted(keys), n) for r, k, keys, n in rows] == [
+        ("late", "firing", ["1", "2", "3"], ["console"])
+    ]
+    assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (0,)
