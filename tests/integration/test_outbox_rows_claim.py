@@ -22,6 +22,7 @@ from slawatch.config.notifiers import load_notifiers
 from slawatch.config.rules import TRUNCATED, Rule
 from slawatch.config.settings import outbox_refusal
 from slawatch.db import Database
+from slawatch.engine.abandon import give_up
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, plan_claim
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
@@ -298,6 +299,23 @@ def test_no_resolved_notice_for_an_episode_ended_already(
         both(db, plans, t)
     assert [k for k, *_ in alerts(conn, "resolved")] == ["1", "2"]
     assert [k for k, *_ in elements(conn, "resolved")] == ["2"]
+
+
+def test_an_episode_given_up_gets_no_resolved_notice_in_rows(
+    conn: Conn, db: Database, track: str
+) -> None:
+    """give_up_after ends the episode in the history, without a notice; when its row
+    completes later, today's outbox writes a resolved notice, rows none (a resolved
+    notice only from the statement that ends the episode: docs/explanation/outbox-rows.md)."""
+    plans = pair(conn, track, resolve=True, give_up_after="1d")
+    orders(conn, range(1, 2), T0)
+    both(db, plans, DUE)
+    assert give_up(db, list(plans), DUE + 2 * 24 * H) == {"today": 1, "rowed": 1}
+    conn.execute("UPDATE orders SET status = 'shipped'")
+    for t in (DUE + 2 * 24 * H + SWEPT, DUE + 2 * 24 * H + 2 * SWEPT):
+        both(db, plans, t)
+    assert [k for k, *_ in alerts(conn, "resolved")] == ["1"]
+    assert elements(conn, "resolved") == []
 
 
 def test_the_row_data_is_capped_as_today(conn: Conn, db: Database, track: str) -> None:
