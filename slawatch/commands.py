@@ -24,7 +24,7 @@ from slawatch.clock import Clock
 from slawatch.config.durations import format_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import Rule, action_targets, load_rules
-from slawatch.config.settings import Settings
+from slawatch.config.settings import Settings, outbox_refusal
 from slawatch.db import (
     Connection,
     Database,
@@ -147,6 +147,9 @@ def cmd_check(settings: Settings) -> int:
     """Validate the files; with a database also the tables, conditions, pending
     migrations, and how many rows the next scan would notify."""
     rules, notifiers = load_config(settings)
+    refused_outbox = outbox_refusal(settings.outbox, rules, notifiers)
+    if refused_outbox:
+        raise ConfigError(refused_outbox)
     what = f"{len(rules)} rules, {len(notifiers)} notifiers"
     sources = load_event_sources(settings, rules)
     if sources:
@@ -334,7 +337,11 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
     # A bad file (or an unguarded admin API) is exit 2 at once, before any database.
     if not once:
         admin_bind(settings)
-    load_event_sources(settings, load_config(settings)[0])
+    rules, notifiers = load_config(settings)
+    refused = outbox_refusal(settings.outbox, rules, notifiers)
+    if refused:
+        raise ConfigError(refused)
+    load_event_sources(settings, rules)
     dsn = database_dsn(settings)
 
     def start() -> Runner:
@@ -353,6 +360,7 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
             actions=settings.actions,
             sources=load_event_sources(settings, rules),
             scan_connections=settings.scan_connections,
+            outbox=settings.outbox,
         )
 
     try:

@@ -24,7 +24,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from slawatch.config.durations import parse_duration, shorter_than
 from slawatch.config.files import describe_validation_error, role_problem, shorten
-from slawatch.config.rules import EVENT_TYPE
+from slawatch.config.notifiers import NotifierConfig
+from slawatch.config.rules import EVENT_TYPE, Rule
 
 DEFAULT_RETENTION = timedelta(days=30)
 DEFAULT_DEDUPE_WINDOW = timedelta(days=1)
@@ -37,6 +38,37 @@ MAX_RETENTION, MAX_RETENTION_TEXT = timedelta(days=3650), "10 years"
 # A host name or an IPv4 address (an IPv6 address is written in brackets).
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 MIN_TOKEN = 16
+
+# SLAWATCH_OUTBOX: the shape of the outbox the claims write (docs/explanation/outbox-rows.md).
+Outbox = Literal["alerts", "rows"]
+
+
+def outbox_refusal(
+    outbox: Outbox, rules: list[Rule], notifiers: list[NotifierConfig]
+) -> str | None:
+    """Why ``check`` and ``run`` refuse these rules and notifiers with SLAWATCH_OUTBOX
+    ``outbox`` (one line), or None. The outbox in rows, a preview, folds no storms yet,
+    and its rows have one ``after`` for every alert, where a calendar's due times are
+    each alert's own (docs/explanation/outbox-rows.md)."""
+    if outbox != "rows":
+        return None
+    storms = [c.name for c in notifiers if c.storm is not None]
+    if storms:
+        names = ", ".join(storms)
+        who = f"notifier {names} sets" if len(storms) == 1 else f"notifiers {names} set"
+        return (
+            f"SLAWATCH_OUTBOX=rows does not fold storms yet: {who} storm; remove it, or"
+            " leave SLAWATCH_OUTBOX unset (docs/explanation/outbox-rows.md)"
+        )
+    dated = [r.name for r in rules if r.calendar is not None]
+    if dated:
+        names = ", ".join(dated)
+        who = f"rule {names} sets" if len(dated) == 1 else f"rules {names} set"
+        return (
+            f"SLAWATCH_OUTBOX=rows has no due times in working hours yet: {who} calendar;"
+            " leave SLAWATCH_OUTBOX unset (docs/explanation/outbox-rows.md)"
+        )
+    return None
 
 
 def _at_least(kind: str, value: Any, least: timedelta, least_text: str, why: str = "") -> timedelta:
@@ -285,6 +317,11 @@ class Settings(BaseSettings):
     # its own (action.role); unset: the role slawatch connects as
     # (docs/explanation/safety.md).
     action_role: Annotated[str | None, BeforeValidator(_action_role)] = None
+    # The outbox's shape: "alerts" (default) writes an alert and a delivery per notifier
+    # for each notification; "rows", a preview, writes rows of up to 100 alerts and one
+    # send per notifier of each row (docs/explanation/outbox-rows.md). "rows" is refused
+    # beside a notifier's `storm` or a rule's `calendar`.
+    outbox: Outbox = "alerts"
 
     @field_validator("ingest_token")
     @classmethod

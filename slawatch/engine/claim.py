@@ -43,11 +43,21 @@ from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
+from slawatch.config.settings import outbox_refusal
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.engine.acting import Act, due_column, parse_due
 from slawatch.engine.catalog import table_ident
 from slawatch.engine.generation import GATE_CTE, GATE_WHERE, generation
-from slawatch.engine.outbox import SEVERITIES, Tally, outbox, resolved, row_cap, severities
+from slawatch.engine.outbox import (
+    CLAIM_ENDED,
+    SEVERITIES,
+    Outbox,
+    Tally,
+    outbox,
+    resolved,
+    row_cap,
+    severities,
+)
 from slawatch.engine.predicates import predicates
 from slawatch.engine.probefn import (
     INLINE_PARAMS,
@@ -299,12 +309,22 @@ def sql_text(fragment: str) -> sql.SQL:
 
 
 def plan_claim(
-    rule: Rule, deadline_type: str, partitioned: bool = False, key: list[str] | None = None
+    rule: Rule,
+    deadline_type: str,
+    partitioned: bool = False,
+    key: list[str] | None = None,
+    *,
+    outbox_in: Outbox = "alerts",
 ) -> ClaimPlan:
     """Compose the claim for ``rule`` whose deadline column has ``deadline_type``.
 
     ``key``: the columns that identify a row (default: the rule's ``key``).
+    ``outbox_in``: SLAWATCH_OUTBOX, the outbox's shape (docs/explanation/outbox-rows.md).
     """
+    refused = outbox_refusal(outbox_in, [rule], [])
+    if refused:  # `check` and `run` refuse it first (a row has one `after`)
+        raise ConfigError(refused)
+    rows = outbox_in == "rows"
     key = key or list(rule.key or ())
     if not key:
         raise ConfigError(f"{rule.source}: key: no key columns for rule {rule.name!r}")
@@ -396,6 +416,8 @@ def plan_claim(
             resolved_severity,
             paged,
             drop=row_cap(rule, key),
+            rows=rows,
+            ended_now=CLAIM_ENDED,
         )
         wake = sql.SQL(
             "EXISTS (SELECT 1 FROM deliveries) OR EXISTS (SELECT 1 FROM resolved_deliveries)"
@@ -433,6 +455,8 @@ def plan_claim(
             acting=rule.action is not None,
             closed=sql.SQL("SELECT sw_key FROM closed"),
             drop=row_cap(rule, key),
+            rows=rows,
+            webhook=rule.action is not None and rule.action.webhook is not None,
         ),
         severities=sql.SQL(SEVERITIES),
         due=due_column(rule, key),
@@ -452,6 +476,7 @@ def plan_claim(
             resolved_severity=resolved_severity,
             paged=paged,
             due=due_column(rule, key),
+            rows=rows,
         )
         return ClaimPlan(rule, statement, has_tz, table)
     other: sql.Composable = sql.SQL(_PROBE_ENDED).format(table=table_ident(rule), ended=ended)

@@ -15,6 +15,12 @@ delivery per notifier that was paged in the episode.
 
 :func:`alert_payload` and :func:`alert_id` are the one place that shapes an alert
 as receivers, the API and the CLI see it (docs/reference/notifiers.md).
+
+With ``SLAWATCH_OUTBOX=rows`` (a preview, docs/explanation/outbox-rows.md) both write
+rows of up to :data:`ROW_ALERTS` alerts into ``slawatch.outbox_row`` and one
+``slawatch.outbox_send`` per notifier of each row instead of alerts and deliveries;
+the CTEs ``alerts`` and ``deliveries`` (and ``resolved_deliveries``) that the rest of
+the statement reads keep their names and columns.
 """
 
 from __future__ import annotations
@@ -34,8 +40,15 @@ from psycopg.adapt import Loader
 # column of that name (config.rules.Rule.row_problem).
 from slawatch.config.rules import TRUNCATED as TRUNCATED
 
+# SLAWATCH_OUTBOX: today's outbox ("alerts"), or the preview in rows ("rows";
+# docs/explanation/outbox-rows.md).
+from slawatch.config.settings import Outbox as Outbox
+
 if TYPE_CHECKING:
     from slawatch.config.rules import Rule
+
+# The most alerts an outbox row holds (its CHECK, 0020_outbox_rows.sql): one delivery batch.
+ROW_ALERTS = 100
 
 # The bound of what a receiver, the page and the API are sent of one alert's row, in
 # bytes, measured two ways (docs/reference/rules.md, `columns`):
@@ -139,7 +152,11 @@ _HISTORY_END = """\
                    WHERE e.rule = %(rule)s AND e.key = k.key AND e.ended_at IS NULL
                      FOR NO KEY UPDATE) p))
        AND h.ended_at IS NULL
-    RETURNING 1"""
+    RETURNING {returning}"""
+
+# What _HISTORY_END returns: the outbox in rows reads which episodes this statement
+# ended (a resolved notice only for those: docs/explanation/outbox-rows.md).
+_ENDED_RETURNING = {False: sql.SQL("1"), True: sql.SQL("h.key, h.episode")}
 
 # The episodes a statement closed, ended in the history.
 _HISTORY_ENDED = """, history_ended AS (
@@ -147,10 +164,13 @@ _HISTORY_ENDED = """, history_ended AS (
 )"""
 
 
-def history_ended(closed: sql.Composable) -> sql.Composed:
+def history_ended(closed: sql.Composable, *, rows: bool = False) -> sql.Composed:
     """The CTE that sets ``ended_at`` in the episode history for the keys of ``closed``
-    (a SELECT of the key of each episode the statement closed: a key's only open one)."""
-    return sql.SQL(_HISTORY_ENDED).format(end=sql.SQL(_HISTORY_END).format(keys=closed))
+    (a SELECT of the key of each episode the statement closed: a key's only open one).
+    ``rows``: it returns the (key, episode) of each episode it ended."""
+    return sql.SQL(_HISTORY_ENDED).format(
+        end=sql.SQL(_HISTORY_END).format(keys=closed, returning=_ENDED_RETURNING[rows])
+    )
 
 
 # The alerts this claim wrote, per severity, e.g. {"warning": 3, "critical": 1}; the
@@ -212,22 +232,138 @@ _RESOLVED = """\
 )"""
 
 
+# SLAWATCH_OUTBOX=rows (docs/explanation/outbox-rows.md): the alerts of ``{source}``
+# (key, episode, n, severity, deadline, row_data, notifiers) as rows of up to
+# ROW_ALERTS, one set of notifiers each (escalation tiers that page others by n make
+# rows of their own), in deadline order; element i of each array is one alert.
+# array_agg's ORDER BY keeps the arrays aligned whatever plan the grouping takes.
+_ROWS = """\
+    INSERT INTO slawatch.outbox_row (rule, kind, fired_at, after, notifiers, keys, episodes, ns,
+                                     severities, deadlines, row_data)
+    SELECT %(rule)s, {kind}, %(now)s::timestamptz, %(after)s::interval, g.notifiers,
+           array_agg(g.key ORDER BY g.i), array_agg(g.episode ORDER BY g.i),
+           array_agg(g.n ORDER BY g.i), array_agg(g.severity ORDER BY g.i),
+           array_agg(g.deadline ORDER BY g.i), array_agg(g.row_data ORDER BY g.i)
+      FROM (SELECT a.key, a.episode, a.n, a.severity, a.deadline, a.row_data, a.notifiers,
+                   row_number() OVER (PARTITION BY a.notifiers ORDER BY a.deadline, a.key) AS i
+              FROM {source} a) g
+     GROUP BY g.notifiers, (g.i - 1) / {size}
+    RETURNING id, notifiers"""
+
+# Each row's send to each of its notifiers, due now.
+_SENDS = """\
+    INSERT INTO slawatch.outbox_send (row_id, notifier, next_attempt_at)
+    SELECT r.id, x.notifier, %(now)s::timestamptz
+      FROM {rows} r, unnest(r.notifiers) AS x(notifier)
+    RETURNING 1"""
+
+
+def _rows(kind: str, source: sql.Composable) -> sql.Composed:
+    return sql.SQL(_ROWS).format(
+        kind=sql.Literal(kind), source=source, size=sql.Literal(ROW_ALERTS)
+    )
+
+
+# The outbox in rows (_OUTBOX's counterpart). Alert once without an index entry per
+# alert (docs/explanation/outbox-rows.md): a first notification (n = 1) only where this
+# statement's insert of its episode row did not conflict; a later one is kept once by
+# the row lock and the bump of n, as ever. `alerts` keeps _OUTBOX's columns for the
+# statement's counts and actions (engine/acting.py), `deliveries` is the sends.
+_OUTBOX_ROWS = """\
+), history_opened AS (
+    -- Episode history (slawatch.episode): as _OUTBOX's. What it inserted is what
+    -- may be notified as #1.
+    INSERT INTO slawatch.episode (rule, key, episode, deadline, due_at, notified_at)
+    SELECT %(rule)s, c.key, c.episode, c.deadline, c.deadline + %(after)s::interval,
+           %(now)s::timestamptz
+      FROM claimed c
+     WHERE c.n = 1
+    ON CONFLICT (rule, key, episode) DO NOTHING
+    RETURNING key, episode
+), alerts AS MATERIALIZED (
+    -- IN (...) IS TRUE: a hashed subplan, never a join of two CTEs planned on their
+    -- estimates (claim.py's _ENDED_EPISODES says why).
+    SELECT c.key, c.episode, c.n, {severity} AS severity, c.deadline, {row_data} AS row_data
+      FROM claimed c
+     WHERE c.n > 1
+        OR ((c.key, c.episode) IN (SELECT o.key, o.episode FROM history_opened o)) IS TRUE
+), outbox_rows AS (
+{rows}
+), deliveries AS (
+{sends}
+){action_alerts}, history_superseded AS (
+{superseded}
+){ended}"""
+
+# A webhook action's delivery is an alert's on today's tables in both modes
+# (slawatch/sql/action_webhook.sql finds the alert by alert_once): with the outbox in
+# rows, the alerts its action is on are written there too, without deliveries.
+_ACTION_ALERTS = """, action_alerts AS (
+    INSERT INTO slawatch.alert (rule, key, episode, n, severity, deadline, due_at, fired_at,
+                                row_data)
+    SELECT %(rule)s, a.key, a.episode, a.n, a.severity, a.deadline,
+           a.deadline + %(after)s::interval, %(now)s::timestamptz, a.row_data
+      FROM alerts a
+     WHERE a.n = %(action_on)s::integer
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)"""
+
+# Resolved notices in rows (_RESOLVED's counterpart): n = 0, to the notifiers paged in
+# the episode, only for the episodes whose end this statement wrote into the history
+# (`ended_at` set from NULL: once per episode whoever ends it).
+_RESOLVED_ROWS = """\
+, ended_episodes AS (
+{ended_episodes}
+), resolved AS MATERIALIZED (
+    SELECT e.key, e.episode, 0 AS n, {severity} AS severity, e.deadline,
+           {row_data} AS row_data, {paged} AS notifiers
+      FROM ended_episodes e
+     WHERE ((e.key, e.episode) IN ({ended_now})) IS TRUE
+), resolved_rows AS (
+{rows}
+), resolved_deliveries AS (
+{sends}
+)"""
+
+
 def resolved(
     ended_episodes: sql.Composable,
     severity: sql.Composable,
     paged: sql.Composable,
     *,
     drop: Sequence[str] | None,
+    rows: bool = False,
+    ended_now: sql.Composable | None = None,
 ) -> sql.Composed:
     """The CTEs writing resolved notices for ``ended_episodes`` (a SELECT); ``severity``
     and ``paged`` (the notifiers paged in the episode) may read ``e.n``; ``drop``: the
-    row's cap (:func:`row_cap`)."""
-    return sql.SQL(_RESOLVED).format(
+    row's cap (:func:`row_cap`). ``rows``: into the outbox in rows, for the episodes of
+    ``ended_now`` only (a SELECT of the (key, episode) the statement's history CTEs
+    ended, made with ``rows``)."""
+    row_data = capped(sql.SQL("e.row_data"), drop)
+    if not rows:
+        return sql.SQL(_RESOLVED).format(
+            ended_episodes=ended_episodes, severity=severity, paged=paged, row_data=row_data
+        )
+    if ended_now is None:
+        raise ValueError("resolved notices in rows need the episodes the statement ended")
+    return sql.SQL(_RESOLVED_ROWS).format(
         ended_episodes=ended_episodes,
         severity=severity,
         paged=paged,
-        row_data=capped(sql.SQL("e.row_data"), drop),
+        row_data=row_data,
+        ended_now=ended_now,
+        rows=_rows("resolved", sql.SQL("resolved")),
+        sends=sql.SQL(_SENDS).format(rows=sql.Identifier("resolved_rows")),
     )
+
+
+# The episodes a claim statement ended in the history (both CTEs made with ``rows``):
+# ``ended_now`` of its resolved notices in rows.
+CLAIM_ENDED = sql.SQL(
+    "SELECT key, episode FROM history_superseded UNION ALL SELECT key, episode FROM history_ended"
+)
 
 
 def outbox(
@@ -237,21 +373,44 @@ def outbox(
     *,
     closed: sql.Composable,
     drop: Sequence[str] | None,
+    rows: bool = False,
+    webhook: bool = False,
 ) -> sql.Composed:
     """The ``alerts`` and ``deliveries`` CTEs for a rule's severity and notifiers, and
     the episode history's: new episodes, and ``closed`` (a SELECT of the keys of the
     episodes this statement closed) ended. ``acting``: ``alerts`` also returns key,
     episode and row_data (engine/acting.py reads them). ``drop``: the row's cap
-    (:func:`row_cap`): the alerts' row data is bounded as it is written."""
+    (:func:`row_cap`): the alerts' row data is bounded as it is written.
+
+    ``rows``: the outbox in rows (docs/explanation/outbox-rows.md); ``alerts`` has
+    key, episode, n, severity, deadline and row_data, and the history CTEs return the
+    (key, episode) they ended (:data:`CLAIM_ENDED`). ``webhook``: the rule's action is a
+    webhook, whose alerts are written to today's table as well (_ACTION_ALERTS)."""
+    row_data = capped(sql.SQL("c.row_data"), drop)
+    superseded_keys = sql.SQL("SELECT c.key FROM claimed c WHERE c.n = 1 AND c.episode > 1")
+    superseded = sql.SQL(_HISTORY_END).format(
+        keys=superseded_keys, returning=_ENDED_RETURNING[rows]
+    )
+    if rows:
+        return sql.SQL(_OUTBOX_ROWS).format(
+            severity=severity,
+            row_data=row_data,
+            rows=_rows(
+                "firing",
+                sql.SQL("(SELECT a.*, {} AS notifiers FROM alerts a)").format(notify),
+            ),
+            sends=sql.SQL(_SENDS).format(rows=sql.Identifier("outbox_rows")),
+            action_alerts=sql.SQL(_ACTION_ALERTS if webhook else ""),
+            superseded=superseded,
+            ended=history_ended(closed, rows=True),
+        )
     returning = sql.SQL(", key, episode, row_data" if acting else "")
     return sql.SQL(_OUTBOX).format(
         severity=severity,
         notify=notify,
         returning=returning,
-        row_data=capped(sql.SQL("c.row_data"), drop),
-        superseded=sql.SQL(_HISTORY_END).format(
-            keys=sql.SQL("SELECT c.key FROM claimed c WHERE c.n = 1 AND c.episode > 1")
-        ),
+        row_data=row_data,
+        superseded=superseded,
         ended=history_ended(closed),
     )
 

@@ -16,6 +16,7 @@ from slawatch.engine.migrate import (
     require_schema,
     with_probed_indexes,
 )
+from slawatch.engine.outbox import Outbox
 from slawatch.engine.probefn import attach
 from slawatch.errors import ConfigError
 
@@ -29,23 +30,27 @@ def needs_migrate(problem: str) -> bool:
     return problem.endswith(RUN_MIGRATE)
 
 
-def prepare(conn: Connection, rule: Rule) -> ClaimPlan:
-    """Read the table's catalog entry and compose the claim; the table must be migrated."""
-    return prepare_all(conn, [rule])[rule.name]
+def prepare(conn: Connection, rule: Rule, *, outbox: Outbox = "alerts") -> ClaimPlan:
+    """Read the table's catalog entry and compose the claim; the table must be migrated.
+    ``outbox``: SLAWATCH_OUTBOX (docs/explanation/outbox-rows.md)."""
+    return prepare_all(conn, [rule], outbox=outbox)[rule.name]
 
 
-def prepare_all(conn: Connection, rules: list[Rule]) -> dict[str, ClaimPlan]:
+def prepare_all(
+    conn: Connection, rules: list[Rule], *, outbox: Outbox = "alerts"
+) -> dict[str, ClaimPlan]:
     """Claim plans for every rule; one ConfigError naming every rule not ready to run."""
-    plans, problems = prepare_ready(conn, rules)
+    plans, problems = prepare_ready(conn, rules, outbox=outbox)
     if problems:
         raise ConfigError("\n".join(problems.values()))
     return plans
 
 
 def prepare_ready(
-    conn: Connection, rules: list[Rule]
+    conn: Connection, rules: list[Rule], *, outbox: Outbox = "alerts"
 ) -> tuple[dict[str, ClaimPlan], dict[str, str]]:
     """Claim plans for the rules ready to run, and why each other rule is not (by name).
+    ``outbox``: the shape their claims write (SLAWATCH_OUTBOX).
 
     Raises ConfigError when slawatch's own schema is not there: no rule can run.
     """
@@ -98,6 +103,7 @@ def prepare_ready(
             deadline_types[rule.name],
             partitioned=info.relkind == "p",
             key=key,
+            outbox_in=outbox,
         )
     # In the order of ``rules``, as the reasons were logged before the probes were batched.
     order = {rule.name: n for n, rule in enumerate(rules)}

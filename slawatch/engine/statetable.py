@@ -51,6 +51,7 @@ from slawatch.db import Connection, lock_bounded, one_statement, retry_conflicts
 from slawatch.engine.acting import Act, parse_due
 from slawatch.engine.generation import GATE_CTE, GATE_WHERE
 from slawatch.engine.outbox import (
+    CLAIM_ENDED,
     SEVERITIES,
     Tally,
     history_ended,
@@ -391,13 +392,15 @@ def compose(
     resolved_severity: sql.Composable,
     paged: sql.Composable,
     due: sql.Composable | None = None,
+    rows: bool = False,
 ) -> TablePlan:
     """Compose the claim and the sweep's close for ``rule`` keyed by ``key``.
 
     ``open_when`` is the condition as SQL text (columns unqualified: it is applied
     to the watched table, aliased ``t``); ``as_tz(v)`` is a deadline value as
     timestamptz; ``interval(n)`` is the wait after notification ``n``; the resolved
-    notices' severity and notifiers (``paged``) read ``e.n``.
+    notices' severity and notifiers (``paged``) read ``e.n``. ``rows``: the outbox in
+    rows (SLAWATCH_OUTBOX=rows, docs/explanation/outbox-rows.md).
     """
 
     def eq(left: str, right: str) -> sql.Composable:
@@ -482,6 +485,8 @@ def compose(
             resolved_severity,
             paged,
             drop=row_cap(rule, key),
+            rows=rows,
+            ended_now=CLAIM_ENDED,
         )
         close_resolved = resolved(
             sql.SQL(_SWEPT_EPISODES).format(
@@ -495,6 +500,8 @@ def compose(
             resolved_severity,
             paged,
             drop=row_cap(rule, key),
+            rows=rows,
+            ended_now=sql.SQL("SELECT key, episode FROM history_ended"),
         )
     # The rule's definition must be the recorded one (engine/generation.py).
     gate, gate_where = sql.SQL(GATE_CTE), sql.SQL(GATE_WHERE)
@@ -542,6 +549,8 @@ def compose(
             acting=rule.action is not None,
             closed=sql.SQL("SELECT key FROM closed"),
             drop=row_cap(rule, key),
+            rows=rows,
+            webhook=rule.action is not None and rule.action.webhook is not None,
         ),
         severities=sql.SQL(SEVERITIES),
         due=due or sql.SQL(""),
@@ -559,7 +568,7 @@ def compose(
         td=td,
         open_when=open_when,
         resolved=close_resolved,
-        history=history_ended(sql.SQL("SELECT key FROM closed")),
+        history=history_ended(sql.SQL("SELECT key FROM closed"), rows=rows),
         wake=close_wake,
     )
     probe = sql.SQL(_PROBE).format(
