@@ -749,7 +749,9 @@ SELECT rule, count(*) FROM slawatch.episode WHERE abandoned GROUP BY rule;
 -- delivery_orphaned); sent history is not read.
 -- The outbox's rows (docs/explanation/outbox-rows.md) add, per send not settled
 -- (through outbox_send_due, outbox_send_dead), its elements from `done` on that were
--- not settled unsent (`skipped`): one delivery each, in the send's status.
+-- not settled unsent (`skipped`): one delivery each, in the send's status. Each send's
+-- row is a probe of its primary key (LATERAL with OFFSET 0: never a hash of every row
+-- kept), so the cost is the backlog's.
 WITH pending AS (
     SELECT a.rule, count(*) AS pending, min(a.fired_at) AS oldest
       FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
@@ -776,9 +778,12 @@ WITH pending AS (
            sum(u.n) FILTER (WHERE s.status = 'dead') AS dead,
            min(r.fired_at) FILTER (WHERE s.status = 'pending' AND u.n > 0) AS oldest,
            sum(u.n) FILTER (WHERE s.status = 'orphaned') AS orphaned
-      FROM sends s JOIN slawatch.outbox_row r ON r.id = s.row_id
+      FROM sends s
      CROSS JOIN LATERAL (
-           SELECT count(*) AS n FROM generate_series(s.done + 1, cardinality(r.ns)) AS e(p)
+           SELECT o.rule, o.fired_at, cardinality(o.ns) AS size FROM slawatch.outbox_row o
+            WHERE o.id = s.row_id OFFSET 0) r
+     CROSS JOIN LATERAL (
+           SELECT count(*) AS n FROM generate_series(s.done + 1, r.size) AS e(p)
             WHERE s.skipped[e.p] IS NULL) u
      GROUP BY r.rule
 )
@@ -901,7 +906,7 @@ SELECT notifier, status, sum(n)::bigint
 -- the oldest alert without joining every pending delivery to its alert.
 -- The outbox's rows add their sends pending (outbox_send_due) and dead
 -- (outbox_send_dead): each the elements from `done` on not settled unsent, and the
--- oldest pending row's fired_at.
+-- oldest pending row's fired_at; each row a probe of its primary key (delivery_backlog).
 WITH pending AS (
     SELECT notifier, count(*) AS pending, min(alert_id) AS oldest
       FROM slawatch.delivery WHERE status = 'pending' GROUP BY notifier
@@ -918,9 +923,12 @@ WITH pending AS (
     SELECT s.notifier, sum(u.n) FILTER (WHERE s.status = 'pending') AS pending,
            min(r.fired_at) FILTER (WHERE s.status = 'pending' AND u.n > 0) AS oldest_fired_at,
            sum(u.n) FILTER (WHERE s.status = 'dead') AS dead
-      FROM sends s JOIN slawatch.outbox_row r ON r.id = s.row_id
+      FROM sends s
      CROSS JOIN LATERAL (
-           SELECT count(*) AS n FROM generate_series(s.done + 1, cardinality(r.ns)) AS e(p)
+           SELECT o.rule, o.fired_at, cardinality(o.ns) AS size FROM slawatch.outbox_row o
+            WHERE o.id = s.row_id OFFSET 0) r
+     CROSS JOIN LATERAL (
+           SELECT count(*) AS n FROM generate_series(s.done + 1, r.size) AS e(p)
             WHERE s.skipped[e.p] IS NULL) u
      GROUP BY s.notifier
 )
