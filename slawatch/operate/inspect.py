@@ -157,7 +157,10 @@ class RulesReport(BaseModel):
 class Delivery(BaseModel):
     """One alert's delivery to one notifier."""
 
-    id: int
+    id: int = Field(
+        description="the delivery's id; for an alert in the outbox's rows the alert's id "
+        "(a row's delivery to a notifier has none of its own per alert)"
+    )
     notifier: str
     status: DeliveryStatus
     attempts: int
