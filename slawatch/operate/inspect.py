@@ -157,7 +157,10 @@ class RulesReport(BaseModel):
 class Delivery(BaseModel):
     """One alert's delivery to one notifier."""
 
-    id: int
+    id: int = Field(
+        description="the delivery's id; for an alert in the outbox's rows the alert's id "
+        "(a row's delivery to a notifier has none of its own per alert)"
+    )
     notifier: str
     status: DeliveryStatus
     attempts: int
@@ -173,7 +176,11 @@ class Delivery(BaseModel):
 class Alert(BaseModel):
     """One notification of one watched row, with its deliveries."""
 
-    id: int = Field(description="numeric id; the alerts list's cursor")
+    id: int = Field(
+        description="numeric id; the alerts list's cursor. Negative for an alert kept in the "
+        "outbox's rows (SLAWATCH_OUTBOX=rows, docs/explanation/outbox-rows.md): "
+        "-(row id * 128 + its place in the row)"
+    )
     idempotency_id: str = Field(
         description="rule:key:eEPISODE:nN (rule:key:eEPISODE:resolved for a resolved notice, "
         "rule:storm:NOTIFIER:FIRST for a storm summary), "
@@ -267,8 +274,16 @@ def check_limit(value: int) -> int:
 
 
 def parse_cursor(text: str) -> int:
-    """A cursor (an alert id) from the previous page's ``next_cursor``."""
-    if not text.isascii() or not text.isdigit() or len(text) > 19 or not 0 < int(text) <= INT8:
+    """A cursor (an alert id) from the previous page's ``next_cursor``: negative in the
+    part of the list that holds the outbox's rows (queries.sql, list_alerts)."""
+    digits = text[1:] if text.startswith("-") else text
+    if (
+        not digits.isascii()
+        or not digits.isdigit()
+        or len(digits) > 19
+        or int(text) == 0
+        or not -INT8 <= int(text) <= INT8
+    ):
         raise BadInput(f"cursor: {shorten(text)} is not a cursor from a previous page")
     return int(text)
 

@@ -163,11 +163,14 @@ AlertName = int | tuple[str, str, int, int]
 
 def parse_alert(text: object) -> AlertName:
     """An alert's numeric row id, or its idempotency id as (rule, key, episode, n)
-    (n = 0 names an episode's resolved notice). BadInput when it is neither."""
+    (n = 0 names an episode's resolved notice). BadInput when it is neither. A negative
+    id names an alert kept in the outbox's rows (queries.sql, alert_by_id;
+    docs/explanation/outbox-rows.md)."""
     text = _text("alert", text, MAX_NAME, required=True).strip()
-    if text.isascii() and text.isdigit():
+    digits = text[1:] if text.startswith("-") else text
+    if digits.isascii() and digits.isdigit():
         value = int(text)
-        if not 0 < value <= INT8:
+        if value == 0 or not -INT8 <= value <= INT8:
             raise NotFound(f"no alert with id {text}")
         return value
     m = _ALERT_NAME.fullmatch(text)

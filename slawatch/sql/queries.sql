@@ -586,27 +586,83 @@ SELECT (SELECT count(*) FROM gone_alerts), (SELECT count(*) FROM gone_deliveries
        (SELECT count(*) FROM gone_silences);
 
 -- alert_by_id --
+-- Today's alert by its id, or an alert kept as an element of the outbox's rows
+-- (SLAWATCH_OUTBOX=rows, docs/explanation/outbox-rows.md). An element's numeric id is
+-- -(row id * 128 + its 1-based place in the row): negative, so it never meets one of
+-- today's, which are drawn from identity sequences (from 1 up; 0015_rotate.sql's id
+-- ranges start at 0 and only grow), and small enough for a JSON number (a row holds 100
+-- elements at most, so 128 leaves room). One probe of outbox_row's primary key.
 SELECT id, rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data
-  FROM slawatch.alert WHERE id = %(id)s;
+  FROM slawatch.alert WHERE id = %(id)s
+UNION ALL
+SELECT %(id)s::bigint, r.rule, r.keys[x.p], r.episodes[x.p], r.ns[x.p], r.kind,
+       r.severities[x.p], r.deadlines[x.p], r.deadlines[x.p] + r.after, r.fired_at,
+       r.row_data[x.p]
+  FROM (SELECT -%(id)s::bigint / 128 AS row_id, mod(-%(id)s::bigint, 128)::int AS p) x
+  JOIN slawatch.outbox_row r ON r.id = x.row_id
+ WHERE %(id)s::bigint < 0 AND x.p BETWEEN 1 AND cardinality(r.ns);
 
 -- alert_by_name --
--- The idempotency id's parts, through alert_once.
+-- The idempotency id's parts, through alert_once; or an element of the outbox's rows
+-- (alert_by_id): its rule's rows fired since the episode's first notification (the
+-- episode history's notified_at: the claim that wrote notification #1 wrote the row
+-- of the episode with the same time), through outbox_row_fired, each tested for the
+-- key. A resolved notice (n = 0) is in a row of kind 'resolved'.
 SELECT id, rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data
   FROM slawatch.alert
- WHERE rule = %(rule)s AND key = %(key)s AND episode = %(episode)s AND n = %(n)s;
+ WHERE rule = %(rule)s AND key = %(key)s AND episode = %(episode)s AND n = %(n)s
+UNION ALL
+(SELECT -(r.id * 128 + e.p), r.rule, r.keys[e.p], r.episodes[e.p], r.ns[e.p], r.kind,
+        r.severities[e.p], r.deadlines[e.p], r.deadlines[e.p] + r.after, r.fired_at,
+        r.row_data[e.p]
+   FROM slawatch.outbox_row r
+  CROSS JOIN LATERAL generate_subscripts(r.keys, 1) AS e(p)
+  WHERE r.rule = %(rule)s AND %(key)s = ANY (r.keys)
+    AND r.kind = CASE WHEN %(n)s = 0 THEN 'resolved' ELSE 'firing' END
+    AND r.fired_at >= coalesce((SELECT h.notified_at FROM slawatch.episode h
+                                 WHERE h.rule = %(rule)s AND h.key = %(key)s
+                                   AND h.episode = %(episode)s), '-infinity')
+    AND r.keys[e.p] = %(key)s AND r.episodes[e.p] = %(episode)s AND r.ns[e.p] = %(n)s
+  LIMIT 1);
 
 -- latest_alert --
 -- The row's latest notification (in its latest episode), and whether `episode` has a
 -- resolved notice; both through alert_once, a few index pages whatever the history.
+-- The outbox's rows too (alert_by_name): the key's latest episode in the episode
+-- history (episode_pkey), its notifications in the rule's rows fired since it began;
+-- a resolved notice only where the history says the episode ended.
 SELECT l.episode, l.n, l.kind,
        EXISTS (SELECT 1 FROM slawatch.alert r
                 WHERE r.rule = %(rule)s AND r.key = %(key)s AND r.episode = %(episode)s
-                  AND r.n = 0) AS resolved
+                  AND r.n = 0)
+       OR EXISTS (SELECT 1 FROM slawatch.episode h
+                    JOIN slawatch.outbox_row r
+                      ON r.rule = h.rule AND r.kind = 'resolved'
+                     AND r.fired_at >= h.notified_at AND h.key = ANY (r.keys)
+                   CROSS JOIN LATERAL generate_subscripts(r.keys, 1) AS e(p)
+                   WHERE h.rule = %(rule)s AND h.key = %(key)s AND h.episode = %(episode)s
+                     AND h.ended_at IS NOT NULL
+                     AND r.keys[e.p] = h.key AND r.episodes[e.p] = h.episode) AS resolved
   FROM (SELECT 1) one
   LEFT JOIN LATERAL (
-       SELECT a.episode, a.n, a.kind FROM slawatch.alert a
-        WHERE a.rule = %(rule)s AND a.key = %(key)s
-        ORDER BY a.episode DESC, a.n DESC
+       SELECT b.episode, b.n, b.kind FROM (
+            (SELECT a.episode, a.n, a.kind FROM slawatch.alert a
+              WHERE a.rule = %(rule)s AND a.key = %(key)s
+              ORDER BY a.episode DESC, a.n DESC
+              LIMIT 1)
+            UNION ALL
+            (SELECT r.episodes[e.p], r.ns[e.p], r.kind
+               FROM (SELECT h.episode, h.notified_at FROM slawatch.episode h
+                      WHERE h.rule = %(rule)s AND h.key = %(key)s
+                      ORDER BY h.episode DESC
+                      LIMIT 1) h
+               JOIN slawatch.outbox_row r
+                 ON r.rule = %(rule)s AND r.fired_at >= h.notified_at AND %(key)s = ANY (r.keys)
+              CROSS JOIN LATERAL generate_subscripts(r.keys, 1) AS e(p)
+              WHERE r.keys[e.p] = %(key)s AND r.episodes[e.p] = h.episode
+              ORDER BY 1 DESC, 2 DESC
+              LIMIT 1)) b
+        ORDER BY b.episode DESC, b.n DESC
         LIMIT 1) l ON true;
 
 -- add_ack --
@@ -691,6 +747,11 @@ SELECT rule, count(*) FROM slawatch.episode WHERE abandoned GROUP BY rule;
 -- Per rule: pending deliveries (through delivery_due) with the fired_at of the oldest
 -- one's alert, dead deliveries (through delivery_dead) and orphaned ones (through
 -- delivery_orphaned); sent history is not read.
+-- The outbox's rows (docs/explanation/outbox-rows.md) add, per send not settled
+-- (through outbox_send_due, outbox_send_dead), its elements from `done` on that were
+-- not settled unsent (`skipped`): one delivery each, in the send's status. Each send's
+-- row is a probe of its primary key (LATERAL with OFFSET 0: never a hash of every row
+-- kept), so the cost is the backlog's.
 WITH pending AS (
     SELECT a.rule, count(*) AS pending, min(a.fired_at) AS oldest
       FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
@@ -706,43 +767,135 @@ WITH pending AS (
       FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
      WHERE d.status = 'orphaned'
      GROUP BY a.rule
+), sends AS (
+    SELECT s.row_id, s.status, s.done, s.skipped FROM slawatch.outbox_send s
+     WHERE s.status = 'pending'
+    UNION ALL
+    SELECT s.row_id, s.status, s.done, s.skipped FROM slawatch.outbox_send s
+     WHERE s.status IN ('dead', 'orphaned')
+), in_rows AS (
+    SELECT r.rule, sum(u.n) FILTER (WHERE s.status = 'pending') AS pending,
+           sum(u.n) FILTER (WHERE s.status = 'dead') AS dead,
+           min(r.fired_at) FILTER (WHERE s.status = 'pending' AND u.n > 0) AS oldest,
+           sum(u.n) FILTER (WHERE s.status = 'orphaned') AS orphaned
+      FROM sends s
+     CROSS JOIN LATERAL (
+           SELECT o.rule, o.fired_at, cardinality(o.ns) AS size FROM slawatch.outbox_row o
+            WHERE o.id = s.row_id OFFSET 0) r
+     CROSS JOIN LATERAL (
+           SELECT count(*) AS n FROM generate_series(s.done + 1, r.size) AS e(p)
+            WHERE s.skipped[e.p] IS NULL) u
+     GROUP BY r.rule
 )
-SELECT rule, COALESCE(p.pending, 0), COALESCE(x.dead, 0), p.oldest, COALESCE(o.orphaned, 0)
-  FROM pending p FULL JOIN dead x USING (rule) FULL JOIN orphaned o USING (rule);
+SELECT rule, sum(pending)::bigint, sum(dead)::bigint, min(oldest), sum(orphaned)::bigint
+  FROM (SELECT rule, COALESCE(p.pending, 0) AS pending, COALESCE(x.dead, 0) AS dead,
+               p.oldest, COALESCE(o.orphaned, 0) AS orphaned
+          FROM pending p FULL JOIN dead x USING (rule) FULL JOIN orphaned o USING (rule)
+        UNION ALL
+        SELECT rule, COALESCE(pending, 0), COALESCE(dead, 0), oldest, COALESCE(orphaned, 0)
+          FROM in_rows) b
+ GROUP BY rule;
 
 -- list_alerts --
 -- Newest first, a page at a time: `before` is the last id of the previous page (keyset
 -- pagination: a page costs the same however deep it is). A filter left NULL is off;
 -- the plan is made for the values given (no prepared statements), so a NULL filter
 -- costs nothing. `status`: alerts with at least one delivery in that status.
-SELECT a.id, a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.due_at,
-       a.fired_at, a.row_data
-  FROM slawatch.alert a
- WHERE (%(rule)s::text IS NULL OR a.rule = %(rule)s::text)
-   AND (%(since)s::timestamptz IS NULL OR a.fired_at >= %(since)s::timestamptz)
-   AND (%(before)s::bigint IS NULL OR a.id < %(before)s::bigint)
-   AND (%(status)s::text IS NULL OR EXISTS (
-            SELECT 1 FROM slawatch.delivery d
-             WHERE d.alert_id = a.id AND d.status = %(status)s::text))
- ORDER BY a.id DESC
+-- Two branches, each its own page: the elements of the outbox's rows (their ids are
+-- negative, alert_by_id) newest row first, then today's alerts: the order is the
+-- elements by row id and place, descending, then today's by id, descending. A
+-- negative `before` is in the first part (today's follow whole), a positive one in the
+-- second (no element follows). An element's status per notifier: deliveries_of.
+SELECT b.id, b.rule, b.key, b.episode, b.n, b.kind, b.severity, b.deadline, b.due_at,
+       b.fired_at, b.row_data
+  FROM (
+    (SELECT a.id, a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.due_at,
+            a.fired_at, a.row_data
+       FROM slawatch.alert a
+      WHERE (%(rule)s::text IS NULL OR a.rule = %(rule)s::text)
+        AND (%(since)s::timestamptz IS NULL OR a.fired_at >= %(since)s::timestamptz)
+        AND (%(before)s::bigint IS NULL OR %(before)s::bigint < 0 OR a.id < %(before)s::bigint)
+        AND (%(status)s::text IS NULL OR EXISTS (
+                 SELECT 1 FROM slawatch.delivery d
+                  WHERE d.alert_id = a.id AND d.status = %(status)s::text))
+      ORDER BY a.id DESC
+      LIMIT %(limit)s)
+    UNION ALL
+    (SELECT -(r.id * 128 + e.p), r.rule, r.keys[e.p], r.episodes[e.p], r.ns[e.p], r.kind,
+            r.severities[e.p], r.deadlines[e.p], r.deadlines[e.p] + r.after, r.fired_at,
+            r.row_data[e.p]
+       FROM slawatch.outbox_row r
+      CROSS JOIN LATERAL generate_series(cardinality(r.ns), 1, -1) AS e(p)
+      WHERE (%(rule)s::text IS NULL OR r.rule = %(rule)s::text)
+        AND (%(since)s::timestamptz IS NULL OR r.fired_at >= %(since)s::timestamptz)
+        AND (%(before)s::bigint IS NULL
+             OR (%(before)s::bigint < 0 AND r.id <= -%(before)s::bigint / 128
+                 AND -(r.id * 128 + e.p) > %(before)s::bigint))
+        AND (%(status)s::text IS NULL OR EXISTS (
+                 SELECT 1 FROM slawatch.outbox_send s
+                  WHERE s.row_id = r.id
+                    AND CASE WHEN s.skipped[e.p] IS NOT NULL THEN s.skipped[e.p]
+                             WHEN s.status = 'sent' OR e.p <= s.done THEN 'sent'
+                             ELSE s.status END = %(status)s::text))
+      ORDER BY r.id DESC, e.p DESC
+      LIMIT %(limit)s)) b
+ ORDER BY b.id > 0, abs(b.id) DESC
  LIMIT %(limit)s;
 
 -- deliveries_of --
 -- A leased delivery's next attempt is when its lease runs out (if it is not settled by
 -- then); the lease does not move next_attempt_at (see claim_deliveries).
-SELECT alert_id, id, notifier, status, attempts,
-       greatest(next_attempt_at, lease_expires_at) AS next_attempt_at, last_error, sent_at,
-       summary_id
-  FROM slawatch.delivery
- WHERE alert_id = ANY(%(ids)s::bigint[])
+-- An element of the outbox's rows (a negative id, alert_by_id) has one delivery per send
+-- of its row, with the element's id as its id (a send has none of its own) and the
+-- element's status: what `skipped` says it was settled as ('acknowledged',
+-- 'silenced'), else sent when the send is sent or got past it (`done`), else the
+-- send's (pending, dead, orphaned); its attempts and error are the send's.
+SELECT alert_id, id, notifier, status, attempts, next_attempt_at, last_error, sent_at, summary_id
+  FROM (
+    SELECT alert_id, id, notifier, status, attempts,
+           greatest(next_attempt_at, lease_expires_at) AS next_attempt_at, last_error, sent_at,
+           summary_id
+      FROM slawatch.delivery
+     WHERE alert_id = ANY(%(ids)s::bigint[])
+    UNION ALL
+    SELECT w.id, w.id, s.notifier, st.status, s.attempts,
+           greatest(s.next_attempt_at, s.lease_expires_at),
+           CASE WHEN st.status <> 'sent' THEN s.last_error END,
+           CASE WHEN st.status = 'sent' THEN s.sent_at END, NULL::bigint
+      FROM unnest(%(ids)s::bigint[]) AS w(id)
+      JOIN slawatch.outbox_send s ON s.row_id = -w.id / 128
+     CROSS JOIN LATERAL (SELECT mod(-w.id, 128)::int AS p) e
+     CROSS JOIN LATERAL (
+           SELECT CASE WHEN s.skipped[e.p] IS NOT NULL THEN s.skipped[e.p]
+                       WHEN s.status = 'sent' OR e.p <= s.done THEN 'sent'
+                       ELSE s.status END AS status) st
+     WHERE w.id < 0) d
  ORDER BY alert_id, notifier;
 
 -- stats_alerts --
--- The whole kept history (SLAWATCH_RETENTION bounds it).
-SELECT rule, severity, count(*) FROM slawatch.alert GROUP BY rule, severity ORDER BY rule, severity;
+-- The whole kept history (SLAWATCH_RETENTION bounds it), today's alerts and the
+-- elements of the outbox's rows.
+SELECT rule, severity, sum(n)::bigint
+  FROM (SELECT rule, severity, count(*) AS n FROM slawatch.alert GROUP BY rule, severity
+        UNION ALL
+        SELECT r.rule, v.severity, count(*)
+          FROM slawatch.outbox_row r CROSS JOIN LATERAL unnest(r.severities) AS v(severity)
+         GROUP BY r.rule, v.severity) c
+ GROUP BY rule, severity ORDER BY rule, severity;
 
 -- stats_deliveries --
-SELECT notifier, status, count(*) FROM slawatch.delivery
+-- The rows' sends count one delivery per element, in the element's status (deliveries_of).
+SELECT notifier, status, sum(n)::bigint
+  FROM (SELECT notifier, status, count(*) AS n FROM slawatch.delivery GROUP BY notifier, status
+        UNION ALL
+        SELECT s.notifier,
+               CASE WHEN s.skipped[e.p] IS NOT NULL THEN s.skipped[e.p]
+                    WHEN s.status = 'sent' OR e.p <= s.done THEN 'sent'
+                    ELSE s.status END,
+               count(*)
+          FROM slawatch.outbox_send s JOIN slawatch.outbox_row r ON r.id = s.row_id
+         CROSS JOIN LATERAL generate_series(1, cardinality(r.ns)) AS e(p)
+         GROUP BY 1, 2) c
  GROUP BY notifier, status ORDER BY notifier, status;
 
 -- outbox_gauges --
@@ -751,32 +904,76 @@ SELECT notifier, status, count(*) FROM slawatch.delivery
 -- ones are read through delivery_due, dead ones through delivery_dead: the cost is the
 -- backlog's, not the history's. Alert ids follow claim order, so the least alert id is
 -- the oldest alert without joining every pending delivery to its alert.
+-- The outbox's rows add their sends pending (outbox_send_due) and dead
+-- (outbox_send_dead): each the elements from `done` on not settled unsent, and the
+-- oldest pending row's fired_at; each row a probe of its primary key (delivery_backlog).
 WITH pending AS (
     SELECT notifier, count(*) AS pending, min(alert_id) AS oldest
       FROM slawatch.delivery WHERE status = 'pending' GROUP BY notifier
 ), dead AS (
     SELECT notifier, count(*) AS dead
       FROM slawatch.delivery WHERE status = 'dead' GROUP BY notifier
+), sends AS (
+    SELECT s.row_id, s.notifier, s.status, s.done, s.skipped FROM slawatch.outbox_send s
+     WHERE s.status = 'pending'
+    UNION ALL
+    SELECT s.row_id, s.notifier, s.status, s.done, s.skipped FROM slawatch.outbox_send s
+     WHERE s.status = 'dead'
+), in_rows AS (
+    SELECT s.notifier, sum(u.n) FILTER (WHERE s.status = 'pending') AS pending,
+           min(r.fired_at) FILTER (WHERE s.status = 'pending' AND u.n > 0) AS oldest_fired_at,
+           sum(u.n) FILTER (WHERE s.status = 'dead') AS dead
+      FROM sends s
+     CROSS JOIN LATERAL (
+           SELECT o.rule, o.fired_at, cardinality(o.ns) AS size FROM slawatch.outbox_row o
+            WHERE o.id = s.row_id OFFSET 0) r
+     CROSS JOIN LATERAL (
+           SELECT count(*) AS n FROM generate_series(s.done + 1, r.size) AS e(p)
+            WHERE s.skipped[e.p] IS NULL) u
+     GROUP BY s.notifier
 )
-SELECT coalesce(p.notifier, d.notifier) AS notifier, coalesce(p.pending, 0) AS pending,
-       a.fired_at AS oldest_fired_at, coalesce(d.dead, 0) AS dead
-  FROM pending p FULL JOIN dead d ON d.notifier = p.notifier
-  LEFT JOIN slawatch.alert a ON a.id = p.oldest;
+SELECT notifier, sum(pending)::bigint AS pending, min(oldest_fired_at) AS oldest_fired_at,
+       sum(dead)::bigint AS dead
+  FROM (SELECT coalesce(p.notifier, d.notifier) AS notifier,
+               coalesce(p.pending, 0) AS pending, a.fired_at AS oldest_fired_at,
+               coalesce(d.dead, 0) AS dead
+          FROM pending p FULL JOIN dead d ON d.notifier = p.notifier
+          LEFT JOIN slawatch.alert a ON a.id = p.oldest
+        UNION ALL
+        SELECT notifier, coalesce(pending, 0), oldest_fired_at, coalesce(dead, 0)
+          FROM in_rows) b
+ GROUP BY notifier;
 
 -- alerts_per_hour --
 -- The on-call page's chart: per rule, firing alerts by hour from `start` (on the hour)
 -- to `end`, read through alert_rule_fired (one range per rule: the last day's alerts,
 -- not the history). Each rule stops at `cap` alerts, so a storm costs a bounded read;
 -- the caller sees a rule that reached it. `hour` is 0 for the hour beginning at `start`.
-SELECT r.rule, h.hour, count(*)
-  FROM unnest(%(rules)s::text[]) AS r(rule)
- CROSS JOIN LATERAL (
-       SELECT floor(extract(epoch FROM a.fired_at - %(start)s::timestamptz) / 3600)::int AS hour
-         FROM slawatch.alert a
-        WHERE a.rule = r.rule AND a.fired_at >= %(start)s::timestamptz
-          AND a.fired_at < %(end)s::timestamptz AND a.kind = 'firing'
-        LIMIT %(cap)s) h
- GROUP BY r.rule, h.hour;
+-- The outbox's rows the same way through outbox_row_fired, each row its elements' count
+-- (at most `cap` rows read a rule).
+SELECT rule, hour, sum(n)::bigint
+  FROM (SELECT r.rule, h.hour, count(*) AS n
+          FROM unnest(%(rules)s::text[]) AS r(rule)
+         CROSS JOIN LATERAL (
+               SELECT floor(extract(epoch FROM a.fired_at - %(start)s::timestamptz) / 3600)::int
+                      AS hour
+                 FROM slawatch.alert a
+                WHERE a.rule = r.rule AND a.fired_at >= %(start)s::timestamptz
+                  AND a.fired_at < %(end)s::timestamptz AND a.kind = 'firing'
+                LIMIT %(cap)s) h
+         GROUP BY r.rule, h.hour
+        UNION ALL
+        SELECT r.rule, h.hour, sum(h.n)
+          FROM unnest(%(rules)s::text[]) AS r(rule)
+         CROSS JOIN LATERAL (
+               SELECT floor(extract(epoch FROM o.fired_at - %(start)s::timestamptz) / 3600)::int
+                      AS hour, cardinality(o.ns) AS n
+                 FROM slawatch.outbox_row o
+                WHERE o.rule = r.rule AND o.fired_at >= %(start)s::timestamptz
+                  AND o.fired_at < %(end)s::timestamptz AND o.kind = 'firing'
+                LIMIT %(cap)s) h
+         GROUP BY r.rule, h.hour) c
+ GROUP BY rule, hour;
 
 -- acks_of --
 -- The acks of the episodes given as parallel arrays, through ack's primary key.

@@ -145,7 +145,8 @@ def test_a_key_with_colons_reads_back(conn: Conn, db: Database) -> None:
         ("order_unshipped:1:e99999999999:n1", NotFound, "no alert"),
         ("0", NotFound, "no alert with id 0"),
         ("nope", BadInput, "is neither an alert id"),
-        ("-1", BadInput, "is neither an alert id"),
+        ("-1", NotFound, "no alert -1"),  # an element of the outbox's rows: none here
+        ("--1", BadInput, "is neither an alert id"),
         ("Order:1:e1:n1", BadInput, "is neither an alert id"),
         ("order_unshipped:1:e1:n", BadInput, "is neither an alert id"),
         ("order_unshipped:1:e\u0661:n1", BadInput, "is neither an alert id"),

@@ -166,7 +166,7 @@ BAD_ALERT_QUERIES: list[tuple[dict[str, Any], int, str]] = [
     ({"cursor": "garbage"}, 400, "cursor: 'garbage' is not a cursor from a previous page"),
     ({"cursor": "0"}, 400, "cursor: '0' is not a cursor"),
     ({"cursor": "99999999999999999999"}, 400, "is not a cursor"),
-    ({"cursor": "-1"}, 400, "is not a cursor"),
+    ({"cursor": "--1"}, 400, "is not a cursor"),
     ({"since": "soon"}, 400, "since: 'soon' is neither a time"),
     ({"since": "2026-02-30"}, 400, "is neither a time"),
     ({"since": "99999999w"}, 400, "is neither a time"),
@@ -194,7 +194,8 @@ def test_one_alert(rules: list[Rule], conn: Conn, start: Start) -> None:
     assert error(api.get(f"/v1/alerts/{number + 1}"), 404) == f"no alert '{number + 1}'"
     assert error(api.get("/v1/alerts/order_unshipped:zz:e1:n1"), 404).startswith("no alert")
     assert error(api.get("/v1/alerts/9223372036854775808"), 404).startswith("no alert")
-    assert "idempotency id" in error(api.get("/v1/alerts/-3"), 400)
+    assert error(api.get("/v1/alerts/-3"), 404) == "no alert '-3'"  # none in the outbox's rows
+    assert "idempotency id" in error(api.get("/v1/alerts/--3"), 400)
     assert "NUL" in error(api.get("/v1/alerts/1%00"), 400)
     assert error(api.get("/v1/alerts/" + "x" * 3000), 422).startswith("alert: String should")
     assert error(api.get("/v1/nothing"), 404) == "Not Found"

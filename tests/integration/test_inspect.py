@@ -385,10 +385,11 @@ def test_one_alert_by_number_or_idempotency_id(conn: Conn) -> None:
         f"order_unshipped:{key}:e1:n4",
         "9" * 19,
         "x:1:e9999999999:n1",
+        "-1",  # an element of the outbox's rows (queries.sql, alert_by_id): none here
     ):
         with pytest.raises(NotFound):
             get_alert(conn, missing)
-    for bad in ("-1", "order_unshipped:42", "a\x00b", "Rule:1:e1:n1"):
+    for bad in ("--1", "order_unshipped:42", "a\x00b", "Rule:1:e1:n1"):
         with pytest.raises(BadInput):
             get_alert(conn, bad)
 

@@ -108,7 +108,7 @@ def test_alerts_table_json_and_filters(ready: str) -> None:
         (["--limit", "9" * 5000], "is not a whole number"),
         (["--status", "late"], "argument --status: invalid choice: 'late'"),
         (["--rule", "Bad Name"], "argument --rule: 'Bad Name' is not a rule name"),
-        (["--cursor", "-5"], "argument --cursor: '-5' is not a cursor"),
+        (["--cursor", "5x"], "argument --cursor: '5x' is not a cursor"),
         (["--since", "yesterday"], "since: 'yesterday' is neither a time"),
         (["--since", "2026-13-45"], "since: '2026-13-45' is neither a time"),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),

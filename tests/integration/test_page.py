@@ -262,7 +262,7 @@ def test_bad_input_and_an_unmigrated_database(conn: Conn, servers: Servers) -> N
     client = servers.client(found.listed)
     for url, status, says in [
         ("/?cursor=garbage", 400, "cursor: &#x27;garbage&#x27; is not a cursor"),
-        ("/?cursor=-1", 400, "is not a cursor"),
+        ("/?cursor=--1", 400, "is not a cursor"),
         ("/?cursor=99999999999999999999", 400, "is not a cursor"),
         ("/?rule=%3Cscript%3E", 400, "rule: &#x27;&lt;script&gt;&#x27; is not a rule name"),
         ("/?rule=a%00b", 400, "is not a rule name"),

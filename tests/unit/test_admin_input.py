@@ -124,7 +124,8 @@ def test_since() -> None:
 
 def test_cursors() -> None:
     assert parse_cursor("17") == 17
-    for bad in ("", "0", "-1", "1.5", "٣", "9" * 20, "9223372036854775808"):
+    assert parse_cursor("-1281") == -1281  # in the outbox's rows (queries.sql, list_alerts)
+    for bad in ("", "0", "-0", "--1", "-", "1.5", "٣", "9" * 20, "9223372036854775808"):
         with pytest.raises(BadInput, match="cursor: "):
             parse_cursor(bad)
 
