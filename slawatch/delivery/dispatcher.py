@@ -706,7 +706,7 @@ ROWS_PER_TURN = 10
 
 
 @dataclass
-class _RowSend:
+class RowSend:
     """One leased send of a row to a notifier (``row_id`` None: nothing was due): its
     elements from ``done`` on (``i``: the ordinal, from 1; ``skip``: why it is settled
     unsent, or None), the ``skipped`` recorded before, and whether the lease statement
@@ -723,7 +723,7 @@ class _RowSend:
 
 
 @dataclass(frozen=True)
-class _RowSent:
+class RowSent:
     """A send whose last chunk was accepted, to settle: its owner, ``done`` and ``skipped``."""
 
     row_id: int
@@ -733,8 +733,8 @@ class _RowSent:
 
 
 def lease_row_send(
-    db: Database, notifier: Notifier, now: datetime, sent: _RowSent | None = None
-) -> _RowSend:
+    db: Database, notifier: Notifier, now: datetime, sent: RowSent | None = None
+) -> RowSend:
     """Lease one due send of ``notifier`` to a fresh owner; settle ``sent`` as sent in the
     same statement (queries.sql, lease_row_send), or, where that statement could not lock
     it at once, in one more (mark_row_sent)."""
@@ -759,9 +759,9 @@ def lease_row_send(
     got = db.run(f"leasing a row send for {notifier.name}", run)
     first = got[0]
     if sent is not None and not first["settled"]:
-        _mark_row_sent(db, notifier, now, sent)
+        mark_row_sent(db, notifier, now, sent)
     if first["row_id"] is None:
-        return _RowSend(owner, None, settled=bool(first["settled"]))
+        return RowSend(owner, None, settled=bool(first["settled"]))
     done = int(first["done"])
     skipped = list(first["skipped"] or [])[:done]
     skipped += [None] * (done - len(skipped))
@@ -783,7 +783,7 @@ def lease_row_send(
         for r in got
         if r["i"] is not None
     ]
-    return _RowSend(
+    return RowSend(
         owner,
         int(first["row_id"]),
         int(first["attempts"]),
@@ -795,7 +795,8 @@ def lease_row_send(
     )
 
 
-def _mark_row_sent(db: Database, notifier: Notifier, now: datetime, sent: _RowSent) -> None:
+def mark_row_sent(db: Database, notifier: Notifier, now: datetime, sent: RowSent) -> None:
+    """Settle ``sent`` as sent, fenced by its owner (queries.sql, mark_row_sent)."""
     params = {
         "row_id": sent.row_id,
         "notifier": notifier.name,
@@ -813,15 +814,15 @@ def _recorded(skipped: list[str | None]) -> list[str | None] | None:
     return skipped if any(s is not None for s in skipped) else None
 
 
-def _deliver_row(
+def deliver_row_send(
     db: Database,
     notifier: Notifier,
     clock: Clock,
-    send: _RowSend,
+    send: RowSend,
     descriptions: Mapping[str, str],
     lease_next: bool,
     metrics: Metrics | None = None,
-) -> tuple[PassResult, _RowSend | None]:
+) -> tuple[PassResult, RowSend | None]:
     """Send a leased row send in chunks of the notifier's batch from its ``done`` on, the
     progress recorded after each accepted chunk but the last; settle it (sent, by the lease
     of the next one with ``lease_next``; retry; dead). The next send leased, if any."""
@@ -892,13 +893,13 @@ def _deliver_row(
             return result, None
     result = PassResult(sent=sent)
     result += unsent_counts(send.size)
-    finished = _RowSent(send.row_id, send.owner, send.size, _recorded(skipped))
+    finished = RowSent(send.row_id, send.owner, send.size, _recorded(skipped))
     now = clock.now()
     following = None
     if lease_next:
         following = lease_row_send(db, notifier, now, sent=finished)
     else:
-        _mark_row_sent(db, notifier, now, finished)
+        mark_row_sent(db, notifier, now, finished)
     _settled(notifier, result, started, metrics, now, fired)
     return result, following
 
@@ -907,7 +908,7 @@ def _settle_row_failure(
     db: Database,
     notifier: Notifier,
     now: datetime,
-    send: _RowSend,
+    send: RowSend,
     left: int,
     error: DeliveryError,
 ) -> PassResult:
@@ -962,11 +963,13 @@ def deliver_rows(
     fails, ``stop`` is set or ``turn`` sends were leased (None: no bound); each accepted
     one settled by the lease of the next. What they did, and how many were leased."""
     total, leased = PassResult(), 0
-    send: _RowSend | None = lease_row_send(db, notifier, clock.now())
+    send: RowSend | None = lease_row_send(db, notifier, clock.now())
     while send is not None and send.row_id is not None:
         leased += 1
         more = (stop is None or not stop.is_set()) and (turn is None or leased < turn)
-        result, send = _deliver_row(db, notifier, clock, send, descriptions or {}, more, metrics)
+        result, send = deliver_row_send(
+            db, notifier, clock, send, descriptions or {}, more, metrics
+        )
         total += result
     return total, leased
 

@@ -218,7 +218,7 @@ def prune_rows(
 
     while True:
         rows, sends = db.run("pruning the outbox rows", one)
-        result += PruneResult(rows=rows, sends=sends, batches=1)
+        result += PruneResult(rows=rows, sends=sends)
         if rows < batch or time.monotonic() - started >= budget.total_seconds():
             return result
 

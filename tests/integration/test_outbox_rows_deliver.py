@@ -17,21 +17,21 @@ import pytest
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import (
-    _deliver_row,
-    _mark_row_sent,
-    _RowSent,
+    RowSent,
     deliver_notifier,
+    deliver_row_send,
     deliveries_due,
     lease_for,
     lease_row_send,
+    mark_row_sent,
     replay_deliveries,
     settle_orphans,
 )
 from slawatch.delivery.notifiers.base import encode
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
 from slawatch.runtime.maintain import prune
-from tests.integration.helpers import Conn, FixedClock, shop
-from tests.receivers import Reply, WebhookReceiver, receiver  # noqa: F401 (the fixture)
+from tests.integration.helpers import Conn, FixedClock, plan_nodes, shop
+from tests.receivers import Reply, WebhookReceiver
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=3)  # when the rows are due
@@ -42,6 +42,12 @@ RULE = "order_unshipped"
 def db(dsn: str) -> Iterator[Database]:
     with Database(dsn, size=2, timeout=10) as d:
         yield d
+
+
+@pytest.fixture
+def receiver() -> Iterator[WebhookReceiver]:
+    with WebhookReceiver() as r:
+        yield r
 
 
 @pytest.fixture
@@ -244,14 +250,13 @@ def test_acked_and_silenced_elements_are_skipped_and_recorded(
         " VALUES (%s, '2', 1, 0, %s, 'ann')",
         (RULE, NOW),
     )
+    active = (RULE, NOW, NOW + timedelta(hours=1), NOW)
     conn.execute(
         "INSERT INTO slawatch.silence (rule, key, matchers, starts_at, ends_at, created_at,"
         " author) VALUES (%s, '3', '{}', %s, %s, %s, 'bob'),"
         " (%s, NULL, '{\"zone\": \"eu\"}', %s, %s, %s, 'bob'),"
         " (%s, '5', '{}', %s, %s, %s, 'ended')",
-        (RULE, NOW, NOW + timedelta(hours=1), NOW)
-        + (RULE, NOW, NOW + timedelta(hours=1), NOW)
-        + (RULE, NOW - timedelta(hours=2), NOW - timedelta(hours=1), NOW),
+        (*active, *active, RULE, NOW - timedelta(hours=2), NOW - timedelta(hours=1), NOW),
     )
     result = deliver_notifier(db, hook(receiver.url), FixedClock(NOW))
     assert (result.sent, result.acknowledged, result.silenced) == (2, 1, 2)
@@ -326,14 +331,14 @@ def test_a_send_whose_worker_died_is_taken_over_and_the_stale_owner_changes_noth
     assert taken.row_id == row_id and taken.owner != stale.owner and taken.attempts == 2
 
     # The stale owner wakes: its first chunk goes out, its progress is refused, it stops.
-    result, following = _deliver_row(db, notifier, FixedClock(expired), stale, {}, True)
+    result, following = deliver_row_send(db, notifier, FixedClock(expired), stale, {}, True)
     assert (result.sent, following) == (20, None)
-    _mark_row_sent(db, notifier, expired, _RowSent(row_id, stale.owner, 40, None))
+    mark_row_sent(db, notifier, expired, RowSent(row_id, stale.owner, 40, None))
     send = send_of(conn, row_id)
     assert (send["status"], send["done"], send["lease_owner"]) == ("pending", 0, taken.owner)
 
     # The new owner sends the whole row and settles it.
-    result, following = _deliver_row(db, notifier, FixedClock(expired), taken, {}, True)
+    result, following = deliver_row_send(db, notifier, FixedClock(expired), taken, {}, True)
     assert result.sent == 40 and following is not None and following.row_id is None
     send = send_of(conn, row_id)
     assert (send["status"], send["done"], send["lease_owner"]) == ("sent", 40, None)
@@ -384,9 +389,39 @@ def test_deliveries_due_sees_a_due_send(schema: Conn, db: Database) -> None:
     assert not deliveries_due(db, notifier, NOW + timedelta(minutes=1))
 
 
-def test_retention_removes_old_rows_whose_every_send_is_settled(
-    schema: Conn, db: Database
-) -> None:
+def test_the_wake_up_probe_reads_the_due_index_of_the_sends(schema: Conn) -> None:
+    """deliveries_due's second probe on its generic plan reads outbox_send_due, never the
+    sends of the whole history (the sent ones of the retention window)."""
+    conn = schema
+    for _ in range(20):
+        insert_row(conn, [str(i) for i in range(100)])
+    conn.execute(
+        "INSERT INTO slawatch.outbox_send (row_id, notifier, next_attempt_at, status)"
+        " SELECT r.id, 'n' || g, %s, 'sent' FROM slawatch.outbox_row r,"
+        " generate_series(1, 100) g",
+        (NOW,),
+    )
+    conn.execute("ANALYZE slawatch.outbox_send")
+    (source,) = conn.execute(
+        "SELECT prosrc FROM pg_proc WHERE proname = 'deliveries_due'"
+    ).fetchone()  # type: ignore[misc]
+    start = source.index("(SELECT s.next_attempt_at")
+    inner = source[start + 1 : source.index(") <= at", start)]
+    body = inner.replace("notifier_name", "$1").replace("<= at", "<= $2")
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.execute(f"PREPARE due_probe(text, timestamptz) AS {body}")
+    (plan,) = conn.execute(
+        f"EXPLAIN (FORMAT JSON) EXECUTE due_probe('hook', '{NOW.isoformat()}')"
+    ).fetchone()  # type: ignore[misc]
+    scans = [
+        node.get("Index Name", node["Node Type"])
+        for node in plan_nodes(plan[0]["Plan"])
+        if node.get("Relation Name") == "outbox_send"
+    ]
+    assert scans == ["outbox_send_due"], scans
+
+
+def test_retention_removes_old_rows_whose_every_send_is_settled(schema: Conn, db: Database) -> None:
     conn = schema
     old = T0 - timedelta(days=30)
     done = insert_row(conn, ["1"], notifiers=["hook", "other"], fired_at=old)
