@@ -14,10 +14,13 @@ from typing import Any
 
 import pytest
 
+from slawatch.clock import Clock
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import (
+    Dispatcher,
     RowSent,
+    Settled,
     deliver_notifier,
     deliver_row_send,
     deliveries_due,
@@ -32,6 +35,7 @@ from slawatch.delivery.notifiers.webhook import WebhookNotifier
 from slawatch.runtime.maintain import prune
 from tests.integration.helpers import Conn, FixedClock, plan_nodes, shop
 from tests.receivers import Reply, WebhookReceiver
+from tests.waiting import wait_until
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=3)  # when the rows are due
@@ -210,6 +214,57 @@ def test_a_row_goes_in_chunks_and_a_failed_chunk_retries_from_the_progress(
     send = send_of(conn, row_id)
     assert (send["status"], send["done"], send["attempts"]) == ("sent", 100, 2)
     assert send["last_error"] is None and send["sent_at"] == later
+
+
+class Recorded:
+    """The metrics the dispatcher reports to."""
+
+    def __init__(self) -> None:
+        self.settled: list[Settled] = []
+
+    def delivered(self, batch: Settled) -> None:
+        self.settled.append(batch)
+
+
+def test_workers_drain_both_shapes_each_alert_once(
+    schema: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """Three workers of a notifier, running: every element of 30 rows and every delivery
+    of today's outbox reaches the receiver once, and the metrics count each sent alert."""
+    conn = schema
+    rows = [insert_row(conn, [f"r{r}-{i}" for i in range(10)]) for r in range(30)]
+    conn.execute(
+        "WITH a AS (INSERT INTO slawatch.alert"
+        " (rule, key, episode, n, severity, deadline, due_at, fired_at, row_data)"
+        " SELECT %s, 'd' || g, 1, 1, 'warning', %s, %s, %s, '{}'"
+        " FROM generate_series(1, 50) g RETURNING id)"
+        " INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)"
+        " SELECT id, 'hook', %s FROM a",
+        (RULE, T0, T0, NOW, NOW),
+    )
+    notifier = hook(receiver.url, batch=7)
+    metrics = Recorded()
+    dispatcher = Dispatcher(
+        db, {"hook": notifier}, Clock(), poll=0.2, concurrency={"hook": 3}, metrics=metrics
+    )
+    dispatcher.start()
+    try:
+
+        def drained() -> bool:
+            (pending,) = conn.execute(
+                "SELECT (SELECT count(*) FROM slawatch.outbox_send WHERE status <> 'sent')"
+                " + (SELECT count(*) FROM slawatch.delivery WHERE status <> 'sent')"
+            ).fetchone()  # type: ignore[misc]
+            return pending == 0
+
+        wait_until(drained, "every send and delivery sent")
+    finally:
+        dispatcher.stop()
+        notifier.close()
+    expected = [f"r{r}-{i}" for r in range(30) for i in range(10)] + [f"d{g}" for g in range(1, 51)]
+    assert sorted(keys_sent(receiver)) == sorted(expected)
+    assert sum(len(s.fired) for s in metrics.settled) == len(expected)
+    assert {send_of(conn, r)["done"] for r in rows} == {10}
 
 
 def test_dead_after_the_last_attempt_and_at_once_when_permanent(
