@@ -947,8 +947,11 @@ SELECT DISTINCT i.relname
 -- lower id shares a key with it (keys && keys), nor while a firing notification of one
 -- of its episodes in today's outbox (slawatch.delivery) is pending to that notifier
 -- (the setting switched from 'alerts' to 'rows' mid-episode). The first look reads the
--- notifier's pending sends (outbox_send_due): the backlog, not the history; the second
--- probes alert_once and delivery_once per element of a resolved row.
+-- notifier's pending sends (outbox_send_due, each row by its primary key; OFFSET 0 keeps
+-- it so: as a join the planner read every row of the history for the shared key): the
+-- backlog, not the history; the second probes alert_once and delivery_once per element
+-- of a resolved row. A held resolved send is looked at again by every lease of its
+-- notifier until its firing rows' sends are settled, as claim_deliveries does.
 -- The answer: one line per element from `done` on (its ordinal `i`), with the alert as
 -- alert_payload takes it, its times as text in the claim's form (claim_deliveries), and
 -- `skip`: 'acknowledged' for a firing alert whose episode is acked, 'silenced' where an
@@ -974,11 +977,16 @@ WITH sent AS (
        AND coalesce(s.lease_owner <> %(sent_owner)s::uuid, true)
        AND (r.kind <> 'resolved' OR (
             NOT EXISTS (
-                SELECT 1 FROM slawatch.outbox_send p
-                  JOIN slawatch.outbox_row f ON f.id = p.row_id
-                 WHERE p.notifier = s.notifier AND p.status = 'pending' AND p.row_id < r.id
-                   AND f.rule = r.rule AND f.kind = 'firing' AND f.keys && r.keys
-                   AND coalesce(p.lease_owner <> %(sent_owner)s::uuid, true))
+                SELECT 1 FROM (
+                       SELECT p.row_id FROM slawatch.outbox_send p
+                        WHERE p.notifier = s.notifier AND p.status = 'pending'
+                          AND p.row_id < r.id
+                          AND coalesce(p.lease_owner <> %(sent_owner)s::uuid, true)
+                       OFFSET 0) p
+                 CROSS JOIN LATERAL (
+                       SELECT 1 FROM slawatch.outbox_row f
+                        WHERE f.id = p.row_id AND f.rule = r.rule AND f.kind = 'firing'
+                          AND f.keys && r.keys OFFSET 0) f)
             AND NOT EXISTS (
                 SELECT 1 FROM unnest(r.keys, r.episodes) AS e(key, episode)
                  CROSS JOIN LATERAL (
