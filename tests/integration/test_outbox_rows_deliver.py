@@ -291,6 +291,18 @@ def test_dead_after_the_last_attempt_and_at_once_when_permanent(
     assert "400" in send["last_error"]
 
 
+def test_a_failed_send_waits_as_long_as_the_receiver_says(
+    schema: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """Retry-After wins over the notifier's backoff, as for deliveries (retry_delay)."""
+    conn = schema
+    row_id = insert_row(conn, ["1"])
+    receiver.replies = [Reply(status=429, headers={"Retry-After": "120"})]
+    notifier = hook(receiver.url, retry={"first": "1s", "max": "10m"})
+    assert deliver_notifier(db, notifier, FixedClock(NOW)).retried == 1
+    assert send_of(conn, row_id)["next_attempt_at"] == NOW + timedelta(seconds=120)
+
+
 def test_acked_and_silenced_elements_are_skipped_and_recorded(
     schema: Conn, db: Database, receiver: WebhookReceiver
 ) -> None:
