@@ -19,6 +19,14 @@ a firing notification of an acknowledged episode. Deliveries to a notifier no
 longer configured are settled 'orphaned' (:func:`settle_orphans`); :func:`replay_deliveries`
 puts dead and orphaned ones back, to their own notifier or another.
 
+The workers drain the outbox in rows too (0020_outbox_rows.sql,
+docs/explanation/outbox-rows.md), whichever shape the claims write: after its
+deliveries, a worker leases one due row send at a time (:func:`lease_row_send`), sends
+its alerts in chunks of the notifier's batch from the send's progress on, with the
+payloads deliveries get, and settles it as deliveries are settled (fenced by the lease
+owner; retry, dead; acks and silences skip alerts), in turns of :data:`ROWS_PER_TURN`
+sends between its claims of deliveries.
+
 :class:`Dispatcher` runs ``concurrency`` worker threads per notifier (a slow
 receiver holds up only its own deliveries) and a listener that wakes them on
 the claim's ``NOTIFY``, polling as the fallback. Each worker claims, sends and
@@ -983,8 +991,9 @@ def deliver_notifier(
     metrics: Metrics | None = None,
     admin_url: str | None = None,
 ) -> PassResult:
-    """Batches one after the other until none is due; stops early when the receiver
-    fails (it is down), or after the batch in hand once ``stop`` is set.
+    """Batches one after the other until none is due, then a turn of row sends
+    (:func:`deliver_rows`), again while a turn was used up; stops early when the
+    receiver fails (it is down), or after the batch or send in hand once ``stop`` is set.
 
     Each accepted full batch is settled by the statement that claims the next.
     ``admin_url``: the admin API's address, for the link in storm summaries.
