@@ -7,11 +7,13 @@ here by hand, as the claim would write them."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from slawatch.clock import Clock
@@ -35,7 +37,7 @@ from slawatch.delivery.notifiers.webhook import WebhookNotifier
 from slawatch.runtime.maintain import prune
 from tests.integration.helpers import Conn, FixedClock, plan_nodes, shop
 from tests.receivers import Reply, WebhookReceiver
-from tests.waiting import wait_until
+from tests.waiting import lock_waits, wait_until
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=3)  # when the rows are due
@@ -410,6 +412,36 @@ def test_a_send_whose_worker_died_is_taken_over_and_the_stale_owner_changes_noth
     send = send_of(conn, row_id)
     assert (send["status"], send["done"], send["lease_owner"]) == ("sent", 40, None)
     assert Counter(keys_sent(receiver)) == Counter(keys + keys[:20])
+
+
+def test_a_send_the_next_lease_could_not_lock_is_settled_after_it(
+    schema: Conn, db: Database, dsn: str
+) -> None:
+    """The lease of the next send settles the one sent with SKIP LOCKED (two leases never
+    wait for each other); one it skipped, locked by another for a moment, is settled by
+    mark_row_sent once the lock is gone."""
+    conn = schema
+    first, second = insert_row(conn, ["1"]), insert_row(conn, ["2"], due=NOW + timedelta(1))
+    notifier = hook("http://127.0.0.1:9/none")
+    leased = lease_row_send(db, notifier, NOW)
+    assert leased.row_id == first
+    got: list[Any] = []
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM slawatch.outbox_send WHERE row_id = %s FOR UPDATE", (first,))
+        sent = RowSent(first, leased.owner, 1, None)
+        worker = threading.Thread(
+            target=lambda: got.append(
+                lease_row_send(db, notifier, NOW + timedelta(days=1), sent=sent)
+            )
+        )
+        worker.start()
+        wait_until(lambda: bool(lock_waits(conn)), "mark_row_sent waiting for the lock")
+        assert send_of(conn, first)["status"] == "pending"
+        holder.rollback()
+    worker.join()
+    assert got[0].row_id == second and not got[0].settled
+    send = send_of(conn, first)
+    assert (send["status"], send["done"], send["lease_owner"]) == ("sent", 1, None)
 
 
 def test_orphaned_sends_and_replay(schema: Conn, db: Database, receiver: WebhookReceiver) -> None:
