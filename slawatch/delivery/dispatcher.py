@@ -19,6 +19,14 @@ a firing notification of an acknowledged episode. Deliveries to a notifier no
 longer configured are settled 'orphaned' (:func:`settle_orphans`); :func:`replay_deliveries`
 puts dead and orphaned ones back, to their own notifier or another.
 
+The workers drain the outbox in rows too (0020_outbox_rows.sql,
+docs/explanation/outbox-rows.md), whichever shape the claims write: after its
+deliveries, a worker leases one due row send at a time (:func:`lease_row_send`), sends
+its alerts in chunks of the notifier's batch from the send's progress on, with the
+payloads deliveries get, and settles it as deliveries are settled (fenced by the lease
+owner; retry, dead; acks and silences skip alerts), in turns of :data:`ROWS_PER_TURN`
+sends between its claims of deliveries.
+
 :class:`Dispatcher` runs ``concurrency`` worker threads per notifier (a slow
 receiver holds up only its own deliveries) and a listener that wakes them on
 the claim's ``NOTIFY``, polling as the fallback. Each worker claims, sends and
@@ -40,7 +48,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -173,6 +181,10 @@ def replay_deliveries(
     with conn.transaction():
         row = conn.execute(q["replay"], params).fetchone()
         done = Replayed(*(int(v) for v in row)) if row else Replayed()
+        # The outbox in rows: dead and orphaned sends likewise (replay_row_sends).
+        row = conn.execute(q["replay_row_sends"], params).fetchone()
+        if row:
+            done = Replayed(*(a + int(b) for a, b in zip(astuple(done), row, strict=True)))
         if done.count or done.resolved:
             conn.execute(q["wake_deliveries"])
     return done
@@ -219,6 +231,8 @@ def replay_problem(
         )
     row = conn.execute(queries()["replay_leftovers"], {"notifier": notifier}).fetchone()
     if not (row and row[0]):
+        row = conn.execute(queries()["row_leftovers"], {"notifier": notifier}).fetchone()
+    if not (row and row[0]):
         return (
             f"{flag}notifier: no notifier named {shorten(notifier)} is configured, and no dead or"
             " orphaned deliveries go to one"
@@ -238,14 +252,21 @@ def settle_orphans(
     q = queries()
 
     def work(conn: Connection) -> dict[str, int]:
-        row = conn.execute(q["orphans_pending"], {"configured": names}).fetchone()
-        if not (row and row[0]):
-            return {}
-        now = clock.now()
-        due_before = now - grace if grace else None
-        params = {"configured": names, "now": now, "due_before": due_before}
-        rows = conn.execute(q["orphan_deliveries"], params).fetchall()
-        return {str(name): int(count) for name, count in rows}
+        # Deliveries, then the sends of the outbox in rows (orphan_row_sends).
+        counts: dict[str, int] = {}
+        for pending, orphan in (
+            ("orphans_pending", "orphan_deliveries"),
+            ("row_orphans_pending", "orphan_row_sends"),
+        ):
+            row = conn.execute(q[pending], {"configured": names}).fetchone()
+            if not (row and row[0]):
+                continue
+            now = clock.now()
+            due_before = now - grace if grace else None
+            params = {"configured": names, "now": now, "due_before": due_before}
+            for name, count in conn.execute(q[orphan], params).fetchall():
+                counts[str(name)] = counts.get(str(name), 0) + int(count)
+        return counts
 
     return db.run("settling orphaned deliveries", work)
 
@@ -686,6 +707,281 @@ def _settle_failure(
     return PassResult(retried=len(retry), dead=len(dead))
 
 
+# The outbox in rows (0020_outbox_rows.sql; docs/explanation/outbox-rows.md): sends a
+# worker takes in a row before it goes back to its notifier's deliveries, so that neither
+# shape waits for the other's whole backlog.
+ROWS_PER_TURN = 10
+
+
+@dataclass
+class RowSend:
+    """One leased send of a row to a notifier (``row_id`` None: nothing was due): its
+    elements from ``done`` on (``i``: the ordinal, from 1; ``skip``: why it is settled
+    unsent, or None), the ``skipped`` recorded before, and whether the lease statement
+    settled the send before it (``settled``)."""
+
+    owner: uuid.UUID
+    row_id: int | None
+    attempts: int = 0
+    done: int = 0
+    size: int = 0
+    skipped: list[str | None] = field(default_factory=list)
+    elements: list[dict[str, Any]] = field(default_factory=list)
+    settled: bool = False
+
+
+@dataclass(frozen=True)
+class RowSent:
+    """A send whose last chunk was accepted, to settle: its owner, ``done`` and ``skipped``."""
+
+    row_id: int
+    owner: uuid.UUID
+    done: int
+    skipped: list[str | None] | None
+
+
+def lease_row_send(
+    db: Database, notifier: Notifier, now: datetime, sent: RowSent | None = None
+) -> RowSend:
+    """Lease one due send of ``notifier`` to a fresh owner; settle ``sent`` as sent in the
+    same statement (queries.sql, lease_row_send), or, where that statement could not lock
+    it at once, in one more (mark_row_sent)."""
+    owner = uuid.uuid4()
+    params = {
+        "now": now,
+        "owner": owner,
+        "lease": lease_for(notifier),
+        "notifier": notifier.name,
+        "sent_row": sent.row_id if sent else None,
+        "sent_owner": sent.owner if sent else None,
+        "sent_done": sent.done if sent else None,
+        "sent_skipped": sent.skipped if sent else None,
+    }
+    query = queries()["lease_row_send"]
+
+    def run(conn: Connection) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=dict_row)
+        cur.adapters.register_loader("jsonb", RowDataLoader)
+        return cur.execute(query, params).fetchall()
+
+    got = db.run(f"leasing a row send for {notifier.name}", run)
+    first = got[0]
+    if sent is not None and not first["settled"]:
+        mark_row_sent(db, notifier, now, sent)
+    if first["row_id"] is None:
+        return RowSend(owner, None, settled=bool(first["settled"]))
+    done = int(first["done"])
+    skipped = list(first["skipped"] or [])[:done]
+    skipped += [None] * (done - len(skipped))
+    elements = [
+        {
+            "i": r["i"],
+            "skip": r["skip"],
+            "rule": r["rule"],
+            "key": r["key"],
+            "episode": r["episode"],
+            "n": r["n"],
+            "kind": r["kind"],
+            "severity": r["severity"],
+            "deadline": r["deadline"],
+            "due_at": r["due_at"],
+            "fired_at": r["fired_at"],
+            "row_data": r["row_data"],
+        }
+        for r in got
+        if r["i"] is not None
+    ]
+    return RowSend(
+        owner,
+        int(first["row_id"]),
+        int(first["attempts"]),
+        done,
+        int(first["size"]),
+        skipped,
+        elements,
+        bool(first["settled"]),
+    )
+
+
+def mark_row_sent(db: Database, notifier: Notifier, now: datetime, sent: RowSent) -> None:
+    """Settle ``sent`` as sent, fenced by its owner (queries.sql, mark_row_sent)."""
+    params = {
+        "row_id": sent.row_id,
+        "notifier": notifier.name,
+        "owner": sent.owner,
+        "now": now,
+        "done": sent.done,
+        "skipped": sent.skipped,
+    }
+    query = queries()["mark_row_sent"]
+    db.run(f"recording a row send for {notifier.name}", lambda c: c.execute(query, params))
+
+
+def _recorded(skipped: list[str | None]) -> list[str | None] | None:
+    """``skipped`` as stored: NULL when no element was skipped."""
+    return skipped if any(s is not None for s in skipped) else None
+
+
+def deliver_row_send(
+    db: Database,
+    notifier: Notifier,
+    clock: Clock,
+    send: RowSend,
+    descriptions: Mapping[str, str],
+    lease_next: bool,
+    metrics: Metrics | None = None,
+) -> tuple[PassResult, RowSend | None]:
+    """Send a leased row send in chunks of the notifier's batch from its ``done`` on, the
+    progress recorded after each accepted chunk but the last; settle it (sent, by the lease
+    of the next one with ``lease_next``; retry; dead). The next send leased, if any."""
+    assert send.row_id is not None
+    started = time.monotonic()
+    q = queries()
+    skipped = send.skipped + [e["skip"] for e in send.elements]
+    unsent = [e for e in send.elements if e["skip"] is None]
+    chunks = [unsent[i : i + notifier.batch] for i in range(0, len(unsent), notifier.batch)]
+    receiver = receiver_outage(notifier)
+    done, sent = send.done, 0
+    fired: list[datetime] = []
+
+    def unsent_counts(upto: int) -> PassResult:
+        # What this run settled unsent: the skipped elements up to ``upto``.
+        mine = [e["skip"] for e in send.elements if e["i"] <= upto]
+        return PassResult(silenced=mine.count("silenced"), acknowledged=mine.count("acknowledged"))
+
+    for k, chunk in enumerate(chunks):
+        error: DeliveryError | None = None
+        chunk_started = time.monotonic()
+        try:
+            notifier.send([alert_payload(e, descriptions.get(e["rule"], "")) for e in chunk])
+        except DeliveryError as exc:
+            error = exc
+        except Exception as exc:  # a notifier bug must not stop the loop; keep its words
+            error = DeliveryError(notifier.scrub(f"{type(exc).__name__}: {exc}"))
+        accepted = clock.now()
+        if error is not None:
+            receiver.failed(str(error), chunk_started)
+            result = _settle_row_failure(db, notifier, clock.now(), send, len(unsent) - sent, error)
+            result.sent = sent
+            result += unsent_counts(done)
+            _settled(notifier, result, started, metrics, accepted, fired)
+            return result, None
+        receiver.ok()
+        sent += len(chunk)
+        if metrics is not None:
+            fired += [datetime.fromisoformat(e["fired_at"]) for e in chunk]
+        if k == len(chunks) - 1:
+            break
+        done = chunk[-1]["i"]
+        params = {
+            "row_id": send.row_id,
+            "notifier": notifier.name,
+            "owner": send.owner,
+            "now": accepted,
+            "lease": lease_for(notifier),
+            "done": done,
+            "skipped": _recorded(skipped[:done]),
+        }
+
+        def progress(conn: Connection, p: dict[str, Any] = params) -> bool:
+            return conn.execute(q["row_send_progress"], p).fetchone() is not None
+
+        if not db.run(f"recording a row send for {notifier.name}", progress):
+            # The lease was taken over (this worker stalled past it): the new owner
+            # sends from the progress recorded; this one changes nothing more.
+            log.warning(
+                "notifier %s: lost the lease of row %d's send after %d alerts; its new"
+                " owner goes on",
+                notifier.name,
+                send.row_id,
+                sent,
+            )
+            result = PassResult(sent=sent)
+            _settled(notifier, result, started, metrics, accepted, fired)
+            return result, None
+    result = PassResult(sent=sent)
+    result += unsent_counts(send.size)
+    finished = RowSent(send.row_id, send.owner, send.size, _recorded(skipped))
+    now = clock.now()
+    following = None
+    if lease_next:
+        following = lease_row_send(db, notifier, now, sent=finished)
+    else:
+        mark_row_sent(db, notifier, now, finished)
+    _settled(notifier, result, started, metrics, now, fired)
+    return result, following
+
+
+def _settle_row_failure(
+    db: Database,
+    notifier: Notifier,
+    now: datetime,
+    send: RowSend,
+    left: int,
+    error: DeliveryError,
+) -> PassResult:
+    """A chunk failed: the send retries after the notifier's backoff (or Retry-After),
+    from the progress recorded, or goes dead after the last attempt or at once when
+    permanent. ``left``: its alerts not sent, counted as retried or dead."""
+    last = notifier.retry.attempts
+    dead = error.permanent or send.attempts >= last
+    params: dict[str, Any] = {
+        "row_id": send.row_id,
+        "notifier": notifier.name,
+        "owner": send.owner,
+        "error": str(error),
+    }
+    if dead:
+        query = queries()["mark_row_dead"]
+    else:
+        query = queries()["mark_row_retry"]
+        params["next"] = now + retry_delay(notifier, send.attempts, error, random.uniform(0.8, 1.0))
+    db.run(f"recording a row send for {notifier.name}", lambda c: c.execute(query, params))
+    if dead:
+        why = "permanent failure" if error.permanent else f"attempt {last} was the last"
+        log.error(
+            "notifier %s: row %d's send dead, %d alerts unsent (%s): %s",
+            notifier.name,
+            send.row_id,
+            left,
+            why,
+            error,
+        )
+        return PassResult(dead=left)
+    log.debug(
+        "notifier %s: row %d's send will retry from %s: %s",
+        notifier.name,
+        send.row_id,
+        params["next"].isoformat(timespec="seconds"),
+        error,
+    )
+    return PassResult(retried=left)
+
+
+def deliver_rows(
+    db: Database,
+    notifier: Notifier,
+    clock: Clock,
+    descriptions: Mapping[str, str] | None = None,
+    stop: threading.Event | None = None,
+    metrics: Metrics | None = None,
+    turn: int | None = ROWS_PER_TURN,
+) -> tuple[PassResult, int]:
+    """Row sends of ``notifier`` one after the other until none is due, the receiver
+    fails, ``stop`` is set or ``turn`` sends were leased (None: no bound); each accepted
+    one settled by the lease of the next. What they did, and how many were leased."""
+    total, leased = PassResult(), 0
+    send: RowSend | None = lease_row_send(db, notifier, clock.now())
+    while send is not None and send.row_id is not None:
+        leased += 1
+        more = (stop is None or not stop.is_set()) and (turn is None or leased < turn)
+        result, send = deliver_row_send(
+            db, notifier, clock, send, descriptions or {}, more, metrics
+        )
+        total += result
+    return total, leased
+
+
 def deliver_notifier(
     db: Database,
     notifier: Notifier,
@@ -695,8 +991,9 @@ def deliver_notifier(
     metrics: Metrics | None = None,
     admin_url: str | None = None,
 ) -> PassResult:
-    """Batches one after the other until none is due; stops early when the receiver
-    fails (it is down), or after the batch in hand once ``stop`` is set.
+    """Batches one after the other until none is due, then a turn of row sends
+    (:func:`deliver_rows`), again while a turn was used up; stops early when the
+    receiver fails (it is down), or after the batch or send in hand once ``stop`` is set.
 
     Each accepted full batch is settled by the statement that claims the next.
     ``admin_url``: the admin API's address, for the link in storm summaries.
@@ -706,22 +1003,31 @@ def deliver_notifier(
         return total
     if not deliveries_due(db, notifier, clock.now()):
         return total
-    batch = claim_deliveries(db, notifier, clock.now())
-    while batch.claimed or batch.folded:
-        more = stop is None or not stop.is_set()
-        result, batch = _deliver(
-            db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url
-        )
+    while True:
+        batch = claim_deliveries(db, notifier, clock.now())
+        while batch.claimed or batch.folded:
+            more = stop is None or not stop.is_set()
+            result, batch = _deliver(
+                db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url
+            )
+            total += result
+        if stop is not None and stop.is_set():
+            return total
+        # Then the sends of the outbox in rows, a turn of them, and back to the
+        # deliveries while the turn was used up (more may be due of either shape).
+        result, leased = deliver_rows(db, notifier, clock, descriptions, stop, metrics)
         total += result
-    return total
+        if leased < ROWS_PER_TURN or result.retried or result.dead:
+            return total
 
 
 def deliveries_due(db: Database, notifier: Notifier, now: datetime) -> bool:
-    """Whether ``notifier`` has a delivery due at ``now`` that no lease holds: what a
-    claim could take (and a resolved notice held back behind its firing one). Asked
-    before a worker claims after it wakes: the claim is a large statement (planned at
-    every run behind a transaction pooler), this function's one query is planned once
-    per server process (0017_deliveries_due.sql)."""
+    """Whether ``notifier`` has a delivery or a row send (the outbox in rows) due at
+    ``now`` that no lease holds: what a claim or a lease could take (and a resolved
+    notice held back behind its firing one). Asked before a worker claims after it
+    wakes: the claim is a large statement (planned at every run behind a transaction
+    pooler), this function's query is planned once per server process
+    (0017_deliveries_due.sql, 0021_outbox_rows_due.sql)."""
     query, params = queries()["deliveries_due"], {"notifier": notifier.name, "now": now}
 
     def ask(conn: Connection) -> bool:

@@ -79,6 +79,8 @@ class PruneResult:
     held: int = 0  # held events (of types no rule knew) older than the retention
     episodes: int = 0  # the episode history's rows of episodes ended before the window
     ranges: int = 0  # id ranges dropped whole (their alerts and deliveries are counted)
+    rows: int = 0  # rows of the outbox in rows (0020_outbox_rows.sql), with their sends
+    sends: int = 0
 
     def __iadd__(self, other: PruneResult) -> PruneResult:
         self.alerts += other.alerts
@@ -92,6 +94,8 @@ class PruneResult:
         self.held += other.held
         self.episodes += other.episodes
         self.ranges += other.ranges
+        self.rows += other.rows
+        self.sends += other.sends
         return self
 
     def full(self, batch: int) -> bool:
@@ -191,7 +195,32 @@ def prune(
                     "pruning history: time budget spent with old history left; the next run goes on"
                 )
                 return result
+    result += prune_rows(db, cutoff, batch, started, budget)
     return result
+
+
+def prune_rows(
+    db: Database, cutoff: datetime, batch: int, started: float, budget: timedelta
+) -> PruneResult:
+    """The outbox in rows (docs/explanation/outbox-rows.md): rows fired before ``cutoff``
+    whose every send is settled, removed with their sends, ``batch`` rows a statement
+    (queries.sql, prune_outbox_rows), while a batch comes back full and the ``budget``
+    (from ``started``, time.monotonic) is not spent. A row with a send pending is kept."""
+    result = PruneResult()
+
+    def one(conn: Connection) -> tuple[int, int]:
+        with translate("pruning the outbox rows"), conn.transaction():
+            conn.execute("SET LOCAL jit = off")
+            row = conn.execute(
+                queries()["prune_outbox_rows"], {"cutoff": cutoff, "batch": batch}
+            ).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    while True:
+        rows, sends = db.run("pruning the outbox rows", one)
+        result += PruneResult(rows=rows, sends=sends)
+        if rows < batch or time.monotonic() - started >= budget.total_seconds():
+            return result
 
 
 def drop_range(conn: Connection, cutoff: datetime) -> PruneResult:

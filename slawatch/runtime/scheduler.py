@@ -758,6 +758,13 @@ class Runner:
                 result.event_ids,
                 result.held,
             )
+        if result.rows or result.sends:
+            log.info(
+                "pruned %d outbox rows and %d of their sends older than %s",
+                result.rows,
+                result.sends,
+                format_duration(self.retention),
+            )
         if result.alerts or result.deliveries or result.acks or result.silences:
             log.info(
                 "pruned %d alerts, %d deliveries, %d acks and %d silences older than %s",

@@ -1119,3 +1119,251 @@ SELECT DISTINCT i.relname
                       WHERE n.nspname = %(schema)s AND c.relname = %(name)s)
    AND a.attname = ANY (%(columns)s::text[])
  ORDER BY i.relname;
+
+-- ---------------------------------------------------------------------------------------
+-- The outbox in rows: delivery (0020_outbox_rows.sql; docs/explanation/outbox-rows.md).
+-- The workers of a notifier drain its outbox_send rows beside its deliveries
+-- (slawatch/delivery/dispatcher.py, deliver_rows): one send (one row's alerts to one
+-- notifier) leased at a time per worker, sent in chunks of the notifier's batch from
+-- `done` on, its progress recorded after each accepted chunk, settled by the statement
+-- that leases the next one.
+
+-- lease_row_send --
+-- One due send of `notifier`, leased to a fresh owner (FOR UPDATE SKIP LOCKED: workers
+-- and processes share the sends). Due: pending, next_attempt_at come, not leased or its
+-- lease run out (the send of a worker that died is taken over). The lease writes
+-- lease_owner, lease_expires_at and attempts only, which no index covers: a HOT update.
+-- `sent_row`, leased to `sent_owner`: the send the worker just finished, settled 'sent'
+-- here with its final `done` and `skipped` (fenced by the owner, as mark_sent; SKIP
+-- LOCKED as claim_deliveries' `sent`, so two leases never wait for each other: the
+-- worker settles what this skipped with mark_row_sent); NULL on a first lease. What is
+-- leased to `sent_owner` is not due here: its lease may have run out mid-send, and one
+-- statement must not both settle and lease the same row.
+-- Per-episode order: a resolved row's send is not due while a pending send to the same
+-- notifier (due, in flight or waiting to retry) of a firing row of the same rule with a
+-- lower id shares a key with it (keys && keys), nor while a firing notification of one
+-- of its episodes in today's outbox (slawatch.delivery) is pending to that notifier
+-- (the setting switched from 'alerts' to 'rows' mid-episode). The first look reads the
+-- notifier's pending sends (outbox_send_due, each row by its primary key; OFFSET 0 keeps
+-- it so: as a join the planner read every row of the history for the shared key): the
+-- backlog, not the history; the second probes alert_once and delivery_once per element
+-- of a resolved row. A held resolved send is looked at again by every lease of its
+-- notifier until its firing rows' sends are settled, as claim_deliveries does.
+-- The answer: one line per element from `done` on (its ordinal `i`), with the alert as
+-- alert_payload takes it, its times as text in the claim's form (claim_deliveries), and
+-- `skip`: 'acknowledged' for a firing alert whose episode is acked, 'silenced' where an
+-- active silence matches (as claim_deliveries decides), else NULL. `settled`: whether
+-- `sent_row` was settled. A line of NULLs with `settled` when nothing was leased.
+WITH sent AS (
+    UPDATE slawatch.outbox_send s
+       SET status = 'sent', sent_at = %(now)s, done = %(sent_done)s,
+           skipped = %(sent_skipped)s::text[], lease_owner = NULL, lease_expires_at = NULL,
+           last_error = NULL
+      FROM (SELECT row_id, notifier FROM slawatch.outbox_send
+             WHERE row_id = %(sent_row)s::bigint AND notifier = %(notifier)s
+               AND lease_owner = %(sent_owner)s::uuid
+               FOR UPDATE SKIP LOCKED) l
+     WHERE s.row_id = l.row_id AND s.notifier = l.notifier
+    RETURNING s.row_id
+), due AS (
+    SELECT s.row_id, s.notifier
+      FROM slawatch.outbox_send s
+      JOIN slawatch.outbox_row r ON r.id = s.row_id
+     WHERE s.notifier = %(notifier)s AND s.status = 'pending' AND s.next_attempt_at <= %(now)s
+       AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= %(now)s)
+       AND coalesce(s.lease_owner <> %(sent_owner)s::uuid, true)
+       AND (r.kind <> 'resolved' OR (
+            NOT EXISTS (
+                SELECT 1 FROM (
+                       SELECT p.row_id FROM slawatch.outbox_send p
+                        WHERE p.notifier = s.notifier AND p.status = 'pending'
+                          AND p.row_id < r.id
+                          AND coalesce(p.lease_owner <> %(sent_owner)s::uuid, true)
+                       OFFSET 0) p
+                 CROSS JOIN LATERAL (
+                       SELECT 1 FROM slawatch.outbox_row f
+                        WHERE f.id = p.row_id AND f.rule = r.rule AND f.kind = 'firing'
+                          AND f.keys && r.keys OFFSET 0) f)
+            AND NOT EXISTS (
+                SELECT 1 FROM unnest(r.keys, r.episodes) AS e(key, episode)
+                 CROSS JOIN LATERAL (
+                       SELECT a.id FROM slawatch.alert a
+                        WHERE a.rule = r.rule AND a.key = e.key AND a.episode = e.episode
+                          AND a.n > 0 OFFSET 0) a
+                 CROSS JOIN LATERAL (
+                       SELECT d.status FROM slawatch.delivery d
+                        WHERE d.alert_id = a.id AND d.notifier = s.notifier OFFSET 0) d
+                 WHERE d.status = 'pending')))
+     ORDER BY s.next_attempt_at
+     LIMIT 1
+       FOR UPDATE OF s SKIP LOCKED
+), leased AS (
+    UPDATE slawatch.outbox_send s
+       SET lease_owner = %(owner)s, lease_expires_at = %(now)s + %(lease)s::interval,
+           attempts = s.attempts + 1
+      FROM due
+     WHERE s.row_id = due.row_id AND s.notifier = due.notifier
+    RETURNING s.row_id, s.attempts, s.done, s.skipped
+)
+SELECT l.row_id, l.attempts, l.done, l.skipped, cardinality(r.keys) AS size, r.rule, r.kind,
+       e.i, e.key, e.episode, e.n, e.severity,
+       replace(to_char(e.deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
+               '.000000', '') || 'Z' AS deadline,
+       replace(to_char((e.deadline + r.after) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
+               '.000000', '') || 'Z' AS due_at,
+       replace(to_char(r.fired_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
+               '.000000', '') || 'Z' AS fired_at,
+       e.row_data,
+       CASE WHEN r.kind = 'firing' AND EXISTS (
+                 SELECT 1 FROM slawatch.ack k
+                  WHERE k.rule = r.rule AND k.key = e.key AND k.episode = e.episode)
+            THEN 'acknowledged'
+            WHEN EXISTS (
+                 SELECT 1 FROM slawatch.silence s
+                  WHERE s.rule = r.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s
+                    AND (s.key IS NULL OR s.key = e.key) AND e.row_data @> s.matchers)
+            THEN 'silenced' END AS skip,
+       (SELECT count(*) FROM sent) > 0 AS settled
+  FROM leased l
+  JOIN slawatch.outbox_row r ON r.id = l.row_id
+  LEFT JOIN LATERAL (
+       SELECT u.* FROM unnest(r.keys, r.episodes, r.ns, r.severities, r.deadlines, r.row_data)
+                  WITH ORDINALITY AS u(key, episode, n, severity, deadline, row_data, i)
+        WHERE u.i > l.done) e ON true
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, (SELECT count(*) FROM sent) > 0
+ WHERE NOT EXISTS (SELECT 1 FROM leased)
+ ORDER BY i;
+
+-- row_send_progress --
+-- A chunk of a leased send accepted: the elements settled so far (`done`, `skipped` up to
+-- it), and the lease renewed for the next chunk. Fenced by the owner (mark_sent): a
+-- worker whose lease was taken over changes nothing, and is told so (no row back).
+-- Asynchronous commit, as mark_sent: a lost progress is a chunk sent again.
+UPDATE slawatch.outbox_send
+   SET done = %(done)s, skipped = %(skipped)s::text[],
+       lease_expires_at = %(now)s + %(lease)s::interval
+ WHERE row_id = %(row_id)s AND notifier = %(notifier)s AND lease_owner = %(owner)s
+   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+RETURNING 1;
+
+-- mark_row_sent --
+-- A leased send's last chunk accepted (or nothing left to send): settled, fenced by the
+-- owner, where lease_row_send could not settle it (it was locked for a moment, or no
+-- lease followed).
+UPDATE slawatch.outbox_send
+   SET status = 'sent', sent_at = %(now)s, done = %(done)s, skipped = %(skipped)s::text[],
+       lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
+ WHERE row_id = %(row_id)s AND notifier = %(notifier)s AND lease_owner = %(owner)s
+   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off';
+
+-- mark_row_retry --
+-- A chunk failed: the send is tried again at `next` from `done` (recorded by the last
+-- accepted chunk), with the error kept. Fenced by the owner.
+UPDATE slawatch.outbox_send
+   SET next_attempt_at = %(next)s, lease_owner = NULL, lease_expires_at = NULL,
+       last_error = %(error)s
+ WHERE row_id = %(row_id)s AND notifier = %(notifier)s AND lease_owner = %(owner)s;
+
+-- mark_row_dead --
+-- After the last attempt, or at once on a permanent failure. Fenced by the owner; its
+-- commit stays synchronous (mark_dead).
+UPDATE slawatch.outbox_send
+   SET status = 'dead', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s
+ WHERE row_id = %(row_id)s AND notifier = %(notifier)s AND lease_owner = %(owner)s;
+
+-- row_orphans_pending --
+-- Whether any pending send goes to a notifier not in `configured` (orphans_pending).
+SELECT EXISTS (SELECT 1 FROM slawatch.outbox_send
+                WHERE status = 'pending' AND notifier <> ALL(%(configured)s::text[]));
+
+-- orphan_row_sends --
+-- Pending sends to notifiers not in `configured`, settled 'orphaned', as
+-- orphan_deliveries does for deliveries (one in flight is left to its process).
+WITH orphaned AS (
+    UPDATE slawatch.outbox_send
+       SET status = 'orphaned', lease_owner = NULL, lease_expires_at = NULL
+     WHERE status = 'pending' AND notifier <> ALL(%(configured)s::text[])
+       AND (%(due_before)s::timestamptz IS NULL
+            OR greatest(next_attempt_at, lease_expires_at) <= %(due_before)s)
+       AND (lease_owner IS NULL OR lease_expires_at <= %(now)s)
+    RETURNING notifier
+)
+SELECT notifier, count(*) FROM orphaned GROUP BY notifier ORDER BY notifier;
+
+-- replay_row_sends --
+-- Dead and orphaned sends back to pending, as replay does for deliveries: each to its own
+-- notifier (from its `done` on: what was accepted is not sent again), or with `to` to
+-- that one instead (the send moves and starts from its first element; a row with a send
+-- to `to` already keeps it as it is: `taken`); only to a notifier in `configured` (NULL:
+-- any), else `left`. Through outbox_send_dead. A resolved row already sent is not sent
+-- again after a replayed firing row (replay does that for deliveries).
+WITH picked AS (
+    SELECT s.row_id, s.notifier, s.status, t.target,
+           (%(configured)s::text[] IS NULL OR t.target = ANY(%(configured)s::text[])) AS known,
+           EXISTS (SELECT 1 FROM slawatch.outbox_send o
+                    WHERE o.row_id = s.row_id AND o.notifier = t.target
+                      AND o.notifier <> s.notifier) AS taken
+      FROM slawatch.outbox_send s JOIN slawatch.outbox_row r ON r.id = s.row_id
+     CROSS JOIN LATERAL (SELECT coalesce(%(to)s::text, s.notifier) AS target) t
+     WHERE s.status IN ('dead', 'orphaned')
+       AND (%(rule)s::text IS NULL OR r.rule = %(rule)s::text)
+       AND (%(notifier)s::text IS NULL OR s.notifier = %(notifier)s::text)
+), replayed AS (
+    UPDATE slawatch.outbox_send s
+       SET status = 'pending', notifier = p.target, attempts = 0, next_attempt_at = %(now)s,
+           lease_owner = NULL, lease_expires_at = NULL,
+           done = CASE WHEN p.target = p.notifier THEN s.done ELSE 0 END,
+           skipped = CASE WHEN p.target = p.notifier THEN s.skipped END
+      FROM picked p
+     WHERE s.row_id = p.row_id AND s.notifier = p.notifier AND s.status = p.status AND p.known
+       AND NOT p.taken
+    RETURNING p.status AS was
+)
+SELECT (SELECT count(*) FROM replayed WHERE was = 'dead') AS dead,
+       (SELECT count(*) FROM replayed WHERE was = 'orphaned') AS orphaned,
+       (SELECT count(*) FROM picked WHERE known AND taken) AS taken,
+       (SELECT count(*) FROM picked WHERE NOT known) AS left,
+       0 AS resolved;
+
+-- row_leftovers --
+-- Whether any dead or orphaned send goes to `notifier` (replay_leftovers).
+SELECT EXISTS (SELECT 1 FROM slawatch.outbox_send
+                WHERE status IN ('dead', 'orphaned') AND notifier = %(notifier)s);
+
+-- prune_outbox_rows --
+-- One bounded batch of the rows' history (maintain.py): rows fired before the cutoff
+-- none of whose sends is pending, removed with their sends. Old rows are found per rule
+-- through outbox_row_fired (the rules by a skip scan of it, as prune_history does); each
+-- row's sends through the primary key. A send replayed to pending meanwhile: its DELETE
+-- re-checks the status and skips it, and its row is kept.
+WITH RECURSIVE rules AS (
+    SELECT min(rule) AS rule FROM slawatch.outbox_row
+    UNION ALL
+    SELECT (SELECT min(o.rule) FROM slawatch.outbox_row o WHERE o.rule > r.rule)
+      FROM rules r
+     WHERE r.rule IS NOT NULL
+), old AS (
+    SELECT o.id
+      FROM rules r CROSS JOIN LATERAL (
+            SELECT w.id FROM slawatch.outbox_row w
+             WHERE w.rule = r.rule AND w.fired_at < %(cutoff)s
+               AND (SELECT bool_or(p.status = 'pending') FROM slawatch.outbox_send p
+                     WHERE p.row_id = w.id) IS NOT TRUE
+             ORDER BY w.fired_at
+             LIMIT %(batch)s) o
+     LIMIT %(batch)s
+), gone_sends AS (
+    DELETE FROM slawatch.outbox_send s
+     WHERE s.row_id = ANY (ARRAY(SELECT id FROM old)) AND s.status <> 'pending'
+    RETURNING s.row_id, s.notifier
+), gone_rows AS (
+    DELETE FROM slawatch.outbox_row w
+     WHERE w.id = ANY (ARRAY(SELECT id FROM old))
+       AND (SELECT bool_and((k.row_id, k.notifier) IN (SELECT row_id, notifier FROM gone_sends))
+              FROM slawatch.outbox_send k
+             WHERE k.row_id = w.id) IS NOT FALSE
+    RETURNING w.id
+)
+SELECT (SELECT count(*) FROM gone_rows), (SELECT count(*) FROM gone_sends);

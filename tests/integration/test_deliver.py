@@ -682,7 +682,8 @@ def test_the_wake_up_probes_plan_is_the_due_index_whatever_the_plan_cache_does(
     (source,) = conn.execute(
         "SELECT prosrc FROM pg_proc WHERE proname = 'deliveries_due'"
     ).fetchone()  # type: ignore[misc]
-    inner = source[source.index("(SELECT") + 1 : source.rindex(") <= at")]
+    # The first probe: deliveries (the second, of row sends: test_outbox_rows_deliver.py).
+    inner = source[source.index("(SELECT") + 1 : source.index(") <= at")]
     body = inner.replace("notifier_name", "$1").replace("<= at", "<= $2")
     conn.execute("SET plan_cache_mode = force_generic_plan")
     conn.execute(f"PREPARE due_probe(text, timestamptz) AS {body}")
