@@ -91,6 +91,7 @@ def listings(
     cur = conn.cursor(row_factory=dict_row)
     got: dict[int, list[dict[str, Any]]] = {i: [] for i in summary_ids}
     for row in cur.execute(queries()["storm_listing"], params).fetchall():
+        del row["part"], row["place"]  # their order: deliveries, then the outbox's rows
         got[row.pop("summary_id")].append(row)
     return got
 

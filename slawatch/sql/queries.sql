@@ -214,6 +214,12 @@ SELECT pg_advisory_xact_lock(hashtextextended('slawatch.storm:' || %(notifier)s,
 -- re-notifications; never resolved notices or summaries), not matched by an active
 -- silence or of an acknowledged episode (they win: the claim that follows settles those
 -- 'silenced' or 'acknowledged', uncounted).
+-- The outbox in rows (docs/explanation/outbox-rows.md) adds its sends to the notifier
+-- that are due and never attempted, of firing rows: each counts by its alerts from
+-- `done` on that are neither skipped already nor matched by an active silence or an ack
+-- (the same two looks per alert); one with none is left to the lease, which settles it.
+-- The notifier's pending sends are read through outbox_send_due (the backlog), each row
+-- by its primary key (LATERAL with OFFSET 0, as lease_row_send): no rows, one probe.
 -- Per rule: when a summary of the rule for this notifier is still open (pending and
 -- never attempted, so every attempt of it carries the same content), every candidate
 -- is folded into it, however few; otherwise, more than `threshold` candidates make a
@@ -222,9 +228,13 @@ SELECT pg_advisory_xact_lock(hashtextextended('slawatch.storm:' || %(notifier)s,
 -- delivery, due after `wait` so that the rest of the storm (the next claim batches of
 -- the same drain) folds into it too. A folded delivery is settled 'summarized' and
 -- points at its summary, found by (alert id, id): one range's partition per row, as the
--- claim's writes. No FOR UPDATE: under the lock no other claim of this
--- notifier runs, and the fold's UPDATE re-checks each row (a replay or a process
--- without the lock may have changed it since).
+-- claim's writes. A folded send likewise, its silenced and acknowledged alerts recorded
+-- in `skipped` (as the lease records them; the others are summarized). Its key names
+-- the storm's first alert: the least alert id among deliveries, else the first row's
+-- first alert's id (negative, alert_by_id). No FOR UPDATE: under the lock no other claim
+-- of this notifier runs, and the fold's UPDATE re-checks each row (a replay, a process
+-- without the lock, or a row send's lease, which does not take it, may have changed it
+-- since).
 WITH candidates AS (
     SELECT d.id, d.alert_id, a.rule, a.severity
       FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
@@ -237,11 +247,51 @@ WITH candidates AS (
        AND NOT EXISTS (
             SELECT 1 FROM slawatch.ack k
              WHERE k.rule = a.rule AND k.key = a.key AND k.episode = a.episode)
+), row_sends AS (
+    SELECT s.row_id, s.done, s.skipped, r.rule, r.keys, r.episodes, r.severities, r.row_data
+      FROM slawatch.outbox_send s
+     CROSS JOIN LATERAL (
+           SELECT o.rule, o.keys, o.episodes, o.severities, o.row_data
+             FROM slawatch.outbox_row o
+            WHERE o.id = s.row_id AND o.kind = 'firing' OFFSET 0) r
+     WHERE s.status = 'pending' AND s.notifier = %(notifier)s
+       AND s.next_attempt_at <= %(now)s AND s.attempts = 0
+), row_elements AS (
+    SELECT w.row_id, w.rule, w.done, e.p, e.severity, w.skipped[e.p] AS was,
+           CASE WHEN e.p <= w.done OR w.skipped[e.p] IS NOT NULL THEN w.skipped[e.p]
+                WHEN EXISTS (
+                     SELECT 1 FROM slawatch.ack k
+                      WHERE k.rule = w.rule AND k.key = e.key AND k.episode = e.episode)
+                THEN 'acknowledged'
+                WHEN EXISTS (
+                     SELECT 1 FROM slawatch.silence s
+                      WHERE s.rule = w.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s
+                        AND (s.key IS NULL OR s.key = e.key) AND e.row_data @> s.matchers)
+                THEN 'silenced' END AS skip
+      FROM row_sends w
+     CROSS JOIN LATERAL unnest(w.keys, w.episodes, w.severities, w.row_data)
+                WITH ORDINALITY AS e(key, episode, severity, row_data, p)
+), row_candidates AS (
+    SELECT row_id, rule,
+           count(*) FILTER (WHERE p > done AND skip IS NULL) AS count,
+           -(row_id * 128 + min(p) FILTER (WHERE p > done AND skip IS NULL)) AS first_alert,
+           (array_agg(severity ORDER BY array_position(%(severities)s::text[], severity)
+                                           DESC NULLS LAST)
+                FILTER (WHERE p > done AND skip IS NULL))[1] AS severity,
+           CASE WHEN bool_or(skip IS NOT NULL) THEN array_agg(skip ORDER BY p) END AS skipped
+      FROM row_elements GROUP BY row_id, rule
+    HAVING count(*) FILTER (WHERE p > done AND skip IS NULL) > 0
+), counted AS (
+    SELECT rule, 1 AS count, alert_id AS first_alert, severity FROM candidates
+    UNION ALL
+    SELECT rule, count, first_alert, severity FROM row_candidates
 ), per_rule AS (
-    SELECT rule, count(*) AS count, min(alert_id) AS first_alert,
+    SELECT rule, sum(count) AS count,
+           coalesce(min(first_alert) FILTER (WHERE first_alert > 0), max(first_alert))
+               AS first_alert,
            (array_agg(severity ORDER BY array_position(%(severities)s::text[], severity)
                                            DESC NULLS LAST))[1] AS severity
-      FROM candidates GROUP BY rule
+      FROM counted GROUP BY rule
 ), open AS (
     -- At most one per rule is ever open (all are made under the lock); min() for sure.
     SELECT a.rule, min(a.id) AS summary_id
@@ -267,7 +317,7 @@ WITH candidates AS (
     SELECT rule, summary_id, false AS made FROM open
     UNION ALL
     SELECT rule, id, true FROM made
-), folded AS (
+), folded_deliveries AS (
     UPDATE slawatch.delivery d
        SET status = 'summarized', summary_id = t.summary_id
       FROM candidates c JOIN target t ON t.rule = c.rule
@@ -278,9 +328,18 @@ WITH candidates AS (
        -- delivery_id's bitmap, reading every pending delivery for each folded one
        -- (20,000 folded: 12.5 s instead of 0.1; test_storm.py).
        AND d.status = (SELECT 'pending')
-    RETURNING t.summary_id, c.severity
+    RETURNING t.summary_id, 1::bigint AS count, c.severity
+), folded_sends AS (
+    UPDATE slawatch.outbox_send s
+       SET status = 'summarized', summary_id = t.summary_id, skipped = c.skipped
+      FROM row_candidates c JOIN target t ON t.rule = c.rule
+     WHERE s.row_id = c.row_id AND s.notifier = %(notifier)s AND s.attempts = 0
+       AND s.status = (SELECT 'pending')
+    RETURNING t.summary_id, c.count, c.severity
+), folded AS (
+    SELECT * FROM folded_deliveries UNION ALL SELECT * FROM folded_sends
 ), folded_per AS (
-    SELECT summary_id, count(*) AS count,
+    SELECT summary_id, sum(count) AS count,
            (array_agg(severity ORDER BY array_position(%(severities)s::text[], severity)
                                            DESC NULLS LAST))[1] AS severity
       FROM folded GROUP BY summary_id
@@ -305,16 +364,31 @@ SELECT t.rule, t.summary_id, t.made, coalesce(f.count, 0) AS folded
 -- storm_listing --
 -- What a summary's message lists: per summary alert, its first `listed` folded alerts
 -- (claim order), through delivery_summary; and, for the link, when the first fired.
+-- Then those of the outbox's rows folded into it (through outbox_send_summary), in row
+-- order, each send its alerts from `done` on not skipped. `part` and `place` order them.
 SELECT s.id AS summary_id, l.*
   FROM unnest(%(ids)s::bigint[]) AS s(id)
   CROSS JOIN LATERAL (
-       SELECT a.rule, a.key, a.episode, a.n, a.kind, a.severity, a.deadline, a.due_at,
-              a.fired_at, a.row_data
-         FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
-        WHERE d.summary_id = s.id
-        ORDER BY d.alert_id
-        LIMIT %(limit)s) l
- ORDER BY s.id;
+       (SELECT 0 AS part, d.alert_id AS place, a.rule, a.key, a.episode, a.n, a.kind,
+               a.severity, a.deadline, a.due_at, a.fired_at, a.row_data
+          FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
+         WHERE d.summary_id = s.id
+         ORDER BY d.alert_id
+         LIMIT %(limit)s)
+       UNION ALL
+       (SELECT 1, o.row_id * 128 + e.p, r.rule, e.key, e.episode, e.n, r.kind, e.severity,
+               e.deadline, e.deadline + r.after, r.fired_at, e.row_data
+          FROM slawatch.outbox_send o
+          JOIN slawatch.outbox_row r ON r.id = o.row_id
+         CROSS JOIN LATERAL unnest(r.keys, r.episodes, r.ns, r.severities, r.deadlines,
+                                   r.row_data)
+                    WITH ORDINALITY AS e(key, episode, n, severity, deadline, row_data, p)
+         WHERE o.summary_id = s.id AND e.p > o.done AND o.skipped[e.p] IS NULL
+         ORDER BY o.row_id, e.p
+         LIMIT %(limit)s)
+       ORDER BY 1, 2
+       LIMIT %(limit)s) l
+ ORDER BY s.id, l.part, l.place;
 
 -- mark_sent --
 -- Fenced: only the owner of the current lease may finish a delivery. One statement
@@ -849,7 +923,8 @@ SELECT b.id, b.rule, b.key, b.episode, b.n, b.kind, b.severity, b.deadline, b.du
 -- of its row, with the element's id as its id (a send has none of its own) and the
 -- element's status: what `skipped` says it was settled as ('acknowledged',
 -- 'silenced'), else sent when the send is sent or got past it (`done`), else the
--- send's (pending, dead, orphaned); its attempts and error are the send's.
+-- send's (pending, dead, orphaned, summarized: its summary_id the send's); its attempts
+-- and error are the send's.
 SELECT alert_id, id, notifier, status, attempts, next_attempt_at, last_error, sent_at, summary_id
   FROM (
     SELECT alert_id, id, notifier, status, attempts,
@@ -861,7 +936,8 @@ SELECT alert_id, id, notifier, status, attempts, next_attempt_at, last_error, se
     SELECT w.id, w.id, s.notifier, st.status, s.attempts,
            greatest(s.next_attempt_at, s.lease_expires_at),
            CASE WHEN st.status <> 'sent' THEN s.last_error END,
-           CASE WHEN st.status = 'sent' THEN s.sent_at END, NULL::bigint
+           CASE WHEN st.status = 'sent' THEN s.sent_at END,
+           CASE WHEN st.status = 'summarized' THEN s.summary_id END
       FROM unnest(%(ids)s::bigint[]) AS w(id)
       JOIN slawatch.outbox_send s ON s.row_id = -w.id / 128
      CROSS JOIN LATERAL (SELECT mod(-w.id, 128)::int AS p) e
