@@ -544,3 +544,50 @@ def test_retention_removes_old_rows_whose_every_send_is_settled(schema: Conn, db
     assert left == [(waiting,), (young,)]
     sends = conn.execute("SELECT row_id, notifier FROM slawatch.outbox_send ORDER BY 1, 2")
     assert sends.fetchall() == [(waiting, "hook"), (waiting, "other"), (young, "hook")]
+
+
+def todays_alert(
+    conn: Conn, key: str, *, kind: str = "firing", episode: int = 1, due: datetime = NOW
+) -> int:
+    """A notification (or with ``kind`` 'resolved' a resolved notice, n = 0) in today's
+    outbox, with a delivery to hook due at ``due``; its alert id."""
+    (alert_id,) = conn.execute(
+        "WITH a AS (INSERT INTO slawatch.alert"
+        " (rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data)"
+        " VALUES (%s, %s, %s, %s, %s, 'warning', %s, %s, %s, '{}') RETURNING id)"
+        " INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)"
+        " SELECT id, 'hook', %s FROM a RETURNING alert_id",
+        (RULE, key, episode, 0 if kind == "resolved" else 1, kind, T0, T0, NOW, due),
+    ).fetchone()  # type: ignore[misc]
+    return int(alert_id)
+
+
+def test_a_resolved_notice_of_todays_outbox_waits_for_the_firing_row_of_its_episode(
+    schema: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """Across shapes the other way (the setting switched from 'rows' to 'alerts'
+    mid-episode): a resolved notice in today's outbox waits while a firing row of its
+    episode (rule, key, episode) has a pending send to the notifier, and follows it in
+    the pass that sends it. Another episode of the key, another rule's row, a send to
+    another notifier and a resolved row hold nothing back."""
+    conn = schema
+    later = NOW + timedelta(minutes=5)
+    firing = insert_row(conn, ["x", "e"], due=later)  # waiting to retry
+    insert_row(conn, ["e"], episodes=[2], ns=[3], due=later + timedelta(hours=1))
+    insert_row(conn, ["e"], rule="job_hung", due=later + timedelta(hours=1))
+    insert_row(conn, ["e"], notifiers=["other"], due=later + timedelta(hours=1))
+    insert_row(conn, ["e"], kind="resolved", due=later + timedelta(hours=1))
+    todays_alert(conn, "e", kind="resolved")
+    unheld = todays_alert(conn, "f", kind="resolved")
+    notifier = hook(receiver.url)
+    result = deliver_notifier(db, notifier, FixedClock(NOW))
+    assert result.sent == 1 and [a["key"] for a in receiver.requests[0].alerts] == ["f"]
+    assert unheld and send_of(conn, firing)["status"] == "pending"
+    assert deliver_notifier(db, notifier, FixedClock(NOW + timedelta(minutes=1))).sent == 0
+
+    # One pass sends the firing row, then the resolved notice it held.
+    result = deliver_notifier(db, notifier, FixedClock(later))
+    assert result.sent == 3
+    ids = [a["id"] for r in receiver.requests[1:] for a in r.alerts]
+    assert ids == [f"{RULE}:x:e1:n1", f"{RULE}:e:e1:n1", f"{RULE}:e:e1:resolved"]
+    assert send_of(conn, firing)["status"] == "sent"
