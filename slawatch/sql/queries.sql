@@ -1397,8 +1397,16 @@ SELECT notifier, count(*) FROM orphaned GROUP BY notifier ORDER BY notifier;
 -- notifier (from its `done` on: what was accepted is not sent again), or with `to` to
 -- that one instead (the send moves and starts from its first element; a row with a send
 -- to `to` already keeps it as it is: `taken`); only to a notifier in `configured` (NULL:
--- any), else `left`. Through outbox_send_dead. A resolved row already sent is not sent
--- again after a replayed firing row (replay does that for deliveries).
+-- any), else `left`. Through outbox_send_dead.
+-- A replayed firing row would page after the all-clear where a resolved row of one of
+-- the episodes it sends again (its alerts from `done` on not skipped; all of them when
+-- it moves) has gone out to that notifier: that resolved row's send goes back to pending
+-- too (from its first alert; a new send where the row had none to the notifier, as
+-- replay inserts a delivery), after it (lease_row_send holds it back until the firing
+-- row's send is settled), unless it is pending there already: `resolved`, as replay's.
+-- A resolved row holds up to 100 episodes' notices: the others go again too, with the
+-- same idempotency ids (receivers drop a repeat). The resolved rows are found among the
+-- rule's rows fired since the firing one (outbox_row_fired) that share a key with it.
 WITH picked AS (
     SELECT s.row_id, s.notifier, s.status, t.target,
            (%(configured)s::text[] IS NULL OR t.target = ANY(%(configured)s::text[])) AS known,
@@ -1419,13 +1427,36 @@ WITH picked AS (
       FROM picked p
      WHERE s.row_id = p.row_id AND s.notifier = p.notifier AND s.status = p.status AND p.known
        AND NOT p.taken
-    RETURNING p.status AS was
+    RETURNING p.status AS was, s.row_id, p.target, s.done, s.skipped
+), closing AS (
+    SELECT DISTINCT c.id AS row_id, x.target
+      FROM replayed x
+      JOIN slawatch.outbox_row f ON f.id = x.row_id AND f.kind = 'firing'
+      JOIN slawatch.outbox_row c
+        ON c.rule = f.rule AND c.fired_at >= f.fired_at AND c.kind = 'resolved'
+       AND c.id > f.id AND c.keys && f.keys
+     WHERE EXISTS (
+            SELECT 1 FROM unnest(f.keys, f.episodes) WITH ORDINALITY AS e(key, episode, p)
+              JOIN unnest(c.keys, c.episodes) AS o(key, episode)
+                ON o.key = e.key AND o.episode = e.episode
+             WHERE e.p > x.done AND x.skipped[e.p] IS NULL)
+       AND NOT EXISTS (SELECT 1 FROM replayed y WHERE y.row_id = c.id AND y.target = x.target)
+), resent AS (
+    -- (A send `replayed` moved is left out above: one statement must not write it twice.)
+    INSERT INTO slawatch.outbox_send (row_id, notifier, next_attempt_at)
+    SELECT row_id, target, %(now)s FROM closing
+    ON CONFLICT (row_id, notifier) DO UPDATE
+       SET status = 'pending', attempts = 0, done = 0, skipped = NULL,
+           next_attempt_at = excluded.next_attempt_at, lease_owner = NULL,
+           lease_expires_at = NULL, last_error = NULL
+     WHERE slawatch.outbox_send.status <> 'pending'
+    RETURNING 1
 )
 SELECT (SELECT count(*) FROM replayed WHERE was = 'dead') AS dead,
        (SELECT count(*) FROM replayed WHERE was = 'orphaned') AS orphaned,
        (SELECT count(*) FROM picked WHERE known AND taken) AS taken,
        (SELECT count(*) FROM picked WHERE NOT known) AS left,
-       0 AS resolved;
+       (SELECT count(*) FROM resent) AS resolved;
 
 -- row_leftovers --
 -- Whether any dead or orphaned send goes to `notifier` (replay_leftovers).

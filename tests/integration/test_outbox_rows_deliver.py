@@ -591,3 +591,67 @@ def test_a_resolved_notice_of_todays_outbox_waits_for_the_firing_row_of_its_epis
     ids = [a["id"] for r in receiver.requests[1:] for a in r.alerts]
     assert ids == [f"{RULE}:x:e1:n1", f"{RULE}:e:e1:n1", f"{RULE}:e:e1:resolved"]
     assert send_of(conn, firing)["status"] == "sent"
+
+
+def test_replaying_a_dead_firing_row_sends_its_episodes_resolved_rows_again_after_it(
+    schema: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """A dead firing row replayed goes again from its `done` on; a resolved row of one of
+    those episodes already sent to the notifier goes back to pending (the receiver is
+    told "resolved" after the replayed "firing" again), counted as `resolved`. Not one of
+    an alert the send had got past, of another episode, or one pending already."""
+    conn = schema
+    firing = insert_row(conn, ["a", "b", "c"])
+    conn.execute(
+        "UPDATE slawatch.outbox_send SET status = 'dead', done = 1, attempts = 4 WHERE row_id = %s",
+        (firing,),
+    )
+    b_resolved = insert_row(conn, ["z", "b"], kind="resolved", episodes=[7, 1])
+    a_resolved = insert_row(conn, ["a"], kind="resolved")  # `a` went before the resolved
+    c_other = insert_row(conn, ["c"], kind="resolved", episodes=[2])
+    c_pending = insert_row(conn, ["c"], kind="resolved", due=NOW + timedelta(days=1))
+    conn.execute(
+        "UPDATE slawatch.outbox_send SET status = 'sent', done = cardinality(r.keys)"
+        " FROM slawatch.outbox_row r WHERE r.id = row_id AND row_id = ANY(%s)",
+        ([b_resolved, a_resolved, c_other],),
+    )
+    with db.connection("replaying") as c:
+        done = replay_deliveries(c, NOW, RULE, "hook", configured={"hook"})
+    assert (done.dead, done.count, done.resolved) == (1, 1, 1)
+    send = send_of(conn, b_resolved)
+    assert (send["status"], send["done"], send["attempts"]) == ("pending", 0, 0)
+    assert {send_of(conn, r)["status"] for r in (a_resolved, c_other)} == {"sent"}
+    assert send_of(conn, c_pending)["status"] == "pending"
+    with db.connection("replaying") as c:  # again: nothing dead, nothing more
+        assert replay_deliveries(c, NOW, RULE, "hook", configured={"hook"}).resolved == 0
+
+    result = deliver_notifier(db, hook(receiver.url), FixedClock(NOW))
+    assert result.sent == 2 + 2
+    ids = [a["id"] for r in receiver.requests for a in r.alerts]
+    assert ids.index(f"{RULE}:b:e1:n1") < ids.index(f"{RULE}:b:e1:resolved")
+    assert sorted(ids) == sorted(
+        [f"{RULE}:b:e1:n1", f"{RULE}:c:e1:n1", f"{RULE}:z:e7:resolved", f"{RULE}:b:e1:resolved"]
+    )
+
+
+def test_moving_a_firing_row_sends_its_episodes_resolved_rows_to_the_new_notifier(
+    schema: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """Moved to another notifier, a firing row's send starts over: a resolved row of its
+    episodes gets a send to that notifier, after it, where it had none."""
+    conn = schema
+    firing = insert_row(conn, ["a", "b"], notifiers=["gone"])
+    conn.execute(
+        "UPDATE slawatch.outbox_send SET status = 'orphaned', done = 2 WHERE row_id = %s",
+        (firing,),
+    )
+    resolved = insert_row(conn, ["a"], kind="resolved", notifiers=["gone"])
+    conn.execute("UPDATE slawatch.outbox_send SET status = 'sent' WHERE row_id = %s", (resolved,))
+    with db.connection("replaying") as c:
+        moved = replay_deliveries(c, NOW, None, "gone", to="hook", configured={"hook"})
+    assert (moved.orphaned, moved.resolved) == (1, 1)
+    assert send_of(conn, resolved, "hook")["status"] == "pending"
+    assert send_of(conn, resolved, "gone")["status"] == "sent"
+    assert deliver_notifier(db, hook(receiver.url), FixedClock(NOW)).sent == 3
+    ids = [a["id"] for r in receiver.requests for a in r.alerts]
+    assert ids == [f"{RULE}:a:e1:n1", f"{RULE}:b:e1:n1", f"{RULE}:a:e1:resolved"]
