@@ -13,13 +13,15 @@ import pytest
 
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import deliver_notifier, lease_row_send
+from slawatch.delivery.dispatcher import Dispatcher, deliver_notifier, lease_row_send
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
+from slawatch.engine.claim import plan_claim
 from slawatch.engine.queries import queries
 from slawatch.operate.metrics import Metrics
-from tests.integration.helpers import Conn, FixedClock, shop
+from tests.integration.helpers import Conn, FixedClock, claim_all, shop
 from tests.integration.test_outbox_rows_deliver import NOW, RULE, T0, insert_row, send_of
 from tests.receivers import WebhookReceiver
+from tests.waiting import wait_until
 
 WAIT = timedelta(seconds=10)  # storm.wait's default
 
@@ -245,3 +247,45 @@ def test_resolved_rows_and_sends_attempted_already_go_one_by_one(
     result = deliver_notifier(db, notifier, FixedClock(NOW))
     assert (result.sent, result.summarized, result.summaries) == (200, 0, 0)
     assert {send_of(conn, r)["status"] for r in (resolved, retrying)} == {"sent"}
+
+
+def test_a_storm_claimed_into_rows_by_the_claim_goes_as_one_summary_per_notifier(
+    conn: Conn, db: Database, receiver: WebhookReceiver, track: str
+) -> None:
+    """End to end: the claim of 450 overdue orders with SLAWATCH_OUTBOX=rows (rows of
+    100), a delivery pass that folds them, and a Dispatcher's workers: one summary of 450
+    to the storm notifier, while a notifier without storm gets every alert."""
+    rule = shop(conn, track)["order_unshipped"].model_copy(
+        update={"notify": ["hook", "plain"], "batch": 300}
+    )
+    conn.execute(
+        "INSERT INTO orders SELECT g, 7, 990, 'paid', %s FROM generate_series(1, 450) g", (T0,)
+    )
+    plan = plan_claim(rule, "timestamp with time zone", outbox_in="rows")
+    with WebhookReceiver() as plain_receiver:
+        stormy = hook(receiver)
+        plain = WebhookNotifier(
+            WebhookConfig.model_validate(
+                {"name": "plain", "type": "webhook", "url": plain_receiver.url}
+            )
+        )
+        assert claim_all(conn, plan, NOW) == 450
+        assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (0,)
+        assert deliver_notifier(db, stormy, FixedClock(NOW)).summaries == 1
+        clock = FixedClock(NOW + WAIT)
+        dispatcher = Dispatcher(db, {"hook": stormy, "plain": plain}, clock, poll=0.05)
+        dispatcher.start()
+        try:
+            wait_until(lambda: len(summaries(receiver)) == 1, "the summary")
+            wait_until(lambda: len(singles(plain_receiver)) == 450, "every alert to plain")
+        finally:
+            dispatcher.stop()
+    (summary,) = summaries(receiver)
+    assert summary["count"] == 450 and singles(receiver) == []
+    assert len(summary["first"]) == 20
+    statuses = dict(
+        conn.execute(
+            "SELECT status, count(*) FROM slawatch.outbox_send WHERE notifier = 'hook' GROUP BY 1"
+        ).fetchall()
+    )
+    assert set(statuses) == {"summarized"}
