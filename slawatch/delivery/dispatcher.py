@@ -472,7 +472,12 @@ def claim_deliveries(
         log.debug("notifier %s: %d deliveries silenced", notifier.name, batch.silenced)
     if batch.acknowledged:
         log.debug("notifier %s: %d deliveries acknowledged", notifier.name, batch.acknowledged)
-    for f in batch.folded:
+    _log_folded(notifier, batch.folded)
+    return batch
+
+
+def _log_folded(notifier: Notifier, folded: list[Folded]) -> None:
+    for f in folded:
         log.log(
             logging.WARNING if f.made else logging.INFO,
             "notifier %s: %s of rule %s: %d deliveries summarized (summary alert %d)",
@@ -482,7 +487,6 @@ def claim_deliveries(
             f.folded,
             f.summary_id,
         )
-    return batch
 
 
 def _payloads(
@@ -728,6 +732,7 @@ class RowSend:
     skipped: list[str | None] = field(default_factory=list)
     elements: list[dict[str, Any]] = field(default_factory=list)
     settled: bool = False
+    folded: list[Folded] = field(default_factory=list)  # storms folded before the lease
 
 
 @dataclass(frozen=True)
@@ -745,7 +750,12 @@ def lease_row_send(
 ) -> RowSend:
     """Lease one due send of ``notifier`` to a fresh owner; settle ``sent`` as sent in the
     same statement (queries.sql, lease_row_send), or, where that statement could not lock
-    it at once, in one more (mark_row_sent)."""
+    it at once, in one more (mark_row_sent).
+
+    For a notifier with ``storm``, the same transaction first folds storms under the
+    notifier's storm lock, as claim_deliveries does (slawatch/delivery/storm.py): the
+    sends due of a storm are folded before any of them is leased, also those that came
+    after the last claim of deliveries (docs/reference/notifiers.md, "storm")."""
     owner = uuid.uuid4()
     params = {
         "now": now,
@@ -759,17 +769,24 @@ def lease_row_send(
     }
     query = queries()["lease_row_send"]
 
-    def run(conn: Connection) -> list[dict[str, Any]]:
+    storm = notifier.storm
+
+    def run(conn: Connection) -> tuple[list[dict[str, Any]], list[Folded]]:
         cur = conn.cursor(row_factory=dict_row)
         cur.adapters.register_loader("jsonb", RowDataLoader)
-        return cur.execute(query, params).fetchall()
+        if storm is None:
+            return cur.execute(query, params).fetchall(), []
+        with conn.transaction():  # the storm lock held from the fold to the lease's end
+            folded = storm_summarize(conn, notifier.name, storm, now)
+            return cur.execute(query, params).fetchall(), folded
 
-    got = db.run(f"leasing a row send for {notifier.name}", run)
+    got, folded = db.run(f"leasing a row send for {notifier.name}", run)
+    _log_folded(notifier, folded)
     first = got[0]
     if sent is not None and not first["settled"]:
         mark_row_sent(db, notifier, now, sent)
     if first["row_id"] is None:
-        return RowSend(owner, None, settled=bool(first["settled"]))
+        return RowSend(owner, None, settled=bool(first["settled"]), folded=folded)
     done = int(first["done"])
     skipped = list(first["skipped"] or [])[:done]
     skipped += [None] * (done - len(skipped))
@@ -800,6 +817,7 @@ def lease_row_send(
         skipped,
         elements,
         bool(first["settled"]),
+        folded,
     )
 
 
@@ -972,7 +990,17 @@ def deliver_rows(
     one settled by the lease of the next. What they did, and how many were leased."""
     total, leased = PassResult(), 0
     send: RowSend | None = lease_row_send(db, notifier, clock.now())
-    while send is not None and send.row_id is not None:
+    while send is not None:
+        if send.folded:  # settled unsent by the lease's fold: counted as they are
+            started = time.monotonic()
+            summarized = PassResult(
+                summarized=sum(f.folded for f in send.folded),
+                summaries=sum(1 for f in send.folded if f.made),
+            )
+            _settled(notifier, summarized, started, metrics, clock.now(), [])
+            total += summarized
+        if send.row_id is None:
+            break
         leased += 1
         more = (stop is None or not stop.is_set()) and (turn is None or leased < turn)
         result, send = deliver_row_send(
@@ -1017,7 +1045,14 @@ def deliver_notifier(
         # deliveries while the turn was used up (more may be due of either shape).
         result, leased = deliver_rows(db, notifier, clock, descriptions, stop, metrics)
         total += result
-        if leased < ROWS_PER_TURN or result.retried or result.dead:
+        if result.retried or result.dead:
+            return total
+        if leased < ROWS_PER_TURN and not (
+            # A resolved notice of today's outbox waits for a firing row sent now
+            # (claim_deliveries): it follows in this pass, as one held by a batch does.
+            # The look costs one query, after a turn that sent something only.
+            result.sent and deliveries_due(db, notifier, clock.now())
+        ):
             return total
 
 

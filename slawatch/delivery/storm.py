@@ -29,6 +29,14 @@ What counts: first attempts of notifications (first notices and re-notifications
 Resolved notices always go one by one (they close what the receiver opened), and a
 delivery matched by an active silence is silenced, one of an acknowledged episode
 acknowledged, neither counted (silences and acks win).
+
+The outbox in rows (docs/explanation/outbox-rows.md) folds the same way: a firing row's
+send due and never attempted counts by its alerts from its ``done`` on, those skipped,
+silenced or acknowledged left out (recorded in its ``skipped``); folded, it is settled
+``summarized`` pointing at the summary (``summary_id``), and the summary lists its
+alerts after those of deliveries. A worker's lease of a row send folds first under the
+same lock (dispatcher.lease_row_send), so rows that come due between two claims of
+deliveries fold into the open summary too.
 """
 
 from __future__ import annotations
@@ -91,6 +99,7 @@ def listings(
     cur = conn.cursor(row_factory=dict_row)
     got: dict[int, list[dict[str, Any]]] = {i: [] for i in summary_ids}
     for row in cur.execute(queries()["storm_listing"], params).fetchall():
+        del row["part"], row["place"]  # their order: deliveries, then the outbox's rows
         got[row.pop("summary_id")].append(row)
     return got
 

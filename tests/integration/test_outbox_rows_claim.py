@@ -442,9 +442,9 @@ def one_error(result: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize("track", ["inline"])
-def test_rows_with_a_storm_are_refused_at_check_and_run(
-    tmp_path: Path, dsn: str, track: str
-) -> None:
+def test_rows_with_a_storm_pass_check(tmp_path: Path, dsn: str, track: str) -> None:
+    """Storms fold the outbox's rows (tests/integration/test_outbox_rows_storm.py):
+    SLAWATCH_OUTBOX=rows beside a notifier with `storm` is no longer refused."""
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "late.yaml").write_text(RULE)
     (tmp_path / "notifiers").mkdir()
@@ -457,13 +457,8 @@ def test_rows_with_a_storm_are_refused_at_check_and_run(
         "SLAWATCH_DSN": dsn,
     }
     rows = env | {"SLAWATCH_OUTBOX": "rows"}
-    for command in (["check"], ["run", "--once"], ["run"]):
-        line = one_error(slawatch(*command, env=rows))
-        assert "SLAWATCH_OUTBOX=rows does not fold storms yet: notifier hook sets storm" in line
-    # Today's outbox folds them: check goes on to the database (the table is not there).
-    assert "SLAWATCH_OUTBOX" not in slawatch("check", env=env).stderr
-    # Without the storm, rows pass the check of the files.
-    (tmp_path / "notifiers" / "hook.yaml").write_text(hook)
+    assert outbox_refusal("rows", [], load_notifiers(tmp_path / "notifiers")) is None
+    # check goes on to the database (the table is not there), as with today's outbox.
     assert "SLAWATCH_OUTBOX" not in slawatch("check", env=rows).stderr
     line = one_error(slawatch("check", env=env | {"SLAWATCH_OUTBOX": "row"}))
     assert line == "slawatch: error: SLAWATCH_OUTBOX: Input should be 'alerts' or 'rows'"
@@ -480,11 +475,11 @@ def test_rows_with_a_calendar_rule_are_refused() -> None:
         plan_claim(dated, "timestamp with time zone", outbox_in="rows")
 
 
-def test_a_runner_with_rows_claims_into_rows_and_refuses_a_storm(
+def test_a_runner_with_rows_claims_into_rows_beside_a_storm(
     conn: Conn, dsn: str, tmp_path: Path
 ) -> None:
-    """`slawatch run`'s Runner takes SLAWATCH_OUTBOX: its claims write rows, and a storm
-    is refused at its start and at a reload (which leaves the running set as it was)."""
+    """`slawatch run`'s Runner takes SLAWATCH_OUTBOX: its claims write rows, also after a
+    reload that adds a notifier with `storm` (storms fold rows), and at a start with one."""
     conn.execute(TABLE)
     rowed = rule("rowed", "inline")
     migrate(conn, [rowed])
@@ -499,15 +494,13 @@ def test_a_runner_with_rows_claims_into_rows_and_refuses_a_storm(
         nothing_of_today(conn)
         (tmp_path / "pager.yaml").write_text("type: console\nstorm: 50\n")
         stormy = load_notifiers(tmp_path)
-        assert runner.apply([rowed], stormy) is False
-        # Still running as it was: the next due notifications go on into rows.
+        assert runner.apply([rowed], stormy) is True
+        # The next due notifications go on into rows.
         orders(conn, range(4, 5), T0)
         assert runner.once().claimed == 1 and len(elements(conn)) == 4
     finally:
         runner.close()
-    with pytest.raises(ConfigError, match="notifier pager sets storm"):
-        Runner(dsn, [rowed], stormy, clock=FixedClock(DUE), outbox="rows")
-    Runner(dsn, [rowed], stormy, clock=FixedClock(DUE)).close()  # today's outbox folds storms
+    Runner(dsn, [rowed], stormy, clock=FixedClock(DUE), outbox="rows").close()
 
 
 @pytest.mark.parametrize("track", ["inline"])

@@ -544,3 +544,114 @@ def test_retention_removes_old_rows_whose_every_send_is_settled(schema: Conn, db
     assert left == [(waiting,), (young,)]
     sends = conn.execute("SELECT row_id, notifier FROM slawatch.outbox_send ORDER BY 1, 2")
     assert sends.fetchall() == [(waiting, "hook"), (waiting, "other"), (young, "hook")]
+
+
+def todays_alert(
+    conn: Conn, key: str, *, kind: str = "firing", episode: int = 1, due: datetime = NOW
+) -> int:
+    """A notification (or with ``kind`` 'resolved' a resolved notice, n = 0) in today's
+    outbox, with a delivery to hook due at ``due``; its alert id."""
+    (alert_id,) = conn.execute(
+        "WITH a AS (INSERT INTO slawatch.alert"
+        " (rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data)"
+        " VALUES (%s, %s, %s, %s, %s, 'warning', %s, %s, %s, '{}') RETURNING id)"
+        " INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)"
+        " SELECT id, 'hook', %s FROM a RETURNING alert_id",
+        (RULE, key, episode, 0 if kind == "resolved" else 1, kind, T0, T0, NOW, due),
+    ).fetchone()  # type: ignore[misc]
+    return int(alert_id)
+
+
+def test_a_resolved_notice_of_todays_outbox_waits_for_the_firing_row_of_its_episode(
+    schema: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """Across shapes the other way (the setting switched from 'rows' to 'alerts'
+    mid-episode): a resolved notice in today's outbox waits while a firing row of its
+    episode (rule, key, episode) has a pending send to the notifier, and follows it in
+    the pass that sends it. Another episode of the key, another rule's row, a send to
+    another notifier and a resolved row hold nothing back."""
+    conn = schema
+    later = NOW + timedelta(minutes=5)
+    firing = insert_row(conn, ["x", "e"], due=later)  # waiting to retry
+    insert_row(conn, ["e"], episodes=[2], ns=[3], due=later + timedelta(hours=1))
+    insert_row(conn, ["e"], rule="job_hung", due=later + timedelta(hours=1))
+    insert_row(conn, ["e"], notifiers=["other"], due=later + timedelta(hours=1))
+    insert_row(conn, ["e"], kind="resolved", due=later + timedelta(hours=1))
+    todays_alert(conn, "e", kind="resolved")
+    unheld = todays_alert(conn, "f", kind="resolved")
+    notifier = hook(receiver.url)
+    result = deliver_notifier(db, notifier, FixedClock(NOW))
+    assert result.sent == 1 and [a["key"] for a in receiver.requests[0].alerts] == ["f"]
+    assert unheld and send_of(conn, firing)["status"] == "pending"
+    assert deliver_notifier(db, notifier, FixedClock(NOW + timedelta(minutes=1))).sent == 0
+
+    # One pass sends the firing row, then the resolved notice it held.
+    result = deliver_notifier(db, notifier, FixedClock(later))
+    assert result.sent == 3
+    ids = [a["id"] for r in receiver.requests[1:] for a in r.alerts]
+    assert ids == [f"{RULE}:x:e1:n1", f"{RULE}:e:e1:n1", f"{RULE}:e:e1:resolved"]
+    assert send_of(conn, firing)["status"] == "sent"
+
+
+def test_replaying_a_dead_firing_row_sends_its_episodes_resolved_rows_again_after_it(
+    schema: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """A dead firing row replayed goes again from its `done` on; a resolved row of one of
+    those episodes already sent to the notifier goes back to pending (the receiver is
+    told "resolved" after the replayed "firing" again), counted as `resolved`. Not one of
+    an alert the send had got past, of another episode, or one pending already."""
+    conn = schema
+    firing = insert_row(conn, ["a", "b", "c"])
+    conn.execute(
+        "UPDATE slawatch.outbox_send SET status = 'dead', done = 1, attempts = 4 WHERE row_id = %s",
+        (firing,),
+    )
+    b_resolved = insert_row(conn, ["z", "b"], kind="resolved", episodes=[7, 1])
+    a_resolved = insert_row(conn, ["a"], kind="resolved")  # `a` went before the resolved
+    c_other = insert_row(conn, ["c"], kind="resolved", episodes=[2])
+    c_pending = insert_row(conn, ["c"], kind="resolved", due=NOW + timedelta(days=1))
+    conn.execute(
+        "UPDATE slawatch.outbox_send SET status = 'sent', done = cardinality(r.keys)"
+        " FROM slawatch.outbox_row r WHERE r.id = row_id AND row_id = ANY(%s)",
+        ([b_resolved, a_resolved, c_other],),
+    )
+    with db.connection("replaying") as c:
+        done = replay_deliveries(c, NOW, RULE, "hook", configured={"hook"})
+    assert (done.dead, done.count, done.resolved) == (1, 1, 1)
+    send = send_of(conn, b_resolved)
+    assert (send["status"], send["done"], send["attempts"]) == ("pending", 0, 0)
+    assert {send_of(conn, r)["status"] for r in (a_resolved, c_other)} == {"sent"}
+    assert send_of(conn, c_pending)["status"] == "pending"
+    with db.connection("replaying") as c:  # again: nothing dead, nothing more
+        assert replay_deliveries(c, NOW, RULE, "hook", configured={"hook"}).resolved == 0
+
+    result = deliver_notifier(db, hook(receiver.url), FixedClock(NOW))
+    assert result.sent == 2 + 2
+    ids = [a["id"] for r in receiver.requests for a in r.alerts]
+    assert ids.index(f"{RULE}:b:e1:n1") < ids.index(f"{RULE}:b:e1:resolved")
+    assert sorted(ids) == sorted(
+        [f"{RULE}:b:e1:n1", f"{RULE}:c:e1:n1", f"{RULE}:z:e7:resolved", f"{RULE}:b:e1:resolved"]
+    )
+
+
+def test_moving_a_firing_row_sends_its_episodes_resolved_rows_to_the_new_notifier(
+    schema: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """Moved to another notifier, a firing row's send starts over: a resolved row of its
+    episodes gets a send to that notifier, after it, where it had none."""
+    conn = schema
+    firing = insert_row(conn, ["a", "b"], notifiers=["gone"])
+    conn.execute(
+        "UPDATE slawatch.outbox_send SET status = 'orphaned', done = 2 WHERE row_id = %s",
+        (firing,),
+    )
+    resolved = insert_row(conn, ["a"], kind="resolved", notifiers=["gone"])
+    conn.execute("UPDATE slawatch.outbox_send SET status = 'sent' WHERE row_id = %s", (resolved,))
+    with db.connection("replaying") as c:
+        moved = replay_deliveries(c, NOW, None, "gone", to="hook", configured={"hook"})
+    assert (moved.orphaned, moved.resolved) == (1, 1)
+    assert send_of(conn, resolved, "hook")["status"] == "pending"
+    assert send_of(conn, resolved, "gone")["status"] == "sent"
+    assert deliver_notifier(db, hook(receiver.url), FixedClock(NOW)).sent == 3
+    ids = [a["id"] for r in receiver.requests for a in r.alerts]
+    assert ids == [f"{RULE}:a:e1:n1", f"{RULE}:b:e1:n1", f"{RULE}:a:e1:resolved"]
