@@ -47,9 +47,8 @@ def outbox_refusal(
     outbox: Outbox, rules: list[Rule], notifiers: list[NotifierConfig]
 ) -> str | None:
     """Why ``check`` and ``run`` refuse these rules and notifiers with SLAWATCH_OUTBOX
-    ``outbox`` (one line), or None. The outbox in rows, a preview, folds no storms yet,
-    and its rows have one ``after`` for every alert, where a calendar's due times are
-    each alert's own (docs/explanation/outbox-rows.md)."""
+    ``outbox`` (one line), or None. The outbox in rows, a preview, folds no storms yet
+    (docs/explanation/outbox-rows.md)."""
     if outbox != "rows":
         return None
     storms = [c.name for c in notifiers if c.storm is not None]
@@ -58,14 +57,6 @@ def outbox_refusal(
         who = f"notifier {names} sets" if len(storms) == 1 else f"notifiers {names} set"
         return (
             f"SLAWATCH_OUTBOX=rows does not fold storms yet: {who} storm; remove it, or"
-            " leave SLAWATCH_OUTBOX unset (docs/explanation/outbox-rows.md)"
-        )
-    dated = [r.name for r in rules if r.calendar is not None]
-    if dated:
-        names = ", ".join(dated)
-        who = f"rule {names} sets" if len(dated) == 1 else f"rules {names} set"
-        return (
-            f"SLAWATCH_OUTBOX=rows has no due times in working hours yet: {who} calendar;"
             " leave SLAWATCH_OUTBOX unset (docs/explanation/outbox-rows.md)"
         )
     return None
@@ -320,7 +311,7 @@ class Settings(BaseSettings):
     # The outbox's shape: "alerts" (default) writes an alert and a delivery per notifier
     # for each notification; "rows", a preview, writes rows of up to 100 alerts and one
     # send per notifier of each row (docs/explanation/outbox-rows.md). "rows" is refused
-    # beside a notifier's `storm` or a rule's `calendar`.
+    # beside a notifier's `storm`.
     outbox: Outbox = "alerts"
 
     @field_validator("ingest_token")
