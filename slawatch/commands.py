@@ -195,7 +195,7 @@ def cmd_check(settings: Settings) -> int:
             elif rule.query is not None:
                 # Its cost is the query's, paid at each scan: say when it reads a large
                 # table whole (explain shows the plan).
-                verdict = explain(conn, rule, now, rules)
+                verdict = explain(conn, rule, now, rules, outbox=settings.outbox)
                 if not verdict.ok:
                     lines.append(f"  {rule.name}: note: {verdict.verdict}")
         refused, notes = _check_actions(conn, rules)
@@ -774,7 +774,7 @@ def cmd_explain(settings: Settings, name: str, as_json: bool) -> int:
     if rule is None:
         raise ConfigError(f"no rule named {name!r} in {settings.rules_dir}")
     with connect(database_dsn(settings), pooler=settings.pooler) as conn:
-        result = explain(conn, rule, Clock().now(), rules)
+        result = explain(conn, rule, Clock().now(), rules, outbox=settings.outbox)
     if as_json:
         _print_json(result)
         return 0 if result.ok else 1
@@ -782,6 +782,8 @@ def cmd_explain(settings: Settings, name: str, as_json: bool) -> int:
     if rule.events is not None:  # its table is slawatch's own
         what = f"on events: {events_text(rule)} (timers: {result.table})"
     print(f"rule {result.rule} {what}, at {_when(result.at)}")
+    if result.outbox == "rows":
+        print("outbox: rows (SLAWATCH_OUTBOX; docs/explanation/outbox-rows.md)")
     if rule.calendar is not None:
         print(
             f"after: {format_duration(rule.after)} of working time (calendar {rule.calendar}):"

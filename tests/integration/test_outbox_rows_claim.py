@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from slawatch.actions.run import runner
 from slawatch.config.notifiers import ConsoleConfig, load_notifiers
 from slawatch.config.rules import TRUNCATED, Rule, check_calendar_names
-from slawatch.config.settings import outbox_refusal
+from slawatch.config.settings import Outbox, outbox_refusal
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import deliver_notifier
 from slawatch.delivery.notifiers.base import BaseNotifier
@@ -31,6 +31,7 @@ from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
 from slawatch.engine.statetable import state_table
 from slawatch.errors import ConfigError
+from slawatch.operate.explain import explain
 from slawatch.operate.inspect import get_alert, list_alerts
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
@@ -682,3 +683,40 @@ def test_run_once_with_rows_writes_rows(conn: Conn, dsn: str, tmp_path: Path, tr
         ("late", "firing", ["1", "2", "3"], ["console"])
     ]
     assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (0,)
+
+
+def test_explain_shows_the_statement_that_writes_rows(
+    conn: Conn, dsn: str, tmp_path: Path, track: str
+) -> None:
+    """`slawatch explain` plans the statements the process would run: with
+    SLAWATCH_OUTBOX=rows, those that write the outbox in rows."""
+    conn.execute(TABLE)
+    late = rule("late", track, resolve=True)
+    migrate(conn, [late])
+
+    def writes(outbox: Outbox) -> set[str]:
+        result = explain(conn, late, DUE, outbox=outbox)
+        assert result.ok and result.outbox == outbox
+        text = " ".join(s.sql for s in result.statements)
+        return {t for t in ("slawatch.outbox_row", "slawatch.delivery") if f"INTO {t}" in text}
+
+    assert writes("rows") == {"slawatch.outbox_row"}
+    assert writes("alerts") == {"slawatch.delivery"}
+    if track == "table":
+        return
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "late.yaml").write_text(RULE.replace("[console, hook]", "[console]"))
+    (tmp_path / "notifiers").mkdir()
+    (tmp_path / "notifiers" / "console.yaml").write_text("type: console\n")
+    env = {
+        "SLAWATCH_RULES_DIR": str(tmp_path / "rules"),
+        "SLAWATCH_NOTIFIERS_DIR": str(tmp_path / "notifiers"),
+        "SLAWATCH_DSN": dsn,
+    }
+    shown = slawatch("explain", "late", env=env | {"SLAWATCH_OUTBOX": "rows"})
+    assert shown.returncode == 0, shown.stderr
+    assert "outbox: rows" in shown.stdout and "INSERT INTO slawatch.outbox_row" in shown.stdout
+    assert "INSERT INTO slawatch.delivery" not in shown.stdout
+    today = slawatch("explain", "late", env=env)
+    assert today.returncode == 0, today.stderr
+    assert "outbox: rows" not in today.stdout and "INSERT INTO slawatch.delivery" in today.stdout
