@@ -637,19 +637,19 @@ def _claim_on(db: Database, plan: ClaimPlan, clock: Clock, probe: bool = False) 
 
 @contextmanager
 def _dated(
-    conn: Connection, rule: Rule, since: datetime, rows: bool = False
+    conn: Connection, rule: Rule, since: datetime, in_rows: bool = False
 ) -> Iterator[Connection]:
     """A calendar rule's claim in one transaction with its alerts' due times: the
     claim writes ``due_at`` NULL (ClaimPlan.params) and the alerts it fired at
     ``since`` or later are given ``Rule.due_at(deadline)`` before it commits, so that
     no notifier (woken by the NOTIFY at the commit) sends one without it.
 
-    ``rows``: the claim writes the outbox in rows, whose rows without ``after`` it
+    ``in_rows``: the claim writes the outbox in rows, whose rows without ``after`` it
     fired at ``since`` or later are given their elements' due times (``due_ats``) the
     same way (a webhook action's alerts, in slawatch.alert, as above)."""
     with translate(f"due times of the alerts of rule {rule.name}"), conn.transaction():
         yield conn
-        if rows:
+        if in_rows:
             _dated_rows(conn, rule, since)
         rows = conn.execute(
             "SELECT id, deadline FROM slawatch.alert WHERE rule = %s AND fired_at >= %s"

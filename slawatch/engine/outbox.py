@@ -184,6 +184,7 @@ def _history_end(keys: sql.Composable, *, rows: bool, resolve: bool) -> sql.Comp
         return sql.SQL(_HISTORY_END_NOTICE).format(keys=keys)
     return sql.SQL(_HISTORY_END).format(keys=keys, returning=_ENDED_RETURNING[rows])
 
+
 # The episodes a statement closed, ended in the history.
 _HISTORY_ENDED = """, history_ended AS (
 {end}
