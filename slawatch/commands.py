@@ -24,7 +24,7 @@ from slawatch.clock import Clock
 from slawatch.config.durations import format_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import Rule, action_targets, load_rules
-from slawatch.config.settings import Settings, outbox_refusal
+from slawatch.config.settings import Settings
 from slawatch.db import (
     Connection,
     Database,
@@ -147,9 +147,6 @@ def cmd_check(settings: Settings) -> int:
     """Validate the files; with a database also the tables, conditions, pending
     migrations, and how many rows the next scan would notify."""
     rules, notifiers = load_config(settings)
-    refused_outbox = outbox_refusal(settings.outbox, rules, notifiers)
-    if refused_outbox:
-        raise ConfigError(refused_outbox)
     what = f"{len(rules)} rules, {len(notifiers)} notifiers"
     sources = load_event_sources(settings, rules)
     if sources:
@@ -195,7 +192,7 @@ def cmd_check(settings: Settings) -> int:
             elif rule.query is not None:
                 # Its cost is the query's, paid at each scan: say when it reads a large
                 # table whole (explain shows the plan).
-                verdict = explain(conn, rule, now, rules)
+                verdict = explain(conn, rule, now, rules, outbox=settings.outbox)
                 if not verdict.ok:
                     lines.append(f"  {rule.name}: note: {verdict.verdict}")
         refused, notes = _check_actions(conn, rules)
@@ -337,11 +334,7 @@ def cmd_run(settings: Settings, once: bool, as_json: bool = False) -> int:
     # A bad file (or an unguarded admin API) is exit 2 at once, before any database.
     if not once:
         admin_bind(settings)
-    rules, notifiers = load_config(settings)
-    refused = outbox_refusal(settings.outbox, rules, notifiers)
-    if refused:
-        raise ConfigError(refused)
-    load_event_sources(settings, rules)
+    load_event_sources(settings, load_config(settings)[0])
     dsn = database_dsn(settings)
 
     def start() -> Runner:
@@ -774,7 +767,7 @@ def cmd_explain(settings: Settings, name: str, as_json: bool) -> int:
     if rule is None:
         raise ConfigError(f"no rule named {name!r} in {settings.rules_dir}")
     with connect(database_dsn(settings), pooler=settings.pooler) as conn:
-        result = explain(conn, rule, Clock().now(), rules)
+        result = explain(conn, rule, Clock().now(), rules, outbox=settings.outbox)
     if as_json:
         _print_json(result)
         return 0 if result.ok else 1
@@ -782,6 +775,8 @@ def cmd_explain(settings: Settings, name: str, as_json: bool) -> int:
     if rule.events is not None:  # its table is slawatch's own
         what = f"on events: {events_text(rule)} (timers: {result.table})"
     print(f"rule {result.rule} {what}, at {_when(result.at)}")
+    if result.outbox == "rows":
+        print("outbox: rows (SLAWATCH_OUTBOX; docs/explanation/outbox-rows.md)")
     if rule.calendar is not None:
         print(
             f"after: {format_duration(rule.after)} of working time (calendar {rule.calendar}):"

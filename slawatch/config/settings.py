@@ -24,8 +24,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from slawatch.config.durations import parse_duration, shorter_than
 from slawatch.config.files import describe_validation_error, role_problem, shorten
-from slawatch.config.notifiers import NotifierConfig
-from slawatch.config.rules import EVENT_TYPE, Rule
+from slawatch.config.rules import EVENT_TYPE
 
 DEFAULT_RETENTION = timedelta(days=30)
 DEFAULT_DEDUPE_WINDOW = timedelta(days=1)
@@ -41,26 +40,6 @@ MIN_TOKEN = 16
 
 # SLAWATCH_OUTBOX: the shape of the outbox the claims write (docs/explanation/outbox-rows.md).
 Outbox = Literal["alerts", "rows"]
-
-
-def outbox_refusal(
-    outbox: Outbox, rules: list[Rule], notifiers: list[NotifierConfig]
-) -> str | None:
-    """Why ``check`` and ``run`` refuse these rules and notifiers with SLAWATCH_OUTBOX
-    ``outbox`` (one line), or None. The outbox in rows, a preview, has one ``after``
-    for every alert of a row, where a calendar's due times are each alert's own
-    (docs/explanation/outbox-rows.md). Storms fold its rows as they fold deliveries."""
-    if outbox != "rows":
-        return None
-    dated = [r.name for r in rules if r.calendar is not None]
-    if dated:
-        names = ", ".join(dated)
-        who = f"rule {names} sets" if len(dated) == 1 else f"rules {names} set"
-        return (
-            f"SLAWATCH_OUTBOX=rows has no due times in working hours yet: {who} calendar;"
-            " leave SLAWATCH_OUTBOX unset (docs/explanation/outbox-rows.md)"
-        )
-    return None
 
 
 def _at_least(kind: str, value: Any, least: timedelta, least_text: str, why: str = "") -> timedelta:
@@ -311,8 +290,7 @@ class Settings(BaseSettings):
     action_role: Annotated[str | None, BeforeValidator(_action_role)] = None
     # The outbox's shape: "alerts" (default) writes an alert and a delivery per notifier
     # for each notification; "rows", a preview, writes rows of up to 100 alerts and one
-    # send per notifier of each row (docs/explanation/outbox-rows.md). "rows" is refused
-    # beside a rule's `calendar`.
+    # send per notifier of each row (docs/explanation/outbox-rows.md).
     outbox: Outbox = "alerts"
 
     @field_validator("ingest_token")

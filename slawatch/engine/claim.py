@@ -43,7 +43,6 @@ from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
-from slawatch.config.settings import outbox_refusal
 from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
 from slawatch.engine.acting import Act, due_column, parse_due
 from slawatch.engine.catalog import table_ident
@@ -224,6 +223,8 @@ class ClaimPlan:
     probe_parts: Parts | None = None
     # The probe as slawatch."<rule>_probe", where migrate created it (engine/probefn.py).
     probe_fn: ProbeFunction | None = None
+    # SLAWATCH_OUTBOX=rows: the claim writes the outbox in rows (docs/explanation/outbox-rows.md).
+    rows: bool = False
 
     @cached_property
     def probe_values(self) -> Rendered | None:
@@ -272,8 +273,9 @@ class ClaimPlan:
             "rule": rule.name,
             "generation": generation(rule),
             # The alerts' due_at is deadline + after; with a calendar it is per row in
-            # working time, which the statement cannot compute: NULL (receivers fall back
-            # to fired_at; Rule.due_at gives it).
+            # working time, which the statement cannot compute: NULL, filled in before
+            # the claim commits (_dated; Rule.due_at gives it). An outbox row without
+            # `after` has a due time per element instead (0023_outbox_rows_calendar.sql).
             "after": rule.after if rule.calendar is None else None,
             "tz": rule.timezone,
             "severity": rule.severity,
@@ -321,9 +323,6 @@ def plan_claim(
     ``key``: the columns that identify a row (default: the rule's ``key``).
     ``outbox_in``: SLAWATCH_OUTBOX, the outbox's shape (docs/explanation/outbox-rows.md).
     """
-    refused = outbox_refusal(outbox_in, [rule], [])
-    if refused:  # `check` and `run` refuse it first (a row has one `after`)
-        raise ConfigError(refused)
     rows = outbox_in == "rows"
     key = key or list(rule.key or ())
     if not key:
@@ -457,6 +456,7 @@ def plan_claim(
             drop=row_cap(rule, key),
             rows=rows,
             webhook=rule.action is not None and rule.action.webhook is not None,
+            resolve=rule.resolve,
         ),
         severities=sql.SQL(SEVERITIES),
         due=due_column(rule, key),
@@ -478,7 +478,7 @@ def plan_claim(
             due=due_column(rule, key),
             rows=rows,
         )
-        return ClaimPlan(rule, statement, has_tz, table)
+        return ClaimPlan(rule, statement, has_tz, table, rows=rows)
     other: sql.Composable = sql.SQL(_PROBE_ENDED).format(table=table_ident(rule), ended=ended)
     if rule.events is not None:
         # The timers' housekeeping (timers.housekeep) runs only when the probe finds work:
@@ -498,7 +498,7 @@ def plan_claim(
         other=other,
     )
     probe = sql.SQL(_PROBE).format(due=parts.due, again=parts.again, other=parts.other)
-    return ClaimPlan(rule, statement, has_tz, probe=probe, probe_parts=parts)
+    return ClaimPlan(rule, statement, has_tz, probe=probe, probe_parts=parts, rows=rows)
 
 
 def probe_definition(plan: ClaimPlan) -> Definition | None:
@@ -631,18 +631,26 @@ def _claim_on(db: Database, plan: ClaimPlan, clock: Clock, probe: bool = False) 
             return None
         if plan.rule.calendar is None:
             return claim_counted(conn, plan, now)
-        with _dated(conn, plan.rule, now):
+        with _dated(conn, plan.rule, now, plan.rows):
             return claim_counted(conn, plan, now)
 
 
 @contextmanager
-def _dated(conn: Connection, rule: Rule, since: datetime) -> Iterator[Connection]:
+def _dated(
+    conn: Connection, rule: Rule, since: datetime, in_rows: bool = False
+) -> Iterator[Connection]:
     """A calendar rule's claim in one transaction with its alerts' due times: the
     claim writes ``due_at`` NULL (ClaimPlan.params) and the alerts it fired at
     ``since`` or later are given ``Rule.due_at(deadline)`` before it commits, so that
-    no notifier (woken by the NOTIFY at the commit) sends one without it."""
+    no notifier (woken by the NOTIFY at the commit) sends one without it.
+
+    ``in_rows``: the claim writes the outbox in rows, whose rows without ``after`` it
+    fired at ``since`` or later are given their elements' due times (``due_ats``) the
+    same way (a webhook action's alerts, in slawatch.alert, as above)."""
     with translate(f"due times of the alerts of rule {rule.name}"), conn.transaction():
         yield conn
+        if in_rows:
+            _dated_rows(conn, rule, since)
         rows = conn.execute(
             "SELECT id, deadline FROM slawatch.alert WHERE rule = %s AND fired_at >= %s"
             " AND due_at IS NULL AND deadline IS NOT NULL",
@@ -678,6 +686,40 @@ def drain(
         with db.connection(f"due times of rule {plan.rule.name}") as conn:
             fill_due(conn, plan.rule)
     return done
+
+
+# An outbox row of a calendar rule as the claim wrote it (0023_outbox_rows_calendar.sql):
+# no `after`, a NULL due time for an element whose deadline is finite. Found through
+# outbox_row_fired; a row another process's claim wrote and filled is passed over. The
+# row is updated in the transaction that inserted it, before any reader can see it.
+_UNDATED_ROWS = """\
+SELECT id, deadlines FROM slawatch.outbox_row
+ WHERE rule = %s AND fired_at >= %s AND after IS NULL
+   AND EXISTS (SELECT 1 FROM unnest(deadlines, due_ats) AS u(deadline, due)
+                WHERE u.deadline IS NOT NULL AND u.due IS NULL)"""
+_DATE_ROWS = """\
+UPDATE slawatch.outbox_row r SET due_ats = v.dues
+  FROM (SELECT u.id, array_agg(u.due ORDER BY u.p) AS dues
+          FROM unnest(%s::bigint[], %s::integer[], %s::timestamptz[]) AS u(id, p, due)
+         GROUP BY u.id) v
+ WHERE r.id = v.id"""
+
+
+def _dated_rows(conn: Connection, rule: Rule, since: datetime) -> None:
+    """:func:`_dated`'s due times for the outbox in rows: each element's
+    ``Rule.due_at(deadline)`` (NULL where the deadline is not finite)."""
+    rows = conn.execute(_UNDATED_ROWS, (rule.name, since)).fetchall()
+    if not rows:
+        return
+    ids: list[int] = []
+    places: list[int] = []
+    dues: list[datetime | None] = []
+    for row_id, deadlines in rows:
+        for place, deadline in enumerate(deadlines, start=1):
+            ids.append(row_id)
+            places.append(place)
+            dues.append(None if deadline is None else rule.due_at(deadline))
+    conn.execute(_DATE_ROWS, (ids, places, dues))
 
 
 # Episodes given their due time per fill (the next drain goes on with the rest).
@@ -735,7 +777,7 @@ def _drain(
                 if plan.rule.calendar is None:
                     yield conn
                     return
-                with _dated(conn, plan.rule, began):
+                with _dated(conn, plan.rule, began, plan.rows):
                     yield conn
 
         alerts, batches = drain_table(

@@ -158,19 +158,48 @@ _HISTORY_END = """\
 # ended (a resolved notice only for those: docs/explanation/outbox-rows.md).
 _ENDED_RETURNING = {False: sql.SQL("1"), True: sql.SQL("h.key, h.episode")}
 
+# _HISTORY_END of a rule with `resolve: true` in the outbox in rows: the key's open
+# episode, or one given up (give_up_after: `abandoned`, ended without a notice) whose
+# resolved notice is not written yet, as today's outbox writes one when its row
+# completes (docs/explanation/outbox-rows.md). `resolved_notice_at` is set from NULL
+# here, in the statement that writes the notice: once per episode, whoever ends it. The
+# same probe of episode_pkey by (rule, key) as _HISTORY_END's, filtered on the heap row.
+_HISTORY_END_NOTICE = """\
+    UPDATE slawatch.episode h SET ended_at = coalesce(h.ended_at, %(now)s::timestamptz),
+                                  resolved_notice_at = %(now)s::timestamptz
+     WHERE h.ctid = ANY (ARRAY(
+           SELECT p.ctid FROM ({keys}) AS k(key) CROSS JOIN LATERAL (
+                  SELECT e.ctid FROM slawatch.episode e
+                   WHERE e.rule = %(rule)s AND e.key = k.key
+                     AND (e.ended_at IS NULL OR e.abandoned AND e.resolved_notice_at IS NULL)
+                     FOR NO KEY UPDATE) p))
+       AND (h.ended_at IS NULL OR h.abandoned AND h.resolved_notice_at IS NULL)
+    RETURNING h.key, h.episode"""
+
+
+def _history_end(keys: sql.Composable, *, rows: bool, resolve: bool) -> sql.Composed:
+    """The UPDATE ending the open episodes of ``keys`` in the history (see
+    :func:`history_ended`)."""
+    if rows and resolve:
+        return sql.SQL(_HISTORY_END_NOTICE).format(keys=keys)
+    return sql.SQL(_HISTORY_END).format(keys=keys, returning=_ENDED_RETURNING[rows])
+
+
 # The episodes a statement closed, ended in the history.
 _HISTORY_ENDED = """, history_ended AS (
 {end}
 )"""
 
 
-def history_ended(closed: sql.Composable, *, rows: bool = False) -> sql.Composed:
+def history_ended(
+    closed: sql.Composable, *, rows: bool = False, resolve: bool = False
+) -> sql.Composed:
     """The CTE that sets ``ended_at`` in the episode history for the keys of ``closed``
     (a SELECT of the key of each episode the statement closed: a key's only open one).
-    ``rows``: it returns the (key, episode) of each episode it ended."""
-    return sql.SQL(_HISTORY_ENDED).format(
-        end=sql.SQL(_HISTORY_END).format(keys=closed, returning=_ENDED_RETURNING[rows])
-    )
+    ``rows``: it returns the (key, episode) of each episode it ended; with ``resolve``
+    (the rule's), also of a given-up one whose resolved notice it writes
+    (_HISTORY_END_NOTICE)."""
+    return sql.SQL(_HISTORY_ENDED).format(end=_history_end(closed, rows=rows, resolve=resolve))
 
 
 # The alerts this claim wrote, per severity, e.g. {"warning": 3, "critical": 1}; the
@@ -237,13 +266,17 @@ _RESOLVED = """\
 # ROW_ALERTS, one set of notifiers each (escalation tiers that page others by n make
 # rows of their own), in deadline order; element i of each array is one alert.
 # array_agg's ORDER BY keeps the arrays aligned whatever plan the grouping takes.
+# Without `after` (a calendar rule: ClaimPlan.params), due_ats has a NULL per element,
+# which the claim's transaction fills in before it commits (claim.py, _dated).
 _ROWS = """\
     INSERT INTO slawatch.outbox_row (rule, kind, fired_at, after, notifiers, keys, episodes, ns,
-                                     severities, deadlines, row_data)
+                                     severities, deadlines, row_data, due_ats)
     SELECT %(rule)s, {kind}, %(now)s::timestamptz, %(after)s::interval, g.notifiers,
            array_agg(g.key ORDER BY g.i), array_agg(g.episode ORDER BY g.i),
            array_agg(g.n ORDER BY g.i), array_agg(g.severity ORDER BY g.i),
-           array_agg(g.deadline ORDER BY g.i), array_agg(g.row_data ORDER BY g.i)
+           array_agg(g.deadline ORDER BY g.i), array_agg(g.row_data ORDER BY g.i),
+           CASE WHEN %(after)s::interval IS NULL
+                THEN array_fill(NULL::timestamptz, ARRAY[count(*)::integer]) END
       FROM (SELECT a.key, a.episode, a.n, a.severity, a.deadline, a.row_data, a.notifiers,
                    row_number() OVER (PARTITION BY a.notifiers ORDER BY a.deadline, a.key) AS i
               FROM {source} a) g
@@ -311,7 +344,8 @@ _ACTION_ALERTS = """, action_alerts AS (
 
 # Resolved notices in rows (_RESOLVED's counterpart): n = 0, to the notifiers paged in
 # the episode, only for the episodes whose end this statement wrote into the history
-# (`ended_at` set from NULL: once per episode whoever ends it).
+# (`ended_at` and `resolved_notice_at` set from NULL, or for a given-up episode
+# `resolved_notice_at`: once per episode whoever ends it; _HISTORY_END_NOTICE).
 _RESOLVED_ROWS = """\
 , ended_episodes AS (
 {ended_episodes}
@@ -375,6 +409,7 @@ def outbox(
     drop: Sequence[str] | None,
     rows: bool = False,
     webhook: bool = False,
+    resolve: bool = False,
 ) -> sql.Composed:
     """The ``alerts`` and ``deliveries`` CTEs for a rule's severity and notifiers, and
     the episode history's: new episodes, and ``closed`` (a SELECT of the keys of the
@@ -385,12 +420,12 @@ def outbox(
     ``rows``: the outbox in rows (docs/explanation/outbox-rows.md); ``alerts`` has
     key, episode, n, severity, deadline and row_data, and the history CTEs return the
     (key, episode) they ended (:data:`CLAIM_ENDED`). ``webhook``: the rule's action is a
-    webhook, whose alerts are written to today's table as well (_ACTION_ALERTS)."""
+    webhook, whose alerts are written to today's table as well (_ACTION_ALERTS).
+    ``resolve``: the rule's (with ``rows``, the history CTEs also take given-up episodes
+    whose resolved notice is not written yet: _HISTORY_END_NOTICE)."""
     row_data = capped(sql.SQL("c.row_data"), drop)
     superseded_keys = sql.SQL("SELECT c.key FROM claimed c WHERE c.n = 1 AND c.episode > 1")
-    superseded = sql.SQL(_HISTORY_END).format(
-        keys=superseded_keys, returning=_ENDED_RETURNING[rows]
-    )
+    superseded = _history_end(superseded_keys, rows=rows, resolve=resolve)
     if rows:
         return sql.SQL(_OUTBOX_ROWS).format(
             severity=severity,
@@ -402,7 +437,7 @@ def outbox(
             sends=sql.SQL(_SENDS).format(rows=sql.Identifier("outbox_rows")),
             action_alerts=sql.SQL(_ACTION_ALERTS if webhook else ""),
             superseded=superseded,
-            ended=history_ended(closed, rows=True),
+            ended=history_ended(closed, rows=True, resolve=resolve),
         )
     returning = sql.SQL(", key, episode, row_data" if acting else "")
     return sql.SQL(_OUTBOX).format(

@@ -551,6 +551,7 @@ def compose(
             drop=row_cap(rule, key),
             rows=rows,
             webhook=rule.action is not None and rule.action.webhook is not None,
+            resolve=rule.resolve,
         ),
         severities=sql.SQL(SEVERITIES),
         due=due or sql.SQL(""),
@@ -568,7 +569,7 @@ def compose(
         td=td,
         open_when=open_when,
         resolved=close_resolved,
-        history=history_ended(sql.SQL("SELECT key FROM closed"), rows=rows),
+        history=history_ended(sql.SQL("SELECT key FROM closed"), rows=rows, resolve=rule.resolve),
         wake=close_wake,
     )
     probe = sql.SQL(_PROBE).format(

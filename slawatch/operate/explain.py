@@ -3,7 +3,8 @@
 The statement explained is the one ``slawatch run`` executes (``ready.prepare``),
 with the parameters of a scan at ``now``: inline, the claim; ``track: table``,
 the claim of a scan between sweeps (fresh rows from the watermark's look-back
-on) and the sweep's close.
+on) and the sweep's close. With ``SLAWATCH_OUTBOX=rows`` they are the statements that
+write the outbox in rows (docs/explanation/outbox-rows.md), as ``slawatch run`` with it.
 
 A sequential scan of the watched table is what the partial indexes are there
 to prevent, and fails the check, with one exception: a table so small that the
@@ -22,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from slawatch.config.durations import format_duration
 from slawatch.config.rules import Rule
+from slawatch.config.settings import Outbox
 from slawatch.db import Connection, translate
 from slawatch.engine.catalog import TableInfo, inspect_table
 from slawatch.engine.claim import ClaimPlan
@@ -54,6 +56,7 @@ class Explained(BaseModel):
     rule: str
     table: str
     track: str
+    outbox: str = Field(description="SLAWATCH_OUTBOX: alerts | rows, the outbox the claim writes")
     at: datetime
     table_pages: int = Field(description="pages of the watched table (and its partitions)")
     statements: list[StatementPlan]
@@ -145,13 +148,19 @@ def _pages(conn: Connection, watched: set[tuple[str, str]]) -> int:
 
 
 def explain(
-    conn: Connection, rule: Rule, now: datetime, rules: list[Rule] | None = None
+    conn: Connection,
+    rule: Rule,
+    now: datetime,
+    rules: list[Rule] | None = None,
+    *,
+    outbox: Outbox = "alerts",
 ) -> Explained:
     """Plan ``rule``'s scan at ``now``; ConfigError when the rule is not ready to run.
 
     ``rules``: every configured rule (default: this one). An event rule is ready only
     when ``slawatch.event()`` is the one generated from all of them, so it is judged
     among them, as ``slawatch run`` judges it; another rule's trouble is not this one's.
+    ``outbox``: SLAWATCH_OUTBOX, the shape of the outbox the statements write.
     """
     info = (
         None if rule.query is not None else inspect_table(conn, rule.schema_name, rule.table_name)
@@ -162,7 +171,7 @@ def explain(
     every = [rule if r.name == rule.name else r for r in rules or ()]
     if rule not in every:
         every.append(rule)
-    plans, problems = prepare_ready(conn, every)
+    plans, problems = prepare_ready(conn, every, outbox=outbox)
     if rule.name in problems:
         raise ConfigError(problems[rule.name])
     plan = plans[rule.name]
@@ -211,6 +220,7 @@ def explain(
         rule=rule.name,
         table=rule.table,
         track=rule.track,
+        outbox=outbox,
         at=now,
         table_pages=pages,
         statements=out,

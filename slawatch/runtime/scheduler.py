@@ -33,7 +33,7 @@ from slawatch.clock import Clock
 from slawatch.config.durations import format_duration
 from slawatch.config.notifiers import NotifierConfig
 from slawatch.config.rules import Rule, action_targets
-from slawatch.config.settings import DEFAULT_RETENTION, Outbox, outbox_refusal
+from slawatch.config.settings import DEFAULT_RETENTION, Outbox
 from slawatch.config.sources import SourceConfig
 from slawatch.db import (
     PREPARED_MAX,
@@ -281,9 +281,6 @@ class Runner:
     ) -> None:
         self.clock = clock or Clock()
         # SLAWATCH_OUTBOX: the shape the claims write (docs/explanation/outbox-rows.md).
-        refused = outbox_refusal(outbox, rules, notifiers)
-        if refused:
-            raise ConfigError(refused)
         self.outbox: Outbox = outbox
         # Rules' webhook actions are sent as notifiers of their own (action:<rule>).
         notifiers = with_targets(rules, notifiers)
@@ -1102,10 +1099,6 @@ class Runner:
         read or a notifier cannot be built.
         """
         with self._reload_lock:
-            refused = outbox_refusal(self.outbox, rules, notifiers)
-            if refused:
-                log.error("reload refused, the running rules and notifiers go on: %s", refused)
-                return False
             try:
                 with self.db.connection("reading the watched tables for a reload") as conn:
                     plans, problems = prepare_ready(conn, rules, outbox=self.outbox)

@@ -690,11 +690,14 @@ SELECT (SELECT count(*) FROM gone_alerts), (SELECT count(*) FROM gone_deliveries
 -- today's, which are drawn from identity sequences (from 1 up; 0015_rotate.sql's id
 -- ranges start at 0 and only grow), and small enough for a JSON number (a row holds 100
 -- elements at most, so 128 leaves room). One probe of outbox_row's primary key.
+-- An element's due_at: its own in due_ats (a calendar rule's row,
+-- 0023_outbox_rows_calendar.sql), else its deadline plus the row's `after`.
 SELECT id, rule, key, episode, n, kind, severity, deadline, due_at, fired_at, row_data
   FROM slawatch.alert WHERE id = %(id)s
 UNION ALL
 SELECT %(id)s::bigint, r.rule, r.keys[x.p], r.episodes[x.p], r.ns[x.p], r.kind,
-       r.severities[x.p], r.deadlines[x.p], r.deadlines[x.p] + r.after, r.fired_at,
+       r.severities[x.p], r.deadlines[x.p],
+       coalesce(r.due_ats[x.p], r.deadlines[x.p] + r.after), r.fired_at,
        r.row_data[x.p]
   FROM (SELECT -%(id)s::bigint / 128 AS row_id, mod(-%(id)s::bigint, 128)::int AS p) x
   JOIN slawatch.outbox_row r ON r.id = x.row_id
@@ -711,7 +714,8 @@ SELECT id, rule, key, episode, n, kind, severity, deadline, due_at, fired_at, ro
  WHERE rule = %(rule)s AND key = %(key)s AND episode = %(episode)s AND n = %(n)s
 UNION ALL
 (SELECT -(r.id * 128 + e.p), r.rule, r.keys[e.p], r.episodes[e.p], r.ns[e.p], r.kind,
-        r.severities[e.p], r.deadlines[e.p], r.deadlines[e.p] + r.after, r.fired_at,
+        r.severities[e.p], r.deadlines[e.p],
+        coalesce(r.due_ats[e.p], r.deadlines[e.p] + r.after), r.fired_at,
         r.row_data[e.p]
    FROM slawatch.outbox_row r
   CROSS JOIN LATERAL generate_subscripts(r.keys, 1) AS e(p)
@@ -920,7 +924,8 @@ SELECT b.id, b.rule, b.key, b.episode, b.n, b.kind, b.severity, b.deadline, b.du
       LIMIT %(limit)s)
     UNION ALL
     (SELECT -(r.id * 128 + e.p), r.rule, r.keys[e.p], r.episodes[e.p], r.ns[e.p], r.kind,
-            r.severities[e.p], r.deadlines[e.p], r.deadlines[e.p] + r.after, r.fired_at,
+            r.severities[e.p], r.deadlines[e.p],
+            coalesce(r.due_ats[e.p], r.deadlines[e.p] + r.after), r.fired_at,
             r.row_data[e.p]
        FROM slawatch.outbox_row r
       CROSS JOIN LATERAL generate_series(cardinality(r.ns), 1, -1) AS e(p)
@@ -1309,7 +1314,8 @@ SELECT l.row_id, l.attempts, l.done, l.skipped, cardinality(r.keys) AS size, r.r
        e.i, e.key, e.episode, e.n, e.severity,
        replace(to_char(e.deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
                '.000000', '') || 'Z' AS deadline,
-       replace(to_char((e.deadline + r.after) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
+       replace(to_char(coalesce(r.due_ats[e.i::integer], e.deadline + r.after)
+                       AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
                '.000000', '') || 'Z' AS due_at,
        replace(to_char(r.fired_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
                '.000000', '') || 'Z' AS fired_at,

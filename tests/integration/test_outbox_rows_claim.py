@@ -15,21 +15,27 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from slawatch.actions.run import runner
-from slawatch.config.notifiers import load_notifiers
-from slawatch.config.rules import TRUNCATED, Rule
-from slawatch.config.settings import outbox_refusal
+from slawatch.config.notifiers import ConsoleConfig, load_notifiers
+from slawatch.config.rules import TRUNCATED, Rule, check_calendar_names
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
+from slawatch.delivery.dispatcher import deliver_notifier
+from slawatch.delivery.notifiers.base import BaseNotifier
 from slawatch.engine.abandon import give_up
 from slawatch.engine.claim import ClaimPlan, DrainResult, drain, plan_claim
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
-from slawatch.errors import ConfigError
+from slawatch.engine.statetable import state_table
+from slawatch.operate.explain import explain
+from slawatch.operate.inspect import get_alert, list_alerts
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock
+from tests.integration.test_calendar_claim import berlin, office
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -301,21 +307,70 @@ def test_no_resolved_notice_for_an_episode_ended_already(
     assert [k for k, *_ in elements(conn, "resolved")] == ["2"]
 
 
-def test_an_episode_given_up_gets_no_resolved_notice_in_rows(
+def tracked(plan: ClaimPlan) -> tuple[sql.Composable, list[str]]:
+    """The table of the rule's tracking state, and its columns (seen, episode, n, next)."""
+    r = plan.rule
+    if r.track == "table":
+        return state_table(r), ["sw_seen", "sw_ep", "sw_n", "sw_next"]
+    return sql.Identifier("orders"), [r.seen_column, r.episode_column, r.n_column, r.next_column]
+
+
+def tracking(conn: Conn, plan: ClaimPlan) -> list[tuple[Any, ...]]:
+    """The rule's tracking state of each order, as text (`next` is infinity once given up)."""
+    table, cols = tracked(plan)
+    query = sql.SQL("SELECT id, {} FROM {}").format(
+        sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in cols), table
+    )
+    return conn.execute(query).fetchall()
+
+
+def restore(conn: Conn, plan: ClaimPlan, saved: list[tuple[Any, ...]]) -> None:
+    """Put back the rule's tracking state of ``tracking`` (as a backup restored would)."""
+    table, cols = tracked(plan)
+    types = ["timestamptz", "integer", "integer", "timestamptz"]
+    update = sql.SQL("UPDATE {} SET {} WHERE id = %s").format(
+        table,
+        sql.SQL(", ").join(
+            sql.SQL("{} = %s::text::{}").format(sql.Identifier(c), sql.SQL(t))
+            for c, t in zip(cols, types, strict=True)
+        ),
+    )
+    for row_id, *values in saved:
+        conn.execute(update, (*values, row_id))
+
+
+def test_an_episode_given_up_gets_its_resolved_notice_once(
     conn: Conn, db: Database, track: str
 ) -> None:
     """give_up_after ends the episode in the history, without a notice; when its row
-    completes later, today's outbox writes a resolved notice, rows none (a resolved
-    notice only from the statement that ends the episode: docs/explanation/outbox-rows.md)."""
+    completes later, rows write its resolved notice as today's outbox does, once: the
+    statement that writes it records so in the history (resolved_notice_at), and the
+    same end found again (tracking state restored from before it) writes no second."""
     plans = pair(conn, track, resolve=True, give_up_after="1d")
-    orders(conn, range(1, 2), T0)
+    orders(conn, range(1, 3), T0)
     both(db, plans, DUE)
-    assert give_up(db, list(plans), DUE + 2 * 24 * H) == {"today": 1, "rowed": 1}
-    conn.execute("UPDATE orders SET status = 'shipped'")
-    for t in (DUE + 2 * 24 * H + SWEPT, DUE + 2 * 24 * H + 2 * SWEPT):
+    given_up = DUE + 2 * 24 * H
+    assert give_up(db, list(plans), given_up) == {"today": 2, "rowed": 2}
+    saved = [tracking(conn, plan) for plan in plans]
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = 1")
+    for t in (given_up + SWEPT, given_up + 2 * SWEPT):
         both(db, plans, t)
-    assert [k for k, *_ in alerts(conn, "resolved")] == ["1"]
-    assert elements(conn, "resolved") == []
+    got = elements(conn, "resolved")
+    assert [(k, e, n, s, ns) for k, e, n, s, _, _, ns in got] == [
+        ("1", 1, 0, "warning", ["console"])
+    ]
+    assert got == alerts(conn, "resolved")
+    ended = conn.execute(
+        "SELECT key, ended_at, abandoned, resolved_notice_at FROM slawatch.episode"
+        " WHERE rule = 'rowed' ORDER BY key"
+    ).fetchall()
+    assert ended == [("1", given_up, True, given_up + SWEPT), ("2", given_up, True, None)]
+    for plan, state in zip(plans, saved, strict=True):
+        restore(conn, plan, state)
+    for t in (given_up + 3 * SWEPT, given_up + 4 * SWEPT):
+        both(db, plans, t)
+    assert elements(conn, "resolved") == got == alerts(conn, "resolved")
+    assert history(conn, "rowed") == history(conn, "today")
 
 
 def test_the_row_data_is_capped_as_today(conn: Conn, db: Database, track: str) -> None:
@@ -457,22 +512,113 @@ def test_rows_with_a_storm_pass_check(tmp_path: Path, dsn: str, track: str) -> N
         "SLAWATCH_DSN": dsn,
     }
     rows = env | {"SLAWATCH_OUTBOX": "rows"}
-    assert outbox_refusal("rows", [], load_notifiers(tmp_path / "notifiers")) is None
     # check goes on to the database (the table is not there), as with today's outbox.
     assert "SLAWATCH_OUTBOX" not in slawatch("check", env=rows).stderr
     line = one_error(slawatch("check", env=env | {"SLAWATCH_OUTBOX": "row"}))
     assert line == "slawatch: error: SLAWATCH_OUTBOX: Input should be 'alerts' or 'rows'"
 
 
-def test_rows_with_a_calendar_rule_are_refused() -> None:
-    """A row has one `after` for all its alerts; a calendar's due times are each alert's."""
-    dated = rule("late", "inline", calendar="office")
-    assert outbox_refusal("alerts", [dated], []) is None
-    refused = outbox_refusal("rows", [dated, rule("plain", "inline")], [])
-    assert refused is not None
-    assert "SLAWATCH_OUTBOX=rows has no due times in working hours yet: rule late sets" in refused
-    with pytest.raises(ConfigError, match="rule late sets calendar"):
-        plan_claim(dated, "timestamp with time zone", outbox_in="rows")
+def test_a_calendar_rule_plans_rows_with_due_times() -> None:
+    """A row of a calendar rule has a due time per element (due_ats)."""
+    late = rule("late", "inline", calendar="office")
+    plan = plan_claim(late, "timestamp with time zone", outbox_in="rows")
+    assert plan.rows and "due_ats" in plan.statement.as_string(None)
+
+
+def dated(conn: Conn, db: Database, track: str) -> tuple[ClaimPlan, ClaimPlan]:
+    """`today` and `rowed` with the office calendar (test_calendar_claim.py's: Berlin,
+    Monday to Friday 09:00-17:00, 1 December a holiday): `after` counts working time."""
+    conn.execute(TABLE)
+    rules = [rule(n, track, calendar="office", resolve=True) for n in ("today", "rowed")]
+    check_calendar_names(rules, {"office": office()})
+    migrate(conn, rules)
+    return prepare(conn, rules[0]), prepare(conn, rules[1], outbox="rows")
+
+
+# Orders paid at (Berlin), and when their hour of working time has passed (None: the
+# deadline is not finite, and so no due time, as today's alert has none).
+PAID = [
+    (1, berlin(2026, 11, 27, 16, 30), berlin(2026, 11, 30, 9, 30)),  # Friday, then Monday
+    (2, berlin(2026, 11, 29, 12), berlin(2026, 11, 30, 10)),  # Sunday: from Monday 09:00
+    (3, berlin(2026, 11, 30, 16, 30), berlin(2026, 12, 2, 9, 30)),  # Monday, then a holiday
+    (4, "-infinity", None),
+]
+
+
+def element_dues(conn: Conn) -> list[tuple[str, int, int, str, Any]]:
+    """(key, episode, n, kind, due_at) of every element of `rowed`'s rows, its due time
+    as the readers take it (queries.sql)."""
+    return conn.execute(
+        "SELECT u.key, u.episode, u.n, r.kind, coalesce(r.due_ats[u.i], u.deadline + r.after)"
+        "  FROM slawatch.outbox_row r, unnest(r.keys, r.episodes, r.ns, r.deadlines)"
+        "       WITH ORDINALITY AS u(key, episode, n, deadline, i)"
+        " WHERE r.rule = 'rowed' ORDER BY 1, 2, 3, 4"
+    ).fetchall()
+
+
+class Payloads(BaseNotifier):
+    """Keeps what it is sent."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(ConsoleConfig(name=name, type="console"))
+        self.got: list[dict[str, Any]] = []
+
+    def send(self, alerts: list[dict[str, Any]]) -> None:
+        self.got.extend(alerts)
+
+
+def test_a_calendar_rule_writes_rows_with_each_alerts_due_time(
+    conn: Conn, db: Database, track: str
+) -> None:
+    """A calendar's due times are each alert's own: a row of a calendar rule has no
+    `after` and its elements' due times in due_ats, those today's alerts get (firing and
+    resolved), filled in before the claim commits; the API's reads and the receivers
+    see them."""
+    plans = dated(conn, db, track)
+    for key, paid, _ in PAID:
+        conn.execute("INSERT INTO orders VALUES (%s, 'paid', %s, '')", (key, paid))
+    at = berlin(2026, 12, 7, 12)
+    rowed = drain(db, plans[1], FixedClock(at))
+    assert drain(db, plans[0], FixedClock(at)).claimed == rowed.claimed == 4
+    conn.execute("UPDATE orders SET status = 'shipped'")
+    for t in (at + SWEPT, at + 2 * SWEPT):
+        both(db, plans, t)
+    want = [
+        (str(key), 1, n, kind, due)
+        for key, _, due in PAID
+        for n, kind in ((0, "resolved"), (1, "firing"))
+    ]
+    assert element_dues(conn) == sorted(want)
+    today = conn.execute(
+        "SELECT key, episode, n, kind, due_at FROM slawatch.alert WHERE rule = 'today'"
+        " ORDER BY 1, 2, 3, 4"
+    ).fetchall()
+    assert today == sorted(want)
+    shapes = conn.execute(
+        "SELECT kind, after, cardinality(due_ats) = cardinality(keys) FROM slawatch.outbox_row"
+        " WHERE rule = 'rowed' ORDER BY kind"
+    ).fetchall()
+    assert shapes == [("firing", None, True), ("resolved", None, True)]
+    nothing_of_today(conn)
+    # The API's reads: the list, one alert by its number and by its idempotency id.
+    page = list_alerts(conn, rule="rowed")
+    assert sorted((a.key, a.n, a.due_at) for a in page.alerts) == sorted(
+        (k, n, due) for k, _, n, _, due in want
+    )
+    for a in page.alerts:
+        assert get_alert(conn, str(a.id)).due_at == a.due_at
+        assert get_alert(conn, a.idempotency_id).due_at == a.due_at
+    # The receivers: each alert's due_at as today's (the lease of the row's send).
+    console = Payloads("console")
+    deliver_notifier(db, console, FixedClock(at + 3 * SWEPT))
+    sent = {
+        r: sorted(
+            (p["key"], p["n"], p["status"], p["due_at"]) for p in console.got if p["rule"] == r
+        )
+        for r in ("today", "rowed")
+    }
+    assert sent["rowed"] == sent["today"] and len(sent["rowed"]) == 8
+    assert ("3", 1, "firing", "2026-12-02T08:30:00Z") in sent["rowed"]
 
 
 def test_a_runner_with_rows_claims_into_rows_beside_a_storm(
@@ -526,3 +672,40 @@ def test_run_once_with_rows_writes_rows(conn: Conn, dsn: str, tmp_path: Path, tr
         ("late", "firing", ["1", "2", "3"], ["console"])
     ]
     assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (0,)
+
+
+def test_explain_shows_the_statement_that_writes_rows(
+    conn: Conn, dsn: str, tmp_path: Path, track: str
+) -> None:
+    """`slawatch explain` plans the statements the process would run: with
+    SLAWATCH_OUTBOX=rows, those that write the outbox in rows."""
+    conn.execute(TABLE)
+    late = rule("late", track, resolve=True)
+    migrate(conn, [late])
+
+    def writes(outbox: Outbox) -> set[str]:
+        result = explain(conn, late, DUE, outbox=outbox)
+        assert result.ok and result.outbox == outbox
+        text = " ".join(s.sql for s in result.statements)
+        return {t for t in ("slawatch.outbox_row", "slawatch.delivery") if f"INTO {t}" in text}
+
+    assert writes("rows") == {"slawatch.outbox_row"}
+    assert writes("alerts") == {"slawatch.delivery"}
+    if track == "table":
+        return
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "late.yaml").write_text(RULE.replace("[console, hook]", "[console]"))
+    (tmp_path / "notifiers").mkdir()
+    (tmp_path / "notifiers" / "console.yaml").write_text("type: console\n")
+    env = {
+        "SLAWATCH_RULES_DIR": str(tmp_path / "rules"),
+        "SLAWATCH_NOTIFIERS_DIR": str(tmp_path / "notifiers"),
+        "SLAWATCH_DSN": dsn,
+    }
+    shown = slawatch("explain", "late", env=env | {"SLAWATCH_OUTBOX": "rows"})
+    assert shown.returncode == 0, shown.stderr
+    assert "outbox: rows" in shown.stdout and "INSERT INTO slawatch.outbox_row" in shown.stdout
+    assert "INSERT INTO slawatch.delivery" not in shown.stdout
+    today = slawatch("explain", "late", env=env)
+    assert today.returncode == 0, today.stderr
+    assert "outbox: rows" not in today.stdout and "INSERT INTO slawatch.delivery" in today.stdout

@@ -9,6 +9,7 @@ in batches and was killed in (0018 drops the new tables' id index under it).
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -51,7 +52,7 @@ class Receiver(BaseNotifier):
 def previous_release(monkeypatch: pytest.MonkeyPatch) -> None:
     """schema.migrations() as the release before 0017 shipped them, until ``upgrade()``."""
     shipped = schema.migrations()
-    assert [m.version for m in shipped[PREVIOUS:]] == [17, 18, 19, 20, 21], (
+    assert [m.version for m in shipped[PREVIOUS:]] == [17, 18, 19, 20, 21, 22, 23], (
         "a migration since: look here"
     )
     monkeypatch.setattr(schema, "migrations", lambda: shipped[:PREVIOUS])
@@ -179,6 +180,12 @@ def test_a_database_of_the_release_before_keeps_every_alert_and_delivers_what_wa
     # Every row kept; the tables of migrations since are new, and empty.
     after = contents(conn)
     assert after.pop("slawatch.outbox_row") == after.pop("slawatch.outbox_send") == []
+    # 0023_outbox_rows_calendar.sql's column of the history: NULL in every row kept.
+    episodes = [json.loads(r) for r in after.pop("slawatch.episode")]
+    assert all(e.pop("resolved_notice_at") is None for e in episodes)
+    assert sorted(episodes, key=json.dumps) == sorted(
+        (json.loads(r) for r in before.pop("slawatch.episode")), key=json.dumps
+    )
     assert after == before
     assert id_indexes(conn) == []
 
