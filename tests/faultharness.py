@@ -140,6 +140,7 @@ class Receiver:
     def __init__(self, on_accept: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.on_accept = on_accept
         self.refusing = False
+        self.delay = 0.0  # seconds each request is held before it is answered
         self.ids: list[str] = []  # every accepted alert id, repeats included
         self.first: dict[str, dict[str, Any]] = {}  # id -> the payload first accepted
         self.requests = self.refused = 0
@@ -156,6 +157,8 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 receiver.requests += 1
+                if receiver.delay:
+                    time.sleep(receiver.delay)  # a slow receiver: kills land mid-send
                 if receiver.refusing:
                     receiver.refused += 1
                     status = 503
