@@ -252,15 +252,26 @@ def in_order(ids: list[str]) -> bool:
     return numbers == sorted(set(numbers)) and len(resolved) <= 1 and ids == firing + resolved
 
 
+def held_back(alerts: list[Alert]) -> bool:
+    """The hook refuses a request with a firing notification of job 1 or 2 (503)."""
+    return any(a["status"] == "firing" and a["key"] in ("1", "2") for a in alerts)
+
+
 def scenario(
     dsn: str, folder: Path, pair: dict[str, Receiver], outbox: Outbox
 ) -> dict[str, list[Alert]]:
-    """The scenario with SLAWATCH_OUTBOX=``outbox``: what each receiver got, in order."""
+    """The scenario with SLAWATCH_OUTBOX=``outbox``: what each receiver got, in order.
+    The hook refuses the first pages of jobs 1 and 2 until their episodes have ended."""
     conn = setup(dsn, folder, pair)
     try:
         clock = MovedClock(T0)
+        # The first pages of jobs 1 and 2 wait to retry while their episodes end.
+        pair["hook"].refuse = held_back
         with running(dsn, folder, clock, outbox) as runner:
-            run_steps(conn, runner, clock, STEPS)
+            run_steps(conn, runner, clock, STEPS[:3])
+            pair["hook"].refuse = None
+            run_steps(conn, runner, clock, STEPS[3:])
+        assert pair["hook"].refused >= 2
         assert unsettled(conn) == 0
         written = shapes(conn)
         assert written[outbox] > 0 and sum(written.values()) == written[outbox], written
@@ -295,11 +306,6 @@ def test_both_shapes_page_the_same_alerts_in_the_same_order(
         mine, theirs = episodes(today[notifier]), episodes(rowed[notifier])
         assert mine == theirs, notifier
         assert all(map(in_order, mine.values())), mine
-
-
-def held_back(alerts: list[Alert]) -> bool:
-    """The hook refuses a request with a firing notification of job 1 or 2 (503)."""
-    return any(a["status"] == "firing" and a["key"] in ("1", "2") for a in alerts)
 
 
 @pytest.mark.parametrize(
