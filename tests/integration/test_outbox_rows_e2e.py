@@ -360,3 +360,34 @@ def test_the_setting_switched_with_episodes_open_pages_each_alert_once_in_order(
         ids = [a["id"] for a in receiver.got]
         assert Counter(ids) == Counter(f"{r}:{i}" for r in TABLES for i in EXPECTED[notifier])
         assert all(map(in_order, episodes(receiver.got).values())), episodes(receiver.got)
+
+
+@pytest.mark.parametrize("outbox", ["alerts", "rows"])
+def test_tracking_state_restored_from_a_backup_pages_no_first_notification_again(
+    dsn: str, tmp_path: Path, receivers: Callable[[], dict[str, Receiver]], outbox: Outbox
+) -> None:
+    """Both rules' tracking state (the inline table's columns, the table rule's state
+    table) restored from before their first pages: the next claims find the jobs due at
+    #1 again. Today a unique index turns the copies away; with rows, the episode's row in
+    the history does (docs/explanation/outbox-rows.md, "Alerted once")."""
+    pair = receivers()
+    folder = tmp_path / "notifiers"
+    conn = setup(dsn, folder, pair)
+    clock = MovedClock(T0)
+    backups = {"jobs_a": "public.jobs_a", "state_b": "slawatch.late_table_state"}
+    try:
+        for name, table in backups.items():
+            conn.execute(f"CREATE TABLE backup_{name} AS SELECT * FROM {table}")
+        with running(dsn, folder, clock, outbox) as runner:
+            run_steps(conn, runner, clock, STEPS[:1])
+            assert len(pair["hook"].got) == 2 * JOBS
+            for name, table in backups.items():
+                conn.execute(f"DELETE FROM {table}")
+                conn.execute(f"INSERT INTO {table} SELECT * FROM backup_{name}")
+            run_steps(conn, runner, clock, [(21, None, ()), (22, None, ())])
+        assert sum(shapes(conn).values()) == 2 * JOBS
+        assert unsettled(conn) == 0
+    finally:
+        conn.close()
+    ids = Counter(a["id"] for a in pair["hook"].got)
+    assert ids == Counter(f"{r}:{k}:e1:n1" for r in TABLES for k in range(1, JOBS + 1))
