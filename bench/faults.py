@@ -14,6 +14,10 @@ at once; the receiver's outages (503, then its port closed) fall during the
 storm, kills and all.
 
     .venv/bin/python bench/faults.py [--kills 1000] [--seconds S] [--rows N] [--seed N]
+                                     [--outbox alerts|rows]
+
+--outbox rows runs every process with SLAWATCH_OUTBOX=rows (the outbox in rows,
+docs/explanation/outbox-rows.md); the check reads what was written in either shape.
 
 The database is a private PostgreSQL server (tests/pgcluster.py) in a
 temporary folder, since the run stops it; --no-db-outages uses a scratch
@@ -82,17 +86,29 @@ def main() -> int:
     parser.add_argument("--db-down", type=float, default=8, help="seconds the database is down")
     parser.add_argument("--no-db-outages", action="store_true", help="never stop the database")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--outbox",
+        choices=["alerts", "rows"],
+        default="alerts",
+        help="SLAWATCH_OUTBOX of the processes (alerts)",
+    )
     args = parser.parse_args()
     seconds = args.seconds or args.kills / KILLS_PER_SECOND
     rows = args.rows or int(30 * seconds)
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
-    print(f"seed {seed}", flush=True)
+    print(f"seed {seed}, SLAWATCH_OUTBOX={args.outbox}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="slawatch-faults-") as tmp:
         folder = Path(tmp)
         with database(not args.no_db_outages) as (dsn, cluster):
             run = FaultRun(
-                dsn, folder / "run", rows=rows, spread=seconds, seed=seed, say=print_flush
+                dsn,
+                folder / "run",
+                rows=rows,
+                spread=seconds,
+                seed=seed,
+                say=print_flush,
+                outbox=args.outbox,
             )
             try:
                 report, outages = storm(run, cluster, args, seconds)
@@ -148,6 +164,7 @@ def print_table(report: Report, outages: dict[str, int]) -> None:
         *((what, f"{n:,}") for what, n in outages.items()),
         ("rows", f"{report.rows:,}"),
         ("alerts", f"{report.alerts:,}"),
+        *((f"  written as {shape}", f"{n:,}") for shape, n in sorted(report.shapes.items())),
         ("alerts the run allows", f"{lo:,}" if lo == hi else f"{lo:,} to {hi:,}"),
         ("duplicates", f"{report.duplicates:,}"),
         ("missing", f"{report.missing:,}"),

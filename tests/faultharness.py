@@ -21,7 +21,8 @@ harness also changes some rows, and logs each change that committed:
 
 The expected alerts follow from that log alone (deadlines, changes, the cap),
 never from what slawatch wrote; :meth:`FaultRun.verify` compares them with the
-``slawatch.alert`` rows and with the ids the receiver accepted.
+``slawatch.alert`` rows (or the elements of the outbox in rows, SLAWATCH_OUTBOX=rows)
+and with the ids the receiver accepted.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ class Receiver:
     def __init__(self, on_accept: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.on_accept = on_accept
         self.refusing = False
+        self.delay = 0.0  # seconds each request is held before it is answered
         self.ids: list[str] = []  # every accepted alert id, repeats included
         self.first: dict[str, dict[str, Any]] = {}  # id -> the payload first accepted
         self.requests = self.refused = 0
@@ -155,6 +157,8 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 receiver.requests += 1
+                if receiver.delay:
+                    time.sleep(receiver.delay)  # a slow receiver: kills land mid-send
                 if receiver.refusing:
                     receiver.refused += 1
                     status = 503
@@ -231,6 +235,7 @@ class Report:
     redeliveries: int  # accepted ids beyond the first acceptance (at-least-once)
     exits: int  # processes that ended without being killed
     wall: float  # seconds, setup to verdict
+    shapes: Counter[str] = field(default_factory=Counter)  # alerts written per outbox shape
     problems: list[str] = field(default_factory=list, repr=False)  # the first few, readable
 
     @property
@@ -258,8 +263,12 @@ class FaultRun:
         spread: float,
         seed: int,
         say: Callable[[str], None] | None = None,
+        outbox: str = "alerts",
     ) -> None:
         self.dsn, self.workdir = dsn, workdir
+        # SLAWATCH_OUTBOX of every process: the shape its claims write
+        # (docs/explanation/outbox-rows.md); the checks read both shapes.
+        self.outbox = outbox
         self.n_rows, self.spread = rows, spread
         self.random = random.Random(seed)
         self.seed = seed
@@ -296,6 +305,7 @@ class FaultRun:
             # A short pool timeout keeps a database outage cheap to sit out.
             "SLAWATCH_DB_TIMEOUT": "2",
             "SLAWATCH_HTTP": "",  # several processes: no admin port to fight over
+            "SLAWATCH_OUTBOX": self.outbox,
             "PGAPPNAME": APP + tag,
         }
 
@@ -612,10 +622,14 @@ class FaultRun:
         return ids
 
     def deliveries(self) -> Counter[str]:
-        """Deliveries by status (pending, sent, dead)."""
+        """Deliveries by status (pending, sent, dead), with the sends of the outbox in rows
+        (one per row and notifier) beside them."""
         rows = (
             self._watcher()
-            .execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY status")
+            .execute(
+                "SELECT status, count(*) FROM (SELECT status FROM slawatch.delivery"
+                " UNION ALL SELECT status FROM slawatch.outbox_send) s GROUP BY status"
+            )
             .fetchall()
         )
         return Counter({str(status): int(count) for status, count in rows})
@@ -695,12 +709,22 @@ class FaultRun:
         if self._actor is not None:
             self._actor.join(30)
         conn = self._watcher()
-        alerts = conn.execute(
-            "SELECT key, episode, n, deadline, fired_at FROM slawatch.alert WHERE rule = %s",
-            (RULE,),
+        # What slawatch wrote, in either shape: today's alerts, and each element of the
+        # outbox's rows (0020_outbox_rows.sql), which no unique index keeps once.
+        written = conn.execute(
+            "SELECT 'alerts', key, episode, n, deadline, fired_at FROM slawatch.alert"
+            " WHERE rule = %(rule)s"
+            " UNION ALL SELECT 'rows', e.key, e.episode, e.n, e.deadline, r.fired_at"
+            " FROM slawatch.outbox_row r,"
+            " unnest(r.keys, r.episodes, r.ns, r.deadlines) AS e(key, episode, n, deadline)"
+            " WHERE r.rule = %(rule)s AND r.kind = 'firing'",
+            {"rule": RULE},
         ).fetchall()
+        shapes = Counter(str(w[0]) for w in written)
+        alerts = [tuple(w[1:]) for w in written]
         dead = conn.execute(
-            "SELECT count(*) FROM slawatch.delivery WHERE status = 'dead'"
+            "SELECT (SELECT count(*) FROM slawatch.delivery WHERE status = 'dead')"
+            " + (SELECT count(*) FROM slawatch.outbox_send WHERE status = 'dead')"
         ).fetchone()
         problems: list[str] = list(self.exits)
         counts = Counter((int(k), int(e), int(n)) for k, e, n, _, _ in alerts)
@@ -757,7 +781,7 @@ class FaultRun:
         phantom = seen - ids  # accepted by the receiver, yet no such alert row
         unexpected += len(phantom)
         if phantom:
-            problems.append(f"received but not in slawatch.alert: {sorted(phantom)[:5]}")
+            problems.append(f"received but never written: {sorted(phantom)[:5]}")
         return Report(
             kills=self.kills,
             rows=self.n_rows,
@@ -772,6 +796,7 @@ class FaultRun:
             redeliveries=len(self.receiver.ids) - len(seen),
             exits=len(self.exits),
             wall=time.monotonic() - self.began,
+            shapes=shapes,
             problems=problems[:20],
         )
 

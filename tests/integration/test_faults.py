@@ -4,6 +4,9 @@ down; afterwards every due (row, episode, n) is alerted exactly once and
 delivered at least once.
 
 The harness is tests/faultharness.py; ``bench/faults.py`` runs the long version.
+The outbox in rows (SLAWATCH_OUTBOX=rows, docs/explanation/outbox-rows.md) goes through
+the same three faults in one shorter test (a bounded share of CI time);
+``bench/faults.py --outbox rows`` runs it long.
 A failure names its seed: ``SLAWATCH_FAULT_SEED=<seed>`` replays the workload's
 choices (the faults' timing is the machine's). Deselect with ``-m "not faults"``.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,11 +50,19 @@ def cluster() -> Iterator[PgCluster]:
 
 
 def start(
-    runs: list[FaultRun], dsn: str, tmp_path: Path, seed: int, rows: int, spread: float
+    runs: list[FaultRun],
+    dsn: str,
+    tmp_path: Path,
+    seed: int,
+    rows: int,
+    spread: float,
+    outbox: str = "alerts",
 ) -> FaultRun:
     """A FaultRun set up: receiver listening, table migrated, rows in."""
     print(f"seed {seed} (SLAWATCH_FAULT_SEED={seed} repeats the workload's choices)")
-    run = FaultRun(dsn, tmp_path / "run", rows=rows, spread=spread, seed=seed, say=print)
+    run = FaultRun(
+        dsn, tmp_path / "run", rows=rows, spread=spread, seed=seed, say=print, outbox=outbox
+    )
     runs.append(run)
     run.setup()
     return run
@@ -61,6 +73,8 @@ def assert_exactly_once(run: FaultRun, report: Report, seed: int) -> None:
     workload's changes happened (else the test proves less than it says)."""
     print(report)
     assert report.ok, f"seed {seed}: {report}\n" + "\n".join(report.problems)
+    # Written in the shape the processes were given, and only in it.
+    assert list(report.shapes) == [run.outbox], f"seed {seed}: {report.shapes}"
     acted = run.acted()
     assert all(acted[k] > 0 for k in Kind if k is not Kind.PLAIN), f"seed {seed}: {acted}"
 
@@ -117,6 +131,36 @@ def test_receiver_down(dsn: str, tmp_path: Path, seed: int, runs: list[FaultRun]
     report = run.verify()
     assert not run.exits, run.exits
     assert_exactly_once(run, report, seed)
+    assert_no_traceback(run)
+
+
+def test_every_fault_with_the_outbox_in_rows(
+    tmp_path: Path, seed: int, cluster: PgCluster, runs: list[FaultRun]
+) -> None:
+    """The three faults above with SLAWATCH_OUTBOX=rows, in one run to keep CI bounded
+    (about 40 s): the kill storm with the receiver down during it (503, then its port
+    closed), then the database stopped for longer than the pool timeout under the two
+    processes the storm left running, which must deliver everything by themselves.
+    Each alert is one element of a row, which no unique index keeps once."""
+    run = start(runs, cluster.database("faults"), tmp_path, seed, 600, 12, outbox="rows")
+    # A row's send is one request of up to 100 alerts: a slow receiver, and processes
+    # that live long enough to deliver, so that kills land mid-send (redeliveries).
+    run.receiver.delay = 0.1
+    receiver = threading.Thread(target=run.receiver_outage, args=(2, 2), daemon=True)
+    receiver.start()
+    run.kill_storm(kills=8, seconds=12, processes=2, delay=(0.5, 2.5))
+    receiver.join(60)
+    during = len(run.receiver.seen())
+    run.wait_serving(60)
+    with run.database_down():
+        cluster.stop()
+        time.sleep(5)  # 2.5 pool timeouts (SLAWATCH_DB_TIMEOUT=2)
+        cluster.start()
+    run.settle(timeout=120, fresh=False)
+    report = run.verify()
+    assert_exactly_once(run, report, seed)
+    assert report.kills >= 8 and run.receiver.refused > 0
+    assert during >= report.expected[0] // 4, f"seed {seed}: only {during} alerts in the storm"
     assert_no_traceback(run)
 
 

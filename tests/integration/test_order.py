@@ -5,6 +5,10 @@ The operator's probe: jobs resolve while their first notification waits to retry
 receiver answered 500, then recovers). Sent first, the resolve finds nothing open and
 the late trigger opens an incident that nothing closes. Each receiver here is the local
 stand-in of the real service, keeping state as it does.
+
+Each test runs with each shape of the outbox (``outbox``: SLAWATCH_OUTBOX,
+docs/explanation/outbox-rows.md): with rows, a resolved row's send to a notifier waits
+for the pending sends there of the firing rows that share a key with it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import json
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from freezegun import freeze_time
@@ -25,6 +29,7 @@ from slawatch.config.notifiers import (
     SlackConfig,
     WebhookConfig,
 )
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import PassResult, deliver_due, replay
 from slawatch.delivery.notifiers.alertmanager import AlertmanagerNotifier
@@ -37,7 +42,7 @@ from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn, claim_all, shop
-from tests.integration.lifecycle_helpers import Inbox, resolved, statuses
+from tests.integration.lifecycle_helpers import Inbox
 from tests.receivers import Reply, WebhookReceiver
 from tests.services import AlertmanagerService, PagerDutyService, SlackService
 
@@ -60,11 +65,42 @@ def db(dsn: str) -> Iterator[Database]:
         yield d
 
 
-def resolving(conn: Conn, notifier: str) -> ClaimPlan:
+@pytest.fixture(params=["alerts", "rows"])
+def outbox(request: pytest.FixtureRequest) -> Outbox:
+    """SLAWATCH_OUTBOX of the claims: each test runs with both shapes."""
+    return cast(Outbox, request.param)
+
+
+def resolving(conn: Conn, notifier: str, outbox: Outbox) -> ClaimPlan:
     """order_unshipped with resolved notices, to ``notifier`` only."""
     rule = shop(conn)["order_unshipped"].model_copy(update={"resolve": True, "notify": [notifier]})
     migrate(conn, [rule])
-    return prepare(conn, rule)
+    return prepare(conn, rule, outbox=outbox)
+
+
+def statuses(conn: Conn) -> dict[str, int]:
+    """Alerts by the status of their delivery, in either shape: a row's send counts once
+    per element (one alert each)."""
+    rows = conn.execute(
+        "SELECT status, sum(n)::int FROM ("
+        " SELECT status, 1 AS n FROM slawatch.delivery"
+        " UNION ALL SELECT s.status, cardinality(r.keys) FROM slawatch.outbox_send s"
+        " JOIN slawatch.outbox_row r ON r.id = s.row_id) x GROUP BY 1"
+    )
+    return dict(rows.fetchall())
+
+
+def resolved(conn: Conn, outbox: Outbox) -> int:
+    """The resolved notices written, all in the shape ``outbox``."""
+    (alerts,) = conn.execute(
+        "SELECT count(*) FROM slawatch.alert WHERE kind = 'resolved'"
+    ).fetchone() or (0,)
+    (rows,) = conn.execute(
+        "SELECT coalesce(sum(cardinality(keys)), 0) FROM slawatch.outbox_row"
+        " WHERE kind = 'resolved'"
+    ).fetchone() or (0,)
+    assert (alerts if outbox == "rows" else rows) == 0, (alerts, rows)
+    return int(alerts + rows)
 
 
 def deliver(db: Database, notifier: BaseNotifier, at: datetime) -> PassResult:
@@ -72,12 +108,12 @@ def deliver(db: Database, notifier: BaseNotifier, at: datetime) -> PassResult:
         return deliver_due(db, {notifier.name: notifier}, Clock())
 
 
-def ended_while_retrying(conn: Conn, db: Database, notifier: BaseNotifier) -> None:
+def ended_while_retrying(conn: Conn, db: Database, notifier: BaseNotifier, outbox: Outbox) -> None:
     """KEYS orders notified to ``notifier``, whose receiver fails the first request (the
     caller scripted it); they ship while the notifications wait to retry. Then the
     receiver is back: a pass before the retry is due sends nothing (each resolved notice
     waits for its episode's notification), the pass at the retry sends both, in order."""
-    plan = resolving(conn, notifier.name)
+    plan = resolving(conn, notifier.name, outbox)
     conn.execute(
         "INSERT INTO orders SELECT g, 7, 990, 'paid', %s FROM generate_series(1, %s::int) g",
         (T0, KEYS),
@@ -87,7 +123,7 @@ def ended_while_retrying(conn: Conn, db: Database, notifier: BaseNotifier) -> No
     conn.execute("UPDATE orders SET status = 'shipped'")
     for t in (DUE + SWEPT, ENDED):
         claim_all(conn, plan, t)
-    assert len(resolved(conn)) == KEYS
+    assert resolved(conn, outbox) == KEYS
     held = deliver(db, notifier, ENDED + S)
     assert (held.sent, held.total) == (0, 0)
     assert statuses(conn) == {"pending": 2 * KEYS}
@@ -103,19 +139,23 @@ def firing_before_resolved(seen: list[tuple[str, str]]) -> None:
         assert "firing" not in mine[mine.index("resolved") :], (key, mine)
 
 
-def test_webhook_gets_each_resolved_notice_after_its_notification(conn: Conn, db: Database) -> None:
+def test_webhook_gets_each_resolved_notice_after_its_notification(
+    conn: Conn, db: Database, outbox: Outbox
+) -> None:
     with WebhookReceiver() as receiver:
         receiver.replies = [Reply(500)]
         config = {"name": "hook", "type": "webhook", "url": receiver.url, "retry": RETRY}
         hook = WebhookNotifier(WebhookConfig.model_validate(config))
-        ended_while_retrying(conn, db, hook)
+        ended_while_retrying(conn, db, hook, outbox)
         hook.close()
         seen = [(a["key"], a["status"]) for r in receiver.requests[1:] for a in r.alerts]
     assert len(seen) == 2 * KEYS
     firing_before_resolved(seen)
 
 
-def test_pagerduty_opens_no_incident_that_nothing_closes(conn: Conn, db: Database) -> None:
+def test_pagerduty_opens_no_incident_that_nothing_closes(
+    conn: Conn, db: Database, outbox: Outbox
+) -> None:
     with PagerDutyService() as pd:
         pd.replies = [Reply(500, body=b"down")]
         config = {
@@ -126,7 +166,7 @@ def test_pagerduty_opens_no_incident_that_nothing_closes(conn: Conn, db: Databas
             "retry": RETRY,
         }
         pager = PagerDutyNotifier(PagerDutyConfig.model_validate(config))
-        ended_while_retrying(conn, db, pager)
+        ended_while_retrying(conn, db, pager, outbox)
         pager.close()
     # One incident per episode, each closed by its resolve: no ghost left open.
     assert len(pd.incidents) == KEYS
@@ -136,12 +176,14 @@ def test_pagerduty_opens_no_incident_that_nothing_closes(conn: Conn, db: Databas
     firing_before_resolved(seen)
 
 
-def test_alertmanager_keeps_no_alert_firing_for_an_ended_episode(conn: Conn, db: Database) -> None:
+def test_alertmanager_keeps_no_alert_firing_for_an_ended_episode(
+    conn: Conn, db: Database, outbox: Outbox
+) -> None:
     with AlertmanagerService() as am:
         am.replies = [Reply(500)]
         config = {"name": "am", "type": "alertmanager", "url": am.url, "retry": RETRY}
         manager = AlertmanagerNotifier(AlertmanagerConfig.model_validate(config))
-        ended_while_retrying(conn, db, manager)
+        ended_while_retrying(conn, db, manager, outbox)
         manager.close()
         assert len(am.alerts) == KEYS
         # A firing alert after its endsAt would be active for firing_for (24 h).
@@ -159,12 +201,14 @@ def test_alertmanager_keeps_no_alert_firing_for_an_ended_episode(conn: Conn, db:
     firing_before_resolved(seen)
 
 
-def test_slack_posts_each_resolved_notice_after_its_notification(conn: Conn, db: Database) -> None:
+def test_slack_posts_each_resolved_notice_after_its_notification(
+    conn: Conn, db: Database, outbox: Outbox
+) -> None:
     with SlackService() as slack:
         slack.replies = [Reply(500, body=b"internal_error")]
         config = {"name": "slack", "type": "slack", "url": slack.url, "retry": RETRY}
         hook = SlackNotifier(SlackConfig.model_validate(config | {"listed": KEYS}))
-        ended_while_retrying(conn, db, hook)
+        ended_while_retrying(conn, db, hook, outbox)
         hook.close()
     lines = [line for m in slack.messages for line in m["text"].splitlines()]
     pattern = re.compile(r"\[(resolved|warning)\] order_unshipped key (\d+)")
@@ -189,13 +233,29 @@ class Picky(Inbox):
         super().send(alerts)
 
 
+@pytest.mark.parametrize(
+    "outbox",
+    [
+        "alerts",
+        pytest.param(
+            "rows",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="the outbox in rows: replay_row_sends (queries.sql) puts the dead"
+                " firing send back to pending but not the resolved row's send that went"
+                " out meanwhile, so the replayed notification pages after its episode's"
+                " all-clear (today's replay sends the resolved notice again after it)",
+            ),
+        ),
+    ],
+)
 def test_a_replayed_notification_is_followed_by_its_resolved_notice_again(
-    conn: Conn, db: Database
+    conn: Conn, db: Database, outbox: Outbox
 ) -> None:
     """The notification went dead, the episode ended, its resolved notice went out. A
     replay of the notification alone would page after the all-clear: the resolved notice
     is sent again after it."""
-    plan = resolving(conn, "console")
+    plan = resolving(conn, "console", outbox)
     conn.execute("INSERT INTO orders VALUES (1, 7, 990, 'paid', %s)", (T0,))
     assert claim_all(conn, plan, DUE) == 1
     inbox = Picky()
@@ -206,10 +266,11 @@ def test_a_replayed_notification_is_followed_by_its_resolved_notice_again(
     assert deliver(db, inbox, ENDED).sent == 1  # nothing pending holds it back: sent
     inbox.fixed = True
     assert replay(conn, ENDED + M, None, None) == 1
-    assert statuses(conn) == {"pending": 2}
-    assert deliver(db, inbox, ENDED + 2 * M).sent == 2
+    replayed = deliver(db, inbox, ENDED + 2 * M)
     assert [(a["key"], a["status"]) for a in inbox.got] == [
         ("1", "resolved"),
         ("1", "firing"),
         ("1", "resolved"),
     ]
+    assert replayed.sent == 2
+    assert statuses(conn) == {"sent": 2}
