@@ -237,16 +237,7 @@ class Picky(Inbox):
     "outbox",
     [
         "alerts",
-        pytest.param(
-            "rows",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the outbox in rows: replay_row_sends (queries.sql) puts the dead"
-                " firing send back to pending but not the resolved row's send that went"
-                " out meanwhile, so the replayed notification pages after its episode's"
-                " all-clear (today's replay sends the resolved notice again after it)",
-            ),
-        ),
+        "rows",
     ],
 )
 def test_a_replayed_notification_is_followed_by_its_resolved_notice_again(

@@ -312,17 +312,7 @@ def test_both_shapes_page_the_same_alerts_in_the_same_order(
     ("first", "then"),
     [
         ("alerts", "rows"),
-        pytest.param(
-            "rows",
-            "alerts",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="today's claim_deliveries (queries.sql) holds a resolved notice only"
-                " behind a pending firing delivery in slawatch.delivery, not behind a"
-                " pending send of the outbox in rows: switched from rows to alerts"
-                " mid-episode, the resolved notice goes out before its notification",
-            ),
-        ),
+        ("rows", "alerts"),
     ],
 )
 def test_the_setting_switched_with_episodes_open_pages_each_alert_once_in_order(
