@@ -206,10 +206,23 @@ def table_track_status() -> str | None:
 # ---------------------------------------------------------------- helpers
 
 
-def per_round(runs: list[dict[str, float]], base: list[dict[str, float]]) -> float:
-    """The median of each round's ratio of rows/s, ``runs`` to ``base`` (runs of two
-    variants, round by round: the same load on both)."""
-    return med([a["rate"] / b["rate"] for a, b in zip(runs, base, strict=True) if b["rate"]])
+def backend_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the server process ``pid`` has used, from /proc; NaN
+    where it cannot be read (a server elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def per_round(
+    runs: list[dict[str, float]], base: list[dict[str, float]], key: str = "rate"
+) -> float:
+    """The median of each round's ratio of ``key`` (rows/s), ``runs`` to ``base`` (runs of
+    two variants, round by round: the same load on both)."""
+    return med([a[key] / b[key] for a, b in zip(runs, base, strict=True) if b[key]])
 
 
 def spread(xs: list[float], fmt: str = ",.0f") -> str:
@@ -464,7 +477,9 @@ def measure_drain(
         upd0, hot0 = table_stats(conn)
         heap0, idx0 = rel_sizes(conn)
         wal0 = lsn(conn)
+        cpu0 = backend_cpu(conn.info.backend_pid)
         total, times, secs = drain(step, batch, budget)
+        cpu1 = backend_cpu(conn.info.backend_pid)
         wal = lsn(conn) - wal0
         upd, hot = table_stats(conn)
         heap1, idx1 = rel_sizes(conn)
@@ -474,6 +489,9 @@ def measure_drain(
         "rate": total / secs if secs else 0,
         "ms_batch": med(times) * 1000,
         "wal_per": wal / total if total else float("nan"),
+        # The drain's server CPU per alert, µs (its backend's, from /proc: NaN when the
+        # server is not a process of this machine). Steadier than rows/s on a shared machine.
+        "cpu_per": (cpu1 - cpu0) / total * 1e6 if total and cpu0 == cpu0 else float("nan"),
         "upd": upd - upd0,
         "hot": hot - hot0,
         "heap_mb": (heap1 - heap0) / 1e6,
@@ -1571,7 +1589,8 @@ def main() -> None:
             )
             print(
                 f"{'variant':<48} {'rows/s':>24} {'vs raw':>6} {'rounds':>6} {'ms/batch':>8}"
-                f" {'WAL B/alert':>11} {'orders upd':>10} {'HOT':>5} {'heap +MB':>8} {'idx +MB':>7}"
+                f" {'CPU µs/alert':>12} {'WAL B/alert':>11} {'orders upd':>10} {'HOT':>5}"
+                f" {'heap +MB':>8} {'idx +MB':>7}"
             )
             for v in vs:
                 if v.skipped:
@@ -1586,13 +1605,14 @@ def main() -> None:
                     f"{v.label:<48} {spread(rates):>24} {med(rates) / med(raw_rate):>5.2f}×"
                     f" {per_round(v.runs, raw.runs):>5.2f}×"
                     f" {med([x['ms_batch'] for x in runs]):>8.0f}"
+                    f" {med([x['cpu_per'] for x in runs]):>12.1f}"
                     f" {med([x['wal_per'] for x in runs]):>11,.0f} {upd:>10,.0f}"
                     f" {(hot / upd * 100 if upd else 0):>4.0f}% {med([x['heap_mb'] for x in runs]):>8.1f}"
                     f" {med([x['idx_mb'] for x in runs]):>7.1f}{partial}"
                 )
             print(
                 "(vs raw: of the medians; rounds: the median of each round's ratio to that"
-                " round's raw claim)"
+                " round's raw claim; CPU: the drain's server backend, user + system)"
             )
             for name in ("inline", "table"):
                 today, rows_v = by_name[name], by_name[f"{name}_rows"]
@@ -1600,7 +1620,8 @@ def main() -> None:
                     print(
                         f"  outbox in rows (SLAWATCH_OUTBOX=rows) vs today's, track: {name}:"
                         f" rows/s {per_round(rows_v.runs, today.runs):.2f}× (median of each"
-                        f" round's ratio), WAL B/alert"
+                        f" round's ratio), server CPU per alert"
+                        f" {per_round(rows_v.runs, today.runs, 'cpu_per'):.2f}×, WAL B/alert"
                         f" {med([x['wal_per'] for x in rows_v.runs]):,.0f} vs"
                         f" {med([x['wal_per'] for x in today.runs]):,.0f}"
                     )
