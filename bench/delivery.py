@@ -794,7 +794,7 @@ def main() -> None:
             args.due,
             args.rounds,
             args.concurrency,
-            shapes,  # type: ignore[arg-type]
+            shapes,
         )
         for shape, got in by_shape.items():
             print(

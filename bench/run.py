@@ -1742,9 +1742,9 @@ def main() -> None:
         e2e_rows: dict[str, float] = {}
         if "e2e" in run:
             # Today's outbox, then SLAWATCH_OUTBOX=rows (docs/explanation/outbox-rows.md).
-            for outbox, got in (("alerts", e2e), ("rows", e2e_rows)):
+            for outbox, into in (("alerts", e2e), ("rows", e2e_rows)):
                 scratch.create("run", template="t_inline")
-                got |= end_to_end(
+                into |= end_to_end(
                     scratch.dsn("run"),
                     due,
                     args.batch,
@@ -1759,18 +1759,18 @@ def main() -> None:
                 f" {e2e['per_post']:.0f}) -> HTTP receiver in this process;"
                 f" alerts of {e2e['alert_bytes']:.0f} bytes (4 row columns)"
             )
-            for title, got in (("outbox alerts", e2e), ("SLAWATCH_OUTBOX=rows", e2e_rows)):
+            for title, one in (("outbox alerts", e2e), ("SLAWATCH_OUTBOX=rows", e2e_rows)):
                 print(
-                    f"  {title}: burst of {due:,}: {got['e2e_rate']:,.0f} alerts/s (first claim"
+                    f"  {title}: burst of {due:,}: {one['e2e_rate']:,.0f} alerts/s (first claim"
                     f" -> last receipt); the same POSTs sent straight from another process:"
-                    f" {got['raw_post_rate']:,.0f} alerts/s"
-                    f" ({got['e2e_rate'] / got['raw_post_rate']:.2f}×)"
+                    f" {one['raw_post_rate']:,.0f} alerts/s"
+                    f" ({one['e2e_rate'] / one['raw_post_rate']:.2f}×)"
                 )
                 print(
                     f"    steady 1,000 new due rows/s for {args.steady_secs} s (rule every 1s):"
-                    f" {got['steady_n']:,.0f} of {got['steady_expected']:,.0f} received;"
-                    f" claim -> receipt p50 {got['claim_p50']:,.0f} ms, p99 {got['claim_p99']:,.0f}"
-                    f" ms; due -> receipt p50 {got['due_p50']:,.0f} ms, p99 {got['due_p99']:,.0f} ms"
+                    f" {one['steady_n']:,.0f} of {one['steady_expected']:,.0f} received;"
+                    f" claim -> receipt p50 {one['claim_p50']:,.0f} ms, p99 {one['claim_p99']:,.0f}"
+                    f" ms; due -> receipt p50 {one['due_p50']:,.0f} ms, p99 {one['due_p99']:,.0f} ms"
                 )
             print()
 
@@ -1886,10 +1886,15 @@ def main() -> None:
             ours, today = by.get(f"{name}_rows"), by.get(name)
             if ours is None or r_raw is None:
                 return ""
-            r = med([x["rate"] for x in ours.runs])
-            vs = f", {per_round(ours.runs, today.runs):.2f}× today's" if today else ""
+            rate_rows = med([x["rate"] for x in ours.runs])
+            vs = (
+                f", {per_round(ours.runs, today.runs):.2f}× today's, server CPU per alert"
+                f" {per_round(ours.runs, today.runs, 'cpu_per'):.2f}× today's"
+                if today
+                else ""
+            )
             return (
-                f"; SLAWATCH_OUTBOX=rows: {r / r_raw:.2f}× ({r:,.0f} rows/s{vs},"
+                f"; SLAWATCH_OUTBOX=rows: {rate_rows / r_raw:.2f}× ({rate_rows:,.0f} rows/s{vs},"
                 f" WAL {med([x['wal_per'] for x in ours.runs]):,.0f} B/alert)"
             )
 
@@ -1964,7 +1969,7 @@ def main() -> None:
             peer_wal = peer_res["wal_per"] + peer_res["enq_wal_per"]
             w_rows = wal("table_rows") or wal("inline_rows")
             which = "table" if wal("table_rows") else "inline"
-            beside = (
+            wal_beside = (
                 f"; SLAWATCH_OUTBOX=rows: {w_rows / peer_wal:.2f}× (track: {which} {w_rows:,.0f} B)"
                 if w_rows
                 else ""
@@ -1973,7 +1978,7 @@ def main() -> None:
                 Row(
                     figure,
                     f"{best_w / peer_wal:.2f}× (track: {name} {best_w:,.0f} vs {peer_wal:,.0f} B)"
-                    + beside,
+                    + wal_beside,
                     "≤ 0.2×",
                     best_w <= 0.2 * peer_wal,
                     "claim,peer",
@@ -2064,10 +2069,10 @@ def main() -> None:
                         figures[key] = (r.value, r.now)
                     else:
                         why[key] = r.now.removeprefix("not measured (").removesuffix(")")
-        beside = next((r for r in other if r.section == "delivery" and r.outbox == "rows"), None)
-        if "delivery" in figures and beside is not None and beside.value is not None:
+        rows_row = next((r for r in other if r.section == "delivery" and r.outbox == "rows"), None)
+        if "delivery" in figures and rows_row is not None and rows_row.value is not None:
             x, detail = figures["delivery"]
-            figures["delivery"] = (x, f"{detail}; SLAWATCH_OUTBOX=rows: {beside.now}")
+            figures["delivery"] = (x, f"{detail}; SLAWATCH_OUTBOX=rows: {rows_row.now}")
         wal_row = next((r for r in rows if r.figure.startswith("WAL per alert")), None)
         if wal_row is not None and wal_row.met is not None:
             x = float(wal_row.now.split("×", 1)[0])
