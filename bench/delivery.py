@@ -18,6 +18,10 @@ bodies of the burst POSTed again straight to the same receiver, one after the
 other, with no database.
 
     .venv/bin/python bench/delivery.py [--due 20000] [--concurrency 4] [--rounds 3]
+    .venv/bin/python bench/delivery.py --drain-only --outbox alerts,rows --rounds 5
+        # the drain alone, today's outbox and SLAWATCH_OUTBOX=rows (rows of up to 100
+        # alerts, docs/explanation/outbox-rows.md) interleaved, each beside its own
+        # bodies POSTed straight
 
 Rounds alternate concurrency 1 and the given concurrency when --compare is
 set, and the table shows the median of each. Uses SLAWATCH_BENCH_DSN, else
@@ -47,6 +51,7 @@ from benchdb import Scratch, scratch_database
 from slawatch.clock import Clock
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.config.rules import Rule
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import Dispatcher
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
@@ -381,10 +386,14 @@ CREATE TRIGGER action_settled
 """
 
 
-def fill_outbox(conn: psycopg.Connection[Any], alerts: int, ranges: int = 1) -> None:
+def fill_outbox(
+    conn: psycopg.Connection[Any], alerts: int, ranges: int = 1, outbox: Outbox = "alerts"
+) -> None:
     """``alerts`` overdue orders claimed: as many pending deliveries to ``hook``, in
     ``ranges`` id ranges (``slawatch.history_rotate`` opens the next one after each
-    share; 0: the outbox unpartitioned, as before 0015_rotate.sql)."""
+    share; 0: the outbox unpartitioned, as before 0015_rotate.sql). ``outbox``: the
+    shape the claim writes (SLAWATCH_OUTBOX; "rows": rows of up to 100 alerts and a
+    send each, docs/explanation/outbox-rows.md)."""
     conn.execute(
         "CREATE TABLE backlog (id bigint PRIMARY KEY, user_id bigint,"
         " total_cents integer, status text, paid_at timestamptz)"
@@ -399,7 +408,7 @@ def fill_outbox(conn: psycopg.Connection[Any], alerts: int, ranges: int = 1) -> 
     if ranges == 0:
         conn.execute(PLAIN)
     conn.execute("VACUUM ANALYZE backlog")
-    plan = plan_claim(rule, "timestamp with time zone")
+    plan = plan_claim(rule, "timestamp with time zone", outbox_in=outbox)
     claimed, opened = 0, 1
     while got := claim_batch(conn, plan, datetime.now(UTC)):
         claimed += got
@@ -411,6 +420,8 @@ def fill_outbox(conn: psycopg.Connection[Any], alerts: int, ranges: int = 1) -> 
                 raise SystemExit("fill: slawatch.history_rotate opened no range")
             opened += 1
     conn.execute("VACUUM ANALYZE slawatch.alert, slawatch.delivery")
+    if outbox == "rows":
+        conn.execute("VACUUM ANALYZE slawatch.outbox_row, slawatch.outbox_send")
 
 
 def backend_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float]:
@@ -577,17 +588,19 @@ def drain_once(
     alerts: int,
     concurrency: int,
     cpu: dict[str, float] | None = None,
+    outbox: Outbox = "alerts",
 ) -> tuple[float, list[bytes]]:
     """``alerts`` claimed into the outbox, then delivered by workers started after:
     alerts/s from the start of the workers to the last arrival, and the request bodies.
     ``cpu``, if given, gets the CPU seconds of the drain: ``python`` (this process, its
-    receiver thread included) and ``server`` (when :func:`server_cpu` can read it)."""
+    receiver thread included) and ``server`` (when :func:`server_cpu` can read it).
+    ``outbox``: the shape the claim fills (SLAWATCH_OUTBOX); the Dispatcher drains both."""
     scratch = Scratch()
     if server:
         scratch.server = server
     with scratch, psycopg.connect(scratch.create("db"), autocommit=True) as conn:
         dsn = scratch.dsn("db")
-        fill_outbox(conn, alerts)
+        fill_outbox(conn, alerts, outbox=outbox)
         hook = WebhookNotifier(
             WebhookConfig(name="hook", type="webhook", url=receiver.url, batch=100)
         )
@@ -628,38 +641,65 @@ def post_straight(receiver: Receiver, bodies: list[bytes], passes: int = 3) -> f
 
 
 def measure(
-    dsn: str | None = None, alerts: int = 20000, rounds: int = 3, concurrency: int = 4
+    dsn: str | None = None,
+    alerts: int = 20000,
+    rounds: int = 3,
+    concurrency: int = 4,
+    outbox: Outbox = "alerts",
 ) -> dict[str, float]:
     """The issue's delivery row: ``rounds`` drains of ``alerts`` (webhook batch 100,
     ``concurrency`` batches in flight), each followed by the straight POSTs of its own
     bodies. ``dsn``: the server to make scratch databases on (None: SLAWATCH_BENCH_DSN,
-    SLAWATCH_DSN or the embedded one). Medians: ``slawatch`` and ``straight`` in
-    alerts/s, ``ratio`` (of each round's two rates); CPU ms per 100 alerts delivered,
-    ``python_cpu`` (the workers and the receiver) and, where it can be read,
-    ``server_cpu`` (every process of the PostgreSQL server, other work on it too) and
-    ``backends_cpu`` (the drain's own server processes)."""
+    SLAWATCH_DSN or the embedded one). ``outbox``: the shape the claim fills
+    (SLAWATCH_OUTBOX). Medians: ``slawatch`` and ``straight`` in alerts/s, ``ratio``
+    (of each round's two rates); CPU ms per 100 alerts delivered, ``python_cpu`` (the
+    workers and the receiver) and, where it can be read, ``server_cpu`` (every process
+    of the PostgreSQL server, other work on it too) and ``backends_cpu`` (the drain's
+    own server processes)."""
+    return measure_shapes(dsn, alerts, rounds, concurrency, (outbox,))[outbox]
+
+
+def measure_shapes(
+    dsn: str | None = None,
+    alerts: int = 20000,
+    rounds: int = 3,
+    concurrency: int = 4,
+    outboxes: tuple[Outbox, ...] = ("alerts", "rows"),
+) -> dict[str, dict[str, float]]:
+    """:func:`measure` for each shape of the outbox in ``outboxes`` (SLAWATCH_OUTBOX),
+    interleaved: each round drains every shape once, the order turning by one each
+    round, and each drain is followed by the straight POSTs of its own bodies. By shape,
+    :func:`measure`'s medians."""
     receiver = Receiver()
-    drained: list[float] = []
-    straight: list[float] = []
-    cpus: list[dict[str, float]] = []
+    drained: dict[str, list[float]] = {o: [] for o in outboxes}
+    straight: dict[str, list[float]] = {o: [] for o in outboxes}
+    cpus: dict[str, list[dict[str, float]]] = {o: [] for o in outboxes}
     try:
-        for _ in range(rounds):
-            cpus.append({})
-            rate, bodies = drain_once(dsn, receiver, alerts, concurrency, cpus[-1])
-            drained.append(rate)
-            straight.append(post_straight(receiver, bodies))
+        for r in range(rounds):
+            turn = r % len(outboxes)
+            for outbox in outboxes[turn:] + outboxes[:turn]:
+                cpus[outbox].append({})
+                rate, bodies = drain_once(
+                    dsn, receiver, alerts, concurrency, cpus[outbox][-1], outbox
+                )
+                drained[outbox].append(rate)
+                straight[outbox].append(post_straight(receiver, bodies))
     finally:
         receiver.server.shutdown()
-    got = {
-        "ratio": statistics.median(d / s for d, s in zip(drained, straight, strict=True)),
-        "slawatch": statistics.median(drained),
-        "straight": statistics.median(straight),
-        "rounds": float(rounds),
-    }
-    for key in ("python", "server", "backends"):
-        if all(key in c for c in cpus):
-            got[f"{key}_cpu"] = statistics.median(c[key] for c in cpus) * 1e5 / alerts
-    return got
+    out: dict[str, dict[str, float]] = {}
+    for outbox in outboxes:
+        d, s = drained[outbox], straight[outbox]
+        got = {
+            "ratio": statistics.median(a / b for a, b in zip(d, s, strict=True)),
+            "slawatch": statistics.median(d),
+            "straight": statistics.median(s),
+            "rounds": float(rounds),
+        }
+        for key in ("python", "server", "backends"):
+            if all(key in c for c in cpus[outbox]):
+                got[f"{key}_cpu"] = statistics.median(c[key] for c in cpus[outbox]) * 1e5 / alerts
+        out[outbox] = got
+    return out
 
 
 def main() -> None:
@@ -677,6 +717,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="also print each round as JSON")
     parser.add_argument(
         "--drain-only", action="store_true", help="only the drain against straight POSTs"
+    )
+    parser.add_argument(
+        "--outbox",
+        default="alerts",
+        help="--drain-only: the outbox's shapes, comma-separated, interleaved by round"
+        " (SLAWATCH_OUTBOX: alerts, rows; e.g. alerts,rows)",
     )
     parser.add_argument(
         "--claims-only",
@@ -733,19 +779,36 @@ def main() -> None:
         return
 
     if args.drain_only:
-        got = measure(None, args.due, args.rounds, args.concurrency)
+        shapes = tuple(o.strip() for o in args.outbox.split(",") if o.strip())
+        if not shapes or any(o not in ("alerts", "rows") for o in shapes):
+            parser.error("--outbox: alerts, rows or both, comma-separated")
         print(
             f"drain {args.due:,} alerts, webhook batch 100 x {args.concurrency},"
-            f" {args.rounds} round(s), medians: slawatch {got['slawatch']:,.0f} alerts/s,"
-            f" straight POSTs {got['straight']:,.0f} alerts/s, ratio {got['ratio']:.2f};"
-            f" CPU per 100 alerts: Python {got['python_cpu']:.2f} ms, server "
-            + (f"{got['server_cpu']:.2f} ms" if "server_cpu" in got else "not readable")
-            + (
-                f" (the drain's own backends {got['backends_cpu']:.2f} ms)"
-                if "backends_cpu" in got
-                else ""
-            )
+            f" {args.rounds} round(s), outbox {', '.join(shapes)} interleaved; medians;"
+            f" load average {os.getloadavg()[0]:.1f} at the start",
+            flush=True,
         )
+        t0 = time.perf_counter()
+        by_shape = measure_shapes(
+            None,
+            args.due,
+            args.rounds,
+            args.concurrency,
+            shapes,
+        )
+        for shape, got in by_shape.items():
+            print(
+                f"outbox {shape}: slawatch {got['slawatch']:,.0f} alerts/s,"
+                f" straight POSTs {got['straight']:,.0f} alerts/s, ratio {got['ratio']:.2f};"
+                f" CPU per 100 alerts: Python {got['python_cpu']:.2f} ms, server "
+                + (f"{got['server_cpu']:.2f} ms" if "server_cpu" in got else "not readable")
+                + (
+                    f" (the drain's own backends {got['backends_cpu']:.2f} ms)"
+                    if "backends_cpu" in got
+                    else ""
+                )
+            )
+        print(f"{time.perf_counter() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} at the end")
         return
 
     levels = [1, args.concurrency] if args.compare else [args.concurrency]

@@ -2,12 +2,14 @@
 
 Builds `orders` (16 columns, primary key + 7 business indexes) with ROWS rows of
 which DUE are paid, unshipped and overdue, and prints, in one interleaved run on
-the same data: the claim (slawatch inline, slawatch `track: table`, the seed
+the same data: the claim (slawatch inline, slawatch `track: table`, both again with
+the outbox in rows, SLAWATCH_OUTBOX=rows (docs/explanation/outbox-rows.md), the seed
 article's statement of docs/explanation/claim.md, a naive UPDATE), the empty probe, the 1st vs
 10th drain of a long run, WAL and index entries per alert, the HOT ratio, one
 batch's EXPLAIN, end-to-end to a webhook receiver (`slawatch run` in a
-subprocess), 1/2/4 claiming processes and the peer (PGQueuer); then delivery
-(bench/delivery.py's measure()), the idle cost of 100 rules (bench/idle.py's
+subprocess, today's outbox and SLAWATCH_OUTBOX=rows), 1/2/4 claiming processes and the
+peer (PGQueuer); then delivery (bench/delivery.py's measure_shapes(): today's outbox
+and the outbox in rows, interleaved), the idle cost of 100 rules (bench/idle.py's
 measure()), the CPU of 100 / 300 / 1,000 idle rules (bench/rules.py's measure()),
 the event figures (bench/events.py), the rows and backlog curves (bench/scale.py's
 measure(): the claim at 1 / 3 / 10 M rows, drains of 10 k / 100 k / 1 M due) and
@@ -73,6 +75,7 @@ from benchdb import Scratch
 from common import machine, med, pct
 
 from slawatch.config.rules import Rule
+from slawatch.config.settings import Outbox
 from slawatch.engine.claim import batches
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
@@ -203,6 +206,25 @@ def table_track_status() -> str | None:
 # ---------------------------------------------------------------- helpers
 
 
+def backend_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the server process ``pid`` has used, from /proc; NaN
+    where it cannot be read (a server elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def per_round(
+    runs: list[dict[str, float]], base: list[dict[str, float]], key: str = "rate"
+) -> float:
+    """The median of each round's ratio of ``key`` (rows/s), ``runs`` to ``base`` (runs of
+    two variants, round by round: the same load on both)."""
+    return med([a[key] / b[key] for a, b in zip(runs, base, strict=True) if b[key]])
+
+
 def spread(xs: list[float], fmt: str = ",.0f") -> str:
     """median (min–max)"""
     if not xs:
@@ -319,7 +341,10 @@ class Variant:
     runs: list[dict[str, float]] = field(default_factory=list)
 
 
-def slawatch_variant(track: str | None) -> Variant:
+def slawatch_variant(track: str | None, outbox: Outbox = "alerts") -> Variant:
+    """slawatch's claim of the rule, ``track`` inline or table, writing the outbox in
+    the shape ``outbox`` (SLAWATCH_OUTBOX; "rows": named ``<track>_rows``,
+    docs/explanation/outbox-rows.md)."""
     name = "table" if track == "table" else "inline"
     skipped = table_track_status() if track == "table" else None
 
@@ -330,16 +355,18 @@ def slawatch_variant(track: str | None) -> Variant:
         migrate(conn, [rule(batch)])
 
     def stepper(conn: psycopg.Connection[Any], batch: int, now: datetime) -> Callable[[], int]:
-        plan = prepare(conn, rule(batch))
+        plan = prepare(conn, rule(batch), outbox=outbox)
         return batches(conn, plan, now)
 
     def explain(conn: psycopg.Connection[Any], batch: int, now: datetime) -> Any:
-        plan = prepare(conn, rule(batch))
+        plan = prepare(conn, rule(batch), outbox=outbox)
         if plan.table is not None:  # the first batch of a first drain: from the beginning
             return plan.table.claim, plan.params(now) | {"since": "-infinity"}
         return plan.statement, plan.params(now)
 
     label = f"slawatch track: {name}, claim + outbox"
+    if outbox == "rows":
+        name, label = f"{name}_rows", f"{label} in rows"
     return Variant(name, label, skipped, setup, stepper, explain)
 
 
@@ -369,6 +396,10 @@ def variants() -> list[Variant]:
     return [
         slawatch_variant(None),
         slawatch_variant("table"),
+        # SLAWATCH_OUTBOX=rows: the same claim writing the outbox in rows of up to 100
+        # alerts (docs/explanation/outbox-rows.md), beside today's in every round.
+        slawatch_variant(None, "rows"),
+        slawatch_variant("table", "rows"),
         sql_variant("raw", "seed's raw claim (§1), no outbox", RAW_SETUP, RAW),
         sql_variant("naive", "naive UPDATE, flag + deadline index", NAIVE_SETUP, NAIVE),
     ]
@@ -446,7 +477,9 @@ def measure_drain(
         upd0, hot0 = table_stats(conn)
         heap0, idx0 = rel_sizes(conn)
         wal0 = lsn(conn)
+        cpu0 = backend_cpu(conn.info.backend_pid)
         total, times, secs = drain(step, batch, budget)
+        cpu1 = backend_cpu(conn.info.backend_pid)
         wal = lsn(conn) - wal0
         upd, hot = table_stats(conn)
         heap1, idx1 = rel_sizes(conn)
@@ -456,6 +489,9 @@ def measure_drain(
         "rate": total / secs if secs else 0,
         "ms_batch": med(times) * 1000,
         "wal_per": wal / total if total else float("nan"),
+        # The drain's server CPU per alert, µs (its backend's, from /proc: NaN when the
+        # server is not a process of this machine). Steadier than rows/s on a shared machine.
+        "cpu_per": (cpu1 - cpu0) / total * 1e6 if total and cpu0 == cpu0 else float("nan"),
         "upd": upd - upd0,
         "hot": hot - hot0,
         "heap_mb": (heap1 - heap0) / 1e6,
@@ -727,10 +763,17 @@ def ts(value: str) -> float:
 
 
 def end_to_end(
-    dsn: str, due: int, batch: int, steady_rate: int, steady_secs: int, rows: int
+    dsn: str,
+    due: int,
+    batch: int,
+    steady_rate: int,
+    steady_secs: int,
+    rows: int,
+    outbox: Outbox = "alerts",
 ) -> dict[str, float]:
     """`slawatch run` in a subprocess: a burst of ``due`` alerts, then rows falling due at
-    ``steady_rate``/s for ``steady_secs``; the receiver is in this process."""
+    ``steady_rate``/s for ``steady_secs``; the receiver is in this process. ``outbox``:
+    SLAWATCH_OUTBOX for the run (docs/explanation/outbox-rows.md)."""
     receiver = Receiver()
     res: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -743,7 +786,13 @@ def end_to_end(
                 {"name": "ops-webhook", "type": "webhook", "url": receiver.url, "batch": 100}
             )
         )
-        env = dict(os.environ, SLAWATCH_DSN=dsn, SLAWATCH_LOG_LEVEL="WARNING", SLAWATCH_HTTP="")
+        env = dict(
+            os.environ,
+            SLAWATCH_DSN=dsn,
+            SLAWATCH_LOG_LEVEL="WARNING",
+            SLAWATCH_HTTP="",
+            SLAWATCH_OUTBOX=outbox,
+        )
         exe = Path(sys.executable).with_name("slawatch")
         cmd = [str(exe), "--rules", str(rules), "--notifiers", str(notifiers), "run"]
         log = Path(tmp, "run.log").open("w+")  # noqa: SIM115
@@ -985,6 +1034,7 @@ class Row:
     met: bool | None
     section: str
     value: float | None = None  # the figure as a number, for issue 27's table
+    outbox: str = "alerts"  # SLAWATCH_OUTBOX the figure was measured with
 
     @property
     def mark(self) -> str:
@@ -1133,30 +1183,54 @@ def attempt(measure: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any
 
 
 def delivery_rows(quick: bool) -> list[Row]:
-    """bench/delivery.py's measure(): slawatch's webhook delivery vs straight POSTs."""
+    """bench/delivery.py's measure(): slawatch's webhook delivery vs straight POSTs; with
+    its measure_shapes(), today's outbox and SLAWATCH_OUTBOX=rows interleaved by round
+    (the second a row of its own: docs/explanation/outbox-rows.md)."""
     figure = "delivery, 20 k alerts to a fast local receiver, webhook batch 100 × 4"
     if quick:
         figure = figure.replace("20 k", "2 k")
     goal = "≥ 0.5× straight POSTs"
+    rows_figure = f"{figure}, outbox in rows (SLAWATCH_OUTBOX=rows)"
+    alerts, rounds = (2_000, 1) if quick else (20_000, 3)
+    shapes = guarded("delivery", "measure_shapes")
     measure = guarded("delivery", "measure")
-    if measure is None:
+    if shapes is not None:
+        res, failed = attempt(shapes, None, alerts=alerts, rounds=rounds)
+        if res is None:
+            return [
+                not_measured(figure, goal, "delivery", failed),
+                Row(rows_figure, f"not measured ({failed})", goal, None, "delivery", None, "rows"),
+            ]
+    elif measure is not None:
+        one, failed = attempt(measure, None, alerts=alerts, rounds=rounds)
+        if one is None:
+            return [not_measured(figure, goal, "delivery", failed)]
+        res = {"alerts": one}
+    else:
         return [not_measured(figure, goal, "delivery", "needs bench/delivery.py measure()")]
-    res, failed = attempt(
-        measure, None, alerts=2_000 if quick else 20_000, rounds=1 if quick else 3
-    )
-    if res is None:
-        return [not_measured(figure, goal, "delivery", failed)]
-    x = float(res["ratio"])
-    return [
-        Row(
-            figure,
-            f"{x:.2f}× straight httpx POSTs of the same bodies",
-            goal,
-            x >= 0.5,
-            "delivery",
-            x,
+    out = []
+    for outbox, got in res.items():
+        x = float(got["ratio"])
+        cpu = (
+            f" ({got['slawatch']:,.0f} vs {got['straight']:,.0f} alerts/s; per 100 alerts"
+            f" Python {got['python_cpu']:.2f} ms"
+            + (f", server {got['backends_cpu']:.2f} ms" if "backends_cpu" in got else "")
+            + ")"
+            if outbox == "rows"
+            else ""
         )
-    ]
+        out.append(
+            Row(
+                rows_figure if outbox == "rows" else figure,
+                f"{x:.2f}× straight httpx POSTs of the same bodies{cpu}",
+                goal,
+                x >= 0.5,
+                "delivery",
+                x,
+                outbox,
+            )
+        )
+    return out
 
 
 def idle_rows(scratch: Scratch, quick: bool) -> list[Row]:
@@ -1514,12 +1588,13 @@ def main() -> None:
                 " runs each, median (min–max)"
             )
             print(
-                f"{'variant':<40} {'rows/s':>24} {'vs raw':>6} {'ms/batch':>8} {'WAL B/alert':>11}"
-                f" {'orders upd':>10} {'HOT':>5} {'heap +MB':>8} {'idx +MB':>7}"
+                f"{'variant':<48} {'rows/s':>24} {'vs raw':>6} {'rounds':>6} {'ms/batch':>8}"
+                f" {'CPU µs/alert':>12} {'WAL B/alert':>11} {'orders upd':>10} {'HOT':>5}"
+                f" {'heap +MB':>8} {'idx +MB':>7}"
             )
             for v in vs:
                 if v.skipped:
-                    print(f"{v.label:<40} {'skipped: ' + v.skipped:>24}")
+                    print(f"{v.label:<48} {'skipped: ' + v.skipped:>24}")
                     continue
                 rates = [x["rate"] for x in v.runs]
                 runs = v.runs
@@ -1527,12 +1602,29 @@ def main() -> None:
                 hot = med([x["hot"] for x in runs])
                 partial = " (budget hit)" if any(x["budget_hit"] for x in runs) else ""
                 print(
-                    f"{v.label:<40} {spread(rates):>24} {med(rates) / med(raw_rate):>5.2f}×"
+                    f"{v.label:<48} {spread(rates):>24} {med(rates) / med(raw_rate):>5.2f}×"
+                    f" {per_round(v.runs, raw.runs):>5.2f}×"
                     f" {med([x['ms_batch'] for x in runs]):>8.0f}"
+                    f" {med([x['cpu_per'] for x in runs]):>12.1f}"
                     f" {med([x['wal_per'] for x in runs]):>11,.0f} {upd:>10,.0f}"
                     f" {(hot / upd * 100 if upd else 0):>4.0f}% {med([x['heap_mb'] for x in runs]):>8.1f}"
                     f" {med([x['idx_mb'] for x in runs]):>7.1f}{partial}"
                 )
+            print(
+                "(vs raw: of the medians; rounds: the median of each round's ratio to that"
+                " round's raw claim; CPU: the drain's server backend, user + system)"
+            )
+            for name in ("inline", "table"):
+                today, rows_v = by_name[name], by_name[f"{name}_rows"]
+                if today.runs and rows_v.runs:
+                    print(
+                        f"  outbox in rows (SLAWATCH_OUTBOX=rows) vs today's, track: {name}:"
+                        f" rows/s {per_round(rows_v.runs, today.runs):.2f}× (median of each"
+                        f" round's ratio), server CPU per alert"
+                        f" {per_round(rows_v.runs, today.runs, 'cpu_per'):.2f}×, WAL B/alert"
+                        f" {med([x['wal_per'] for x in rows_v.runs]):,.0f} vs"
+                        f" {med([x['wal_per'] for x in today.runs]):,.0f}"
+                    )
             print()
 
         lap("claim")
@@ -1647,26 +1739,40 @@ def main() -> None:
         lap("long")
         # ---- end to end
         e2e: dict[str, float] = {}
+        e2e_rows: dict[str, float] = {}
         if "e2e" in run:
-            scratch.create("run", template="t_inline")
-            e2e = end_to_end(scratch.dsn("run"), due, args.batch, 1000, args.steady_secs, args.rows)
-            scratch.drop("run")
+            # Today's outbox, then SLAWATCH_OUTBOX=rows (docs/explanation/outbox-rows.md).
+            for outbox, into in (("alerts", e2e), ("rows", e2e_rows)):
+                scratch.create("run", template="t_inline")
+                into |= end_to_end(
+                    scratch.dsn("run"),
+                    due,
+                    args.batch,
+                    1000,
+                    args.steady_secs,
+                    args.rows,
+                    outbox,  # type: ignore[arg-type]
+                )
+                scratch.drop("run")
             print(
                 f"END TO END: `slawatch run` (subprocess, LISTEN/NOTIFY, webhook batch"
                 f" {e2e['per_post']:.0f}) -> HTTP receiver in this process;"
                 f" alerts of {e2e['alert_bytes']:.0f} bytes (4 row columns)"
             )
-            print(
-                f"  burst of {due:,}: {e2e['e2e_rate']:,.0f} alerts/s (first claim -> last receipt);"
-                f" the same POSTs sent straight from another process: {e2e['raw_post_rate']:,.0f}"
-                f" alerts/s ({e2e['e2e_rate'] / e2e['raw_post_rate']:.2f}×)"
-            )
-            print(
-                f"  steady 1,000 new due rows/s for {args.steady_secs} s (rule every 1s):"
-                f" {e2e['steady_n']:,.0f} of {e2e['steady_expected']:,.0f} received;"
-                f" claim -> receipt p50 {e2e['claim_p50']:,.0f} ms, p99 {e2e['claim_p99']:,.0f} ms;"
-                f" due -> receipt p50 {e2e['due_p50']:,.0f} ms, p99 {e2e['due_p99']:,.0f} ms\n"
-            )
+            for title, one in (("outbox alerts", e2e), ("SLAWATCH_OUTBOX=rows", e2e_rows)):
+                print(
+                    f"  {title}: burst of {due:,}: {one['e2e_rate']:,.0f} alerts/s (first claim"
+                    f" -> last receipt); the same POSTs sent straight from another process:"
+                    f" {one['raw_post_rate']:,.0f} alerts/s"
+                    f" ({one['e2e_rate'] / one['raw_post_rate']:.2f}×)"
+                )
+                print(
+                    f"    steady 1,000 new due rows/s for {args.steady_secs} s (rule every 1s):"
+                    f" {one['steady_n']:,.0f} of {one['steady_expected']:,.0f} received;"
+                    f" claim -> receipt p50 {one['claim_p50']:,.0f} ms, p99 {one['claim_p99']:,.0f}"
+                    f" ms; due -> receipt p50 {one['due_p50']:,.0f} ms, p99 {one['due_p99']:,.0f} ms"
+                )
+            print()
 
         lap("e2e")
         # ---- 1 / 2 / 4 processes
@@ -1774,6 +1880,24 @@ def main() -> None:
 
         r_raw, r_in, r_tab = rate("raw"), rate("inline"), rate("table")
         w_tab, w_in = wal("table"), wal("inline")
+
+        def in_rows(name: str) -> str:
+            """The claim of ``name`` with SLAWATCH_OUTBOX=rows, for beside today's figure."""
+            ours, today = by.get(f"{name}_rows"), by.get(name)
+            if ours is None or r_raw is None:
+                return ""
+            rate_rows = med([x["rate"] for x in ours.runs])
+            vs = (
+                f", {per_round(ours.runs, today.runs):.2f}× today's, server CPU per alert"
+                f" {per_round(ours.runs, today.runs, 'cpu_per'):.2f}× today's"
+                if today
+                else ""
+            )
+            return (
+                f"; SLAWATCH_OUTBOX=rows: {rate_rows / r_raw:.2f}× ({rate_rows:,.0f} rows/s{vs},"
+                f" WAL {med([x['wal_per'] for x in ours.runs]):,.0f} B/alert)"
+            )
+
         rows = [r for r in other if r.section == "delivery"]
         if "delivery" not in run:
             rows.append(not_measured("delivery", "≥ 0.5× straight POSTs", "delivery", "skipped"))
@@ -1812,7 +1936,8 @@ def main() -> None:
             rows.append(
                 Row(
                     figure,
-                    f"{rate_ / r_raw:.2f}× the seed's raw claim ({rate_:,.0f} vs {r_raw:,.0f} rows/s)",
+                    f"{rate_ / r_raw:.2f}× the seed's raw claim ({rate_:,.0f} vs {r_raw:,.0f} rows/s)"
+                    + in_rows(name),
                     f"≥ {least}× raw",
                     rate_ / r_raw >= least,
                     "claim",
@@ -1842,10 +1967,18 @@ def main() -> None:
                 ((n, w) for n, w in (("table", w_tab), ("inline", w_in)) if w), key=lambda x: x[1]
             )
             peer_wal = peer_res["wal_per"] + peer_res["enq_wal_per"]
+            w_rows = wal("table_rows") or wal("inline_rows")
+            which = "table" if wal("table_rows") else "inline"
+            wal_beside = (
+                f"; SLAWATCH_OUTBOX=rows: {w_rows / peer_wal:.2f}× (track: {which} {w_rows:,.0f} B)"
+                if w_rows
+                else ""
+            )
             rows.append(
                 Row(
                     figure,
-                    f"{best_w / peer_wal:.2f}× (track: {name} {best_w:,.0f} vs {peer_wal:,.0f} B)",
+                    f"{best_w / peer_wal:.2f}× (track: {name} {best_w:,.0f} vs {peer_wal:,.0f} B)"
+                    + wal_beside,
                     "≤ 0.2×",
                     best_w <= 0.2 * peer_wal,
                     "claim,peer",
@@ -1859,7 +1992,14 @@ def main() -> None:
                 Row(
                     f"end to end: `slawatch run` → webhook, burst of {due:,}",
                     f"{e2e['e2e_rate'] / e2e['raw_post_rate']:.2f}× the same POSTs sent straight;"
-                    f" steady 1,000/s claim → receipt p99 {e2e['claim_p99']:,.0f} ms",
+                    f" steady 1,000/s claim → receipt p99 {e2e['claim_p99']:,.0f} ms"
+                    + (
+                        f"; SLAWATCH_OUTBOX=rows:"
+                        f" {e2e_rows['e2e_rate'] / e2e_rows['raw_post_rate']:.2f}×, p99"
+                        f" {e2e_rows['claim_p99']:,.0f} ms"
+                        if e2e_rows
+                        else ""
+                    ),
                     "printed",
                     None,
                     "e2e",
@@ -1905,13 +2045,17 @@ def main() -> None:
                 figures[name] = (
                     rate_ / r_raw,
                     f"{rate_ / r_raw:.2f}× ({rate_:,.0f} vs {r_raw:,.0f} rows/s,"
-                    f" {due:,} due, batch {args.batch:,})",
+                    f" {due:,} due, batch {args.batch:,})" + in_rows(name),
                 )
             elif by_name[name].skipped:
                 why[name] = "track: table not built"
         if e2e and r_raw is not None:
             x = e2e["e2e_rate"] / r_raw
-            figures["e2e"] = (x, f"{x:.2f}× ({e2e['e2e_rate']:,.0f} vs {r_raw:,.0f} alerts/s)")
+            detail = f"{x:.2f}× ({e2e['e2e_rate']:,.0f} vs {r_raw:,.0f} alerts/s)"
+            if e2e_rows:
+                y = e2e_rows["e2e_rate"] / r_raw
+                detail += f"; SLAWATCH_OUTBOX=rows: {y:.2f}× ({e2e_rows['e2e_rate']:,.0f} alerts/s)"
+            figures["e2e"] = (x, detail)
         elif e2e:
             why["e2e"] = "needs the claim section too (its raw claim)"
         for key, section, label in (
@@ -1920,11 +2064,15 @@ def main() -> None:
             ("idle_pooler", "idle", "SLAWATCH_POOLER=transaction"),
         ):
             for r in other:
-                if r.section == section and label in r.figure:
+                if r.section == section and label in r.figure and r.outbox == "alerts":
                     if r.value is not None:
                         figures[key] = (r.value, r.now)
                     else:
                         why[key] = r.now.removeprefix("not measured (").removesuffix(")")
+        rows_row = next((r for r in other if r.section == "delivery" and r.outbox == "rows"), None)
+        if "delivery" in figures and rows_row is not None and rows_row.value is not None:
+            x, detail = figures["delivery"]
+            figures["delivery"] = (x, f"{detail}; SLAWATCH_OUTBOX=rows: {rows_row.now}")
         wal_row = next((r for r in rows if r.figure.startswith("WAL per alert")), None)
         if wal_row is not None and wal_row.met is not None:
             x = float(wal_row.now.split("×", 1)[0])
