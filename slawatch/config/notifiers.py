@@ -161,6 +161,10 @@ class NotifierBase(FileModel):
     # Off unless set: a consumer of a queue or webhook may want every alert.
     storm: Annotated[StormSettings | None, BeforeValidator(_storm)] = None
 
+    def http_target(self) -> tuple[str, str] | None:
+        """The field and URL an HTTP notifier posts to; None for the others."""
+        return None
+
 
 def _template(value: Any) -> Any:
     if not isinstance(value, str):
@@ -198,6 +202,10 @@ class _HttpTarget(NotifierBase):
 
     url: str
     headers: dict[str, str] = Field(default_factory=dict)
+
+    def http_target(self) -> tuple[str, str] | None:
+        return "url", self.url
+
     ca_file: CaFile = None  # PEM bundle to trust for https (default: the system's)
 
     @field_validator("url")
@@ -483,6 +491,9 @@ class SlackConfig(NotifierBase):
     listed: int = Field(default=10, ge=1, le=45)
     ca_file: CaFile = None
 
+    def http_target(self) -> tuple[str, str] | None:
+        return "url", self.url.get_secret_value()
+
 
 class PagerDutyConfig(NotifierBase):
     """PagerDuty Events API v2: one event per alert, an incident per episode."""
@@ -512,6 +523,9 @@ class PagerDutyConfig(NotifierBase):
     def _base_url(cls, v: str) -> str:
         return _base_only(_plain_url(v), "/v2/enqueue")
 
+    def http_target(self) -> tuple[str, str] | None:
+        return "base_url", self.base_url
+
 
 class TeamsConfig(NotifierBase):
     """Microsoft Teams (a Workflows webhook or a channel's incoming webhook): one
@@ -525,6 +539,9 @@ class TeamsConfig(NotifierBase):
     # Teams refuses a message over about 28 KB: each alert is cut to fit 10.
     listed: int = Field(default=10, ge=1, le=10)
     ca_file: CaFile = None
+
+    def http_target(self) -> tuple[str, str] | None:
+        return "url", self.url.get_secret_value()
 
 
 # slawatch's severities as Opsgenie priorities (P1 the highest, P3 its default).
@@ -551,6 +568,9 @@ class OpsgenieConfig(NotifierBase):
     # Opsgenie's API takes a few requests a second per integration: small batches.
     batch: int = Field(default=20, ge=1, le=10_000)
     ca_file: CaFile = None
+
+    def http_target(self) -> tuple[str, str] | None:
+        return "url", self.url
 
     @field_validator("api_key")
     @classmethod
@@ -666,17 +686,6 @@ BY_TYPE: dict[str, type[FileModel]] = {
     "teams": TeamsConfig,
     "opsgenie": OpsgenieConfig,
 }
-
-
-def http_target(config: NotifierConfig) -> tuple[str, str] | None:
-    """The field and URL an HTTP notifier posts to (None for the others)."""
-    if isinstance(config, WebhookConfig | AlertmanagerConfig | OpsgenieConfig):
-        return "url", config.url
-    if isinstance(config, PagerDutyConfig):
-        return "base_url", config.base_url
-    if isinstance(config, SlackConfig | TeamsConfig):
-        return "url", config.url.get_secret_value()
-    return None
 
 
 def interpolate(

@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 from psycopg import sql
 
 from slawatch.config.calendars import load_calendars
-from slawatch.config.notifiers import NotifierConfig, http_target, load_notifiers
+from slawatch.config.notifiers import NotifierConfig, load_notifiers
 from slawatch.config.rules import (
     Rule,
     check_calendar_names,
@@ -87,7 +87,7 @@ def check_not_own_api(notifiers: list[NotifierConfig], http: str | None) -> None
         return
     errors = []
     for config in notifiers:
-        target = http_target(config)
+        target = config.http_target()
         if target is None:
             continue
         field, url = target
