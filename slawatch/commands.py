@@ -834,6 +834,8 @@ def _unknown_rule(settings: Settings, name: int | tuple[str, str, int, int]) -> 
     """BadInput (exit 2, as every other unknown name) when an alert that was not found
     is named by a rule the rule files do not have; an alert of a rule removed since
     is still found (and acknowledged) first."""
+    from slawatch.operate.lifecycle import unknown_rule
+
     if isinstance(name, int):
         return
     try:
@@ -841,8 +843,7 @@ def _unknown_rule(settings: Settings, name: int | tuple[str, str, int, int]) -> 
     except ConfigError:
         return  # the rule files say nothing now: not found it is
     if name[0] not in names:
-        have = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") or "none"
-        raise BadInput(f"alert: no rule named {shorten(name[0])} (defined: {have})")
+        raise unknown_rule("alert", name[0], names)
 
 
 def _describe(s: Silence) -> str:

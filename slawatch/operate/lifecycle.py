@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -341,6 +341,14 @@ def _silence(row: Mapping[str, Any], now: datetime) -> Silence:
     )
 
 
+def unknown_rule(field: str, name: str, rules: Iterable[str]) -> BadInput:
+    """The error for ``name`` in ``field`` when no rule has that name: the rules there
+    are, the first 20 of them."""
+    names = sorted(rules)
+    have = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") or "none"
+    return BadInput(f"{field}: no rule named {shorten(name)} (defined: {have})")
+
+
 def add_silence(
     db: Database,
     *,
@@ -361,8 +369,7 @@ def add_silence(
     _text("rule", rule, 100, required=True)
     found = rules.get(rule)
     if found is None:
-        have = ", ".join(sorted(rules)) or "none"
-        raise BadInput(f"rule: no rule named {shorten(rule)} (defined: {have})")
+        raise unknown_rule("rule", rule, rules)
     if key is not None:
         key = _text("key", key, MAX_TEXT, required=True)
     if until <= now:
