@@ -735,6 +735,22 @@ class RowSend:
     folded: list[Folded] = field(default_factory=list)  # storms folded before the lease
 
 
+# The lease rendered once with $n placeholders, run as the claim is (CLAIM, _GENERIC).
+LEASE = render(
+    sql.SQL(queries()["lease_row_send"]),
+    (
+        "now",
+        "owner",
+        "lease",
+        "notifier",
+        "sent_row",
+        "sent_owner",
+        "sent_done",
+        "sent_skipped",
+    ),
+)
+
+
 @dataclass(frozen=True)
 class RowSent:
     """A send whose last chunk was accepted, to settle: its owner, ``done`` and ``skipped``."""
@@ -767,18 +783,29 @@ def lease_row_send(
         "sent_done": sent.done if sent else None,
         "sent_skipped": sent.skipped if sent else None,
     }
-    query = queries()["lease_row_send"]
-
+    args = LEASE.args(params)
     storm = notifier.storm
 
     def run(conn: Connection) -> tuple[list[dict[str, Any]], list[Folded]]:
-        cur = conn.cursor(row_factory=dict_row)
+        # As claim_deliveries runs its claim: prepared where the pooler allows, on its
+        # generic plan without JIT (_GENERIC) in one request with it; else planned here.
+        generic = prepares(conn)
+        cur = raw_cursor(conn, dict_row)
         cur.adapters.register_loader("jsonb", RowDataLoader)
-        if storm is None:
-            return cur.execute(query, params).fetchall(), []
-        with conn.transaction():  # the storm lock held from the fold to the lease's end
-            folded = storm_summarize(conn, notifier.name, storm, now)
-            return cur.execute(query, params).fetchall(), folded
+        if storm is not None:
+            with conn.transaction():  # the storm lock held from the fold to the lease's end
+                folded = storm_summarize(conn, notifier.name, storm, now)
+                if generic:
+                    conn.execute(_GENERIC)  # for the lease alone: not the fold
+                return cur.execute(LEASE.query, args, prepare=True).fetchall(), folded
+        if generic:
+            with pipelined(conn):
+                conn.execute(_GENERIC)
+                cur.execute(LEASE.query, args, prepare=True)
+        else:
+            with one_statement(conn):
+                cur.execute(LEASE.query, args, prepare=True)
+        return cur.fetchall(), []
 
     got, folded = db.run(f"leasing a row send for {notifier.name}", run)
     _log_folded(notifier, folded)
