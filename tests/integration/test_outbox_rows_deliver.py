@@ -388,7 +388,7 @@ def test_a_send_whose_worker_died_is_taken_over_and_the_stale_owner_changes_noth
     row_id = insert_row(conn, keys)
     notifier = hook(receiver.url, batch=20)
     stale = lease_row_send(db, notifier, NOW)  # a worker that then stalled (or died)
-    assert stale.row_id == row_id and len(stale.elements) == 40
+    assert stale.row_id == row_id and stale.left == 40
     send = send_of(conn, row_id)
     assert send["lease_owner"] == stale.owner and send["attempts"] == 1
     # Leased: not due, not leased again, until the lease runs out.
