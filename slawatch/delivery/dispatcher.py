@@ -1103,47 +1103,60 @@ def deliver_notifier(
     total = PassResult()
     if stop is not None and stop.is_set():
         return total
-    if not deliveries_due(db, notifier, clock.now()):
-        return total
-    while True:
-        batch = claim_deliveries(db, notifier, clock.now())
-        while batch.claimed or batch.folded:
-            more = stop is None or not stop.is_set()
-            result, batch = _deliver(
-                db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url
-            )
-            total += result
-        if stop is not None and stop.is_set():
-            return total
+    deliveries, sends = due_by_shape(db, notifier, clock.now())
+    while deliveries or sends:
+        if deliveries:
+            batch = claim_deliveries(db, notifier, clock.now())
+            while batch.claimed or batch.folded:
+                more = stop is None or not stop.is_set()
+                result, batch = _deliver(
+                    db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url
+                )
+                total += result
+            if stop is not None and stop.is_set():
+                return total
         # Then the sends of the outbox in rows, a turn of them, and back to the
         # deliveries while the turn was used up (more may be due of either shape).
-        result, leased = deliver_rows(db, notifier, clock, descriptions, stop, metrics)
-        total += result
-        if result.retried or result.dead:
+        result, leased = PassResult(), 0
+        if sends:
+            result, leased = deliver_rows(db, notifier, clock, descriptions, stop, metrics)
+            total += result
+            if result.retried or result.dead:
+                return total
+        if stop is not None and stop.is_set():
             return total
-        if leased < ROWS_PER_TURN and not (
-            # A resolved notice of today's outbox waits for a firing row sent now
-            # (claim_deliveries): it follows in this pass, as one held by a batch does.
-            # The look costs one query, after a turn that sent something only.
-            result.sent and deliveries_due(db, notifier, clock.now())
-        ):
+        if leased < ROWS_PER_TURN and not (result.sent or result.summaries):
             return total
+        # A turn used up, or one that sent something or made a storm summary (a
+        # delivery): which shape has more due. A resolved notice of today's outbox
+        # waits for a firing row sent now (claim_deliveries): it follows in this pass,
+        # as one held by a batch does; so does a summary the lease's fold made. One
+        # query between turns, where a claim of deliveries that took nothing was.
+        deliveries, sends = due_by_shape(db, notifier, clock.now())
+    return total
+
+
+def due_by_shape(db: Database, notifier: Notifier, now: datetime) -> tuple[bool, bool]:
+    """Whether ``notifier`` has a delivery due at ``now`` that no lease holds (what a claim
+    could take, or a resolved notice held back behind its firing one), and whether it has
+    a row send so due (the outbox in rows: what a lease could take). Asked before a worker
+    claims after it wakes, and between its turns of row sends: the claim is a large
+    statement (planned at every run behind a transaction pooler), this function's query
+    is planned once per server process (0017_deliveries_due.sql,
+    0024_deliveries_due_by_shape.sql)."""
+    query, params = queries()["deliveries_due"], {"notifier": notifier.name, "now": now}
+
+    def ask(conn: Connection) -> tuple[bool, bool]:
+        row = conn.execute(query, params).fetchone()
+        return (bool(row[0]), bool(row[1])) if row else (False, False)
+
+    return db.run(f"looking for due deliveries of {notifier.name}", ask)
 
 
 def deliveries_due(db: Database, notifier: Notifier, now: datetime) -> bool:
-    """Whether ``notifier`` has a delivery or a row send (the outbox in rows) due at
-    ``now`` that no lease holds: what a claim or a lease could take (and a resolved
-    notice held back behind its firing one). Asked before a worker claims after it
-    wakes: the claim is a large statement (planned at every run behind a transaction
-    pooler), this function's query is planned once per server process
-    (0017_deliveries_due.sql, 0021_outbox_rows_due.sql)."""
-    query, params = queries()["deliveries_due"], {"notifier": notifier.name, "now": now}
-
-    def ask(conn: Connection) -> bool:
-        row = conn.execute(query, params).fetchone()
-        return bool(row and row[0])
-
-    return db.run(f"looking for due deliveries of {notifier.name}", ask)
+    """Whether ``notifier`` has a delivery or a row send due at ``now`` that no lease
+    holds (:func:`due_by_shape`, either shape)."""
+    return any(due_by_shape(db, notifier, now))
 
 
 def deliver_due(

@@ -220,9 +220,10 @@ HAVING count(*) > 0
  ORDER BY notifier, id;
 
 -- deliveries_due --
--- Before a worker's first claim after it wakes: anything the claim could take? A
--- function (0017_deliveries_due.sql) so that its plan is kept, behind a pooler too.
-SELECT slawatch.deliveries_due(%(notifier)s, %(now)s);
+-- Before a worker's first claim after it wakes: anything the claim could take, and any
+-- row send a lease could take? A function (0017_deliveries_due.sql,
+-- 0024_deliveries_due_by_shape.sql) so that its plan is kept, behind a pooler too.
+SELECT deliveries, sends FROM slawatch.deliveries_due_by_shape(%(notifier)s, %(now)s);
 
 -- storm_lock --
 -- Every claim of a notifier with `storm` set holds this lock, in its own statement

@@ -504,7 +504,7 @@ def test_the_wake_up_probe_reads_the_due_index_of_the_sends(schema: Conn) -> Non
     )
     conn.execute("ANALYZE slawatch.outbox_send")
     (source,) = conn.execute(
-        "SELECT prosrc FROM pg_proc WHERE proname = 'deliveries_due'"
+        "SELECT prosrc FROM pg_proc WHERE proname = 'deliveries_due_by_shape'"
     ).fetchone()  # type: ignore[misc]
     start = source.index("(SELECT s.next_attempt_at")
     inner = source[start + 1 : source.index(") <= at", start)]
