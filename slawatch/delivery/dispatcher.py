@@ -836,7 +836,8 @@ def lease_row_send(
         # generic plan without JIT (_GENERIC) in one request with it; else planned here.
         generic = prepares(conn)
         cur = raw_cursor(conn, dict_row)
-        cur.adapters.register_loader("jsonb", RowDataLoader)
+        # The elements' row_data come as one json array (queries.sql, lease_row_send).
+        cur.adapters.register_loader("json", RowDataLoader)
         if storm is not None:
             with conn.transaction():  # the storm lock held from the fold to the lease's end
                 folded = storm_summarize(conn, notifier.name, storm, now)

@@ -1264,8 +1264,12 @@ SELECT DISTINCT i.relname
 -- active silence: one probe of ack's primary key and one of silence_rule_ends per
 -- lease. A line per element cost the worker a dict per element to decode and copy,
 -- and the server a sort of the lines (bench/delivery_shapes.py, "B100, the row's arrays";
--- docs/performance.md). `settled`: whether `sent_row` was settled. A line of NULLs with
--- `settled` when nothing was leased.
+-- docs/performance.md). The elements' row_data come as one json array (array_to_json:
+-- each element's jsonb text as it is), decoded by one call of the worker's loader: as
+-- a jsonb[] the server escaped every quote of every element and the worker parsed the
+-- array and decoded each element (measured per row of 100: 0.3 ms of server CPU and
+-- 0.17 ms of Python, against 0.1 and 0.09). `settled`: whether `sent_row` was settled.
+-- A line of NULLs with `settled` when nothing was leased.
 -- Its commit is asynchronous, as claim_deliveries' (set in `due`, an InitPlan every
 -- lease runs): a lease or a 'sent' a crash of the server loses only sends the row
 -- again. Where the pooler allows, the dispatcher runs it prepared on its generic plan
@@ -1337,7 +1341,8 @@ SELECT l.row_id, l.attempts, l.done, l.skipped, cardinality(r.keys) AS size, r.r
                             '.000000', '') || 'Z'
                FROM unnest(r.deadlines[l.done + 1:], r.due_ats[l.done + 1:])
                     AS e(deadline, due_at)) AS due_ats,
-       r.row_data[l.done + 1:] AS row_data,
+       array_to_json(CASE WHEN l.done = 0 THEN r.row_data ELSE r.row_data[l.done + 1:] END)
+           AS row_data,
        CASE WHEN (r.kind = 'firing' AND EXISTS (
                       SELECT 1 FROM slawatch.ack k WHERE k.rule = r.rule))
                  OR EXISTS (
