@@ -1275,7 +1275,8 @@ SELECT DISTINCT i.relname
 -- again. Where the pooler allows, the dispatcher runs it prepared on its generic plan
 -- without JIT, as the claim (dispatcher.py, _GENERIC): planning was 0.85 ms of the
 -- lease's 1.6 ms of server CPU, the plan the same (`due` reads outbox_send_due in its
--- order under LIMIT 1, the rest are probes of primary keys).
+-- order under LIMIT 1, the rest finds its rows by primary key; a table of a few pages
+-- may be read whole, and an ANALYZE makes the plan again).
 WITH sent AS (
     UPDATE slawatch.outbox_send s
        SET status = 'sent', sent_at = %(now)s, done = %(sent_done)s,
