@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import astuple, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -70,7 +70,7 @@ from slawatch.db import (
 from slawatch.delivery.notifiers import Notifier
 from slawatch.delivery.storm import Folded, listings, summary_payload
 from slawatch.delivery.storm import summarize as storm_summarize
-from slawatch.engine.outbox import RowDataLoader, alert_payload
+from slawatch.engine.outbox import RowDataLoader, alert_payload, row_payloads
 from slawatch.engine.probefn import render
 from slawatch.engine.queries import queries
 from slawatch.errors import DeliveryError, SlawatchError
@@ -719,10 +719,11 @@ ROWS_PER_TURN = 10
 
 @dataclass
 class RowSend:
-    """One leased send of a row to a notifier (``row_id`` None: nothing was due): its
-    elements from ``done`` on (``i``: the ordinal, from 1; ``skip``: why it is settled
-    unsent, or None), the ``skipped`` recorded before, and whether the lease statement
-    settled the send before it (``settled``)."""
+    """One leased send of a row to a notifier (``row_id`` None: nothing was due): the row's
+    ``rule``, ``kind`` and ``fired_at``, its elements from ``done`` on as the row's arrays
+    (element j of them is the row's element ``done + 1 + j``; the times as text), and per
+    element why it is settled unsent (``skips``; None: none is); the ``skipped`` recorded
+    before, and whether the lease statement settled the send before it (``settled``)."""
 
     owner: uuid.UUID
     row_id: int | None
@@ -730,9 +731,69 @@ class RowSend:
     done: int = 0
     size: int = 0
     skipped: list[str | None] = field(default_factory=list)
-    elements: list[dict[str, Any]] = field(default_factory=list)
+    rule: str = ""
+    kind: str = "firing"
+    fired_at: str = ""
+    keys: list[str] = field(default_factory=list)
+    episodes: list[int] = field(default_factory=list)
+    ns: list[int] = field(default_factory=list)
+    severities: list[str] = field(default_factory=list)
+    deadlines: list[str | None] = field(default_factory=list)
+    due_ats: list[str | None] = field(default_factory=list)
+    row_data: list[Any] = field(default_factory=list)
+    skips: list[str | None] | None = None
     settled: bool = False
     folded: list[Folded] = field(default_factory=list)  # storms folded before the lease
+
+    @property
+    def left(self) -> int:
+        """The elements leased: from ``done`` on."""
+        return len(self.keys)
+
+    def payloads(self, chunk: range | list[int], description: str) -> list[dict[str, Any]]:
+        """The payloads of the elements at ``chunk`` (positions in the arrays)."""
+        if isinstance(chunk, range):
+            a, b = chunk.start, chunk.stop
+            elements: Iterable[tuple[Any, ...]] = zip(
+                self.keys[a:b],
+                self.episodes[a:b],
+                self.ns[a:b],
+                self.severities[a:b],
+                self.deadlines[a:b],
+                self.due_ats[a:b],
+                self.row_data[a:b],
+                strict=True,
+            )
+        else:
+            elements = (
+                (
+                    self.keys[j],
+                    self.episodes[j],
+                    self.ns[j],
+                    self.severities[j],
+                    self.deadlines[j],
+                    self.due_ats[j],
+                    self.row_data[j],
+                )
+                for j in chunk
+            )
+        return row_payloads(self.rule, self.kind, self.fired_at, description, elements)
+
+
+# The lease rendered once with $n placeholders, run as the claim is (CLAIM, _GENERIC).
+LEASE = render(
+    sql.SQL(queries()["lease_row_send"]),
+    (
+        "now",
+        "owner",
+        "lease",
+        "notifier",
+        "sent_row",
+        "sent_owner",
+        "sent_done",
+        "sent_skipped",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -767,18 +828,30 @@ def lease_row_send(
         "sent_done": sent.done if sent else None,
         "sent_skipped": sent.skipped if sent else None,
     }
-    query = queries()["lease_row_send"]
-
+    args = LEASE.args(params)
     storm = notifier.storm
 
     def run(conn: Connection) -> tuple[list[dict[str, Any]], list[Folded]]:
-        cur = conn.cursor(row_factory=dict_row)
-        cur.adapters.register_loader("jsonb", RowDataLoader)
-        if storm is None:
-            return cur.execute(query, params).fetchall(), []
-        with conn.transaction():  # the storm lock held from the fold to the lease's end
-            folded = storm_summarize(conn, notifier.name, storm, now)
-            return cur.execute(query, params).fetchall(), folded
+        # As claim_deliveries runs its claim: prepared where the pooler allows, on its
+        # generic plan without JIT (_GENERIC) in one request with it; else planned here.
+        generic = prepares(conn)
+        cur = raw_cursor(conn, dict_row)
+        # The elements' row_data come as one json array (queries.sql, lease_row_send).
+        cur.adapters.register_loader("json", RowDataLoader)
+        if storm is not None:
+            with conn.transaction():  # the storm lock held from the fold to the lease's end
+                folded = storm_summarize(conn, notifier.name, storm, now)
+                if generic:
+                    conn.execute(_GENERIC)  # for the lease alone: not the fold
+                return cur.execute(LEASE.query, args, prepare=True).fetchall(), folded
+        if generic:
+            with pipelined(conn):
+                conn.execute(_GENERIC)
+                cur.execute(LEASE.query, args, prepare=True)
+        else:
+            with one_statement(conn):
+                cur.execute(LEASE.query, args, prepare=True)
+        return cur.fetchall(), []
 
     got, folded = db.run(f"leasing a row send for {notifier.name}", run)
     _log_folded(notifier, folded)
@@ -790,24 +863,6 @@ def lease_row_send(
     done = int(first["done"])
     skipped = list(first["skipped"] or [])[:done]
     skipped += [None] * (done - len(skipped))
-    elements = [
-        {
-            "i": r["i"],
-            "skip": r["skip"],
-            "rule": r["rule"],
-            "key": r["key"],
-            "episode": r["episode"],
-            "n": r["n"],
-            "kind": r["kind"],
-            "severity": r["severity"],
-            "deadline": r["deadline"],
-            "due_at": r["due_at"],
-            "fired_at": r["fired_at"],
-            "row_data": r["row_data"],
-        }
-        for r in got
-        if r["i"] is not None
-    ]
     return RowSend(
         owner,
         int(first["row_id"]),
@@ -815,9 +870,19 @@ def lease_row_send(
         done,
         int(first["size"]),
         skipped,
-        elements,
-        bool(first["settled"]),
-        folded,
+        rule=first["rule"],
+        kind=first["kind"],
+        fired_at=first["fired_at"],
+        keys=first["keys"],
+        episodes=first["episodes"],
+        ns=first["ns"],
+        severities=first["severities"],
+        deadlines=first["deadlines"],
+        due_ats=first["due_ats"],
+        row_data=first["row_data"],
+        skips=first["skips"],
+        settled=bool(first["settled"]),
+        folded=folded,
     )
 
 
@@ -855,23 +920,33 @@ def deliver_row_send(
     assert send.row_id is not None
     started = time.monotonic()
     q = queries()
-    skipped = send.skipped + [e["skip"] for e in send.elements]
-    unsent = [e for e in send.elements if e["skip"] is None]
-    chunks = [unsent[i : i + notifier.batch] for i in range(0, len(unsent), notifier.batch)]
+    left, batch = send.left, notifier.batch
+    skips: list[str | None] = send.skips if send.skips is not None else [None] * left
+    skipped = send.skipped + skips
+    # Positions in the row's arrays, a chunk per request: ranges where nothing is skipped.
+    chunks: list[range | list[int]]
+    if any(s is not None for s in skips):
+        unsent = [j for j, s in enumerate(skips) if s is None]
+        chunks = [unsent[a : a + batch] for a in range(0, len(unsent), batch)]
+    else:
+        chunks = [range(a, min(a + batch, left)) for a in range(0, left, batch)]
+    to_send = sum(len(c) for c in chunks)
+    description = descriptions.get(send.rule, "")
     receiver = receiver_outage(notifier)
     done, sent = send.done, 0
     fired: list[datetime] = []
+    fired_at = datetime.fromisoformat(send.fired_at) if metrics is not None else None
 
     def unsent_counts(upto: int) -> PassResult:
-        # What this run settled unsent: the skipped elements up to ``upto``.
-        mine = [e["skip"] for e in send.elements if e["i"] <= upto]
+        # What this run settled unsent: the skipped elements up to ordinal ``upto``.
+        mine = skips[: upto - send.done]
         return PassResult(silenced=mine.count("silenced"), acknowledged=mine.count("acknowledged"))
 
     for k, chunk in enumerate(chunks):
         error: DeliveryError | None = None
         chunk_started = time.monotonic()
         try:
-            notifier.send([alert_payload(e, descriptions.get(e["rule"], "")) for e in chunk])
+            notifier.send(send.payloads(chunk, description))
         except DeliveryError as exc:
             error = exc
         except Exception as exc:  # a notifier bug must not stop the loop; keep its words
@@ -879,18 +954,18 @@ def deliver_row_send(
         accepted = clock.now()
         if error is not None:
             receiver.failed(str(error), chunk_started)
-            result = _settle_row_failure(db, notifier, clock.now(), send, len(unsent) - sent, error)
+            result = _settle_row_failure(db, notifier, clock.now(), send, to_send - sent, error)
             result.sent = sent
             result += unsent_counts(done)
             _settled(notifier, result, started, metrics, accepted, fired)
             return result, None
         receiver.ok()
         sent += len(chunk)
-        if metrics is not None:
-            fired += [datetime.fromisoformat(e["fired_at"]) for e in chunk]
+        if fired_at is not None:
+            fired += [fired_at] * len(chunk)
         if k == len(chunks) - 1:
             break
-        done = chunk[-1]["i"]
+        done = send.done + chunk[-1] + 1
         params = {
             "row_id": send.row_id,
             "notifier": notifier.name,
@@ -1029,47 +1104,60 @@ def deliver_notifier(
     total = PassResult()
     if stop is not None and stop.is_set():
         return total
-    if not deliveries_due(db, notifier, clock.now()):
-        return total
-    while True:
-        batch = claim_deliveries(db, notifier, clock.now())
-        while batch.claimed or batch.folded:
-            more = stop is None or not stop.is_set()
-            result, batch = _deliver(
-                db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url
-            )
-            total += result
-        if stop is not None and stop.is_set():
-            return total
+    deliveries, sends = due_by_shape(db, notifier, clock.now())
+    while deliveries or sends:
+        if deliveries:
+            batch = claim_deliveries(db, notifier, clock.now())
+            while batch.claimed or batch.folded:
+                more = stop is None or not stop.is_set()
+                result, batch = _deliver(
+                    db, notifier, clock, batch, descriptions or {}, more, metrics, admin_url
+                )
+                total += result
+            if stop is not None and stop.is_set():
+                return total
         # Then the sends of the outbox in rows, a turn of them, and back to the
         # deliveries while the turn was used up (more may be due of either shape).
-        result, leased = deliver_rows(db, notifier, clock, descriptions, stop, metrics)
-        total += result
-        if result.retried or result.dead:
+        result, leased = PassResult(), 0
+        if sends:
+            result, leased = deliver_rows(db, notifier, clock, descriptions, stop, metrics)
+            total += result
+            if result.retried or result.dead:
+                return total
+        if stop is not None and stop.is_set():
             return total
-        if leased < ROWS_PER_TURN and not (
-            # A resolved notice of today's outbox waits for a firing row sent now
-            # (claim_deliveries): it follows in this pass, as one held by a batch does.
-            # The look costs one query, after a turn that sent something only.
-            result.sent and deliveries_due(db, notifier, clock.now())
-        ):
+        if leased < ROWS_PER_TURN and not (result.sent or result.summaries):
             return total
+        # A turn used up, or one that sent something or made a storm summary (a
+        # delivery): which shape has more due. A resolved notice of today's outbox
+        # waits for a firing row sent now (claim_deliveries): it follows in this pass,
+        # as one held by a batch does; so does a summary the lease's fold made. One
+        # query between turns, where a claim of deliveries that took nothing was.
+        deliveries, sends = due_by_shape(db, notifier, clock.now())
+    return total
+
+
+def due_by_shape(db: Database, notifier: Notifier, now: datetime) -> tuple[bool, bool]:
+    """Whether ``notifier`` has a delivery due at ``now`` that no lease holds (what a claim
+    could take, or a resolved notice held back behind its firing one), and whether it has
+    a row send so due (the outbox in rows: what a lease could take). Asked before a worker
+    claims after it wakes, and between its turns of row sends: the claim is a large
+    statement (planned at every run behind a transaction pooler), this function's query
+    is planned once per server process (0017_deliveries_due.sql,
+    0024_deliveries_due_by_shape.sql)."""
+    query, params = queries()["deliveries_due"], {"notifier": notifier.name, "now": now}
+
+    def ask(conn: Connection) -> tuple[bool, bool]:
+        row = conn.execute(query, params).fetchone()
+        return (bool(row[0]), bool(row[1])) if row else (False, False)
+
+    return db.run(f"looking for due deliveries of {notifier.name}", ask)
 
 
 def deliveries_due(db: Database, notifier: Notifier, now: datetime) -> bool:
-    """Whether ``notifier`` has a delivery or a row send (the outbox in rows) due at
-    ``now`` that no lease holds: what a claim or a lease could take (and a resolved
-    notice held back behind its firing one). Asked before a worker claims after it
-    wakes: the claim is a large statement (planned at every run behind a transaction
-    pooler), this function's query is planned once per server process
-    (0017_deliveries_due.sql, 0021_outbox_rows_due.sql)."""
-    query, params = queries()["deliveries_due"], {"notifier": notifier.name, "now": now}
-
-    def ask(conn: Connection) -> bool:
-        row = conn.execute(query, params).fetchone()
-        return bool(row and row[0])
-
-    return db.run(f"looking for due deliveries of {notifier.name}", ask)
+    """Whether ``notifier`` has a delivery or a row send due at ``now`` that no lease
+    holds (:func:`due_by_shape`, either shape)."""
+    return any(due_by_shape(db, notifier, now))
 
 
 def deliver_due(

@@ -26,7 +26,7 @@ the statement reads keep their names and columns.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -468,6 +468,40 @@ def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, An
         "row": row["row_data"],
         "description": description,
     }
+
+
+def row_payloads(
+    rule: str,
+    kind: str,
+    fired_at: str,
+    description: str,
+    elements: Iterable[tuple[str, int, int, str, str | None, str | None, Any]],
+) -> list[dict[str, Any]]:
+    """:func:`alert_payload` of each element of an outbox row (docs/explanation/outbox-rows.md)
+    of ``rule`` and ``kind``: (key, episode, n, severity, deadline, due_at, row_data), the
+    times as text already (the lease's answer), ``fired_at`` the row's. The same dicts
+    (keys in the same order, the same ids) made without a mapping per element: the row's
+    arrays zipped (dispatcher.py, deliver_row_send)."""
+    resolved = kind == "resolved"
+    return [
+        {
+            "id": f"{rule}:{key}:e{episode}:resolved"
+            if resolved
+            else f"{rule}:{key}:e{episode}:n{n}",
+            "status": kind,
+            "rule": rule,
+            "key": key,
+            "episode": episode,
+            "n": n,
+            "severity": severity,
+            "deadline": deadline,
+            "due_at": due_at,
+            "fired_at": fired_at,
+            "row": row_data,
+            "description": description,
+        }
+        for key, episode, n, severity, deadline, due_at, row_data in elements
+    ]
 
 
 def alert_id(rule: str, key: str, episode: int, n: int, kind: str = "firing") -> str:

@@ -220,9 +220,10 @@ HAVING count(*) > 0
  ORDER BY notifier, id;
 
 -- deliveries_due --
--- Before a worker's first claim after it wakes: anything the claim could take? A
--- function (0017_deliveries_due.sql) so that its plan is kept, behind a pooler too.
-SELECT slawatch.deliveries_due(%(notifier)s, %(now)s);
+-- Before a worker's first claim after it wakes: anything the claim could take, and any
+-- row send a lease could take? A function (0017_deliveries_due.sql,
+-- 0024_deliveries_due_by_shape.sql) so that its plan is kept, behind a pooler too.
+SELECT deliveries, sends FROM slawatch.deliveries_due_by_shape(%(notifier)s, %(now)s);
 
 -- storm_lock --
 -- Every claim of a notifier with `storm` set holds this lock, in its own statement
@@ -1254,11 +1255,28 @@ SELECT DISTINCT i.relname
 -- backlog, not the history; the second probes alert_once and delivery_once per element
 -- of a resolved row. A held resolved send is looked at again by every lease of its
 -- notifier until its firing rows' sends are settled, as claim_deliveries does.
--- The answer: one line per element from `done` on (its ordinal `i`), with the alert as
--- alert_payload takes it, its times as text in the claim's form (claim_deliveries), and
--- `skip`: 'acknowledged' for a firing alert whose episode is acked, 'silenced' where an
--- active silence matches (as claim_deliveries decides), else NULL. `settled`: whether
--- `sent_row` was settled. A line of NULLs with `settled` when nothing was leased.
+-- The answer: one line, the leased row's arrays from element `done` + 1 on (slices),
+-- which the worker zips into payloads (outbox.row_payloads), the times as text in the
+-- claim's form (claim_deliveries; an array each, in the elements' order); and `skips`
+-- per element: 'acknowledged' for a firing alert whose episode is acked, 'silenced'
+-- where an active silence matches (as claim_deliveries decides), else NULL; all of it
+-- NULL, without a probe per element, where the rule has no ack (a firing row) and no
+-- active silence: one probe of ack's primary key and one of silence_rule_ends per
+-- lease. A line per element cost the worker a dict per element to decode and copy,
+-- and the server a sort of the lines (bench/delivery_shapes.py, "B100, the row's arrays";
+-- docs/performance.md). The elements' row_data come as one json array (array_to_json:
+-- each element's jsonb text as it is), decoded by one call of the worker's loader: as
+-- a jsonb[] the server escaped every quote of every element and the worker parsed the
+-- array and decoded each element (measured per row of 100: 0.3 ms of server CPU and
+-- 0.17 ms of Python, against 0.1 and 0.09). `settled`: whether `sent_row` was settled.
+-- A line of NULLs with `settled` when nothing was leased.
+-- Its commit is asynchronous, as claim_deliveries' (set in `due`, an InitPlan every
+-- lease runs): a lease or a 'sent' a crash of the server loses only sends the row
+-- again. Where the pooler allows, the dispatcher runs it prepared on its generic plan
+-- without JIT, as the claim (dispatcher.py, _GENERIC): planning was 0.85 ms of the
+-- lease's 1.6 ms of server CPU, the plan the same (`due` reads outbox_send_due in its
+-- order under LIMIT 1, the rest finds its rows by primary key; a table of a few pages
+-- may be read whole, and an ANALYZE makes the plan again).
 WITH sent AS (
     UPDATE slawatch.outbox_send s
        SET status = 'sent', sent_at = %(now)s, done = %(sent_done)s,
@@ -1277,6 +1295,7 @@ WITH sent AS (
      WHERE s.notifier = %(notifier)s AND s.status = 'pending' AND s.next_attempt_at <= %(now)s
        AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= %(now)s)
        AND coalesce(s.lease_owner <> %(sent_owner)s::uuid, true)
+       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
        AND (r.kind <> 'resolved' OR (
             NOT EXISTS (
                 SELECT 1 FROM (
@@ -1311,36 +1330,48 @@ WITH sent AS (
     RETURNING s.row_id, s.attempts, s.done, s.skipped
 )
 SELECT l.row_id, l.attempts, l.done, l.skipped, cardinality(r.keys) AS size, r.rule, r.kind,
-       e.i, e.key, e.episode, e.n, e.severity,
-       replace(to_char(e.deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
-               '.000000', '') || 'Z' AS deadline,
-       replace(to_char(coalesce(r.due_ats[e.i::integer], e.deadline + r.after)
-                       AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
-               '.000000', '') || 'Z' AS due_at,
        replace(to_char(r.fired_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
                '.000000', '') || 'Z' AS fired_at,
-       e.row_data,
-       CASE WHEN r.kind = 'firing' AND EXISTS (
-                 SELECT 1 FROM slawatch.ack k
-                  WHERE k.rule = r.rule AND k.key = e.key AND k.episode = e.episode)
-            THEN 'acknowledged'
-            WHEN EXISTS (
-                 SELECT 1 FROM slawatch.silence s
-                  WHERE s.rule = r.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s
-                    AND (s.key IS NULL OR s.key = e.key) AND e.row_data @> s.matchers)
-            THEN 'silenced' END AS skip,
+       r.keys[l.done + 1:] AS keys, r.episodes[l.done + 1:] AS episodes, r.ns[l.done + 1:] AS ns,
+       r.severities[l.done + 1:] AS severities,
+       ARRAY(SELECT replace(to_char(e.deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
+                            '.000000', '') || 'Z'
+               FROM unnest(r.deadlines[l.done + 1:]) AS e(deadline)) AS deadlines,
+       ARRAY(SELECT replace(to_char(coalesce(e.due_at, e.deadline + r.after)
+                                    AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
+                            '.000000', '') || 'Z'
+               FROM unnest(r.deadlines[l.done + 1:], r.due_ats[l.done + 1:])
+                    AS e(deadline, due_at)) AS due_ats,
+       array_to_json(CASE WHEN l.done = 0 THEN r.row_data ELSE r.row_data[l.done + 1:] END)
+           AS row_data,
+       CASE WHEN (r.kind = 'firing' AND EXISTS (
+                      SELECT 1 FROM slawatch.ack k WHERE k.rule = r.rule))
+                 OR EXISTS (
+                      SELECT 1 FROM slawatch.silence s
+                       WHERE s.rule = r.rule AND s.ends_at > %(now)s AND s.starts_at <= %(now)s)
+            THEN ARRAY(
+                 SELECT CASE WHEN r.kind = 'firing' AND EXISTS (
+                                  SELECT 1 FROM slawatch.ack k
+                                   WHERE k.rule = r.rule AND k.key = e.key
+                                     AND k.episode = e.episode)
+                             THEN 'acknowledged'
+                             WHEN EXISTS (
+                                  SELECT 1 FROM slawatch.silence s
+                                   WHERE s.rule = r.rule AND s.ends_at > %(now)s
+                                     AND s.starts_at <= %(now)s
+                                     AND (s.key IS NULL OR s.key = e.key)
+                                     AND e.row_data @> s.matchers)
+                             THEN 'silenced' END
+                   FROM unnest(r.keys[l.done + 1:], r.episodes[l.done + 1:],
+                               r.row_data[l.done + 1:]) AS e(key, episode, row_data))
+            END AS skips,
        (SELECT count(*) FROM sent) > 0 AS settled
   FROM leased l
   JOIN slawatch.outbox_row r ON r.id = l.row_id
-  LEFT JOIN LATERAL (
-       SELECT u.* FROM unnest(r.keys, r.episodes, r.ns, r.severities, r.deadlines, r.row_data)
-                  WITH ORDINALITY AS u(key, episode, n, severity, deadline, row_data, i)
-        WHERE u.i > l.done) e ON true
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, (SELECT count(*) FROM sent) > 0
- WHERE NOT EXISTS (SELECT 1 FROM leased)
- ORDER BY i;
+       NULL, NULL, (SELECT count(*) FROM sent) > 0
+ WHERE NOT EXISTS (SELECT 1 FROM leased);
 
 -- row_send_progress --
 -- A chunk of a leased send accepted: the elements settled so far (`done`, `skipped` up to

@@ -170,6 +170,7 @@ CREATE TRIGGER action_settled
     EXECUTE FUNCTION slawatch.action_delivery_settled();
 -- The later migrations run again: what they make goes too (0017_deliveries_due.sql).
 DROP FUNCTION slawatch.deliveries_due(text, timestamptz);
+DROP FUNCTION slawatch.deliveries_due_by_shape(text, timestamptz);  -- 0024_...by_shape.sql
 DROP TABLE slawatch.outbox_row, slawatch.outbox_send;  -- 0020_outbox_rows.sql
 ALTER TABLE slawatch.episode DROP COLUMN resolved_notice_at;  -- 0023_outbox_rows_calendar.sql
 DELETE FROM slawatch.schema_version WHERE version >= 14;

@@ -680,7 +680,7 @@ def test_the_wake_up_probes_plan_is_the_due_index_whatever_the_plan_cache_does(
     conn.execute("UPDATE slawatch.delivery SET status = 'sent' WHERE alert_id % 100 <> 0")
     conn.execute("ANALYZE slawatch.delivery")
     (source,) = conn.execute(
-        "SELECT prosrc FROM pg_proc WHERE proname = 'deliveries_due'"
+        "SELECT prosrc FROM pg_proc WHERE proname = 'deliveries_due_by_shape'"
     ).fetchone()  # type: ignore[misc]
     # The first probe: deliveries (the second, of row sends: test_outbox_rows_deliver.py).
     inner = source[source.index("(SELECT") + 1 : source.index(") <= at")]

@@ -26,6 +26,7 @@ from slawatch.delivery.dispatcher import (
     deliver_notifier,
     deliver_row_send,
     deliveries_due,
+    due_by_shape,
     lease_for,
     lease_row_send,
     mark_row_sent,
@@ -388,7 +389,7 @@ def test_a_send_whose_worker_died_is_taken_over_and_the_stale_owner_changes_noth
     row_id = insert_row(conn, keys)
     notifier = hook(receiver.url, batch=20)
     stale = lease_row_send(db, notifier, NOW)  # a worker that then stalled (or died)
-    assert stale.row_id == row_id and len(stale.elements) == 40
+    assert stale.row_id == row_id and stale.left == 40
     send = send_of(conn, row_id)
     assert send["lease_owner"] == stale.owner and send["attempts"] == 1
     # Leased: not due, not leased again, until the lease runs out.
@@ -490,6 +491,29 @@ def test_deliveries_due_sees_a_due_send(schema: Conn, db: Database) -> None:
     assert not deliveries_due(db, notifier, NOW + timedelta(minutes=1))
 
 
+def test_the_wake_up_probe_answers_per_shape(schema: Conn, db: Database) -> None:
+    """due_by_shape tells deliveries and row sends apart: a worker claims deliveries only
+    where some are due, and leases a row send only where one is (deliver_notifier)."""
+    conn = schema
+    notifier = hook("http://127.0.0.1:9/none")
+    at = NOW + timedelta(minutes=1)
+    assert due_by_shape(db, notifier, at) == (False, False)
+    row_id = insert_row(conn, ["1"], due=at)
+    assert due_by_shape(db, notifier, at) == (False, True)
+    conn.execute(
+        "WITH a AS (INSERT INTO slawatch.alert"
+        " (rule, key, episode, n, severity, deadline, due_at, fired_at, row_data)"
+        " VALUES (%s, 'd', 1, 1, 'warning', %s, %s, %s, '{}') RETURNING id)"
+        " INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)"
+        " SELECT id, 'hook', %s FROM a",
+        (RULE, T0, T0, NOW, at),
+    )
+    assert due_by_shape(db, notifier, at) == (True, True)
+    conn.execute("UPDATE slawatch.outbox_send SET status = 'sent' WHERE row_id = %s", (row_id,))
+    assert due_by_shape(db, notifier, at) == (True, False)
+    assert due_by_shape(db, notifier, NOW) == (False, False)
+
+
 def test_the_wake_up_probe_reads_the_due_index_of_the_sends(schema: Conn) -> None:
     """deliveries_due's second probe on its generic plan reads outbox_send_due, never the
     sends of the whole history (the sent ones of the retention window)."""
@@ -504,7 +528,7 @@ def test_the_wake_up_probe_reads_the_due_index_of_the_sends(schema: Conn) -> Non
     )
     conn.execute("ANALYZE slawatch.outbox_send")
     (source,) = conn.execute(
-        "SELECT prosrc FROM pg_proc WHERE proname = 'deliveries_due'"
+        "SELECT prosrc FROM pg_proc WHERE proname = 'deliveries_due_by_shape'"
     ).fetchone()  # type: ignore[misc]
     start = source.index("(SELECT s.next_attempt_at")
     inner = source[start + 1 : source.index(") <= at", start)]
