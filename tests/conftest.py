@@ -15,6 +15,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -159,9 +160,9 @@ def dropper(server_dsn: str) -> Iterator[Dropper]:
         d.close()
 
 
-@pytest.fixture
-def dsn(server_dsn: str, dropper: Dropper) -> Iterator[str]:
-    """A new empty database for one test, dropped afterwards (in the background)."""
+@contextmanager
+def new_database(server_dsn: str, dropper: Dropper) -> Iterator[str]:
+    """A new empty database on ``server_dsn``, dropped afterwards (in the background)."""
     name = f"slawatch_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
@@ -170,6 +171,13 @@ def dsn(server_dsn: str, dropper: Dropper) -> Iterator[str]:
         yield with_database(server_dsn, name)
     finally:
         dropper.drop(name)
+
+
+@pytest.fixture
+def dsn(server_dsn: str, dropper: Dropper) -> Iterator[str]:
+    """A new empty database for one test, dropped afterwards (in the background)."""
+    with new_database(server_dsn, dropper) as d:
+        yield d
 
 
 @pytest.fixture

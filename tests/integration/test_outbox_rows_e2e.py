@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -25,16 +24,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import load_notifiers
 from slawatch.config.rules import Rule
 from slawatch.config.settings import Outbox
-from slawatch.db import with_database
 from slawatch.engine.migrate import migrate
 from slawatch.runtime.scheduler import Runner
-from tests.conftest import Dropper
+from tests.conftest import Dropper, new_database
 from tests.integration.helpers import Conn
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -124,14 +121,8 @@ RULES = [rule(name) for name in TABLES]
 @pytest.fixture
 def other_dsn(server_dsn: str, dropper: Dropper) -> Iterator[str]:
     """A second empty database, for the other shape's run (dropped afterwards)."""
-    name = f"slawatch_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
-    dropper.created.append(name)
-    try:
-        yield with_database(server_dsn, name)
-    finally:
-        dropper.drop(name)
+    with new_database(server_dsn, dropper) as d:
+        yield d
 
 
 @pytest.fixture
