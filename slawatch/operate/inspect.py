@@ -505,56 +505,58 @@ Counts = tuple[tuple[int, int, bool, bool] | None, int | None]
 def _counts(conn: Connection, counted: list[tuple[Rule, TableInfo]], now: datetime) -> list[Counts]:
     """Each rule's overdue rows (:func:`count_overdue`) and open episodes
     (:func:`notified_statement`, None for a rule without ``renotify``): one statement a
-    rule, all in one request, each bounded by :data:`READ_TIMEOUT`; when one ran out of time
-    (the request fails whole), each rule's statements again on their own, so that only
-    the slow ones say they could not count."""
+    rule, all in one request, each bounded by :data:`READ_TIMEOUT`. A statement that runs
+    out of time fails the request from there on (the server runs it as one transaction,
+    and skips what follows a failure): that rule says it could not count (None, None),
+    the counts before it stand, and the rules after it go in a request of their own. So
+    a timeout costs the rule that ran out of time, and a round trip, not the others."""
+    out: list[Counts] = []
+    while len(out) < len(counted):
+        out += _count_until_timeout(conn, counted[len(out) :], now)
+    return out
+
+
+def _count_until_timeout(
+    conn: Connection, counted: list[tuple[Rule, TableInfo]], now: datetime
+) -> list[Counts]:
+    """:func:`_counts` of the first of ``counted``: all of them in one request, or, when
+    one ran out of time, those up to it (it counted as (None, None)); never none."""
+    cursors: list[psycopg.Cursor[Any]] = []
     try:
-        with translate("counting the rules' rows"):
-            cursors = []
-            with pipelined(conn):
-                conn.execute("SELECT set_config('statement_timeout', %s, true)", (READ_TIMEOUT,))
-                for rule, info in counted:
-                    notified: sql.Composable = sql.SQL("NULL::bigint")
-                    if rule.renotify is not None:
-                        notified = sql.SQL("({})").format(notified_statement(rule, params=True))
-                    cur = conn.cursor()
-                    cur.execute(
-                        sql.SQL("SELECT o.*, {} FROM ({}) o").format(
-                            notified, overdue_statement(rule, info)
-                        ),
-                        {"cutoff": _cutoff(rule, info, now)},
-                    )
-                    cursors.append(cur)
-            out: list[Counts] = []
-            for cur in cursors:
-                ((n, fresh, capped, fresh_capped, episodes),) = cur.fetchall()
-                out.append(
-                    (
-                        (int(n), int(fresh), bool(capped), bool(fresh_capped)),
-                        None if episodes is None else int(episodes),
-                    )
+        with translate("counting the rules' rows"), pipelined(conn):
+            conn.execute("SELECT set_config('statement_timeout', %s, true)", (READ_TIMEOUT,))
+            for rule, info in counted:
+                notified: sql.Composable = sql.SQL("NULL::bigint")
+                if rule.renotify is not None:
+                    notified = sql.SQL("({})").format(notified_statement(rule, params=True))
+                cur = conn.cursor()
+                cursors.append(cur)
+                cur.execute(
+                    sql.SQL("SELECT o.*, {} FROM ({}) o").format(
+                        notified, overdue_statement(rule, info)
+                    ),
+                    {"cutoff": _cutoff(rule, info, now)},
                 )
-            return out
     except DatabaseError as exc:
         if not isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
             raise
-    return [
-        (count_overdue(conn, rule, info, now), count_notified(conn, rule)) for rule, info in counted
-    ]
+        # The statements before the one that ran out of time have their rows; it and
+        # those after it have none (pipelined: skipped; in a transaction: never sent).
+        done = next((i for i, cur in enumerate(cursors) if not _answered(cur)), len(cursors))
+        return [_counted(cur) for cur in cursors[:done]] + [(None, None)]
+    return [_counted(cur) for cur in cursors]
 
 
-def count_notified(conn: Connection, rule: Rule) -> int | None:
-    """:func:`notified_statement`; None for a rule without ``renotify``, or when it ran
-    out of time."""
-    if rule.renotify is None:
-        return None
-    rows = _bounded_read(
-        conn, f"counting open episodes of rule {rule.name}", notified_statement(rule)
+def _answered(cur: psycopg.Cursor[Any]) -> bool:
+    return cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK
+
+
+def _counted(cur: psycopg.Cursor[Any]) -> Counts:
+    ((n, fresh, capped, fresh_capped, episodes),) = cur.fetchall()
+    return (
+        (int(n), int(fresh), bool(capped), bool(fresh_capped)),
+        None if episodes is None else int(episodes),
     )
-    if rows is None:
-        return None
-    ((n,),) = rows
-    return int(n)
 
 
 def rule_status(conn: Connection, rules: Iterable[Rule], now: datetime) -> list[RuleStatus]:
