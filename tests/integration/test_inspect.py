@@ -224,6 +224,21 @@ def test_a_count_that_runs_out_of_time_costs_only_its_own_rule(
     assert (after.overdue, after.notified) == (job_alone.overdue, job_alone.notified) == (0, 0)
 
 
+def test_a_rule_changed_is_counted_as_it_is_now(conn: Conn, track: str) -> None:
+    """Each rule's count statement is composed once, not on every look: a rule changed
+    (loaded again, and migrated) is counted by its new definition, not its old one's."""
+    rules = shop(conn, track)
+    orders(conn, [(i, s, NOW - timedelta(hours=49)) for i, s in enumerate(["paid", "new", "new"])])
+    order = rules["order_unshipped"]
+    for _ in range(2):
+        (status,) = rule_status(conn, [order], NOW)
+        assert status.problem is None and status.overdue == 1
+    wider = order.model_copy(update={"open_when": "status IN ('paid', 'new')"})
+    migrate(conn, [wider])
+    (status,) = rule_status(conn, [wider], NOW)
+    assert status.problem is None and status.overdue == 3
+
+
 def test_the_catalog_of_many_tables_at_once_is_each_ones(conn: Conn) -> None:
     """inspect_tables (the status of many rules) reads what inspect_table reads, table
     by table: columns, not-null, unique keys, primary key, a partitioned table's parts."""
