@@ -37,58 +37,83 @@ class Refused:
 
 def refused(conn: Connection, rules: list[Rule]) -> list[Refused]:
     """The rules (with an action) whose statement the connected role cannot run."""
-    out: list[Refused] = []
-    for rule in rules:
+    reasons: dict[int, str] = {}  # by the rule's place in ``rules``
+    planned: list[tuple[int, Rule]] = []  # the rules whose statement plans
+    for i, rule in enumerate(rules):
         if rule.action is None or rule.action.sql is None:
             continue
         params = dict.fromkeys(rule.action.placeholders)
         explain = "EXPLAIN " + rule.action.statement
         with translate(f"checking the action of rule {rule.name}"), conn.transaction():
-            reason = None
-            if rule.action.role is not None:
-                # As the role the action runs as (SET LOCAL: the rollback undoes it).
-                _, reason = attempt(
-                    conn, "SELECT set_config('role', %(role)s, true)", {"role": rule.action.role}, 1
-                )
-                if reason is not None:
-                    reason = f"cannot run as role {rule.action.role}: {reason}"
+            reason = _as_role(conn, rule.action.role)
             if reason is None:
                 # Nothing runs (EXPLAIN only plans), and the transaction is rolled back.
                 _, reason = attempt(conn, explain, params, max_rows=1_000_000_000)
-            if reason is None:
-                reason = _resolved_past(conn, rule)
             raise psycopg.Rollback()
         if reason is not None:
-            out.append(Refused(rule.name, reason))
+            reasons[i] = reason
+        else:
+            planned.append((i, rule))
+    reasons |= _resolved_past(conn, planned)
+    return [Refused(rules[i].name, reasons[i]) for i in sorted(reasons)]
+
+
+def _as_role(conn: Connection, role: str | None) -> str | None:
+    """In a transaction, become the role an action runs as, if it names one (SET LOCAL:
+    the transaction's end undoes it); why not, or None."""
+    if role is None:
+        return None
+    _, reason = attempt(conn, "SELECT set_config('role', %(role)s, true)", {"role": role}, 1)
+    return None if reason is None else f"cannot run as role {role}: {reason}"
+
+
+# Of the tables named without a schema (w, each of rule r), those that resolve to
+# slawatch's own schema or a system catalog: each rule's first (in the database's order).
+_PAST = (
+    "SELECT DISTINCT ON (r) r, w, quote_ident(n.nspname) || '.' || quote_ident(c.relname),"
+    " n.nspname"
+    " FROM unnest(%(rules)s::int[], %(written)s::text[]) AS u(r, w)"
+    " JOIN pg_class c ON c.oid = to_regclass(quote_ident(w))"
+    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname IN (%(own)s, 'information_schema') OR n.nspname LIKE 'pg\\_%%'"
+    " ORDER BY r, w"
+)
+
+
+def _resolved_past(conn: Connection, rules: list[tuple[int, Rule]]) -> dict[int, str]:
+    """Of ``rules`` (each with its place), why a table an action names without a schema
+    is not the application's, as the role the action runs as resolves it (its search
+    path: a role named ``slawatch`` finds slawatch's own schema first, under the default
+    ``"$user", public``; a schema the role may not use is passed over), by place. One
+    statement for all the rules that run as one role, in a transaction as that role. A
+    name written with its schema was read as rules load (rules.unsafe_objects)."""
+    by_role: dict[str | None, list[tuple[int, str]]] = {}
+    for i, rule in rules:
+        assert rule.action is not None and rule.action.sql is not None
+        bare = {n.name for n in needs(rule.action.sql) if n.schema is None and not n.function}
+        by_role.setdefault(rule.action.role, []).extend((i, name) for name in sorted(bare))
+    out: dict[int, str] = {}
+    for role, named in by_role.items():
+        if not named:
+            continue
+        params = {
+            "rules": [i for i, _ in named],
+            "written": [w for _, w in named],
+            "own": OWN_SCHEMA,
+        }
+        with translate("resolving the tables of the rules' actions"), conn.transaction():
+            reason = _as_role(conn, role)  # as it was a moment ago, for each rule
+            rows = [] if reason is not None else conn.execute(_PAST, params).fetchall()
+            raise psycopg.Rollback()
+        if reason is not None:
+            out |= dict.fromkeys((i for i, _ in named), reason)
+        for i, written, table, schema in rows:
+            what = "slawatch's own table" if schema == OWN_SCHEMA else "a system catalog"
+            out[i] = (
+                f"{written} is {table} through the search path, {what}: name the"
+                " application's table with its schema"
+            )
     return out
-
-
-def _resolved_past(conn: Connection, rule: Rule) -> str | None:
-    """Why a table the action names without a schema is not the application's, as the
-    role the action runs as resolves it (its search path: a role named ``slawatch``
-    finds slawatch's own schema first, under the default ``"$user", public``), or None.
-    A name written with its schema was read as rules load (rules.unsafe_objects)."""
-    assert rule.action is not None and rule.action.sql is not None
-    bare = sorted({n.name for n in needs(rule.action.sql) if n.schema is None and not n.function})
-    if not bare:
-        return None
-    row = conn.execute(
-        "SELECT w, quote_ident(n.nspname) || '.' || quote_ident(c.relname), n.nspname"
-        " FROM unnest(%s::text[]) w"
-        " JOIN pg_class c ON c.oid = to_regclass(quote_ident(w))"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname IN (%s, 'information_schema') OR n.nspname LIKE 'pg\\_%%'"
-        " ORDER BY 1 LIMIT 1",
-        (bare, OWN_SCHEMA),
-    ).fetchone()
-    if row is None:
-        return None
-    written, table, schema = row
-    what = "slawatch's own table" if schema == OWN_SCHEMA else "a system catalog"
-    return (
-        f"{written} is {table} through the search path, {what}: name the application's"
-        " table with its schema"
-    )
 
 
 def writes_watched(conn: Connection, rule: Rule) -> bool:

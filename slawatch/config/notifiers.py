@@ -266,6 +266,10 @@ class WebhookConfig(_HttpTarget):
         return v
 
 
+# RFC 5321's bounds on an address (:func:`_mail_address`).
+MAX_ADDRESS, MAX_LOCAL_PART = 254, 64
+
+
 def _mail_address(value: str) -> str:
     # Checked now: a bad address fails only at send time, every batch, as the
     # server's refusal (or a Python error before it is even sent).
@@ -286,6 +290,21 @@ def _mail_address(value: str) -> str:
         else:
             why = f" ({str(defects[0]).rstrip(')')})" if defects else ""
         raise ValueError(f"{shorten(value)} is not an e-mail address{why}: write {form}")
+    # RFC 5321 (4.5.3.1): a path is at most 256 octets with its angle brackets, so 254
+    # for the address, and a local part at most 64: a longer one would be refused by
+    # the server at send time, every batch. Counted in bytes as sent (UTF-8).
+    spec = addresses[0].addr_spec
+    local = spec[: spec.rindex("@")]
+    if len(local.encode()) > MAX_LOCAL_PART:
+        raise ValueError(
+            f"{shorten(value)}: the part before @ is {len(local.encode())} bytes, over the"
+            f" {MAX_LOCAL_PART} an e-mail address may have (RFC 5321)"
+        )
+    if len(spec.encode()) > MAX_ADDRESS:
+        raise ValueError(
+            f"{shorten(value)}: the address is {len(spec.encode())} bytes, over the"
+            f" {MAX_ADDRESS} an e-mail address may have (RFC 5321)"
+        )
     return value
 
 

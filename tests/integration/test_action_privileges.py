@@ -290,6 +290,46 @@ def test_check_refuses_an_action_whose_table_is_slawatchs_own_through_the_search
     assert refused(conn, [job_rule("delete from public.delivery where id = :id")]) == []
 
 
+def test_check_resolves_each_rules_tables_as_its_own_role_many_rules_at_once(conn: Conn) -> None:
+    """The tables named without a schema are resolved for all the rules in one statement
+    per role the actions run as: each rule still gets its own answer, as its own role
+    resolves the names (one without USAGE on schema slawatch passes over it to
+    public.delivery), and names its first such table."""
+    from slawatch.actions.verify import Refused, refused
+
+    conn.execute(SHOP)
+    conn.execute(
+        "CREATE TABLE delivery (id bigint); CREATE SCHEMA slawatch;"
+        " CREATE TABLE slawatch.delivery (id bigint); CREATE TABLE slawatch.jobs (id bigint)"
+    )
+    conn.execute("SET search_path = slawatch, public")
+
+    def rule(name: str, statement: str, role: str | None = None) -> Rule:
+        (got,) = with_action_role([job_rule(statement, track="inline")], role)
+        return got.model_copy(update={"name": name})
+
+    bad = "delete from delivery where id = :id"
+    two = (  # two names without a schema, both slawatch's as the connected role resolves them
+        "update public.jobs set status = 'x' where id = :id"
+        " and id in (select id from delivery) and id in (select id from jobs)"
+    )
+    own = (
+        "is slawatch.{0} through the search path, slawatch's own table:"
+        " name the application's table with its schema"
+    )
+    with scratch_role(conn, "slawatch_act") as role:
+        conn.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+        conn.execute(f"GRANT SELECT, UPDATE, DELETE ON public.delivery, public.jobs TO {role}")
+        # r0, r2, r4 as the connected role: slawatch.delivery; r1, r3, r5 as `role`: public's.
+        rules = [rule(f"r{i}", bad, role if i % 2 else None) for i in range(6)]
+        rules.insert(3, rule("fine", "delete from public.delivery where id = :id"))
+        rules += [rule("two", two), rule("two_as_role", two, role)]
+        assert refused(conn, rules) == [
+            *(Refused(f"r{i}", "delivery " + own.format("delivery")) for i in (0, 2, 4)),
+            Refused("two", "delivery " + own.format("delivery")),  # the first, by name
+        ]
+
+
 def test_check_says_when_slawatchs_role_reaches_past_its_checks(
     conn: Conn, dsn: str, role: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

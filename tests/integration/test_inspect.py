@@ -182,12 +182,14 @@ def test_rule_status_names_a_missing_table_or_migration(conn: Conn) -> None:
     assert refund.problem == "table public.refunds does not exist"
 
 
-def test_a_count_that_runs_out_of_time_leaves_the_other_rules_counted(
+def test_a_count_that_runs_out_of_time_costs_only_its_own_rule(
     conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rules are counted in one request; a count that runs out of time (a table
-    locked) fails it whole, and each rule is then counted on its own: the slow rule says
-    it could not count, the others have their numbers."""
+    locked) fails the rest of it: the slow rule says it could not count, the rules
+    counted before it keep their numbers (not counted again: their indexes are read as
+    often as without the slow rule), and those after it are counted in a request of
+    their own."""
     rules = shop(conn)
     orders(conn, [(1, "paid", NOW - timedelta(hours=49))])
     conn.execute(
@@ -195,15 +197,46 @@ def test_a_count_that_runs_out_of_time_leaves_the_other_rules_counted(
         (NOW - timedelta(days=30),),
     )
     monkeypatch.setattr(inspect_module, "READ_TIMEOUT", "200ms")
-    order, refund = rules["order_unshipped"], rules["refund_unprocessed"]
-    (refund_alone,) = rule_status(conn, [refund], NOW)
-    assert refund_alone.overdue == 1
+    order, refund, job = rules["order_unshipped"], rules["refund_unprocessed"], rules["job_hung"]
+
+    def index_scans() -> int:  # of the indexes of the tables of refund and job
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT sum(idx_scan) FROM pg_stat_user_indexes"
+            " WHERE schemaname = 'public' AND relname IN ('refunds', 'jobs')"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    before = index_scans()
+    refund_alone, job_alone = rule_status(conn, [refund, job], NOW)
+    alone = index_scans() - before
+    assert refund_alone.overdue == 1 and job_alone.overdue == 0 and alone > 0
     with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
         other.execute("LOCK TABLE orders")
-        slow, counted = rule_status(conn, [order, refund], NOW)
+        before = index_scans()
+        counted, slow, after = rule_status(conn, [refund, order, job], NOW)
+        assert index_scans() - before == alone
     assert slow.problem is None and (slow.overdue, slow.notified) == (None, None)
     assert (counted.overdue, counted.not_notified) == (1, 1)
     assert counted.notified == refund_alone.notified
+    assert (after.overdue, after.notified) == (job_alone.overdue, job_alone.notified) == (0, 0)
+
+
+def test_a_rule_changed_is_counted_as_it_is_now(conn: Conn, track: str) -> None:
+    """Each rule's count statement is composed once, not on every look: a rule changed
+    (loaded again, and migrated) is counted by its new definition, not its old one's."""
+    rules = shop(conn, track)
+    orders(conn, [(i, s, NOW - timedelta(hours=49)) for i, s in enumerate(["paid", "new", "new"])])
+    order = rules["order_unshipped"]
+    for _ in range(2):
+        (status,) = rule_status(conn, [order], NOW)
+        assert status.problem is None and status.overdue == 1
+    wider = order.model_copy(update={"open_when": "status IN ('paid', 'new')"})
+    migrate(conn, [wider])
+    (status,) = rule_status(conn, [wider], NOW)
+    assert status.problem is None and status.overdue == 3
 
 
 def test_the_catalog_of_many_tables_at_once_is_each_ones(conn: Conn) -> None:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import certifi
 import pytest
+import yaml
 
 from slawatch.config.notifiers import (
     EmailConfig,
@@ -175,6 +176,34 @@ def test_email_addresses_in_their_usual_forms_pass(tmp_path: Path) -> None:
     )
     assert isinstance(config, EmailConfig)
     assert config.from_ == "Slawatch <slawatch@shop.example.com>"
+
+
+def test_email_addresses_are_bounded_as_smtp_bounds_them(tmp_path: Path) -> None:
+    """RFC 5321: at most 64 bytes before the @ and 254 in all (a display name aside);
+    one more is a one-line error at load, not a refusal by the server every batch."""
+    domain = ".".join(["d" * 60, "d" * 60, "d" * 61]) + ".example"
+    assert len("x" * 62 + "@" + domain) == 254
+    at_most = [
+        "x" * 64 + "@example.com",
+        "x" * 62 + "@" + domain,  # 254
+        "N" * 300 + " <" + "x" * 62 + "@" + domain + ">",
+    ]
+    (config,) = load(
+        tmp_path, yaml.safe_dump({"type": "email", "host": "h", "from": at_most[0], "to": at_most})
+    )
+    assert isinstance(config, EmailConfig) and config.to == at_most
+    for address, expected in [
+        ("x" * 65 + "@example.com", "the part before @ is 65 bytes, over the 64"),
+        ('"' + "x y" * 21 + '"@example.com', "the part before @ is 65 bytes, over the 64"),
+        ("x" * 63 + "@" + domain, "the address is 255 bytes, over the 254"),
+        ("Ops <" + "x" * 63 + "@" + domain + ">", "the address is 255 bytes, over the 254"),
+    ]:
+        for body in ({"from": address, "to": ["a@b"]}, {"from": "a@b", "to": ["a@b", address]}):
+            message = error_of(tmp_path, yaml.safe_dump({"type": "email", "host": "h"} | body))
+            field = "from" if body["from"] == address else "to.1"
+            assert message.startswith(f"{tmp_path}/hook.yaml: {field}: "), message
+            assert f": {expected} an e-mail address may have (RFC 5321)" in message, message
+            assert "\n" not in message
 
 
 def test_email_port_follows_security() -> None:
