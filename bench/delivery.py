@@ -21,7 +21,7 @@ other, with no database.
     .venv/bin/python bench/delivery.py --drain-only --outbox alerts,rows --rounds 5
         # the drain alone, today's outbox and SLAWATCH_OUTBOX=rows (rows of up to 100
         # alerts, docs/explanation/outbox-rows.md) interleaved, each beside its own
-        # bodies POSTed straight
+        # bodies POSTed straight; --pooler transaction: the workers prepare nothing
 
 Rounds alternate concurrency 1 and the given concurrency when --compare is
 set, and the table shows the median of each. Uses SLAWATCH_BENCH_DSN, else
@@ -52,7 +52,7 @@ from slawatch.clock import Clock
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.config.rules import Rule
 from slawatch.config.settings import Outbox
-from slawatch.db import Database
+from slawatch.db import Database, Pooler
 from slawatch.delivery.dispatcher import Dispatcher
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
 from slawatch.engine.claim import claim_batch, plan_claim
@@ -589,12 +589,15 @@ def drain_once(
     concurrency: int,
     cpu: dict[str, float] | None = None,
     outbox: Outbox = "alerts",
+    pooler: Pooler = "auto",
 ) -> tuple[float, list[bytes]]:
     """``alerts`` claimed into the outbox, then delivered by workers started after:
     alerts/s from the start of the workers to the last arrival, and the request bodies.
     ``cpu``, if given, gets the CPU seconds of the drain: ``python`` (this process, its
     receiver thread included) and ``server`` (when :func:`server_cpu` can read it).
-    ``outbox``: the shape the claim fills (SLAWATCH_OUTBOX); the Dispatcher drains both."""
+    ``outbox``: the shape the claim fills (SLAWATCH_OUTBOX); the Dispatcher drains both.
+    ``pooler``: the workers' SLAWATCH_POOLER ("transaction": nothing prepared, as behind
+    a transaction pooler, with no pooler in between)."""
     scratch = Scratch()
     if server:
         scratch.server = server
@@ -606,7 +609,7 @@ def drain_once(
         )
         receiver.reset(alerts)
         server_seconds = server_cpu(conn)
-        with Database(dsn, size=concurrency + 3, timeout=30) as db:
+        with Database(dsn, size=concurrency + 3, timeout=30, pooler=pooler) as db:
             dispatcher = make_dispatcher(db, hook, concurrency)
             python0, server0 = time.process_time(), server_seconds() if server_seconds else 0.0
             start = time.perf_counter()
@@ -665,6 +668,7 @@ def measure_shapes(
     rounds: int = 3,
     concurrency: int = 4,
     outboxes: tuple[Outbox, ...] = ("alerts", "rows"),
+    pooler: Pooler = "auto",
 ) -> dict[str, dict[str, float]]:
     """:func:`measure` for each shape of the outbox in ``outboxes`` (SLAWATCH_OUTBOX),
     interleaved: each round drains every shape once, the order turning by one each
@@ -680,7 +684,7 @@ def measure_shapes(
             for outbox in outboxes[turn:] + outboxes[:turn]:
                 cpus[outbox].append({})
                 rate, bodies = drain_once(
-                    dsn, receiver, alerts, concurrency, cpus[outbox][-1], outbox
+                    dsn, receiver, alerts, concurrency, cpus[outbox][-1], outbox, pooler
                 )
                 drained[outbox].append(rate)
                 straight[outbox].append(post_straight(receiver, bodies))
@@ -723,6 +727,12 @@ def main() -> None:
         default="alerts",
         help="--drain-only: the outbox's shapes, comma-separated, interleaved by round"
         " (SLAWATCH_OUTBOX: alerts, rows; e.g. alerts,rows)",
+    )
+    parser.add_argument(
+        "--pooler",
+        default="auto",
+        choices=("auto", "none", "session", "transaction"),
+        help="--drain-only: the workers' SLAWATCH_POOLER (transaction: nothing prepared)",
     )
     parser.add_argument(
         "--claims-only",
@@ -784,7 +794,8 @@ def main() -> None:
             parser.error("--outbox: alerts, rows or both, comma-separated")
         print(
             f"drain {args.due:,} alerts, webhook batch 100 x {args.concurrency},"
-            f" {args.rounds} round(s), outbox {', '.join(shapes)} interleaved; medians;"
+            f" {args.rounds} round(s), outbox {', '.join(shapes)} interleaved,"
+            f" pooler {args.pooler}; medians;"
             f" load average {os.getloadavg()[0]:.1f} at the start",
             flush=True,
         )
@@ -795,6 +806,7 @@ def main() -> None:
             args.rounds,
             args.concurrency,
             shapes,
+            args.pooler,
         )
         for shape, got in by_shape.items():
             print(

@@ -53,7 +53,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from slawatch.clock import Clock
 from slawatch.config.files import shorten
@@ -780,20 +780,10 @@ class RowSend:
         return row_payloads(self.rule, self.kind, self.fired_at, description, elements)
 
 
-# The lease rendered once with $n placeholders, run as the claim is (CLAIM, _GENERIC).
-LEASE = render(
-    sql.SQL(queries()["lease_row_send"]),
-    (
-        "now",
-        "owner",
-        "lease",
-        "notifier",
-        "sent_row",
-        "sent_owner",
-        "sent_done",
-        "sent_skipped",
-    ),
-)
+# The lease: a call of slawatch.lease_row_send (0025_lease_row_send.sql), which PL/pgSQL
+# plans once per server session on its generic plan without JIT, behind a transaction
+# pooler too; short enough for psycopg to keep its parse, prepared where the pooler allows.
+LEASE = queries()["lease_row_send"]
 
 
 @dataclass(frozen=True)
@@ -828,60 +818,66 @@ def lease_row_send(
         "sent_done": sent.done if sent else None,
         "sent_skipped": sent.skipped if sent else None,
     }
-    args = LEASE.args(params)
     storm = notifier.storm
 
-    def run(conn: Connection) -> tuple[list[dict[str, Any]], list[Folded]]:
-        # As claim_deliveries runs its claim: prepared where the pooler allows, on its
-        # generic plan without JIT (_GENERIC) in one request with it; else planned here.
-        generic = prepares(conn)
-        cur = raw_cursor(conn, dict_row)
+    def run(conn: Connection) -> tuple[list[tuple[Any, ...]], list[Folded]]:
+        cur = conn.cursor(row_factory=tuple_row)
         # The elements' row_data come as one json array (queries.sql, lease_row_send).
         cur.adapters.register_loader("json", RowDataLoader)
         if storm is not None:
             with conn.transaction():  # the storm lock held from the fold to the lease's end
                 folded = storm_summarize(conn, notifier.name, storm, now)
-                if generic:
-                    conn.execute(_GENERIC)  # for the lease alone: not the fold
-                return cur.execute(LEASE.query, args, prepare=True).fetchall(), folded
-        if generic:
-            with pipelined(conn):
-                conn.execute(_GENERIC)
-                cur.execute(LEASE.query, args, prepare=True)
-        else:
-            with one_statement(conn):
-                cur.execute(LEASE.query, args, prepare=True)
+                return cur.execute(LEASE, params).fetchall(), folded
+        with one_statement(conn):
+            cur.execute(LEASE, params)
         return cur.fetchall(), []
 
     got, folded = db.run(f"leasing a row send for {notifier.name}", run)
     _log_folded(notifier, folded)
-    first = got[0]
-    if sent is not None and not first["settled"]:
+    (
+        row_id,
+        attempts,
+        done,
+        skipped,
+        size,
+        rule,
+        kind,
+        fired_at,
+        keys,
+        episodes,
+        ns,
+        severities,
+        deadlines,
+        due_ats,
+        row_data,
+        skips,
+        settled,
+    ) = got[0]
+    if sent is not None and not settled:
         mark_row_sent(db, notifier, now, sent)
-    if first["row_id"] is None:
-        return RowSend(owner, None, settled=bool(first["settled"]), folded=folded)
-    done = int(first["done"])
-    skipped = list(first["skipped"] or [])[:done]
+    if row_id is None:
+        return RowSend(owner, None, settled=bool(settled), folded=folded)
+    skipped = list(skipped or ())[:done]
     skipped += [None] * (done - len(skipped))
     return RowSend(
         owner,
-        int(first["row_id"]),
-        int(first["attempts"]),
+        row_id,
+        attempts,
         done,
-        int(first["size"]),
+        size,
         skipped,
-        rule=first["rule"],
-        kind=first["kind"],
-        fired_at=first["fired_at"],
-        keys=first["keys"],
-        episodes=first["episodes"],
-        ns=first["ns"],
-        severities=first["severities"],
-        deadlines=first["deadlines"],
-        due_ats=first["due_ats"],
-        row_data=first["row_data"],
-        skips=first["skips"],
-        settled=bool(first["settled"]),
+        rule=rule,
+        kind=kind,
+        fired_at=fired_at,
+        keys=keys,
+        episodes=episodes,
+        ns=ns,
+        severities=severities,
+        deadlines=deadlines,
+        due_ats=due_ats,
+        row_data=row_data,
+        skips=skips,
+        settled=bool(settled),
         folded=folded,
     )
 
@@ -902,7 +898,7 @@ def mark_row_sent(db: Database, notifier: Notifier, now: datetime, sent: RowSent
 
 def _recorded(skipped: list[str | None]) -> list[str | None] | None:
     """``skipped`` as stored: NULL when no element was skipped."""
-    return skipped if any(s is not None for s in skipped) else None
+    return None if skipped.count(None) == len(skipped) else skipped
 
 
 def deliver_row_send(
@@ -925,7 +921,7 @@ def deliver_row_send(
     skipped = send.skipped + skips
     # Positions in the row's arrays, a chunk per request: ranges where nothing is skipped.
     chunks: list[range | list[int]]
-    if any(s is not None for s in skips):
+    if send.skips is not None and skips.count(None) != left:
         unsent = [j for j, s in enumerate(skips) if s is None]
         chunks = [unsent[a : a + batch] for a in range(0, len(unsent), batch)]
     else:

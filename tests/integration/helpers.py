@@ -171,6 +171,8 @@ CREATE TRIGGER action_settled
 -- The later migrations run again: what they make goes too (0017_deliveries_due.sql).
 DROP FUNCTION slawatch.deliveries_due(text, timestamptz);
 DROP FUNCTION slawatch.deliveries_due_by_shape(text, timestamptz);  -- 0024_...by_shape.sql
+DROP FUNCTION slawatch.lease_row_send(text, timestamptz, uuid, interval, bigint, uuid, integer,
+                                     text[]);  -- 0025_lease_row_send.sql
 DROP TABLE slawatch.outbox_row, slawatch.outbox_send;  -- 0020_outbox_rows.sql
 ALTER TABLE slawatch.episode DROP COLUMN resolved_notice_at;  -- 0023_outbox_rows_calendar.sql
 DELETE FROM slawatch.schema_version WHERE version >= 14;

@@ -59,7 +59,7 @@ class WebhookNotifier(HttpNotifier):
 
     def send(self, alerts: list[dict[str, Any]]) -> None:
         body = encode({"alerts": alerts})
-        ids = ",".join(sorted(a["id"] for a in alerts))
+        ids = ",".join(sorted([a["id"] for a in alerts]))
         msg_id = "msg_" + hashlib.sha256(ids.encode()).hexdigest()[:32]
         headers = {"webhook-id": msg_id}
         if self._key is not None:
