@@ -468,6 +468,9 @@ UPDATE slawatch.delivery
 -- firing one is settled), unless it is pending there already. Not to a webhook action's
 -- target (`action:<rule>`): an action is not a notifier, and its receiver is never sent a
 -- resolved notice (its replayed delivery is the action's next attempt, nothing more).
+-- A resolved notice kept in the outbox in rows goes again likewise: the statement
+-- answers the firing notifications it sent again (rule, key, episode, fired_at, target:
+-- `across`), which replay_row_sends, next in the same transaction, takes.
 WITH picked AS (
     SELECT d.id, d.alert_id, d.status, t.target,
            (%(configured)s::text[] IS NULL OR t.target = ANY(%(configured)s::text[])) AS known,
@@ -504,12 +507,21 @@ WITH picked AS (
            lease_owner = NULL, lease_expires_at = NULL
      WHERE slawatch.delivery.status <> 'pending'
     RETURNING 1
+), across AS (
+    SELECT f.rule, f.key, f.episode, f.fired_at, x.target
+      FROM replayed x JOIN slawatch.alert f ON f.id = x.alert_id AND f.kind = 'firing'
+     WHERE NOT starts_with(x.target, 'action:')
 )
 SELECT (SELECT count(*) FROM replayed WHERE was = 'dead') AS dead,
        (SELECT count(*) FROM replayed WHERE was = 'orphaned') AS orphaned,
        (SELECT count(*) FROM picked WHERE known AND taken) AS taken,
        (SELECT count(*) FROM picked WHERE NOT known) AS left,
-       (SELECT count(*) FROM resent) AS resolved;
+       (SELECT count(*) FROM resent) AS resolved,
+       (SELECT coalesce(array_agg(rule), '{}') FROM across) AS across_rules,
+       (SELECT coalesce(array_agg(key), '{}') FROM across) AS across_keys,
+       (SELECT coalesce(array_agg(episode), '{}') FROM across) AS across_episodes,
+       (SELECT coalesce(array_agg(fired_at), '{}') FROM across) AS across_fired,
+       (SELECT coalesce(array_agg(target), '{}') FROM across) AS across_targets;
 
 -- replay_leftovers --
 -- Whether any dead or orphaned delivery goes to `notifier`, read through delivery_dead
@@ -1444,6 +1456,14 @@ SELECT notifier, count(*) FROM orphaned GROUP BY notifier ORDER BY notifier;
 -- A resolved row holds up to 100 episodes' notices: the others go again too, with the
 -- same idempotency ids (receivers drop a repeat). The resolved rows are found among the
 -- rule's rows fired since the firing one (outbox_row_fired) that share a key with it.
+-- Across shapes (a process switched SLAWATCH_OUTBOX mid-episode), the same: a resolved
+-- row of an episode whose firing notification of today's outbox `replay` sent again
+-- (`across_*`, its answer, in this transaction) goes back to pending to that notifier,
+-- found as above from that alert's fired_at; and a resolved notice in today's outbox
+-- (alert_once, n = 0) of an episode a replayed firing row sends again gets its
+-- delivery to that notifier back to pending (or a new one), as `replay` does it:
+-- `resolved` too. Each waits for its firing notification in the other shape
+-- (claim_deliveries, lease_row_send). One `replay` sent again already is pending: left.
 WITH picked AS (
     SELECT s.row_id, s.notifier, s.status, t.target,
            (%(configured)s::text[] IS NULL OR t.target = ANY(%(configured)s::text[])) AS known,
@@ -1465,8 +1485,12 @@ WITH picked AS (
      WHERE s.row_id = p.row_id AND s.notifier = p.notifier AND s.status = p.status AND p.known
        AND NOT p.taken
     RETURNING p.status AS was, s.row_id, p.target, s.done, s.skipped
+), across AS (
+    SELECT * FROM unnest(%(across_rules)s::text[], %(across_keys)s::text[],
+                         %(across_episodes)s::integer[], %(across_fired)s::timestamptz[],
+                         %(across_targets)s::text[]) AS t(rule, key, episode, fired_at, target)
 ), closing AS (
-    SELECT DISTINCT c.id AS row_id, x.target
+    SELECT c.id AS row_id, x.target
       FROM replayed x
       JOIN slawatch.outbox_row f ON f.id = x.row_id AND f.kind = 'firing'
       JOIN slawatch.outbox_row c
@@ -1478,6 +1502,31 @@ WITH picked AS (
                 ON o.key = e.key AND o.episode = e.episode
              WHERE e.p > x.done AND x.skipped[e.p] IS NULL)
        AND NOT EXISTS (SELECT 1 FROM replayed y WHERE y.row_id = c.id AND y.target = x.target)
+    UNION
+    SELECT c.id, t.target
+      FROM across t
+      JOIN slawatch.outbox_row c
+        ON c.rule = t.rule AND c.fired_at >= t.fired_at AND c.kind = 'resolved'
+       AND c.keys && ARRAY[t.key]
+     WHERE EXISTS (SELECT 1 FROM unnest(c.keys, c.episodes) AS o(key, episode)
+                    WHERE o.key = t.key AND o.episode = t.episode)
+       AND NOT EXISTS (SELECT 1 FROM replayed y WHERE y.row_id = c.id AND y.target = t.target)
+), closing_alerts AS (
+    SELECT DISTINCT r.id AS alert_id, x.target
+      FROM replayed x
+      JOIN slawatch.outbox_row f ON f.id = x.row_id AND f.kind = 'firing'
+     CROSS JOIN LATERAL unnest(f.keys, f.episodes) WITH ORDINALITY AS e(key, episode, p)
+      JOIN slawatch.alert r
+        ON r.rule = f.rule AND r.key = e.key AND r.episode = e.episode AND r.n = 0
+     WHERE e.p > x.done AND x.skipped[e.p] IS NULL AND NOT starts_with(x.target, 'action:')
+), resent_alerts AS (
+    INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
+    SELECT alert_id, target, %(now)s FROM closing_alerts
+    ON CONFLICT ON CONSTRAINT delivery_once DO UPDATE
+       SET status = 'pending', attempts = 0, next_attempt_at = excluded.next_attempt_at,
+           lease_owner = NULL, lease_expires_at = NULL
+     WHERE slawatch.delivery.status <> 'pending'
+    RETURNING 1
 ), resent AS (
     -- (A send `replayed` moved is left out above: one statement must not write it twice.)
     INSERT INTO slawatch.outbox_send (row_id, notifier, next_attempt_at)
@@ -1493,7 +1542,7 @@ SELECT (SELECT count(*) FROM replayed WHERE was = 'dead') AS dead,
        (SELECT count(*) FROM replayed WHERE was = 'orphaned') AS orphaned,
        (SELECT count(*) FROM picked WHERE known AND taken) AS taken,
        (SELECT count(*) FROM picked WHERE NOT known) AS left,
-       (SELECT count(*) FROM resent) AS resolved;
+       (SELECT count(*) FROM resent) + (SELECT count(*) FROM resent_alerts) AS resolved;
 
 -- row_leftovers --
 -- Whether any dead or orphaned send goes to `notifier` (replay_leftovers).
