@@ -476,7 +476,8 @@ WITH picked AS (
            (%(configured)s::text[] IS NULL OR t.target = ANY(%(configured)s::text[])) AS known,
            EXISTS (SELECT 1 FROM slawatch.delivery o
                     WHERE o.alert_id = d.alert_id AND o.notifier = t.target AND o.id <> d.id)
-               AS taken
+               AS taken,
+           a.rule, a.key, a.episode, a.fired_at, a.kind
       FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
      CROSS JOIN LATERAL (SELECT coalesce(%(to)s::text, d.notifier) AS target) t
      WHERE d.status IN ('dead', 'orphaned')
@@ -489,7 +490,7 @@ WITH picked AS (
       FROM picked p
      WHERE d.id = p.id AND d.alert_id = p.alert_id AND d.status = p.status AND p.known
        AND NOT p.taken
-    RETURNING p.status AS was, d.alert_id, p.target
+    RETURNING p.status AS was, d.alert_id, p.target, p.rule, p.key, p.episode, p.fired_at, p.kind
 ), closing AS (
     SELECT DISTINCT r.id AS alert_id, x.target
       FROM replayed x
@@ -508,9 +509,9 @@ WITH picked AS (
      WHERE slawatch.delivery.status <> 'pending'
     RETURNING 1
 ), across AS (
-    SELECT f.rule, f.key, f.episode, f.fired_at, x.target
-      FROM replayed x JOIN slawatch.alert f ON f.id = x.alert_id AND f.kind = 'firing'
-     WHERE NOT starts_with(x.target, 'action:')
+    SELECT x.rule, x.key, x.episode, x.fired_at, x.target
+      FROM replayed x
+     WHERE x.kind = 'firing' AND NOT starts_with(x.target, 'action:')
 )
 SELECT (SELECT count(*) FROM replayed WHERE was = 'dead') AS dead,
        (SELECT count(*) FROM replayed WHERE was = 'orphaned') AS orphaned,
@@ -1485,10 +1486,21 @@ WITH picked AS (
      WHERE s.row_id = p.row_id AND s.notifier = p.notifier AND s.status = p.status AND p.known
        AND NOT p.taken
     RETURNING p.status AS was, s.row_id, p.target, s.done, s.skipped
-), across AS (
+), across AS MATERIALIZED (
     SELECT * FROM unnest(%(across_rules)s::text[], %(across_keys)s::text[],
                          %(across_episodes)s::integer[], %(across_fired)s::timestamptz[],
                          %(across_targets)s::text[]) AS t(rule, key, episode, fired_at, target)
+), across_since AS (
+    SELECT t.rule, min(t.fired_at) AS since FROM across t GROUP BY t.rule
+), across_by AS MATERIALIZED (
+    -- The targets of each episode by "<rule>:<key>:<episode>" (the rule has no colon, the
+    -- episode is after the last one), read by binary search once per element of the
+    -- rules' resolved rows fired since: a join of those elements with `across` was
+    -- planned on estimates (a nested loop of every element with every replayed alert).
+    SELECT jsonb_object_agg(x.id, x.targets) AS targets
+      FROM (SELECT t.rule || ':' || t.key || ':' || t.episode AS id,
+                   jsonb_agg(DISTINCT t.target) AS targets
+              FROM across t GROUP BY 1) x
 ), closing AS (
     SELECT c.id AS row_id, x.target
       FROM replayed x
@@ -1503,14 +1515,15 @@ WITH picked AS (
              WHERE e.p > x.done AND x.skipped[e.p] IS NULL)
        AND NOT EXISTS (SELECT 1 FROM replayed y WHERE y.row_id = c.id AND y.target = x.target)
     UNION
-    SELECT c.id, t.target
-      FROM across t
+    SELECT c.id, x.target
+      FROM across_since g
       JOIN slawatch.outbox_row c
-        ON c.rule = t.rule AND c.fired_at >= t.fired_at AND c.kind = 'resolved'
-       AND c.keys && ARRAY[t.key]
-     WHERE EXISTS (SELECT 1 FROM unnest(c.keys, c.episodes) AS o(key, episode)
-                    WHERE o.key = t.key AND o.episode = t.episode)
-       AND NOT EXISTS (SELECT 1 FROM replayed y WHERE y.row_id = c.id AND y.target = t.target)
+        ON c.rule = g.rule AND c.fired_at >= g.since AND c.kind = 'resolved'
+     CROSS JOIN LATERAL unnest(c.keys, c.episodes) AS o(key, episode)
+     CROSS JOIN LATERAL jsonb_array_elements_text(
+           (SELECT b.targets FROM across_by b) -> (c.rule || ':' || o.key || ':' || o.episode))
+           AS x(target)
+     WHERE NOT EXISTS (SELECT 1 FROM replayed y WHERE y.row_id = c.id AND y.target = x.target)
 ), closing_alerts AS (
     SELECT DISTINCT r.id AS alert_id, x.target
       FROM replayed x
