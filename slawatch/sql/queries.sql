@@ -1460,7 +1460,8 @@ SELECT notifier, count(*) FROM orphaned GROUP BY notifier ORDER BY notifier;
 -- Across shapes (a process switched SLAWATCH_OUTBOX mid-episode), the same: a resolved
 -- row of an episode whose firing notification of today's outbox `replay` sent again
 -- (`across_*`, its answer, in this transaction) goes back to pending to that notifier,
--- found as above from that alert's fired_at; and a resolved notice in today's outbox
+-- found among the rule's resolved rows fired since the earliest of those alerts
+-- (outbox_row_fired; across_by); and a resolved notice in today's outbox
 -- (alert_once, n = 0) of an episode a replayed firing row sends again gets its
 -- delivery to that notifier back to pending (or a new one), as `replay` does it:
 -- `resolved` too. Each waits for its firing notification in the other shape
