@@ -158,6 +158,11 @@ class Replayed:
         return self.dead + self.orphaned
 
 
+# What `replay` answers of the firing notifications it sent again (rule, key, episode,
+# fired_at, target), for replay_row_sends to send their resolved notices kept in rows again.
+_ACROSS = ("across_rules", "across_keys", "across_episodes", "across_fired", "across_targets")
+
+
 def replay_deliveries(
     conn: Connection,
     now: datetime,
@@ -178,11 +183,16 @@ def replay_deliveries(
         "to": to,
         "configured": None if configured is None else sorted(configured),
     }
+    across: dict[str, object] = {name: [] for name in _ACROSS}
     with conn.transaction():
         row = conn.execute(q["replay"], params).fetchone()
-        done = Replayed(*(int(v) for v in row)) if row else Replayed()
-        # The outbox in rows: dead and orphaned sends likewise (replay_row_sends).
-        row = conn.execute(q["replay_row_sends"], params).fetchone()
+        done = Replayed(*(int(v) for v in row[: -len(_ACROSS)])) if row else Replayed()
+        if row:
+            across = dict(zip(_ACROSS, row[-len(_ACROSS) :], strict=True))
+        # The outbox in rows: dead and orphaned sends likewise (replay_row_sends), and
+        # the resolved notices of the other shape of the firing notifications each sent
+        # again (docs/explanation/outbox-rows.md).
+        row = conn.execute(q["replay_row_sends"], params | across).fetchone()
         if row:
             done = Replayed(*(a + int(b) for a, b in zip(astuple(done), row, strict=True)))
         if done.count or done.resolved:

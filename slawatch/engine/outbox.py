@@ -345,7 +345,15 @@ _ACTION_ALERTS = """, action_alerts AS (
 # Resolved notices in rows (_RESOLVED's counterpart): n = 0, to the notifiers paged in
 # the episode, only for the episodes whose end this statement wrote into the history
 # (`ended_at` and `resolved_notice_at` set from NULL, or for a given-up episode
-# `resolved_notice_at`: once per episode whoever ends it; _HISTORY_END_NOTICE).
+# `resolved_notice_at`: once per episode whoever ends it; _HISTORY_END_NOTICE), and
+# for those the history no longer has: an episode given up and pruned by retention a
+# window later (prune_episodes) before its row completed. Today's outbox writes that one
+# (alert_once holds no notice of the episode), and so do rows: the row's completion is
+# written once (its lock), and no claim writes that episode's history row again (only
+# its #1 did). Read only for an ended episode this statement did not end in the history
+# (the hashed IN comes first: OR stops there), one probe of episode_pkey, locked: a row
+# that retention deletes while this statement waits for it (in _HISTORY_END_NOTICE, which
+# then skips it) counts as gone, not as the row the statement's snapshot still sees.
 _RESOLVED_ROWS = """\
 , ended_episodes AS (
 {ended_episodes}
@@ -354,6 +362,9 @@ _RESOLVED_ROWS = """\
            {row_data} AS row_data, {paged} AS notifiers
       FROM ended_episodes e
      WHERE ((e.key, e.episode) IN ({ended_now})) IS TRUE
+        OR NOT EXISTS (SELECT 1 FROM slawatch.episode h
+                        WHERE h.rule = %(rule)s AND h.key = e.key AND h.episode = e.episode
+                          FOR KEY SHARE)
 ), resolved_rows AS (
 {rows}
 ), resolved_deliveries AS (
@@ -373,8 +384,8 @@ def resolved(
     """The CTEs writing resolved notices for ``ended_episodes`` (a SELECT); ``severity``
     and ``paged`` (the notifiers paged in the episode) may read ``e.n``; ``drop``: the
     row's cap (:func:`row_cap`). ``rows``: into the outbox in rows, for the episodes of
-    ``ended_now`` only (a SELECT of the (key, episode) the statement's history CTEs
-    ended, made with ``rows``)."""
+    ``ended_now`` (a SELECT of the (key, episode) the statement's history CTEs ended,
+    made with ``rows``) and those the history no longer has (_RESOLVED_ROWS)."""
     row_data = capped(sql.SQL("e.row_data"), drop)
     if not rows:
         return sql.SQL(_RESOLVED).format(

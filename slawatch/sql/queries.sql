@@ -468,12 +468,16 @@ UPDATE slawatch.delivery
 -- firing one is settled), unless it is pending there already. Not to a webhook action's
 -- target (`action:<rule>`): an action is not a notifier, and its receiver is never sent a
 -- resolved notice (its replayed delivery is the action's next attempt, nothing more).
+-- A resolved notice kept in the outbox in rows goes again likewise: the statement
+-- answers the firing notifications it sent again (rule, key, episode, fired_at, target:
+-- `across`), which replay_row_sends, next in the same transaction, takes.
 WITH picked AS (
     SELECT d.id, d.alert_id, d.status, t.target,
            (%(configured)s::text[] IS NULL OR t.target = ANY(%(configured)s::text[])) AS known,
            EXISTS (SELECT 1 FROM slawatch.delivery o
                     WHERE o.alert_id = d.alert_id AND o.notifier = t.target AND o.id <> d.id)
-               AS taken
+               AS taken,
+           a.rule, a.key, a.episode, a.fired_at, a.kind
       FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id
      CROSS JOIN LATERAL (SELECT coalesce(%(to)s::text, d.notifier) AS target) t
      WHERE d.status IN ('dead', 'orphaned')
@@ -486,7 +490,7 @@ WITH picked AS (
       FROM picked p
      WHERE d.id = p.id AND d.alert_id = p.alert_id AND d.status = p.status AND p.known
        AND NOT p.taken
-    RETURNING p.status AS was, d.alert_id, p.target
+    RETURNING p.status AS was, d.alert_id, p.target, p.rule, p.key, p.episode, p.fired_at, p.kind
 ), closing AS (
     SELECT DISTINCT r.id AS alert_id, x.target
       FROM replayed x
@@ -504,12 +508,21 @@ WITH picked AS (
            lease_owner = NULL, lease_expires_at = NULL
      WHERE slawatch.delivery.status <> 'pending'
     RETURNING 1
+), across AS (
+    SELECT x.rule, x.key, x.episode, x.fired_at, x.target
+      FROM replayed x
+     WHERE x.kind = 'firing' AND NOT starts_with(x.target, 'action:')
 )
 SELECT (SELECT count(*) FROM replayed WHERE was = 'dead') AS dead,
        (SELECT count(*) FROM replayed WHERE was = 'orphaned') AS orphaned,
        (SELECT count(*) FROM picked WHERE known AND taken) AS taken,
        (SELECT count(*) FROM picked WHERE NOT known) AS left,
-       (SELECT count(*) FROM resent) AS resolved;
+       (SELECT count(*) FROM resent) AS resolved,
+       (SELECT coalesce(array_agg(rule), '{}') FROM across) AS across_rules,
+       (SELECT coalesce(array_agg(key), '{}') FROM across) AS across_keys,
+       (SELECT coalesce(array_agg(episode), '{}') FROM across) AS across_episodes,
+       (SELECT coalesce(array_agg(fired_at), '{}') FROM across) AS across_fired,
+       (SELECT coalesce(array_agg(target), '{}') FROM across) AS across_targets;
 
 -- replay_leftovers --
 -- Whether any dead or orphaned delivery goes to `notifier`, read through delivery_dead
@@ -1356,6 +1369,15 @@ SELECT notifier, count(*) FROM orphaned GROUP BY notifier ORDER BY notifier;
 -- A resolved row holds up to 100 episodes' notices: the others go again too, with the
 -- same idempotency ids (receivers drop a repeat). The resolved rows are found among the
 -- rule's rows fired since the firing one (outbox_row_fired) that share a key with it.
+-- Across shapes (a process switched SLAWATCH_OUTBOX mid-episode), the same: a resolved
+-- row of an episode whose firing notification of today's outbox `replay` sent again
+-- (`across_*`, its answer, in this transaction) goes back to pending to that notifier,
+-- found among the rule's resolved rows fired since the earliest of those alerts
+-- (outbox_row_fired; across_by); and a resolved notice in today's outbox
+-- (alert_once, n = 0) of an episode a replayed firing row sends again gets its
+-- delivery to that notifier back to pending (or a new one), as `replay` does it:
+-- `resolved` too. Each waits for its firing notification in the other shape
+-- (claim_deliveries, lease_row_send). One `replay` sent again already is pending: left.
 WITH picked AS (
     SELECT s.row_id, s.notifier, s.status, t.target,
            (%(configured)s::text[] IS NULL OR t.target = ANY(%(configured)s::text[])) AS known,
@@ -1377,8 +1399,23 @@ WITH picked AS (
      WHERE s.row_id = p.row_id AND s.notifier = p.notifier AND s.status = p.status AND p.known
        AND NOT p.taken
     RETURNING p.status AS was, s.row_id, p.target, s.done, s.skipped
+), across AS MATERIALIZED (
+    SELECT * FROM unnest(%(across_rules)s::text[], %(across_keys)s::text[],
+                         %(across_episodes)s::integer[], %(across_fired)s::timestamptz[],
+                         %(across_targets)s::text[]) AS t(rule, key, episode, fired_at, target)
+), across_since AS (
+    SELECT t.rule, min(t.fired_at) AS since FROM across t GROUP BY t.rule
+), across_by AS MATERIALIZED (
+    -- The targets of each episode by "<rule>:<key>:<episode>" (the rule has no colon, the
+    -- episode is after the last one), read by binary search once per element of the
+    -- rules' resolved rows fired since: a join of those elements with `across` was
+    -- planned on estimates (a nested loop of every element with every replayed alert).
+    SELECT jsonb_object_agg(x.id, x.targets) AS targets
+      FROM (SELECT t.rule || ':' || t.key || ':' || t.episode AS id,
+                   jsonb_agg(DISTINCT t.target) AS targets
+              FROM across t GROUP BY 1) x
 ), closing AS (
-    SELECT DISTINCT c.id AS row_id, x.target
+    SELECT c.id AS row_id, x.target
       FROM replayed x
       JOIN slawatch.outbox_row f ON f.id = x.row_id AND f.kind = 'firing'
       JOIN slawatch.outbox_row c
@@ -1390,6 +1427,32 @@ WITH picked AS (
                 ON o.key = e.key AND o.episode = e.episode
              WHERE e.p > x.done AND x.skipped[e.p] IS NULL)
        AND NOT EXISTS (SELECT 1 FROM replayed y WHERE y.row_id = c.id AND y.target = x.target)
+    UNION
+    SELECT c.id, x.target
+      FROM across_since g
+      JOIN slawatch.outbox_row c
+        ON c.rule = g.rule AND c.fired_at >= g.since AND c.kind = 'resolved'
+     CROSS JOIN LATERAL unnest(c.keys, c.episodes) AS o(key, episode)
+     CROSS JOIN LATERAL jsonb_array_elements_text(
+           (SELECT b.targets FROM across_by b) -> (c.rule || ':' || o.key || ':' || o.episode))
+           AS x(target)
+     WHERE NOT EXISTS (SELECT 1 FROM replayed y WHERE y.row_id = c.id AND y.target = x.target)
+), closing_alerts AS (
+    SELECT DISTINCT r.id AS alert_id, x.target
+      FROM replayed x
+      JOIN slawatch.outbox_row f ON f.id = x.row_id AND f.kind = 'firing'
+     CROSS JOIN LATERAL unnest(f.keys, f.episodes) WITH ORDINALITY AS e(key, episode, p)
+      JOIN slawatch.alert r
+        ON r.rule = f.rule AND r.key = e.key AND r.episode = e.episode AND r.n = 0
+     WHERE e.p > x.done AND x.skipped[e.p] IS NULL AND NOT starts_with(x.target, 'action:')
+), resent_alerts AS (
+    INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
+    SELECT alert_id, target, %(now)s FROM closing_alerts
+    ON CONFLICT ON CONSTRAINT delivery_once DO UPDATE
+       SET status = 'pending', attempts = 0, next_attempt_at = excluded.next_attempt_at,
+           lease_owner = NULL, lease_expires_at = NULL
+     WHERE slawatch.delivery.status <> 'pending'
+    RETURNING 1
 ), resent AS (
     -- (A send `replayed` moved is left out above: one statement must not write it twice.)
     INSERT INTO slawatch.outbox_send (row_id, notifier, next_attempt_at)
@@ -1405,7 +1468,7 @@ SELECT (SELECT count(*) FROM replayed WHERE was = 'dead') AS dead,
        (SELECT count(*) FROM replayed WHERE was = 'orphaned') AS orphaned,
        (SELECT count(*) FROM picked WHERE known AND taken) AS taken,
        (SELECT count(*) FROM picked WHERE NOT known) AS left,
-       (SELECT count(*) FROM resent) AS resolved;
+       (SELECT count(*) FROM resent) + (SELECT count(*) FROM resent_alerts) AS resolved;
 
 -- row_leftovers --
 -- Whether any dead or orphaned send goes to `notifier` (replay_leftovers).
