@@ -9,7 +9,6 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -110,12 +109,6 @@ class WebhookReceiver:
     @property
     def alert_ids(self) -> list[str]:
         return [a["id"] for r in self.requests for a in r.alerts]
-
-
-@pytest.fixture
-def receiver() -> Iterator[WebhookReceiver]:
-    with WebhookReceiver() as r:
-        yield r
 
 
 def require_service(name: str, port: int) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,12 +27,6 @@ H = timedelta(hours=1)
 M = timedelta(minutes=1)
 S = timedelta(seconds=1)
 DUE = T0 + 48 * H + S  # order_unshipped (every 6 h, 5 at most): paid at T0, overdue here
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
 
 
 def two_orders(conn: Conn, track: str) -> ClaimPlan:

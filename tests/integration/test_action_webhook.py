@@ -49,10 +49,8 @@ from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock, claim_all
 from tests.integration.test_actions import job_rule_with, silence_1_ack_2
 from tests.integration.test_events import send
-from tests.receivers import Reply, WebhookReceiver, closed_port, receiver
+from tests.receivers import Reply, WebhookReceiver, closed_port
 from tests.waiting import WAIT, lock_waits, wait_until
-
-__all__ = ["receiver"]
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 M = timedelta(minutes=1)

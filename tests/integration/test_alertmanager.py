@@ -18,11 +18,9 @@ from slawatch.delivery.dispatcher import deliver_batch, deliver_due
 from slawatch.delivery.notifiers.alertmanager import AlertmanagerNotifier
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import CLAIMED, db, overdue_orders, statuses
+from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
 from tests.receivers import Reply
 from tests.services import AlertmanagerService, make_alert
-
-__all__ = ["db"]
 
 FIRST = datetime(2026, 3, 3, 12, 0, 5, tzinfo=UTC)  # just after make_alert's fired_at
 

@@ -10,10 +10,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
-import pytest
 from freezegun import freeze_time
 from psycopg import sql
 
@@ -27,9 +25,7 @@ from slawatch.engine.ready import prepare
 from slawatch.engine.statetable import state_table
 from tests.integration.helpers import Conn, claim_all, episodes, shop
 from tests.integration.test_deliver import CLAIMED, T0, overdue_orders, statuses
-from tests.receivers import Reply, WebhookReceiver, receiver
-
-__all__ = ["receiver"]
+from tests.receivers import Reply, WebhookReceiver
 
 HOUR = timedelta(hours=1)
 SECOND = timedelta(seconds=1)
@@ -78,12 +74,6 @@ def test_renotify_backoff_doubles_from_first_and_stays_at_max(conn: Conn, track:
     with freeze_time(at + timedelta(days=30)):
         assert claim_all(conn, plan) == 0
     assert episodes(conn, "order_unshipped") == [("1", 1, n) for n in range(1, 8)]
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
 
 
 def test_delivery_retries_double_from_first_and_stay_at_max(

@@ -26,10 +26,8 @@ from slawatch.engine.claim import claim_batch, plan_claim
 from slawatch.engine.migrate import migrate
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn
-from tests.receivers import Reply, WebhookReceiver, receiver
+from tests.receivers import Reply, WebhookReceiver
 from tests.waiting import wait_until
-
-__all__ = ["receiver"]
 
 RULE = """\
 table: public.orders

@@ -7,7 +7,6 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -71,12 +70,6 @@ class FlakyReceiver(BaseNotifier):
             self.failures -= 1
             raise DeliveryError("ConnectionError: receiver down")
         self.got.extend(alerts)
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
 
 
 def overdue_orders(conn: Conn, count: int, notify: str = "console") -> None:

@@ -84,9 +84,9 @@ def test_sigkill_at_random_points(
 ) -> None:
     """Two processes at a time, each SIGKILLed 0.1-1.5 s after it connected, restarted
     at once, while rows fall due, complete and get new deadlines; one clean run settles."""
-    # Bounded for the test run (about 30 s of storm); bench/faults.py runs the long one.
-    run = start(runs, dsn, tmp_path, seed, rows=2000, spread=30)
-    run.kill_storm(kills=30, seconds=30, processes=2)
+    # Bounded for the test run (about 20 s of storm); bench/faults.py runs the long one.
+    run = start(runs, dsn, tmp_path, seed, rows=1500, spread=20)
+    run.kill_storm(kills=30, seconds=20, processes=2)
     during = len(run.receiver.seen())
     run.settle(timeout=120)
     report = run.verify()
@@ -101,7 +101,7 @@ def test_database_stopped_longer_than_the_pool_timeout(
 ) -> None:
     """One ``slawatch run`` (never killed) rides out a restart and an outage of several
     pool timeouts (SLAWATCH_DB_TIMEOUT=2), then resumes scanning and delivering by itself."""
-    run = start(runs, cluster.database("faults"), tmp_path, seed, rows=1500, spread=25)
+    run = start(runs, cluster.database("faults"), tmp_path, seed, rows=1000, spread=18)
     run.spawn()
     run.wait_received(200, timeout=60)
     run.wait_serving(60)
@@ -109,9 +109,9 @@ def test_database_stopped_longer_than_the_pool_timeout(
         cluster.stop()
         cluster.start()
     run.wait_received(len(run.receiver.seen()) + 200, timeout=60)
-    with run.database_down():  # an outage of four pool timeouts
+    with run.database_down():  # an outage of 2.5 pool timeouts
         cluster.stop()
-        time.sleep(8)
+        time.sleep(5)
         cluster.start()
     run.settle(timeout=90, fresh=False)
     report = run.verify()
@@ -123,7 +123,7 @@ def test_database_stopped_longer_than_the_pool_timeout(
 def test_receiver_down(dsn: str, tmp_path: Path, seed: int, runs: list[FaultRun]) -> None:
     """The receiver answers 503, then its port is closed, then it is back: the
     running process delivers everything by itself, nothing goes dead."""
-    run = start(runs, dsn, tmp_path, seed, rows=1500, spread=20)
+    run = start(runs, dsn, tmp_path, seed, rows=1000, spread=14)
     run.spawn()
     run.wait_received(200, timeout=60)
     run.receiver_outage(refuse=5, closed=5)

@@ -4,7 +4,6 @@ ends (closed by a claim or a sweep, or replaced by the next episode)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,12 +17,6 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
 S = timedelta(seconds=1)
 DUE = T0 + 48 * H  # order_unshipped: 48 h after paid_at
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
 
 
 def history(conn: Conn) -> list[tuple[Any, ...]]:

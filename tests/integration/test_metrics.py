@@ -25,10 +25,8 @@ from slawatch.operate.metrics import SCRAPE_BUDGET, Metrics
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn
 from tests.integration.test_outage import logged, wait_for
-from tests.receivers import Reply, WebhookReceiver, receiver
+from tests.receivers import Reply, WebhookReceiver
 from tests.tcpproxy import TcpProxy
-
-__all__ = ["receiver"]
 
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)

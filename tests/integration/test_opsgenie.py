@@ -18,11 +18,9 @@ from slawatch.delivery.dispatcher import deliver_batch, deliver_due
 from slawatch.delivery.notifiers.opsgenie import OpsgenieNotifier
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import CLAIMED, db, overdue_orders, statuses
+from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
 from tests.receivers import Reply
 from tests.services import OpsgenieService, make_alert
-
-__all__ = ["db"]
 
 KEY = OpsgenieService.KEY
 

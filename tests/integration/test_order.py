@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -57,12 +56,6 @@ RETRY = {"first": "1h", "max": "2h", "attempts": 5}  # the first retry: 48 to 60
 RETRIED = DUE + 2 * H  # every notification's retry is due
 KEYS = 20
 ROUTING_KEY = "R0UT1NGKEYS3CRETabcdef0123456789"
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
 
 
 @pytest.fixture(params=["alerts", "rows"])

@@ -5,12 +5,10 @@ maintenance, shown, prunable, and `replay --notifier OLD --to NEW` sends them on
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
-import pytest
 
 from slawatch.config.rules import Rule, load_rules
 from slawatch.db import Database
@@ -22,9 +20,7 @@ from tests.conftest import ROOT
 from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop
 from tests.integration.lifecycle_helpers import statuses
 from tests.integration.test_cli import assert_one_line_error, slawatch
-from tests.receivers import WebhookReceiver, closed_port, receiver
-
-__all__ = ["receiver"]
+from tests.receivers import WebhookReceiver, closed_port
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 DUE = T0 + timedelta(hours=48, seconds=1)
@@ -95,12 +91,6 @@ def test_a_removed_notifiers_deliveries_are_orphaned_at_start_and_replayed_elsew
     assert sorted(receiver.alert_ids) == ["order_unshipped:1:e1:n1", "order_unshipped:2:e1:n1"]
     assert statuses(conn) == {"sent": 2}
     assert conn.execute("SELECT DISTINCT notifier FROM slawatch.delivery").fetchall() == [("hook",)]
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
 
 
 def pending_to(conn: Conn, notify: list[str], count: int = 2) -> Rule:

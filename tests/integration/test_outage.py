@@ -31,9 +31,7 @@ from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn
 from tests.integration.test_cli import assert_one_line_error, slawatch
 from tests.pgcluster import PgCluster, free_port
-from tests.receivers import Reply, WebhookReceiver, receiver
-
-__all__ = ["receiver"]
+from tests.receivers import Reply, WebhookReceiver
 
 TIMEOUT = 1.0  # seconds: the pool timeout of these tests (SLAWATCH_DB_TIMEOUT)
 

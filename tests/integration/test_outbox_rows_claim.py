@@ -649,19 +649,25 @@ def test_a_runner_with_rows_claims_into_rows_beside_a_storm(
     Runner(dsn, [rowed], stormy, clock=FixedClock(DUE), outbox="rows").close()
 
 
-@pytest.mark.parametrize("track", ["inline"])
-def test_run_once_with_rows_writes_rows(conn: Conn, dsn: str, tmp_path: Path, track: str) -> None:
-    conn.execute(TABLE)
-    orders(conn, range(1, 4), T0)
+def cli_setup(tmp_path: Path, dsn: str) -> dict[str, str]:
+    """A rules and a notifiers folder for the command line (the rule ``late`` to the
+    console), and the environment that points ``slawatch`` at them and at ``dsn``."""
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "late.yaml").write_text(RULE.replace("[console, hook]", "[console]"))
     (tmp_path / "notifiers").mkdir()
     (tmp_path / "notifiers" / "console.yaml").write_text("type: console\n")
-    env = {
+    return {
         "SLAWATCH_RULES_DIR": str(tmp_path / "rules"),
         "SLAWATCH_NOTIFIERS_DIR": str(tmp_path / "notifiers"),
         "SLAWATCH_DSN": dsn,
     }
+
+
+@pytest.mark.parametrize("track", ["inline"])
+def test_run_once_with_rows_writes_rows(conn: Conn, dsn: str, tmp_path: Path, track: str) -> None:
+    conn.execute(TABLE)
+    orders(conn, range(1, 4), T0)
+    env = cli_setup(tmp_path, dsn)
     assert slawatch("migrate", env=env).returncode == 0
     done = slawatch("run", "--once", env=env | {"SLAWATCH_OUTBOX": "rows"})
     assert done.returncode == 0, done.stderr
@@ -693,15 +699,7 @@ def test_explain_shows_the_statement_that_writes_rows(
     assert writes("alerts") == {"slawatch.delivery"}
     if track == "table":
         return
-    (tmp_path / "rules").mkdir()
-    (tmp_path / "rules" / "late.yaml").write_text(RULE.replace("[console, hook]", "[console]"))
-    (tmp_path / "notifiers").mkdir()
-    (tmp_path / "notifiers" / "console.yaml").write_text("type: console\n")
-    env = {
-        "SLAWATCH_RULES_DIR": str(tmp_path / "rules"),
-        "SLAWATCH_NOTIFIERS_DIR": str(tmp_path / "notifiers"),
-        "SLAWATCH_DSN": dsn,
-    }
+    env = cli_setup(tmp_path, dsn)
     shown = slawatch("explain", "late", env=env | {"SLAWATCH_OUTBOX": "rows"})
     assert shown.returncode == 0, shown.stderr
     assert "outbox: rows" in shown.stdout and "INSERT INTO slawatch.outbox_row" in shown.stdout

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-import pytest
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import WebhookConfig
@@ -36,31 +35,13 @@ from slawatch.delivery.dispatcher import (
 from slawatch.delivery.notifiers.base import encode
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
 from slawatch.runtime.maintain import prune
-from tests.integration.helpers import Conn, FixedClock, plan_nodes, shop
+from tests.integration.helpers import Conn, FixedClock, plan_nodes
 from tests.receivers import Reply, WebhookReceiver
 from tests.waiting import lock_waits, wait_until
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NOW = T0 + timedelta(days=3)  # when the rows are due
 RULE = "order_unshipped"
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
-
-
-@pytest.fixture
-def receiver() -> Iterator[WebhookReceiver]:
-    with WebhookReceiver() as r:
-        yield r
-
-
-@pytest.fixture
-def schema(conn: Conn) -> Conn:
-    shop(conn)
-    return conn
 
 
 def hook(url: str, name: str = "hook", **fields: Any) -> WebhookNotifier:

@@ -20,10 +20,8 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn
-from tests.receivers import Reply, WebhookReceiver, receiver
+from tests.receivers import Reply, WebhookReceiver
 from tests.waiting import wait_until
-
-__all__ = ["receiver"]
 
 RULE = """\
 table: public.orders

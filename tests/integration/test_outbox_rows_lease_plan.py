@@ -17,9 +17,9 @@ from tests.integration.test_outage import wait_for
 from tests.integration.test_outbox_rows_deliver import NOW, hook, insert_row
 from tests.integration.test_pgbouncer import PgBouncer, bouncer, cluster, fresh_database
 from tests.pgcluster import PgCluster
-from tests.receivers import WebhookReceiver, receiver
+from tests.receivers import WebhookReceiver
 
-__all__ = ["bouncer", "cluster", "receiver"]
+__all__ = ["bouncer", "cluster"]
 
 
 def lease_calls(direct: str) -> int:

@@ -7,14 +7,11 @@ resolved notice in the other."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-
-import pytest
 
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import deliver_notifier, replay_deliveries
-from tests.integration.helpers import Conn, FixedClock, shop
+from tests.integration.helpers import Conn, FixedClock
 from tests.integration.test_outbox_rows_deliver import (
     NOW,
     RULE,
@@ -24,24 +21,6 @@ from tests.integration.test_outbox_rows_deliver import (
     todays_alert,
 )
 from tests.receivers import WebhookReceiver
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
-
-
-@pytest.fixture
-def receiver() -> Iterator[WebhookReceiver]:
-    with WebhookReceiver() as r:
-        yield r
-
-
-@pytest.fixture
-def schema(conn: Conn) -> Conn:
-    shop(conn)
-    return conn
 
 
 def delivery_of(conn: Conn, alert_id: int, notifier: str = "hook") -> tuple[str, int] | None:

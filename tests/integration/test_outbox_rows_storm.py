@@ -5,11 +5,8 @@ are written by hand, as the claim writes them; a real HTTP receiver takes the se
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
-
-import pytest
 
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.db import Database
@@ -24,24 +21,6 @@ from tests.receivers import WebhookReceiver
 from tests.waiting import wait_until
 
 WAIT = timedelta(seconds=10)  # storm.wait's default
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
-
-
-@pytest.fixture
-def receiver() -> Iterator[WebhookReceiver]:
-    with WebhookReceiver() as r:
-        yield r
-
-
-@pytest.fixture
-def schema(conn: Conn) -> Conn:
-    shop(conn)
-    return conn
 
 
 def hook(receiver: WebhookReceiver, storm: Any = 100, **fields: Any) -> WebhookNotifier:

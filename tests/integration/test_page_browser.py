@@ -6,7 +6,6 @@ script in a row value stays text, and a phone shows it without sideways scrollin
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -32,17 +31,11 @@ from tests.integration.page_helpers import (
     seeded,
     servers,
 )
-from tests.receivers import WebhookReceiver, receiver
+from tests.receivers import WebhookReceiver
 
-__all__ = ["browser", "open_tab", "receiver", "servers"]
+__all__ = ["browser", "open_tab", "servers"]
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
 
 
 def no_overflow(tab: object) -> None:

@@ -17,11 +17,9 @@ from slawatch.delivery.dispatcher import deliver_batch, deliver_due
 from slawatch.delivery.notifiers.pagerduty import PagerDutyNotifier
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import CLAIMED, db, overdue_orders, statuses
+from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
 from tests.receivers import Reply
 from tests.services import PagerDutyService, make_alert
-
-__all__ = ["db"]
 
 ROUTING_KEY = "R0UT1NGKEYS3CRETabcdef0123456789"
 

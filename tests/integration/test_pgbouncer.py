@@ -38,9 +38,7 @@ from tests.conftest import ROOT
 from tests.integration.test_cli import clean_env
 from tests.integration.test_outage import RULE, late_rule, logged, orders, overdue, wait_for
 from tests.pgcluster import PgCluster, free_port
-from tests.receivers import WebhookReceiver, receiver
-
-__all__ = ["receiver"]
+from tests.receivers import WebhookReceiver
 
 SERVERS = 3  # server sessions per database: the round robin moves between them
 

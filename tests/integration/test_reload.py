@@ -35,9 +35,7 @@ from tests.conftest import ROOT
 from tests.integration.helpers import Conn, shop
 from tests.integration.test_outage import logged, wait_for
 from tests.pgcluster import free_port
-from tests.receivers import Reply, WebhookReceiver, receiver
-
-__all__ = ["receiver"]
+from tests.receivers import Reply, WebhookReceiver
 
 LATE = """\
 table: public.orders

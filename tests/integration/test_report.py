@@ -44,12 +44,6 @@ M = timedelta(minutes=1)
 AFTER = 48 * H  # order_unshipped: due 48 h after paid_at
 
 
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
-
-
 def paid(conn: Conn, order: int, due: datetime) -> None:
     conn.execute("INSERT INTO orders VALUES (%s, 7, 100, 'paid', %s)", (order, due - AFTER))
 

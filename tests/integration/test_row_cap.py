@@ -23,9 +23,7 @@ from slawatch.engine.outbox import MAX_DATA, TRUNCATED, capped
 from slawatch.engine.ready import prepare
 from slawatch.errors import ConfigError
 from tests.integration.helpers import Conn, claim_all
-from tests.receivers import WebhookReceiver, receiver
-
-__all__ = ["receiver"]
+from tests.receivers import WebhookReceiver
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)

@@ -3,7 +3,6 @@ while the silence is active by the application's clock."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,12 +23,6 @@ H = timedelta(hours=1)
 M = timedelta(minutes=1)
 S = timedelta(seconds=1)
 DUE = T0 + 48 * H + S  # order_unshipped (every 6 h): paid at T0, overdue from here
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
 
 
 def orders(conn: Conn, users: list[int]) -> tuple[ClaimPlan, dict[str, Rule]]:

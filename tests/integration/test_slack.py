@@ -16,11 +16,9 @@ from slawatch.delivery.dispatcher import deliver_batch, deliver_due
 from slawatch.delivery.notifiers.slack import SlackNotifier
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import CLAIMED, db, overdue_orders, statuses
+from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
 from tests.receivers import Reply, closed_port
 from tests.services import SlackService, make_alert
-
-__all__ = ["db"]
 
 
 @pytest.fixture

@@ -42,10 +42,10 @@ from tests.integration.source_helpers import (
     timers,
 )
 from tests.integration.test_cli import slawatch
-from tests.receivers import WebhookReceiver, receiver, require_service
+from tests.receivers import WebhookReceiver, require_service
 from tests.waiting import wait_until
 
-__all__ = ["broker", "events_db", "receiver"]
+__all__ = ["broker", "events_db"]
 
 DAYS_30 = timedelta(days=30)
 

@@ -19,9 +19,7 @@ from slawatch.delivery.notifiers.webhook import WebhookNotifier, verify
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
 from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
-from tests.receivers import Reply, WebhookReceiver, closed_port, receiver
-
-__all__ = ["receiver"]
+from tests.receivers import Reply, WebhookReceiver, closed_port
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(24)).decode()
 ALERT = {
