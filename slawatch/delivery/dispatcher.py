@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -317,6 +317,13 @@ def receiver_outage(notifier: Notifier) -> Outage:
         return outage
 
 
+def folded_counts(folded: Sequence[Folded]) -> PassResult:
+    """What a fold settled: the alerts folded into summaries and the summaries made."""
+    return PassResult(
+        summarized=sum(f.folded for f in folded), summaries=sum(1 for f in folded if f.made)
+    )
+
+
 @dataclass
 class _Batch:
     """Deliveries claimed under one lease (``owner``), with their alerts; and how many
@@ -344,11 +351,11 @@ class _Batch:
 
     @property
     def summarized(self) -> int:
-        return sum(f.folded for f in self.folded)
+        return folded_counts(self.folded).summarized
 
     @property
     def summaries(self) -> int:
-        return sum(1 for f in self.folded if f.made)
+        return folded_counts(self.folded).summaries
 
 
 def _listed(notifier: Notifier) -> int:
@@ -1074,10 +1081,7 @@ def deliver_rows(
     while send is not None:
         if send.folded:  # settled unsent by the lease's fold: counted as they are
             started = time.monotonic()
-            summarized = PassResult(
-                summarized=sum(f.folded for f in send.folded),
-                summaries=sum(1 for f in send.folded if f.made),
-            )
+            summarized = folded_counts(send.folded)
             _settled(notifier, summarized, started, metrics, clock.now(), [])
             total += summarized
         if send.row_id is None:
