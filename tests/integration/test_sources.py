@@ -29,6 +29,7 @@ from tests.integration.source_helpers import (
     RULE,
     Broker,
     Counts,
+    Nats,
     Redis,
     broker,
     count,
@@ -201,6 +202,35 @@ def test_a_drain_goes_on_while_the_broker_counts_messages_waiting(
     finally:
         db.close()
     assert broker.waiting() == 0 and timers(events_db) == 30
+
+
+def test_nats_messages_a_fetch_was_given_after_it_gave_up_are_counted_as_waiting() -> None:
+    """nats-py keeps what the server sends a fetch that has stopped waiting (a drain's
+    fetches wait almost nothing) for the next fetch, and the server counts those messages
+    delivered, not pending: ``run --once`` must not end its drain with them held."""
+    require_service("NATS", 4222)
+    broker = Nats(uuid.uuid4().hex[:8])
+    consumer = build(broker.source(batch=5))
+    try:
+        broker.publish(shipped(range(5), timedelta(0)))
+        consumer.connect()
+        sub, nc = consumer._sub, consumer._nc  # type: ignore[attr-defined]
+        # A fetch's request whose answer no fetch waits for, as one that timed out.
+        request = json.dumps({"batch": 5, "no_wait": True}).encode()
+        consumer._run(nc.publish(sub._nms, request, sub._deliver))  # type: ignore[attr-defined]
+
+        def arrived() -> bool:
+            consumer._run(nc.flush())  # type: ignore[attr-defined]  # lets the loop read them
+            return bool(sub.pending_msgs >= 5)
+
+        wait_until(arrived, "the five messages in the subscription's queue")
+        assert broker.waiting() == 0  # the server: delivered, none pending
+        assert consumer.waiting() == 5
+        assert len(consumer.fetch(5, 0.001)) == 5
+        assert consumer.waiting() == 0
+    finally:
+        consumer.close()
+        broker.cleanup()
 
 
 def test_an_event_of_a_rule_not_migrated_yet_is_set_aside_saying_so(

@@ -176,14 +176,18 @@ class NatsConsumer(Consumer):
             raise self.error(exc, f"keeping messages of stream {self.source.stream}") from exc
 
     def waiting(self) -> int:
-        js = self._js
-        if js is None:
+        js, sub = self._js, self._sub
+        if js is None or sub is None:
             raise self.error(ConnectionError("not connected"), "connection")
         try:
             info = self._run(js.consumer_info(self.source.stream, self.source.durable))
         except _FAILURES as exc:
             raise self.error(exc, f"stream {self.source.stream}") from exc
-        return int(info.num_pending or 0)
+        # A fetch that stopped waiting before the server's answer came (a drain's wait is
+        # almost nothing) leaves the messages sent to it in the subscription's queue, for
+        # the next fetch: the server counts them delivered, not pending. Read after the
+        # request above, whose answer came after them on this connection.
+        return int(info.num_pending or 0) + sub.pending_msgs
 
     def close(self) -> None:
         loop, nc, unsettled = self._loop, self._nc, list(self._unsettled.values())
