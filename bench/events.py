@@ -20,7 +20,9 @@ Prints, in one run, each figure of the issue's performance table with its goal:
    statement with the guarantees the claim gives besides (the alert at most once, the
    `_again` and `_due_at` index entries, the episode's history row; --fire-parts: less
    one each, to see what each costs), and vs that bare UPDATE alone. Each on a fresh
-   copy of the same data, interleaved.
+   copy of the same data, interleaved. --outbox alerts,rows: the claim writing the
+   outbox in rows as well (SLAWATCH_OUTBOX=rows, docs/explanation/outbox-rows.md), a
+   row of its own, and the WAL per timer of each (server-wide).
 3b. The rule's "anything due?" probe at 100 k, 300 k and 1 M open timers (none due),
    prepared and past its 5 custom plans (PostgreSQL's generic plan in use), beside the
    EXISTS form it replaced: flat where that one grew with the table.
@@ -44,6 +46,7 @@ machine (and on what else runs on it).
     #                                                        lateness,brokers
     .venv/bin/python bench/events.py --only ingest        # those sections alone
     .venv/bin/python bench/events.py --only fire --fire-parts  # what each guarantee costs
+    .venv/bin/python bench/events.py --only fire --outbox alerts,rows  # and the outbox in rows
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/);
 every database it makes is dropped at the end. Brokers on 127.0.0.1 (RabbitMQ
@@ -89,6 +92,7 @@ from benchdb import Scratch
 from common import machine, med, pct
 
 from slawatch.config.rules import Rule
+from slawatch.config.settings import Outbox
 from slawatch.engine.claim import anything_due, batches
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
@@ -150,28 +154,41 @@ def backend_cpu(pid: int) -> float:
 
 @dataclass
 class Sample:
-    """One measurement: items per second, and the server's CPU µs per item."""
+    """One measurement: items per second, the server's CPU µs per item, and the WAL
+    bytes per item (server-wide: NaN where not read)."""
 
     rate: float
     cpu_us: float
+    wal_b: float = float("nan")
 
 
 class Meter:
     """Wall time and the backend's CPU time around some work on ``conn``."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], wal: bool = False) -> None:
         self.pid = conn.info.backend_pid
+        # ``wal``: also the WAL written meanwhile (server-wide), read on ``conn``.
+        self.conn = conn if wal else None
+        self.wal = float("nan")
+
+    def lsn(self) -> float:
+        if self.conn is None:
+            return float("nan")
+        row = self.conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+        return float(row[0]) if row else float("nan")
 
     def __enter__(self) -> Meter:
+        self.wal = self.lsn()
         self.cpu, self.t = backend_cpu(self.pid), time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.secs = time.perf_counter() - self.t
         self.cpu = backend_cpu(self.pid) - self.cpu
+        self.wal = self.lsn() - self.wal
 
     def per(self, items: int) -> Sample:
-        return Sample(items / self.secs, self.cpu / items * 1e6)
+        return Sample(items / self.secs, self.cpu / items * 1e6, self.wal / items)
 
 
 def rates(samples: list[Sample]) -> list[float]:
@@ -652,6 +669,8 @@ def fire_step(conn: psycopg.Connection[Any], variant: str, now: datetime) -> Cal
     """One batch per call, the timers it fired."""
     if variant == "slawatch":
         return batches(conn, prepare(conn, event_rule()), now)
+    if variant in FIRE_SHAPES:
+        return batches(conn, prepare(conn, event_rule(), outbox=FIRE_SHAPES[variant]), now)
     statement = {"raw": BARE_FIRE, "guarded": BARE_GUARDED, "update": BARE_UPDATE}.get(variant)
     if statement is None:
         statement, before = GUARDED_PARTS[variant]
@@ -682,25 +701,41 @@ def prewarm(conn: psycopg.Connection[Any]) -> None:
 
 
 FIRE_VARIANTS = ("slawatch", "raw", "guarded", "update")
+# --outbox: slawatch's claim writing the outbox in each shape (SLAWATCH_OUTBOX,
+# docs/explanation/outbox-rows.md); today's is the variant "slawatch" itself.
+FIRE_SHAPES: dict[str, Outbox] = {"slawatch rows": "rows"}
+
+
+def fire_variant(outbox: Outbox) -> str:
+    return "slawatch" if outbox == "alerts" else f"slawatch {outbox}"
 
 
 def measure_fire(
-    scratch: Scratch, due: int, rounds: int, parts: bool = False
+    scratch: Scratch,
+    due: int,
+    rounds: int,
+    parts: bool = False,
+    outboxes: tuple[Outbox, ...] = ("alerts",),
 ) -> dict[str, list[Sample]]:
     """Timers fired per second by each variant (``parts``: and the guarded statement
-    without each of its guarantees), each drain on a fresh copy."""
+    without each of its guarantees), each drain on a fresh copy. ``outboxes``: the
+    shapes slawatch's claim writes, each a variant, their order turned each round
+    (beside more than today's, the WAL each drain wrote too, server-wide)."""
     fire_base(scratch, due)
     out: dict[str, list[Sample]] = {}
     now = datetime.now(UTC)
-    for _ in range(rounds):
-        for variant in [*FIRE_VARIANTS, *(GUARDED_PARTS if parts else ())]:
+    wal = outboxes != ("alerts",)
+    for r in range(rounds):
+        turn = r % len(outboxes)
+        ours = [fire_variant(o) for o in outboxes[turn:] + outboxes[:turn]]
+        for variant in [*ours, *FIRE_VARIANTS[1:], *(GUARDED_PARTS if parts else ())]:
             dsn = scratch.create("run", template="fire")
             try:
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     step = fire_step(conn, variant, now)
                     prewarm(conn)
                     fired = 0
-                    with Meter(conn) as meter:
+                    with Meter(conn, wal) as meter:
                         while True:
                             got = step()
                             fired += got
@@ -1301,8 +1336,16 @@ def report_http(scratch: Scratch, reps: int, per_client: int) -> list[Row]:
     return [ratio_row(figure, got["http"], got["sql"], 0.5, "slawatch.events()")]
 
 
-def report_fire(scratch: Scratch, due: int, reps: int, parts: bool = False) -> list[Row]:
-    got = measure_fire(scratch, due, reps, parts)
+def report_fire(
+    scratch: Scratch,
+    due: int,
+    reps: int,
+    parts: bool = False,
+    outboxes: tuple[Outbox, ...] = ("alerts",),
+) -> list[Row]:
+    """Firing (3.); ``outboxes`` besides today's: slawatch's claim writing the outbox in
+    rows too (SLAWATCH_OUTBOX=rows), interleaved with the others, a row of its own."""
+    got = measure_fire(scratch, due, reps, parts, outboxes)
     scratch.drop("fire")
     print(
         f"FIRING: {due:,} due timers (and as many not yet due), batches of {FIRE_BATCH:,},"
@@ -1314,7 +1357,36 @@ def report_fire(scratch: Scratch, due: int, reps: int, parts: bool = False) -> l
         "guarded": "raw, with slawatch's guarantees",
         "update": "raw: bare UPDATE alone",
     }
-    print_samples(labels, got, "timer")
+    shapes = [o for o in outboxes if o != "alerts"]
+    if "alerts" not in outboxes:  # the rows alone: today's left out
+        labels.pop("slawatch")
+    print_samples(
+        {fire_variant(o): f"slawatch claim + outbox in {o}" for o in shapes} | labels, got, "timer"
+    )
+    if shapes:
+        print("  WAL per timer (server-wide, medians):")
+        for name in [*(fire_variant(o) for o in outboxes), "raw", "guarded", "update"]:
+            print(f"    {name:<36} {med([s.wal_b for s in got[name]]):>8,.0f} B")
+        print("  round by round (each drain against the raw statement of its round):")
+        for name in (fire_variant(o) for o in outboxes):
+            pairs = list(zip(got[name], got["raw"], strict=True))
+            speed = sorted(a.rate / b.rate for a, b in pairs)
+            spent = sorted(a.cpu_us / b.cpu_us for a, b in pairs)
+            print(
+                f"    {name:<36} {med(speed):.2f}× the rate ({speed[0]:.2f}–{speed[-1]:.2f}),"
+                f" {med(spent):.2f}× the server CPU ({spent[0]:.2f}–{spent[-1]:.2f})"
+            )
+        print()
+    extra = [
+        ratio_row(
+            f"firing due timers, outbox in {o} (SLAWATCH_OUTBOX={o})",
+            rates(got[fire_variant(o)]),
+            rates(got["raw"]),
+            0.9,
+            "raw claim + outbox",
+        )
+        for o in shapes
+    ]
     if parts:
         print("  the guarded statement without one guarantee each (server CPU vs guarded):")
         guarded_cpu = med([s.cpu_us for s in got["guarded"]])
@@ -1325,6 +1397,8 @@ def report_fire(scratch: Scratch, due: int, reps: int, parts: bool = False) -> l
                 f" server CPU {cpu_us:,.1f} µs/timer ({cpu_us / guarded_cpu:.2f}×)"
             )
         print()
+    if "alerts" not in outboxes:
+        return extra
     ours, raw, guarded, update = (rates(got[k]) for k in labels)
     x = med(ours) / med(update)
     cpu = {k: med([s.cpu_us for s in got[k]]) for k in labels}
@@ -1346,6 +1420,7 @@ def report_fire(scratch: Scratch, due: int, reps: int, parts: bool = False) -> l
             "printed",
             None,
         ),
+        *extra,
     ]
 
 
@@ -1452,6 +1527,14 @@ def report_brokers(scratch: Scratch, messages: int, reps: int) -> list[Row]:
 SECTIONS = ("ingest", "http", "fire", "timerprobe", "lateness", "brokers")
 
 
+def fire_outboxes(text: str) -> tuple[Outbox, ...] | None:
+    """--outbox's shapes (SLAWATCH_OUTBOX), in order; None: not alerts/rows."""
+    shapes = tuple(o.strip() for o in text.split(",") if o.strip())
+    if not shapes or any(o not in ("alerts", "rows") for o in shapes):
+        return None
+    return shapes  # type: ignore[return-value]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -1478,6 +1561,12 @@ def main() -> None:
     parser.add_argument(
         "--only", default="", help="comma-separated: run only these sections (names as --skip)"
     )
+    parser.add_argument(
+        "--outbox",
+        default="alerts",
+        help="firing: the outbox's shapes slawatch's claim writes, comma-separated,"
+        " interleaved by round (SLAWATCH_OUTBOX: alerts, rows; e.g. alerts,rows)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny: does it run?")
     args = parser.parse_args()
     if args.quick:
@@ -1491,6 +1580,9 @@ def main() -> None:
         parser.error(f"unknown section {sorted(unknown)[0]!r}: one of {', '.join(SECTIONS)}")
     if only:
         skip |= set(SECTIONS) - only
+    outboxes = fire_outboxes(args.outbox)
+    if outboxes is None:
+        parser.error("--outbox: alerts, rows or both, comma-separated")
     began = time.perf_counter()
     rows: list[Row] = []
     with Scratch() as scratch:
@@ -1506,7 +1598,7 @@ def main() -> None:
         if "http" not in skip:
             rows += report_http(scratch, args.reps, args.http_batches)
         if "fire" not in skip:
-            rows += report_fire(scratch, args.due, args.fire_reps, args.fire_parts)
+            rows += report_fire(scratch, args.due, args.fire_reps, args.fire_parts, outboxes)
         if "timerprobe" not in skip:
             rows += report_probe(scratch, (20_000, 100_000) if args.quick else PROBE_SIZES)
         if "lateness" not in skip:

@@ -23,6 +23,7 @@ measures it. Not a test: the figures depend on the machine.
     .venv/bin/python bench/run.py --skip events                  # without the event figures
     .venv/bin/python bench/run.py --rows 5000000 --due 500000    # the scale of docs/performance.md
     .venv/bin/python bench/run.py --only scale --scale-rows 1000000,3000000 --scale-due 10000,100000
+    .venv/bin/python bench/run.py --only fire --fire-outbox alerts,rows  # firing in both shapes
     .venv/bin/python bench/run.py --quick                        # a few minutes: does it run?
 
 Sections (--only / --skip): claim, explain, probe, long, e2e, procs, peer, delivery,
@@ -1402,10 +1403,16 @@ def prune_section(args: argparse.Namespace) -> tuple[Figures, dict[str, str]]:
 
 
 def event_rows(
-    scratch: Scratch, run: set[str], quick: bool, lap: Callable[[str], None]
+    scratch: Scratch,
+    run: set[str],
+    quick: bool,
+    lap: Callable[[str], None],
+    fire_outboxes: tuple[Outbox, ...] = ("alerts",),
 ) -> list[Row]:
     """bench/events.py's sections (issue 15's table), each only if in ``run``; --quick
-    runs each once, small (does it run?), the default as bench/events.py does."""
+    runs each once, small (does it run?), the default as bench/events.py does.
+    ``fire_outboxes``: --fire-outbox, the shapes the firing's claim writes (bench/events.py
+    --outbox)."""
 
     timers, due, secs, reps, fire_reps, http_batches, messages = (
         (5_000, 5_000, 2, 1, 1, 1, 2_000) if quick else (1_000_000, 100_000, 60, 5, 3, 10, 20_000)
@@ -1418,7 +1425,7 @@ def event_rows(
         got.append(("http", events.report_http(scratch, reps, http_batches)))
         lap("http")
     if "fire" in run:
-        got.append(("fire", events.report_fire(scratch, due, fire_reps)))
+        got.append(("fire", events.report_fire(scratch, due, fire_reps, False, fire_outboxes)))
         lap("fire")
     if "timerprobe" in run:
         sizes = (5_000, 20_000) if quick else events.PROBE_SIZES
@@ -1514,7 +1521,16 @@ def main() -> None:
         action="store_true",
         help="print the table as Markdown (docs/performance.md's)",
     )
+    parser.add_argument(
+        "--fire-outbox",
+        default="alerts",
+        help="fire: the outbox's shapes the claim writes, comma-separated, interleaved by"
+        " round, each against the same raw statement (SLAWATCH_OUTBOX: alerts, rows)",
+    )
     args = parser.parse_args()
+    fire_outboxes = events.fire_outboxes(args.fire_outbox)
+    if fire_outboxes is None:
+        parser.error("--fire-outbox: alerts, rows or both, comma-separated")
     if args.quick:
         args.rows, args.due, args.batch = 20_000, min(args.due, 2_000), 500
         args.probe_rows, args.steady_secs = 0, 2
@@ -1853,7 +1869,11 @@ def main() -> None:
             got_rules, curve = rules_rows(scratch, args.quick)
             other += got_rules
             lap("rules")
-        event_table = event_rows(scratch, run, args.quick, lap) if run & set(EVENT_SECTIONS) else []
+        event_table = (
+            event_rows(scratch, run, args.quick, lap, fire_outboxes)
+            if run & set(EVENT_SECTIONS)
+            else []
+        )
         more_figures: Figures = {}
         more_why: dict[str, str] = {}
         if "scale" in run:
@@ -2085,6 +2105,10 @@ def main() -> None:
             found = event_figure(event_table, *words)
             if found is not None:
                 figures[key] = found
+                # --fire-outbox alerts,rows: the outbox in rows beside it.
+                fire_rows = event_figure(event_table, *words, "SLAWATCH_OUTBOX=rows")
+                if key == "fire" and fire_rows is not None and fire_rows != found:
+                    figures[key] = (found[0], f"{found[1]}; SLAWATCH_OUTBOX=rows: {fire_rows[1]}")
             elif event_table:
                 why[key] = "not among bench/events.py's rows"
         if curve is not None:
