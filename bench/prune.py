@@ -25,6 +25,13 @@ fraction of a drain's; the issue's line: above 10 %, partition and drop instead.
     .venv/bin/python bench/prune.py                     # 10 M alerts: loading takes minutes
     .venv/bin/python bench/prune.py --alerts 1000000    # a smaller history
     .venv/bin/python bench/prune.py --json              # the figures as JSON on stdout
+    .venv/bin/python bench/prune.py --outbox rows       # the outbox in rows: by row vs a drop
+
+With ``--outbox rows`` it measures the outbox in rows instead (0026_outbox_rows_ranges.sql):
+--days daily id ranges of rows (100 alerts each, every send sent), each a drain's worth
+(--due alerts), then --reps rounds of pruning one range's rows row by row (prune_outbox_rows,
+as before 0026 and for a range retention must keep) and dropping the next range whole
+(history_drop): the time and WAL of each.
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/).
 Every database it makes is dropped at the end.
@@ -400,6 +407,135 @@ def report(res: dict[str, Any], days: float, batch: int, reps: int) -> list[str]
     ]
 
 
+# A day's rows of the outbox in rows: 100 alerts each (row_data about 100 B an alert),
+# one send each to one notifier, sent; their ids in the range's [lo, hi).
+LOAD_ROWS = """
+INSERT INTO slawatch.outbox_row (id, rule, kind, fired_at, after, notifiers, keys, episodes, ns,
+                                 severities, deadlines, row_data)
+OVERRIDING SYSTEM VALUE
+SELECT g, %(rule)s, 'firing', f, interval '1 hour', '{ops-webhook}',
+       ARRAY(SELECT 'h' || g || '-' || i FROM generate_series(1, 100) i),
+       array_fill(1, ARRAY[100]), array_fill(1, ARRAY[100]), array_fill('warning'::text, ARRAY[100]),
+       array_fill(f - interval '49 hours', ARRAY[100]),
+       ARRAY(SELECT jsonb_build_object('id', g * 100 + i, 'user_id', mod(i * 7919, 200000),
+                                       'email', 'user' || mod(i * 7919, 200000) || '@example.com')
+               FROM generate_series(1, 100) i)
+  FROM (SELECT g, %(start)s::timestamptz + (g - %(lo)s) * %(gap)s::interval AS f
+          FROM generate_series(%(lo)s::bigint, %(lo)s::bigint + %(rows)s - 1) g) x
+"""
+LOAD_SENDS = """
+INSERT INTO slawatch.outbox_send (row_id, notifier, status, attempts, done, next_attempt_at,
+                                  sent_at)
+SELECT id, 'ops-webhook', 'sent', 1, 100, fired_at, fired_at + interval '50 milliseconds'
+  FROM slawatch.outbox_row WHERE id >= %(lo)s AND id < %(lo)s + %(rows)s
+"""
+
+
+def measure_rows(
+    due: int = 50_000, reps: int = 3, days: int = 8, log: Any = sys.stderr
+) -> dict[str, Any]:
+    """The outbox in rows: pruning a drain's worth of rows (``due`` alerts, ``due`` / 100
+    rows) row by row against dropping its range whole, ``reps`` rounds of each, on a
+    history of ``days`` daily ranges; medians and every run."""
+    if days < 2 * reps + 1:
+        raise ValueError(f"{days} daily ranges cannot give {reps} rounds two ranges each")
+    per_range = max(1, due // 100)
+    now = datetime.now(UTC).replace(microsecond=0)
+    start = now - timedelta(days=days + 1)
+    runs: dict[str, list[dict[str, float]]] = {"by_row": [], "drop": []}
+    with Scratch() as scratch:
+        dsn = scratch.create("prune_rows")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn, [])
+            # daily ranges as `slawatch run` rotating daily leaves them: range 0 (made by
+            # the migrate) then one per day, each closed at its day's end.
+            spans: list[tuple[int, int]] = []
+            for day in range(days):
+                if day:  # forced (opened "1000 days from now"): the clock is in the past
+                    conn.execute(
+                        "SELECT slawatch.history_rotate(%s, interval '-1000 days')",
+                        (start + timedelta(days=day),),
+                    )
+                (lo, hi) = conn.execute(
+                    "SELECT row_low, row_high FROM slawatch.history_range WHERE n = %s", (day,)
+                ).fetchone() or (0, 0)
+                lo = max(int(lo), 1)
+                load = {
+                    "rule": rule_dict(1)["name"],
+                    "start": start + timedelta(days=day),
+                    "gap": timedelta(days=1) / per_range / 2,
+                    "lo": lo,
+                    "rows": per_range,
+                }
+                conn.execute(LOAD_ROWS, load)
+                conn.execute(LOAD_SENDS, load)
+                spans.append((lo, int(hi)))
+            conn.execute("SELECT slawatch.history_rotate(%s, interval '-1000 days')", (now,))
+            conn.execute("VACUUM ANALYZE slawatch.outbox_row, slawatch.outbox_send")
+            size = conn.execute(
+                "SELECT pg_total_relation_size('slawatch.outbox_row_h1')"
+                " + pg_total_relation_size('slawatch.outbox_send_h1')"
+            ).fetchone()
+            cutoff = now - timedelta(hours=1)  # every loaded range past the window
+            for r in range(reps):
+                # Row by row: the oldest range's rows by prune_outbox_rows batches, as
+                # prune_rows takes a range it must keep (and every row before 0026).
+                n = 2 * r
+                lo, hi = spans[n]
+                conn.execute("CHECKPOINT")
+                wal0, t, rows = lsn(conn), time.perf_counter(), 0
+                while True:
+                    with conn.transaction():
+                        conn.execute("SET LOCAL jit = off")
+                        got = conn.execute(
+                            queries()["prune_outbox_rows"],
+                            {"cutoff": cutoff, "batch": PRUNE_BATCH, "lo": lo, "hi": hi},
+                        ).fetchone()
+                    rows += int(got[0]) if got else 0
+                    if not got or int(got[0]) < PRUNE_BATCH:
+                        break
+                by_row = {"secs": time.perf_counter() - t, "rows": rows, "wal": lsn(conn) - wal0}
+                # Its emptied range is dropped untimed: the next drop takes a full one.
+                conn.execute("SELECT * FROM slawatch.history_drop(%s)", (cutoff,))
+                conn.execute("CHECKPOINT")
+                wal0, t = lsn(conn), time.perf_counter()
+                dropped = drop_range(conn, cutoff)
+                drop = {
+                    "secs": time.perf_counter() - t,
+                    "ranges": dropped.ranges,
+                    "wal": lsn(conn) - wal0,
+                }
+                if rows != per_range or dropped.ranges != 1:
+                    raise RuntimeError(f"round {r + 1}: {rows} rows by row, {dropped.ranges} drops")
+                runs["by_row"].append(by_row)
+                runs["drop"].append(drop)
+                print(f"  round {r + 1}: by row {by_row}, drop {drop}", file=log, flush=True)
+    return {
+        "due": due,
+        "rows": per_range,
+        "days": days,
+        "range_mb": float(size[0]) / 1e6 if size and size[0] else 0.0,
+        "by_row_ms": med([x["secs"] for x in runs["by_row"]]) * 1000,
+        "by_row_wal": med([x["wal"] for x in runs["by_row"]]),
+        "drop_ms": med([x["secs"] for x in runs["drop"]]) * 1000,
+        "drop_wal": med([x["wal"] for x in runs["drop"]]),
+        "runs": runs,
+    }
+
+
+def report_rows(res: dict[str, Any], reps: int) -> list[str]:
+    """measure_rows()'s figures as printed lines."""
+    return [
+        f"PRUNING THE OUTBOX IN ROWS: a drain's worth, {res['due']:,} alerts in {res['rows']:,}"
+        f" rows (one send each, sent; a range of {res['range_mb']:,.1f} MB), {res['days']}"
+        f" daily ranges; {reps} rounds, medians",
+        f"  row by row (prune_outbox_rows):  {res['by_row_ms']:8,.1f} ms, WAL"
+        f" {res['by_row_wal'] / 1e6:,.2f} MB",
+        f"  the range dropped (history_drop): {res['drop_ms']:8,.1f} ms, WAL"
+        f" {res['drop_wal'] / 1e3:,.1f} kB",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--alerts", type=int, default=10_000_000, help="alerts of history")
@@ -409,8 +545,15 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="interleaved rounds (>= 3)")
     parser.add_argument("--days", type=float, default=10.0, help="the history spans this")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--outbox", choices=("alerts", "rows"), default="alerts", help="which outbox's history"
+    )
     args = parser.parse_args()
     began = time.perf_counter()
+    if args.outbox == "rows":
+        rows = measure_rows(args.due, args.reps, int(args.days))
+        print(json.dumps(rows) if args.json else "\n".join(report_rows(rows, args.reps)))
+        return
     res = measure(args.alerts, args.rows, args.due, args.batch, args.reps, args.days)
     if args.json:
         print(json.dumps(res))

@@ -11,7 +11,10 @@ leave -- a range kept past its turn, the open range under a window shorter than 
 rotation period -- goes by the batches below, one range after the other
 (:func:`prune_ranges`): a batch reads one range's partitions, their indexes in order.
 A rotation or a drop that fails (a lock not granted in 2 s, any error) is one warning
-line and changes nothing; the batches go on, and the next run tries again.
+line and changes nothing; the batches go on, and the next run tries again. Since
+0026_outbox_rows_ranges.sql the outbox in rows (``slawatch.outbox_row``,
+``slawatch.outbox_send``) is kept in the same ranges: the same rotation and drop take
+its rows and sends, and :func:`prune_rows` takes what the drops leave, range by range.
 
 The outbox (``slawatch.alert``, ``slawatch.delivery``) grows by every alert;
 without pruning, a long run's claims insert into ever larger tables and
@@ -204,23 +207,34 @@ def prune_rows(
 ) -> PruneResult:
     """The outbox in rows (docs/explanation/outbox-rows.md): rows fired before ``cutoff``
     whose every send is settled, removed with their sends, ``batch`` rows a statement
-    (queries.sql, prune_outbox_rows), while a batch comes back full and the ``budget``
-    (from ``started``, time.monotonic) is not spent. A row with a send pending is kept."""
+    (queries.sql, prune_outbox_rows), one id range after the other (those
+    ``history_drop`` leaves: prune_row_ranges), while a batch comes back full and the
+    ``budget`` (from ``started``, time.monotonic) is not spent. A row with a send pending
+    is kept."""
     result = PruneResult()
 
-    def one(conn: Connection) -> tuple[int, int]:
-        with translate("pruning the outbox rows"), conn.transaction():
-            conn.execute("SET LOCAL jit = off")
-            row = conn.execute(
-                queries()["prune_outbox_rows"], {"cutoff": cutoff, "batch": batch}
-            ).fetchone()
-        return (int(row[0]), int(row[1])) if row else (0, 0)
+    def ranges(conn: Connection) -> list[IdRange]:
+        with translate("reading the outbox rows' ranges"):
+            got = conn.execute(queries()["prune_row_ranges"], {"cutoff": cutoff}).fetchall()
+        return [(int(r[0]), int(r[1])) for r in got]
 
-    while True:
-        rows, sends = db.run("pruning the outbox rows", one)
-        result += PruneResult(rows=rows, sends=sends)
-        if rows < batch or time.monotonic() - started >= budget.total_seconds():
-            return result
+    for lo, hi in db.run("pruning the outbox rows", ranges):
+
+        def one(conn: Connection, lo: int = lo, hi: int = hi) -> tuple[int, int]:
+            params = {"cutoff": cutoff, "batch": batch, "lo": lo, "hi": hi}
+            with translate("pruning the outbox rows"), conn.transaction():
+                conn.execute("SET LOCAL jit = off")
+                row = conn.execute(queries()["prune_outbox_rows"], params).fetchone()
+            return (int(row[0]), int(row[1])) if row else (0, 0)
+
+        while True:
+            rows, sends = db.run("pruning the outbox rows", one)
+            result += PruneResult(rows=rows, sends=sends)
+            if time.monotonic() - started >= budget.total_seconds():
+                return result
+            if rows < batch:
+                break
+    return result
 
 
 def drop_range(conn: Connection, cutoff: datetime) -> PruneResult:

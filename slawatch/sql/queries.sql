@@ -1475,16 +1475,28 @@ SELECT (SELECT count(*) FROM replayed WHERE was = 'dead') AS dead,
 SELECT EXISTS (SELECT 1 FROM slawatch.outbox_send
                 WHERE status IN ('dead', 'orphaned') AND notifier = %(notifier)s);
 
+-- prune_row_ranges --
+-- The row id ranges prune_outbox_rows goes through, oldest first (0026_outbox_rows_ranges.sql):
+-- as prune_ranges, those history_drop leaves -- closed before the cutoff (kept past
+-- their turn: a send pending in them) and the open one. A range closed at or after the
+-- cutoff waits for its drop. A range opened before 0026 holds no rows (row_low NULL).
+SELECT h.row_low, h.row_high FROM slawatch.history_range h
+ WHERE (h.closed_at IS NULL OR h.closed_at < %(cutoff)s) AND h.row_low IS NOT NULL
+ ORDER BY 1;
+
 -- prune_outbox_rows --
 -- One bounded batch of the rows' history (maintain.py): rows fired before the cutoff
 -- none of whose sends is pending, removed with their sends. Old rows are found per rule
 -- through outbox_row_fired (the rules by a skip scan of it, as prune_history does); each
 -- row's sends through the primary key. A send replayed to pending meanwhile: its DELETE
--- re-checks the status and skips it, and its row is kept.
+-- re-checks the status and skips it, and its row is kept. A batch reads one range,
+-- row ids [lo, hi) (prune_row_ranges): every part bounds its ids to it, so each reads
+-- one partition of each table (pruned when the statement starts).
 WITH RECURSIVE rules AS (
-    SELECT min(rule) AS rule FROM slawatch.outbox_row
+    SELECT min(rule) AS rule FROM slawatch.outbox_row WHERE id >= %(lo)s AND id < %(hi)s
     UNION ALL
-    SELECT (SELECT min(o.rule) FROM slawatch.outbox_row o WHERE o.rule > r.rule)
+    SELECT (SELECT min(o.rule) FROM slawatch.outbox_row o
+             WHERE o.rule > r.rule AND o.id >= %(lo)s AND o.id < %(hi)s)
       FROM rules r
      WHERE r.rule IS NOT NULL
 ), old AS (
@@ -1492,21 +1504,24 @@ WITH RECURSIVE rules AS (
       FROM rules r CROSS JOIN LATERAL (
             SELECT w.id FROM slawatch.outbox_row w
              WHERE w.rule = r.rule AND w.fired_at < %(cutoff)s
+               AND w.id >= %(lo)s AND w.id < %(hi)s
                AND (SELECT bool_or(p.status = 'pending') FROM slawatch.outbox_send p
-                     WHERE p.row_id = w.id) IS NOT TRUE
+                     WHERE p.row_id = w.id AND p.row_id >= %(lo)s AND p.row_id < %(hi)s)
+                   IS NOT TRUE
              ORDER BY w.fired_at
              LIMIT %(batch)s) o
      LIMIT %(batch)s
 ), gone_sends AS (
     DELETE FROM slawatch.outbox_send s
      WHERE s.row_id = ANY (ARRAY(SELECT id FROM old)) AND s.status <> 'pending'
+       AND s.row_id >= %(lo)s AND s.row_id < %(hi)s
     RETURNING s.row_id, s.notifier
 ), gone_rows AS (
     DELETE FROM slawatch.outbox_row w
-     WHERE w.id = ANY (ARRAY(SELECT id FROM old))
+     WHERE w.id = ANY (ARRAY(SELECT id FROM old)) AND w.id >= %(lo)s AND w.id < %(hi)s
        AND (SELECT bool_and((k.row_id, k.notifier) IN (SELECT row_id, notifier FROM gone_sends))
               FROM slawatch.outbox_send k
-             WHERE k.row_id = w.id) IS NOT FALSE
+             WHERE k.row_id = w.id AND k.row_id >= %(lo)s AND k.row_id < %(hi)s) IS NOT FALSE
     RETURNING w.id
 )
 SELECT (SELECT count(*) FROM gone_rows), (SELECT count(*) FROM gone_sends);

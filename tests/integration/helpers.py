@@ -122,6 +122,9 @@ DROP FUNCTION slawatch.history_open(integer, bigint, bigint, timestamptz),
               slawatch.history_drop(timestamptz),
               slawatch.history_convert_all(timestamptz),
               slawatch.history_mirror_alert(), slawatch.history_mirror_delivery();
+-- 0026_outbox_rows_ranges.sql (its history_convert_all went above).
+DROP FUNCTION slawatch.history_convert_alerts(timestamptz),
+              slawatch.history_open_rows(integer, bigint, bigint), slawatch.history_rows_open();
 CREATE TABLE slawatch.alert (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     rule        text        NOT NULL,

@@ -52,7 +52,7 @@ class Receiver(BaseNotifier):
 def previous_release(monkeypatch: pytest.MonkeyPatch) -> None:
     """schema.migrations() as the release before 0017 shipped them, until ``upgrade()``."""
     shipped = schema.migrations()
-    assert [m.version for m in shipped[PREVIOUS:]] == [17, 18, 19, 20, 21, 22, 23, 24, 25], (
+    assert [m.version for m in shipped[PREVIOUS:]] == [17, 18, 19, 20, 21, 22, 23, 24, 25, 26], (
         "a migration since: look here"
     )
     monkeypatch.setattr(schema, "migrations", lambda: shipped[:PREVIOUS])
@@ -185,6 +185,17 @@ def test_a_database_of_the_release_before_keeps_every_alert_and_delivers_what_wa
     assert all(e.pop("resolved_notice_at") is None for e in episodes)
     assert sorted(episodes, key=json.dumps) == sorted(
         (json.loads(r) for r in before.pop("slawatch.episode")), key=json.dumps
+    )
+    # 0026_outbox_rows_ranges.sql's columns of the ranges: the open one (the newest) takes
+    # the rows, from 0; the ranges opened before hold none.
+    ranges = sorted(
+        (json.loads(r) for r in after.pop("slawatch.history_range")), key=lambda r: r["n"]
+    )
+    assert [(r.pop("row_low"), r.pop("row_high")) for r in ranges] == [(None, None)] * (
+        len(ranges) - 1
+    ) + [(0, 1 << 25)]
+    assert ranges == sorted(
+        (json.loads(r) for r in before.pop("slawatch.history_range")), key=lambda r: r["n"]
     )
     assert after == before
     assert id_indexes(conn) == []
