@@ -6,7 +6,7 @@ find rows in every range; rows written before 0026 are kept, in the open range."
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -25,12 +25,6 @@ RETENTION = timedelta(days=7)
 DAY = timedelta(days=1)
 RULE = "order_unshipped"
 SPAN = 1 << 25  # row ids a range
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Database]:
-    with Database(dsn, size=2, timeout=10) as d:
-        yield d
 
 
 def row(
