@@ -47,15 +47,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.basetemp = str(_private_basetemp)
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (pyproject.toml): three workers for every two cores. The tests mostly
-    wait (for servers, receivers, workers' polls), so one worker per core left the cores
-    half idle: a suite run alone and the same run beside a second suite and an image
-    build took about the same time."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(2, (cores or 1) * 3 // 2)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``big`` (minutes, gigabytes) run only when selected: ``-m big``."""
     if "big" in (config.getoption("markexpr") or ""):
