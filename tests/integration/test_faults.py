@@ -88,7 +88,7 @@ def test_sigkill_at_random_points(
     # Bounded for the test run (about 20 s of storm); bench/faults.py runs the long one.
     run = start(runs, dsn, tmp_path, seed, rows=1500, spread=20)
     run.kill_storm(kills=30, seconds=20, processes=2)
-    storm_while_idle(run, 1500, processes=2)
+    storm_until_seen(run, 1500, processes=2)
     during = len(run.receiver.seen())
     run.settle(timeout=120)
     report = run.verify()
@@ -151,7 +151,7 @@ def test_every_fault_with_the_outbox_in_rows(
     receiver = threading.Thread(target=run.receiver_outage, args=(2, 2), daemon=True)
     receiver.start()
     run.kill_storm(kills=8, seconds=12, processes=2, delay=(0.5, 2.5))
-    storm_while_idle(run, 600, processes=2, delay=(0.5, 2.5))
+    storm_until_seen(run, 600, processes=2, delay=(0.5, 2.5))
     receiver.join(60)
     during = len(run.receiver.seen())
     run.wait_serving(60)
@@ -167,7 +167,7 @@ def test_every_fault_with_the_outbox_in_rows(
     assert_no_traceback(run)
 
 
-def storm_while_idle(run: FaultRun, alerts: int, limit: float = 60, **storm: Any) -> None:
+def storm_until_seen(run: FaultRun, alerts: int, limit: float = 60, **storm: Any) -> None:
     """More of the kill storm (at most ``limit`` seconds) until the receiver has seen
     ``alerts``: on a loaded machine a bounded storm can end before the processes it
     killed got much done, and then its kills proved little."""

@@ -53,6 +53,19 @@ def ids_sent(receiver: WebhookReceiver) -> list[str]:
     return [a["id"] for r in receiver.requests for a in r.alerts]
 
 
+def replay_again_finds_nothing(db: Database) -> None:
+    """A second replay of the same rule and notifier: nothing dead, nothing sent again."""
+    with db.connection("replaying") as c:
+        again = replay_deliveries(c, NOW, RULE, "hook", configured={"hook"})
+    assert (again.count, again.resolved) == (0, 0)
+
+
+def assert_resolved_after_firing(ids: list[str], *keys: str) -> None:
+    """Each key's resolved notice of episode 1 went after its first notification."""
+    for key in keys:
+        assert ids.index(f"{RULE}:{key}:e1:n1") < ids.index(f"{RULE}:{key}:e1:resolved")
+
+
 def test_a_replayed_firing_delivery_sends_its_episodes_resolved_row_again_after_it(
     schema: Conn, db: Database, receiver: WebhookReceiver
 ) -> None:
@@ -84,9 +97,7 @@ def test_a_replayed_firing_delivery_sends_its_episodes_resolved_row_again_after_
     assert (send["status"], send["done"], send["attempts"]) == ("pending", 0, 0)
     assert {send_of(conn, r)["status"] for r in (other_episode, other_rule, before)} == {"sent"}
     assert send_of(conn, y_dead)["status"] == "pending"
-    with db.connection("replaying") as c:  # again: nothing dead, nothing more
-        again = replay_deliveries(c, NOW, RULE, "hook", configured={"hook"})
-    assert (again.count, again.resolved) == (0, 0)
+    replay_again_finds_nothing(db)
 
     result = deliver_notifier(db, hook(receiver.url), FixedClock(NOW))
     assert result.sent == 2 + 2 + 1
@@ -100,8 +111,7 @@ def test_a_replayed_firing_delivery_sends_its_episodes_resolved_row_again_after_
             f"{RULE}:y:e1:resolved",
         ]
     )
-    for key in ("b", "y"):
-        assert ids.index(f"{RULE}:{key}:e1:n1") < ids.index(f"{RULE}:{key}:e1:resolved")
+    assert_resolved_after_firing(ids, "b", "y")
 
 
 def test_a_replayed_firing_row_sends_its_episodes_resolved_notices_of_todays_outbox_again(
@@ -134,9 +144,7 @@ def test_a_replayed_firing_row_sends_its_episodes_resolved_notices_of_todays_out
     assert {delivery_of(conn, x) for x in (a, c_other)} == {("sent", 4)}
     assert delivery_of(conn, c_pending) == ("pending", 0)
     assert delivery_of(conn, e) == ("pending", 0)
-    with db.connection("replaying") as c:  # again: nothing dead, nothing more
-        again = replay_deliveries(c, NOW, RULE, "hook", configured={"hook"})
-    assert (again.count, again.resolved) == (0, 0)
+    replay_again_finds_nothing(db)
 
     # Today's resolved notices wait while the firing row is pending, and follow it.
     result = deliver_notifier(db, hook(receiver.url), FixedClock(NOW))
@@ -151,8 +159,7 @@ def test_a_replayed_firing_row_sends_its_episodes_resolved_notices_of_todays_out
             f"{RULE}:e:e1:resolved",
         ]
     )
-    for key in ("b", "e"):
-        assert ids.index(f"{RULE}:{key}:e1:n1") < ids.index(f"{RULE}:{key}:e1:resolved")
+    assert_resolved_after_firing(ids, "b", "e")
 
 
 def test_moved_to_another_notifier_the_resolved_notice_of_the_other_shape_follows(
@@ -189,5 +196,4 @@ def test_moved_to_another_notifier_the_resolved_notice_of_the_other_shape_follow
 
     assert deliver_notifier(db, hook(receiver.url), FixedClock(NOW)).sent == 4
     ids = ids_sent(receiver)
-    for key in ("a", "b"):
-        assert ids.index(f"{RULE}:{key}:e1:n1") < ids.index(f"{RULE}:{key}:e1:resolved")
+    assert_resolved_after_firing(ids, "a", "b")
