@@ -580,11 +580,21 @@ SELECT pg_notify('slawatch_delivery', '');
 -- prune_episodes --
 -- One bounded batch of the episode history (maintain.py): episodes that ended before the
 -- cutoff, oldest first through episode_ended. An open episode is kept however old.
+-- The rows are locked as they are found, passing over those locked already (SKIP
+-- LOCKED), then deleted by ctid: the batch never waits for a row. A claim locks ended
+-- history rows too (the outbox in rows: a given-up episode's row it ends again, and
+-- the FOR KEY SHARE probe of _RESOLVED_ROWS, slawatch/engine/outbox.py), in its keys'
+-- order; a DELETE that waited for those, holding rows it took in ended_at order, could
+-- wait for a claim that waits for it (a deadlock, one of the two undone). A row passed
+-- over goes with a later batch; those passed over do not count towards the batch size
+-- (LIMIT above the lock), so a batch still comes back full while more are old.
 DELETE FROM slawatch.episode WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM slawatch.episode
      WHERE ended_at < %(cutoff)s AND ended_at IS NOT NULL
      ORDER BY ended_at
-     LIMIT %(batch)s));
+     LIMIT %(batch)s
+       FOR UPDATE SKIP LOCKED))
+  AND ended_at < %(cutoff)s;
 
 -- prune_ranges --
 -- The alert id ranges prune_history goes through, one after the other, oldest first:
