@@ -1502,6 +1502,11 @@ SELECT h.row_low, h.row_high FROM slawatch.history_range h
 -- re-checks the status and skips it, and its row is kept. A batch reads one range,
 -- row ids [lo, hi) (prune_row_ranges): every part bounds its ids to it, so each reads
 -- one partition of each table (pruned when the statement starts).
+-- Acks: none goes here, and none keeps a row. An ack of an element (a negative alert_id)
+-- goes by its own age (prune_history's orphans), so it outlives its row while it is
+-- younger than the window: the claim reads acks by (rule, key, episode), never the row
+-- (docs/explanation/outbox-rows.md, "Retention"; history_drop deletes only acks of
+-- today's alert ids).
 WITH RECURSIVE rules AS (
     SELECT min(rule) AS rule FROM slawatch.outbox_row WHERE id >= %(lo)s AND id < %(hi)s
     UNION ALL

@@ -198,3 +198,7 @@ def test_an_ack_of_an_alert_in_a_row_outlives_its_row_and_still_quiets_the_episo
 
     drain(db, plan, FixedClock(due + EVERY + timedelta(minutes=1)))
     assert fired(conn) == [("2", 1, 2)]
+    # The ack goes by its own age, a window after it was made.
+    later = prune(db, FixedClock(acked_at + ROWS_RETENTION + timedelta(hours=1)), ROWS_RETENTION)
+    assert (later.acks, later.orphans) == (1, 1)
+    assert conn.execute("SELECT count(*) FROM slawatch.ack").fetchone() == (0,)
