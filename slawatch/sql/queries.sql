@@ -588,6 +588,9 @@ SELECT pg_notify('slawatch_delivery', '');
 -- wait for a claim that waits for it (a deadlock, one of the two undone). A row passed
 -- over goes with a later batch; those passed over do not count towards the batch size
 -- (LIMIT above the lock), so a batch still comes back full while more are old.
+-- The price: a lock record per row before its delete, twice the WAL of the DELETE alone
+-- (measured, 5,000 of 200,000 episodes, EXPLAIN ANALYZE rolled back, PostgreSQL 15 on a
+-- loaded 2-core machine: 0.56 MB instead of 0.28 MB, 4-16 ms instead of 3-7 ms a batch).
 DELETE FROM slawatch.episode WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM slawatch.episode
      WHERE ended_at < %(cutoff)s AND ended_at IS NOT NULL
