@@ -11,6 +11,7 @@ import pytest
 
 from slawatch.config.rules import Rule
 from slawatch.db import Database
+from slawatch.engine.abandon import give_up
 from slawatch.engine.claim import ClaimPlan, drain
 from slawatch.engine.migrate import migrate
 from slawatch.engine.queries import queries
@@ -19,6 +20,7 @@ from slawatch.operate.lifecycle import ack
 from slawatch.runtime.maintain import prune, prune_batch
 from tests.integration.helpers import Conn, FixedClock
 from tests.integration.test_explain import nodes
+from tests.integration.test_outbox_rows_claim import DUE, SWEPT, T0, H, both, elements, orders, pair
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
 RETENTION = timedelta(days=30)
@@ -83,6 +85,44 @@ def test_a_held_row_does_not_shorten_a_batch(conn: Conn, dsn: str) -> None:
         sizes = [prune_batch(pruner, CUTOFF, 2, NO_ALERTS).episodes for _ in range(3)]
     assert sizes == [2, 2, 0]
     assert keys(conn) == {"0"}
+
+
+@pytest.mark.parametrize("track", ["inline"])
+def test_a_prune_batch_passes_over_the_rows_a_real_claim_holds(
+    conn: Conn, db: Database, dsn: str, track: str
+) -> None:
+    """The claim itself, not a stand-in: `rowed` (SLAWATCH_OUTBOX=rows, resolve) gave up
+    orders 1 to 3, then orders 1 and 2 ship; its claim, left open, ends their given-up
+    history rows again to write their resolved notices (FOR NO KEY UPDATE, in key
+    order). A prune batch a window later deletes what no claim holds (order 3's row
+    and `today`'s three) without waiting, and the held two once the claim commits."""
+    plans = pair(conn, track, resolve=True, give_up_after="1d")
+    orders(conn, range(1, 4), T0)
+    both(db, plans, DUE)
+    given_up = DUE + 2 * 24 * H
+    assert give_up(db, list(plans), given_up) == {"today": 3, "rowed": 3}
+    conn.execute("UPDATE orders SET status = 'shipped' WHERE id IN (1, 2)")
+    claiming = plans[1]
+    cutoff = given_up + timedelta(minutes=1)
+    with (
+        psycopg.connect(dsn) as claim,
+        psycopg.connect(dsn, autocommit=True) as pruner,
+    ):
+        claim.execute(claiming.statement, claiming.params(given_up + SWEPT)).fetchone()
+        pruner.execute("SET lock_timeout = '3s'")
+        first = prune_batch(pruner, cutoff, 100, NO_ALERTS)
+        assert first.episodes == 4
+        assert history_keys(conn) == {("rowed", "1"), ("rowed", "2")}
+        claim.commit()
+        second = prune_batch(pruner, cutoff, 100, NO_ALERTS)
+    assert second.episodes == 2
+    assert history_keys(conn) == set()
+    assert [(k, e, n) for k, e, n, *_ in elements(conn, "resolved")] == [("1", 1, 0), ("2", 1, 0)]
+
+
+def history_keys(conn: Conn) -> set[tuple[str, str]]:
+    rows = conn.execute("SELECT rule, key FROM slawatch.episode").fetchall()
+    return {(str(r[0]), str(r[1])) for r in rows}
 
 
 def test_the_episode_prune_walks_episode_ended(conn: Conn) -> None:
