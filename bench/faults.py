@@ -22,7 +22,7 @@ that ended gets one resolved notice, through the same faults, and the check coun
 them (one per ended episode, none for an open one, each after its notifications).
 
     .venv/bin/python bench/faults.py [--kills 1000] [--seconds S] [--rows N] [--seed N]
-                                     [--outbox alerts|rows]
+                                     [--outbox alerts|rows] [--no-resolve]
 
 --outbox rows runs every process with SLAWATCH_OUTBOX=rows (the outbox in rows,
 docs/explanation/outbox-rows.md); the check reads what was written in either shape.
