@@ -13,8 +13,16 @@ stopped for --db-down seconds (longer than SLAWATCH_DB_TIMEOUT=2) or restarted
 at once; the receiver's outages (503, then its port closed) fall during the
 storm, kills and all.
 
+The storm ends at --seconds, with the kills asked for or not: the deadlines are spread
+over that long, so faults after it would meet no work. A slower machine than
+KILLS_PER_SECOND plans for kills fewer; the run says how many. A receiver outage that
+no delivery attempt meets (nothing due then) is reported as such and ends, the receiver
+accepting again. The rule has `resolve: true` (--no-resolve: without): each episode
+that ended gets one resolved notice, through the same faults, and the check counts
+them (one per ended episode, none for an open one, each after its notifications).
+
     .venv/bin/python bench/faults.py [--kills 1000] [--seconds S] [--rows N] [--seed N]
-                                     [--outbox alerts|rows]
+                                     [--outbox alerts|rows] [--no-resolve]
 
 --outbox rows runs every process with SLAWATCH_OUTBOX=rows (the outbox in rows,
 docs/explanation/outbox-rows.md); the check reads what was written in either shape.
@@ -87,6 +95,9 @@ def main() -> int:
     parser.add_argument("--no-db-outages", action="store_true", help="never stop the database")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
+        "--no-resolve", action="store_true", help="the rule without resolve: no resolved notices"
+    )
+    parser.add_argument(
         "--outbox",
         choices=["alerts", "rows"],
         default="alerts",
@@ -109,6 +120,7 @@ def main() -> int:
                 seed=seed,
                 say=print_flush,
                 outbox=args.outbox,
+                resolve=not args.no_resolve,
             )
             try:
                 report, outages = storm(run, cluster, args, seconds)
@@ -125,19 +137,28 @@ def storm(
 ) -> tuple[Report, dict[str, int]]:
     run.setup()
     started = time.monotonic()
-    outages = {"database stopped": 0, "database restarted": 0, "receiver down": 0}
+    outages = {
+        "database stopped": 0,
+        "database restarted": 0,
+        "receiver down": 0,
+        "  that met no delivery": 0,
+    }
     chunk = 0
-    while run.kills < args.kills or time.monotonic() - started < seconds:
+    # Bounded by --seconds, kills or not: the deadlines are spread over that long.
+    while (left := seconds - (time.monotonic() - started)) >= 1:
+        length = min(args.outage_every, left)
         receiver: threading.Thread | None = None
         if chunk % 2 == 0:
             # Down during the storm: retries, kills and lease rescues all at once.
-            receiver = threading.Thread(target=run.receiver_outage, args=(5, 5), daemon=True)
+            receiver = threading.Thread(
+                target=receiver_outage, args=(run, outages, length), daemon=True
+            )
             receiver.start()
             outages["receiver down"] += 1
-        run.kill_storm(kills=0, seconds=args.outage_every, processes=args.processes)
+        run.kill_storm(kills=0, seconds=length, processes=args.processes)
         if receiver is not None:
             receiver.join()
-        if cluster is not None:
+        if cluster is not None and time.monotonic() - started < seconds:
             # Only processes past startup: one that cannot start exits 1, as it should.
             run.wait_serving(60)
             long = chunk % 2 == 0
@@ -149,8 +170,28 @@ def storm(
             outages["database stopped" if long else "database restarted"] += 1
             run.say("database " + (f"back after {args.db_down:g}s" if long else "restarted"))
         chunk += 1
+    took = time.monotonic() - started
+    short = f"; {args.kills - run.kills:,} short of --kills {args.kills:,}, " + (
+        f"bounded by --seconds {seconds:g} (the machine kills slower than {KILLS_PER_SECOND}/s)"
+    )
+    run.say(
+        f"storm over: {run.kills:,} kills, {chunk} chunks, "
+        + ", ".join(f"{n} {what.strip()}" for what, n in outages.items())
+        + f" in {took:.0f}s"
+        + (short if run.kills < args.kills else "")
+    )
     run.settle(timeout=600)
     return run.verify(), outages
+
+
+def receiver_outage(run: FaultRun, outages: dict[str, int], within: float) -> None:
+    """The receiver down (5 s of 503, then 5 s closed); an outage that met no delivery
+    attempt within the chunk (nothing due) is counted and said, not a dead thread."""
+    try:
+        run.receiver_outage(5, 5, wait=max(within - 5, 5))
+    except TimeoutError:
+        outages["  that met no delivery"] += 1
+        run.say("receiver outage: the outage met no delivery (nothing was sent while it refused)")
 
 
 def print_flush(text: str) -> None:
@@ -166,6 +207,9 @@ def print_table(report: Report, outages: dict[str, int]) -> None:
         ("alerts", f"{report.alerts:,}"),
         *((f"  written as {shape}", f"{n:,}") for shape, n in sorted(report.shapes.items())),
         ("alerts the run allows", f"{lo:,}" if lo == hi else f"{lo:,} to {hi:,}"),
+        ("resolved notices", f"{report.resolved:,}"),
+        ("resolved notices the run requires", f"{report.resolved_expected:,}"),
+        ("resolved before a notification", f"{report.misordered:,}"),
         ("duplicates", f"{report.duplicates:,}"),
         ("missing", f"{report.missing:,}"),
         ("unexpected", f"{report.unexpected:,}"),

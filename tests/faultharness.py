@@ -19,6 +19,10 @@ harness also changes some rows, and logs each change that committed:
   receiver saw its last notification (#3): a new episode, which must page
   again from #1.
 
+With ``resolve=True`` (bench/faults.py) the rule has ``resolve: true``: every episode
+that ended (its row completed, or given a new deadline) must get one resolved notice,
+received after the episode's notifications, and an episode still open none.
+
 The expected alerts follow from that log alone (deadlines, changes, the cap),
 never from what slawatch wrote; :meth:`FaultRun.verify` compares them with the
 ``slawatch.alert`` rows (or the elements of the outbox in rows, SLAWATCH_OUTBOX=rows)
@@ -91,6 +95,11 @@ def alert_id(key: int, episode: int, n: int) -> str:
     return f"{RULE}:{key}:e{episode}:n{n}"
 
 
+def resolved_id(key: int, episode: int) -> str:
+    """The idempotency id of the resolved notice of ``episode`` of row ``key``."""
+    return f"{RULE}:{key}:e{episode}:resolved"
+
+
 class Kind(enum.Enum):
     """What the harness does to a row while the faults go on."""
 
@@ -128,6 +137,12 @@ class Row:
     deadline: datetime  # the current one
     episodes: list[Episode]  # what the harness's log says must happen
     acted: bool = False
+    completed: bool = False  # completed after its last episode began: that episode ended
+
+    def ended(self) -> range:
+        """The episodes (1-based) that ended: each but the last, and the last once the
+        row completed. Those are the resolved notices a ``resolve: true`` rule owes."""
+        return range(1, len(self.episodes) + (1 if self.completed else 0))
 
 
 class Receiver:
@@ -199,6 +214,11 @@ class Receiver:
         with self._lock:
             return set(self.first)
 
+    def first_at(self) -> dict[str, int]:
+        """Each accepted id's place in the order of first acceptances."""
+        with self._lock:
+            return {name: i for i, name in enumerate(self.first)}
+
     def __enter__(self) -> Receiver:
         self.open()
         return self
@@ -237,6 +257,11 @@ class Report:
     wall: float  # seconds, setup to verdict
     shapes: Counter[str] = field(default_factory=Counter)  # alerts written per outbox shape
     problems: list[str] = field(default_factory=list, repr=False)  # the first few, readable
+    # With resolve=True: resolved notices written, and those the log requires (one per
+    # ended episode); their duplicates, misses and extras count in the figures above.
+    resolved: int = 0
+    resolved_expected: int = 0
+    misordered: int = 0  # a resolved notice received before a notification of its episode
 
     @property
     def ok(self) -> bool:
@@ -248,6 +273,7 @@ class Report:
             or self.undelivered
             or self.dead
             or self.exits
+            or self.misordered
         )
 
 
@@ -264,8 +290,11 @@ class FaultRun:
         seed: int,
         say: Callable[[str], None] | None = None,
         outbox: str = "alerts",
+        resolve: bool = False,
     ) -> None:
         self.dsn, self.workdir = dsn, workdir
+        # The rule's `resolve`: resolved notices through the faults, counted by verify().
+        self.resolve = resolve
         # SLAWATCH_OUTBOX of every process: the shape its claims write
         # (docs/explanation/outbox-rows.md); the checks read both shapes.
         self.outbox = outbox
@@ -315,7 +344,8 @@ class FaultRun:
         (self.workdir / "rules").mkdir(parents=True)
         (self.workdir / "notifiers").mkdir()
         (self.workdir / "logs").mkdir()
-        (self.workdir / "rules" / f"{RULE}.yaml").write_text(RULE_YAML)
+        rule = RULE_YAML + ("resolve: true\n" if self.resolve else "")
+        (self.workdir / "rules" / f"{RULE}.yaml").write_text(rule)
         (self.workdir / "notifiers" / "hook.yaml").write_text(
             NOTIFIER_YAML.format(url=self.receiver.url)
         )
@@ -452,6 +482,8 @@ class FaultRun:
             if new is not None:
                 row.episodes.append(Episode(new))
                 row.deadline = new
+            else:
+                row.completed = True
             row.acted = True
             self._version += 1
 
@@ -574,13 +606,17 @@ class FaultRun:
                 raise TimeoutError(f"processes not serving after {timeout:.0f}s")
             time.sleep(0.05)
 
-    def receiver_outage(self, refuse: float, closed: float) -> None:
+    def receiver_outage(self, refuse: float, closed: float, wait: float = 60) -> None:
         """The receiver answers 503 for ``refuse`` seconds (and at least one request),
-        then its port is closed for ``closed`` seconds, then it is back."""
+        then its port is closed for ``closed`` seconds, then it is back.
+
+        Raises TimeoutError when no delivery attempt came within ``wait`` seconds after
+        ``refuse`` (the outage met no delivery); the receiver then accepts again."""
         self.receiver.refusing = True
         refused, until = self.receiver.refused, time.monotonic() + refuse
         while time.monotonic() < until or self.receiver.refused == refused:
-            if time.monotonic() > until + 60:
+            if time.monotonic() > until + wait:
+                self.receiver.refusing = False
                 raise TimeoutError("no delivery attempt reached the receiver while it refused")
             time.sleep(0.05)
         self.receiver.close()
@@ -619,6 +655,8 @@ class FaultRun:
         for row in self.rows.values():
             for e, episode in enumerate(row.episodes, 1):
                 ids.update(alert_id(row.key, e, n) for n in range(1, episode.lo + 1))
+            if self.resolve:
+                ids.update(resolved_id(row.key, e) for e in row.ended())
         return ids
 
     def deliveries(self) -> Counter[str]:
@@ -713,7 +751,7 @@ class FaultRun:
         # outbox's rows (0020_outbox_rows.sql), which no unique index keeps once.
         written = conn.execute(
             "SELECT 'alerts', key, episode, n, deadline, fired_at FROM slawatch.alert"
-            " WHERE rule = %(rule)s"
+            " WHERE rule = %(rule)s AND kind = 'firing'"
             " UNION ALL SELECT 'rows', e.key, e.episode, e.n, e.deadline, r.fired_at"
             " FROM slawatch.outbox_row r,"
             " unnest(r.keys, r.episodes, r.ns, r.deadlines) AS e(key, episode, n, deadline)"
@@ -731,8 +769,10 @@ class FaultRun:
         duplicates = sum(c - 1 for c in counts.values())
         problems += [f"{alert_id(*a)} alerted {c} times" for a, c in counts.items() if c > 1]
         got: dict[tuple[int, int], dict[int, tuple[datetime, datetime]]] = {}
+        got_n: dict[tuple[int, int], set[int]] = {}  # verify's own copy: `got` is consumed
         for k, e, n, dl, fired in alerts:
             got.setdefault((int(k), int(e)), {})[int(n)] = (dl, fired)
+            got_n.setdefault((int(k), int(e)), set()).add(int(n))
         missing = unexpected = premature = 0
         lo_total = hi_total = 0
         for row in self.rows.values():
@@ -774,7 +814,44 @@ class FaultRun:
                 f"#{sorted(have)} not expected"
             )
         ids: set[str] = {alert_id(int(k), int(e), int(n)) for k, e, n, _, _ in alerts}
+        # Resolved notices: once per ended episode, none for one still open, each received
+        # after every notification of its episode (first acceptances compared).
+        notices = conn.execute(
+            "SELECT key, episode FROM slawatch.alert WHERE rule = %(rule)s AND kind = 'resolved'"
+            " UNION ALL SELECT e.key, e.episode FROM slawatch.outbox_row r,"
+            " unnest(r.keys, r.episodes) AS e(key, episode)"
+            " WHERE r.rule = %(rule)s AND r.kind = 'resolved'",
+            {"rule": RULE},
+        ).fetchall()
+        ended = Counter((int(k), int(e)) for k, e in notices)
+        owed = (
+            {(r.key, e) for r in self.rows.values() for e in r.ended()} if self.resolve else set()
+        )
+        for (k, e), c in ended.items():
+            if c > 1:
+                duplicates += c - 1
+                problems.append(f"{resolved_id(k, e)} written {c} times")
+        for k, e in sorted(owed - set(ended)):
+            missing += 1
+            problems.append(f"{resolved_id(k, e)} ({self.rows[k].kind.value}) never written")
+        for k, e in sorted(set(ended) - owed):
+            unexpected += 1
+            kind = self.rows[k].kind.value if k in self.rows else "?"
+            problems.append(f"{resolved_id(k, e)} ({kind}) written for an episode not ended")
+        ids.update(resolved_id(k, e) for k, e in ended)
         seen = self.receiver.seen()
+        first = self.receiver.first_at()
+        misordered = 0
+        for k, e in ended:
+            at = first.get(resolved_id(k, e))
+            later = [
+                alert_id(k, e, n)
+                for n in got_n.get((k, e), ())
+                if at is not None and first.get(alert_id(k, e, n), -1) > at
+            ]
+            if later:
+                misordered += 1
+                problems.append(f"{resolved_id(k, e)} received before {later}")
         undelivered = len(ids - seen)
         if ids - seen:
             problems.append(f"never received: {sorted(ids - seen)[:5]}")
@@ -798,6 +875,9 @@ class FaultRun:
             wall=time.monotonic() - self.began,
             shapes=shapes,
             problems=problems[:20],
+            resolved=sum(ended.values()),
+            resolved_expected=len(owed),
+            misordered=misordered,
         )
 
     def log_tails(self) -> str:
