@@ -96,34 +96,37 @@ def _explain_until_refused(
     together), placeholders bound to NULL (nothing runs: EXPLAIN only plans, and each
     transaction is rolled back). How many planned, from the first; and why the next did
     not (None when all did): the server's reason, or that it cannot run as its role."""
-    sent: list[tuple[psycopg.Cursor[Any], int | None, bool]] = []  # and whose, whether a role's
+    sent: list[psycopg.Cursor[Any]] = []
+    whose: list[tuple[int | None, bool]] = []  # each one's rule (its place), whether its role
     left_failed = _failed(conn)  # the transaction a refusal before left
+
+    def queue(statement: str, params: dict[str, Any] | None = None, n: int | None = None) -> None:
+        whose.append((n, statement == _SET_ROLE))
+        _send(conn, statement, params, sent)
 
     def send() -> None:
         if left_failed:
-            sent.append((_send(conn, "ROLLBACK"), None, False))
+            queue("ROLLBACK")
         for n, (_, rule) in enumerate(todo):
             assert rule.action is not None and rule.action.sql is not None
             role = rule.action.role
             if n % PER_TRANSACTION == 0 or role != _role(todo[n - 1][1]):
                 if n:
-                    sent.append((_send(conn, "ROLLBACK"), None, False))
-                sent.append((_send(conn, "BEGIN"), None, False))
+                    queue("ROLLBACK")
+                queue("BEGIN")
                 if role is not None:
-                    sent.append((_send(conn, _SET_ROLE, {"role": role}), n, True))
-            params = dict.fromkeys(rule.action.placeholders)
-            sent.append((_send(conn, "EXPLAIN " + rule.action.statement, params), n, False))
-        sent.append((_send(conn, "ROLLBACK"), None, False))
+                    queue(_SET_ROLE, {"role": role}, n)
+            queue("EXPLAIN " + rule.action.statement, dict.fromkeys(rule.action.placeholders), n)
+        queue("ROLLBACK")
 
     error = _request(conn, send)
     if error is None:
         return len(todo), None
-    failed = next((s for s in sent if not _answered(s[0])), None)
-    if failed is None or failed[1] is None or unreachable(error) or conn.broken:
+    failed = next((k for k, cur in enumerate(sent) if not _answered(cur)), None)
+    at, as_role = (None, False) if failed is None else whose[failed]
+    if at is None or unreachable(error) or conn.broken:
         with translate(f"checking the action of rule {todo[0][1].name}"):
             raise error  # the connection's, not a rule's
-    _, at, as_role = failed
-    assert at is not None
     reason = describe(error)
     return at, f"{_AS_ROLE}{_role(todo[at][1])}: {reason}" if as_role else reason
 
@@ -151,12 +154,18 @@ def _pipeline(conn: Connection) -> contextlib.AbstractContextManager[Any]:
 
 
 def _send(
-    conn: Connection, statement: str, params: dict[str, Any] | None = None
-) -> psycopg.Cursor[Any]:
-    # Never prepared: an action's statement is planned once, and BEGIN has nothing to plan.
+    conn: Connection,
+    statement: str,
+    params: dict[str, Any] | None = None,
+    sent: list[psycopg.Cursor[Any]] | None = None,
+) -> None:
+    """Send ``statement`` (in a pipeline: queue it), its cursor added to ``sent`` first:
+    its error may come back as it is sent. Never prepared: an action's statement is
+    planned once, and BEGIN has nothing to plan."""
     cur = conn.cursor()
+    if sent is not None:
+        sent.append(cur)
     cur.execute(statement, params, prepare=False)
-    return cur
 
 
 def _answered(cur: psycopg.Cursor[Any]) -> bool:
@@ -228,10 +237,11 @@ def _past_as(
     sent: list[psycopg.Cursor[Any]] = []
 
     def send() -> None:
-        sent.append(_send(conn, "BEGIN"))
+        _send(conn, "BEGIN", None, sent)
         if role is not None:
-            sent.append(_send(conn, _SET_ROLE, {"role": role}))
-        sent.extend([_send(conn, _PAST, params), _send(conn, "ROLLBACK")])
+            _send(conn, _SET_ROLE, {"role": role}, sent)
+        _send(conn, _PAST, params, sent)
+        _send(conn, "ROLLBACK", None, sent)
 
     error = _request(conn, send)
     _end_failed(conn)
