@@ -39,8 +39,9 @@ class Refused:
 
 
 # Rules planned in one transaction: planning locks each table and index it reads until
-# the transaction ends, and 2,000 rules' tables in one would ask for more locks than the
-# server's lock table holds by default (max_locks_per_transaction 64 x max_connections).
+# the transaction ends, and thousands of rules' tables and indexes in one could ask for
+# more locks than the server's shared lock table holds by default
+# (max_locks_per_transaction 64 x max_connections), and would hold them all meanwhile.
 PER_TRANSACTION = 100
 _SET_ROLE = "SELECT set_config('role', %(role)s, true)"
 _OK = (psycopg.pq.ExecStatus.TUPLES_OK, psycopg.pq.ExecStatus.COMMAND_OK)
