@@ -20,6 +20,7 @@ open episode: one entry per overdue notified row). Each part stops at
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Iterable
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -59,6 +60,11 @@ from slawatch.operate.lifecycle import INT8, parse_alert
 COUNT_LIMIT = 100_000
 # No read of the operator's surface may hold a connection longer than this.
 READ_TIMEOUT = "10s"
+# The rules' counts together (the on-call page, /v1/rules, 'slawatch status'), in seconds:
+# each count waits at most READ_TIMEOUT, and with several watched tables locked each
+# would wait its own. Past this the rules not yet counted are shown not counted, as a
+# rule whose count ran out of time is; one locked table still costs only its own rule.
+COUNTS_TIMEOUT = 20.0
 MAX_LIMIT, DEFAULT_LIMIT = 1000, 50
 STATUSES = ("pending", "sent", "dead", "silenced", "summarized", "acknowledged", "orphaned")
 DeliveryStatus = Literal[
@@ -512,22 +518,38 @@ def _counts(conn: Connection, counted: list[tuple[Rule, TableInfo]], now: dateti
     out of time fails the request from there on (the server runs it as one transaction,
     and skips what follows a failure): that rule says it could not count (None, None),
     the counts before it stand, and the rules after it go in a request of their own. So
-    a timeout costs the rule that ran out of time, and a round trip, not the others."""
+    a timeout costs the rule that ran out of time, and a round trip, not the others.
+
+    All of them together are bounded by :data:`COUNTS_TIMEOUT`: each request's statements
+    wait at most what is left of it, and once it has passed the rules not yet counted are
+    not counted (None, None), without a request (docs/how-to/operate.md)."""
     out: list[Counts] = []
+    deadline = time.monotonic() + COUNTS_TIMEOUT
     while len(out) < len(counted):
-        out += _count_until_timeout(conn, counted[len(out) :], now)
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms < 1:  # out of time: the rest as a count that ran out of it
+            return out + [(None, None)] * (len(counted) - len(out))
+        out += _count_until_timeout(conn, counted[len(out) :], now, left_ms)
     return out
 
 
+# A statement's time: READ_TIMEOUT, or less when less is left of COUNTS_TIMEOUT.
+_TIMEOUT = (
+    "SELECT set_config('statement_timeout', greatest(1, 1000 * extract(epoch FROM"
+    " least(%(read)s::interval, make_interval(secs => %(left)s))))::bigint::text, true)"
+)
+
+
 def _count_until_timeout(
-    conn: Connection, counted: list[tuple[Rule, TableInfo]], now: datetime
+    conn: Connection, counted: list[tuple[Rule, TableInfo]], now: datetime, left_ms: int
 ) -> list[Counts]:
-    """:func:`_counts` of the first of ``counted``: all of them in one request, or, when
-    one ran out of time, those up to it (it counted as (None, None)); never none."""
+    """:func:`_counts` of the first of ``counted``, each statement bounded by
+    :data:`READ_TIMEOUT` or ``left_ms``, whichever is less: all of them in one request,
+    or, when one ran out of time, those up to it (it counted as (None, None)); never none."""
     cursors: list[psycopg.Cursor[Any]] = []
     try:
         with translate("counting the rules' rows"), pipelined(conn):
-            conn.execute("SELECT set_config('statement_timeout', %s, true)", (READ_TIMEOUT,))
+            conn.execute(_TIMEOUT, {"read": READ_TIMEOUT, "left": left_ms / 1000})
             for rule, info in counted:
                 cur = conn.cursor()
                 cursors.append(cur)

@@ -355,3 +355,55 @@ def test_check_says_when_slawatchs_role_reaches_past_its_checks(
     code, out = check(tmp_path, dsn, rule, capsys)
     assert code == 0, out
     assert f"  note: slawatch connects as {me}, a superuser: only slawatch's checks" in out
+
+
+def test_check_plans_many_actions_in_few_round_trips_each_rule_its_own_verdict(
+    conn: Conn,
+) -> None:
+    """``check`` plans all the actions in one pipelined request (a transaction per role
+    and per 100 rules), not five round trips a rule; a refused statement fails the rest of
+    its request, and the rules after it are planned again: two refused in a row, a role
+    that does not exist (each of its rules told so), a role without a privilege, the last
+    rule refused: each rule's verdict is the one it gets alone, and the connection is
+    left out of any transaction."""
+    from slawatch.actions.verify import Refused, refused
+    from tests.integration.test_round_trips import round_trips
+
+    conn.execute(SHOP)
+    fine = "update jobs set status = 'queued' where id = :id"
+
+    def rule(i: int, statement: str = fine, role: str | None = None) -> Rule:
+        (got,) = with_action_role([job_rule(statement, track="inline")], role)
+        return got.model_copy(update={"name": f"r{i}"})
+
+    with scratch_role(conn, "slawatch_act") as act:
+        conn.execute(f"GRANT SELECT, UPDATE ON public.jobs TO {act}")
+        rules = [rule(i) for i in range(240)]  # three transactions of 100 rules at most
+        rules[3] = rule(3, "update jobs set nope = 'x' where id = :id")
+        rules[4] = rule(4, "update nojobs set status = 'x' where id = :id")
+        rules[150] = rule(150, role="slawatch_no_such_role")
+        rules[151] = rule(151, role="slawatch_no_such_role")
+        rules[200:210] = [rule(i, role=act) for i in range(200, 210)]
+        rules[205] = rule(205, "update orders set status = 'x' where id = :id", act)
+        rules[-1] = rule(len(rules) - 1, "select nofunc(:id)")
+        got: list[Refused] = []
+        trips = round_trips(conn, lambda: got.extend(refused(conn, rules)))
+        no_role = (
+            'cannot run as role slawatch_no_such_role: role "slawatch_no_such_role" does not exist'
+        )
+        assert got == [
+            Refused("r3", 'column "nope" of relation "jobs" does not exist'),
+            Refused("r4", 'relation "nojobs" does not exist'),
+            Refused("r150", no_role),
+            Refused("r151", no_role),
+            Refused("r205", "permission denied for table orders"),
+            Refused(
+                f"r{len(rules) - 1}",
+                "function nofunc(unknown) does not exist",
+            ),
+        ]
+        assert got == [r for one in rules for r in refused(conn, [one])]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    # One request, one more after each refusal (both of a role's refusals in one), and one
+    # for each role's tables named without a schema: 5 per rule before (1,200 here).
+    assert trips <= 1 + 5 + 2, trips

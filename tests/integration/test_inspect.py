@@ -3,6 +3,7 @@ list and its pages, one alert, stats, and the record of each scan."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -222,6 +223,38 @@ def test_a_count_that_runs_out_of_time_costs_only_its_own_rule(
     assert (counted.overdue, counted.not_notified) == (1, 1)
     assert counted.notified == refund_alone.notified
     assert (after.overdue, after.notified) == (job_alone.overdue, job_alone.notified) == (0, 0)
+
+
+def test_the_counts_together_stop_at_their_deadline(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each count waits at most READ_TIMEOUT, and all of them together at most
+    COUNTS_TIMEOUT: with two tables locked, the first locked count waits out what is
+    left of the deadline, not READ_TIMEOUT, and the rules not counted by then are shown
+    not counted (as a count that ran out of time: no problem, no numbers), a table not
+    locked too, instead of each locked table waiting READ_TIMEOUT of its own."""
+    rules = shop(conn)
+    conn.execute(
+        "INSERT INTO refunds VALUES (1, 1, 500, 'requested', %s)",
+        (NOW - timedelta(days=30),),
+    )
+    order, refund, job = rules["order_unshipped"], rules["refund_unprocessed"], rules["job_hung"]
+    receipt = rules["receipt_unconfirmed"]
+    monkeypatch.setattr(inspect_module, "READ_TIMEOUT", "8s")
+    monkeypatch.setattr(inspect_module, "COUNTS_TIMEOUT", 1.0)
+    with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE orders, jobs")  # ACCESS EXCLUSIVE, until the rollback
+        started = time.monotonic()
+        counted, *late = rule_status(conn, [refund, order, job, receipt], NOW)
+        took = time.monotonic() - started
+    assert (counted.overdue, counted.not_notified) == (1, 1)
+    assert [(s.name, s.problem, s.overdue, s.notified) for s in late] == [
+        (r.name, None, None, None) for r in (order, job, receipt)
+    ]
+    # About the 1 s bound; without it, 8 s a locked table (16 s), the receipts counted.
+    assert took < 6, took
+    (receipts,) = rule_status(conn, [receipt], NOW)  # the tables free again: counted
+    assert receipts.overdue == 0
 
 
 def test_a_rule_changed_is_counted_as_it_is_now(conn: Conn, track: str) -> None:

@@ -10,6 +10,7 @@ from datetime import datetime
 from html import escape as html_escape
 
 import httpx
+import psycopg
 import pytest
 
 from slawatch.operate import inspect
@@ -131,6 +132,34 @@ def test_rules_that_need_a_look_come_first_and_quiet_ones_fold(
     html = page(servers.client(listed))
     rows = re.findall(r'<tr data-rule="([^"]+)">', section(html, "rules"))
     assert rows == [quiet, "order_unshipped"]
+
+
+def test_with_tables_locked_the_page_answers_at_the_counts_deadline(
+    conn: Conn, servers: Servers, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Watched tables locked (ACCESS EXCLUSIVE, held by another session): the page and
+    /v1/rules answer once the rules' counts reach COUNTS_TIMEOUT, not after READ_TIMEOUT
+    per locked table. The rules counted by then have their numbers; the first locked one
+    and those after it show a dash (not counted; the API's overdue null, no problem)."""
+    found = seeded(conn)  # two paid orders overdue
+    monkeypatch.setattr(inspect, "READ_TIMEOUT", "8s")
+    monkeypatch.setattr(inspect, "COUNTS_TIMEOUT", 1.0)
+    client = servers.client(found.listed)  # job_hung, order_unshipped, ... in that order
+    assert [r.name for r in found.listed][:2] == ["job_hung", "order_unshipped"]
+    assert rule_row(page(client), "order_unshipped")["overdue"] == "2"
+    with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE orders, shipments")
+        html = page(client)  # the client waits 10 s at most: 16 s without the deadline
+        listed = client.get("/v1/rules").json()["rules"]
+    assert rule_row(html, "job_hung")["overdue"] == "0"
+    late = [r.name for r in found.listed[1:]]
+    not_counted = '<span class="muted">—</span>'
+    assert [rule_row(html, name)["overdue"] for name in late] == [not_counted] * len(late)
+    assert [(r["name"], r["overdue"], r["problem"]) for r in listed] == [
+        ("job_hung", 0, None),
+        *((name, None, None) for name in late),
+    ]
+    assert rule_row(page(client), "order_unshipped")["overdue"] == "2"  # free again
 
 
 def alert_card(html: str, idempotency_id: str) -> str:
