@@ -137,8 +137,8 @@ class HttpNotifier(BaseNotifier):
             ssl_context=tls, max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0
         )
         # The Client's headers (Accept, Accept-Encoding, Connection, User-Agent, the
-        # notifier's), by lower-case name: a request's own header replaces one in place.
-        self._headers = {k.decode().lower(): (k, v) for k, v in self._client.headers.raw}
+        # notifier's) as it sends them, each with its name in lower case.
+        self._headers = [(k.decode().lower(), k, v) for k, v in self._client.headers.raw]
         self._routes: dict[str, Direct | None] = {}
 
     def keep_target_secrets(self, url: str, headers: dict[str, str] | None = None) -> None:
@@ -192,15 +192,22 @@ class HttpNotifier(BaseNotifier):
         return direct
 
     def _head(self, direct: Direct, headers: dict[str, str], length: int) -> Head:
-        """The request's headers in the order and case httpx.Client sends them."""
-        merged = self._headers.copy()
-        for name, value in headers.items():
-            merged[name.lower()] = (name.encode("ascii"), value.encode("ascii"))
-        merged.setdefault("content-length", (b"Content-Length", str(length).encode()))
+        """The request's headers in the order and case httpx.Client sends them: the
+        Client's less those the request names again, the request's, Content-Length,
+        the Host first, the URL's credentials in the first Authorization's place."""
+        named = {name.lower() for name in headers}
+        head = [(k, v) for lower, k, v in self._headers if lower not in named]
+        head += [(k.encode("ascii"), v.encode("ascii")) for k, v in headers.items()]
+        named.update(lower for lower, _, _ in self._headers)
+        if "content-length" not in named:
+            head.append((b"Content-Length", str(length).encode()))
         if direct.auth is not None:
-            merged["authorization"] = (b"Authorization", direct.auth)
-        head = list(merged.values())
-        return head if "host" in merged else [(b"Host", direct.host), *head]
+            kept = [h for h in head if h[0].lower() != b"authorization"]
+            at = next(
+                (i for i, h in enumerate(head) if h[0].lower() == b"authorization"), len(kept)
+            )
+            head = [*kept[:at], (b"Authorization", direct.auth), *kept[at:]]
+        return head if "host" in named else [(b"Host", direct.host), *head]
 
     @contextmanager
     def _exchange(
