@@ -176,6 +176,8 @@ class HttpNotifier(BaseNotifier):
             pass
         target = httpx.URL(url)
         direct = None
+        # The Client's own matching of the environment's proxies (a private method of
+        # httpx; tests/integration/test_http_transport.py holds it to its word).
         if self._client._transport_for_url(target) is self._client._transport:
             auth = None
             if target.username or target.password:  # as httpx's BasicAuth
