@@ -4,16 +4,17 @@ The lean outbox's delivery side (docs/performance.md, "The lean outbox: the deli
 side measured") found the workers' Python the bound once the database is out of the
 way, and the POST half of it. This times, in the client's own process (CPU, not wall
 time: the receiver is another process), one POST of a batch of 100 alerts made by
-slawatch's own ``alert_payload`` and encoded as the webhook notifier does, three ways:
+slawatch's own ``alert_payload`` and encoded as the webhook notifier does, four ways:
 
-- ``Client.stream``: what ``HttpNotifier.post`` does today (slawatch/delivery/
-  notifiers/http.py): httpx's ``Client.stream`` with a per-request timeout, the answer
-  drained;
+- ``Client.stream``: what ``HttpNotifier.post`` did before it sent through httpcore's
+  pool: httpx's ``Client.stream`` with a per-request timeout, the answer drained;
 - ``transport``: the same request handed to an ``httpx.HTTPTransport`` directly
   (``handle_request``): no Client (its URL merging, default headers, auth, cookies,
   event hooks and redirect handling), still httpx's Request and Response;
 - ``httpcore``: httpx's own transport library, ``httpcore.ConnectionPool.stream``,
-  with bytes for headers: no httpx objects at all.
+  with bytes for headers: no httpx objects at all;
+- ``post``: ``HttpNotifier.post`` itself (slawatch/delivery/notifiers/http.py), a
+  webhook notifier's: httpcore's pool, given the headers httpx.Client would send.
 
 Each round runs each way ``--posts`` times, interleaved, the order turning each round;
 the figures are medians of ``--rounds``. The receiver is a threaded ``http.server`` in a
@@ -39,7 +40,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from slawatch.config.notifiers import WebhookConfig  # noqa: E402
 from slawatch.delivery.notifiers.base import encode  # noqa: E402
+from slawatch.delivery.notifiers.webhook import WebhookNotifier  # noqa: E402
 from slawatch.engine.outbox import alert_payload  # noqa: E402
 
 RECEIVER = """
@@ -117,7 +120,19 @@ def ways(url: str, content: bytes) -> dict[str, Callable[[], None]]:
             for _ in r.iter_stream():
                 pass
 
-    return {"Client.stream": by_client, "transport": by_transport, "httpcore": by_httpcore}
+    config = {"name": "bench", "type": "webhook", "url": url, "timeout": "5s"}
+    notifier = WebhookNotifier(WebhookConfig.model_validate(config))
+    extra = {"webhook-id": "msg_bench"}
+
+    def by_post() -> None:
+        assert notifier.post(url, content, extra) == 200
+
+    return {
+        "Client.stream": by_client,
+        "transport": by_transport,
+        "httpcore": by_httpcore,
+        "post": by_post,
+    }
 
 
 def main() -> None:

@@ -5,6 +5,13 @@ webhook, slack, teams, pagerduty, opsgenie and alertmanager all POST JSON and re
 same way: a 2xx accepts; a 4xx other than 408/425/429 is permanent; Retry-After
 is honoured up to ``retry.max``; the whole exchange, answer body included, is
 bounded by the notifier's timeout; error text never shows a secret.
+
+A POST goes straight to httpcore's connection pool (httpx's own transport library: 0.6
+of the Client's CPU per POST, docs/performance.md, "What one POST costs"), sending what
+the Client would send (its default headers, Host, the URL's credentials as Basic auth,
+the path as httpx encodes it); a URL that a proxy from the environment applies to
+(HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY) goes through the httpx Client, which
+handles it. Neither follows a redirect.
 """
 
 from __future__ import annotations
@@ -12,10 +19,15 @@ from __future__ import annotations
 import base64
 import email.utils
 import time
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+import httpcore
 import httpx
 
 from slawatch import __version__
@@ -26,6 +38,18 @@ from slawatch.errors import DeliveryError
 RETRYABLE = {408, 425, 429}
 # Of an error answer we keep what fits in an error line; reading more only costs time.
 ANSWER_LIMIT = 65536
+# What a POST can fail with: httpx's errors (through the Client) and httpcore's (the
+# pool), whose names and texts are the ones httpx gives them.
+TIMEOUTS = (httpx.TimeoutException, httpcore.TimeoutException)
+FAILURES = (
+    httpx.HTTPError,
+    httpcore.TimeoutException,
+    httpcore.NetworkError,
+    httpcore.ProtocolError,
+    httpcore.ProxyError,
+    httpcore.UnsupportedProtocol,
+)
+Head = list[tuple[bytes, bytes]]
 
 
 def public_url(url: str) -> str:
@@ -67,18 +91,28 @@ def retry_after(value: str | None) -> float | None:
     return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
-def _drain(response: httpx.Response, deadline: float) -> None:
+def _drain(chunks: Iterator[bytes], deadline: float) -> None:
     """Read an accepted answer's body, up to ANSWER_LIMIT bytes and ``deadline``; a
     failure here changes nothing (the receiver has accepted), it only costs the
     connection."""
     read = 0
     try:
-        for chunk in response.iter_raw():
+        for chunk in chunks:
             read += len(chunk)
             if read > ANSWER_LIMIT or time.monotonic() > deadline:
                 return
-    except httpx.HTTPError:
+    except FAILURES:
         return
+
+
+@dataclass(frozen=True, slots=True)
+class Direct:
+    """A target URL no proxy applies to, as the pool takes it: the URL, the Host header
+    and the Authorization header its credentials make (None without)."""
+
+    url: httpcore.URL
+    host: bytes
+    auth: bytes | None
 
 
 class HttpNotifier(BaseNotifier):
@@ -91,12 +125,21 @@ class HttpNotifier(BaseNotifier):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(config)
+        tls = tls_context(ca_file)
         self._client = httpx.Client(
             timeout=self.timeout,
-            verify=tls_context(ca_file),
+            verify=tls,
             headers={"user-agent": f"slawatch/{__version__}", **(headers or {})},
             follow_redirects=False,
         )
+        # The Client's own pool settings (httpx.HTTPTransport's defaults).
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=tls, max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0
+        )
+        # The Client's headers (Accept, Accept-Encoding, Connection, User-Agent, the
+        # notifier's) as it sends them, each with its name in lower case.
+        self._headers = [(k.decode().lower(), k, v) for k, v in self._client.headers.raw]
+        self._routes: dict[str, Direct | None] = {}
 
     def keep_target_secrets(self, url: str, headers: dict[str, str] | None = None) -> None:
         """Scrub the secrets of a target URL (its password, path and query; the URL
@@ -123,6 +166,78 @@ class HttpNotifier(BaseNotifier):
             if token:
                 self.keep_secret(token.strip())
 
+    def route(self, url: str) -> Direct | None:
+        """How ``url`` is sent: straight to the pool, or None when a proxy from the
+        environment applies to it (the Client sends it). Decided once per URL, as the
+        Client read the environment once."""
+        try:
+            return self._routes[url]
+        except KeyError:
+            pass
+        target = httpx.URL(url)
+        direct = None
+        # The Client's own matching of the environment's proxies (a private method of
+        # httpx; tests/integration/test_http_transport.py holds it to its word).
+        if self._client._transport_for_url(target) is self._client._transport:
+            auth = None
+            if target.username or target.password:  # as httpx's BasicAuth
+                userinfo = f"{target.username}:{target.password}".encode()
+                auth = b"Basic " + base64.b64encode(userinfo)
+            where = httpcore.URL(
+                scheme=target.raw_scheme,
+                host=target.raw_host,
+                port=target.port,
+                target=target.raw_path,
+            )
+            direct = Direct(where, target.netloc, auth)
+        self._routes[url] = direct
+        return direct
+
+    def _head(self, direct: Direct, headers: dict[str, str], length: int) -> Head:
+        """The request's headers in the order and case httpx.Client sends them: the
+        Client's less those the request names again, the request's, Content-Length,
+        the Host first, the URL's credentials in the first Authorization's place."""
+        named = {name.lower() for name in headers}
+        head = [(k, v) for lower, k, v in self._headers if lower not in named]
+        head += [(k.encode("ascii"), v.encode("ascii")) for k, v in headers.items()]
+        named.update(lower for lower, _, _ in self._headers)
+        if "content-length" not in named:
+            head.append((b"Content-Length", str(length).encode()))
+        if direct.auth is not None:
+            kept = [h for h in head if h[0].lower() != b"authorization"]
+            at = next(
+                (i for i, h in enumerate(head) if h[0].lower() == b"authorization"), len(kept)
+            )
+            head = [*kept[:at], (b"Authorization", direct.auth), *kept[at:]]
+        return head if "host" in named else [(b"Host", direct.host), *head]
+
+    @contextmanager
+    def _exchange(
+        self, url: str, body: bytes, headers: dict[str, str], timeout: float
+    ) -> Iterator[tuple[int, Head, MutableMapping[str, Any], Iterator[bytes]]]:
+        """POST ``body``: the answer's status, headers, extensions and raw body chunks."""
+        direct = self.route(url)
+        if direct is None:
+            with self._client.stream(
+                "POST", url, content=body, headers=headers, timeout=timeout
+            ) as response:
+                yield (
+                    response.status_code,
+                    response.headers.raw,
+                    response.extensions,
+                    response.iter_raw(),
+                )
+            return
+        timeouts = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+        with self._pool.stream(
+            "POST",
+            direct.url,
+            headers=self._head(direct, headers, len(body)),
+            content=body,
+            extensions={"timeout": timeouts},
+        ) as answer:
+            yield answer.status, answer.headers, answer.extensions, answer.iter_stream()
+
     def post(
         self,
         url: str,
@@ -142,36 +257,39 @@ class HttpNotifier(BaseNotifier):
         if remaining <= 0:
             raise DeliveryError(f"timed out after {self.timeout:g}s (before the request)")
         request_headers = {"content-type": "application/json", **(headers or {})}
-        # httpx's timeout bounds each read, not the whole answer: a receiver that sends
-        # its body a byte at a time would hold this worker (and outlive the lease).
+        # The timeout bounds each read, not the whole answer: a receiver that sends its
+        # body a byte at a time would hold this worker (and outlive the lease).
         try:
-            with self._client.stream(
-                "POST", url, content=body, headers=request_headers, timeout=remaining
-            ) as response:
-                status = response.status_code
+            with self._exchange(url, body, request_headers, remaining) as exchange:
+                status, head, extensions, chunks = exchange
                 if 200 <= status < 300:
                     # Accepted: the body does not matter, but reading it (what fits in
                     # ANSWER_LIMIT, before the deadline) lets the connection go back to
-                    # the pool. Left unread, httpx closes it: every batch paid for a new
+                    # the pool. Left unread, it is closed: every batch paid for a new
                     # connection (and the receiver for a new thread or process).
-                    _drain(response, deadline)
+                    _drain(chunks, deadline)
                     return status
-                answer = bytearray()
-                for chunk in response.iter_bytes():
+                raw = bytearray()
+                for chunk in chunks:
                     if time.monotonic() > deadline:
                         raise DeliveryError(
                             f"timed out after {self.timeout:g}s (HTTP {status}, answer too slow)"
                         )
-                    answer += chunk[: ANSWER_LIMIT - len(answer)]
-                    if len(answer) >= ANSWER_LIMIT:
+                    raw += chunk[: ANSWER_LIMIT - len(raw)]
+                    if len(raw) >= ANSWER_LIMIT:
                         break
-                reason = response.reason_phrase
-                wait = retry_after(response.headers.get("retry-after"))
-        except httpx.TimeoutException as exc:
+            # Decoded (gzip, deflate: the Client asked for them) as httpx reads an answer.
+            response = httpx.Response(
+                status, headers=head, content=bytes(raw), extensions=extensions
+            )
+            answer = response.content[:ANSWER_LIMIT]
+            reason = response.reason_phrase
+            wait = retry_after(response.headers.get("retry-after"))
+        except TIMEOUTS as exc:
             raise DeliveryError(
                 f"timed out after {self.timeout:g}s ({type(exc).__name__})"
             ) from exc
-        except httpx.HTTPError as exc:
+        except FAILURES as exc:
             # Where it failed, as scrub() shows the URL: scheme://host:port/…
             raise DeliveryError(self.scrub(f"{type(exc).__name__}: {exc} (POST {url})")) from exc
         # Scrubbed before it is cut: a cut through a secret would keep its head.
@@ -208,4 +326,5 @@ class HttpNotifier(BaseNotifier):
                 ) from exc
 
     def close(self) -> None:
+        self._pool.close()
         self._client.close()

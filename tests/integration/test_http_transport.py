@@ -1,0 +1,314 @@
+"""The HTTP notifiers' transport (slawatch/delivery/notifiers/http.py): POSTs go straight
+to httpcore's pool yet keep what httpx.Client gave them: the same bytes on the wire,
+proxies from the environment, the connect timeout, no redirects, the answer limit, gzip
+answers, kept-alive connections closed by close(). Real servers in threads throughout."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from slawatch import __version__
+from slawatch.config.notifiers import WebhookConfig, tls_context
+from slawatch.delivery.notifiers.webhook import WebhookNotifier
+from slawatch.errors import DeliveryError
+from tests.integration.test_webhook import ALERT
+from tests.receivers import Reply, WebhookReceiver
+from tests.waiting import wait_until
+
+BODY = b'{"alerts":[]}'
+
+
+def webhook(url: str, **fields: Any) -> WebhookNotifier:
+    config = WebhookConfig.model_validate({"name": "hook", "type": "webhook", "url": url} | fields)
+    return WebhookNotifier(config)
+
+
+class RawServer:
+    """Records each request exactly as it came (head and body), answers 200 and keeps
+    the connection; ``closed`` counts connections the client closed."""
+
+    def __init__(self, host: str = "127.0.0.1", answer: bytes | None = None) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.listener = socket.create_server((host, 0), family=family)
+        self.port = self.listener.getsockname()[1]
+        self.answer = answer or b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.closed = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        data = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        self.closed += 1
+                        return
+                    data += chunk
+                head, _, data = data.partition(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                while len(data) < length:
+                    data += conn.recv(65536)
+                self.requests.append(head + b"\r\n\r\n" + data[:length])
+                data = data[length:]
+                conn.sendall(self.answer)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize(
+    ("host", "path", "config_headers", "headers"),
+    [
+        # percent-encoding of the path and query as httpx does it, a header of the
+        # notifier replacing the Client's, a request's header replacing the notifier's
+        (
+            "127.0.0.1",
+            "/services/a b/%2F?q=1 2&x=ä&y=%41",
+            {"X-Team": "ops", "User-Agent": "theirs/1"},
+            {"x-team": "sre", "Authorization": "Bearer t0ken"},
+        ),
+        # the URL's credentials as Basic auth, over the request's own Authorization
+        ("ops:p%40ss%20w@127.0.0.1", "/hook", {}, {"Authorization": "Bearer t0ken"}),
+        ("[::1]", "/hook?x=1", {}, {}),  # IPv6: Host [::1]:port
+        # a Host of its own; a header named in another case is sent twice, as httpx does
+        ("127.0.0.1", "/hook", {"Host": "hooks.example.com"}, {"Content-Type": "text/plain"}),
+    ],
+    ids=["encoding", "userinfo", "ipv6", "host"],
+)
+def test_the_pool_sends_the_bytes_the_client_sent(
+    host: str, path: str, config_headers: dict[str, str], headers: dict[str, str]
+) -> None:
+    server = RawServer(host.rpartition("@")[2].strip("[]"))
+    url = f"http://{host}:{server.port}{path}"
+    # What HttpNotifier.post sent through httpx.Client before the pool.
+    client = httpx.Client(
+        timeout=10,
+        verify=tls_context(None),
+        headers={"user-agent": f"slawatch/{__version__}", **config_headers},
+        follow_redirects=False,
+    )
+    notifier = webhook(url, headers=config_headers)
+    try:
+        answer = client.post(
+            url, content=BODY, headers={"content-type": "application/json"} | headers
+        )
+        assert answer.status_code == 200
+        assert notifier.post(url, BODY, headers) == 200
+        assert notifier.route(url) is not None  # the pool's path, not the Client's
+    finally:
+        client.close()
+        notifier.close()
+        server.close()
+    by_client, by_pool = server.requests
+    assert by_pool == by_client
+    if "@" in host:
+        assert b"\r\nAuthorization: Basic b3BzOnBAc3Mgdw==\r\n" in by_pool  # ops:p@ss w
+
+
+def test_close_closes_the_kept_alive_connection() -> None:
+    server = RawServer()
+    notifier = webhook(f"http://127.0.0.1:{server.port}/hook")
+    try:
+        for _ in range(3):
+            notifier.send([ALERT])
+        assert (server.connections, len(server.requests), server.closed) == (1, 3, 0)
+        notifier.close()
+        wait_until(lambda: server.closed == 1, "the notifier's connection closed")
+    finally:
+        server.close()
+
+
+class ForwardingProxy:
+    """An HTTP proxy in a thread: takes the absolute-form request a client sends a
+    proxy, records its target, forwards it and answers with the server's answer."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                proxy.seen.append(self.path)
+                body = self.rfile.read(int(self.headers["content-length"]))
+                target = urlsplit(self.path)
+                assert target.hostname is not None
+                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
+                skip = {"proxy-connection", "connection", "content-length"}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+                upstream.request("POST", target.path or "/", body, headers)
+                answer = upstream.getresponse()
+                content = answer.read()
+                upstream.close()
+                self.send_response(answer.status)
+                self.send_header("content-length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[ForwardingProxy]:
+    """A forwarding proxy, and an environment that names none until the test does."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    p = ForwardingProxy()
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "proxied"),
+    [
+        ({"HTTP_PROXY": "{proxy}"}, True),
+        ({"ALL_PROXY": "{proxy}"}, True),
+        ({"HTTP_PROXY": "{proxy}", "NO_PROXY": "127.0.0.1"}, False),
+        ({"HTTPS_PROXY": "{proxy}"}, False),  # an http:// target
+        ({}, False),
+    ],
+    ids=["http_proxy", "all_proxy", "no_proxy", "https_proxy", "none"],
+)
+def test_a_proxy_from_the_environment_carries_the_alert(
+    proxy: ForwardingProxy,
+    receiver: WebhookReceiver,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    proxied: bool,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(proxy=proxy.url))
+    notifier = webhook(receiver.url, headers={"x-team": "ops"})
+    try:
+        notifier.send([ALERT])
+        notifier.send([ALERT])
+    finally:
+        notifier.close()
+    assert receiver.alert_ids == [ALERT["id"]] * 2
+    assert receiver.requests[0].headers["x-team"] == "ops"
+    assert proxy.seen == ([receiver.url] * 2 if proxied else [])
+
+
+def test_a_redirect_is_an_error_and_not_followed(receiver: WebhookReceiver) -> None:
+    with WebhookReceiver() as elsewhere:
+        receiver.default = Reply(302, {"Location": elsewhere.url})
+        notifier = webhook(receiver.url)
+        try:
+            with pytest.raises(DeliveryError) as exc:
+                notifier.send([ALERT])
+        finally:
+            notifier.close()
+        assert str(exc.value) == "HTTP 302 Found"
+        assert not exc.value.permanent
+        assert len(receiver.requests) == 1 and elsewhere.requests == []
+
+
+def test_a_connect_that_gets_no_answer_times_out() -> None:
+    """A listener whose backlog is full: the kernel drops further SYNs unanswered."""
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    queued = socket.create_connection(full.getsockname())
+    notifier = webhook(f"http://127.0.0.1:{full.getsockname()[1]}/hook", timeout="1s")
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeliveryError) as exc:
+            notifier.send([ALERT])
+    finally:
+        notifier.close()
+        queued.close()
+        full.close()
+    assert str(exc.value) == "timed out after 1s (ConnectTimeout)"
+    assert not exc.value.permanent
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_an_endless_answer_is_read_up_to_the_limit_only(status: int) -> None:
+    """An answer that never ends (chunked, sent as fast as it goes): what fits in 64 KB
+    is read, then the connection dropped, long before the 10 s timeout."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def endless() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(f"HTTP/1.1 {status} X\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+            chunk = b"1000\r\n" + b"x" * 4096 + b"\r\n"
+            try:
+                while True:
+                    conn.sendall(chunk)
+            except OSError:
+                return
+
+    threading.Thread(target=endless, daemon=True).start()
+    notifier = webhook(f"http://127.0.0.1:{server.getsockname()[1]}/hook", timeout="10s")
+    started = time.monotonic()
+    try:
+        if status == 200:
+            notifier.send([ALERT])
+        else:
+            with pytest.raises(DeliveryError, match=r"^HTTP 500 X: x{190}"):
+                notifier.send([ALERT])
+    finally:
+        notifier.close()
+        server.close()
+    assert time.monotonic() - started < 5
+
+
+def test_a_gzipped_error_answer_is_read_decoded(receiver: WebhookReceiver) -> None:
+    """The Client asks for gzip and deflate (Accept-Encoding); an error page so sent
+    shows as its text."""
+    receiver.default = Reply(
+        400, {"Content-Encoding": "gzip"}, body=gzip.compress(b"invalid_payload: no text")
+    )
+    notifier = webhook(receiver.url)
+    try:
+        with pytest.raises(DeliveryError) as exc:
+            notifier.send([ALERT])
+    finally:
+        notifier.close()
+    assert str(exc.value) == "HTTP 400 Bad Request: invalid_payload: no text"
+    assert exc.value.permanent
+    assert receiver.requests[0].headers["accept-encoding"] == "gzip, deflate"
