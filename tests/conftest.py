@@ -79,10 +79,24 @@ def server_dsn() -> Iterator[str]:
     if os.geteuid() == 0:
         system_user()  # the embedded server's own useradd is not safe in parallel workers
     try:
-        yield embedded_dsn(private)
+        dsn = embedded_dsn(private)
+        without_fsync(dsn)
+        yield dsn
     finally:
         stop_embedded(private / "pgdata")
         shutil.rmtree(private, ignore_errors=True)
+
+
+def without_fsync(dsn: str) -> None:
+    """The session's own server is thrown away at its end: no fsync, no full-page
+    images, as tests/pgcluster.py sets up its clusters (synchronous_commit keeps its
+    default, which the tests of slawatch's asynchronous commits read). Each test
+    creates a database, which writes template0 into the WAL, and commits often; none of
+    it will ever be replayed, as no test crashes this server."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in ("fsync", "full_page_writes"):
+            conn.execute(sql.SQL("ALTER SYSTEM SET {} = off").format(sql.Identifier(name)))
+        conn.execute("SELECT pg_reload_conf()")
 
 
 def stop_embedded(pgdata: Path) -> None:
