@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -321,6 +322,29 @@ def test_a_locked_table_of_a_deadline_expression_is_said_locked_not_wrong(
     assert free.problem is None and free.overdue == 0
     (counted,) = rule_status(conn, [ticket], TICKETS_NOW)
     assert counted.problem is None and counted.overdue is not None and counted.overdue > 0
+
+
+def test_status_says_a_locked_table_of_a_deadline_expression_at_once(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """'slawatch status' with the table of an expression deadline locked: it answers
+    (the subprocess's timeout is a safety net, far past the lock timeout), the rule
+    not counted, its table said locked in the notes, not its deadline wrong."""
+    from tests.integration.test_cli import slawatch
+    from tests.integration.test_deadline_expr import IN_UTC, fill
+
+    fill(conn, 10)
+    (tmp_path / "ticket_late.yaml").write_text(
+        f"table: public.tickets\ndeadline: \"{IN_UTC}\"\nopen_when: status = 'open'\n"
+        "notify: [console]\n"
+    )
+    assert slawatch("--rules", str(tmp_path), "migrate", dsn=dsn).returncode == 0
+    with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE tickets")  # ACCESS EXCLUSIVE, until the rollback
+        result = slawatch("--rules", str(tmp_path), "status", dsn=dsn, timeout=40)
+    assert result.returncode == 0, result.stderr
+    assert "ticket_late: table public.tickets is locked; " in result.stdout, result.stdout
+    assert "not a value" not in result.stdout
 
 
 def test_a_rule_changed_is_counted_as_it_is_now(conn: Conn, track: str) -> None:
