@@ -62,8 +62,15 @@ class TableInfo:
 
 
 def locked_problem(rule: Rule) -> str:
-    """Why a rule's deadline expression has no type yet: its table was locked (see
-    :func:`with_deadline_type`); a state of the moment, not a fault of the rule's."""
+    """Why a rule's deadline expression has no type yet, or a query rule's query no
+    columns: its table was locked (see :func:`with_deadline_type`, :func:`rule_table`);
+    a state of the moment, not a fault of the rule's."""
+    if rule.query is not None:
+        return (
+            f"a table rule {rule.name}'s query reads is locked; the query's columns were not"
+            f" read within {LOCK_TIMEOUT} (an ALTER TABLE, LOCK TABLE, VACUUM FULL or the"
+            " like holds the table): read again at the next look"
+        )
     return (
         f"table {rule.table} is locked; the type of its deadline was not read within"
         f" {LOCK_TIMEOUT} (an ALTER TABLE, LOCK TABLE, VACUUM FULL or the like holds the"
@@ -203,19 +210,33 @@ def inspect_query(conn: Connection, rule: Rule) -> TableInfo:
     return TableInfo("", QUERY_TABLE, "q", columns, frozenset(), frozenset())
 
 
-def rule_table(conn: Connection, rule: Rule) -> TableInfo | None:
-    """The rule's table, with the type of its deadline when that is an expression the
-    database accepts (else unknown: :func:`deadline_type_of` says so). Waits for the
-    table's lock, as :func:`with_deadline_type` does by default."""
-    if rule.query is not None:
-        return inspect_query(conn, rule)
-    return with_deadline_type(conn, rule, inspect_table(conn, rule.schema_name, rule.table_name))
-
-
-# The look-up's lock_timeout, in its own transaction: :func:`with_deadline_type`.
+# A look-up's lock_timeout, in its own transaction (:func:`rule_table`'s ``wait=False``).
 _LOCK_BOUNDED = sql.SQL("SELECT set_config('lock_timeout', {}, true)").format(
     sql.Literal(LOCK_TIMEOUT)
 )
+
+
+def rule_table(conn: Connection, rule: Rule, *, wait: bool = True) -> TableInfo | None:
+    """The rule's table, with the type of its deadline when that is an expression the
+    database accepts (else unknown: :func:`deadline_type_of` says so). ``wait``: as in
+    :func:`with_deadline_type`; a query rule's query is planned for its columns, which
+    takes its tables' weakest lock too: with ``wait=False`` a lock not had within
+    :data:`slawatch.db.LOCK_TIMEOUT` is a ``locked`` answer without columns."""
+    if rule.query is not None:
+        if wait:
+            return inspect_query(conn, rule)
+        try:
+            with conn.transaction(force_rollback=True):
+                conn.execute(_LOCK_BOUNDED)
+                return inspect_query(conn, rule)
+        except DatabaseUnavailable:
+            raise
+        except DatabaseError as exc:
+            if not lock_not_had(exc):
+                raise
+            return TableInfo("", QUERY_TABLE, "q", {}, frozenset(), frozenset(), locked=True)
+    info = inspect_table(conn, rule.schema_name, rule.table_name)
+    return with_deadline_type(conn, rule, info, wait=wait)
 
 
 def with_deadline_type(

@@ -343,7 +343,7 @@ def _problem(
     ``check``)."""
     if info is None:
         return f"table {rule.table} does not exist"
-    if rule.deadline_column is None and info.locked:
+    if info.locked:
         return locked_problem(rule)
     if rule.deadline_column is None and rule.deadline not in info.deadline_types:
         return f"deadline {rule.deadline_sql()} is not a value of {rule.table} (see check)"
@@ -374,7 +374,7 @@ def _catalog(conn: Connection, rules: list[Rule]) -> list[tuple[TableInfo | None
     out = []
     for rule, wanted in zip(rules, specs, strict=True):
         if rule.query is not None:
-            info = rule_table(conn, rule)
+            info = rule_table(conn, rule, wait=False)
         else:
             table = tables.get((rule.schema_name, rule.table_name))
             info = with_deadline_type(conn, rule, table, wait=False)

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from slawatch.config.rules import Rule
 from slawatch.db import Database, DatabaseUnavailable
 from slawatch.engine.catalog import inspect_table, inspect_tables
 from slawatch.engine.claim import DrainResult
@@ -322,6 +323,41 @@ def test_a_locked_table_of_a_deadline_expression_is_said_locked_not_wrong(
     assert free.problem is None and free.overdue == 0
     (counted,) = rule_status(conn, [ticket], TICKETS_NOW)
     assert counted.problem is None and counted.overdue is not None and counted.overdue > 0
+
+
+def test_a_locked_table_of_a_query_rule_is_said_locked(
+    conn: Conn, monkeypatch: pytest.MonkeyPatch, dsn: str
+) -> None:
+    """A query rule's columns are read by planning its query, which waits for a locked
+    table as an expression deadline's type does: the status waits for it at most the
+    lock timeout, and says a table its query reads is locked; the others are counted."""
+    rules = shop(conn)
+    paid = Rule.model_validate(
+        {
+            "name": "paid_late",
+            "query": "SELECT id, paid_at, status FROM orders",
+            "track": "table",
+            "key": "id",
+            "deadline": "paid_at",
+            "after": "48h",
+            "open_when": "status = 'paid'",
+            "notify": ["console"],
+        }
+    )
+    migrate(conn, [paid])
+    orders(conn, [(1, "paid", NOW - timedelta(hours=49))])
+    refund = rules["refund_unprocessed"]
+    monkeypatch.setattr(inspect_module, "READ_TIMEOUT", "30s")
+    monkeypatch.setattr(inspect_module, "COUNTS_TIMEOUT", 30.0)
+    conn.execute("SET statement_timeout = '20s'")  # a safety net, as above
+    with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE orders")  # ACCESS EXCLUSIVE, until the rollback
+        locked, free = rule_status(conn, [paid, refund], NOW)
+    assert locked.problem is not None
+    assert locked.problem.startswith("a table rule paid_late's query reads is locked; ")
+    assert (locked.overdue, free.problem, free.overdue) == (None, None, 0)
+    (counted,) = rule_status(conn, [paid], NOW)
+    assert (counted.problem, counted.overdue) == (None, 1)
 
 
 def test_status_says_a_locked_table_of_a_deadline_expression_at_once(
