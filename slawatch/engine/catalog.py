@@ -56,8 +56,8 @@ class TableInfo:
     # The indexes of the rule this was read for, as PostgreSQL defines them: probed once
     # per command for all the rules of a table (migrate.with_probed_indexes); None: not yet.
     probed_indexes: Probed | None = field(default=None, compare=False)
-    # Of :func:`with_deadline_type` with ``wait=False``: the table was locked, so the type
-    # of the rule's deadline expression was not read (unknown, not wrong).
+    # Of :func:`rule_table` with ``wait=False``: a table was locked, so the type of the
+    # rule's deadline expression (a query rule's columns) was not read: unknown, not wrong.
     locked: bool = False
 
 

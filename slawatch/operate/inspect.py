@@ -363,9 +363,9 @@ def _problem(
 def _catalog(conn: Connection, rules: list[Rule]) -> list[tuple[TableInfo | None, str | None]]:
     """Each rule's table and why its rows cannot be counted (:func:`_problem`): the
     tables, state tables and indexes of all the rules in two statements (a query rule's
-    columns, an expression deadline's type: a statement of their own each; the latter
-    waits for a locked table at most a lock timeout, and the rule says its table is
-    locked: docs/how-to/operate.md)."""
+    columns, an expression deadline's type: a statement of their own each, which waits
+    for a locked table at most the scans' lock timeout, and then the rule says its
+    table is locked: docs/how-to/operate.md)."""
     names = [(r.schema_name, r.table_name) for r in rules if r.query is None]
     names += [("slawatch", f"{r.name}_state") for r in rules if r.track == "table"]
     tables = inspect_tables(conn, names)
