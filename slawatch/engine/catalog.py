@@ -9,7 +9,14 @@ from dataclasses import dataclass, field, replace
 from psycopg import sql
 
 from slawatch.config.rules import OTHER_TABLE, OWN_SCHEMA, QUERY_TABLE, Rule, condition_columns
-from slawatch.db import Connection, DatabaseUnavailable, describe, translate
+from slawatch.db import (
+    LOCK_TIMEOUT,
+    Connection,
+    DatabaseUnavailable,
+    describe,
+    lock_not_had,
+    translate,
+)
 from slawatch.engine.queries import queries
 from slawatch.errors import ConfigError, DatabaseError
 
@@ -49,13 +56,36 @@ class TableInfo:
     # The indexes of the rule this was read for, as PostgreSQL defines them: probed once
     # per command for all the rules of a table (migrate.with_probed_indexes); None: not yet.
     probed_indexes: Probed | None = field(default=None, compare=False)
+    # Of :func:`rule_table` with ``wait=False``: a table was locked, so the type of the
+    # rule's deadline expression (a query rule's columns) was not read: unknown, not wrong.
+    locked: bool = False
+
+
+def locked_problem(rule: Rule) -> str:
+    """Why a rule's deadline expression has no type yet, or a query rule's query no
+    columns: its table was locked (see :func:`with_deadline_type`, :func:`rule_table`);
+    a state of the moment, not a fault of the rule's."""
+    if rule.query is not None:
+        return (
+            f"a table rule {rule.name}'s query reads is locked; the query's columns were not"
+            f" read within {LOCK_TIMEOUT} (an ALTER TABLE, LOCK TABLE, VACUUM FULL or the"
+            " like holds the table): read again at the next look"
+        )
+    return (
+        f"table {rule.table} is locked; the type of its deadline was not read within"
+        f" {LOCK_TIMEOUT} (an ALTER TABLE, LOCK TABLE, VACUUM FULL or the like holds the"
+        " table): read again at the next look"
+    )
 
 
 def deadline_type_of(rule: Rule, info: TableInfo) -> str:
     """The type of the rule's deadline values in ``info`` (of :func:`rule_table` or
-    :func:`check_rule`). ConfigError when its column or expression is not there."""
+    :func:`check_rule`). ConfigError when its column or expression is not there;
+    DatabaseError when its table was locked (``info.locked``), so it is not known."""
     column = rule.deadline_column
     found = info.columns.get(column) if column else info.deadline_types.get(rule.deadline)
+    if found is None and info.locked:
+        raise DatabaseError(f"{rule.source}: deadline: {locked_problem(rule)}")
     if found is None:
         what = f"column {column!r}" if column else f"{rule.deadline_sql()}"
         raise ConfigError(f"{rule.source}: deadline: {what} is not a value of {rule.table}")
@@ -180,27 +210,62 @@ def inspect_query(conn: Connection, rule: Rule) -> TableInfo:
     return TableInfo("", QUERY_TABLE, "q", columns, frozenset(), frozenset())
 
 
-def rule_table(conn: Connection, rule: Rule) -> TableInfo | None:
+# A look-up's lock_timeout, in its own transaction (:func:`rule_table`'s ``wait=False``).
+_LOCK_BOUNDED = sql.SQL("SELECT set_config('lock_timeout', {}, true)").format(
+    sql.Literal(LOCK_TIMEOUT)
+)
+
+
+def rule_table(conn: Connection, rule: Rule, *, wait: bool = True) -> TableInfo | None:
     """The rule's table, with the type of its deadline when that is an expression the
-    database accepts (else unknown: :func:`deadline_type_of` says so)."""
+    database accepts (else unknown: :func:`deadline_type_of` says so). ``wait``: as in
+    :func:`with_deadline_type`; a query rule's query is planned for its columns, which
+    takes its tables' weakest lock too: with ``wait=False`` a lock not had within
+    :data:`slawatch.db.LOCK_TIMEOUT` is a ``locked`` answer without columns."""
     if rule.query is not None:
-        return inspect_query(conn, rule)
-    return with_deadline_type(conn, rule, inspect_table(conn, rule.schema_name, rule.table_name))
+        if wait:
+            return inspect_query(conn, rule)
+        try:
+            with conn.transaction(force_rollback=True):
+                conn.execute(_LOCK_BOUNDED)
+                return inspect_query(conn, rule)
+        except DatabaseUnavailable:
+            raise
+        except DatabaseError as exc:
+            if not lock_not_had(exc):
+                raise
+            return TableInfo("", QUERY_TABLE, "q", {}, frozenset(), frozenset(), locked=True)
+    info = inspect_table(conn, rule.schema_name, rule.table_name)
+    return with_deadline_type(conn, rule, info, wait=wait)
 
 
-def with_deadline_type(conn: Connection, rule: Rule, info: TableInfo | None) -> TableInfo | None:
-    """:func:`rule_table` of a table rule whose table ``info`` was read already."""
+def with_deadline_type(
+    conn: Connection, rule: Rule, info: TableInfo | None, *, wait: bool = True
+) -> TableInfo | None:
+    """:func:`rule_table` of a table rule whose table ``info`` was read already.
+
+    An expression's type is had by planning a statement over the table, which takes
+    its weakest lock: an ALTER TABLE, a LOCK TABLE or a VACUUM FULL holding the table
+    makes it wait. ``wait=False`` (the on-call page, /v1/rules, ``slawatch status``,
+    which must answer promptly): it waits at most :data:`slawatch.db.LOCK_TIMEOUT`,
+    and a lock not had within it is ``locked`` in the answer, said as such
+    (:func:`locked_problem`), never as a deadline that is not a value of the table.
+    ``wait=True`` (``run``'s plans, ``run --once --dry-run``, ``report``, the
+    give-up of old episodes): waits for the lock, as they need the type to go on.
+    Any other refusal leaves the type unknown (``check`` says why)."""
     if info is None or rule.deadline_column is not None:
         return info
     if any(c not in info.columns for c in rule.deadline_columns):
         return info
     try:
         with conn.transaction(force_rollback=True):
+            if not wait:
+                conn.execute(_LOCK_BOUNDED)
             type_ = deadline_type(conn, rule, info)
     except DatabaseUnavailable:
         raise
-    except DatabaseError:
-        return info
+    except DatabaseError as exc:
+        return replace(info, locked=True) if lock_not_had(exc) else info
     return info if type_ is None else replace(info, deadline_types={rule.deadline: type_})
 
 

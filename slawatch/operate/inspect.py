@@ -34,7 +34,7 @@ from slawatch.actions.history import ActionAttempt, actions_of
 from slawatch.config.durations import format_duration, parse_duration
 from slawatch.config.files import shorten
 from slawatch.config.rules import RULE_NAME, Rule
-from slawatch.db import Connection, pipelined, translate
+from slawatch.db import LOCK_TIMEOUT, Connection, pipelined, translate
 from slawatch.engine import generation
 from slawatch.engine.catalog import (
     TableInfo,
@@ -42,6 +42,7 @@ from slawatch.engine.catalog import (
     existing_indexes,
     inspect_tables,
     key_columns,
+    locked_problem,
     rule_table,
     table_ident,
     with_deadline_type,
@@ -65,6 +66,12 @@ READ_TIMEOUT = "10s"
 # would wait its own. Past this the rules not yet counted are shown not counted, as a
 # rule whose count ran out of time is; one locked table still costs only its own rule.
 COUNTS_TIMEOUT = 20.0
+# How long a count waits for a watched table's lock (or a state table's), as the scans'
+# probes do (slawatch.db.LOCK_TIMEOUT): a table an ALTER TABLE, a LOCK TABLE or a VACUUM
+# FULL holds is shown not counted at once, and the rules after it are counted, instead
+# of its count waiting out READ_TIMEOUT (docs/how-to/operate.md). READ_TIMEOUT stays
+# the bound of a count that is slow for its reads.
+COUNT_LOCK_TIMEOUT = LOCK_TIMEOUT
 MAX_LIMIT, DEFAULT_LIMIT = 1000, 50
 STATUSES = ("pending", "sent", "dead", "silenced", "summarized", "acknowledged", "orphaned")
 DeliveryStatus = Literal[
@@ -336,6 +343,8 @@ def _problem(
     ``check``)."""
     if info is None:
         return f"table {rule.table} does not exist"
+    if info.locked:
+        return locked_problem(rule)
     if rule.deadline_column is None and rule.deadline not in info.deadline_types:
         return f"deadline {rule.deadline_sql()} is not a value of {rule.table} (see check)"
     if rule.deadline_column is not None and rule.deadline not in info.columns:
@@ -354,7 +363,9 @@ def _problem(
 def _catalog(conn: Connection, rules: list[Rule]) -> list[tuple[TableInfo | None, str | None]]:
     """Each rule's table and why its rows cannot be counted (:func:`_problem`): the
     tables, state tables and indexes of all the rules in two statements (a query rule's
-    columns, an expression deadline's type: a statement of their own each)."""
+    columns, an expression deadline's type: a statement of their own each, which waits
+    for a locked table at most the scans' lock timeout, and then the rule says its
+    table is locked: docs/how-to/operate.md)."""
     names = [(r.schema_name, r.table_name) for r in rules if r.query is None]
     names += [("slawatch", f"{r.name}_state") for r in rules if r.track == "table"]
     tables = inspect_tables(conn, names)
@@ -363,9 +374,10 @@ def _catalog(conn: Connection, rules: list[Rule]) -> list[tuple[TableInfo | None
     out = []
     for rule, wanted in zip(rules, specs, strict=True):
         if rule.query is not None:
-            info = rule_table(conn, rule)
+            info = rule_table(conn, rule, wait=False)
         else:
-            info = with_deadline_type(conn, rule, tables.get((rule.schema_name, rule.table_name)))
+            table = tables.get((rule.schema_name, rule.table_name))
+            info = with_deadline_type(conn, rule, table, wait=False)
         out.append((info, _problem(rule, info, tables, wanted, indexes)))
     return out
 
@@ -514,8 +526,9 @@ Counts = tuple[tuple[int, int, bool, bool] | None, int | None]
 def _counts(conn: Connection, counted: list[tuple[Rule, TableInfo]], now: datetime) -> list[Counts]:
     """Each rule's overdue rows (:func:`count_overdue`) and open episodes
     (:func:`notified_statement`, None for a rule without ``renotify``): one statement a
-    rule, all in one request, each bounded by :data:`READ_TIMEOUT`. A statement that runs
-    out of time fails the request from there on (the server runs it as one transaction,
+    rule, all in one request, each bounded by :data:`READ_TIMEOUT`, and its wait for a
+    locked table by :data:`COUNT_LOCK_TIMEOUT`. A statement that runs out of time (or
+    of its lock's) fails the request from there on (the server runs it as one transaction,
     and skips what follows a failure): that rule says it could not count (None, None),
     the counts before it stand, and the rules after it go in a request of their own. So
     a timeout costs the rule that ran out of time, and a round trip, not the others.
@@ -533,29 +546,38 @@ def _counts(conn: Connection, counted: list[tuple[Rule, TableInfo]], now: dateti
     return out
 
 
-# A statement's time: READ_TIMEOUT, or less when less is left of COUNTS_TIMEOUT.
+# A statement's time: READ_TIMEOUT, or less when less is left of COUNTS_TIMEOUT; and
+# its wait for a lock: COUNT_LOCK_TIMEOUT.
 _TIMEOUT = (
     "SELECT set_config('statement_timeout', greatest(1, 1000 * extract(epoch FROM"
-    " least(%(read)s::interval, make_interval(secs => %(left)s))))::bigint::text, true)"
+    " least(%(read)s::interval, make_interval(secs => %(left)s))))::bigint::text, true),"
+    " set_config('lock_timeout', %(lock)s, true)"
 )
+# What ends a count early, that rule alone shown not counted: it ran out of time
+# (statement_timeout), or a table it reads was locked past COUNT_LOCK_TIMEOUT.
+_NOT_COUNTED = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
 
 
 def _count_until_timeout(
     conn: Connection, counted: list[tuple[Rule, TableInfo]], now: datetime, left_ms: int
 ) -> list[Counts]:
     """:func:`_counts` of the first of ``counted``, each statement bounded by
-    :data:`READ_TIMEOUT` or ``left_ms``, whichever is less: all of them in one request,
-    or, when one ran out of time, those up to it (it counted as (None, None)); never none."""
+    :data:`READ_TIMEOUT` or ``left_ms``, whichever is less, and its wait for a lock by
+    :data:`COUNT_LOCK_TIMEOUT`: all of them in one request, or, when one ran out of time
+    or of its lock's, those up to it (it counted as (None, None)); never none."""
     cursors: list[psycopg.Cursor[Any]] = []
     try:
         with translate("counting the rules' rows"), pipelined(conn):
-            conn.execute(_TIMEOUT, {"read": READ_TIMEOUT, "left": left_ms / 1000})
+            conn.execute(
+                _TIMEOUT,
+                {"read": READ_TIMEOUT, "left": left_ms / 1000, "lock": COUNT_LOCK_TIMEOUT},
+            )
             for rule, info in counted:
                 cur = conn.cursor()
                 cursors.append(cur)
                 cur.execute(_count_statement(rule, info), {"cutoff": _cutoff(rule, info, now)})
     except DatabaseError as exc:
-        if not isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+        if not isinstance(exc.__cause__, _NOT_COUNTED):
             raise
         # The statements before the one that ran out of time have their rows; it and
         # those after it have none (pipelined: skipped; in a transaction: never sent).

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from slawatch.config.rules import Rule
 from slawatch.db import Database, DatabaseUnavailable
 from slawatch.engine.catalog import inspect_table, inspect_tables
 from slawatch.engine.claim import DrainResult
@@ -242,6 +244,8 @@ def test_the_counts_together_stop_at_their_deadline(
     receipt = rules["receipt_unconfirmed"]
     monkeypatch.setattr(inspect_module, "READ_TIMEOUT", "8s")
     monkeypatch.setattr(inspect_module, "COUNTS_TIMEOUT", 1.0)
+    # The locks waited out as a slow count is (a lock timeout would end them sooner).
+    monkeypatch.setattr(inspect_module, "COUNT_LOCK_TIMEOUT", "8s")
     with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
         other.execute("LOCK TABLE orders, jobs")  # ACCESS EXCLUSIVE, until the rollback
         started = time.monotonic()
@@ -255,6 +259,128 @@ def test_the_counts_together_stop_at_their_deadline(
     assert took < 6, took
     (receipts,) = rule_status(conn, [receipt], NOW)  # the tables free again: counted
     assert receipts.overdue == 0
+
+
+def test_a_locked_table_is_not_counted_at_once_and_the_rules_after_it_are(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A count waits for a locked table at most COUNT_LOCK_TIMEOUT (the scans' 200 ms),
+    not READ_TIMEOUT: with two tables of four rules locked, and READ_TIMEOUT and
+    COUNTS_TIMEOUT far longer than the test, the locked two are shown not counted (as
+    a count that ran out of time: no problem, no numbers) and the free two counted."""
+    rules = shop(conn)
+    conn.execute(
+        "INSERT INTO refunds VALUES (1, 1, 500, 'requested', %s)",
+        (NOW - timedelta(days=30),),
+    )
+    order, refund, job = rules["order_unshipped"], rules["refund_unprocessed"], rules["job_hung"]
+    receipt = rules["receipt_unconfirmed"]
+    monkeypatch.setattr(inspect_module, "READ_TIMEOUT", "30s")
+    monkeypatch.setattr(inspect_module, "COUNTS_TIMEOUT", 30.0)
+    with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE orders, jobs")  # ACCESS EXCLUSIVE, until the rollback
+        started = time.monotonic()
+        statuses = rule_status(conn, [order, refund, job, receipt], NOW)
+        took = time.monotonic() - started
+    assert [(s.name, s.problem, s.overdue, s.not_notified) for s in statuses] == [
+        (order.name, None, None, None),
+        (refund.name, None, 1, 1),
+        (job.name, None, None, None),
+        (receipt.name, None, 0, 0),
+    ]
+    # Two lock timeouts and round trips; a count waiting its lock out would take 30 s.
+    assert took < 10, took
+
+
+def test_a_locked_table_of_a_deadline_expression_is_said_locked_not_wrong(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The type of a deadline expression is read by planning a statement over its
+    table, which waits for an ACCESS EXCLUSIVE lock: the status (the page, /v1/rules,
+    'slawatch status') waits at most the scans' lock timeout for it, and says the
+    table is locked (not counted), never that the deadline is not a value of the
+    table; the rules after it are counted. The table free again: counted."""
+    from tests.integration.test_deadline_expr import NOW as TICKETS_NOW
+    from tests.integration.test_deadline_expr import fill
+    from tests.integration.test_deadline_expr import rule as ticket_rule
+
+    rules = shop(conn)
+    fill(conn, 50)
+    ticket = ticket_rule()
+    migrate(conn, [ticket])
+    refund = rules["refund_unprocessed"]
+    monkeypatch.setattr(inspect_module, "READ_TIMEOUT", "30s")
+    monkeypatch.setattr(inspect_module, "COUNTS_TIMEOUT", 30.0)
+    # A safety net, not the bound under test: a look-up that waited would end here.
+    conn.execute("SET statement_timeout = '20s'")
+    with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE tickets")  # ACCESS EXCLUSIVE, until the rollback
+        locked, free = rule_status(conn, [ticket, refund], TICKETS_NOW)
+    assert locked.problem is not None
+    assert locked.problem.startswith("table public.tickets is locked; "), locked.problem
+    assert "not a value" not in locked.problem
+    assert (locked.overdue, locked.notified) == (None, None)
+    assert free.problem is None and free.overdue == 0
+    (counted,) = rule_status(conn, [ticket], TICKETS_NOW)
+    assert counted.problem is None and counted.overdue is not None and counted.overdue > 0
+
+
+def test_a_locked_table_of_a_query_rule_is_said_locked(
+    conn: Conn, monkeypatch: pytest.MonkeyPatch, dsn: str
+) -> None:
+    """A query rule's columns are read by planning its query, which waits for a locked
+    table as an expression deadline's type does: the status waits for it at most the
+    lock timeout, and says a table its query reads is locked; the others are counted."""
+    rules = shop(conn)
+    paid = Rule.model_validate(
+        {
+            "name": "paid_late",
+            "query": "SELECT id, paid_at, status FROM orders",
+            "track": "table",
+            "key": "id",
+            "deadline": "paid_at",
+            "after": "48h",
+            "open_when": "status = 'paid'",
+            "notify": ["console"],
+        }
+    )
+    migrate(conn, [paid])
+    orders(conn, [(1, "paid", NOW - timedelta(hours=49))])
+    refund = rules["refund_unprocessed"]
+    monkeypatch.setattr(inspect_module, "READ_TIMEOUT", "30s")
+    monkeypatch.setattr(inspect_module, "COUNTS_TIMEOUT", 30.0)
+    conn.execute("SET statement_timeout = '20s'")  # a safety net, as above
+    with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE orders")  # ACCESS EXCLUSIVE, until the rollback
+        locked, free = rule_status(conn, [paid, refund], NOW)
+    assert locked.problem is not None
+    assert locked.problem.startswith("a table rule paid_late's query reads is locked; ")
+    assert (locked.overdue, free.problem, free.overdue) == (None, None, 0)
+    (counted,) = rule_status(conn, [paid], NOW)
+    assert (counted.problem, counted.overdue) == (None, 1)
+
+
+def test_status_says_a_locked_table_of_a_deadline_expression_at_once(
+    conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """'slawatch status' with the table of an expression deadline locked: it answers
+    (the subprocess's timeout is a safety net, far past the lock timeout), the rule
+    not counted, its table said locked in the notes, not its deadline wrong."""
+    from tests.integration.test_cli import slawatch
+    from tests.integration.test_deadline_expr import IN_UTC, fill
+
+    fill(conn, 10)
+    (tmp_path / "ticket_late.yaml").write_text(
+        f"table: public.tickets\ndeadline: \"{IN_UTC}\"\nopen_when: status = 'open'\n"
+        "notify: [console]\n"
+    )
+    assert slawatch("--rules", str(tmp_path), "migrate", dsn=dsn).returncode == 0
+    with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE tickets")  # ACCESS EXCLUSIVE, until the rollback
+        result = slawatch("--rules", str(tmp_path), "status", dsn=dsn, timeout=40)
+    assert result.returncode == 0, result.stderr
+    assert "ticket_late: table public.tickets is locked; " in result.stdout, result.stdout
+    assert "not a value" not in result.stdout
 
 
 def test_a_rule_changed_is_counted_as_it_is_now(conn: Conn, track: str) -> None:

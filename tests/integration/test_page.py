@@ -144,6 +144,8 @@ def test_with_tables_locked_the_page_answers_at_the_counts_deadline(
     found = seeded(conn)  # two paid orders overdue
     monkeypatch.setattr(inspect, "READ_TIMEOUT", "8s")
     monkeypatch.setattr(inspect, "COUNTS_TIMEOUT", 1.0)
+    # The locks waited out as a slow count is (a lock timeout would end them sooner).
+    monkeypatch.setattr(inspect, "COUNT_LOCK_TIMEOUT", "8s")
     client = servers.client(found.listed)  # job_hung, order_unshipped, ... in that order
     assert [r.name for r in found.listed][:2] == ["job_hung", "order_unshipped"]
     assert rule_row(page(client), "order_unshipped")["overdue"] == "2"
@@ -160,6 +162,33 @@ def test_with_tables_locked_the_page_answers_at_the_counts_deadline(
         *((name, None, None) for name in late),
     ]
     assert rule_row(page(client), "order_unshipped")["overdue"] == "2"  # free again
+
+
+def test_with_tables_locked_the_page_counts_the_free_ones(
+    conn: Conn, servers: Servers, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Watched tables locked, READ_TIMEOUT and COUNTS_TIMEOUT longer than the client
+    waits (10 s): a count waits for its table's lock the scans' lock timeout at most,
+    so the page and /v1/rules answer, the locked tables' rules not counted (a dash,
+    no problem), every other rule counted, those after a locked one too."""
+    found = seeded(conn)  # two paid orders overdue
+    monkeypatch.setattr(inspect, "READ_TIMEOUT", "30s")
+    monkeypatch.setattr(inspect, "COUNTS_TIMEOUT", 30.0)
+    client = servers.client(found.listed)
+    names = [r.name for r in found.listed]
+    locked = {"order_unshipped", "receipt_unconfirmed"}  # orders, shipments
+    assert locked < set(names) and names[-1] not in locked  # a free rule after them
+    with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE orders, shipments")
+        html = page(client)
+        listed = client.get("/v1/rules").json()["rules"]
+    not_counted = '<span class="muted">—</span>'
+    for name in names:
+        shown = rule_row(html, name)["overdue"]
+        assert (shown == not_counted) == (name in locked), (name, shown)
+    assert [(r["name"], r["overdue"] is None, r["problem"]) for r in listed] == [
+        (name, name in locked, None) for name in names
+    ]
 
 
 def alert_card(html: str, idempotency_id: str) -> str:
