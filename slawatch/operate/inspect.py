@@ -117,7 +117,8 @@ class RuleStatus(BaseModel):
     overdue: int | None = Field(
         description="rows overdue now (open, deadline + after passed), notified or not "
         "(baselined rows too), counted up to "
-        f"{COUNT_LIMIT}; null when not counted (see problem, or a timeout)"
+        f"{COUNT_LIMIT}; null when not counted (see problem; or its table was locked, or "
+        "the count ran out of time)"
     )
     overdue_capped: bool = Field(description=f"overdue reached {COUNT_LIMIT}: there are more")
     not_notified: int | None = Field(
