@@ -446,7 +446,8 @@ def pipelined(conn: Connection) -> Iterator[None]:
 # holding a scan thread, which the other rules need, for as long as the lock is held.
 # The probes take the weakest lock, which only such statements conflict with.
 LOCK_TIMEOUT = "200ms"
-_LOCK_TIMEOUT = f"SELECT set_config('lock_timeout', '{LOCK_TIMEOUT}', true)".encode()
+# The statement that sets it for the rest of the transaction (SET LOCAL).
+SET_LOCK_TIMEOUT = f"SELECT set_config('lock_timeout', '{LOCK_TIMEOUT}', true)".encode()
 
 
 @contextlib.contextmanager
@@ -454,7 +455,7 @@ def lock_bounded(conn: Connection) -> Iterator[None]:
     """:func:`pipelined`, with ``lock_timeout`` set to :data:`LOCK_TIMEOUT` for the
     statements inside alone, in the same request: no round trip more."""
     with pipelined(conn):
-        conn.execute(_LOCK_TIMEOUT)
+        conn.execute(SET_LOCK_TIMEOUT)
         yield
 
 

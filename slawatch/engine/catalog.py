@@ -11,6 +11,7 @@ from psycopg import sql
 from slawatch.config.rules import OTHER_TABLE, OWN_SCHEMA, QUERY_TABLE, Rule, condition_columns
 from slawatch.db import (
     LOCK_TIMEOUT,
+    SET_LOCK_TIMEOUT,
     Connection,
     DatabaseUnavailable,
     describe,
@@ -210,12 +211,6 @@ def inspect_query(conn: Connection, rule: Rule) -> TableInfo:
     return TableInfo("", QUERY_TABLE, "q", columns, frozenset(), frozenset())
 
 
-# A look-up's lock_timeout, in its own transaction (:func:`rule_table`'s ``wait=False``).
-_LOCK_BOUNDED = sql.SQL("SELECT set_config('lock_timeout', {}, true)").format(
-    sql.Literal(LOCK_TIMEOUT)
-)
-
-
 def rule_table(conn: Connection, rule: Rule, *, wait: bool = True) -> TableInfo | None:
     """The rule's table, with the type of its deadline when that is an expression the
     database accepts (else unknown: :func:`deadline_type_of` says so). ``wait``: as in
@@ -227,7 +222,7 @@ def rule_table(conn: Connection, rule: Rule, *, wait: bool = True) -> TableInfo 
             return inspect_query(conn, rule)
         try:
             with conn.transaction(force_rollback=True):
-                conn.execute(_LOCK_BOUNDED)
+                conn.execute(SET_LOCK_TIMEOUT)
                 return inspect_query(conn, rule)
         except DatabaseUnavailable:
             raise
@@ -260,7 +255,7 @@ def with_deadline_type(
     try:
         with conn.transaction(force_rollback=True):
             if not wait:
-                conn.execute(_LOCK_BOUNDED)
+                conn.execute(SET_LOCK_TIMEOUT)
             type_ = deadline_type(conn, rule, info)
     except DatabaseUnavailable:
         raise

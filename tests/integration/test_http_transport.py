@@ -34,6 +34,16 @@ def webhook(url: str, **fields: Any) -> WebhookNotifier:
     return WebhookNotifier(config)
 
 
+def refused(notifier: WebhookNotifier) -> DeliveryError:
+    """The error ``notifier`` raises sending one alert (it must raise one); closed after."""
+    try:
+        with pytest.raises(DeliveryError) as exc:
+            notifier.send([ALERT])
+    finally:
+        notifier.close()
+    return exc.value
+
+
 class RawServer:
     """Records each request exactly as it came (head and body), answers 200 and keeps
     the connection; ``closed`` counts connections the client closed."""
@@ -233,14 +243,9 @@ def test_a_proxy_from_the_environment_carries_the_alert(
 def test_a_redirect_is_an_error_and_not_followed(receiver: WebhookReceiver) -> None:
     with WebhookReceiver() as elsewhere:
         receiver.default = Reply(302, {"Location": elsewhere.url})
-        notifier = webhook(receiver.url)
-        try:
-            with pytest.raises(DeliveryError) as exc:
-                notifier.send([ALERT])
-        finally:
-            notifier.close()
-        assert str(exc.value) == "HTTP 302 Found"
-        assert not exc.value.permanent
+        error = refused(webhook(receiver.url))
+        assert str(error) == "HTTP 302 Found"
+        assert not error.permanent
         assert len(receiver.requests) == 1 and elsewhere.requests == []
 
 
@@ -303,12 +308,7 @@ def test_a_gzipped_error_answer_is_read_decoded(receiver: WebhookReceiver) -> No
     receiver.default = Reply(
         400, {"Content-Encoding": "gzip"}, body=gzip.compress(b"invalid_payload: no text")
     )
-    notifier = webhook(receiver.url)
-    try:
-        with pytest.raises(DeliveryError) as exc:
-            notifier.send([ALERT])
-    finally:
-        notifier.close()
-    assert str(exc.value) == "HTTP 400 Bad Request: invalid_payload: no text"
-    assert exc.value.permanent
+    error = refused(webhook(receiver.url))
+    assert str(error) == "HTTP 400 Bad Request: invalid_payload: no text"
+    assert error.permanent
     assert receiver.requests[0].headers["accept-encoding"] == "gzip, deflate"

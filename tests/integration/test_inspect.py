@@ -227,6 +227,19 @@ def test_a_count_that_runs_out_of_time_costs_only_its_own_rule(
     assert (after.overdue, after.notified) == (job_alone.overdue, job_alone.notified) == (0, 0)
 
 
+def shop_with_an_overdue_refund(conn: Conn) -> tuple[Rule, Rule, Rule, Rule]:
+    """The shop's rules order_unshipped, refund_unprocessed, job_hung and
+    receipt_unconfirmed, with one refund overdue (the others' tables empty)."""
+    rules = shop(conn)
+    conn.execute(
+        "INSERT INTO refunds VALUES (1, 1, 500, 'requested', %s)",
+        (NOW - timedelta(days=30),),
+    )
+    names = ("order_unshipped", "refund_unprocessed", "job_hung", "receipt_unconfirmed")
+    order, refund, job, receipt = (rules[name] for name in names)
+    return order, refund, job, receipt
+
+
 def test_the_counts_together_stop_at_their_deadline(
     conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -235,13 +248,7 @@ def test_the_counts_together_stop_at_their_deadline(
     left of the deadline, not READ_TIMEOUT, and the rules not counted by then are shown
     not counted (as a count that ran out of time: no problem, no numbers), a table not
     locked too, instead of each locked table waiting READ_TIMEOUT of its own."""
-    rules = shop(conn)
-    conn.execute(
-        "INSERT INTO refunds VALUES (1, 1, 500, 'requested', %s)",
-        (NOW - timedelta(days=30),),
-    )
-    order, refund, job = rules["order_unshipped"], rules["refund_unprocessed"], rules["job_hung"]
-    receipt = rules["receipt_unconfirmed"]
+    order, refund, job, receipt = shop_with_an_overdue_refund(conn)
     monkeypatch.setattr(inspect_module, "READ_TIMEOUT", "8s")
     monkeypatch.setattr(inspect_module, "COUNTS_TIMEOUT", 1.0)
     # The locks waited out as a slow count is (a lock timeout would end them sooner).
@@ -268,13 +275,7 @@ def test_a_locked_table_is_not_counted_at_once_and_the_rules_after_it_are(
     not READ_TIMEOUT: with two tables of four rules locked, and READ_TIMEOUT and
     COUNTS_TIMEOUT far longer than the test, the locked two are shown not counted (as
     a count that ran out of time: no problem, no numbers) and the free two counted."""
-    rules = shop(conn)
-    conn.execute(
-        "INSERT INTO refunds VALUES (1, 1, 500, 'requested', %s)",
-        (NOW - timedelta(days=30),),
-    )
-    order, refund, job = rules["order_unshipped"], rules["refund_unprocessed"], rules["job_hung"]
-    receipt = rules["receipt_unconfirmed"]
+    order, refund, job, receipt = shop_with_an_overdue_refund(conn)
     monkeypatch.setattr(inspect_module, "READ_TIMEOUT", "30s")
     monkeypatch.setattr(inspect_module, "COUNTS_TIMEOUT", 30.0)
     with psycopg.connect(dsn, autocommit=True) as other, other.transaction():
