@@ -56,6 +56,7 @@ from slawatch.engine.outbox import (
     resolved,
     row_cap,
     severities,
+    unguarded_first,
 )
 from slawatch.engine.predicates import predicates
 from slawatch.engine.probefn import (
@@ -225,6 +226,9 @@ class ClaimPlan:
     probe_fn: ProbeFunction | None = None
     # SLAWATCH_OUTBOX=rows: the claim writes the outbox in rows (docs/explanation/outbox-rows.md).
     rows: bool = False
+    # inline: ``statement`` is sent without the outbox's guards against rows written
+    # already, this one with them where that fails (outbox.unguarded_first).
+    guarded: sql.Composed | None = None
 
     @cached_property
     def probe_values(self) -> Rendered | None:
@@ -424,45 +428,50 @@ def plan_claim(
     else:
         first_cols = ended_cols = resolved_ctes = sql.SQL("")
         wake = sql.SQL("EXISTS (SELECT 1 FROM deliveries)")
-    statement = sql.SQL(_CLAIM).format(
-        # The rule's definition must be the recorded one (engine/generation.py).
-        gate=sql.SQL(GATE_CTE),
-        gate_where=sql.SQL(GATE_WHERE),
-        first_cols=first_cols,
-        ended_cols=ended_cols,
-        resolved=resolved_ctes,
-        wake=wake,
-        acked_match=match("tableoid", "ctid", "acked"),
-        table=table_ident(rule),
-        n=n,
-        next=nxt,
-        seen=seen,
-        ep=ep,
-        deadline=deadline,
-        deadline_tz=as_tz(deadline),
-        first=first,
-        again=again,
-        ended=ended,
-        new_episode=new_episode,
-        new_n=new_n,
-        key=key_text,
-        interval=interval,
-        row=row,
-        outbox=outbox(
-            severity,
-            notify,
-            acting=rule.action is not None,
-            closed=sql.SQL("SELECT sw_key FROM closed"),
-            drop=row_cap(rule, key),
-            rows=rows,
-            webhook=rule.action is not None and rule.action.webhook is not None,
-            resolve=rule.resolve,
-        ),
-        severities=sql.SQL(SEVERITIES),
-        due=due_column(rule, key),
-        partition_match=match("toid", "tid", "targets"),
-        ended_match=match("tableoid", "ctid", "ended"),
-    )
+
+    def claim_with(guarded: bool) -> sql.Composed:
+        return sql.SQL(_CLAIM).format(
+            # The rule's definition must be the recorded one (engine/generation.py).
+            gate=sql.SQL(GATE_CTE),
+            gate_where=sql.SQL(GATE_WHERE),
+            first_cols=first_cols,
+            ended_cols=ended_cols,
+            resolved=resolved_ctes,
+            wake=wake,
+            acked_match=match("tableoid", "ctid", "acked"),
+            table=table_ident(rule),
+            n=n,
+            next=nxt,
+            seen=seen,
+            ep=ep,
+            deadline=deadline,
+            deadline_tz=as_tz(deadline),
+            first=first,
+            again=again,
+            ended=ended,
+            new_episode=new_episode,
+            new_n=new_n,
+            key=key_text,
+            interval=interval,
+            row=row,
+            outbox=outbox(
+                severity,
+                notify,
+                acting=rule.action is not None,
+                closed=sql.SQL("SELECT sw_key FROM closed"),
+                drop=row_cap(rule, key),
+                rows=rows,
+                webhook=rule.action is not None and rule.action.webhook is not None,
+                resolve=rule.resolve,
+                guarded=guarded,
+            ),
+            severities=sql.SQL(SEVERITIES),
+            due=due_column(rule, key),
+            partition_match=match("toid", "tid", "targets"),
+            ended_match=match("tableoid", "ctid", "ended"),
+        )
+
+    statement = claim_with(False)
     if rule.track == "table":
         table = compose(
             rule,
@@ -498,7 +507,15 @@ def plan_claim(
         other=other,
     )
     probe = sql.SQL(_PROBE).format(due=parts.due, again=parts.again, other=parts.other)
-    return ClaimPlan(rule, statement, has_tz, probe=probe, probe_parts=parts, rows=rows)
+    return ClaimPlan(
+        rule,
+        statement,
+        has_tz,
+        probe=probe,
+        probe_parts=parts,
+        rows=rows,
+        guarded=claim_with(True),
+    )
 
 
 def probe_definition(plan: ClaimPlan) -> Definition | None:
@@ -591,9 +608,16 @@ def claim_counted(conn: Connection, plan: ClaimPlan, now: datetime) -> Tally:
         raise ValueError(f"rule {plan.rule.name} is track: table: use batches() or drain()")
     if plan.rule.action is not None:
         return _claim_acting(conn, plan, now)
+    params = plan.params(now)
+
     # One statement, one round trip: it commits on its own (the NOTIFY inside with it).
-    with translate(f"claim for rule {plan.rule.name}"), one_statement(conn):
-        row = conn.execute(plan.statement, plan.params(now)).fetchone()
+    def run(statement: sql.Composed) -> Any:
+        with one_statement(conn):
+            return conn.execute(statement, params).fetchone()
+
+    what = f"claim for rule {plan.rule.name}"
+    with translate(what):
+        row = unguarded_first(what, conn, run, plan.statement, plan.guarded)
     if row is None:
         return Tally()
     return Tally(int(row[0]), int(row[2]), severities(row[3]))
@@ -604,10 +628,18 @@ def _claim_acting(conn: Connection, plan: ClaimPlan, now: datetime) -> Tally:
     one transaction (engine/acting.py)."""
     if plan.act is None:
         raise ValueError(f"rule {plan.rule.name} has an action and its plan no runner")
-    with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
-        row = conn.execute(plan.statement, plan.params(now)).fetchone()
-        assert row is not None
-        plan.act(conn, plan.rule, parse_due(row[-1], plan.rule), now)
+    act, params = plan.act, plan.params(now)
+
+    def run(statement: sql.Composed) -> Any:
+        with conn.transaction():
+            row = conn.execute(statement, params).fetchone()
+            assert row is not None
+            act(conn, plan.rule, parse_due(row[-1], plan.rule), now)
+        return row
+
+    what = f"claim for rule {plan.rule.name}"
+    with translate(what):
+        row = unguarded_first(what, conn, run, plan.statement, plan.guarded)
     return Tally(int(row[0]), int(row[2]), severities(row[3]))
 
 

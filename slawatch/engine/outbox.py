@@ -26,14 +26,17 @@ the statement reads keep their names and columns.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
+import psycopg.errors
 from psycopg import sql
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
+from psycopg.pq import TransactionStatus
 
 # The one field of an alert's row that stands in for row data over MAX_DATA, beside
 # the row's key columns (docs/reference/rules.md, `columns`); a rule's row has no
@@ -46,6 +49,9 @@ from slawatch.config.settings import Outbox as Outbox
 
 if TYPE_CHECKING:
     from slawatch.config.rules import Rule
+    from slawatch.db import Connection
+
+log = logging.getLogger(__name__)
 
 # The most alerts an outbox row holds (its CHECK, 0020_outbox_rows.sql): one delivery batch.
 ROW_ALERTS = 100
@@ -112,10 +118,7 @@ _OUTBOX = """\
                                 row_data)
     SELECT %(rule)s, c.key, c.episode, c.n, {severity}, c.deadline,
            c.deadline + %(after)s::interval, %(now)s::timestamptz, {row_data}
-      FROM claimed c
-    -- At most once, and a notification that exists already (tracking state restored
-    -- from a backup, an upgrade cut short) is not an error that would stop the rule.
-    ON CONFLICT DO NOTHING
+      FROM claimed c{guard_alert}
     RETURNING id, n, severity{returning}
 ), deliveries AS (
     INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)
@@ -130,8 +133,7 @@ _OUTBOX = """\
     SELECT %(rule)s, c.key, c.episode, c.deadline, c.deadline + %(after)s::interval,
            %(now)s::timestamptz
       FROM claimed c
-     WHERE c.n = 1
-    ON CONFLICT (rule, key, episode) DO NOTHING
+     WHERE c.n = 1{guard_episode}
     RETURNING 1
 ), history_superseded AS (
     -- A key has one open episode at most, and this statement's own insert is not
@@ -310,8 +312,7 @@ _OUTBOX_ROWS = """\
     SELECT %(rule)s, c.key, c.episode, c.deadline, c.deadline + %(after)s::interval,
            %(now)s::timestamptz
       FROM claimed c
-     WHERE c.n = 1
-    ON CONFLICT (rule, key, episode) DO NOTHING
+     WHERE c.n = 1{guard_episode}
     RETURNING key, episode
 ), alerts AS MATERIALIZED (
     -- IN (...) IS TRUE: a hashed subplan, never a join of two CTEs planned on their
@@ -421,6 +422,7 @@ def outbox(
     rows: bool = False,
     webhook: bool = False,
     resolve: bool = False,
+    guarded: bool = True,
 ) -> sql.Composed:
     """The ``alerts`` and ``deliveries`` CTEs for a rule's severity and notifiers, and
     the episode history's: new episodes, and ``closed`` (a SELECT of the keys of the
@@ -433,8 +435,12 @@ def outbox(
     (key, episode) they ended (:data:`CLAIM_ENDED`). ``webhook``: the rule's action is a
     webhook, whose alerts are written to today's table as well (_ACTION_ALERTS).
     ``resolve``: the rule's (with ``rows``, the history CTEs also take given-up episodes
-    whose resolved notice is not written yet: _HISTORY_END_NOTICE)."""
+    whose resolved notice is not written yet: _HISTORY_END_NOTICE). ``guarded``: the
+    inserts of notifications and of new episodes' history rows pass over one there
+    already (:data:`GUARDS`); without, such a row fails the statement
+    (:func:`unguarded_first`)."""
     row_data = capped(sql.SQL("c.row_data"), drop)
+    guards = GUARDS if guarded else _NO_GUARDS
     superseded_keys = sql.SQL("SELECT c.key FROM claimed c WHERE c.n = 1 AND c.episode > 1")
     superseded = _history_end(superseded_keys, rows=rows, resolve=resolve)
     if rows:
@@ -449,6 +455,7 @@ def outbox(
             action_alerts=sql.SQL(_ACTION_ALERTS if webhook else ""),
             superseded=superseded,
             ended=history_ended(closed, rows=True, resolve=resolve),
+            **guards,
         )
     returning = sql.SQL(", key, episode, row_data" if acting else "")
     return sql.SQL(_OUTBOX).format(
@@ -458,7 +465,61 @@ def outbox(
         row_data=row_data,
         superseded=superseded,
         ended=history_ended(closed),
+        **guards,
     )
+
+
+# The claim's guards against a row written already. A notification, or an episode's
+# history row, that exists already (tracking state restored from a backup, an upgrade
+# cut short) is not an error that would stop the rule: the claim passes over it, and
+# writes no alert where its episode's row was there (the outbox in rows: what keeps
+# #1 once) or where the notification was (alert_once). Each guard costs its insert a
+# speculative insertion (a check of the unique index, then the insert confirmed) on
+# every row, to pass over rows that only such a restore leaves. The claim is therefore
+# sent without them first, and with them only when that fails (unguarded_first).
+GUARDS = {
+    "guard_alert": sql.SQL("\n    ON CONFLICT DO NOTHING"),
+    "guard_episode": sql.SQL("\n    ON CONFLICT (rule, key, episode) DO NOTHING"),
+}
+_NO_GUARDS = {name: sql.SQL("") for name in GUARDS}
+
+T = TypeVar("T")
+
+
+def unguarded_first(
+    what: str,
+    conn: Connection,
+    run: Callable[[sql.Composed], T],
+    statement: sql.Composed,
+    guarded: sql.Composed | None,
+) -> T:
+    """``run(statement)``, the claim without :data:`GUARDS`; where a notification or a
+    history row it writes is there already (a unique violation of slawatch's alerts or
+    episode history, which rolls back what ``run`` began: its transaction or savepoint),
+    ``run(guarded)``, the same claim with them, which passes over those rows. Any other
+    error, a rule's action's own among them, is raised as it is. ``guarded`` None:
+    ``statement`` has its guards.
+
+    On ``conn`` in a transaction already (a calendar rule's claim with its due times,
+    claim._dated), a failed statement would abort that transaction, and a savepoint
+    around it costs two round trips: ``run(guarded)`` at once."""
+    if guarded is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+        return run(guarded)
+    try:
+        return run(statement)
+    except psycopg.errors.UniqueViolation as exc:
+        table = exc.diag.table_name or ""
+        ours = exc.diag.schema_name == "slawatch" and (
+            table == "episode" or table.startswith("alert")
+        )
+        if guarded is None or not ours:
+            raise
+        log.warning(
+            "%s: some of its notifications or episodes were written already (tracking"
+            " state restored from a backup?); claiming again, past them",
+            what,
+        )
+        return run(guarded)
 
 
 def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, Any]:

@@ -59,6 +59,7 @@ from slawatch.engine.outbox import (
     resolved,
     row_cap,
     severities,
+    unguarded_first,
 )
 from slawatch.engine.probefn import TABLE_PARAMS, ProbeFunction, Rendered, render
 
@@ -370,6 +371,9 @@ class TablePlan:
     duplicates: sql.Composed | None = None  # a query rule's keys held twice (_DUPLICATES)
     # The probe as slawatch."<rule>_probe", where migrate created it (engine/probefn.py).
     probe_fn: ProbeFunction | None = None
+    # ``claim`` is sent without the outbox's guards against rows written already, this
+    # one with them where that fails (outbox.unguarded_first).
+    claim_guarded: sql.Composed | None = None
     # This process's watermark, kept across drains (dataclasses.replace keeps it).
     mark: Mark = field(default_factory=Mark, compare=False)
 
@@ -505,57 +509,62 @@ def compose(
         )
     # The rule's definition must be the recorded one (engine/generation.py).
     gate, gate_where = sql.SQL(GATE_CTE), sql.SQL(GATE_WHERE)
-    claim = sql.SQL(_CLAIM).format(
-        gate=gate,
-        gate_where=gate_where,
-        resolved=claim_resolved,
-        wake=wake,
-        s_key_row=key_row("s"),
-        table=table,
-        state=state_table(rule),
-        td=td,
-        open_when=open_when,
-        keys=sql.SQL(", ").join(sql.Identifier(c) for c in key),
-        t_keys=cols("t"),
-        t_needed=sql.SQL(", ").join(
-            sql.Identifier("t", c)
-            for c in dict.fromkeys([*key, *rule.deadline_columns, *rule.alert_columns(key)])
-        ),
-        s_keys=cols("s"),
-        a_keys=cols("a"),
-        f_keys=cols("f"),
-        t_key_text=key_text("t"),
-        s_key_text=key_text("s"),
-        t_row=row,
-        s_is_t=eq("s", "t"),
-        s_is_a=eq("s", "a"),
-        t_is_a=eq("t", "a"),
-        s_is_c=eq("s", "c"),
-        o_key_text=key_text("o"),
-        o_key_row=key_row("o"),
-        r_key_text=key_text("r"),
-        r_key_row=key_row("r"),
-        first_next=first_next,
-        distinct=distinct,
-        distinct_order=distinct_order,
-        read=read,
-        fresh_read=fresh_read,
-        one_match=one_match,
-        again_interval=interval(sql.SQL("(s.sw_n + 1)")),
-        seen_tz=as_tz(sql.Identifier("c", "seen")),
-        outbox=outbox(
-            severity,
-            notify,
-            acting=rule.action is not None,
-            closed=sql.SQL("SELECT key FROM closed"),
-            drop=row_cap(rule, key),
-            rows=rows,
-            webhook=rule.action is not None and rule.action.webhook is not None,
-            resolve=rule.resolve,
-        ),
-        severities=sql.SQL(SEVERITIES),
-        due=due or sql.SQL(""),
-    )
+
+    def claim_with(guarded: bool) -> sql.Composed:
+        return sql.SQL(_CLAIM).format(
+            gate=gate,
+            gate_where=gate_where,
+            resolved=claim_resolved,
+            wake=wake,
+            s_key_row=key_row("s"),
+            table=table,
+            state=state_table(rule),
+            td=td,
+            open_when=open_when,
+            keys=sql.SQL(", ").join(sql.Identifier(c) for c in key),
+            t_keys=cols("t"),
+            t_needed=sql.SQL(", ").join(
+                sql.Identifier("t", c)
+                for c in dict.fromkeys([*key, *rule.deadline_columns, *rule.alert_columns(key)])
+            ),
+            s_keys=cols("s"),
+            a_keys=cols("a"),
+            f_keys=cols("f"),
+            t_key_text=key_text("t"),
+            s_key_text=key_text("s"),
+            t_row=row,
+            s_is_t=eq("s", "t"),
+            s_is_a=eq("s", "a"),
+            t_is_a=eq("t", "a"),
+            s_is_c=eq("s", "c"),
+            o_key_text=key_text("o"),
+            o_key_row=key_row("o"),
+            r_key_text=key_text("r"),
+            r_key_row=key_row("r"),
+            first_next=first_next,
+            distinct=distinct,
+            distinct_order=distinct_order,
+            read=read,
+            fresh_read=fresh_read,
+            one_match=one_match,
+            again_interval=interval(sql.SQL("(s.sw_n + 1)")),
+            seen_tz=as_tz(sql.Identifier("c", "seen")),
+            outbox=outbox(
+                severity,
+                notify,
+                acting=rule.action is not None,
+                closed=sql.SQL("SELECT key FROM closed"),
+                drop=row_cap(rule, key),
+                rows=rows,
+                webhook=rule.action is not None and rule.action.webhook is not None,
+                resolve=rule.resolve,
+                guarded=guarded,
+            ),
+            severities=sql.SQL(SEVERITIES),
+            due=due or sql.SQL(""),
+        )
+
+    claim = claim_with(False)
     close = sql.SQL(_CLOSE).format(
         gate=gate,
         gate_where=gate_where,
@@ -580,7 +589,9 @@ def compose(
         duplicates = sql.SQL(_DUPLICATES).format(
             t_key_text=key_text("t"), table=table, td=td, open_when=open_when, t_keys=cols("t")
         )
-    return TablePlan(rule, claim, close, probe=probe, duplicates=duplicates)
+    return TablePlan(
+        rule, claim, close, probe=probe, duplicates=duplicates, claim_guarded=claim_with(True)
+    )
 
 
 @dataclass(frozen=True)
@@ -604,11 +615,18 @@ def claim_table_batch(
     """One batch: fresh rows with a deadline from ``since`` on, and due re-notifications."""
     if plan.rule.action is not None:
         return _claim_acting(conn, plan, params, since)
+    params = params | {"since": since}
+
     # One statement, one round trip: it commits on its own (the NOTIFY inside with it).
-    with translate(f"claim for rule {plan.rule.name}"), one_statement(conn):
-        row = conn.execute(plan.claim, params | {"since": since}).fetchone()
-        assert row is not None
-        alerts, _deliveries, fresh, last, again, _woken, closed, by_severity = row
+    def run(statement: sql.Composed) -> Any:
+        with one_statement(conn):
+            return conn.execute(statement, params).fetchone()
+
+    what = f"claim for rule {plan.rule.name}"
+    with translate(what):
+        row = unguarded_first(what, conn, run, plan.claim, plan.claim_guarded)
+    assert row is not None
+    alerts, _deliveries, fresh, last, again, _woken, closed, by_severity = row
     return TableBatch(
         int(alerts), int(fresh), last, int(again), int(closed), severities(by_severity)
     )
@@ -621,11 +639,19 @@ def _claim_acting(
     in one transaction (engine/acting.py)."""
     if plan.act is None:
         raise ValueError(f"rule {plan.rule.name} has an action and its plan no runner")
-    with translate(f"claim for rule {plan.rule.name}"), conn.transaction():
-        row = conn.execute(plan.claim, params | {"since": since}).fetchone()
-        assert row is not None
-        alerts, _deliveries, fresh, last, again, _woken, closed, by_severity, due = row
-        plan.act(conn, plan.rule, parse_due(due, plan.rule), params["now"])
+    act, params = plan.act, params | {"since": since}
+
+    def run(statement: sql.Composed) -> Any:
+        with conn.transaction():
+            row = conn.execute(statement, params).fetchone()
+            assert row is not None
+            act(conn, plan.rule, parse_due(row[-1], plan.rule), params["now"])
+        return row
+
+    what = f"claim for rule {plan.rule.name}"
+    with translate(what):
+        row = unguarded_first(what, conn, run, plan.claim, plan.claim_guarded)
+    alerts, _deliveries, fresh, last, again, _woken, closed, by_severity, _due = row
     return TableBatch(
         int(alerts), int(fresh), last, int(again), int(closed), severities(by_severity)
     )

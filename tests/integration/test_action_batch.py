@@ -248,3 +248,36 @@ def test_the_set_form_records_and_does_what_one_by_one_does(
         raise psycopg.Rollback()
     assert (outcome(together), after_together) == (alone, after_alone)
     assert path == expected
+
+
+@pytest.mark.parametrize("track", ["inline", "table"])
+def test_a_claim_that_meets_its_alerts_again_runs_no_action_twice(
+    conn: Conn, track: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tracking state restored from before the first claim: the claim is sent again with
+    its guards (docs/explanation/architecture.md) in a transaction of its own, with its
+    actions: no alert and no action a second time, and the rule goes on."""
+    conn.execute(TABLES)
+    r = Rule.model_validate(
+        rule("insert into restarts (task_id, kind) values (:id, 'restart')").model_dump(
+            by_alias=True, exclude_unset=True
+        )
+        | {"track": track}
+    )
+    migrate(conn, [r])
+    plan = prepare(conn, r).with_act(runner("on"))
+    state_table = "public.tasks" if track == "inline" else "slawatch.task_hung_state"
+    conn.execute(f"CREATE TABLE backup AS SELECT * FROM {state_table}")
+    assert claim_all(conn, plan, LATE) == 5
+    before = state(conn), records(conn)
+    assert len(before[1]) == 5 and len(before[0]["restarts"]) == 4  # task 3: its CHECK
+    conn.execute(f"DELETE FROM {state_table}")
+    conn.execute(f"INSERT INTO {state_table} SELECT * FROM backup")
+    conn.execute("DELETE FROM slawatch.watermark")  # restored too: none before the claim
+    plan = prepare(conn, r).with_act(runner("on"))  # a process started on the restore
+    with caplog.at_level(logging.WARNING, logger="slawatch.engine.outbox"):
+        assert claim_all(conn, plan, LATE + timedelta(minutes=1)) == 0
+    assert any("claim for rule task_hung" in m for m in caplog.messages), caplog.messages
+    after = state(conn), records(conn)
+    assert after[0]["restarts"] == before[0]["restarts"] and after[1] == before[1]
+    assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (5,)

@@ -268,3 +268,28 @@ def test_explain_shows_the_working_time_cutoff(conn: Conn, dsn: str, tmp_path: P
     # Office hours hold at most the wall-clock time: the cutoff is 2 h or more back.
     assert cutoff <= at - timedelta(hours=2) + S
     assert office().working_time(cutoff, at + S) >= timedelta(hours=2) - S
+
+
+def test_a_calendar_rule_restored_from_a_backup_is_not_paged_twice(
+    conn: Conn, dsn: str, track: str
+) -> None:
+    """Tracking state restored from before the first drain: the claim meets its alerts
+    again. It runs in the transaction that gives its alerts their due time, where a
+    failed statement would abort the transaction: there it is sent with its guards at
+    once (docs/explanation/architecture.md). Nothing is paged twice, the due times stay."""
+    conn.execute(TICKETS)
+    rule = ticket_rule(track)
+    migrate(conn, [rule])
+    for key, opened, _ in TICKETS_DUE:
+        conn.execute("INSERT INTO tickets VALUES (%s, %s, NULL)", (key, opened))
+    state = "public.tickets" if track == "inline" else "slawatch.ticket_unanswered_state"
+    conn.execute(f"CREATE TABLE backup AS SELECT * FROM {state}")
+    clock = FixedClock(berlin(2026, 12, 7, 12))
+    with Database(dsn, size=1, timeout=5) as db:
+        assert drain(db, prepare(conn, rule), clock).claimed == 3
+        conn.execute(f"DELETE FROM {state}")
+        conn.execute(f"INSERT INTO {state} SELECT * FROM backup")
+        conn.execute("DELETE FROM slawatch.watermark")
+        assert drain(db, prepare(conn, rule), clock, sweep=True).claimed == 0
+    dues = conn.execute("SELECT key, due_at FROM slawatch.alert ORDER BY key").fetchall()
+    assert dues == [(str(key), due_at) for key, _, due_at in TICKETS_DUE]
