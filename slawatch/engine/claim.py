@@ -122,7 +122,7 @@ first AS (
      WHERE (tableoid, ctid) NOT IN (SELECT tableoid, ctid FROM acked)
 ), claimed AS (
     UPDATE {table}
-       SET {ep} = CASE WHEN {new_episode} THEN {ep} + 1 ELSE {ep} END,
+       SET {ep} = CASE WHEN {new_episode} THEN {next_episode} ELSE {ep} END,
            {n} = {new_n},
            {seen} = {deadline},
            {next} = CASE WHEN {new_n} >= %(max)s::integer THEN NULL
@@ -429,6 +429,16 @@ def plan_claim(
         first_cols = ended_cols = resolved_ctes = sql.SQL("")
         wake = sql.SQL("EXISTS (SELECT 1 FROM deliveries)")
 
+    # A new episode's number: the next one, or in the guarded claim one past every
+    # episode its key has in the history (a row deleted and its key inserted again
+    # starts over at 0: 0027_next_episode.sql).
+    next_episode = {
+        False: sql.SQL("{} + 1").format(ep),
+        True: sql.SQL(
+            "slawatch.next_episode(%(rule)s, {}, {}, CASE WHEN isfinite({}) THEN {} END)"
+        ).format(key_text, ep, deadline, as_tz(deadline)),
+    }
+
     def claim_with(guarded: bool) -> sql.Composed:
         return sql.SQL(_CLAIM).format(
             # The rule's definition must be the recorded one (engine/generation.py).
@@ -450,6 +460,7 @@ def plan_claim(
             again=again,
             ended=ended,
             new_episode=new_episode,
+            next_episode=next_episode[guarded],
             new_n=new_n,
             key=key_text,
             interval=interval,

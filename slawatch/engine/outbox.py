@@ -515,8 +515,9 @@ def unguarded_first(
         if guarded is None or not ours:
             raise
         log.warning(
-            "%s: some of its notifications or episodes were written already (tracking"
-            " state restored from a backup?); claiming again, past them",
+            "%s: some of its notifications or episodes were written already (a key"
+            " inserted again after its row was deleted, or tracking state restored from"
+            " a backup); claiming again past them, new episodes numbered after them",
             what,
         )
         return run(guarded)

@@ -13,6 +13,8 @@ from psycopg.types.json import Jsonb
 from slawatch.config.rules import Rule
 from slawatch.engine.claim import ClaimPlan, claim_batch, plan_claim
 from slawatch.engine.migrate import migrate
+from slawatch.engine.outbox import Outbox
+from slawatch.engine.timers import prune_timers
 from tests.integration.helpers import Conn
 
 N = 10_000
@@ -196,3 +198,89 @@ def test_four_scanners_page_each_event_timer_once(conn: Conn, dsn: str) -> None:
         "SELECT count(*), count(DISTINCT key) FROM slawatch.alert WHERE rule = 'parcel'"
     ).fetchone()
     assert pages == (n - n // 10, n - n // 10)
+
+
+@pytest.mark.parametrize("outbox", ["alerts", "rows"])
+@pytest.mark.parametrize("ended", [True, False], ids=["ended", "deleted_overdue"])
+def test_a_key_inserted_again_is_paged_as_a_new_episode(
+    conn: Conn, outbox: Outbox, ended: bool
+) -> None:
+    """An inline rule's tracking columns are on the row: a row deleted (after its episode
+    ended, or while still overdue) and its key inserted again starts over at episode 0.
+    Its new overdue stretch is paged as the key's next episode, not passed over as the
+    first one seen again (0027_next_episode.sql); a restored backup still is."""
+    plan = two_running_tasks(conn)
+    plan = plan_claim(plan.rule, "timestamp with time zone", key=["id"], outbox_in=outbox)
+    assert claim_batch(conn, plan, T0 + timedelta(minutes=1)) == 2
+    if ended:
+        conn.execute("UPDATE tasks SET state = 'done' WHERE id = 1")
+        claim_batch(conn, plan, T0 + timedelta(minutes=2))  # closes task 1's episode
+    conn.execute("DELETE FROM tasks WHERE id = 1")
+    conn.execute("INSERT INTO tasks VALUES (1, 'running', %s)", (T0 + timedelta(minutes=3),))
+    assert claim_batch(conn, plan, T0 + timedelta(minutes=5)) == 1
+    assert conn.execute("SELECT sw_stuck_ep FROM tasks WHERE id = 1").fetchone() == (2,)
+    history = conn.execute(
+        "SELECT key, episode, ended_at IS NOT NULL FROM slawatch.episode ORDER BY 1, 2"
+    ).fetchall()
+    # The episode before is ended by the next one where the deletion left it open.
+    assert history == [("1", 1, True), ("1", 2, False), ("2", 1, False)]
+    if outbox == "alerts":
+        paged = conn.execute("SELECT key, episode, n FROM slawatch.alert ORDER BY 1, 2")
+    else:
+        paged = conn.execute(
+            "SELECT k, e, n FROM slawatch.outbox_row,"
+            " unnest(keys, episodes, ns) AS u(k, e, n) ORDER BY 1, 2"
+        )
+    assert paged.fetchall() == [("1", 1, 1), ("1", 2, 1), ("2", 1, 1)]
+
+
+def test_a_key_inserted_again_after_its_history_was_pruned_is_paged(conn: Conn) -> None:
+    """Retention removes an ended episode's history row before the range that holds its
+    alerts is dropped (docs/how-to/operate.md): the alerts alone number the key's next
+    episode, and tell a restored backup's repeat (the same deadline) from a new one."""
+    plan = two_running_tasks(conn)
+    assert claim_batch(conn, plan, T0 + timedelta(minutes=1)) == 2
+    conn.execute("UPDATE tasks SET state = 'done' WHERE id = 1")
+    claim_batch(conn, plan, T0 + timedelta(minutes=2))
+    conn.execute("DELETE FROM slawatch.episode WHERE ended_at IS NOT NULL")
+    conn.execute("DELETE FROM tasks WHERE id = 1")
+    conn.execute("INSERT INTO tasks VALUES (1, 'running', %s)", (T0 + timedelta(minutes=3),))
+    # Task 2's tracking state as before its #1, its history row gone too: a repeat.
+    conn.execute("DELETE FROM slawatch.episode")
+    conn.execute(
+        "UPDATE tasks SET sw_stuck_ep = 0, sw_stuck_n = 0, sw_stuck_seen = NULL,"
+        " sw_stuck_next = NULL WHERE id = 2"
+    )
+    assert claim_batch(conn, plan, T0 + timedelta(minutes=5)) == 1  # task 1 only
+    got = conn.execute("SELECT key, episode, n FROM slawatch.alert ORDER BY 1, 2").fetchall()
+    assert got == [("1", 1, 1), ("1", 2, 1), ("2", 1, 1)]
+
+
+def test_an_event_key_started_again_after_its_timer_was_pruned_is_paged(conn: Conn) -> None:
+    """Retention removes a stopped timer (prune_timers) before its episode's alerts: the
+    key started again is paged as its next episode (0027_next_episode.sql)."""
+    rule = Rule.model_validate(
+        {
+            "name": "parcel",
+            "events": {"start": "shipped", "stop": "delivered", "within": "1h"},
+            "notify": ["a"],
+        }
+    )
+    migrate(conn, [rule])
+    plan = plan_claim(rule, "timestamp with time zone")
+
+    def event(kind: str, at: datetime) -> None:
+        conn.execute(
+            "SELECT count(*) FROM slawatch.events(%s, %s)",
+            (Jsonb([{"type": kind, "key": "p1", "at": at.isoformat()}]), at),
+        )
+
+    event("shipped", T0)
+    assert claim_batch(conn, plan, T0 + timedelta(hours=2)) == 1
+    event("delivered", T0 + timedelta(hours=3))
+    claim_batch(conn, plan, T0 + timedelta(hours=3))  # ends the episode
+    assert prune_timers(conn, rule, T0 + timedelta(days=9), T0 + timedelta(days=9), 100) == 1
+    event("shipped", T0 + timedelta(days=10))
+    assert claim_batch(conn, plan, T0 + timedelta(days=10, hours=2)) == 1
+    got = conn.execute("SELECT key, episode, n FROM slawatch.alert ORDER BY 1, 2").fetchall()
+    assert got == [("p1", 1, 1), ("p1", 2, 1)]

@@ -52,9 +52,19 @@ class Receiver(BaseNotifier):
 def previous_release(monkeypatch: pytest.MonkeyPatch) -> None:
     """schema.migrations() as the release before 0017 shipped them, until ``upgrade()``."""
     shipped = schema.migrations()
-    assert [m.version for m in shipped[PREVIOUS:]] == [17, 18, 19, 20, 21, 22, 23, 24, 25, 26], (
-        "a migration since: look here"
-    )
+    assert [m.version for m in shipped[PREVIOUS:]] == [
+        17,
+        18,
+        19,
+        20,
+        21,
+        22,
+        23,
+        24,
+        25,
+        26,
+        27,
+    ], "a migration since: look here"
     monkeypatch.setattr(schema, "migrations", lambda: shipped[:PREVIOUS])
 
 
