@@ -729,8 +729,8 @@ def _settle_failure(
 
 
 # The outbox in rows (0020_outbox_rows.sql; docs/explanation/outbox-rows.md): sends a
-# worker takes in a row before it goes back to its notifier's deliveries, so that neither
-# shape waits for the other's whole backlog.
+# worker takes in a row before it goes back to its notifier's deliveries where one is
+# due, so that neither shape waits for the other's whole backlog.
 ROWS_PER_TURN = 10
 
 
@@ -1074,9 +1074,15 @@ def deliver_rows(
     turn: int | None = ROWS_PER_TURN,
 ) -> tuple[PassResult, int]:
     """Row sends of ``notifier`` one after the other until none is due, the receiver
-    fails, ``stop`` is set or ``turn`` sends were leased (None: no bound); each accepted
-    one settled by the lease of the next. What they did, and how many were leased."""
-    total, leased = PassResult(), 0
+    fails, ``stop`` is set or ``turn`` sends were leased (None: no bound) while a delivery
+    of today's outbox is due; each accepted one settled by the lease of the next. What
+    they did, and how many were leased.
+
+    A turn used up with no delivery due goes on: the worker asks (:func:`due_by_shape`)
+    before the turn's last send, whose settle then rides on the next lease as within a
+    turn, where a turn that ended paid a statement for its settle and another for the
+    question between turns (docs/explanation/outbox-rows.md, "Delivery")."""
+    total, leased, in_turn = PassResult(), 0, 0
     send: RowSend | None = lease_row_send(db, notifier, clock.now())
     while send is not None:
         if send.folded:  # settled unsent by the lease's fold: counted as they are
@@ -1087,7 +1093,12 @@ def deliver_rows(
         if send.row_id is None:
             break
         leased += 1
-        more = (stop is None or not stop.is_set()) and (turn is None or leased < turn)
+        in_turn += 1
+        more = stop is None or not stop.is_set()
+        if more and turn is not None and in_turn >= turn:
+            # The turn's last send: back to the deliveries after it if one is due, else
+            # a new turn of sends.
+            more, in_turn = not due_by_shape(db, notifier, clock.now())[0], 0
         result, send = deliver_row_send(
             db, notifier, clock, send, descriptions or {}, more, metrics
         )
