@@ -224,6 +224,36 @@ def test_a_chunked_error_answer_is_read_whole() -> None:
     assert not error.permanent
 
 
+def test_an_answer_sent_before_the_request_was_read_whole_is_read() -> None:
+    """A receiver that answers 413 after the head and closes: the client's write of the
+    rest fails, and the answer is read all the same (as httpcore read it), not an error
+    of the write."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def refuse() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n"
+                b"Connection: close\r\n\r\ntoo big!"
+            )
+
+    threading.Thread(target=refuse, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    notifier = webhook(url)
+    try:
+        with pytest.raises(DeliveryError) as exc:
+            notifier.post(url, b"x" * 8_000_000)  # more than the socket buffers take
+    finally:
+        notifier.close()
+        server.close()
+    assert str(exc.value) == "HTTP 413 Payload Too Large: too big!"
+    assert exc.value.permanent
+
+
 class ForwardingProxy:
     """An HTTP proxy in a thread: takes the absolute-form request a client sends a
     proxy, records its target, forwards it and answers with the server's answer."""

@@ -260,8 +260,11 @@ class Wire:
                 sock.sendall(request)
             except TimeoutError as exc:
                 raise httpcore.WriteTimeout(str(exc)) from exc
-            except OSError as exc:
-                raise httpcore.WriteError(str(exc)) from exc
+            except OSError:
+                # As httpcore: a receiver may answer (a 413, say) and close before it
+                # read the whole request; its answer is read all the same, and where
+                # there is none, that is the error.
+                pass
             answer = _Answer(sock)
             status, version, reason, headers = answer.head()
             extensions = {"http_version": b"HTTP/" + version, "reason_phrase": reason}
