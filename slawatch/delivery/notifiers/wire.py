@@ -253,23 +253,24 @@ class Wire:
         sock = self._checkout(key)
         if sock is None:
             sock = self._connect(url.scheme, url.host, port, timeout)
-        keep = False
+        keep = written = False
         try:
             sock.settimeout(timeout)
             try:
                 sock.sendall(request)
+                written = True
             except TimeoutError as exc:
                 raise httpcore.WriteTimeout(str(exc)) from exc
             except OSError:
                 # As httpcore: a receiver may answer (a 413, say) and close before it
                 # read the whole request; its answer is read all the same, and where
-                # there is none, that is the error.
+                # there is none, that is the error. The connection is not kept.
                 pass
             answer = _Answer(sock)
             status, version, reason, headers = answer.head()
             extensions = {"http_version": b"HTTP/" + version, "reason_phrase": reason}
             yield status, headers, extensions, answer.body(status, headers)
-            keep = answer.complete and version == b"1.1" and not _closes(headers)
+            keep = written and answer.complete and version == b"1.1" and not _closes(headers)
         finally:
             if keep:
                 self._checkin(key, sock)
