@@ -25,7 +25,7 @@ deliveries, a worker leases one due row send at a time (:func:`lease_row_send`),
 its alerts in chunks of the notifier's batch from the send's progress on, with the
 payloads deliveries get, and settles it as deliveries are settled (fenced by the lease
 owner; retry, dead; acks and silences skip alerts), in turns of :data:`ROWS_PER_TURN`
-sends between its claims of deliveries.
+sends between its claims of deliveries (one turn after another while none is due).
 
 :class:`Dispatcher` runs ``concurrency`` worker threads per notifier (a slow
 receiver holds up only its own deliveries) and a listener that wakes them on
