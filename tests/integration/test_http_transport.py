@@ -411,3 +411,60 @@ def test_a_gzipped_error_answer_is_read_decoded(receiver: WebhookReceiver) -> No
     assert str(error) == "HTTP 400 Bad Request: invalid_payload: no text"
     assert error.permanent
     assert receiver.requests[0].headers["accept-encoding"] == "gzip, deflate"
+
+
+class Dripper:
+    """A receiver that answers with ``answer`` and then ``drip``, a byte every 50 ms, for
+    at most 30 s, then closes: the head never ends (or the trailers never do)."""
+
+    def __init__(self, answer: bytes, drip: bytes) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.stop = threading.Event()
+        self.answer, self.drip = answer, drip
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.server.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(self.answer)
+            for byte in (self.drip * 1000)[:600]:
+                if self.stop.wait(0.05):
+                    return
+                conn.sendall(bytes([byte]))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "drip", "sent"),
+    [
+        (b"HTTP/1.1 200 OK\r\n", b"X-Slow: a\r\n", False),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n", b"X-T: 1\r\n", True),
+        (b"", b"HTTP/1.1 100 Continue\r\n\r\n", False),
+    ],
+    ids=["head", "trailers", "informational"],
+)
+def test_an_answer_dripped_a_byte_at_a_time_is_bounded_by_the_timeout(
+    answer: bytes, drip: bytes, sent: bool
+) -> None:
+    """The whole exchange is bounded by the notifier's timeout (1 s here), however the
+    receiver drips its answer: a head that never ends fails the send as timed out; an
+    accepted answer whose trailers never end is accepted, its connection dropped. The
+    receiver would go on for 30 s."""
+    server = Dripper(answer, drip)
+    notifier = webhook(f"http://127.0.0.1:{server.server.getsockname()[1]}/hook", timeout="1s")
+    started = time.monotonic()
+    try:
+        if sent:
+            notifier.send([ALERT])
+        else:
+            assert str(refused(notifier)).startswith("timed out after 1s")
+    finally:
+        notifier.close()
+        server.close()
+    assert time.monotonic() - started < 15

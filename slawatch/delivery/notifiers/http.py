@@ -230,7 +230,7 @@ class HttpNotifier(BaseNotifier):
                 )
             return
         head = self._head(direct, headers, len(body))
-        with self._wire.post(direct.url, head, body, timeout) as answer:
+        with self._wire.post(direct.url, head, body, time.monotonic() + timeout) as answer:
             yield answer
 
     def post(
@@ -252,8 +252,10 @@ class HttpNotifier(BaseNotifier):
         if remaining <= 0:
             raise DeliveryError(f"timed out after {self.timeout:g}s (before the request)")
         request_headers = {"content-type": "application/json", **(headers or {})}
-        # The timeout bounds each read, not the whole answer: a receiver that sends its
-        # body a byte at a time would hold this worker (and outlive the lease).
+        # Straight to a socket (wire.py) the deadline bounds every read; through a proxy
+        # (the Client) the timeout bounds each read, and the deadline is checked between
+        # the answer's chunks below: a receiver that sends its head a byte at a time
+        # there would hold this worker (and outlive the lease).
         try:
             with self._exchange(url, body, request_headers, remaining) as exchange:
                 status, head, extensions, chunks = exchange

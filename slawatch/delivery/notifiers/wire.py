@@ -62,15 +62,23 @@ def _readable(sock: socket.socket) -> bool:
 
 
 class _Answer:
-    """Reads one answer from ``sock``: its head, then its body's chunks (:meth:`body`)."""
+    """Reads one answer from ``sock``: its head, then its body's chunks (:meth:`body`),
+    each read bounded by what is left until ``deadline`` (``time.monotonic()``): a
+    receiver that drips its head, its chunks' lines or its trailers holds the worker no
+    longer than the notifier's timeout, whatever it sends."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock = sock
+        self.deadline = deadline
         self.buffer = b""
         self.complete = False  # the body was read to its end
 
     def recv(self) -> bytes:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise httpcore.ReadTimeout("timed out")
         try:
+            self.sock.settimeout(left)
             return self.sock.recv(READ)
         except TimeoutError as exc:
             raise httpcore.ReadTimeout(str(exc)) from exc
@@ -241,12 +249,16 @@ class Wire:
 
     @contextmanager
     def post(
-        self, url: httpcore.URL, head: Head, body: bytes, timeout: float
+        self, url: httpcore.URL, head: Head, body: bytes, deadline: float
     ) -> Iterator[tuple[int, Head, dict[str, Any], Iterator[bytes]]]:
         """POST ``body`` with ``head`` (the headers, Host among them) to ``url``: the
         answer's status, headers, extensions (``http_version``, ``reason_phrase``, as
-        httpcore gives them) and body chunks; each socket operation bounded by
-        ``timeout`` seconds. The connection is kept when the body was read to its end."""
+        httpcore gives them) and body chunks; the whole exchange, from the connection to
+        the answer's last byte, bounded by ``deadline`` (``time.monotonic()``). The
+        connection is kept when the body was read to its end."""
+        timeout = deadline - time.monotonic()
+        if timeout <= 0:
+            raise httpcore.ConnectTimeout("timed out")
         port = url.port or (443 if url.scheme == b"https" else 80)
         key = (url.scheme, url.host, port)
         request = request_head(url.target, head) + body
@@ -255,7 +267,8 @@ class Wire:
             sock = self._connect(url.scheme, url.host, port, timeout)
         keep = written = False
         try:
-            sock.settimeout(timeout)
+            # sendall's timeout is for the whole write (Python 3.5 on).
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
             try:
                 sock.sendall(request)
                 written = True
@@ -266,7 +279,7 @@ class Wire:
                 # read the whole request; its answer is read all the same, and where
                 # there is none, that is the error. The connection is not kept.
                 pass
-            answer = _Answer(sock)
+            answer = _Answer(sock, deadline)
             status, version, reason, headers = answer.head()
             extensions = {"http_version": b"HTTP/" + version, "reason_phrase": reason}
             yield status, headers, extensions, answer.body(status, headers)
