@@ -14,7 +14,8 @@ slawatch's own ``alert_payload`` and encoded as the webhook notifier does, four 
 - ``httpcore``: httpx's own transport library, ``httpcore.ConnectionPool.stream``,
   with bytes for headers: no httpx objects at all;
 - ``post``: ``HttpNotifier.post`` itself (slawatch/delivery/notifiers/http.py), a
-  webhook notifier's: httpcore's pool, given the headers httpx.Client would send.
+  webhook notifier's: the headers httpx.Client would send, on a kept-alive socket of its
+  own (slawatch/delivery/notifiers/wire.py).
 
 Each round runs each way ``--posts`` times, interleaved, the order turning each round;
 the figures are medians of ``--rounds``. The receiver is a threaded ``http.server`` in a
@@ -49,6 +50,10 @@ RECEIVER = """
 import http.server, socketserver, sys
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # The head and the body are two writes: with Nagle's algorithm the body waited for
+    # the client's delayed ACK of the head, 40 ms a POST (the CPU figures were right,
+    # a run took minutes).
+    disable_nagle_algorithm = True
     def do_POST(self):
         self.rfile.read(int(self.headers["content-length"]))
         self.send_response(200)

@@ -1,7 +1,9 @@
-"""The HTTP notifiers' transport (slawatch/delivery/notifiers/http.py): POSTs go straight
-to httpcore's pool yet keep what httpx.Client gave them: the same bytes on the wire,
-proxies from the environment, the connect timeout, no redirects, the answer limit, gzip
-answers, kept-alive connections closed by close(). Real servers in threads throughout."""
+"""The HTTP notifiers' transport (slawatch/delivery/notifiers/http.py, wire.py): POSTs go
+straight to kept-alive sockets yet keep what httpx.Client gave them: the same bytes on
+the wire, proxies from the environment, the connect timeout, no redirects, the answer
+limit, gzip and chunked answers, kept-alive connections closed by close(), not used
+again once the receiver closed them or said it would. Real servers in threads
+throughout."""
 
 from __future__ import annotations
 
@@ -46,9 +48,13 @@ def refused(notifier: WebhookNotifier) -> DeliveryError:
 
 class RawServer:
     """Records each request exactly as it came (head and body), answers 200 and keeps
-    the connection; ``closed`` counts connections the client closed."""
+    the connection; ``closed`` counts connections the client closed. With ``hang_up``
+    it closes each connection after its answer (``hung_up`` counts them), as a receiver
+    does whose idle timeout ran out."""
 
-    def __init__(self, host: str = "127.0.0.1", answer: bytes | None = None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", answer: bytes | None = None, hang_up: bool = False
+    ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.listener = socket.create_server((host, 0), family=family)
         self.port = self.listener.getsockname()[1]
@@ -56,6 +62,8 @@ class RawServer:
         self.requests: list[bytes] = []
         self.connections = 0
         self.closed = 0
+        self.hang_up = hang_up
+        self.hung_up = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -88,6 +96,10 @@ class RawServer:
                 self.requests.append(head + b"\r\n\r\n" + data[:length])
                 data = data[length:]
                 conn.sendall(self.answer)
+                if self.hang_up:
+                    conn.shutdown(socket.SHUT_RDWR)
+                    self.hung_up += 1
+                    return
 
     def close(self) -> None:
         self.listener.close()
@@ -153,6 +165,93 @@ def test_close_closes_the_kept_alive_connection() -> None:
         wait_until(lambda: server.closed == 1, "the notifier's connection closed")
     finally:
         server.close()
+
+
+def test_a_connection_the_receiver_closed_while_idle_is_not_used_again() -> None:
+    """A kept-alive connection the receiver closed since its last answer (without
+    ``Connection: close``) is seen closed before it is used: the next POST goes on a new
+    one instead of failing on the old."""
+    server = RawServer(hang_up=True)
+    notifier = webhook(f"http://127.0.0.1:{server.port}/hook")
+    try:
+        notifier.send([ALERT])
+        wait_until(lambda: server.hung_up == 1, "the receiver closed the connection")
+        notifier.send([ALERT])
+        assert (server.connections, len(server.requests)) == (2, 2)
+    finally:
+        notifier.close()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "connections"),
+    [
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", 2),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 1),
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", 1),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}", 2),
+    ],
+    ids=["connection-close", "chunked", "informational", "http-1.0"],
+)
+def test_a_connection_is_kept_after_an_answer_read_to_its_end(
+    answer: bytes, connections: int
+) -> None:
+    """Accepted either way; the connection kept for the next POST only where HTTP/1.1
+    keeps it: not after ``Connection: close`` or an HTTP/1.0 answer; an informational
+    answer (1xx) is passed over for the one that follows."""
+    server = RawServer(answer=answer)
+    notifier = webhook(f"http://127.0.0.1:{server.port}/hook")
+    try:
+        notifier.send([ALERT])
+        notifier.send([ALERT])
+        assert (server.connections, len(server.requests)) == (connections, 2)
+    finally:
+        notifier.close()
+        server.close()
+
+
+def test_a_chunked_error_answer_is_read_whole() -> None:
+    server = RawServer(
+        answer=b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"b\r\nbusy, try l\r\n5;x=1\r\nater.\r\n0\r\nX-Trailer: 1\r\n\r\n"
+    )
+    notifier = webhook(f"http://127.0.0.1:{server.port}/hook")
+    try:
+        error = refused(notifier)
+    finally:
+        server.close()
+    assert str(error) == "HTTP 503 Busy: busy, try later."
+    assert not error.permanent
+
+
+def test_an_answer_sent_before_the_request_was_read_whole_is_read() -> None:
+    """A receiver that answers 413 after the head and closes: the client's write of the
+    rest fails, and the answer is read all the same (as httpcore read it), not an error
+    of the write."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def refuse() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n"
+                b"Connection: close\r\n\r\ntoo big!"
+            )
+
+    threading.Thread(target=refuse, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    notifier = webhook(url)
+    try:
+        with pytest.raises(DeliveryError) as exc:
+            notifier.post(url, b"x" * 8_000_000)  # more than the socket buffers take
+    finally:
+        notifier.close()
+        server.close()
+    assert str(exc.value) == "HTTP 413 Payload Too Large: too big!"
+    assert exc.value.permanent
 
 
 class ForwardingProxy:
@@ -312,3 +411,60 @@ def test_a_gzipped_error_answer_is_read_decoded(receiver: WebhookReceiver) -> No
     assert str(error) == "HTTP 400 Bad Request: invalid_payload: no text"
     assert error.permanent
     assert receiver.requests[0].headers["accept-encoding"] == "gzip, deflate"
+
+
+class Dripper:
+    """A receiver that answers with ``answer`` and then ``drip``, a byte every 50 ms, for
+    at most 30 s, then closes: the head never ends (or the trailers never do)."""
+
+    def __init__(self, answer: bytes, drip: bytes) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.stop = threading.Event()
+        self.answer, self.drip = answer, drip
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.server.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(self.answer)
+            for byte in (self.drip * 1000)[:600]:
+                if self.stop.wait(0.05):
+                    return
+                conn.sendall(bytes([byte]))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "drip", "sent"),
+    [
+        (b"HTTP/1.1 200 OK\r\n", b"X-Slow: a\r\n", False),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n", b"X-T: 1\r\n", True),
+        (b"", b"HTTP/1.1 100 Continue\r\n\r\n", False),
+    ],
+    ids=["head", "trailers", "informational"],
+)
+def test_an_answer_dripped_a_byte_at_a_time_is_bounded_by_the_timeout(
+    answer: bytes, drip: bytes, sent: bool
+) -> None:
+    """The whole exchange is bounded by the notifier's timeout (1 s here), however the
+    receiver drips its answer: a head that never ends fails the send as timed out; an
+    accepted answer whose trailers never end is accepted, its connection dropped. The
+    receiver would go on for 30 s."""
+    server = Dripper(answer, drip)
+    notifier = webhook(f"http://127.0.0.1:{server.server.getsockname()[1]}/hook", timeout="1s")
+    started = time.monotonic()
+    try:
+        if sent:
+            notifier.send([ALERT])
+        else:
+            assert str(refused(notifier)).startswith("timed out after 1s")
+    finally:
+        notifier.close()
+        server.close()
+    assert time.monotonic() - started < 15

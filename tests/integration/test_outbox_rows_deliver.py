@@ -24,6 +24,7 @@ from slawatch.delivery.dispatcher import (
     Settled,
     deliver_notifier,
     deliver_row_send,
+    deliver_rows,
     deliveries_due,
     due_by_shape,
     lease_for,
@@ -198,6 +199,47 @@ def test_a_row_goes_in_chunks_and_a_failed_chunk_retries_from_the_progress(
     send = send_of(conn, row_id)
     assert (send["status"], send["done"], send["attempts"]) == ("sent", 100, 2)
     assert send["last_error"] is None and send["sent_at"] == later
+
+
+def test_a_turn_of_sends_goes_on_while_no_delivery_is_due(
+    schema: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """25 rows, nothing due in today's outbox: one run of deliver_rows sends them all,
+    each settled by the next lease (none by a statement of its own), though a turn is
+    10 sends."""
+    conn = schema
+    rows = [insert_row(conn, [f"r{r}"]) for r in range(25)]
+    notifier = hook(receiver.url)
+    result, leased = deliver_rows(db, notifier, FixedClock(NOW), turn=10)
+    assert (result.sent, leased) == (25, 25)
+    assert keys_sent(receiver) == [f"r{r}" for r in range(25)]
+    assert {send_of(conn, r)["status"] for r in rows} == {"sent"}
+
+
+def test_a_turn_of_sends_ends_when_a_delivery_is_due(
+    schema: Conn, db: Database, receiver: WebhookReceiver
+) -> None:
+    """A delivery of today's outbox due: the turn ends after its 10th send, settled at
+    once, and deliver_notifier sends the delivery before the 11th row."""
+    conn = schema
+    rows = [insert_row(conn, [f"r{r}"]) for r in range(25)]
+    conn.execute(
+        "WITH a AS (INSERT INTO slawatch.alert"
+        " (rule, key, episode, n, severity, deadline, due_at, fired_at, row_data)"
+        " VALUES (%s, 'd1', 1, 1, 'warning', %s, %s, %s, '{}') RETURNING id)"
+        " INSERT INTO slawatch.delivery (alert_id, notifier, next_attempt_at)"
+        " SELECT id, 'hook', %s FROM a",
+        (RULE, T0, T0, NOW, NOW),
+    )
+    notifier = hook(receiver.url)
+    result, leased = deliver_rows(db, notifier, FixedClock(NOW), turn=10)
+    assert (result.sent, leased) == (10, 10)
+    assert [send_of(conn, r)["status"] for r in rows[9:11]] == ["sent", "pending"]
+    assert send_of(conn, rows[10])["lease_owner"] is None
+    assert deliver_notifier(db, notifier, FixedClock(NOW)).sent == 16
+    assert keys_sent(receiver) == [f"r{r}" for r in range(10)] + ["d1"] + [
+        f"r{r}" for r in range(10, 25)
+    ]
 
 
 class Recorded:

@@ -6,10 +6,11 @@ same way: a 2xx accepts; a 4xx other than 408/425/429 is permanent; Retry-After
 is honoured up to ``retry.max``; the whole exchange, answer body included, is
 bounded by the notifier's timeout; error text never shows a secret.
 
-A POST goes straight to httpcore's connection pool (httpx's own transport library: 0.6
-of the Client's CPU per POST, docs/performance.md, "What one POST costs"), sending what
-the Client would send (its default headers, Host, the URL's credentials as Basic auth,
-the path as httpx encodes it); a URL that a proxy from the environment applies to
+A POST goes straight to a kept-alive socket (wire.py: the request's head and body in one
+write, the answer parsed from the bytes read; a fifth of httpcore's pool's CPU per POST,
+docs/performance.md, "The lean outbox: the delivery side measured"), sending what the
+Client would send (its default headers, Host, the URL's credentials as Basic auth, the
+path as httpx encodes it); a URL that a proxy from the environment applies to
 (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY) goes through the httpx Client, which
 handles it. Neither follows a redirect.
 """
@@ -33,13 +34,14 @@ import httpx
 from slawatch import __version__
 from slawatch.config.notifiers import NotifierBase
 from slawatch.delivery.notifiers.base import BaseNotifier, cut, tls_context
+from slawatch.delivery.notifiers.wire import Wire
 from slawatch.errors import DeliveryError
 
 RETRYABLE = {408, 425, 429}
 # Of an error answer we keep what fits in an error line; reading more only costs time.
 ANSWER_LIMIT = 65536
-# What a POST can fail with: httpx's errors (through the Client) and httpcore's (the
-# pool), whose names and texts are the ones httpx gives them.
+# What a POST can fail with: httpx's errors (through the Client) and httpcore's (wire.py
+# raises them, with the texts httpcore gives them), whose names httpx gives them too.
 TIMEOUTS = (httpx.TimeoutException, httpcore.TimeoutException)
 FAILURES = (
     httpx.HTTPError,
@@ -107,7 +109,7 @@ def _drain(chunks: Iterator[bytes], deadline: float) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Direct:
-    """A target URL no proxy applies to, as the pool takes it: the URL, the Host header
+    """A target URL no proxy applies to, as wire.py takes it: the URL, the Host header
     and the Authorization header its credentials make (None without)."""
 
     url: httpcore.URL
@@ -132,10 +134,9 @@ class HttpNotifier(BaseNotifier):
             headers={"user-agent": f"slawatch/{__version__}", **(headers or {})},
             follow_redirects=False,
         )
-        # The Client's own pool settings (httpx.HTTPTransport's defaults).
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=tls, max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0
-        )
+        # Kept-alive connections for the URLs no proxy applies to (wire.py), as many and
+        # as long as the Client's own pool kept them (httpx.HTTPTransport's defaults).
+        self._wire = Wire(tls)
         # The Client's headers (Accept, Accept-Encoding, Connection, User-Agent, the
         # notifier's) as it sends them, each with its name in lower case.
         self._headers = [(k.decode().lower(), k, v) for k, v in self._client.headers.raw]
@@ -167,7 +168,7 @@ class HttpNotifier(BaseNotifier):
                 self.keep_secret(token.strip())
 
     def route(self, url: str) -> Direct | None:
-        """How ``url`` is sent: straight to the pool, or None when a proxy from the
+        """How ``url`` is sent: straight to a socket, or None when a proxy from the
         environment applies to it (the Client sends it). Decided once per URL, as the
         Client read the environment once."""
         try:
@@ -228,15 +229,9 @@ class HttpNotifier(BaseNotifier):
                     response.iter_raw(),
                 )
             return
-        timeouts = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
-        with self._pool.stream(
-            "POST",
-            direct.url,
-            headers=self._head(direct, headers, len(body)),
-            content=body,
-            extensions={"timeout": timeouts},
-        ) as answer:
-            yield answer.status, answer.headers, answer.extensions, answer.iter_stream()
+        head = self._head(direct, headers, len(body))
+        with self._wire.post(direct.url, head, body, time.monotonic() + timeout) as answer:
+            yield answer
 
     def post(
         self,
@@ -257,15 +252,17 @@ class HttpNotifier(BaseNotifier):
         if remaining <= 0:
             raise DeliveryError(f"timed out after {self.timeout:g}s (before the request)")
         request_headers = {"content-type": "application/json", **(headers or {})}
-        # The timeout bounds each read, not the whole answer: a receiver that sends its
-        # body a byte at a time would hold this worker (and outlive the lease).
+        # Straight to a socket (wire.py) the deadline bounds every read; through a proxy
+        # (the Client) the timeout bounds each read, and the deadline is checked between
+        # the answer's chunks below: a receiver that sends its head a byte at a time
+        # there would hold this worker (and outlive the lease).
         try:
             with self._exchange(url, body, request_headers, remaining) as exchange:
                 status, head, extensions, chunks = exchange
                 if 200 <= status < 300:
                     # Accepted: the body does not matter, but reading it (what fits in
-                    # ANSWER_LIMIT, before the deadline) lets the connection go back to
-                    # the pool. Left unread, it is closed: every batch paid for a new
+                    # ANSWER_LIMIT, before the deadline) lets the connection be kept.
+                    # Left unread, it is closed: every batch paid for a new
                     # connection (and the receiver for a new thread or process).
                     _drain(chunks, deadline)
                     return status
@@ -326,5 +323,5 @@ class HttpNotifier(BaseNotifier):
                 ) from exc
 
     def close(self) -> None:
-        self._pool.close()
+        self._wire.close()
         self._client.close()
