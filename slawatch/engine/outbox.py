@@ -469,6 +469,30 @@ def outbox(
     )
 
 
+def rule_outbox(
+    rule: Rule,
+    key: Sequence[str],
+    severity: sql.Composable,
+    notify: sql.Composable,
+    *,
+    closed: sql.Composable,
+    rows: bool,
+    guarded: bool,
+) -> sql.Composed:
+    """:func:`outbox` for ``rule`` keyed by ``key``: its action, row cap and resolve."""
+    return outbox(
+        severity,
+        notify,
+        acting=rule.action is not None,
+        closed=closed,
+        drop=row_cap(rule, key),
+        rows=rows,
+        webhook=rule.action is not None and rule.action.webhook is not None,
+        resolve=rule.resolve,
+        guarded=guarded,
+    )
+
+
 # The claim's guards against a row written already. A notification, or an episode's
 # history row, that exists already (tracking state restored from a backup, an upgrade
 # cut short) is not an error that would stop the rule: the claim passes over it, and
