@@ -468,3 +468,80 @@ def test_an_answer_dripped_a_byte_at_a_time_is_bounded_by_the_timeout(
         notifier.close()
         server.close()
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\nContent-Length: 0\n\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nX-Folded: a\r\n b\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\nTransfer-Encoding: chunked\n\n2\n{}\n0\n\n",
+    ],
+    ids=["bare-lf", "mixed", "folded", "chunked-bare-lf"],
+)
+def test_an_answer_h11_reads_is_read(answer: bytes) -> None:
+    """Line ends without CR and a folded header, which h11 (httpx) reads: the batch is
+    accepted once, not timed out waiting for a CRLF and sent again; the connection kept."""
+    server = RawServer(answer=answer)
+    notifier = webhook(f"http://127.0.0.1:{server.port}/hook", timeout="2s")
+    try:
+        notifier.send([ALERT])
+        notifier.send([ALERT])
+        assert (server.connections, len(server.requests)) == (1, 2)
+    finally:
+        notifier.close()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/2 200 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 099 Early\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nBad Name: 1\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n",
+    ],
+    ids=["version", "status-below-100", "header-name", "chunk-size"],
+)
+def test_an_answer_h11_refuses_is_refused(answer: bytes) -> None:
+    """What h11 refuses is refused here too: a failed send (retried), not a batch taken
+    for accepted on an answer httpx would not have read."""
+    server = RawServer(answer=answer)
+    error = refused(webhook(f"http://127.0.0.1:{server.port}/hook", timeout="2s"))
+    server.close()
+    assert "RemoteProtocolError" in str(error) and not error.permanent, str(error)
+
+
+def test_a_tls_handshake_gets_what_is_left_of_the_timeout() -> None:
+    """The connection's TLS handshake is bounded by what the TCP connect left of the
+    timeout, not by the whole timeout again. The receiver's listen queue is full when
+    the client connects, so its first SYN is dropped and the connect takes about a
+    second (the kernel's first retransmission); the receiver then never answers the
+    handshake. With a timeout of 2 s the send fails at 2 s, not at 3 s."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        stop.wait(0.5)
+        held.append(listener.accept()[0])  # the filler: the queue has room again
+        held.append(listener.accept()[0])  # the notifier's: never a TLS byte
+        stop.wait(10)
+
+    threading.Thread(target=serve, daemon=True).start()
+    notifier = webhook(f"https://127.0.0.1:{port}/hook", timeout="2s")
+    started = time.monotonic()
+    try:
+        error = refused(notifier)
+    finally:
+        stop.set()
+        for sock in (*held, filler, listener):
+            sock.close()
+    elapsed = time.monotonic() - started
+    assert str(error).startswith("timed out after 2s"), str(error)
+    assert elapsed < 2.6, elapsed

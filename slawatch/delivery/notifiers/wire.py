@@ -4,8 +4,11 @@ What httpcore's connection pool did for ``HttpNotifier.post`` (docs/performance.
 lean outbox: the delivery side measured"), less its machinery per request: h11's events
 and their validation, the pool's bookkeeping, a write for the head and another for the
 body. A request is one buffer (its head exactly as h11 wrote it, then the body) sent
-with one ``sendall``; the answer's head is parsed from the bytes read, its body framed
-by Content-Length, chunked encoding or the connection's end, as h11 frames it.
+with one ``sendall``; the answer's head is parsed from the bytes read as h11 parses it
+(lines ended by CRLF or LF, folded headers joined; what h11 refuses, refused), its body
+framed by Content-Length, chunked encoding or the connection's end, as h11 frames it.
+The whole exchange, the connection and its TLS handshake included, is bounded by one
+deadline.
 
 A connection is kept after an answer read to its end over HTTP/1.1 without
 ``Connection: close``: up to :data:`KEEP` idle ones, each for :data:`EXPIRY` seconds,
@@ -18,6 +21,7 @@ before.
 
 from __future__ import annotations
 
+import re
 import select
 import socket
 import ssl
@@ -34,6 +38,14 @@ HEAD_LIMIT = 65536  # an answer's head longer than this is refused
 KEEP = 20  # idle connections kept (httpx's max_keepalive_connections)
 EXPIRY = 5.0  # seconds an idle connection is kept (httpx's keepalive_expiry)
 _CTL = (b"\r", b"\n", b"\x00")
+# An answer's head ends at an empty line and its lines at LF, with or without CR before
+# it, as h11 reads them; a line that starts with a space or a tab continues the header
+# before it (obs-fold, which h11 joins with a space).
+_HEAD_END = re.compile(rb"\n\r?\n")
+_EOL = re.compile(rb"\r?\n")
+_VERSION = re.compile(rb"HTTP/1\.[01]")
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 Head = list[tuple[bytes, bytes]]
 Key = tuple[bytes, bytes, int]
@@ -89,7 +101,7 @@ class _Answer:
         """The status, HTTP version, reason phrase and headers of the first final answer
         (an informational 1xx is skipped, as h11 skips it)."""
         while True:
-            while (end := self.buffer.find(b"\r\n\r\n")) < 0:
+            while (end := _HEAD_END.search(self.buffer)) is None:
                 if len(self.buffer) > HEAD_LIMIT:
                     raise httpcore.RemoteProtocolError("answer head too long")
                 got = self.recv()
@@ -98,19 +110,28 @@ class _Answer:
                         "Server disconnected without sending a response."
                     )
                 self.buffer += got
-            lines = self.buffer[:end].split(b"\r\n")
-            self.buffer = self.buffer[end + 4 :]
+            # The match starts at the first LF: a CR before it ends the last line.
+            lines = _EOL.split(self.buffer[: end.start()].removesuffix(b"\r"))
+            self.buffer = self.buffer[end.end() :]
             version, _, rest = lines[0].partition(b" ")
             code, _, reason = rest.partition(b" ")
-            if not (version.startswith(b"HTTP/") and len(code) == 3 and code.isdigit()):
+            if not (_VERSION.fullmatch(version) and len(code) == 3 and code.isdigit()):
                 raise httpcore.RemoteProtocolError("illegal status line")
             headers: Head = []
             for line in lines[1:]:
+                if line[:1] in (b" ", b"\t"):  # folded: the header before goes on
+                    if not headers:
+                        raise httpcore.RemoteProtocolError("illegal header line")
+                    name, value = headers.pop()
+                    headers.append((name, (value + b" " + line.strip(b" \t")).strip(b" ")))
+                    continue
                 name, colon, value = line.partition(b":")
-                if not colon or not name or name != name.strip() or line[:1] in b" \t":
+                if not colon or not _TOKEN.fullmatch(name) or b"\x00" in value:
                     raise httpcore.RemoteProtocolError("illegal header line")
                 headers.append((name, value.strip(b" \t")))
             status = int(code)
+            if status < 100:
+                raise httpcore.RemoteProtocolError("illegal status line")
             if status >= 200:
                 return status, version[5:], reason, headers
             if status == 101:
@@ -160,20 +181,20 @@ class _Answer:
             yield got
 
     def _line(self) -> bytes:
-        while (end := self.buffer.find(b"\r\n")) < 0:
+        """The next line, without its end (LF, with or without CR before it)."""
+        while (end := self.buffer.find(b"\n")) < 0:
             if len(self.buffer) > HEAD_LIMIT:
                 raise httpcore.RemoteProtocolError("chunk header too long")
             self._more()
-        line, self.buffer = self.buffer[:end], self.buffer[end + 2 :]
-        return line
+        line, self.buffer = self.buffer[:end], self.buffer[end + 1 :]
+        return line.removesuffix(b"\r")
 
     def _chunked(self) -> Iterator[bytes]:
         while True:
-            size = self._line().partition(b";")[0].strip()
-            try:
-                left = int(size, 16)
-            except ValueError:
-                raise httpcore.RemoteProtocolError("illegal chunk size") from None
+            size = self._line().partition(b";")[0].rstrip(b" \t")
+            if not _CHUNK_SIZE.fullmatch(size):
+                raise httpcore.RemoteProtocolError("illegal chunk size")
+            left = int(size, 16)
             if left == 0:
                 while self._line():  # trailers, up to the empty line
                     pass
@@ -224,9 +245,10 @@ class Wire:
         for _, old, _ in extra:
             old.close()
 
-    def _connect(self, scheme: bytes, host: bytes, port: int, timeout: float) -> socket.socket:
+    def _connect(self, scheme: bytes, host: bytes, port: int, deadline: float) -> socket.socket:
+        """A new connection, TLS's handshake included, within ``deadline``."""
         try:
-            sock = socket.create_connection((host.decode("ascii"), port), timeout)
+            sock = socket.create_connection((host.decode("ascii"), port), _left(deadline))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except TimeoutError as exc:
             raise httpcore.ConnectTimeout(str(exc)) from exc
@@ -238,7 +260,7 @@ class Wire:
             self._ssl.set_alpn_protocols(["http/1.1"])
             self._tls_ready = True
         try:
-            sock.settimeout(timeout)
+            sock.settimeout(_left(deadline))
             return self._ssl.wrap_socket(sock, server_hostname=host.decode("ascii"))
         except TimeoutError as exc:
             sock.close()
@@ -256,19 +278,18 @@ class Wire:
         httpcore gives them) and body chunks; the whole exchange, from the connection to
         the answer's last byte, bounded by ``deadline`` (``time.monotonic()``). The
         connection is kept when the body was read to its end."""
-        timeout = deadline - time.monotonic()
-        if timeout <= 0:
+        if deadline <= time.monotonic():
             raise httpcore.ConnectTimeout("timed out")
         port = url.port or (443 if url.scheme == b"https" else 80)
         key = (url.scheme, url.host, port)
         request = request_head(url.target, head) + body
         sock = self._checkout(key)
         if sock is None:
-            sock = self._connect(url.scheme, url.host, port, timeout)
+            sock = self._connect(url.scheme, url.host, port, deadline)
         keep = written = False
         try:
             # sendall's timeout is for the whole write (Python 3.5 on).
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.settimeout(_left(deadline))
             try:
                 sock.sendall(request)
                 written = True
@@ -296,6 +317,12 @@ class Wire:
             idle, self._idle = self._idle, []
         for _, sock, _ in idle:
             sock.close()
+
+
+def _left(deadline: float) -> float:
+    """The seconds left until ``deadline`` as a socket's timeout: a millisecond at the
+    least, so that an operation past it times out (and is handled as any timeout)."""
+    return max(deadline - time.monotonic(), 0.001)
 
 
 def _closes(headers: Head) -> bool:
