@@ -219,7 +219,7 @@ class _HttpTarget(NotifierBase):
         import httpx  # here: `slawatch event` from cron loads no HTTP client
 
         try:
-            httpx.URL(v)
+            _check_host(httpx.URL(v).raw_host)
             urlsplit(v).port  # noqa: B018 - raises ValueError on a bad port
         except (httpx.InvalidURL, ValueError) as exc:
             raise ValueError(f"not a valid URL: {_url_problem(exc)}") from exc
@@ -334,6 +334,16 @@ class EmailConfig(NotifierBase):
     @property
     def effective_port(self) -> int:
         return self.port or {"starttls": 587, "tls": 465, "none": 25}[self.security]
+
+
+def _check_host(host: bytes) -> None:
+    """Refuse a DNS name that no resolver takes (a label over 63 characters, or over 253
+    in all): every send to it would fail, as a transient error, retried for ever."""
+    if b":" in host:  # an IPv6 address
+        return
+    if len(host) > 253 or any(len(label) > 63 for label in host.rstrip(b".").split(b".")):
+        # No colon, no quote: _url_problem keeps the text up to the first of them.
+        raise ValueError("its host name has a part over 63 characters, or is over 253 in all")
 
 
 def _url_problem(exc: Exception) -> str:
@@ -493,9 +503,11 @@ def _http_parse(url: str) -> object:
     import httpx
 
     try:
-        return httpx.URL(url)
+        parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:
         raise ValueError(str(exc)) from exc
+    _check_host(parsed.raw_host)
+    return parsed
 
 
 class SlackConfig(NotifierBase):

@@ -545,3 +545,20 @@ def test_a_tls_handshake_gets_what_is_left_of_the_timeout() -> None:
     elapsed = time.monotonic() - started
     assert str(error).startswith("timed out after 2s"), str(error)
     assert elapsed < 2.6, elapsed
+
+
+@pytest.mark.parametrize(
+    "segment", ["XSECRETtoken1234abcdXYZ", "B0123abc", "6f1c2a7e-8d3b-4c5e-9f0a-1b2c3d4e5f60"]
+)
+def test_a_receiver_echoing_one_part_of_a_secret_path_shows_none_of_it(segment: str) -> None:
+    """The path is a secret (Slack's, Teams' URLs), and a receiver may echo one part of
+    it in its error: each part that looks like a token is scrubbed, raw and decoded;
+    short words stay readable."""
+    echoed = f"no such hook: {segment} (services)".encode()
+    server = RawServer(
+        answer=b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n%s" % (len(echoed), echoed)
+    )
+    error = refused(webhook(f"http://127.0.0.1:{server.port}/services/T0/{segment}"))
+    server.close()
+    assert segment not in str(error), str(error)
+    assert str(error) == "HTTP 404 Not Found: no such hook: … (services)"

@@ -93,6 +93,10 @@ def test_missing_variable_names_file_field_and_variable(tmp_path: Path) -> None:
             "type: webhook\nurl: 'http://h:8o8o/'\n",
             "url: not a valid URL: the port is not a number",
         ),
+        (
+            f"type: webhook\nurl: 'http://{'a' * 64}.example/hook'\n",
+            "url: not a valid URL: its host name has a part over 63 characters",
+        ),
         ("type: webhook\nurl: http://x\nsecret: 'not base64!'\n", "secret: must be a Standard"),
         ("type: webhook\nurl: http://x\ntimeout: soon\n", "timeout: 'soon' is not a duration"),
         ("type: webhook\nurl: http://x\nretry: {attempts: 0}\n", "retry.attempts: 0: Input"),
@@ -306,6 +310,10 @@ ROUTING_KEY = "0123456789abcdef0123456789ABCDEF"
             "url: not a valid URL: the port is not a number",
         ),
         ("type: slack\nurl: 'https:///services'\n", "url: not a valid URL: no host"),
+        (
+            f"type: slack\nurl: 'https://{'b' * 64}.example/services/T/B/x'\n",
+            "url: not a valid URL: its host name has a part over 63 characters",
+        ),
         ("type: slack\nurl: 'https://ho st/x'\n", "a space in the URL (percent-encode it as %20)"),
         ("type: slack\nurl: https://h/x\nlisted: 46\n", "listed: 46: Input should be less"),
         ("type: pagerduty\n", "routing_key: is required"),

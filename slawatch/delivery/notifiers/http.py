@@ -155,6 +155,11 @@ class HttpNotifier(BaseNotifier):
             self.keep_secret(base64.b64encode(userinfo.encode()).decode())
         if parts.path not in ("", "/"):
             self.keep_secret(parts.path, "/…")
+            # A receiver may echo one part of the path (Slack's token, a Teams GUID):
+            # each part that looks like a token (long, or with a digit) is a secret too.
+            for part in parts.path.split("/"):
+                if len(part) >= 20 or (len(part) >= 8 and any(c.isdigit() for c in part)):
+                    self.keep_secret(part, "…")
         if parts.query:
             self.keep_secret(f"{parts.path}?{parts.query}", "/…")
             self.keep_secret(parts.query, "…")
