@@ -7,6 +7,7 @@ throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import socket
@@ -17,11 +18,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 import pytest
 
 from slawatch import __version__
 from slawatch.config.notifiers import WebhookConfig, tls_context
+from slawatch.delivery.notifiers import wire
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
 from slawatch.errors import DeliveryError
 from tests.integration.test_webhook import ALERT
@@ -562,3 +565,29 @@ def test_a_receiver_echoing_one_part_of_a_secret_path_shows_none_of_it(segment: 
     server.close()
     assert segment not in str(error), str(error)
     assert str(error) == "HTTP 404 Not Found: no such hook: … (services)"
+
+
+def test_an_answer_that_came_while_the_process_was_stopped_is_read() -> None:
+    """Past the deadline, what has come already is read (a process stopped while its
+    receiver answered: the batch was accepted, and saying so keeps it from being sent
+    again), but no more than 64 KiB of it, nor anything that has not come."""
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(answer + b"\r\n")
+        late = wire._Answer(ours, time.monotonic() - 5)
+        status, _, _, headers = late.head()
+        assert (status, b"".join(late.body(status, headers)), late.complete) == (200, b"{}", True)
+        # Trailers that never end, all there already: read up to the bound, then a timeout.
+        theirs.sendall(answer)
+        late = wire._Answer(ours, time.monotonic() - 5)
+        status, _, _, headers = late.head()
+
+        def endless() -> None:
+            with contextlib.suppress(OSError):  # closed once the client gave up
+                theirs.sendall(b"X-T: 1\r\n" * 40_000)
+
+        threading.Thread(target=endless, daemon=True).start()
+        with pytest.raises(httpcore.ReadTimeout):
+            b"".join(late.body(status, headers))
+        assert wire.HEAD_LIMIT < late.late <= wire.HEAD_LIMIT + wire.READ
