@@ -43,7 +43,7 @@ from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
-from slawatch.db import Connection, Database, one_statement, retry_conflicts, translate
+from slawatch.db import Connection, Database, retry_conflicts, translate
 from slawatch.engine.acting import Act, due_column, parse_due
 from slawatch.engine.catalog import table_ident
 from slawatch.engine.generation import GATE_CTE, GATE_WHERE, generation
@@ -617,16 +617,8 @@ def claim_counted(conn: Connection, plan: ClaimPlan, now: datetime) -> Tally:
         raise ValueError(f"rule {plan.rule.name} is track: table: use batches() or drain()")
     if plan.rule.action is not None:
         return _claim_acting(conn, plan, now)
-    params = plan.params(now)
-
     # One statement, one round trip: it commits on its own (the NOTIFY inside with it).
-    def run(statement: sql.Composed) -> Any:
-        with one_statement(conn):
-            return conn.execute(statement, params).fetchone()
-
-    what = f"claim for rule {plan.rule.name}"
-    with translate(what):
-        row = unguarded_first(what, conn, run, plan.statement, plan.guarded)
+    row = unguarded_first(conn, plan.rule.name, plan.statement, plan.guarded, plan.params(now))
     if row is None:
         return Tally()
     return Tally(int(row[0]), int(row[2]), severities(row[3]))
@@ -637,18 +629,15 @@ def _claim_acting(conn: Connection, plan: ClaimPlan, now: datetime) -> Tally:
     one transaction (engine/acting.py)."""
     if plan.act is None:
         raise ValueError(f"rule {plan.rule.name} has an action and its plan no runner")
-    act, params = plan.act, plan.params(now)
-
-    def run(statement: sql.Composed) -> Any:
-        with conn.transaction():
-            row = conn.execute(statement, params).fetchone()
-            assert row is not None
-            act(conn, plan.rule, parse_due(row[-1], plan.rule), now)
-        return row
-
-    what = f"claim for rule {plan.rule.name}"
-    with translate(what):
-        row = unguarded_first(what, conn, run, plan.statement, plan.guarded)
+    act, rule = plan.act, plan.rule
+    row = unguarded_first(
+        conn,
+        rule.name,
+        plan.statement,
+        plan.guarded,
+        plan.params(now),
+        lambda row: act(conn, rule, parse_due(row[-1], rule), now),
+    )
     return Tally(int(row[0]), int(row[2]), severities(row[3]))
 
 

@@ -29,7 +29,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg.errors
@@ -46,10 +46,10 @@ from slawatch.config.rules import TRUNCATED as TRUNCATED
 # SLAWATCH_OUTBOX: today's outbox ("alerts"), or the preview in rows ("rows";
 # docs/explanation/outbox-rows.md).
 from slawatch.config.settings import Outbox as Outbox
+from slawatch.db import Connection, one_statement, translate
 
 if TYPE_CHECKING:
     from slawatch.config.rules import Rule
-    from slawatch.db import Connection
 
 log = logging.getLogger(__name__)
 
@@ -507,44 +507,58 @@ GUARDS = {
 }
 _NO_GUARDS = {name: sql.SQL("") for name in GUARDS}
 
-T = TypeVar("T")
-
 
 def unguarded_first(
-    what: str,
     conn: Connection,
-    run: Callable[[sql.Composed], T],
+    rule: str,
     statement: sql.Composed,
     guarded: sql.Composed | None,
-) -> T:
-    """``run(statement)``, the claim without :data:`GUARDS`; where a notification or a
-    history row it writes is there already (a unique violation of slawatch's alerts or
-    episode history, which rolls back what ``run`` began: its transaction or savepoint),
-    ``run(guarded)``, the same claim with them, which passes over those rows. Any other
-    error, a rule's action's own among them, is raised as it is. ``guarded`` None:
-    ``statement`` has its guards.
+    params: Mapping[str, Any],
+    act: Callable[[Sequence[Any]], None] | None = None,
+) -> Any:
+    """The row a claim of ``rule`` answers: ``statement``, the claim without
+    :data:`GUARDS`, on its own (one round trip: it commits alone), or with ``act`` (the
+    rule's actions, given that row) in one transaction. Where a notification or a history
+    row it writes is there already (a unique violation of slawatch's alerts or episode
+    history, which rolls all of it back), ``guarded``, the same claim with them, which
+    passes over those rows. Any other error, a rule's action's own among them, is raised
+    as it is (translated). ``guarded`` None: ``statement`` has its guards.
 
     On ``conn`` in a transaction already (a calendar rule's claim with its due times,
     claim._dated), a failed statement would abort that transaction, and a savepoint
-    around it costs two round trips: ``run(guarded)`` at once."""
-    if guarded is not None and conn.info.transaction_status != TransactionStatus.IDLE:
-        return run(guarded)
-    try:
-        return run(statement)
-    except psycopg.errors.UniqueViolation as exc:
-        table = exc.diag.table_name or ""
-        ours = exc.diag.schema_name == "slawatch" and (
-            table == "episode" or table.startswith("alert")
-        )
-        if guarded is None or not ours:
-            raise
-        log.warning(
-            "%s: some of its notifications or episodes were written already (a key"
-            " inserted again after its row was deleted, or tracking state restored from"
-            " a backup); claiming again past them, new episodes numbered after them",
-            what,
-        )
-        return run(guarded)
+    around it costs two round trips: ``guarded`` at once."""
+    what = f"claim for rule {rule}"
+
+    def run(claim: sql.Composed) -> Any:
+        if act is None:
+            with one_statement(conn):
+                return conn.execute(claim, params).fetchone()
+        with conn.transaction():
+            row = conn.execute(claim, params).fetchone()
+            assert row is not None
+            act(row)
+        return row
+
+    with translate(what):
+        if guarded is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+            return run(guarded)
+        try:
+            return run(statement)
+        except psycopg.errors.UniqueViolation as exc:
+            table = exc.diag.table_name or ""
+            ours = exc.diag.schema_name == "slawatch" and (
+                table == "episode" or table.startswith("alert")
+            )
+            if guarded is None or not ours:
+                raise
+            log.warning(
+                "%s: some of its notifications or episodes were written already (a key"
+                " inserted again after its row was deleted, or tracking state restored"
+                " from a backup); claiming again past them, new episodes numbered after"
+                " them",
+                what,
+            )
+            return run(guarded)
 
 
 def alert_payload(row: Mapping[str, Any], description: str = "") -> dict[str, Any]:

@@ -47,7 +47,7 @@ from psycopg import sql
 
 from slawatch.clock import Clock
 from slawatch.config.rules import Rule
-from slawatch.db import Connection, lock_bounded, one_statement, retry_conflicts, translate
+from slawatch.db import Connection, lock_bounded, retry_conflicts, translate
 from slawatch.engine.acting import Act, parse_due
 from slawatch.engine.generation import GATE_CTE, GATE_WHERE
 from slawatch.engine.outbox import (
@@ -613,16 +613,10 @@ def claim_table_batch(
     """One batch: fresh rows with a deadline from ``since`` on, and due re-notifications."""
     if plan.rule.action is not None:
         return _claim_acting(conn, plan, params, since)
-    params = params | {"since": since}
-
     # One statement, one round trip: it commits on its own (the NOTIFY inside with it).
-    def run(statement: sql.Composed) -> Any:
-        with one_statement(conn):
-            return conn.execute(statement, params).fetchone()
-
-    what = f"claim for rule {plan.rule.name}"
-    with translate(what):
-        row = unguarded_first(what, conn, run, plan.claim, plan.claim_guarded)
+    row = unguarded_first(
+        conn, plan.rule.name, plan.claim, plan.claim_guarded, params | {"since": since}
+    )
     assert row is not None
     alerts, _deliveries, fresh, last, again, _woken, closed, by_severity = row
     return TableBatch(
@@ -637,18 +631,15 @@ def _claim_acting(
     in one transaction (engine/acting.py)."""
     if plan.act is None:
         raise ValueError(f"rule {plan.rule.name} has an action and its plan no runner")
-    act, params = plan.act, params | {"since": since}
-
-    def run(statement: sql.Composed) -> Any:
-        with conn.transaction():
-            row = conn.execute(statement, params).fetchone()
-            assert row is not None
-            act(conn, plan.rule, parse_due(row[-1], plan.rule), params["now"])
-        return row
-
-    what = f"claim for rule {plan.rule.name}"
-    with translate(what):
-        row = unguarded_first(what, conn, run, plan.claim, plan.claim_guarded)
+    act, rule, now = plan.act, plan.rule, params["now"]
+    row = unguarded_first(
+        conn,
+        rule.name,
+        plan.claim,
+        plan.claim_guarded,
+        params | {"since": since},
+        lambda row: act(conn, rule, parse_due(row[-1], rule), now),
+    )
     alerts, _deliveries, fresh, last, again, _woken, closed, by_severity, _due = row
     return TableBatch(
         int(alerts), int(fresh), last, int(again), int(closed), severities(by_severity)
