@@ -282,7 +282,7 @@ def run_demo(settings: Settings, seconds: float | None) -> int:
     activity = logging.getLogger("slawatch.activity")
     if not activity.isEnabledFor(logging.DEBUG):
         activity.setLevel(logging.WARNING)
-    runner = Runner(dsn, rules, notifiers, actions=settings.actions)
+    runner = Runner(dsn, rules, notifiers, actions=settings.actions, outbox=settings.outbox)
     actions = ActionPrinter(dsn, out)
     admin = None
     try:
