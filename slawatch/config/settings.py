@@ -290,9 +290,9 @@ class Settings(BaseSettings):
     # its own (action.role); unset: the role slawatch connects as
     # (docs/explanation/safety.md).
     action_role: Annotated[str | None, BeforeValidator(_action_role)] = None
-    # The outbox's shape: "alerts" (default) writes an alert and a delivery per notifier
-    # for each notification; "rows", a preview, writes rows of up to 100 alerts and one
-    # send per notifier of each row (docs/explanation/outbox-rows.md).
+    # The outbox's shape: "rows" (default) writes rows of up to 100 alerts and one send
+    # per notifier of each row; "alerts" writes an alert and a delivery per notifier for
+    # each notification (docs/explanation/outbox-rows.md).
     outbox: Outbox = DEFAULT_OUTBOX
 
     @field_validator("ingest_token")
