@@ -1364,9 +1364,8 @@ def report_fire(
     shapes = [o for o in outboxes if o != DEFAULT_OUTBOX]
     if DEFAULT_OUTBOX not in outboxes:  # the other shape alone: the default left out
         labels.pop("slawatch")
-    print_samples(
-        {fire_variant(o): f"slawatch claim + outbox in {o}" for o in shapes} | labels, got, "timer"
-    )
+    ours = {fire_variant(o): f"slawatch claim + outbox in {o}" for o in outboxes}
+    print_samples(ours | {k: v for k, v in labels.items() if k != "slawatch"}, got, "timer")
     if shapes:
         print("  WAL per timer (server-wide, medians):")
         shown = {fire_variant(o): f"slawatch, outbox in {o}" for o in outboxes}
