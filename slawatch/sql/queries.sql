@@ -1356,6 +1356,9 @@ SELECT EXISTS (SELECT 1 FROM slawatch.outbox_send
 -- orphan_row_sends --
 -- Pending sends to notifiers not in `configured`, settled 'orphaned', as
 -- orphan_deliveries does for deliveries (one in flight is left to its process).
+-- Counted as the page and `slawatch status` count them (delivery_backlog): one delivery
+-- per alert the send still owes, its elements from `done` on not settled unsent; each
+-- send's row a probe of its primary key.
 WITH orphaned AS (
     UPDATE slawatch.outbox_send
        SET status = 'orphaned', lease_owner = NULL, lease_expires_at = NULL
@@ -1363,9 +1366,16 @@ WITH orphaned AS (
        AND (%(due_before)s::timestamptz IS NULL
             OR greatest(next_attempt_at, lease_expires_at) <= %(due_before)s)
        AND (lease_owner IS NULL OR lease_expires_at <= %(now)s)
-    RETURNING notifier
+    RETURNING notifier, row_id, done, skipped
 )
-SELECT notifier, count(*) FROM orphaned GROUP BY notifier ORDER BY notifier;
+SELECT o.notifier, count(*)
+  FROM orphaned o
+ CROSS JOIN LATERAL (
+       SELECT cardinality(r.ns) AS size FROM slawatch.outbox_row r
+        WHERE r.id = o.row_id OFFSET 0) r
+ CROSS JOIN LATERAL generate_series(o.done + 1, r.size) AS e(p)
+ WHERE o.skipped[e.p] IS NULL
+ GROUP BY o.notifier ORDER BY o.notifier;
 
 -- replay_row_sends --
 -- Dead and orphaned sends back to pending, as replay does for deliveries: each to its own
