@@ -187,6 +187,7 @@ def test_an_infinite_deadline_is_paged_without_breaking_delivery(
     plan = prepare(conn, rule, outbox=outbox)
     conn.execute("INSERT INTO orders VALUES (1, 7, 1000, 'paid', '-infinity')")
     assert claim_all(conn, plan, T0) == 1
+    assert [(n, d, due) for n, d, due, _ in times(conn, "order_unshipped")] == [(1, None, None)]
     inbox = Inbox()
     assert deliver_due(db, {"console": inbox}, FixedClock(T0)).sent == 1
     [payload] = inbox.got
