@@ -276,8 +276,8 @@ def test_run_once_exits_1_on_a_database_error(
     orders(conn)
     overdue(dsn, 1, 2)
     impatient = make_conninfo(dsn, options="-c lock_timeout=300")
-    with psycopg.connect(dsn) as blocker:  # holds the outbox while slawatch runs
-        blocker.execute("LOCK TABLE slawatch.alert IN ACCESS EXCLUSIVE MODE")
+    with psycopg.connect(dsn) as blocker:  # holds the outbox (either shape) while slawatch runs
+        blocker.execute("LOCK TABLE slawatch.alert, slawatch.outbox_row IN ACCESS EXCLUSIVE MODE")
         result = slawatch(*config_dirs(tmp_path, receiver.url), "run", "--once", dsn=impatient)
     assert_one_line_error(result, 1, "lock timeout")
     assert receiver.requests == []
