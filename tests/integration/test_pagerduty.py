@@ -16,11 +16,10 @@ from slawatch.config.settings import Outbox
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import deliver_due, deliver_notifier
 from slawatch.delivery.notifiers.pagerduty import PagerDutyNotifier
-from slawatch.engine.claim import plan_claim
 from slawatch.errors import DeliveryError
 from slawatch.operate.inspect import stats
-from tests.integration.helpers import Conn, claim_all, shop
-from tests.integration.test_deliver import CLAIMED, T0
+from tests.integration.helpers import Conn
+from tests.integration.test_deliver import CLAIMED, overdue_orders
 from tests.receivers import Reply
 from tests.services import PagerDutyService, make_alert
 
@@ -29,18 +28,6 @@ ROUTING_KEY = "R0UT1NGKEYS3CRETabcdef0123456789"
 # The notifier tests that go through the outbox run over both of its shapes
 # (docs/explanation/outbox-rows.md): what the receiver gets is the same.
 OUTBOXES = ["alerts", "rows"]
-
-
-def overdue_orders(conn: Conn, count: int, notify: str, outbox: Outbox) -> None:
-    """test_deliver.overdue_orders, claimed into ``outbox``: ``count`` orders overdue,
-    claimed at CLAIMED, each to be delivered to ``notify``."""
-    rule = shop(conn)["order_unshipped"].model_copy(update={"notify": [notify]})
-    conn.execute(
-        "INSERT INTO orders SELECT g, 7, 990, 'paid', %s FROM generate_series(1, %s::int) g",
-        (T0, count),
-    )
-    plan = plan_claim(rule, "timestamp with time zone", outbox_in=outbox)
-    assert claim_all(conn, plan, CLAIMED) == count
 
 
 def statuses(conn: Conn) -> dict[str, int]:
