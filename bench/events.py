@@ -20,9 +20,10 @@ Prints, in one run, each figure of the issue's performance table with its goal:
    statement with the guarantees the claim gives besides (the alert at most once, the
    `_again` and `_due_at` index entries, the episode's history row; --fire-parts: less
    one each, to see what each costs), and vs that bare UPDATE alone. Each on a fresh
-   copy of the same data, interleaved. --outbox alerts,rows: the claim writing the
-   outbox in rows as well (SLAWATCH_OUTBOX=rows, docs/explanation/outbox-rows.md), a
-   row of its own, and the WAL per timer of each (server-wide).
+   copy of the same data, interleaved. The claim writes the outbox in each shape of
+   --outbox (SLAWATCH_OUTBOX, docs/explanation/outbox-rows.md; by default both, the
+   default shape first): the default shape's rows unlabeled, the other's a row of its
+   own, and the WAL per timer of each (server-wide).
 3b. The rule's "anything due?" probe at 100 k, 300 k and 1 M open timers (none due),
    prepared and past its 5 custom plans (PostgreSQL's generic plan in use), beside the
    EXISTS form it replaced: flat where that one grew with the table.
@@ -46,7 +47,7 @@ machine (and on what else runs on it).
     #                                                        lateness,brokers
     .venv/bin/python bench/events.py --only ingest        # those sections alone
     .venv/bin/python bench/events.py --only fire --fire-parts  # what each guarantee costs
-    .venv/bin/python bench/events.py --only fire --outbox alerts,rows  # and the outbox in rows
+    .venv/bin/python bench/events.py --only fire --outbox rows  # the default shape alone
 
 Uses SLAWATCH_BENCH_DSN, else SLAWATCH_DSN, else the embedded server (.slawatch/);
 every database it makes is dropped at the end. Brokers on 127.0.0.1 (RabbitMQ
@@ -80,7 +81,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import orjson
@@ -92,7 +93,7 @@ from benchdb import Scratch
 from common import machine, med, pct
 
 from slawatch.config.rules import Rule
-from slawatch.config.settings import Outbox
+from slawatch.config.settings import DEFAULT_OUTBOX, Outbox
 from slawatch.engine.claim import anything_due, batches
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
@@ -667,8 +668,6 @@ def fire_base(scratch: Scratch, due: int) -> None:
 
 def fire_step(conn: psycopg.Connection[Any], variant: str, now: datetime) -> Callable[[], int]:
     """One batch per call, the timers it fired."""
-    if variant == "slawatch":
-        return batches(conn, prepare(conn, event_rule()), now)
     if variant in FIRE_SHAPES:
         return batches(conn, prepare(conn, event_rule(), outbox=FIRE_SHAPES[variant]), now)
     statement = {"raw": BARE_FIRE, "guarded": BARE_GUARDED, "update": BARE_UPDATE}.get(variant)
@@ -702,12 +701,16 @@ def prewarm(conn: psycopg.Connection[Any]) -> None:
 
 FIRE_VARIANTS = ("slawatch", "raw", "guarded", "update")
 # --outbox: slawatch's claim writing the outbox in each shape (SLAWATCH_OUTBOX,
-# docs/explanation/outbox-rows.md); today's is the variant "slawatch" itself.
-FIRE_SHAPES: dict[str, Outbox] = {"slawatch rows": "rows"}
+# docs/explanation/outbox-rows.md), the default shape (DEFAULT_OUTBOX) first; the
+# default's is the variant "slawatch" itself, the other's "slawatch <shape>".
+OUTBOXES: tuple[Outbox, ...] = tuple(sorted(get_args(Outbox), key=lambda o: o != DEFAULT_OUTBOX))
 
 
 def fire_variant(outbox: Outbox) -> str:
-    return "slawatch" if outbox == "alerts" else f"slawatch {outbox}"
+    return "slawatch" if outbox == DEFAULT_OUTBOX else f"slawatch {outbox}"
+
+
+FIRE_SHAPES: dict[str, Outbox] = {fire_variant(o): o for o in OUTBOXES}
 
 
 def measure_fire(
@@ -715,16 +718,16 @@ def measure_fire(
     due: int,
     rounds: int,
     parts: bool = False,
-    outboxes: tuple[Outbox, ...] = ("alerts",),
+    outboxes: tuple[Outbox, ...] = OUTBOXES,
 ) -> dict[str, list[Sample]]:
     """Timers fired per second by each variant (``parts``: and the guarded statement
     without each of its guarantees), each drain on a fresh copy. ``outboxes``: the
     shapes slawatch's claim writes, each a variant, their order turned each round
-    (beside more than today's, the WAL each drain wrote too, server-wide)."""
+    (beside more than the default shape, the WAL each drain wrote too, server-wide)."""
     fire_base(scratch, due)
     out: dict[str, list[Sample]] = {}
     now = datetime.now(UTC)
-    wal = outboxes != ("alerts",)
+    wal = outboxes != (DEFAULT_OUTBOX,)
     for r in range(rounds):
         turn = r % len(outboxes)
         ours = [fire_variant(o) for o in outboxes[turn:] + outboxes[:turn]]
@@ -1341,10 +1344,11 @@ def report_fire(
     due: int,
     reps: int,
     parts: bool = False,
-    outboxes: tuple[Outbox, ...] = ("alerts",),
+    outboxes: tuple[Outbox, ...] = OUTBOXES,
 ) -> list[Row]:
-    """Firing (3.); ``outboxes`` besides today's: slawatch's claim writing the outbox in
-    rows too (SLAWATCH_OUTBOX=rows), interleaved with the others, a row of its own."""
+    """Firing (3.); ``outboxes``: the shapes slawatch's claim writes the outbox in
+    (SLAWATCH_OUTBOX), interleaved with the others: the default shape's (DEFAULT_OUTBOX)
+    rows unlabeled, each other shape a row of its own, labeled SLAWATCH_OUTBOX=<shape>."""
     got = measure_fire(scratch, due, reps, parts, outboxes)
     scratch.drop("fire")
     print(
@@ -1352,28 +1356,28 @@ def report_fire(
         " each drain on a fresh copy"
     )
     labels = {
-        "slawatch": "slawatch claim + outbox",
+        "slawatch": f"slawatch claim + outbox in {DEFAULT_OUTBOX}",
         "raw": "raw: bare UPDATE + alert + delivery",
         "guarded": "raw, with slawatch's guarantees",
         "update": "raw: bare UPDATE alone",
     }
-    shapes = [o for o in outboxes if o != "alerts"]
-    if "alerts" not in outboxes:  # the rows alone: today's left out
+    shapes = [o for o in outboxes if o != DEFAULT_OUTBOX]
+    if DEFAULT_OUTBOX not in outboxes:  # the other shape alone: the default left out
         labels.pop("slawatch")
-    print_samples(
-        {fire_variant(o): f"slawatch claim + outbox in {o}" for o in shapes} | labels, got, "timer"
-    )
+    ours = {fire_variant(o): f"slawatch claim + outbox in {o}" for o in outboxes}
+    print_samples(ours | {k: v for k, v in labels.items() if k != "slawatch"}, got, "timer")
     if shapes:
         print("  WAL per timer (server-wide, medians):")
-        for name in [*(fire_variant(o) for o in outboxes), "raw", "guarded", "update"]:
-            print(f"    {name:<36} {med([s.wal_b for s in got[name]]):>8,.0f} B")
+        shown = {fire_variant(o): f"slawatch, outbox in {o}" for o in outboxes}
+        for name in [*shown, "raw", "guarded", "update"]:
+            print(f"    {shown.get(name, name):<36} {med([s.wal_b for s in got[name]]):>8,.0f} B")
         print("  round by round (each drain against the raw statement of its round):")
-        for name in (fire_variant(o) for o in outboxes):
+        for name, label in shown.items():
             pairs = list(zip(got[name], got["raw"], strict=True))
             speed = sorted(a.rate / b.rate for a, b in pairs)
             spent = sorted(a.cpu_us / b.cpu_us for a, b in pairs)
             print(
-                f"    {name:<36} {med(speed):.2f}× the rate ({speed[0]:.2f}–{speed[-1]:.2f}),"
+                f"    {label:<36} {med(speed):.2f}× the rate ({speed[0]:.2f}–{speed[-1]:.2f}),"
                 f" {med(spent):.2f}× the server CPU ({spent[0]:.2f}–{spent[-1]:.2f})"
             )
         print()
@@ -1397,7 +1401,7 @@ def report_fire(
                 f" server CPU {cpu_us:,.1f} µs/timer ({cpu_us / guarded_cpu:.2f}×)"
             )
         print()
-    if "alerts" not in outboxes:
+    if DEFAULT_OUTBOX not in outboxes:
         return extra
     ours, raw, guarded, update = (rates(got[k]) for k in labels)
     x = med(ours) / med(update)
@@ -1563,9 +1567,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--outbox",
-        default="alerts",
+        default=",".join(OUTBOXES),
         help="firing: the outbox's shapes slawatch's claim writes, comma-separated,"
-        " interleaved by round (SLAWATCH_OUTBOX: alerts, rows; e.g. alerts,rows)",
+        " interleaved by round (SLAWATCH_OUTBOX: alerts, rows; default %(default)s,"
+        " the default shape first, its figures unlabeled)",
     )
     parser.add_argument("--quick", action="store_true", help="tiny: does it run?")
     args = parser.parse_args()

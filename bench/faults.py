@@ -24,7 +24,7 @@ them (one per ended episode, none for an open one, each after its notifications)
     .venv/bin/python bench/faults.py [--kills 1000] [--seconds S] [--rows N] [--seed N]
                                      [--outbox alerts|rows] [--no-resolve]
 
---outbox rows runs every process with SLAWATCH_OUTBOX=rows (the outbox in rows,
+--outbox sets SLAWATCH_OUTBOX of every process (default: the default shape, rows;
 docs/explanation/outbox-rows.md); the check reads what was written in either shape.
 
 The database is a private PostgreSQL server (tests/pgcluster.py) in a
@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchdb import scratch_database  # noqa: E402
 
+from slawatch.config.settings import DEFAULT_OUTBOX  # noqa: E402
 from tests.faultharness import FaultRun, Report  # noqa: E402
 
 KILLS_PER_SECOND = 0.6  # 2 processes, 2 cores: startup ~1.5 s + 0.8 s alive, and the outages
@@ -100,8 +101,8 @@ def main() -> int:
     parser.add_argument(
         "--outbox",
         choices=["alerts", "rows"],
-        default="alerts",
-        help="SLAWATCH_OUTBOX of the processes (alerts)",
+        default=DEFAULT_OUTBOX,
+        help=f"SLAWATCH_OUTBOX of the processes ({DEFAULT_OUTBOX}, the default shape)",
     )
     args = parser.parse_args()
     seconds = args.seconds or args.kills / KILLS_PER_SECOND

@@ -337,13 +337,17 @@ class EmailConfig(NotifierBase):
 
 
 def _check_host(host: bytes) -> None:
-    """Refuse a DNS name that no resolver takes (a label over 63 characters, or over 253
-    in all): every send to it would fail, as a transient error, retried for ever."""
+    """Refuse a DNS name that no resolver takes (a label over 63 characters or empty, or
+    over 253 in all): every send to it would fail, as a transient error, retried for
+    ever. One trailing dot (a fully qualified name) is a name."""
     if b":" in host:  # an IPv6 address
         return
-    if len(host) > 253 or any(len(label) > 63 for label in host.rstrip(b".").split(b".")):
-        # No colon, no quote: _url_problem keeps the text up to the first of them.
+    labels = host.removesuffix(b".").split(b".")
+    # No colon, no quote in the messages: _url_problem keeps the text up to the first.
+    if len(host) > 253 or any(len(label) > 63 for label in labels):
         raise ValueError("its host name has a part over 63 characters, or is over 253 in all")
+    if host and not all(labels):
+        raise ValueError("its host name has an empty part (two dots in a row, or a leading dot)")
 
 
 def _url_problem(exc: Exception) -> str:

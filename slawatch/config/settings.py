@@ -40,6 +40,8 @@ MIN_TOKEN = 16
 
 # SLAWATCH_OUTBOX: the shape of the outbox the claims write (docs/explanation/outbox-rows.md).
 Outbox = Literal["alerts", "rows"]
+# Rows of up to 100 alerts; "alerts", one alert and one delivery per notifier each.
+DEFAULT_OUTBOX: Outbox = "rows"
 
 
 def _at_least(kind: str, value: Any, least: timedelta, least_text: str, why: str = "") -> timedelta:
@@ -288,10 +290,10 @@ class Settings(BaseSettings):
     # its own (action.role); unset: the role slawatch connects as
     # (docs/explanation/safety.md).
     action_role: Annotated[str | None, BeforeValidator(_action_role)] = None
-    # The outbox's shape: "alerts" (default) writes an alert and a delivery per notifier
-    # for each notification; "rows", a preview, writes rows of up to 100 alerts and one
-    # send per notifier of each row (docs/explanation/outbox-rows.md).
-    outbox: Outbox = "alerts"
+    # The outbox's shape: "rows" (default) writes rows of up to 100 alerts and one send
+    # per notifier of each row; "alerts" writes an alert and a delivery per notifier for
+    # each notification (docs/explanation/outbox-rows.md).
+    outbox: Outbox = DEFAULT_OUTBOX
 
     @field_validator("ingest_token")
     @classmethod

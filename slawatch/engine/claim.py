@@ -49,6 +49,7 @@ from slawatch.engine.catalog import table_ident
 from slawatch.engine.generation import GATE_CTE, GATE_WHERE, generation
 from slawatch.engine.outbox import (
     CLAIM_ENDED,
+    DEFAULT_OUTBOX,
     SEVERITIES,
     Outbox,
     Tally,
@@ -320,7 +321,7 @@ def plan_claim(
     partitioned: bool = False,
     key: list[str] | None = None,
     *,
-    outbox_in: Outbox = "alerts",
+    outbox_in: Outbox = DEFAULT_OUTBOX,
 ) -> ClaimPlan:
     """Compose the claim for ``rule`` whose deadline column has ``deadline_type``.
 

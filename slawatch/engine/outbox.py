@@ -43,8 +43,9 @@ from psycopg.pq import TransactionStatus
 # column of that name (config.rules.Rule.row_problem).
 from slawatch.config.rules import TRUNCATED as TRUNCATED
 
-# SLAWATCH_OUTBOX: today's outbox ("alerts"), or the preview in rows ("rows";
+# SLAWATCH_OUTBOX: the outbox in rows ("rows", the default), or an alert per row ("alerts";
 # docs/explanation/outbox-rows.md).
+from slawatch.config.settings import DEFAULT_OUTBOX as DEFAULT_OUTBOX
 from slawatch.config.settings import Outbox as Outbox
 from slawatch.db import Connection, one_statement, translate
 

@@ -16,7 +16,7 @@ from slawatch.engine.migrate import (
     require_schema,
     with_probed_indexes,
 )
-from slawatch.engine.outbox import Outbox
+from slawatch.engine.outbox import DEFAULT_OUTBOX, Outbox
 from slawatch.engine.probefn import attach
 from slawatch.errors import ConfigError
 
@@ -30,14 +30,14 @@ def needs_migrate(problem: str) -> bool:
     return problem.endswith(RUN_MIGRATE)
 
 
-def prepare(conn: Connection, rule: Rule, *, outbox: Outbox = "alerts") -> ClaimPlan:
+def prepare(conn: Connection, rule: Rule, *, outbox: Outbox = DEFAULT_OUTBOX) -> ClaimPlan:
     """Read the table's catalog entry and compose the claim; the table must be migrated.
     ``outbox``: SLAWATCH_OUTBOX (docs/explanation/outbox-rows.md)."""
     return prepare_all(conn, [rule], outbox=outbox)[rule.name]
 
 
 def prepare_all(
-    conn: Connection, rules: list[Rule], *, outbox: Outbox = "alerts"
+    conn: Connection, rules: list[Rule], *, outbox: Outbox = DEFAULT_OUTBOX
 ) -> dict[str, ClaimPlan]:
     """Claim plans for every rule; one ConfigError naming every rule not ready to run."""
     plans, problems = prepare_ready(conn, rules, outbox=outbox)
@@ -47,7 +47,7 @@ def prepare_all(
 
 
 def prepare_ready(
-    conn: Connection, rules: list[Rule], *, outbox: Outbox = "alerts"
+    conn: Connection, rules: list[Rule], *, outbox: Outbox = DEFAULT_OUTBOX
 ) -> tuple[dict[str, ClaimPlan], dict[str, str]]:
     """Claim plans for the rules ready to run, and why each other rule is not (by name).
     ``outbox``: the shape their claims write (SLAWATCH_OUTBOX).

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from slawatch.config.durations import format_duration
 from slawatch.config.rules import Rule
-from slawatch.config.settings import Outbox
+from slawatch.config.settings import DEFAULT_OUTBOX, Outbox
 from slawatch.db import Connection, translate
 from slawatch.engine.catalog import TableInfo, inspect_table
 from slawatch.engine.claim import ClaimPlan
@@ -153,7 +153,7 @@ def explain(
     now: datetime,
     rules: list[Rule] | None = None,
     *,
-    outbox: Outbox = "alerts",
+    outbox: Outbox = DEFAULT_OUTBOX,
 ) -> Explained:
     """Plan ``rule``'s scan at ``now``; ConfigError when the rule is not ready to run.
 

@@ -33,7 +33,7 @@ from slawatch.clock import Clock
 from slawatch.config.durations import format_duration
 from slawatch.config.notifiers import NotifierConfig
 from slawatch.config.rules import Rule, action_targets
-from slawatch.config.settings import DEFAULT_RETENTION, Outbox
+from slawatch.config.settings import DEFAULT_OUTBOX, DEFAULT_RETENTION, Outbox
 from slawatch.config.sources import SourceConfig
 from slawatch.db import (
     PREPARED_MAX,
@@ -277,7 +277,7 @@ class Runner:
         sources: list[SourceConfig] | None = None,
         recorder: Recorder | None = None,
         scan_connections: int = SCAN_CONNECTIONS,
-        outbox: Outbox = "alerts",
+        outbox: Outbox = DEFAULT_OUTBOX,
     ) -> None:
         self.clock = clock or Clock()
         # SLAWATCH_OUTBOX: the shape the claims write (docs/explanation/outbox-rows.md).

@@ -1356,6 +1356,9 @@ SELECT EXISTS (SELECT 1 FROM slawatch.outbox_send
 -- orphan_row_sends --
 -- Pending sends to notifiers not in `configured`, settled 'orphaned', as
 -- orphan_deliveries does for deliveries (one in flight is left to its process).
+-- Counted as the page and `slawatch status` count them (delivery_backlog): one delivery
+-- per alert the send still owes, its elements from `done` on not settled unsent; each
+-- send's row a probe of its primary key.
 WITH orphaned AS (
     UPDATE slawatch.outbox_send
        SET status = 'orphaned', lease_owner = NULL, lease_expires_at = NULL
@@ -1363,9 +1366,16 @@ WITH orphaned AS (
        AND (%(due_before)s::timestamptz IS NULL
             OR greatest(next_attempt_at, lease_expires_at) <= %(due_before)s)
        AND (lease_owner IS NULL OR lease_expires_at <= %(now)s)
-    RETURNING notifier
+    RETURNING notifier, row_id, done, skipped
 )
-SELECT notifier, count(*) FROM orphaned GROUP BY notifier ORDER BY notifier;
+SELECT o.notifier, count(*)
+  FROM orphaned o
+ CROSS JOIN LATERAL (
+       SELECT cardinality(r.ns) AS size FROM slawatch.outbox_row r
+        WHERE r.id = o.row_id OFFSET 0) r
+ CROSS JOIN LATERAL generate_series(o.done + 1, r.size) AS e(p)
+ WHERE o.skipped[e.p] IS NULL
+ GROUP BY o.notifier ORDER BY o.notifier;
 
 -- replay_row_sends --
 -- Dead and orphaned sends back to pending, as replay does for deliveries: each to its own
@@ -1391,8 +1401,9 @@ SELECT notifier, count(*) FROM orphaned GROUP BY notifier ORDER BY notifier;
 -- delivery to that notifier back to pending (or a new one), as `replay` does it:
 -- `resolved` too. Each waits for its firing notification in the other shape
 -- (claim_deliveries, lease_row_send). One `replay` sent again already is pending: left.
+-- Every figure it answers counts alerts, not sends (`counted`).
 WITH picked AS (
-    SELECT s.row_id, s.notifier, s.status, t.target,
+    SELECT s.row_id, s.notifier, s.status, s.done, s.skipped, t.target,
            (%(configured)s::text[] IS NULL OR t.target = ANY(%(configured)s::text[])) AS known,
            EXISTS (SELECT 1 FROM slawatch.outbox_send o
                     WHERE o.row_id = s.row_id AND o.notifier = t.target
@@ -1475,13 +1486,30 @@ WITH picked AS (
            next_attempt_at = excluded.next_attempt_at, lease_owner = NULL,
            lease_expires_at = NULL, last_error = NULL
      WHERE slawatch.outbox_send.status <> 'pending'
-    RETURNING 1
+    RETURNING row_id, done, skipped
+), counted AS (
+    -- Counted in alerts, as the page and `slawatch status` count sends (delivery_backlog):
+    -- each send's elements from `done` on not settled unsent; its row a probe of its key.
+    SELECT x.what, count(*) AS n
+      FROM (SELECT was::text AS what, row_id, done, skipped FROM replayed
+            UNION ALL
+            SELECT CASE WHEN known THEN 'taken' ELSE 'left' END, row_id, done, skipped
+              FROM picked WHERE taken OR NOT known
+            UNION ALL
+            SELECT 'resolved', row_id, done, skipped FROM resent) x
+     CROSS JOIN LATERAL (
+           SELECT cardinality(r.ns) AS size FROM slawatch.outbox_row r
+            WHERE r.id = x.row_id OFFSET 0) r
+     CROSS JOIN LATERAL generate_series(x.done + 1, r.size) AS e(p)
+     WHERE x.skipped[e.p] IS NULL
+     GROUP BY x.what
 )
-SELECT (SELECT count(*) FROM replayed WHERE was = 'dead') AS dead,
-       (SELECT count(*) FROM replayed WHERE was = 'orphaned') AS orphaned,
-       (SELECT count(*) FROM picked WHERE known AND taken) AS taken,
-       (SELECT count(*) FROM picked WHERE NOT known) AS left,
-       (SELECT count(*) FROM resent) + (SELECT count(*) FROM resent_alerts) AS resolved;
+SELECT coalesce((SELECT n FROM counted WHERE what = 'dead'), 0) AS dead,
+       coalesce((SELECT n FROM counted WHERE what = 'orphaned'), 0) AS orphaned,
+       coalesce((SELECT n FROM counted WHERE what = 'taken'), 0) AS taken,
+       coalesce((SELECT n FROM counted WHERE what = 'left'), 0) AS left,
+       coalesce((SELECT n FROM counted WHERE what = 'resolved'), 0)
+           + (SELECT count(*) FROM resent_alerts) AS resolved;
 
 -- row_leftovers --
 -- Whether any dead or orphaned send goes to `notifier` (replay_leftovers).

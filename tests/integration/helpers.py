@@ -75,22 +75,46 @@ def claim_all(conn: Conn, plan: ClaimPlan, now: datetime | None = None) -> int:
             return total
 
 
+# The alerts of a rule in either shape of the outbox (docs/explanation/outbox-rows.md):
+# the elements of its rows, and its alerts in slawatch.alert. A rule whose action is a
+# webhook keeps, beside its rows, the alerts the action is on in slawatch.alert (with
+# only the action's delivery): those are the rows' alerts again, and are left out.
+_ELEMENTS = """\
+    SELECT u.key, u.episode, u.n, u.severity, r.notifiers
+      FROM slawatch.outbox_row r,
+           unnest(r.keys, r.episodes, r.ns, r.severities) AS u(key, episode, n, severity)
+     WHERE r.rule = %(rule)s"""
+
+
 def alerts(conn: Conn, rule: str) -> list[tuple[str, int, str, list[str]]]:
-    """(key, n, severity, [notifiers]) of every alert of ``rule``, in order."""
+    """(key, n, severity, [notifiers]) of every alert of ``rule``, in order, whichever
+    shape of the outbox holds it."""
     rows = conn.execute(
-        "SELECT a.key, a.n, a.severity, array_agg(d.notifier ORDER BY d.notifier)"
-        " FROM slawatch.alert a LEFT JOIN slawatch.delivery d ON d.alert_id = a.id"
-        " WHERE a.rule = %s GROUP BY a.id ORDER BY a.key, a.n",
-        (rule,),
+        f"WITH el AS ({_ELEMENTS})"
+        " SELECT key, n, severity, notifiers FROM el"
+        " UNION ALL"
+        " SELECT a.key, a.n, a.severity, array_agg(d.notifier ORDER BY d.notifier)"
+        "   FROM slawatch.alert a LEFT JOIN slawatch.delivery d ON d.alert_id = a.id"
+        "  WHERE a.rule = %(rule)s AND NOT EXISTS (SELECT 1 FROM el WHERE el.key = a.key"
+        "        AND el.episode = a.episode AND el.n = a.n)"
+        "  GROUP BY a.id ORDER BY 1, 2",
+        {"rule": rule},
     ).fetchall()
-    return [(k, n, s, list(ns)) for k, n, s, ns in rows]
+    return [(k, n, s, sorted(ns)) for k, n, s, ns in rows]
 
 
 def episodes(conn: Conn, rule: str) -> list[tuple[str, int, int]]:
-    """(key, episode, n) of every alert of ``rule``, in order."""
+    """(key, episode, n) of every alert of ``rule``, in order, whichever shape of the
+    outbox holds it."""
     rows = conn.execute(
-        "SELECT key, episode, n FROM slawatch.alert WHERE rule = %s ORDER BY key, episode, n",
-        (rule,),
+        f"WITH el AS ({_ELEMENTS})"
+        " SELECT key, episode, n FROM el"
+        " UNION ALL"
+        " SELECT a.key, a.episode, a.n FROM slawatch.alert a"
+        "  WHERE a.rule = %(rule)s AND NOT EXISTS (SELECT 1 FROM el WHERE el.key = a.key"
+        "        AND el.episode = a.episode AND el.n = a.n)"
+        "  ORDER BY 1, 2, 3",
+        {"rule": rule},
     ).fetchall()
     return [(k, e, n) for k, e, n in rows]
 

@@ -24,17 +24,5 @@ class Inbox(BaseNotifier):
 
 
 def statuses(conn: Conn) -> dict[str, int]:
+    """Deliveries by status, of today's outbox only (SLAWATCH_OUTBOX=alerts)."""
     return dict(conn.execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY 1"))
-
-
-def resolved(conn: Conn, rule: str = "order_unshipped") -> list[tuple[str, int, str, list[str]]]:
-    """(key, episode, severity, [notifiers]) of every resolved notice of ``rule``."""
-    rows = conn.execute(
-        "SELECT a.key, a.episode, a.severity,"
-        " array_remove(array_agg(d.notifier ORDER BY d.notifier), NULL)"
-        " FROM slawatch.alert a LEFT JOIN slawatch.delivery d ON d.alert_id = a.id"
-        " WHERE a.rule = %s AND a.kind = 'resolved' AND a.n = 0"
-        " GROUP BY a.id ORDER BY a.key, a.episode",
-        (rule,),
-    ).fetchall()
-    return [(k, e, s, list(ns)) for k, e, s, ns in rows]

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from slawatch.config.notifiers import RetrySettings
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import PassResult, deliver_due
 from slawatch.engine.claim import ClaimPlan
@@ -20,7 +21,8 @@ from slawatch.errors import BadInput, DeliveryError, NotFound
 from slawatch.operate.inspect import list_alerts
 from slawatch.operate.lifecycle import ack
 from tests.integration.helpers import Conn, FixedClock, claim_all, episodes, plans, shop
-from tests.integration.lifecycle_helpers import Inbox, statuses
+from tests.integration.lifecycle_helpers import Inbox
+from tests.integration.test_pagerduty import statuses
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -87,13 +89,15 @@ def test_an_acked_episode_stays_quiet_and_a_new_episode_pages_again(
 
 def test_ack_by_numeric_id_keeps_the_first_ack(conn: Conn, db: Database, track: str) -> None:
     plan = two_orders(conn, track)
-    row = conn.execute("SELECT id FROM slawatch.alert WHERE key = '2'").fetchone()
-    assert row is not None
-    first = ack(db, str(row[0]), by="bob", comment="", now=DUE + M)
+    # The id the API and `slawatch alerts` show (an element of a row has a negative one).
+    with db.connection("listing") as c:
+        listed = list_alerts(c, rule=None, status=None, since=None, cursor=None, limit=10)
+    (alert_id,) = [a.id for a in listed.alerts if a.key == "2"]
+    first = ack(db, str(alert_id), by="bob", comment="", now=DUE + M)
     assert (first.state, first.alert, first.alert_id) == (
         "acknowledged",
         "order_unshipped:2:e1:n1",
-        row[0],
+        alert_id,
     )
     again = ack(db, "order_unshipped:2:e1:n1", by="carol", comment="me too", now=DUE + 2 * M)
     assert (again.state, again.acked_by, again.acked_at) == ("already acknowledged", "bob", DUE + M)
@@ -227,11 +231,11 @@ class Receiver(Inbox):
         super().send(alerts)
 
 
-def resolving_orders(conn: Conn) -> ClaimPlan:
-    """Orders 1 and 2 overdue and claimed at DUE (resolved notices on)."""
+def resolving_orders(conn: Conn, outbox: Outbox) -> ClaimPlan:
+    """Orders 1 and 2 overdue and claimed at DUE into ``outbox`` (resolved notices on)."""
     rule = shop(conn)["order_unshipped"].model_copy(update={"resolve": True})
     migrate(conn, [rule])
-    plan = prepare(conn, rule)
+    plan = prepare(conn, rule, outbox=outbox)
     conn.execute(
         "INSERT INTO orders VALUES (1, 7, 100, 'paid', %(t)s), (2, 7, 200, 'paid', %(t)s)",
         {"t": T0},
@@ -244,15 +248,19 @@ def deliver(db: Database, receiver: Inbox, at: datetime) -> PassResult:
     return deliver_due(db, {"console": receiver}, FixedClock(at))
 
 
+@pytest.mark.parametrize("outbox", ["alerts", "rows"])
 def test_an_ack_settles_the_deliveries_waiting_to_retry_and_not_the_resolved_notice(
-    conn: Conn, db: Database
+    conn: Conn, db: Database, outbox: Outbox
 ) -> None:
-    plan = resolving_orders(conn)
+    plan = resolving_orders(conn, outbox)
     receiver = Receiver(failures=1)
     assert deliver(db, receiver, DUE).retried == 2  # the receiver is down
     ack(db, "order_unshipped:1:e1:n1", by="alice", comment="", now=DUE + M)
-    # Settled by the ack itself: visible at once, and no longer a backlog.
-    assert statuses(conn) == {"acknowledged": 1, "pending": 1}
+    # Today's outbox: settled by the ack itself, visible at once, and no longer a
+    # backlog. A row's send settles it when it is leased again
+    # (docs/explanation/outbox-rows.md, "Delivery").
+    settled = {"acknowledged": 1, "pending": 1} if outbox == "alerts" else {"pending": 2}
+    assert statuses(conn) == settled
     # The receiver is back: order 2's notification goes out, order 1's does not.
     assert deliver(db, receiver, DUE + 2 * H).sent == 1
     assert receiver.ids() == ["order_unshipped:2:e1:n1"]
@@ -269,12 +277,13 @@ def test_an_ack_settles_the_deliveries_waiting_to_retry_and_not_the_resolved_not
     ]
 
 
+@pytest.mark.parametrize("outbox", ["alerts", "rows"])
 def test_a_delivery_in_flight_when_acked_is_settled_when_it_comes_back(
-    conn: Conn, db: Database
+    conn: Conn, db: Database, outbox: Outbox
 ) -> None:
-    """The ack leaves a delivery in flight to its sender; it failed, so the claim that
-    finds it due again settles it instead of sending it."""
-    resolving_orders(conn)
+    """The ack leaves a delivery in flight to its sender; it failed, so the claim (or
+    lease) that finds it due again settles it instead of sending it."""
+    resolving_orders(conn, outbox)
 
     def acked() -> None:
         ack(db, "order_unshipped:1:e1:n1", by="alice", comment="", now=DUE + S)

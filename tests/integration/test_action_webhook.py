@@ -41,7 +41,7 @@ from slawatch.delivery.notifiers import Notifier, build
 from slawatch.demo import SHOP
 from slawatch.engine.claim import ClaimPlan, drain
 from slawatch.engine.migrate import grants, migrate
-from slawatch.engine.outbox import alert_payload
+from slawatch.engine.outbox import DEFAULT_OUTBOX, Outbox, alert_payload
 from slawatch.engine.ready import prepare
 from slawatch.operate.metrics import Metrics
 from slawatch.runtime.scheduler import Runner
@@ -67,14 +67,16 @@ def hook_rule(url: str, track: str = "inline", **action: Any) -> Rule:
     )
 
 
-def setup(conn: Conn, rule: Rule, mode: Mode = "on", jobs: int = 1) -> ClaimPlan:
+def setup(
+    conn: Conn, rule: Rule, mode: Mode = "on", jobs: int = 1, outbox: Outbox = DEFAULT_OUTBOX
+) -> ClaimPlan:
     conn.execute(SHOP)
     migrate(conn, [rule])
     conn.execute(
         "INSERT INTO jobs SELECT i, 'sync', 'w1', 'running', %s FROM generate_series(1, %s) i",
         (T0.replace(tzinfo=None), jobs),
     )
-    return prepare(conn, rule).with_act(runner(mode))
+    return prepare(conn, rule, outbox=outbox).with_act(runner(mode))
 
 
 @pytest.fixture
@@ -228,7 +230,10 @@ def test_a_replayed_action_is_not_followed_by_the_resolved_notice(
     # The job completes: the episode ends with its resolved notice (to console only).
     conn.execute("UPDATE jobs SET status = 'done'")
     claim_all(conn, plan, DUE + M)
-    resolved = "SELECT count(*) FROM slawatch.alert WHERE n = 0"
+    resolved = (  # in either shape of the outbox
+        "SELECT (SELECT count(*) FROM slawatch.alert WHERE n = 0)"
+        " + (SELECT count(*) FROM slawatch.outbox_row WHERE kind = 'resolved')"
+    )
     assert conn.execute(resolved).fetchone() == (1,)
     receiver.default = Reply()
     assert replay(conn, DUE + 2 * M, "job_hung", None) == 1
@@ -311,7 +316,9 @@ def test_two_settles_numbering_the_same_attempt_at_once_do_not_abort(
     first, then records nothing rather than abort (ON CONFLICT DO NOTHING)."""
     receiver.default = Reply(status=400)
     rule = hook_rule(receiver.url)
-    plan = setup(conn, rule)
+    # Today's outbox: the test adds a delivery to the alert of n = 2 in slawatch.alert,
+    # which the rows do not write (they keep there only the alert the action is on).
+    plan = setup(conn, rule, outbox="alerts")
     assert claim_all(conn, plan, DUE) == 1
     assert deliver(db, rule, DUE) == (0, 0, 1)
     assert claim_all(conn, plan, T0 + 30 * M + 2 * S) == 1  # the episode's n = 2

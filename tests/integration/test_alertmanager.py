@@ -13,12 +13,14 @@ from freezegun import freeze_time
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import AlertmanagerConfig
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import deliver_batch, deliver_due
+from slawatch.delivery.dispatcher import deliver_due, deliver_notifier
 from slawatch.delivery.notifiers.alertmanager import AlertmanagerNotifier
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
+from tests.integration.test_deliver import CLAIMED
+from tests.integration.test_pagerduty import OUTBOXES, last_errors, overdue_orders, statuses
 from tests.receivers import Reply
 from tests.services import AlertmanagerService, make_alert
 
@@ -116,10 +118,11 @@ def test_a_deadline_of_minus_infinity_and_a_huge_row(am: AlertmanagerService) ->
     manager.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_batches_from_the_outbox_are_one_post_each(
-    conn: Conn, db: Database, am: AlertmanagerService
+    conn: Conn, db: Database, am: AlertmanagerService, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 250, "am")
+    overdue_orders(conn, 250, "am", outbox)
     manager = notifier(am.url)
     with freeze_time(CLAIMED):
         assert deliver_due(db, {"am": manager}, Clock()).sent == 250
@@ -150,16 +153,17 @@ def test_alertmanagers_answers(
     manager.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_credentials_in_the_url_and_headers_never_show(
-    conn: Conn, db: Database, am: AlertmanagerService
+    conn: Conn, db: Database, am: AlertmanagerService, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 1, "am")
+    overdue_orders(conn, 1, "am", outbox)
     url = am.url.replace("http://", "http://ops:pw-am-s3cret@") + "/prefix?token=tok-am-s3cret"
     manager = notifier(url, headers={"Authorization": "Bearer bearer-am-s3cret"})
     am.replies = [Reply(401, body=f"denied {url} Bearer bearer-am-s3cret".encode())]
     with freeze_time(CLAIMED):
-        assert deliver_batch(db, manager, Clock()).dead == 1
-    (error,) = conn.execute("SELECT last_error FROM slawatch.delivery").fetchone()
+        assert deliver_notifier(db, manager, Clock()).dead == 1
+    (error,) = last_errors(conn)
     assert "s3cret" not in error, error
     assert error.startswith("HTTP 401 Unauthorized: denied http://127.0.0.1:")
     assert am.requests[0].path == "/prefix/api/v2/alerts?token=tok-am-s3cret"

@@ -12,27 +12,45 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from freezegun import freeze_time
-from psycopg.rows import dict_row
 
 from slawatch.clock import Clock
 from slawatch.config.calendars import Calendar
 from slawatch.config.notifiers import ConsoleConfig
 from slawatch.config.rules import Rule, check_calendar_names
 from slawatch.db import Database
+from slawatch.delivery.dispatcher import deliver_due
 from slawatch.engine.baseline import baseline_rule
 from slawatch.engine.catalog import inspect_table
 from slawatch.engine.claim import drain, fill_due
 from slawatch.engine.due import dry_run
 from slawatch.engine.migrate import migrate
-from slawatch.engine.outbox import alert_payload, iso
+from slawatch.engine.outbox import iso
 from slawatch.engine.ready import prepare
 from slawatch.operate.inspect import count_overdue
 from slawatch.runtime.scheduler import Runner
 from tests.integration.helpers import Conn, FixedClock, claim_all
+from tests.integration.lifecycle_helpers import Inbox
 from tests.integration.test_cli import assert_one_line_error, slawatch
 
 BERLIN = ZoneInfo("Europe/Berlin")
 S = timedelta(seconds=1)
+
+# (key, due_at) of every alert of a rule, in the order written, in either shape of the
+# outbox: the elements of its rows (due at due_ats[i], or deadlines[i] + after), and
+# slawatch.alert (docs/explanation/outbox-rows.md).
+DUE_ATS = """\
+    SELECT u.key, coalesce(u.due_at, u.deadline + r.after), 0, r.id, u.p
+      FROM slawatch.outbox_row r,
+           unnest(r.keys, r.deadlines, r.due_ats) WITH ORDINALITY AS u(key, deadline, due_at, p)
+     WHERE r.rule = %(rule)s
+    UNION ALL
+    SELECT key, due_at, 1, id, 0 FROM slawatch.alert WHERE rule = %(rule)s
+     ORDER BY 3, 4, 5"""
+
+
+def due_ats(conn: Conn, rule: str) -> list[tuple[str, datetime | None]]:
+    return [(k, d) for k, d, *_ in conn.execute(DUE_ATS, {"rule": rule}).fetchall()]
+
 
 TICKETS = """
 CREATE TABLE tickets (
@@ -107,10 +125,7 @@ def test_a_calendar_rule_claims_each_row_when_its_working_time_has_passed(
         got = claim_all(conn, plan)
         assert ahead.first == got
         assert overdue[0] == len(claimed) + got  # every overdue row, notified or not
-        rows = conn.execute(
-            "SELECT key FROM slawatch.alert WHERE rule = %s ORDER BY id", (rule.name,)
-        ).fetchall()
-        claimed[:] = [r[0] for r in rows]
+        claimed[:] = [key for key, _ in due_ats(conn, rule.name)]
         return got
 
     with freeze_time(berlin(2026, 11, 27, 12)) as clock:
@@ -122,8 +137,7 @@ def test_a_calendar_rule_claims_each_row_when_its_working_time_has_passed(
         assert step(berlin(2026, 12, 7, 12)) == 0
     assert claimed == ["1", "2", "3"]
     # The alerts' due_at would be per row in working time: left NULL (docs/how-to/calendars.md).
-    dues = conn.execute("SELECT due_at FROM slawatch.alert").fetchall()
-    assert dues == [(None,)] * 3
+    assert [due for _, due in due_ats(conn, rule.name)] == [None] * 3
     # The history (the SLA report's) gets each episode's working-time due time.
     assert fill_due(conn, rule) == 3
     history = conn.execute("SELECT key, due_at FROM slawatch.episode ORDER BY key").fetchall()
@@ -157,9 +171,9 @@ def test_a_drain_of_a_calendar_rule_gives_its_alerts_their_due_time(
     plan = prepare(conn, rule)
     with Database(dsn, size=1, timeout=5) as db:
         assert drain(db, plan, FixedClock(berlin(2026, 12, 7, 12))).claimed == 3
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute("SELECT * FROM slawatch.alert ORDER BY key").fetchall()
-    payloads = [alert_payload(r) for r in rows]
+        inbox = Inbox()
+        assert deliver_due(db, {"console": inbox}, FixedClock(berlin(2026, 12, 7, 12))).sent == 3
+    payloads = sorted(inbox.got, key=lambda p: p["key"])
     assert [(p["key"], p["due_at"]) for p in payloads] == [
         (str(key), iso(due_at.astimezone(UTC))) for key, _, due_at in TICKETS_DUE
     ]
@@ -260,9 +274,11 @@ def test_explain_shows_the_working_time_cutoff(conn: Conn, dsn: str, tmp_path: P
     assert slawatch("migrate", dsn=dsn, cwd=tmp_path).returncode == 0
     result = slawatch("explain", "ticket_unanswered", dsn=dsn, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    header, line = result.stdout.splitlines()[:2]
+    header, *lines = result.stdout.splitlines()
     at = datetime.fromisoformat(header.rsplit(" at ", 1)[1])
     prefix = "after: 2h of working time (calendar office): due now if opened_at < "
+    # Beside the outbox's shape when it is rows (a line of its own before this one).
+    line = next((t for t in lines if t.startswith("after: ")), lines[0])
     assert line.startswith(prefix), line
     cutoff = datetime.fromisoformat(line.removeprefix(prefix))
     # Office hours hold at most the wall-clock time: the cutoff is 2 h or more back.
@@ -291,5 +307,6 @@ def test_a_calendar_rule_restored_from_a_backup_is_not_paged_twice(
         conn.execute(f"INSERT INTO {state} SELECT * FROM backup")
         conn.execute("DELETE FROM slawatch.watermark")
         assert drain(db, prepare(conn, rule), clock, sweep=True).claimed == 0
-    dues = conn.execute("SELECT key, due_at FROM slawatch.alert ORDER BY key").fetchall()
-    assert dues == [(str(key), due_at) for key, _, due_at in TICKETS_DUE]
+    assert sorted(due_ats(conn, rule.name)) == [
+        (str(key), due_at) for key, _, due_at in TICKETS_DUE
+    ]

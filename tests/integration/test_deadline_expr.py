@@ -39,6 +39,14 @@ CREATE TABLE tickets (
 # A timestamptz column moved into UTC wall time, plus hours: immutable, so indexable.
 IN_UTC = "(created_at AT TIME ZONE 'UTC') + make_interval(hours => sla_hours)"
 
+# Every alert (rule, key, episode, deadline, row_data), in either shape of the outbox:
+# the elements of the rows, and slawatch.alert (docs/explanation/outbox-rows.md).
+ALERTS = """\
+    SELECT r.rule, u.key, u.episode, u.deadline, u.row_data FROM slawatch.outbox_row r,
+           unnest(r.keys, r.episodes, r.deadlines, r.row_data)
+           AS u(key, episode, deadline, row_data)
+    UNION ALL SELECT rule, key, episode, deadline, row_data FROM slawatch.alert"""
+
 
 def rule(track: str = "inline", **fields: Any) -> Rule:
     base = {
@@ -82,7 +90,7 @@ def due_keys(rows: int, at: datetime = NOW) -> set[str]:
 
 def alerted(conn: Conn) -> list[str]:
     rows = conn.execute(
-        "SELECT key FROM slawatch.alert WHERE rule = 'ticket_late' ORDER BY key"
+        f"SELECT key FROM ({ALERTS}) a WHERE rule = 'ticket_late' ORDER BY key"
     ).fetchall()
     return [r[0] for r in rows]
 
@@ -107,7 +115,8 @@ def test_claims_exactly_the_rows_whose_computed_deadline_passed(
     assert set(got) == expected
     # The alert carries the computed deadline, and the row the columns it reads.
     row = conn.execute(
-        "SELECT deadline, row_data FROM slawatch.alert WHERE rule = 'ticket_late' AND key = '101'"
+        f"SELECT deadline, row_data FROM ({ALERTS}) a"
+        " WHERE rule = 'ticket_late' AND key = '101' AND episode = 1"
     ).fetchone()
     assert row is not None
     created = NOW - 101 * timedelta(minutes=7)
@@ -127,7 +136,7 @@ def test_claims_exactly_the_rows_whose_computed_deadline_passed(
     assert claim_all(conn, plan, later) == len(fell_due) + 1
     assert set(alerted(conn)) == expected | fell_due
     (episode,) = conn.execute(
-        "SELECT max(episode) FROM slawatch.alert WHERE rule = 'ticket_late' AND key = '101'"
+        f"SELECT max(episode) FROM ({ALERTS}) a WHERE rule = 'ticket_late' AND key = '101'"
     ).fetchone()  # type: ignore[misc]
     assert episode == 2
 
@@ -305,7 +314,7 @@ def test_a_deadline_from_another_table_says_the_two_ways_then_a_trigger_kept_col
     assert slawatch("--rules", str(tmp_path), "migrate", dsn=dsn).returncode == 0
     run = slawatch("--rules", str(tmp_path), "run", "--once", dsn=dsn)
     assert run.returncode == 0, run.stderr
-    keys = conn.execute("SELECT key FROM slawatch.alert WHERE rule = 'rental_overdue'").fetchall()
+    keys = conn.execute(f"SELECT key FROM ({ALERTS}) a WHERE rule = 'rental_overdue'").fetchall()
     assert keys == [("200",)]
 
 

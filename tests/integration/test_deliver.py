@@ -1,4 +1,5 @@
-"""The delivery loop on the outbox: payloads, retries, dead letters, fenced writes."""
+"""The delivery loop on today's outbox (slawatch.alert / slawatch.delivery): payloads,
+retries, dead letters, fenced writes. The rows' delivery: test_outbox_rows_deliver.py."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import logging
 import threading
 import uuid
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,6 +19,7 @@ from psycopg.rows import dict_row
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import ConsoleConfig, RetrySettings
+from slawatch.config.settings import Outbox
 from slawatch.db import Connection, Database
 from slawatch.delivery.dispatcher import (
     claim_deliveries,
@@ -32,6 +35,7 @@ from slawatch.engine.claim import plan_claim
 from slawatch.engine.outbox import alert_payload
 from slawatch.engine.queries import queries
 from slawatch.errors import DeliveryError
+from slawatch.operate.inspect import MAX_LIMIT, Delivery, list_alerts
 from tests.integration.helpers import (
     Conn,
     FixedClock,
@@ -72,18 +76,45 @@ class FlakyReceiver(BaseNotifier):
         self.got.extend(alerts)
 
 
-def overdue_orders(conn: Conn, count: int, notify: str = "console") -> None:
-    """``count`` orders overdue, claimed at CLAIMED: one pending delivery each to ``notify``."""
+# This module's subject is today's outbox, its deliveries one by one: pinned to "alerts".
+OUTBOX: Outbox = "alerts"
+
+
+def overdue_orders(
+    conn: Conn, count: int, notify: str = "console", outbox: Outbox = OUTBOX
+) -> None:
+    """``count`` orders overdue, claimed at CLAIMED into ``outbox``: one pending delivery
+    each to ``notify`` (in "rows": a send to ``notify`` per row of up to 100)."""
     rule = shop(conn)["order_unshipped"].model_copy(update={"notify": [notify]})
     conn.execute(
         "INSERT INTO orders SELECT g, 7, 990, 'paid', %s FROM generate_series(1, %s::int) g",
         (T0, count),
     )
-    assert claim_all(conn, plan_claim(rule, "timestamp with time zone"), CLAIMED) == count
+    plan = plan_claim(rule, "timestamp with time zone", outbox_in=outbox)
+    assert claim_all(conn, plan, CLAIMED) == count
 
 
 def statuses(conn: Conn) -> dict[str, int]:
     return dict(conn.execute("SELECT status, count(*) FROM slawatch.delivery GROUP BY 1"))
+
+
+def shown_deliveries(conn: Conn) -> list[Delivery]:
+    """Every alert's deliveries as `slawatch alerts` and the API show them, whichever
+    shape of the outbox holds the alerts (docs/explanation/outbox-rows.md): one per alert
+    and notifier, with its status, attempts, next attempt and last error."""
+    out: list[Delivery] = []
+    cursor: int | None = None
+    while True:
+        page = list_alerts(conn, cursor=cursor, limit=MAX_LIMIT)
+        out += [d for a in page.alerts for d in a.deliveries]
+        if page.next_cursor is None:
+            return out
+        cursor = int(page.next_cursor)
+
+
+def shown_statuses(conn: Conn) -> dict[str, int]:
+    """:func:`statuses` as `slawatch alerts` shows them, in either shape of the outbox."""
+    return dict(Counter(d.status for d in shown_deliveries(conn)))
 
 
 def test_console_prints_the_payload_and_marks_sent(conn: Conn, db: Database) -> None:

@@ -21,15 +21,20 @@ import pytest
 from slawatch.clock import Clock
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.config.rules import load_rules
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import Dispatcher
 from slawatch.delivery.notifiers.webhook import WebhookNotifier
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import overdue_orders, statuses
+from tests.integration.test_deliver import overdue_orders, shown_deliveries, shown_statuses
 
 WAIT = 60.0  # seconds: generous bounds for a noisy 2-core machine
+# A notifier's workers take batches of deliveries and sends of rows alike: the tests of
+# what its concurrency does run with each shape of the outbox
+# (docs/explanation/outbox-rows.md).
+SHAPES = pytest.mark.parametrize("outbox", ["alerts", "rows"])
 
 
 class CountingReceiver:
@@ -114,47 +119,54 @@ def deliver_all(
     dispatcher = Dispatcher(db, {"hook": notifier}, Clock(), poll=0.2, **kwargs)
     dispatcher.start()
     try:
-        wait_for(lambda: statuses(conn).get("sent") == count, f"{count} deliveries sent")
+        wait_for(lambda: len(receiver.ids) >= count, f"{count} alerts received")
+        wait_for(lambda: shown_statuses(conn).get("sent") == count, f"{count} deliveries sent")
     finally:
         dispatcher.stop()
         notifier.close()
 
 
+@SHAPES
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_a_notifier_has_exactly_concurrency_batches_in_flight(
-    conn: Conn, db: Database, concurrency: int
+    conn: Conn, db: Database, concurrency: int, outbox: Outbox
 ) -> None:
     """4: four requests meet at the receiver (and never a fifth); 1: one at a time."""
-    overdue_orders(conn, 800, notify="hook")
+    overdue_orders(conn, 800, notify="hook", outbox=outbox)
     with CountingReceiver(gate=concurrency) as receiver:
         deliver_all(db, receiver, conn, 800, batch=100, concurrency={"hook": concurrency})
     assert receiver.most == concurrency
     assert sorted(receiver.ids) == sorted(f"order_unshipped:{k}:e1:n1" for k in range(1, 801))
 
 
+@SHAPES
 def test_without_a_concurrency_a_notifier_sends_one_batch_at_a_time(
-    conn: Conn, db: Database
+    conn: Conn, db: Database, outbox: Outbox
 ) -> None:
     """The Dispatcher's default is the old behaviour: one worker per notifier."""
-    overdue_orders(conn, 300, notify="hook")
+    overdue_orders(conn, 300, notify="hook", outbox=outbox)
     with CountingReceiver() as receiver:
         deliver_all(db, receiver, conn, 300, batch=100)
     assert receiver.most == 1
 
 
-def test_run_takes_the_concurrency_from_the_notifier_file(conn: Conn, dsn: str) -> None:
-    overdue_orders(conn, 600, notify="hook")
+@SHAPES
+def test_run_takes_the_concurrency_from_the_notifier_file(
+    conn: Conn, dsn: str, outbox: Outbox
+) -> None:
+    overdue_orders(conn, 600, notify="hook", outbox=outbox)
     (rule,) = [r for r in load_rules(ROOT / "rules") if r.name == "order_unshipped"]
     rule = rule.model_copy(update={"notify": ["hook"]})
     with CountingReceiver(gate=3) as receiver:
         config = WebhookConfig.model_validate(
             {"name": "hook", "type": "webhook", "url": receiver.url, "concurrency": 3}
         )
-        runner = Runner(dsn, [rule], [config], poll=0.2)
+        runner = Runner(dsn, [rule], [config], poll=0.2, outbox=outbox)
         serving = threading.Thread(target=runner.serve, name="serve", daemon=True)
         serving.start()
         try:
-            wait_for(lambda: statuses(conn).get("sent") == 600, "600 deliveries sent")
+            wait_for(lambda: len(receiver.ids) >= 600, "600 alerts received")
+            wait_for(lambda: shown_statuses(conn).get("sent") == 600, "600 deliveries sent")
         finally:
             runner.stop()
             serving.join(WAIT)
@@ -162,18 +174,20 @@ def test_run_takes_the_concurrency_from_the_notifier_file(conn: Conn, dsn: str) 
     assert receiver.most == 3
 
 
-def test_no_delivery_is_sent_twice_while_its_lease_holds(conn: Conn, db: Database) -> None:
+@SHAPES
+def test_no_delivery_is_sent_twice_while_its_lease_holds(
+    conn: Conn, db: Database, outbox: Outbox
+) -> None:
     """Eight workers, small batches, uneven receiver times: each alert arrives once,
     in its first attempt."""
-    overdue_orders(conn, 1200, notify="hook")
+    overdue_orders(conn, 1200, notify="hook", outbox=outbox)
     with CountingReceiver(delay=0.02, jitter=True) as receiver:
         deliver_all(db, receiver, conn, 1200, batch=25, concurrency={"hook": 8})
     repeated = [i for i, n in Counter(receiver.ids).items() if n > 1]
     assert repeated == []
     assert len(receiver.ids) == 1200
     assert receiver.most > 1  # the workers did overlap
-    attempts = conn.execute("SELECT attempts, count(*) FROM slawatch.delivery GROUP BY 1")
-    assert attempts.fetchall() == [(1, 1200)]
+    assert Counter(d.attempts for d in shown_deliveries(conn)) == {1: 1200}
 
 
 def test_the_workers_of_a_notifier_report_a_failure_once(

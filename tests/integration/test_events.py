@@ -91,22 +91,45 @@ def scan(db: Database, rule: Rule, at: datetime) -> int:
     return drain(db, plan, FixedClock(at)).claimed
 
 
+# Every alert of a rule in either shape of the outbox (docs/explanation/outbox-rows.md):
+# the elements of its rows, then its alerts in slawatch.alert. The module reads row_data
+# and the deadline too, which tests/integration/helpers.py's alerts() does not.
+_ALERTS = """\
+    SELECT r.kind, u.key, u.episode, u.n, u.row_data, u.deadline
+      FROM slawatch.outbox_row r,
+           unnest(r.keys, r.episodes, r.ns, r.row_data, r.deadlines)
+             AS u(key, episode, n, row_data, deadline)
+     WHERE r.rule = %(rule)s
+    UNION ALL
+    SELECT kind, key, episode, n, row_data, deadline FROM slawatch.alert
+     WHERE rule = %(rule)s"""
+
+
 def pages(conn: Conn, rule: str = "parcel") -> list[tuple[str, int, int]]:
     """(key, episode, n) of every alert, in order."""
     rows = conn.execute(
-        "SELECT key, episode, n FROM slawatch.alert WHERE rule = %s AND kind = 'firing'"
-        " ORDER BY key, episode, n",
-        (rule,),
+        f"SELECT key, episode, n FROM ({_ALERTS}) a WHERE kind = 'firing' ORDER BY key, episode, n",
+        {"rule": rule},
     ).fetchall()
     return [(k, e, n) for k, e, n in rows]
 
 
 def resolved(conn: Conn, rule: str = "parcel") -> list[str]:
     rows = conn.execute(
-        "SELECT key FROM slawatch.alert WHERE rule = %s AND kind = 'resolved' ORDER BY key",
-        (rule,),
+        f"SELECT key FROM ({_ALERTS}) a WHERE kind = 'resolved' ORDER BY key",
+        {"rule": rule},
     ).fetchall()
     return [k for (k,) in rows]
+
+
+def alert(conn: Conn, key: str, rule: str = "parcel") -> tuple[Any, Any]:
+    """(row_data, deadline) of the one firing alert of ``key``."""
+    rows = conn.execute(
+        f"SELECT row_data, deadline FROM ({_ALERTS}) a WHERE kind = 'firing' AND key = %(key)s",
+        {"rule": rule, "key": key},
+    ).fetchall()
+    assert len(rows) == 1, rows
+    return rows[0][0], rows[0][1]
 
 
 def timer(conn: Conn, key: str, rule: str = "parcel") -> tuple[Any, ...] | None:
@@ -127,8 +150,7 @@ def test_a_start_without_its_stop_pages_renotifies_and_resolves_when_the_stop_co
     assert send(conn, "parcel_shipped", "1Z", T0, {"to": "Berlin"}) == "accepted"
     assert scan(db, rule, T0 + 72 * H - S) == 0  # not due yet
     assert scan(db, rule, T0 + 72 * H + S) == 1
-    row = conn.execute("SELECT row_data, deadline FROM slawatch.alert WHERE key = '1Z'").fetchone()
-    assert row is not None
+    row = alert(conn, "1Z")
     assert row[0]["data"] == {"to": "Berlin"}
     # The start is the timer's started_at (the rule has one start type); the events
     # after it are listed (none yet).
@@ -244,8 +266,7 @@ def test_a_stop_sooner_than_min_pages_once(conn: Conn, db: Database) -> None:
     send(conn, "parcel_shipped", "J", T0)
     send(conn, "parcel_delivered", "J", T0 + 6 * M)  # in its time
     assert scan(db, rule, T0 + 3 * M) == 1
-    row = conn.execute("SELECT row_data FROM slawatch.alert WHERE key = 'I'").fetchone()
-    assert row is not None and row[0]["too_fast"] is True
+    assert alert(conn, "I")[0]["too_fast"] is True
     # Once: later scans close it (a resolved notice, as for any episode) and page no more.
     assert scan(db, rule, T0 + 13 * H) == 0
     assert scan(db, rule, T0 + 100 * H) == 0
@@ -507,9 +528,7 @@ def test_with_several_start_types_the_alert_says_which_one_started_it(
     setup(conn, rule)
     send(conn, "parcel_picked_up", "N", T0)
     assert scan(db, rule, T0 + 73 * H) == 1
-    row = conn.execute("SELECT row_data FROM slawatch.alert WHERE key = 'N'").fetchone()
-    assert row is not None
-    assert [e["type"] for e in row[0]["events"]] == ["parcel_picked_up"]
+    assert [e["type"] for e in alert(conn, "N")[0]["events"]] == ["parcel_picked_up"]
 
 
 def test_the_events_of_one_batch_are_applied_in_the_batchs_order(conn: Conn, db: Database) -> None:

@@ -129,10 +129,7 @@ def test_a_start_without_its_stop_is_closed_and_then_pruned(
     assert conn.execute(count).fetchone() == (1,)  # "fine" is still open
     assert history(conn, "parcel") == [("lost", 1, True, True)]
     assert scan(db, rule, at + D) == 1  # "fine", paged; "lost" never again
-    assert [k for (k,) in conn.execute("SELECT key FROM slawatch.alert").fetchall()] == [
-        "lost",
-        "fine",
-    ]
+    assert episodes(conn, "parcel") == [("fine", 1, 1), ("lost", 1, 1)]
     pruned = prune_events(db, [rule], FixedClock(at + 30 * D), retention=10 * D)
     assert pruned.timers == 1
     assert timer(conn, "lost") is None

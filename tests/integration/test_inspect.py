@@ -11,11 +11,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from slawatch.actions.run import runner
 from slawatch.config.rules import Rule
 from slawatch.db import Database, DatabaseUnavailable
 from slawatch.engine.catalog import inspect_table, inspect_tables
 from slawatch.engine.claim import DrainResult
 from slawatch.engine.migrate import migrate
+from slawatch.engine.ready import prepare
 from slawatch.errors import BadInput, ConfigError, NotFound, SlawatchError
 from slawatch.operate import inspect as inspect_module
 from slawatch.operate.inspect import (
@@ -84,7 +86,10 @@ def test_rule_status_counts_through_the_indexes(conn: Conn, track: str) -> None:
     assert not before.not_notified_capped
     assert no_renotify.notified is None  # notified once: none awaits a re-notification
 
-    assert claim_all(conn, plans(conn, {"o": order})["o"], NOW) == 3
+    # Today's shape: the test makes one delivery dead and adds alerts in SQL (the rows'
+    # counts: test_outbox_rows_read.py).
+    plan = prepare(conn, order, outbox="alerts").with_act(runner("off"))
+    assert claim_all(conn, plan, NOW) == 3
     conn.execute(
         "UPDATE slawatch.delivery SET status = 'dead' WHERE id = (SELECT min(id)"
         " FROM slawatch.delivery)"

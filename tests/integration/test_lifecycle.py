@@ -4,17 +4,39 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from freezegun import freeze_time
 
 from slawatch.actions.run import runner
 from slawatch.config.rules import Tier
+from slawatch.db import Database
+from slawatch.delivery.dispatcher import deliver_due
 from slawatch.engine.claim import plan_claim
 from slawatch.engine.migrate import migrate
-from tests.integration.helpers import Conn, alerts, claim_all, plans, shop
+from slawatch.engine.outbox import Outbox
+from slawatch.engine.ready import prepare
+from tests.integration.helpers import Conn, FixedClock, alerts, claim_all, plans, shop
+from tests.integration.lifecycle_helpers import Inbox
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
 S = timedelta(seconds=1)
+
+# (n, deadline, due_at, fired_at) of every alert of a rule, in either shape of the outbox
+# (docs/explanation/outbox-rows.md: a row's element i is due at due_ats[i], or at
+# deadlines[i] + after); helpers.alerts() has no times.
+TIMES = """\
+    SELECT u.n, u.deadline, coalesce(u.due_at, u.deadline + r.after), r.fired_at
+      FROM slawatch.outbox_row r,
+           unnest(r.ns, r.deadlines, r.due_ats) AS u(n, deadline, due_at)
+     WHERE r.rule = %(rule)s
+    UNION ALL
+    SELECT n, deadline, due_at, fired_at FROM slawatch.alert WHERE rule = %(rule)s
+     ORDER BY 1"""
+
+
+def times(conn: Conn, rule: str) -> list[tuple[int, datetime, datetime, datetime]]:
+    return conn.execute(TIMES, {"rule": rule}).fetchall()
 
 
 def test_order_unshipped_every_6h_capped_at_5_escalating_at_3(conn: Conn, track: str) -> None:
@@ -79,11 +101,9 @@ def test_refund_backoff_doubles_to_its_cap(conn: Conn, track: str) -> None:
         clock.move_to(due + 365 * 24 * H)
         assert claim_all(conn, plan) == 0
     assert [n for _, n, _, _ in alerts(conn, "refund_unprocessed")] == [1, 2, 3, 4]
-    fired = conn.execute(
-        "SELECT fired_at, due_at FROM slawatch.alert WHERE rule = 'refund_unprocessed' ORDER BY n"
-    ).fetchall()
-    assert [f for f, _ in fired] == fire_times
-    assert {d for _, d in fired} == {due}  # due_at: when the row became overdue
+    fired = times(conn, "refund_unprocessed")
+    assert [f for *_, f in fired] == fire_times
+    assert {d for _, _, d, _ in fired} == {due}  # due_at: when the row became overdue
 
 
 def test_receipt_unconfirmed_is_notified_once(conn: Conn, track: str) -> None:
@@ -120,8 +140,7 @@ def test_job_hung_reads_a_timestamp_without_zone_as_utc(conn: Conn, track: str) 
         conn.execute("UPDATE jobs SET status = 'done' WHERE id = 1")
         clock.move_to(T0 + 10 * H)
         assert claim_all(conn, plan) == 0
-    deadline = conn.execute("SELECT deadline FROM slawatch.alert WHERE rule = 'job_hung'")
-    assert deadline.fetchone() == (T0,)
+    assert [(n, d) for n, d, _, _ in times(conn, "job_hung")] == [(1, T0)]
 
 
 def test_timestamp_deadline_in_another_zone(conn: Conn, track: str) -> None:
@@ -157,20 +176,20 @@ def test_escalation_switches_notifiers(conn: Conn, track: str) -> None:
     ]
 
 
-def test_an_infinite_deadline_is_paged_without_breaking_delivery(conn: Conn, track: str) -> None:
+@pytest.mark.parametrize("outbox", ["alerts", "rows"])
+def test_an_infinite_deadline_is_paged_without_breaking_delivery(
+    conn: Conn, db: Database, track: str, outbox: Outbox
+) -> None:
     """'-infinity' is a valid timestamp (always due) that Python cannot hold: the alert
-    keeps it in its row and leaves deadline/due_at empty, so the delivery can read it."""
-    from slawatch.engine.outbox import alert_payload
-
-    rules = shop(conn, track)
-    plan = plans(conn, rules)["order_unshipped"]
+    keeps it in its row and leaves deadline/due_at empty, so the delivery can read it
+    (and the receiver gets it), in either shape of the outbox."""
+    rule = shop(conn, track)["order_unshipped"]
+    plan = prepare(conn, rule, outbox=outbox)
     conn.execute("INSERT INTO orders VALUES (1, 7, 1000, 'paid', '-infinity')")
     assert claim_all(conn, plan, T0) == 1
-    row = conn.execute(
-        "SELECT rule, key, episode, n, severity, deadline, due_at, fired_at, row_data"
-        " FROM slawatch.alert"
-    ).fetchone()
-    assert row is not None
-    names = ["rule", "key", "episode", "n", "severity", "deadline", "due_at", "fired_at"]
-    payload = alert_payload(dict(zip([*names, "row_data"], row, strict=True)))
+    assert [(n, d, due) for n, d, due, _ in times(conn, "order_unshipped")] == [(1, None, None)]
+    inbox = Inbox()
+    assert deliver_due(db, {"console": inbox}, FixedClock(T0)).sent == 1
+    [payload] = inbox.got
+    assert payload["id"] == "order_unshipped:1:e1:n1"
     assert payload["deadline"] is None and payload["row"]["paid_at"] == "-infinity"

@@ -274,7 +274,7 @@ def test_upgrade_from_before_episodes_keeps_notified_rows_quiet(conn: Conn) -> N
     from datetime import timedelta
 
     from slawatch.engine.ready import prepare
-    from tests.integration.helpers import claim_all
+    from tests.integration.helpers import claim_all, episodes
 
     conn.execute(TABLE)
     conn.execute(
@@ -290,7 +290,7 @@ def test_upgrade_from_before_episodes_keeps_notified_rows_quiet(conn: Conn) -> N
     done = migrate(conn, [rule()])
     assert "public.orders: notified rows became episode 1" in done
     assert claim_all(conn, prepare(conn, rule()), t0 + timedelta(days=1)) == 1  # only row 2
-    assert conn.execute("SELECT key FROM slawatch.alert").fetchall() == [("2",)]
+    assert episodes(conn, rule().name) == [("2", 1, 1)]
 
 
 def test_shop_migrates(conn: Conn) -> None:

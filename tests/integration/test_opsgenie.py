@@ -13,12 +13,14 @@ from freezegun import freeze_time
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import OpsgenieConfig
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import deliver_batch, deliver_due
+from slawatch.delivery.dispatcher import deliver_due, deliver_notifier
 from slawatch.delivery.notifiers.opsgenie import OpsgenieNotifier
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
+from tests.integration.test_deliver import CLAIMED
+from tests.integration.test_pagerduty import OUTBOXES, last_errors, overdue_orders, statuses
 from tests.receivers import Reply
 from tests.services import OpsgenieService, make_alert
 
@@ -118,10 +120,11 @@ def test_huge_values_fit_opsgenies_limits_and_odd_keys_still_close(og: OpsgenieS
     genie.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_batches_from_the_outbox_one_request_per_alert(
-    conn: Conn, db: Database, og: OpsgenieService
+    conn: Conn, db: Database, og: OpsgenieService, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 25, "og")
+    overdue_orders(conn, 25, "og", outbox)
     genie = notifier(og.base)  # batch 20 by default
     with freeze_time(CLAIMED):
         assert deliver_due(db, {"og": genie}, Clock()).sent == 25
@@ -132,17 +135,22 @@ def test_batches_from_the_outbox_one_request_per_alert(
     genie.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_a_refused_alert_is_dead_at_once_and_the_key_never_shows(
-    conn: Conn, db: Database, og: OpsgenieService, caplog: pytest.LogCaptureFixture
+    conn: Conn,
+    db: Database,
+    og: OpsgenieService,
+    caplog: pytest.LogCaptureFixture,
+    outbox: Outbox,
 ) -> None:
-    overdue_orders(conn, 1, "og")
+    overdue_orders(conn, 1, "og", outbox)
     # Opsgenie's 422, here repeating the request's key (as a proxy's error page might).
     answer = {"message": "validation error", "errors": {"auth": f"GenieKey {KEY}"}}
     og.replies = [Reply(422, body=json.dumps(answer).encode())]
     genie = notifier(og.base)
     with freeze_time(CLAIMED), caplog.at_level(logging.DEBUG):
-        assert deliver_batch(db, genie, Clock()).dead == 1
-    (error,) = conn.execute("SELECT last_error FROM slawatch.delivery").fetchone()
+        assert deliver_notifier(db, genie, Clock()).dead == 1
+    (error,) = last_errors(conn)
     assert error.startswith('HTTP 422 Unprocessable Entity: {"message": "validation error"')
     assert "GenieKey ***" in error
     assert KEY not in error
@@ -184,18 +192,19 @@ def test_opsgenies_answers(
     genie.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_a_failure_mid_batch_names_the_request_and_the_batch_is_retried_whole(
-    conn: Conn, db: Database, og: OpsgenieService
+    conn: Conn, db: Database, og: OpsgenieService, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 3, "og")
+    overdue_orders(conn, 3, "og", outbox)
     og.replies = [Reply(202, body=b"{}"), Reply(503)]
     genie = notifier(og.base)
     with freeze_time(CLAIMED) as clock:
-        assert deliver_batch(db, genie, Clock()).retried == 3
-        (error,) = conn.execute("SELECT DISTINCT last_error FROM slawatch.delivery").fetchone()
+        assert deliver_notifier(db, genie, Clock()).retried == 3
+        (error,) = last_errors(conn)
         assert error.startswith("HTTP 503 Service Unavailable [request 2 of 3, order_unshipped:")
         clock.tick(60)
-        assert deliver_batch(db, genie, Clock()).sent == 3
+        assert deliver_notifier(db, genie, Clock()).sent == 3
     # The scripted 202 stood in for Opsgenie (which kept nothing of it): the retry
     # made one alert per episode.
     assert sorted((a.alias, a.count) for a in og.alerts) == [

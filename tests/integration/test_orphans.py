@@ -9,21 +9,30 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import pytest
 
+from slawatch.actions.run import runner
 from slawatch.config.rules import Rule, load_rules
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import replay_deliveries, settle_orphans
 from slawatch.demo import SHOP
+from slawatch.engine.ready import prepare
 from slawatch.operate.admin import serve_admin
 from slawatch.runtime.maintain import prune_batch
 from tests.conftest import ROOT
-from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop
+from tests.integration.helpers import Conn, FixedClock, claim_all, shop
 from tests.integration.lifecycle_helpers import statuses
 from tests.integration.test_cli import assert_one_line_error, slawatch
+from tests.integration.test_deliver import shown_deliveries, shown_statuses
 from tests.receivers import WebhookReceiver, closed_port
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 DUE = T0 + timedelta(hours=48, seconds=1)
+# The tests below the first settle, lease, prune and replay today's deliveries one by
+# one (slawatch.delivery): pinned to "alerts". The rows' orphans:
+# test_outbox_rows_deliver.py.
+OUTBOX: Outbox = "alerts"
 
 
 def folders(tmp_path: Path, notify: str, notifiers: dict[str, str]) -> list[str]:
@@ -45,9 +54,12 @@ def hook(url: str) -> str:
     return f"type: webhook\nurl: {url}\ntimeout: 2s\nretry: {{first: 1h, max: 2h}}\n"
 
 
+@pytest.mark.parametrize("outbox", ["alerts", "rows"])
 def test_a_removed_notifiers_deliveries_are_orphaned_at_start_and_replayed_elsewhere(
-    conn: Conn, dsn: str, tmp_path: Path, receiver: WebhookReceiver
+    conn: Conn, dsn: str, tmp_path: Path, receiver: WebhookReceiver, outbox: Outbox
 ) -> None:
+    """What an operator sees, in either shape of the outbox (SLAWATCH_OUTBOX)."""
+    env = {"SLAWATCH_OUTBOX": outbox}
     conn.execute(SHOP)
     conn.execute(
         "INSERT INTO orders VALUES (1, 7, 990, 'paid', now() - interval '3 days'),"
@@ -55,22 +67,22 @@ def test_a_removed_notifiers_deliveries_are_orphaned_at_start_and_replayed_elsew
     )
     # Notified to `old`, whose receiver is down: both wait to retry.
     old = folders(tmp_path, "old", {"old": hook(f"http://127.0.0.1:{closed_port()}/x")})
-    assert slawatch(*old, "migrate", dsn=dsn).returncode == 0
-    ran = slawatch(*old, "run", "--once", dsn=dsn)
+    assert slawatch(*old, "migrate", dsn=dsn, env=env).returncode == 0
+    ran = slawatch(*old, "run", "--once", dsn=dsn, env=env)
     assert ran.returncode == 0, ran.stderr
     assert "notifier old: 0 sent, 2 retried, 0 dead" in ran.stdout
-    assert statuses(conn) == {"pending": 2}
+    assert shown_statuses(conn) == {"pending": 2}
     # `old` is removed, `hook` added: the start settles old's deliveries, in one line.
     new = folders(tmp_path, "hook", {"hook": hook(receiver.url)})
-    ran = slawatch(*new, "run", "--once", dsn=dsn)
+    ran = slawatch(*new, "run", "--once", dsn=dsn, env=env)
     assert ran.returncode == 0, ran.stderr
     lines = [ln for ln in ran.stderr.splitlines() if "orphaned" in ln]
     assert len(lines) == 1, ran.stderr
     assert "2 pending deliveries orphaned: their notifiers are not configured: old (2)" in lines[0]
-    assert statuses(conn) == {"orphaned": 2}
-    status = slawatch(*new, "status", dsn=dsn)
+    assert shown_statuses(conn) == {"orphaned": 2}
+    status = slawatch(*new, "status", dsn=dsn, env=env)
     assert "order_unshipped: 2 deliveries orphaned (notifier removed)" in status.stdout
-    listed = slawatch(*new, "alerts", "--status", "orphaned", dsn=dsn)
+    listed = slawatch(*new, "alerts", "--status", "orphaned", dsn=dsn, env=env)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.count("old:orphaned(1)") == 2
     # Unknown names: one line each, exit 2, nothing changed.
@@ -80,17 +92,17 @@ def test_a_removed_notifiers_deliveries_are_orphaned_at_start_and_replayed_elsew
         (["--to", "hook"], "--to: goes with --notifier"),
         (["--notifier", "olde", "--to", "hook"], "and no dead or orphaned deliveries go to one"),
     ]:
-        assert_one_line_error(slawatch(*new, "replay", *args, dsn=dsn), 2, says)
-    assert statuses(conn) == {"orphaned": 2}
+        assert_one_line_error(slawatch(*new, "replay", *args, dsn=dsn, env=env), 2, says)
+    assert shown_statuses(conn) == {"orphaned": 2}
     # Sent elsewhere.
-    done = slawatch(*new, "replay", "--notifier", "old", "--to", "hook", dsn=dsn)
+    done = slawatch(*new, "replay", "--notifier", "old", "--to", "hook", dsn=dsn, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ok: 0 dead and 2 orphaned deliveries back to pending, to hook\n"
-    ran = slawatch(*new, "run", "--once", dsn=dsn)
+    ran = slawatch(*new, "run", "--once", dsn=dsn, env=env)
     assert ran.returncode == 0, ran.stderr
     assert sorted(receiver.alert_ids) == ["order_unshipped:1:e1:n1", "order_unshipped:2:e1:n1"]
-    assert statuses(conn) == {"sent": 2}
-    assert conn.execute("SELECT DISTINCT notifier FROM slawatch.delivery").fetchall() == [("hook",)]
+    assert shown_statuses(conn) == {"sent": 2}
+    assert {d.notifier for d in shown_deliveries(conn)} == {"hook"}
 
 
 def pending_to(conn: Conn, notify: list[str], count: int = 2) -> Rule:
@@ -100,7 +112,8 @@ def pending_to(conn: Conn, notify: list[str], count: int = 2) -> Rule:
         "INSERT INTO orders SELECT g, 7, 990, 'paid', %s FROM generate_series(1, %s::int) g",
         (T0, count),
     )
-    assert claim_all(conn, plans(conn, {rule.name: rule})[rule.name], DUE) == count
+    plan = prepare(conn, rule, outbox=OUTBOX).with_act(runner("off"))
+    assert claim_all(conn, plan, DUE) == count
     return rule
 
 

@@ -81,7 +81,7 @@ def pair(conn: Conn, track: str, act: bool = False, **fields: Any) -> tuple[Clai
     conn.execute(TABLE)
     today, rowed = rule("today", track, **fields), rule("rowed", track, **fields)
     migrate(conn, [today, rowed])
-    plans = prepare(conn, today), prepare(conn, rowed, outbox="rows")
+    plans = prepare(conn, today, outbox="alerts"), prepare(conn, rowed, outbox="rows")
     if act:
         return plans[0].with_act(runner("on")), plans[1].with_act(runner("on"))
     return plans
@@ -532,7 +532,7 @@ def dated(conn: Conn, db: Database, track: str) -> tuple[ClaimPlan, ClaimPlan]:
     rules = [rule(n, track, calendar="office", resolve=True) for n in ("today", "rowed")]
     check_calendar_names(rules, {"office": office()})
     migrate(conn, rules)
-    return prepare(conn, rules[0]), prepare(conn, rules[1], outbox="rows")
+    return prepare(conn, rules[0], outbox="alerts"), prepare(conn, rules[1], outbox="rows")
 
 
 # Orders paid at (Berlin), and when their hour of working time has passed (None: the
@@ -704,6 +704,6 @@ def test_explain_shows_the_statement_that_writes_rows(
     assert shown.returncode == 0, shown.stderr
     assert "outbox: rows" in shown.stdout and "INSERT INTO slawatch.outbox_row" in shown.stdout
     assert "INSERT INTO slawatch.delivery" not in shown.stdout
-    today = slawatch("explain", "late", env=env)
+    today = slawatch("explain", "late", env=env | {"SLAWATCH_OUTBOX": "alerts"})
     assert today.returncode == 0, today.stderr
     assert "outbox: rows" not in today.stdout and "INSERT INTO slawatch.delivery" in today.stdout

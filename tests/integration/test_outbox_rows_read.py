@@ -24,9 +24,9 @@ from tests.integration.page_helpers import (
     Servers,
     chart_counts,
     rule_row,
-    seeded,
     servers,
 )
+from tests.integration.test_page import seeded_alerts
 
 __all__ = ["servers"]
 
@@ -131,7 +131,7 @@ def mixed(conn: Conn) -> tuple[Any, int, int]:
     three elements (keys 10, 11, 12) sent to hook up to element 1, element 2 acked
     unsent, element 3 dead; to console all pending; the second a re-notification (key
     13, n 2) whose console send is sent."""
-    found = seeded(conn)
+    found = seeded_alerts(conn)  # today's shape, beside the rows written here
     deadline = DUE - AFTER
     first = add_row(
         conn,

@@ -92,7 +92,8 @@ def test_a_replayed_firing_delivery_sends_its_episodes_resolved_row_again_after_
 
     with db.connection("replaying") as c:
         done = replay_deliveries(c, NOW, RULE, "hook", configured={"hook"})
-    assert (done.dead, done.orphaned, done.resolved) == (3, 0, 1)
+    # In alerts: b's and y's deliveries, y's resolved row; both notices of b's row.
+    assert (done.dead, done.orphaned, done.resolved) == (3, 0, 2)
     send = send_of(conn, b_resolved)
     assert (send["status"], send["done"], send["attempts"]) == ("pending", 0, 0)
     assert {send_of(conn, r)["status"] for r in (other_episode, other_rule, before)} == {"sent"}
@@ -139,7 +140,8 @@ def test_a_replayed_firing_row_sends_its_episodes_resolved_notices_of_todays_out
 
     with db.connection("replaying") as c:
         done = replay_deliveries(c, NOW, RULE, "hook", configured={"hook"})
-    assert (done.dead, done.orphaned, done.resolved) == (2, 0, 1)
+    # In alerts: b, c and e of the row (a was accepted), e's delivery; b's notice.
+    assert (done.dead, done.orphaned, done.resolved) == (4, 0, 1)
     assert delivery_of(conn, b) == ("pending", 0)
     assert {delivery_of(conn, x) for x in (a, c_other)} == {("sent", 4)}
     assert delivery_of(conn, c_pending) == ("pending", 0)

@@ -13,18 +13,22 @@ import httpx
 import psycopg
 import pytest
 
+from slawatch.actions.run import runner
+from slawatch.engine.ready import prepare
 from slawatch.operate import inspect
 from slawatch.operate import page as page_module
 from slawatch.operate.page import COOKIE, PAGE_HEADER
-from tests.integration.helpers import Conn
+from tests.integration.helpers import Conn, claim_all, shop
 from tests.integration.page_helpers import (
     DUE,
+    T0,
     TOKEN,
     XSS,
     H,
     M,
     S,
     Servers,
+    Shop,
     chart_counts,
     hung_job,
     rule_row,
@@ -45,8 +49,24 @@ def page(client: httpx.Client, url: str = "/") -> str:
     return response.text
 
 
+def seeded_alerts(conn: Conn, users: tuple[int, ...] = (7, 8)) -> Shop:
+    """page_helpers.seeded, claimed in today's shape of the outbox (slawatch.alert,
+    slawatch.delivery), for a test that writes a delivery's status itself."""
+    rules = shop(conn)
+    for i, user in enumerate(users, start=1):
+        conn.execute("INSERT INTO orders VALUES (%s, %s, %s, 'paid', %s)", (i, user, 1000 + i, T0))
+    found = Shop(
+        rules,
+        {n: prepare(conn, r, outbox="alerts").with_act(runner("off")) for n, r in rules.items()},
+    )
+    assert claim_all(conn, found.plans["order_unshipped"], DUE) == len(users)
+    return found
+
+
 def test_the_page_shows_rules_alerts_and_silences(conn: Conn, servers: Servers, dsn: str) -> None:
-    found = seeded(conn, users=(7, 8, 9))
+    # One delivery of three made dead: a delivery of today's shape (a row's send is
+    # dead from its `done` on; test_outbox_rows_read.py counts those on the page).
+    found = seeded_alerts(conn, users=(7, 8, 9))
     conn.execute(
         "UPDATE slawatch.delivery SET status = 'dead', last_error = 'HTTP 500' "
         "WHERE alert_id = (SELECT id FROM slawatch.alert WHERE key = '3')"

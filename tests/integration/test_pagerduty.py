@@ -12,16 +12,42 @@ from freezegun import freeze_time
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import PagerDutyConfig
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import deliver_batch, deliver_due
+from slawatch.delivery.dispatcher import deliver_due, deliver_notifier
 from slawatch.delivery.notifiers.pagerduty import PagerDutyNotifier
 from slawatch.errors import DeliveryError
+from slawatch.operate.inspect import stats
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
+from tests.integration.test_deliver import CLAIMED, overdue_orders
 from tests.receivers import Reply
 from tests.services import PagerDutyService, make_alert
 
 ROUTING_KEY = "R0UT1NGKEYS3CRETabcdef0123456789"
+
+# The notifier tests that go through the outbox run over both of its shapes
+# (docs/explanation/outbox-rows.md): what the receiver gets is the same.
+OUTBOXES = ["alerts", "rows"]
+
+
+def statuses(conn: Conn) -> dict[str, int]:
+    """Deliveries by status, counted as `slawatch stats` counts them (a row's send: one
+    per alert), whichever shape holds them."""
+    counted: dict[str, int] = {}
+    for d in stats(conn).deliveries:
+        counted[d.status] = counted.get(d.status, 0) + d.deliveries
+    return counted
+
+
+def last_errors(conn: Conn) -> list[str]:
+    """The distinct errors kept on the deliveries and the rows' sends."""
+    return [
+        e
+        for (e,) in conn.execute(
+            "SELECT last_error FROM slawatch.delivery WHERE last_error IS NOT NULL"
+            " UNION SELECT last_error FROM slawatch.outbox_send WHERE last_error IS NOT NULL"
+        )
+    ]
 
 
 @pytest.fixture
@@ -105,10 +131,11 @@ def test_huge_values_fit_pagerdutys_limits_and_long_keys_still_resolve(
     pager.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_batches_from_the_outbox_one_event_per_alert(
-    conn: Conn, db: Database, pd: PagerDutyService
+    conn: Conn, db: Database, pd: PagerDutyService, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 25, "pd")
+    overdue_orders(conn, 25, "pd", outbox)
     pager = notifier(pd.base)  # batch 20 by default
     with freeze_time(CLAIMED):
         assert deliver_due(db, {"pd": pager}, Clock()).sent == 25
@@ -120,10 +147,11 @@ def test_batches_from_the_outbox_one_event_per_alert(
     pager.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_an_invalid_event_is_dead_at_once_and_the_routing_key_never_shows(
-    conn: Conn, db: Database, pd: PagerDutyService
+    conn: Conn, db: Database, pd: PagerDutyService, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 1, "pd")
+    overdue_orders(conn, 1, "pd", outbox)
     # PagerDuty's 400, here repeating the routing key (as a proxy's error page might).
     answer = {
         "status": "invalid event",
@@ -133,8 +161,8 @@ def test_an_invalid_event_is_dead_at_once_and_the_routing_key_never_shows(
     pd.replies = [Reply(400, body=json.dumps(answer).encode())]
     pager = notifier(pd.base)
     with freeze_time(CLAIMED):
-        assert deliver_batch(db, pager, Clock()).dead == 1
-    (error,) = conn.execute("SELECT last_error FROM slawatch.delivery").fetchone()
+        assert deliver_notifier(db, pager, Clock()).dead == 1
+    (error,) = last_errors(conn)
     assert ROUTING_KEY not in error
     assert error.startswith('HTTP 400 Bad Request: {"status": "invalid event"'), error
     assert statuses(conn) == {"dead": 1}
@@ -162,18 +190,19 @@ def test_pagerdutys_answers(
     pager.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_a_failure_mid_batch_names_the_event_and_the_batch_is_retried_whole(
-    conn: Conn, db: Database, pd: PagerDutyService
+    conn: Conn, db: Database, pd: PagerDutyService, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 3, "pd")
+    overdue_orders(conn, 3, "pd", outbox)
     pd.replies = [Reply(202, body=b"{}"), Reply(503)]
     pager = notifier(pd.base)
     with freeze_time(CLAIMED) as clock:
-        assert deliver_batch(db, pager, Clock()).retried == 3
-        (error,) = conn.execute("SELECT DISTINCT last_error FROM slawatch.delivery").fetchone()
+        assert deliver_notifier(db, pager, Clock()).retried == 3
+        (error,) = last_errors(conn)
         assert error.startswith("HTTP 503 Service Unavailable [event 2 of 3, order_unshipped:")
         clock.tick(60)
-        assert deliver_batch(db, pager, Clock()).sent == 3
+        assert deliver_notifier(db, pager, Clock()).sent == 3
     # The first event went twice; PagerDuty folds the repeat into the same incident.
     assert len(pd.incidents) == 3
     assert statuses(conn) == {"sent": 3}

@@ -23,6 +23,13 @@ from tests.integration.helpers import Conn, alerts
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 MONTHS = ["2026-01-01", "2026-02-01", "2026-03-01", "2026-04-01"]
 
+# Every alert (rule, key, n, row_data), in either shape of the outbox: the elements of
+# the rows, and slawatch.alert (docs/explanation/outbox-rows.md).
+ALERTS = """\
+    SELECT r.rule, u.key, u.n, u.row_data FROM slawatch.outbox_row r,
+           unnest(r.keys, r.ns, r.row_data) AS u(key, n, row_data)
+    UNION ALL SELECT rule, key, n, row_data FROM slawatch.alert"""
+
 
 def partitioned_orders(conn: Conn, months: list[str] = MONTHS) -> None:
     conn.execute(
@@ -58,7 +65,7 @@ def rule(**fields: Any) -> Rule:
 def late(conn: Conn) -> list[tuple[str, int]]:
     """(order id, n) of every alert of rule late, in order."""
     rows = conn.execute(
-        "SELECT row_data->>'id', n FROM slawatch.alert WHERE rule = 'late' ORDER BY 1, 2"
+        f"SELECT row_data->>'id', n FROM ({ALERTS}) a WHERE rule = 'late' ORDER BY 1, 2"
     ).fetchall()
     return [(i, n) for i, n in rows]
 
@@ -171,9 +178,7 @@ def test_four_scanners_on_a_partitioned_table(conn: Conn, dsn: str) -> None:
     for t in threads:
         t.join()
     assert sum(counts) == 4000
-    keys = conn.execute(
-        "SELECT (row_data->>'id')::bigint FROM slawatch.alert ORDER BY 1"
-    ).fetchall()
+    keys = conn.execute(f"SELECT (row_data->>'id')::bigint FROM ({ALERTS}) a ORDER BY 1").fetchall()
     assert [k for (k,) in keys] == list(range(1, 4001))
 
 
@@ -256,7 +261,7 @@ def test_a_composite_primary_key_is_the_default_key(conn: Conn) -> None:
     assert claim_batch(conn, plan, T0) == 2  # the same id in two months: two rows
     keys = [k for k, *_ in alerts(conn, "late")]
     assert keys == ['(1,"2026-01-10 00:00:00+00")', '(1,"2026-02-10 00:00:00+00")']
-    row = conn.execute("SELECT row_data FROM slawatch.alert ORDER BY key LIMIT 1").fetchone()
+    row = conn.execute(f"SELECT row_data FROM ({ALERTS}) a ORDER BY key LIMIT 1").fetchone()
     assert row == ({"id": 1, "paid_at": "2026-01-10T00:00:00+00:00"},)
     with pytest.raises(ConfigError, match=r"key: \(paid_at\) of public.orders has no unique"):
         migrate(conn, [rule(key="paid_at")])

@@ -31,11 +31,13 @@ import pytest
 
 from slawatch.config.notifiers import WebhookConfig
 from slawatch.config.rules import load_rules
+from slawatch.config.settings import Outbox
 from slawatch.db import PREPARING, Database, Pooler, connect
 from slawatch.engine.migrate import migrate
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
 from tests.integration.test_cli import clean_env
+from tests.integration.test_deliver import shown_statuses
 from tests.integration.test_outage import RULE, late_rule, logged, orders, overdue, wait_for
 from tests.pgcluster import PgCluster, free_port
 from tests.receivers import WebhookReceiver
@@ -177,6 +179,7 @@ def test_auto_finds_pgbouncer_in_between_and_prepares_nothing(
     assert logged(caplog, "prepared statements turned off", logging.WARNING) == 0
 
 
+@pytest.mark.parametrize("outbox", ["alerts", "rows"])
 @pytest.mark.parametrize("pooler", ["auto", "transaction"])
 def test_claims_and_deliveries_through_pgbouncer_send_each_alert_once(
     cluster: PgCluster,
@@ -184,10 +187,11 @@ def test_claims_and_deliveries_through_pgbouncer_send_each_alert_once(
     receiver: WebhookReceiver,
     caplog: pytest.LogCaptureFixture,
     pooler: Pooler,
+    outbox: Outbox,
 ) -> None:
     """``auto`` (the default): no prepared statements (PgBouncer is found in between), and
     the LISTEN probe finds out;
-    ``transaction``: SLAWATCH_POOLER says so."""
+    ``transaction``: SLAWATCH_POOLER says so. With either shape of the outbox."""
     caplog.set_level(logging.INFO)
     direct, via = fresh_database(cluster, bouncer)
     with psycopg.connect(direct, autocommit=True) as conn:
@@ -197,17 +201,14 @@ def test_claims_and_deliveries_through_pgbouncer_send_each_alert_once(
     hook = WebhookConfig.model_validate(
         {"name": "hook", "type": "webhook", "url": receiver.url, "batch": 3, "timeout": "1s"}
     )
-    runner = Runner(via, [late_rule()], [hook], timeout=5, pooler=pooler, poll=0.5)
+    runner = Runner(via, [late_rule()], [hook], timeout=5, pooler=pooler, poll=0.5, outbox=outbox)
     serving = threading.Thread(target=runner.serve, name="serve", daemon=True)
     serving.start()
     try:
 
         def all_sent() -> bool:
-            with psycopg.connect(direct) as conn:
-                row = conn.execute(
-                    "SELECT count(*) FILTER (WHERE status = 'sent') FROM slawatch.delivery"
-                ).fetchone()
-            return bool(row and row[0] == 60)
+            with psycopg.connect(direct, autocommit=True) as conn:
+                return shown_statuses(conn).get("sent") == 60
 
         wait_for(all_sent, "all 60 deliveries to be sent", timeout=90)
         if pooler == "auto":

@@ -76,10 +76,15 @@ def scan(served: Served, found: Rule, at: datetime) -> int:
 
 def pages(conn: Conn, name: str) -> list[tuple[str, int, int, Any]]:
     """(key, episode, n, row) of every firing alert of rule ``name``, in order."""
-    rows = conn.execute(
-        "SELECT key, episode, n, row_data FROM slawatch.alert WHERE rule = %s AND kind = 'firing'"
-        " ORDER BY key, episode, n",
-        (name,),
+    rows = conn.execute(  # in either shape of the outbox (docs/explanation/outbox-rows.md)
+        "SELECT u.key, u.episode, u.n, u.row_data FROM slawatch.outbox_row r,"
+        " unnest(r.keys, r.episodes, r.ns, r.row_data) AS u(key, episode, n, row_data)"
+        " WHERE r.rule = %(rule)s AND r.kind = 'firing'"
+        " UNION ALL"
+        " SELECT key, episode, n, row_data FROM slawatch.alert"
+        " WHERE rule = %(rule)s AND kind = 'firing'"
+        " ORDER BY 1, 2, 3",
+        {"rule": name},
     ).fetchall()
     return [(k, e, n, r) for k, e, n, r in rows]
 

@@ -83,9 +83,17 @@ def replacement(size: int) -> str:
     return f"row data of {size:,} bytes is over the 65,536-byte limit; see the row in the table"
 
 
+# Every alert (rule, kind, key, row_data), in either shape of the outbox: the elements
+# of the rows, and slawatch.alert (docs/explanation/outbox-rows.md).
+ALERTS = """\
+    SELECT r.rule, r.kind, u.key, u.row_data FROM slawatch.outbox_row r,
+           unnest(r.keys, r.row_data) AS u(key, row_data)
+    UNION ALL SELECT rule, kind, key, row_data FROM slawatch.alert"""
+
+
 def row_data(conn: Conn, kind: str = "firing") -> dict[str, Any]:
     rows = conn.execute(
-        "SELECT key, row_data FROM slawatch.alert WHERE rule = 'late' AND kind = %s ORDER BY key",
+        f"SELECT key, row_data FROM ({ALERTS}) a WHERE rule = 'late' AND kind = %s ORDER BY key",
         (kind,),
     ).fetchall()
     return {key: data for key, data in rows}
@@ -110,7 +118,7 @@ def test_a_row_over_the_bound_is_alerted_once_with_a_small_replacement(
     # built (`|| '{}'` builds one), not pg_column_size of the stored value, which is
     # compressed (order 1's 4 MiB of 'x' is some 50 kB so).
     (stored,) = conn.execute(
-        "SELECT max(pg_column_size(row_data || '{}')) FROM slawatch.alert WHERE rule = 'late'"
+        f"SELECT max(pg_column_size(row_data || '{{}}')) FROM ({ALERTS}) a WHERE rule = 'late'"
     ).fetchone()  # type: ignore[misc]
     assert stored == MAX_DATA  # order 2's, whole
     assert big > BIG

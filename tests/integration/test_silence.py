@@ -8,29 +8,41 @@ from typing import Any
 
 import pytest
 
+from slawatch.actions.run import runner
 from slawatch.config.rules import Rule
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import deliver_due, deliver_notifier
 from slawatch.engine.claim import ClaimPlan
 from slawatch.engine.migrate import migrate, schema_current
+from slawatch.engine.ready import prepare
 from slawatch.errors import BadInput, DeliveryError, NotFound
+from slawatch.operate.inspect import list_alerts
 from slawatch.operate.lifecycle import add_silence, delete_silence, list_silences
-from tests.integration.helpers import Conn, FixedClock, claim_all, plans, shop, unversioned
-from tests.integration.lifecycle_helpers import Inbox, statuses
+from tests.integration.helpers import Conn, FixedClock, alerts, claim_all, shop, unversioned
+from tests.integration.lifecycle_helpers import Inbox
+from tests.integration.test_deliver import shown_statuses
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
 M = timedelta(minutes=1)
 S = timedelta(seconds=1)
 DUE = T0 + 48 * H + S  # order_unshipped (every 6 h): paid at T0, overdue from here
+# A silence keeps alerts from the receiver whichever shape of the outbox holds them: the
+# tests that deliver run with each (docs/explanation/outbox-rows.md).
+SHAPES = pytest.mark.parametrize("outbox", ["alerts", "rows"])
 
 
-def orders(conn: Conn, users: list[int]) -> tuple[ClaimPlan, dict[str, Rule]]:
-    """Orders 1, 2, ... of ``users``, all overdue at DUE."""
+def orders(
+    conn: Conn, users: list[int], outbox: Outbox = "rows"
+) -> tuple[ClaimPlan, dict[str, Rule]]:
+    """Orders 1, 2, ... of ``users``, all overdue at DUE; order_unshipped's claim into
+    ``outbox``."""
     rules = shop(conn)
     for i, user in enumerate(users, start=1):
         conn.execute("INSERT INTO orders VALUES (%s, %s, 100, 'paid', %s)", (i, user, T0))
-    return plans(conn, rules)["order_unshipped"], rules
+    plan = prepare(conn, rules["order_unshipped"], outbox=outbox).with_act(runner("off"))
+    return plan, rules
 
 
 def silence(db: Database, rules: dict[str, Rule], now: datetime, **kw: Any) -> int:
@@ -45,18 +57,19 @@ def silence(db: Database, rules: dict[str, Rule], now: datetime, **kw: Any) -> i
     return add_silence(db, **(args | kw), now=now, rules=rules).id
 
 
+@SHAPES
 def test_silenced_alerts_are_recorded_and_sent_again_once_the_silence_expires(
-    conn: Conn, db: Database
+    conn: Conn, db: Database, outbox: Outbox
 ) -> None:
-    plan, rules = orders(conn, [7, 7])
+    plan, rules = orders(conn, [7, 7], outbox)
     sid = silence(db, rules, DUE - M, until=DUE + H)
     inbox = Inbox()
     assert claim_all(conn, plan, DUE) == 2
     result = deliver_due(db, {"console": inbox}, FixedClock(DUE))
     assert (result.sent, result.silenced) == (0, 2)
     assert inbox.got == []
-    assert statuses(conn) == {"silenced": 2}  # the alerts and their deliveries are kept
-    assert conn.execute("SELECT count(*) FROM slawatch.alert").fetchone() == (2,)
+    assert shown_statuses(conn) == {"silenced": 2}  # the alerts and their deliveries are kept
+    assert len(alerts(conn, "order_unshipped")) == 2
     # Active until its end, by the application's clock; not at the end.
     assert [s.id for s in list_silences(db, now=DUE + H - S)] == [sid]
     assert list_silences(db, now=DUE + H) == []
@@ -67,9 +80,12 @@ def test_silenced_alerts_are_recorded_and_sent_again_once_the_silence_expires(
     assert inbox.ids() == ["order_unshipped:1:e1:n2", "order_unshipped:2:e1:n2"]
 
 
-def test_a_delivery_due_after_the_silence_ended_is_sent(conn: Conn, db: Database) -> None:
+@SHAPES
+def test_a_delivery_due_after_the_silence_ended_is_sent(
+    conn: Conn, db: Database, outbox: Outbox
+) -> None:
     """Claimed while silenced, delivered (first tried) after the end: sent."""
-    plan, rules = orders(conn, [7])
+    plan, rules = orders(conn, [7], outbox)
     silence(db, rules, DUE - M, until=DUE + M)
     assert claim_all(conn, plan, DUE) == 1
     inbox = Inbox()
@@ -77,8 +93,11 @@ def test_a_delivery_due_after_the_silence_ended_is_sent(conn: Conn, db: Database
     assert inbox.ids() == ["order_unshipped:1:e1:n1"]
 
 
-def test_matchers_and_a_key_silence_only_their_alerts(conn: Conn, db: Database) -> None:
-    plan, rules = orders(conn, [7, 7, 8, 9])
+@SHAPES
+def test_matchers_and_a_key_silence_only_their_alerts(
+    conn: Conn, db: Database, outbox: Outbox
+) -> None:
+    plan, rules = orders(conn, [7, 7, 8, 9], outbox)
     silence(db, rules, DUE, matchers={"user_id": 8})  # order 3
     silence(db, rules, DUE, key="1")  # order 1
     silence(db, rules, DUE, matchers={"user_id": 9, "total_cents": 999})  # nothing: both must hold
@@ -88,15 +107,13 @@ def test_matchers_and_a_key_silence_only_their_alerts(conn: Conn, db: Database) 
     result = deliver_due(db, {"console": inbox}, FixedClock(DUE))
     assert inbox.ids() == ["order_unshipped:2:e1:n1", "order_unshipped:4:e1:n1"]
     assert (result.sent, result.silenced) == (2, 2)
-    silenced = conn.execute(
-        "SELECT a.key FROM slawatch.delivery d JOIN slawatch.alert a ON a.id = d.alert_id"
-        " WHERE d.status = 'silenced' ORDER BY a.key"
-    ).fetchall()
-    assert silenced == [("1",), ("3",)]
+    silenced = list_alerts(conn, status="silenced").alerts
+    assert sorted(a.key for a in silenced) == ["1", "3"]
 
 
-def test_deleting_a_silence_ends_it(conn: Conn, db: Database) -> None:
-    plan, rules = orders(conn, [7])
+@SHAPES
+def test_deleting_a_silence_ends_it(conn: Conn, db: Database, outbox: Outbox) -> None:
+    plan, rules = orders(conn, [7], outbox)
     sid = silence(db, rules, DUE - H, until=DUE + H)
     ended = delete_silence(db, sid, now=DUE - M)
     assert (ended.ends_at, ended.active) == (DUE - M, False)
@@ -112,10 +129,13 @@ def test_deleting_a_silence_ends_it(conn: Conn, db: Database) -> None:
         delete_silence(db, 2**70, now=DUE)
 
 
-def test_a_worker_goes_on_past_a_batch_that_was_all_silenced(conn: Conn, db: Database) -> None:
+@SHAPES
+def test_a_worker_goes_on_past_a_batch_that_was_all_silenced(
+    conn: Conn, db: Database, outbox: Outbox
+) -> None:
     """Silenced deliveries count towards a full batch: the pass claims again, so the
     unsilenced ones behind them are sent in the same pass."""
-    plan, rules = orders(conn, [8, 8, 8, 8, 8, 7])  # order 6 is claimed last
+    plan, rules = orders(conn, [8, 8, 8, 8, 8, 7], outbox)  # order 6 is claimed last
     silence(db, rules, DUE, matchers={"user_id": 8})
     assert claim_all(conn, plan, DUE) == 6
     inbox = Inbox(batch=2)
@@ -211,12 +231,13 @@ def test_an_outbox_from_before_silences_is_upgraded(conn: Conn) -> None:
         assert schema_current(conn)
 
 
+@SHAPES
 def test_a_delivery_waiting_to_retry_under_a_new_silence_is_silenced(
-    conn: Conn, db: Database
+    conn: Conn, db: Database, outbox: Outbox
 ) -> None:
     """The receiver was down when the alert fired; a silence comes before the retry: the
     retry finds it and settles the delivery instead of sending it."""
-    plan, rules = orders(conn, [7, 8])
+    plan, rules = orders(conn, [7, 8], outbox)
     assert claim_all(conn, plan, DUE) == 2
 
     class Down(Inbox):
@@ -229,4 +250,4 @@ def test_a_delivery_waiting_to_retry_under_a_new_silence_is_silenced(
     result = deliver_due(db, {"console": inbox}, FixedClock(DUE + H))
     assert (result.sent, result.silenced) == (1, 1)
     assert inbox.ids() == ["order_unshipped:2:e1:n1"]
-    assert statuses(conn) == {"sent": 1, "silenced": 1}
+    assert shown_statuses(conn) == {"sent": 1, "silenced": 1}

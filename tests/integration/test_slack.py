@@ -11,12 +11,14 @@ from freezegun import freeze_time
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import SlackConfig
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import deliver_batch, deliver_due
+from slawatch.delivery.dispatcher import deliver_due, deliver_notifier
 from slawatch.delivery.notifiers.slack import SlackNotifier
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
+from tests.integration.test_deliver import CLAIMED
+from tests.integration.test_pagerduty import OUTBOXES, last_errors, overdue_orders, statuses
 from tests.receivers import Reply, closed_port
 from tests.services import SlackService, make_alert
 
@@ -105,10 +107,11 @@ def test_markup_in_the_data_is_shown_not_obeyed(slack: SlackService) -> None:
     hook.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_batches_from_the_outbox_are_one_message_each(
-    conn: Conn, db: Database, slack: SlackService
+    conn: Conn, db: Database, slack: SlackService, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 25, "slack")
+    overdue_orders(conn, 25, "slack", outbox)
     hook = notifier(slack.url, batch=20)
     with freeze_time(CLAIMED):
         assert deliver_due(db, {"slack": hook}, Clock()).sent == 25
@@ -141,17 +144,18 @@ def test_slacks_answers(
     hook.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_a_wrong_token_is_dead_at_once_and_the_url_never_shows(
-    conn: Conn, db: Database, slack: SlackService
+    conn: Conn, db: Database, slack: SlackService, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 1, "slack")
+    overdue_orders(conn, 1, "slack", outbox)
     wrong = slack.url.replace(SlackService.TOKEN, "WrongTokenS3cret")
     hook = notifier(wrong)
     # Slack's error page (as a careless proxy's would) repeating the path.
     slack.replies = [Reply(403, echo=False, body=f"invalid_token for {wrong}".encode())]
     with freeze_time(CLAIMED):
-        assert deliver_batch(db, hook, Clock()).dead == 1
-    (error,) = conn.execute("SELECT last_error FROM slawatch.delivery").fetchone()
+        assert deliver_notifier(db, hook, Clock()).dead == 1
+    (error,) = last_errors(conn)
     assert "WrongTokenS3cret" not in error and "/services/" not in error, error
     assert error.startswith("HTTP 403 Forbidden: invalid_token for http://127.0.0.1:")
     hook.close()

@@ -21,6 +21,7 @@ import pytest
 
 from slawatch.config.notifiers import BY_TYPE, ConsoleConfig, WebhookConfig, load_notifiers
 from slawatch.config.rules import Rule
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
 from slawatch.delivery.dispatcher import (
     Dispatcher,
@@ -69,6 +70,9 @@ CLAIMED = T0 + timedelta(days=3)  # every order paid at T0 is overdue here
 WAIT = timedelta(seconds=10)  # storm.wait's default
 SENT_AT = CLAIMED + WAIT
 ADMIN = "https://slawatch.example.com"
+# This module's subject is the storm fold of today's deliveries, one by one (summarized,
+# summary_id): pinned to "alerts". The rows' storms: test_outbox_rows_storm.py.
+OUTBOX: Outbox = "alerts"
 
 
 @pytest.fixture
@@ -106,7 +110,7 @@ def orders(conn: Conn, count: int, notify: list[str], batch: int = 10_000, **kw:
 
 
 def claim(conn: Conn, rule: Rule, at: datetime = CLAIMED) -> int:
-    return claim_all(conn, plan_claim(rule, "timestamp with time zone"), at)
+    return claim_all(conn, plan_claim(rule, "timestamp with time zone", outbox_in=OUTBOX), at)
 
 
 def statuses(conn: Conn, notifier: str | None = None) -> dict[str, int]:
@@ -201,7 +205,7 @@ def test_a_storm_over_several_claim_batches_is_one_summary(
     """Delivery passes between the claim batches of one drain: the first batch makes the
     summary, the later ones (however small) fold into it until it is first sent."""
     rule = orders(conn, 450, ["hook-a"], batch=200)
-    plan = plan_claim(rule, "timestamp with time zone")
+    plan = plan_claim(rule, "timestamp with time zone", outbox_in=OUTBOX)
     a = hook("hook-a", hook_a)
     assert claim_batch(conn, plan, CLAIMED) == 200
     assert deliver_notifier(db, a, FixedClock(CLAIMED)).summaries == 1

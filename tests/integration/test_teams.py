@@ -13,12 +13,14 @@ from freezegun import freeze_time
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import TeamsConfig
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import deliver_batch, deliver_due
+from slawatch.delivery.dispatcher import deliver_due, deliver_notifier
 from slawatch.delivery.notifiers.teams import TeamsNotifier
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
+from tests.integration.test_deliver import CLAIMED
+from tests.integration.test_pagerduty import OUTBOXES, last_errors, overdue_orders, statuses
 from tests.receivers import Reply, closed_port
 from tests.services import TEAMS_MESSAGE_LIMIT, TeamsService, make_alert
 
@@ -99,10 +101,11 @@ def test_a_big_batch_with_huge_values_stays_within_teams_limits(teams: TeamsServ
     hook.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_batches_from_the_outbox_one_card_per_batch(
-    conn: Conn, db: Database, teams: TeamsService
+    conn: Conn, db: Database, teams: TeamsService, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 25, "teams")
+    overdue_orders(conn, 25, "teams", outbox)
     hook = notifier(teams.url)  # batch 20 by default
     with freeze_time(CLAIMED):
         assert deliver_due(db, {"teams": hook}, Clock()).sent == 25
@@ -111,17 +114,22 @@ def test_batches_from_the_outbox_one_card_per_batch(
     hook.close()
 
 
+@pytest.mark.parametrize("outbox", OUTBOXES)
 def test_a_refused_card_is_dead_at_once_and_the_signature_never_shows(
-    conn: Conn, db: Database, teams: TeamsService, caplog: pytest.LogCaptureFixture
+    conn: Conn,
+    db: Database,
+    teams: TeamsService,
+    caplog: pytest.LogCaptureFixture,
+    outbox: Outbox,
 ) -> None:
-    overdue_orders(conn, 1, "teams")
+    overdue_orders(conn, 1, "teams", outbox)
     # A 400 repeating the request's URL, as a gateway's error page might.
     answer = {"error": {"code": "InvalidRequestContent", "message": teams.url}}
     teams.replies = [Reply(400, body=json.dumps(answer).encode())]
     hook = notifier(teams.url)
     with freeze_time(CLAIMED), caplog.at_level(logging.DEBUG):
-        assert deliver_batch(db, hook, Clock()).dead == 1
-    (error,) = conn.execute("SELECT last_error FROM slawatch.delivery").fetchone()
+        assert deliver_notifier(db, hook, Clock()).dead == 1
+    (error,) = last_errors(conn)
     assert error.startswith('HTTP 400 Bad Request: {"error": {"code": "InvalidRequestContent"')
     assert TeamsService.SIG not in error
     assert f'"message": "{teams.base}/…"' in error  # the URL as errors show it

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from psycopg import sql
 
+from slawatch.actions.run import runner
 from slawatch.clock import Clock
 from slawatch.config.notifiers import ConsoleConfig
 from slawatch.db import Database
@@ -24,12 +25,12 @@ from slawatch.delivery.dispatcher import deliver_notifier, deliveries_due
 from slawatch.delivery.notifiers.base import BaseNotifier
 from slawatch.engine import rotate, schema
 from slawatch.engine.migrate import migrate, schema_current
+from slawatch.engine.ready import prepare
 from tests.integration.helpers import (
     Conn,
     FixedClock,
     claim_all,
     history,
-    plans,
     shop,
     unrotated,
 )
@@ -121,7 +122,10 @@ def test_a_database_of_the_release_before_keeps_every_alert_and_delivers_what_wa
     rules = shop(conn)  # migrated by the release before: the outbox in id ranges
     assert conn.execute("SELECT count(*) FROM slawatch.schema_version").fetchone() == (PREVIOUS,)
     assert id_indexes(conn) == ["slawatch.delivery_h0_id_idx", "slawatch.delivery_id"]
-    claims = plans(conn, rules)
+    # The release before had only today's outbox: its claims write alerts.
+    claims = {
+        name: prepare(conn, r, outbox="alerts").with_act(runner("off")) for name, r in rules.items()
+    }
     now = Clock().now()
     # History in three id ranges: overdue orders claimed (one open episode and one
     # pending delivery each), then a rotation, twice; event timers, some paged.

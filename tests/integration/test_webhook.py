@@ -13,12 +13,13 @@ from standardwebhooks import Webhook
 
 from slawatch.clock import Clock
 from slawatch.config.notifiers import WebhookConfig
+from slawatch.config.settings import Outbox
 from slawatch.db import Database
-from slawatch.delivery.dispatcher import deliver_batch, deliver_due
+from slawatch.delivery.dispatcher import deliver_due, deliver_notifier
 from slawatch.delivery.notifiers.webhook import WebhookNotifier, verify
 from slawatch.errors import DeliveryError
 from tests.integration.helpers import Conn
-from tests.integration.test_deliver import CLAIMED, overdue_orders, statuses
+from tests.integration.test_deliver import CLAIMED, overdue_orders, shown_deliveries, shown_statuses
 from tests.receivers import Reply, WebhookReceiver, closed_port
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(24)).decode()
@@ -35,6 +36,9 @@ ALERT = {
     "row": {"id": 1},
     "description": "",
 }
+# What the receiver sees does not depend on the outbox's shape: the tests that deliver
+# from the outbox run with each (docs/explanation/outbox-rows.md).
+SHAPES = pytest.mark.parametrize("outbox", ["alerts", "rows"])
 
 
 def webhook(url: str, **fields: Any) -> WebhookNotifier:
@@ -78,8 +82,11 @@ def test_a_retried_batch_keeps_its_webhook_id(receiver: WebhookReceiver) -> None
     hook.close()
 
 
-def test_batches_of_the_notifier_size(conn: Conn, pool: Any, receiver: WebhookReceiver) -> None:
-    overdue_orders(conn, 250, "hook")
+@SHAPES
+def test_batches_of_the_notifier_size(
+    conn: Conn, pool: Any, receiver: WebhookReceiver, outbox: Outbox
+) -> None:
+    overdue_orders(conn, 250, "hook", outbox)
     hook = webhook(receiver.url, batch=100)
     with freeze_time(CLAIMED):
         assert deliver_due(pool, {"hook": hook}, Clock()).sent == 250
@@ -88,36 +95,38 @@ def test_batches_of_the_notifier_size(conn: Conn, pool: Any, receiver: WebhookRe
     hook.close()
 
 
+@SHAPES
 def test_receiver_failing_three_times_then_recovering_gets_everything(
-    conn: Conn, pool: Any, receiver: WebhookReceiver
+    conn: Conn, pool: Any, receiver: WebhookReceiver, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 5, "hook")
+    overdue_orders(conn, 5, "hook", outbox)
     receiver.replies = [Reply(500), Reply(503), Reply(502)]
     hook = webhook(receiver.url)
     with freeze_time(CLAIMED) as clock:
         for _ in range(3):
-            assert deliver_batch(pool, hook, Clock()).retried == 5
+            assert deliver_notifier(pool, hook, Clock()).retried == 5
             clock.tick(timedelta(minutes=1))
-        assert deliver_batch(pool, hook, Clock()).sent == 5
+        assert deliver_notifier(pool, hook, Clock()).sent == 5
     assert len(receiver.requests) == 4
     assert sorted(receiver.requests[-1].alerts, key=lambda a: a["id"]) == sorted(
         receiver.requests[0].alerts, key=lambda a: a["id"]
     )
-    assert statuses(conn) == {"sent": 5}
+    assert shown_statuses(conn) == {"sent": 5}
     hook.close()
 
 
+@SHAPES
 def test_410_makes_the_deliveries_dead_at_once(
-    conn: Conn, pool: Any, receiver: WebhookReceiver
+    conn: Conn, pool: Any, receiver: WebhookReceiver, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 2, "hook")
+    overdue_orders(conn, 2, "hook", outbox)
     receiver.default = Reply(410)
     hook = webhook(receiver.url)
     with freeze_time(CLAIMED):
-        assert deliver_batch(pool, hook, Clock()).dead == 2
-    assert statuses(conn) == {"dead": 2}
-    (error,) = conn.execute("SELECT DISTINCT last_error FROM slawatch.delivery").fetchone()
-    assert error == "HTTP 410 Gone"
+        assert deliver_notifier(pool, hook, Clock()).dead == 2
+    assert shown_statuses(conn) == {"dead": 2}
+    assert {d.last_error for d in shown_deliveries(conn)} == {"HTTP 410 Gone"}
+    assert len(receiver.requests) == 1
     hook.close()
 
 
@@ -136,29 +145,34 @@ def test_which_statuses_are_permanent(
     hook.close()
 
 
+@SHAPES
 def test_a_slow_receiver_times_out_and_is_retried(
-    conn: Conn, pool: Any, receiver: WebhookReceiver
+    conn: Conn, pool: Any, receiver: WebhookReceiver, outbox: Outbox
 ) -> None:
-    overdue_orders(conn, 1, "hook")
+    overdue_orders(conn, 1, "hook", outbox)
     receiver.replies = [Reply(200, delay=2.0)]
     hook = webhook(receiver.url, timeout="1s")
     with freeze_time(CLAIMED) as clock:
-        assert deliver_batch(pool, hook, Clock()).retried == 1
-        (error,) = conn.execute("SELECT last_error FROM slawatch.delivery").fetchone()
-        assert error.startswith("timed out after 1s")
+        assert deliver_notifier(pool, hook, Clock()).retried == 1
+        (delivery,) = shown_deliveries(conn)
+        assert delivery.last_error is not None
+        assert delivery.last_error.startswith("timed out after 1s")
         clock.tick(timedelta(minutes=1))
-        assert deliver_batch(pool, hook, Clock()).sent == 1
+        assert deliver_notifier(pool, hook, Clock()).sent == 1
     hook.close()
 
 
-def test_retry_after_seconds_is_honoured(conn: Conn, pool: Any, receiver: WebhookReceiver) -> None:
-    overdue_orders(conn, 1, "hook")
+@SHAPES
+def test_retry_after_seconds_is_honoured(
+    conn: Conn, pool: Any, receiver: WebhookReceiver, outbox: Outbox
+) -> None:
+    overdue_orders(conn, 1, "hook", outbox)
     receiver.replies = [Reply(429, {"Retry-After": "42"})]
     hook = webhook(receiver.url)
     with freeze_time(CLAIMED):
-        assert deliver_batch(pool, hook, Clock()).retried == 1
-    (nxt,) = conn.execute("SELECT next_attempt_at FROM slawatch.delivery").fetchone()
-    assert nxt == CLAIMED + timedelta(seconds=42)
+        assert deliver_notifier(pool, hook, Clock()).retried == 1
+    (delivery,) = shown_deliveries(conn)
+    assert delivery.next_attempt_at == CLAIMED + timedelta(seconds=42)
     hook.close()
 
 
@@ -217,13 +231,14 @@ def assert_no_secret(text: str) -> None:
         assert secret not in text, f"{secret!r} leaked: {text}"
 
 
+@SHAPES
 @pytest.mark.parametrize("status", [401, 404])
 def test_an_echoing_receiver_never_gets_a_secret_into_the_error(
-    conn: Conn, pool: Any, receiver: WebhookReceiver, status: int
+    conn: Conn, pool: Any, receiver: WebhookReceiver, status: int, outbox: Outbox
 ) -> None:
     """The receiver's error page repeats the request's headers and path + query, raw and
-    decoded; neither the DeliveryError nor slawatch.delivery.last_error shows a secret."""
-    overdue_orders(conn, 1, "hook")
+    decoded; neither the DeliveryError nor the delivery's last error shows a secret."""
+    overdue_orders(conn, 1, "hook", outbox)
     receiver.default = Reply(status, echo=True)
     port = int(receiver.url.split(":")[2].split("/")[0])
     headers = {"Authorization": f"Bearer {BEARER}", "x-api-key": API_KEY, "x-team": "ops"}
@@ -238,8 +253,10 @@ def test_an_echoing_receiver_never_gets_a_secret_into_the_error(
     assert message.startswith(f"HTTP {status} ")
     assert "path: /… " in message  # the receiver's words stay, the secrets go
     with freeze_time(CLAIMED):
-        assert deliver_batch(pool, hook, Clock()).dead == 1
-    (error,) = conn.execute("SELECT last_error FROM slawatch.delivery").fetchone()
+        assert deliver_notifier(pool, hook, Clock()).dead == 1
+    (delivery,) = shown_deliveries(conn)
+    error = delivery.last_error
+    assert error is not None
     assert_no_secret(error)
     assert "x-team: ops" in error
     hook.close()

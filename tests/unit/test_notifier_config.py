@@ -97,6 +97,10 @@ def test_missing_variable_names_file_field_and_variable(tmp_path: Path) -> None:
             f"type: webhook\nurl: 'http://{'a' * 64}.example/hook'\n",
             "url: not a valid URL: its host name has a part over 63 characters",
         ),
+        (
+            "type: webhook\nurl: 'http://hooks..example/hook'\n",
+            "url: not a valid URL: its host name has an empty part (two dots in a row",
+        ),
         ("type: webhook\nurl: http://x\nsecret: 'not base64!'\n", "secret: must be a Standard"),
         ("type: webhook\nurl: http://x\ntimeout: soon\n", "timeout: 'soon' is not a duration"),
         ("type: webhook\nurl: http://x\nretry: {attempts: 0}\n", "retry.attempts: 0: Input"),
@@ -314,6 +318,10 @@ ROUTING_KEY = "0123456789abcdef0123456789ABCDEF"
             f"type: slack\nurl: 'https://{'b' * 64}.example/services/T/B/x'\n",
             "url: not a valid URL: its host name has a part over 63 characters",
         ),
+        (
+            "type: slack\nurl: 'https://.hooks.slack.com/services/T/B/x'\n",
+            "url: not a valid URL: its host name has an empty part (two dots in a row",
+        ),
         ("type: slack\nurl: 'https://ho st/x'\n", "a space in the URL (percent-encode it as %20)"),
         ("type: slack\nurl: https://h/x\nlisted: 46\n", "listed: 46: Input should be less"),
         ("type: pagerduty\n", "routing_key: is required"),
@@ -450,3 +458,10 @@ def test_a_base_url_under_a_route_prefix_is_accepted() -> None:
             "url": "https://proxy.example/og/",
         }
     )
+
+
+def test_a_fully_qualified_host_name_with_its_trailing_dot_is_accepted(tmp_path: Path) -> None:
+    """One trailing dot ends a fully qualified name; only a part left empty is refused."""
+    (hook,) = load(tmp_path, "type: webhook\nurl: 'http://hooks.example./hook'\n")
+    assert isinstance(hook, WebhookConfig)
+    assert str(hook.url) == "http://hooks.example./hook"
