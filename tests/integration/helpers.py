@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
@@ -79,44 +79,81 @@ def claim_all(conn: Conn, plan: ClaimPlan, now: datetime | None = None) -> int:
 # the elements of its rows, and its alerts in slawatch.alert. A rule whose action is a
 # webhook keeps, beside its rows, the alerts the action is on in slawatch.alert (with
 # only the action's delivery): those are the rows' alerts again, and are left out.
-_ELEMENTS = """\
-    SELECT u.key, u.episode, u.n, u.severity, r.notifiers
-      FROM slawatch.outbox_row r,
-           unnest(r.keys, r.episodes, r.ns, r.severities) AS u(key, episode, n, severity)
-     WHERE r.rule = %(rule)s"""
+Column = Literal[
+    "rule", "kind", "key", "episode", "n", "severity", "deadline", "due_at", "fired_at",
+    "row_data", "notifiers",
+]  # fmt: skip
+# Each column's value in a row's element (r, u) and in an alert of slawatch.alert (a).
+# Element i is due at due_ats[i], or at deadlines[i] + after; an alert's notifiers are
+# those of its deliveries, a row's those it is sent to, sorted alike.
+_COLUMNS: dict[str, tuple[str, str]] = {
+    "rule": ("r.rule", "a.rule"),
+    "kind": ("r.kind", "a.kind"),
+    "key": ("u.key", "a.key"),
+    "episode": ("u.episode", "a.episode"),
+    "n": ("u.n", "a.n"),
+    "severity": ("u.severity", "a.severity"),
+    "deadline": ("u.deadline", "a.deadline"),
+    "due_at": ("coalesce(u.due_at, u.deadline + r.after)", "a.due_at"),
+    "fired_at": ("r.fired_at", "a.fired_at"),
+    "row_data": ("u.row_data", "a.row_data"),
+    "notifiers": (
+        "ARRAY(SELECT x FROM unnest(r.notifiers) x ORDER BY 1)",
+        "ARRAY(SELECT d.notifier FROM slawatch.delivery d WHERE d.alert_id = a.id ORDER BY 1)",
+    ),
+}
+
+
+def alerts_of(
+    conn: Conn, rule: str | None, *columns: Column, kind: str | None = None
+) -> list[tuple[Any, ...]]:
+    """``columns`` of every alert of ``rule`` (of every rule if None), of ``kind`` if
+    given, whichever shape of the outbox holds it; sorted by the columns in the order
+    asked for, then by rule, key, episode and n."""
+    assert columns and len(set(columns)) == len(columns) and set(columns) <= _COLUMNS.keys()
+
+    def chosen(shape: int) -> str:
+        return ", ".join(f"{_COLUMNS[c][shape]} AS {c}" for c in columns)
+
+    def of(t: str) -> str:  # the rule's and the kind's, of the table aliased t
+        return "".join(
+            f" AND {t}.{name} = %({name})s"
+            for name, value in (("rule", rule), ("kind", kind))
+            if value is not None
+        )
+
+    rows = conn.execute(
+        "WITH el AS ("
+        f" SELECT r.rule AS _rule, u.key AS _key, u.episode AS _episode, u.n AS _n, {chosen(0)}"
+        "   FROM slawatch.outbox_row r,"
+        "        unnest(r.keys, r.episodes, r.ns, r.severities, r.deadlines, r.due_ats,"
+        "               r.row_data) AS u(key, episode, n, severity, deadline, due_at, row_data)"
+        f"  WHERE true{of('r')})"
+        f" SELECT {', '.join(columns)} FROM ("
+        "  SELECT * FROM el"
+        "  UNION ALL"
+        f" SELECT a.rule, a.key, a.episode, a.n, {chosen(1)} FROM slawatch.alert a"
+        f"  WHERE true{of('a')}"
+        "    AND NOT EXISTS (SELECT 1 FROM el WHERE el._rule = a.rule AND el._key = a.key"
+        "                    AND el._episode = a.episode AND el._n = a.n)) x"
+        f" ORDER BY {', '.join(str(i) for i in range(1, len(columns) + 1))},"
+        "  _rule, _key, _episode, _n",
+        {"rule": rule, "kind": kind},
+    ).fetchall()
+    return [tuple(row) for row in rows]
 
 
 def alerts(conn: Conn, rule: str) -> list[tuple[str, int, str, list[str]]]:
     """(key, n, severity, [notifiers]) of every alert of ``rule``, in order, whichever
     shape of the outbox holds it."""
-    rows = conn.execute(
-        f"WITH el AS ({_ELEMENTS})"
-        " SELECT key, n, severity, notifiers FROM el"
-        " UNION ALL"
-        " SELECT a.key, a.n, a.severity, array_agg(d.notifier ORDER BY d.notifier)"
-        "   FROM slawatch.alert a LEFT JOIN slawatch.delivery d ON d.alert_id = a.id"
-        "  WHERE a.rule = %(rule)s AND NOT EXISTS (SELECT 1 FROM el WHERE el.key = a.key"
-        "        AND el.episode = a.episode AND el.n = a.n)"
-        "  GROUP BY a.id ORDER BY 1, 2",
-        {"rule": rule},
-    ).fetchall()
-    return [(k, n, s, sorted(ns)) for k, n, s, ns in rows]
+    got = alerts_of(conn, rule, "key", "n", "severity", "notifiers")
+    return [(k, n, s, sorted(ns)) for k, n, s, ns in got]
 
 
 def episodes(conn: Conn, rule: str) -> list[tuple[str, int, int]]:
     """(key, episode, n) of every alert of ``rule``, in order, whichever shape of the
     outbox holds it."""
-    rows = conn.execute(
-        f"WITH el AS ({_ELEMENTS})"
-        " SELECT key, episode, n FROM el"
-        " UNION ALL"
-        " SELECT a.key, a.episode, a.n FROM slawatch.alert a"
-        "  WHERE a.rule = %(rule)s AND NOT EXISTS (SELECT 1 FROM el WHERE el.key = a.key"
-        "        AND el.episode = a.episode AND el.n = a.n)"
-        "  ORDER BY 1, 2, 3",
-        {"rule": rule},
-    ).fetchall()
-    return [(k, e, n) for k, e, n in rows]
+    return [(k, e, n) for k, e, n in alerts_of(conn, rule, "key", "episode", "n")]
 
 
 def tracking(conn: Conn, rule: str, table: str, key: int) -> tuple[Any, ...]:

@@ -46,7 +46,7 @@ from slawatch.engine.ready import prepare
 from slawatch.operate.metrics import Metrics
 from slawatch.runtime.scheduler import Runner
 from tests.conftest import ROOT
-from tests.integration.helpers import Conn, FixedClock, claim_all
+from tests.integration.helpers import Conn, FixedClock, alerts_of, claim_all
 from tests.integration.test_actions import job_rule_with, silence_1_ack_2
 from tests.integration.test_events import send
 from tests.receivers import Reply, WebhookReceiver, closed_port
@@ -230,11 +230,7 @@ def test_a_replayed_action_is_not_followed_by_the_resolved_notice(
     # The job completes: the episode ends with its resolved notice (to console only).
     conn.execute("UPDATE jobs SET status = 'done'")
     claim_all(conn, plan, DUE + M)
-    resolved = (  # in either shape of the outbox
-        "SELECT (SELECT count(*) FROM slawatch.alert WHERE n = 0)"
-        " + (SELECT count(*) FROM slawatch.outbox_row WHERE kind = 'resolved')"
-    )
-    assert conn.execute(resolved).fetchone() == (1,)
+    assert alerts_of(conn, "job_hung", "key", kind="resolved") == [("1",)]
     receiver.default = Reply()
     assert replay(conn, DUE + 2 * M, "job_hung", None) == 1
     assert action_deliveries(conn) == [(1, "pending")]

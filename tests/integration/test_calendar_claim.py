@@ -28,28 +28,17 @@ from slawatch.engine.outbox import iso
 from slawatch.engine.ready import prepare
 from slawatch.operate.inspect import count_overdue
 from slawatch.runtime.scheduler import Runner
-from tests.integration.helpers import Conn, FixedClock, claim_all
+from tests.integration.helpers import Conn, FixedClock, alerts_of, claim_all
 from tests.integration.lifecycle_helpers import Inbox
 from tests.integration.test_cli import assert_one_line_error, slawatch
 
 BERLIN = ZoneInfo("Europe/Berlin")
 S = timedelta(seconds=1)
 
-# (key, due_at) of every alert of a rule, in the order written, in either shape of the
-# outbox: the elements of its rows (due at due_ats[i], or deadlines[i] + after), and
-# slawatch.alert (docs/explanation/outbox-rows.md).
-DUE_ATS = """\
-    SELECT u.key, coalesce(u.due_at, u.deadline + r.after), 0, r.id, u.p
-      FROM slawatch.outbox_row r,
-           unnest(r.keys, r.deadlines, r.due_ats) WITH ORDINALITY AS u(key, deadline, due_at, p)
-     WHERE r.rule = %(rule)s
-    UNION ALL
-    SELECT key, due_at, 1, id, 0 FROM slawatch.alert WHERE rule = %(rule)s
-     ORDER BY 3, 4, 5"""
-
 
 def due_ats(conn: Conn, rule: str) -> list[tuple[str, datetime | None]]:
-    return [(k, d) for k, d, *_ in conn.execute(DUE_ATS, {"rule": rule}).fetchall()]
+    """(key, due_at) of every alert of ``rule``, by key, in either shape of the outbox."""
+    return [(k, d) for k, d in alerts_of(conn, rule, "key", "due_at")]
 
 
 TICKETS = """

@@ -22,7 +22,7 @@ from slawatch.engine.ready import prepare
 from slawatch.errors import ConfigError
 from slawatch.operate.explain import explain
 from slawatch.operate.inspect import rule_status
-from tests.integration.helpers import Conn, claim_all
+from tests.integration.helpers import Conn, alerts_of, claim_all
 from tests.integration.test_cli import assert_one_line_error, slawatch
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -38,14 +38,6 @@ CREATE TABLE tickets (
 
 # A timestamptz column moved into UTC wall time, plus hours: immutable, so indexable.
 IN_UTC = "(created_at AT TIME ZONE 'UTC') + make_interval(hours => sla_hours)"
-
-# Every alert (rule, key, episode, deadline, row_data), in either shape of the outbox:
-# the elements of the rows, and slawatch.alert (docs/explanation/outbox-rows.md).
-ALERTS = """\
-    SELECT r.rule, u.key, u.episode, u.deadline, u.row_data FROM slawatch.outbox_row r,
-           unnest(r.keys, r.episodes, r.deadlines, r.row_data)
-           AS u(key, episode, deadline, row_data)
-    UNION ALL SELECT rule, key, episode, deadline, row_data FROM slawatch.alert"""
 
 
 def rule(track: str = "inline", **fields: Any) -> Rule:
@@ -89,10 +81,7 @@ def due_keys(rows: int, at: datetime = NOW) -> set[str]:
 
 
 def alerted(conn: Conn) -> list[str]:
-    rows = conn.execute(
-        f"SELECT key FROM ({ALERTS}) a WHERE rule = 'ticket_late' ORDER BY key"
-    ).fetchall()
-    return [r[0] for r in rows]
+    return [key for (key,) in alerts_of(conn, "ticket_late", "key")]
 
 
 @pytest.mark.parametrize(
@@ -114,11 +103,13 @@ def test_claims_exactly_the_rows_whose_computed_deadline_passed(
     assert len(got) == len(set(got))  # each once
     assert set(got) == expected
     # The alert carries the computed deadline, and the row the columns it reads.
-    row = conn.execute(
-        f"SELECT deadline, row_data FROM ({ALERTS}) a"
-        " WHERE rule = 'ticket_late' AND key = '101' AND episode = 1"
-    ).fetchone()
-    assert row is not None
+    (row,) = [
+        (d, data)
+        for k, e, d, data in alerts_of(
+            conn, "ticket_late", "key", "episode", "deadline", "row_data"
+        )
+        if (k, e) == ("101", 1)
+    ]
     created = NOW - 101 * timedelta(minutes=7)
     assert row[0] == created + timedelta(hours=1 + 101 % 48)
     assert set(row[1]) == {"id", "created_at", "sla_hours"} or set(row[1]) == {
@@ -135,10 +126,7 @@ def test_claims_exactly_the_rows_whose_computed_deadline_passed(
     assert fell_due and "101" not in fell_due
     assert claim_all(conn, plan, later) == len(fell_due) + 1
     assert set(alerted(conn)) == expected | fell_due
-    (episode,) = conn.execute(
-        f"SELECT max(episode) FROM ({ALERTS}) a WHERE rule = 'ticket_late' AND key = '101'"
-    ).fetchone()  # type: ignore[misc]
-    assert episode == 2
+    assert max(e for k, e in alerts_of(conn, "ticket_late", "key", "episode") if k == "101") == 2
 
 
 def test_dry_run_status_and_baseline_read_the_expression(conn: Conn, track: str) -> None:
@@ -314,8 +302,7 @@ def test_a_deadline_from_another_table_says_the_two_ways_then_a_trigger_kept_col
     assert slawatch("--rules", str(tmp_path), "migrate", dsn=dsn).returncode == 0
     run = slawatch("--rules", str(tmp_path), "run", "--once", dsn=dsn)
     assert run.returncode == 0, run.stderr
-    keys = conn.execute(f"SELECT key FROM ({ALERTS}) a WHERE rule = 'rental_overdue'").fetchall()
-    assert keys == [("200",)]
+    assert alerts_of(conn, "rental_overdue", "key") == [("200",)]
 
 
 def test_check_refuses_an_only_stable_deadline_before_migrate(

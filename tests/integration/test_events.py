@@ -24,7 +24,7 @@ from slawatch.engine.ready import prepare, prepare_ready
 from slawatch.engine.timers import prune_timers
 from slawatch.events.ingest import ingest, parse_events
 from slawatch.runtime.maintain import prune_events
-from tests.integration.helpers import Conn, FixedClock
+from tests.integration.helpers import Conn, FixedClock, alerts_of
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)  # a Monday
 H = timedelta(hours=1)
@@ -91,45 +91,21 @@ def scan(db: Database, rule: Rule, at: datetime) -> int:
     return drain(db, plan, FixedClock(at)).claimed
 
 
-# Every alert of a rule in either shape of the outbox (docs/explanation/outbox-rows.md):
-# the elements of its rows, then its alerts in slawatch.alert. The module reads row_data
-# and the deadline too, which tests/integration/helpers.py's alerts() does not.
-_ALERTS = """\
-    SELECT r.kind, u.key, u.episode, u.n, u.row_data, u.deadline
-      FROM slawatch.outbox_row r,
-           unnest(r.keys, r.episodes, r.ns, r.row_data, r.deadlines)
-             AS u(key, episode, n, row_data, deadline)
-     WHERE r.rule = %(rule)s
-    UNION ALL
-    SELECT kind, key, episode, n, row_data, deadline FROM slawatch.alert
-     WHERE rule = %(rule)s"""
-
-
 def pages(conn: Conn, rule: str = "parcel") -> list[tuple[str, int, int]]:
-    """(key, episode, n) of every alert, in order."""
-    rows = conn.execute(
-        f"SELECT key, episode, n FROM ({_ALERTS}) a WHERE kind = 'firing' ORDER BY key, episode, n",
-        {"rule": rule},
-    ).fetchall()
-    return [(k, e, n) for k, e, n in rows]
+    """(key, episode, n) of every firing alert, in order, in either shape of the outbox."""
+    return [(k, e, n) for k, e, n in alerts_of(conn, rule, "key", "episode", "n", kind="firing")]
 
 
 def resolved(conn: Conn, rule: str = "parcel") -> list[str]:
-    rows = conn.execute(
-        f"SELECT key FROM ({_ALERTS}) a WHERE kind = 'resolved' ORDER BY key",
-        {"rule": rule},
-    ).fetchall()
-    return [k for (k,) in rows]
+    return [k for (k,) in alerts_of(conn, rule, "key", kind="resolved")]
 
 
 def alert(conn: Conn, key: str, rule: str = "parcel") -> tuple[Any, Any]:
     """(row_data, deadline) of the one firing alert of ``key``."""
-    rows = conn.execute(
-        f"SELECT row_data, deadline FROM ({_ALERTS}) a WHERE kind = 'firing' AND key = %(key)s",
-        {"rule": rule, "key": key},
-    ).fetchall()
-    assert len(rows) == 1, rows
-    return rows[0][0], rows[0][1]
+    rows = alerts_of(conn, rule, "key", "row_data", "deadline", kind="firing")
+    got = [(data, deadline) for k, data, deadline in rows if k == key]
+    assert len(got) == 1, got
+    return got[0]
 
 
 def timer(conn: Conn, key: str, rule: str = "parcel") -> tuple[Any, ...] | None:

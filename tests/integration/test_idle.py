@@ -27,7 +27,7 @@ from slawatch.runtime import scheduler as scheduler_module
 from slawatch.runtime.definitions import Definitions
 from slawatch.runtime.scans import ScanRecords
 from slawatch.runtime.scheduler import Runner
-from tests.integration.helpers import Conn, episodes, shop
+from tests.integration.helpers import Conn, alerts_of, episodes, shop
 from tests.integration.test_events import T0, M, parcel, send, timer
 from tests.integration.test_round_trips import round_trips
 from tests.waiting import lock_waits, wait_until
@@ -247,11 +247,8 @@ def test_the_scans_of_many_rules_share_a_bounded_pool(
     def scanned() -> bool:
         connections()
         row = conn.execute("SELECT count(*) FROM slawatch.scan").fetchone()
-        alerts = conn.execute(  # in either shape of the outbox
-            "SELECT count(DISTINCT rule) FROM (SELECT rule FROM slawatch.alert"
-            " UNION ALL SELECT rule FROM slawatch.outbox_row) a"
-        ).fetchone()
-        return row == (12,) and alerts == (12,)
+        alerted = {rule for (rule,) in alerts_of(conn, None, "rule")}
+        return row == (12,) and len(alerted) == 12
 
     serving = threading.Thread(target=runner.serve, kwargs={"seconds": 60}, daemon=True)
     try:

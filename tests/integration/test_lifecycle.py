@@ -15,28 +15,21 @@ from slawatch.engine.claim import plan_claim
 from slawatch.engine.migrate import migrate
 from slawatch.engine.outbox import Outbox
 from slawatch.engine.ready import prepare
-from tests.integration.helpers import Conn, FixedClock, alerts, claim_all, plans, shop
+from tests.integration.helpers import Conn, FixedClock, alerts, alerts_of, claim_all, plans, shop
 from tests.integration.lifecycle_helpers import Inbox
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
 S = timedelta(seconds=1)
 
-# (n, deadline, due_at, fired_at) of every alert of a rule, in either shape of the outbox
-# (docs/explanation/outbox-rows.md: a row's element i is due at due_ats[i], or at
-# deadlines[i] + after); helpers.alerts() has no times.
-TIMES = """\
-    SELECT u.n, u.deadline, coalesce(u.due_at, u.deadline + r.after), r.fired_at
-      FROM slawatch.outbox_row r,
-           unnest(r.ns, r.deadlines, r.due_ats) AS u(n, deadline, due_at)
-     WHERE r.rule = %(rule)s
-    UNION ALL
-    SELECT n, deadline, due_at, fired_at FROM slawatch.alert WHERE rule = %(rule)s
-     ORDER BY 1"""
-
 
 def times(conn: Conn, rule: str) -> list[tuple[int, datetime, datetime, datetime]]:
-    return conn.execute(TIMES, {"rule": rule}).fetchall()
+    """(n, deadline, due_at, fired_at) of every alert of ``rule``, by n, in either shape
+    of the outbox."""
+    return [
+        (n, d, due, f)
+        for n, d, due, f in alerts_of(conn, rule, "n", "deadline", "due_at", "fired_at")
+    ]
 
 
 def test_order_unshipped_every_6h_capped_at_5_escalating_at_3(conn: Conn, track: str) -> None:

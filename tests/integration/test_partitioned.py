@@ -18,17 +18,10 @@ from slawatch.engine.claim import claim_batch
 from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
 from slawatch.errors import ConfigError
-from tests.integration.helpers import Conn, alerts
+from tests.integration.helpers import Conn, alerts, alerts_of
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 MONTHS = ["2026-01-01", "2026-02-01", "2026-03-01", "2026-04-01"]
-
-# Every alert (rule, key, n, row_data), in either shape of the outbox: the elements of
-# the rows, and slawatch.alert (docs/explanation/outbox-rows.md).
-ALERTS = """\
-    SELECT r.rule, u.key, u.n, u.row_data FROM slawatch.outbox_row r,
-           unnest(r.keys, r.ns, r.row_data) AS u(key, n, row_data)
-    UNION ALL SELECT rule, key, n, row_data FROM slawatch.alert"""
 
 
 def partitioned_orders(conn: Conn, months: list[str] = MONTHS) -> None:
@@ -64,10 +57,7 @@ def rule(**fields: Any) -> Rule:
 
 def late(conn: Conn) -> list[tuple[str, int]]:
     """(order id, n) of every alert of rule late, in order."""
-    rows = conn.execute(
-        f"SELECT row_data->>'id', n FROM ({ALERTS}) a WHERE rule = 'late' ORDER BY 1, 2"
-    ).fetchall()
-    return [(i, n) for i, n in rows]
+    return sorted((str(data["id"]), n) for data, n in alerts_of(conn, "late", "row_data", "n"))
 
 
 def child_indexes(conn: Conn) -> list[tuple[str, str, bool]]:
@@ -178,8 +168,8 @@ def test_four_scanners_on_a_partitioned_table(conn: Conn, dsn: str) -> None:
     for t in threads:
         t.join()
     assert sum(counts) == 4000
-    keys = conn.execute(f"SELECT (row_data->>'id')::bigint FROM ({ALERTS}) a ORDER BY 1").fetchall()
-    assert [k for (k,) in keys] == list(range(1, 4001))
+    keys = sorted(data["id"] for (data,) in alerts_of(conn, "late", "row_data"))
+    assert keys == list(range(1, 4001))
 
 
 def test_sub_partitions_and_keys_not_unique_per_partition_are_refused(conn: Conn) -> None:
@@ -261,7 +251,7 @@ def test_a_composite_primary_key_is_the_default_key(conn: Conn) -> None:
     assert claim_batch(conn, plan, T0) == 2  # the same id in two months: two rows
     keys = [k for k, *_ in alerts(conn, "late")]
     assert keys == ['(1,"2026-01-10 00:00:00+00")', '(1,"2026-02-10 00:00:00+00")']
-    row = conn.execute(f"SELECT row_data FROM ({ALERTS}) a ORDER BY key LIMIT 1").fetchone()
-    assert row == ({"id": 1, "paid_at": "2026-01-10T00:00:00+00:00"},)
+    first = alerts_of(conn, "late", "key", "row_data")[0]
+    assert first[1] == {"id": 1, "paid_at": "2026-01-10T00:00:00+00:00"}
     with pytest.raises(ConfigError, match=r"key: \(paid_at\) of public.orders has no unique"):
         migrate(conn, [rule(key="paid_at")])

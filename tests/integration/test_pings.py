@@ -19,7 +19,7 @@ from slawatch.engine.migrate import migrate
 from slawatch.engine.ready import prepare
 from slawatch.operate.guard import Limits
 from tests.integration import test_events_http
-from tests.integration.helpers import Conn, FixedClock
+from tests.integration.helpers import Conn, FixedClock, alerts_of
 from tests.integration.test_admin import TOKEN
 from tests.integration.test_events_http import Served
 
@@ -76,16 +76,7 @@ def scan(served: Served, found: Rule, at: datetime) -> int:
 
 def pages(conn: Conn, name: str) -> list[tuple[str, int, int, Any]]:
     """(key, episode, n, row) of every firing alert of rule ``name``, in order."""
-    rows = conn.execute(  # in either shape of the outbox (docs/explanation/outbox-rows.md)
-        "SELECT u.key, u.episode, u.n, u.row_data FROM slawatch.outbox_row r,"
-        " unnest(r.keys, r.episodes, r.ns, r.row_data) AS u(key, episode, n, row_data)"
-        " WHERE r.rule = %(rule)s AND r.kind = 'firing'"
-        " UNION ALL"
-        " SELECT key, episode, n, row_data FROM slawatch.alert"
-        " WHERE rule = %(rule)s AND kind = 'firing'"
-        " ORDER BY 1, 2, 3",
-        {"rule": name},
-    ).fetchall()
+    rows = alerts_of(conn, name, "key", "episode", "n", "row_data", kind="firing")
     return [(k, e, n, r) for k, e, n, r in rows]
 
 

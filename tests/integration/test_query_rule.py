@@ -25,7 +25,15 @@ from slawatch.engine.migrate import grants, migrate
 from slawatch.engine.ready import prepare
 from slawatch.engine.statetable import drain_table
 from tests.conftest import ROOT
-from tests.integration.helpers import DAY, Conn, FixedClock, alerts, dsn_as, scratch_role
+from tests.integration.helpers import (
+    DAY,
+    Conn,
+    FixedClock,
+    alerts,
+    alerts_of,
+    dsn_as,
+    scratch_role,
+)
 
 STALLED = (
     "SELECT j.id, j.status, j.task, COALESCE(w.last_heartbeat, '-infinity') AS heartbeat"
@@ -40,19 +48,8 @@ UNSHIPPED = (
 
 def resolved(conn: Conn, rule: str = "order_unshipped") -> list[tuple[str, int, list[str]]]:
     """(key, episode, [notifiers]) of every resolved notice of ``rule``, in either shape
-    of the outbox (docs/explanation/outbox-rows.md): the elements of its resolved rows,
-    and its resolved alerts in slawatch.alert."""
-    rows = conn.execute(
-        "SELECT u.key, u.episode, r.notifiers FROM slawatch.outbox_row r,"
-        " unnest(r.keys, r.episodes, r.ns) AS u(key, episode, n)"
-        " WHERE r.rule = %(rule)s AND r.kind = 'resolved' AND u.n = 0"
-        " UNION ALL"
-        " SELECT a.key, a.episode, array_remove(array_agg(d.notifier ORDER BY d.notifier), NULL)"
-        " FROM slawatch.alert a LEFT JOIN slawatch.delivery d ON d.alert_id = a.id"
-        " WHERE a.rule = %(rule)s AND a.kind = 'resolved' AND a.n = 0"
-        " GROUP BY a.id ORDER BY 1, 2",
-        {"rule": rule},
-    ).fetchall()
+    of the outbox (docs/explanation/outbox-rows.md)."""
+    rows = alerts_of(conn, rule, "key", "episode", "notifiers", kind="resolved")
     return [(k, e, sorted(ns)) for k, e, ns in rows]
 
 
@@ -199,13 +196,7 @@ def test_a_paid_order_without_a_shipment_pages_and_resolves_when_shipped(
     with psycopg.connect(as_role, autocommit=True) as app:
         plan = prepare(app, rule)
         assert sweep(app, plan, now) == 1
-        got = conn.execute(  # the alert in either shape of the outbox
-            "SELECT u.key, u.n, u.row_data FROM slawatch.outbox_row r,"
-            " unnest(r.keys, r.ns, r.row_data) AS u(key, n, row_data)"
-            " WHERE r.rule = 'order_unshipped'"
-            " UNION ALL SELECT key, n, row_data FROM slawatch.alert"
-            " WHERE rule = 'order_unshipped'"
-        ).fetchall()
+        got = alerts_of(conn, "order_unshipped", "key", "n", "row_data")
         assert got == [("1", 1, {"customer": "ada"})]
         conn.execute("INSERT INTO shipments (order_id) VALUES (1)")
         assert sweep(app, plan, now + timedelta(seconds=1)) == 0

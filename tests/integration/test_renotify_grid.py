@@ -17,7 +17,7 @@ from freezegun import freeze_time
 
 from slawatch.config.rules import RENOTIFY_LEAD, Renotify
 from slawatch.engine.ready import prepare
-from tests.integration.helpers import Conn, claim_all, episodes, shop
+from tests.integration.helpers import Conn, alerts_of, claim_all, episodes, shop
 from tests.integration.test_deliver import T0
 
 EVERY = timedelta(seconds=5)  # the scan period
@@ -43,16 +43,8 @@ def test_renotify_every_30s_with_5s_scans_pages_every_6th_scan(conn: Conn, track
                 paged.append(tick)
     assert paged == [0, 6, 12, 18, 24]
     assert episodes(conn, "order_unshipped") == [("1", 1, n) for n in range(1, 6)]
-    fired = [
-        r[0]
-        for r in conn.execute(
-            # Each notification's claim time, in either shape of the outbox.
-            "SELECT r.fired_at, u.n FROM slawatch.outbox_row r, unnest(r.ns) AS u(n)"
-            " WHERE r.rule = 'order_unshipped'"
-            " UNION ALL SELECT fired_at, n FROM slawatch.alert"
-            " WHERE rule = 'order_unshipped' ORDER BY 2"
-        ).fetchall()
-    ]
+    # Each notification's claim time, in either shape of the outbox.
+    fired = [at for _, at in alerts_of(conn, "order_unshipped", "n", "fired_at")]
     gaps = [b - a for a, b in itertools.pairwise(fired)]
     assert gaps == [timedelta(seconds=30) - 3 * MS] + [timedelta(seconds=30)] * 3
 

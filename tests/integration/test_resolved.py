@@ -19,6 +19,7 @@ from slawatch.engine.ready import prepare
 from tests.integration.helpers import (
     Conn,
     FixedClock,
+    alerts_of,
     batch_with_nested_loops,
     claim_all,
     episodes,
@@ -34,27 +35,14 @@ DUE = T0 + 48 * H + S  # order_unshipped: paid at T0, overdue from here
 # A sweep (track: table) runs at most every 10 minutes; scans this far apart both sweep.
 SWEPT = 11 * M
 
-# The resolved notices of a rule in either shape of the outbox (docs/explanation/
-# outbox-rows.md): the elements of its rows of kind resolved, and its alerts of that
-# kind in slawatch.alert with the notifiers of their deliveries; with their times.
-NOTICES = """\
-    SELECT u.key, u.episode, u.severity, r.notifiers, u.deadline,
-           coalesce(u.due_at, u.deadline + r.after) AS due_at
-      FROM slawatch.outbox_row r,
-           unnest(r.keys, r.episodes, r.ns, r.severities, r.deadlines, r.due_ats)
-           AS u(key, episode, n, severity, deadline, due_at)
-     WHERE r.rule = %(rule)s AND r.kind = 'resolved' AND u.n = 0
-    UNION ALL
-    SELECT a.key, a.episode, a.severity,
-           array_remove(array_agg(d.notifier ORDER BY d.notifier), NULL), a.deadline, a.due_at
-      FROM slawatch.alert a LEFT JOIN slawatch.delivery d ON d.alert_id = a.id
-     WHERE a.rule = %(rule)s AND a.kind = 'resolved' AND a.n = 0
-     GROUP BY a.id
-     ORDER BY 1, 2"""
-
 
 def notices(conn: Conn, rule: str) -> list[tuple[str, int, str, list[str], datetime, datetime]]:
-    return conn.execute(NOTICES, {"rule": rule}).fetchall()
+    """(key, episode, severity, [notifiers], deadline, due_at) of every resolved notice of
+    ``rule``, in either shape of the outbox (docs/explanation/outbox-rows.md)."""
+    rows = alerts_of(
+        conn, rule, "key", "episode", "severity", "notifiers", "deadline", "due_at", kind="resolved"
+    )
+    return [(k, e, s, ns, d, due) for k, e, s, ns, d, due in rows]
 
 
 def resolved(conn: Conn, rule: str = "order_unshipped") -> list[tuple[str, int, str, list[str]]]:

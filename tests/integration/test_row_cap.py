@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from freezegun import freeze_time
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from slawatch.actions.run import runner
 from slawatch.clock import Clock
@@ -22,7 +23,7 @@ from slawatch.engine.migrate import migrate
 from slawatch.engine.outbox import MAX_DATA, TRUNCATED, capped
 from slawatch.engine.ready import prepare
 from slawatch.errors import ConfigError
-from tests.integration.helpers import Conn, claim_all
+from tests.integration.helpers import Conn, alerts_of, claim_all
 from tests.receivers import WebhookReceiver
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -83,20 +84,8 @@ def replacement(size: int) -> str:
     return f"row data of {size:,} bytes is over the 65,536-byte limit; see the row in the table"
 
 
-# Every alert (rule, kind, key, row_data), in either shape of the outbox: the elements
-# of the rows, and slawatch.alert (docs/explanation/outbox-rows.md).
-ALERTS = """\
-    SELECT r.rule, r.kind, u.key, u.row_data FROM slawatch.outbox_row r,
-           unnest(r.keys, r.row_data) AS u(key, row_data)
-    UNION ALL SELECT rule, kind, key, row_data FROM slawatch.alert"""
-
-
 def row_data(conn: Conn, kind: str = "firing") -> dict[str, Any]:
-    rows = conn.execute(
-        f"SELECT key, row_data FROM ({ALERTS}) a WHERE rule = 'late' AND kind = %s ORDER BY key",
-        (kind,),
-    ).fetchall()
-    return {key: data for key, data in rows}
+    return {key: data for key, data in alerts_of(conn, "late", "key", "row_data", kind=kind)}
 
 
 def test_a_row_over_the_bound_is_alerted_once_with_a_small_replacement(
@@ -116,9 +105,11 @@ def test_a_row_over_the_bound_is_alerted_once_with_a_small_replacement(
     assert got["2"] == {"id": 2, "payload": "z" * (len(got["2"]["payload"]))}
     # The size the bound is on, of what was stored: as the claim measures a value just
     # built (`|| '{}'` builds one), not pg_column_size of the stored value, which is
-    # compressed (order 1's 4 MiB of 'x' is some 50 kB so).
+    # compressed (order 1's 4 MiB of 'x' is some 50 kB so). Read back and sent again,
+    # each is a jsonb equal to the stored one (ints and strings read back exactly).
     (stored,) = conn.execute(
-        f"SELECT max(pg_column_size(row_data || '{{}}')) FROM ({ALERTS}) a WHERE rule = 'late'"
+        "SELECT max(pg_column_size(d || '{}')) FROM unnest(%s::jsonb[]) d",
+        ([Jsonb(data) for (data,) in alerts_of(conn, "late", "row_data")],),
     ).fetchone()  # type: ignore[misc]
     assert stored == MAX_DATA  # order 2's, whole
     assert big > BIG

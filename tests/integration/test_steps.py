@@ -23,7 +23,7 @@ from slawatch.engine.ready import prepare
 from slawatch.engine.steps import askable, probe_step
 from slawatch.runtime import scheduler as scheduler_module
 from slawatch.runtime.scheduler import Runner, Step
-from tests.integration.helpers import Conn, shop
+from tests.integration.helpers import Conn, alerts_of, shop
 from tests.integration.test_round_trips import round_trips
 from tests.waiting import wait_until
 
@@ -31,12 +31,8 @@ NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
 
 def fired(conn: Conn) -> list[tuple[str, str]]:
-    """(rule, key) of every alert, in either shape of the outbox (the elements of the
-    rows, and slawatch.alert: docs/explanation/outbox-rows.md), in order."""
-    return conn.execute(
-        "SELECT r.rule, u.key FROM slawatch.outbox_row r, unnest(r.keys) AS u(key)"
-        " UNION ALL SELECT rule, key FROM slawatch.alert ORDER BY 1, 2"
-    ).fetchall()
+    """(rule, key) of every alert of every rule, in either shape of the outbox, in order."""
+    return [(rule, key) for rule, key in alerts_of(conn, None, "rule", "key")]
 
 
 class Fixed(Clock):

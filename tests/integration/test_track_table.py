@@ -25,6 +25,7 @@ from tests.conftest import ROOT
 from tests.integration.helpers import (
     DAY,
     Conn,
+    alerts_of,
     batch_with_nested_loops,
     claim_all,
     episodes,
@@ -36,13 +37,6 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = timedelta(hours=1)
 M = timedelta(minutes=1)
 S = timedelta(seconds=1)
-
-# Every alert (key, n, deadline, row_data), in either shape of the outbox: the elements
-# of the rows, and slawatch.alert (docs/explanation/outbox-rows.md).
-ALERTS = """\
-    SELECT u.key, u.n, u.deadline, u.row_data FROM slawatch.outbox_row r,
-           unnest(r.keys, r.ns, r.deadlines, r.row_data) AS u(key, n, deadline, row_data)
-    UNION ALL SELECT key, n, deadline, row_data FROM slawatch.alert"""
 
 TABLE = """
 CREATE TABLE orders (
@@ -312,8 +306,8 @@ def test_an_alert_carries_the_columns_asked_for_whatever_the_key_and_deadline(
     migrate(conn, [late])
     conn.execute("INSERT INTO orders VALUES (1, 7, 'paid', %s, 'fragile')", (T0 - 2 * H,))
     assert claim_all(conn, prepare(conn, late), T0) == 1
-    row = conn.execute(f"SELECT key, deadline, row_data FROM ({ALERTS}) a").fetchone()
-    assert row == ("1", T0 - 2 * H, {"note": "fragile"})
+    got = alerts_of(conn, "late", "key", "deadline", "row_data")
+    assert got == [("1", T0 - 2 * H, {"note": "fragile"})]
 
 
 def test_four_scanners_without_row_locks_page_each_row_once(conn: Conn, dsn: str) -> None:
@@ -344,9 +338,10 @@ def test_four_scanners_without_row_locks_page_each_row_once(conn: Conn, dsn: str
         for t in threads:
             t.join(120)
     assert not errors, errors
-    got = conn.execute(
-        f"SELECT n, count(*), count(DISTINCT key) FROM ({ALERTS}) a GROUP BY n ORDER BY n"
-    ).fetchall()
+    keys: dict[int, list[str]] = {}  # by n, in order
+    for n, key in alerts_of(conn, "late", "n", "key"):
+        keys.setdefault(n, []).append(key)
+    got = [(n, len(of_n), len(set(of_n))) for n, of_n in keys.items()]
     assert got == [(1, 600, 600), (2, 600, 600), (3, 600, 600)]
 
 

@@ -18,7 +18,7 @@ from slawatch.actions.run import runner
 from slawatch.config.rules import Rule
 from slawatch.engine.migrate import check, migrate
 from slawatch.engine.ready import prepare
-from tests.integration.helpers import Conn, alerts, claim_all
+from tests.integration.helpers import Conn, alerts, alerts_of, claim_all
 from tests.integration.test_cli import slawatch
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -44,12 +44,7 @@ INSERT INTO склад.заказы VALUES
 def row_data(conn: Conn) -> list[tuple[str, Any]]:
     """(key, row data) of each alert of zakaz_late, whichever shape of the outbox holds
     it (docs/explanation/outbox-rows.md)."""
-    return conn.execute(
-        "SELECT u.key, u.data FROM slawatch.outbox_row r,"
-        " unnest(r.keys, r.row_data) AS u(key, data) WHERE r.rule = 'zakaz_late'"
-        " UNION ALL SELECT key, row_data FROM slawatch.alert WHERE rule = 'zakaz_late'"
-        " ORDER BY 1"
-    ).fetchall()
+    return [(key, data) for key, data in alerts_of(conn, "zakaz_late", "key", "row_data")]
 
 
 # The indexes of склад.заказы after a migrate of rule(track), as pg_indexes defines them:
