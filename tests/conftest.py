@@ -183,11 +183,16 @@ def dropper(server_dsn: str) -> Iterator[Dropper]:
 
 
 @contextmanager
-def new_database(server_dsn: str, dropper: Dropper) -> Iterator[str]:
-    """A new empty database on ``server_dsn``, dropped afterwards (in the background)."""
+def new_database(server_dsn: str, dropper: Dropper, template: str = "template0") -> Iterator[str]:
+    """A new database on ``server_dsn``, a copy of ``template`` (by default empty),
+    dropped afterwards (in the background)."""
     name = f"slawatch_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        )
     dropper.created.append(name)
     try:
         yield with_database(server_dsn, name)
@@ -195,10 +200,33 @@ def new_database(server_dsn: str, dropper: Dropper) -> Iterator[str]:
         dropper.drop(name)
 
 
+@pytest.fixture(scope="session")
+def migrated_template(server_dsn: str, dropper: Dropper) -> Iterator[str]:
+    """The name of a database with slawatch's schema (``migrate`` without rules), made
+    once per session (per xdist worker), that each test's database is copied from.
+
+    Applying every migration took 1 to 2 s a test (most of a short test's time);
+    copying a database that has them takes a fraction of that. A test of what migrating
+    an empty or older database does is marked ``empty_database``."""
+    from slawatch.engine.migrate import migrate
+
+    with new_database(server_dsn, dropper) as template_dsn:
+        with psycopg.connect(template_dsn, autocommit=True) as conn:
+            migrate(conn, [])
+        name = psycopg.conninfo.conninfo_to_dict(template_dsn)["dbname"]
+        assert isinstance(name, str)
+        yield name
+
+
 @pytest.fixture
-def dsn(server_dsn: str, dropper: Dropper) -> Iterator[str]:
-    """A new empty database for one test, dropped afterwards (in the background)."""
-    with new_database(server_dsn, dropper) as d:
+def dsn(server_dsn: str, dropper: Dropper, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A new database for one test with slawatch's schema and nothing else (no rule
+    migrated, no watched table), dropped afterwards (in the background). Under the
+    ``empty_database`` mark it is empty instead: tests of what migrating does."""
+    template = "template0"
+    if request.node.get_closest_marker("empty_database") is None:
+        template = request.getfixturevalue("migrated_template")
+    with new_database(server_dsn, dropper, template) as d:
         yield d
 
 

@@ -549,6 +549,7 @@ def test_a_dry_run_refuses_what_run_refuses(conn: Conn, dsn: str) -> None:
     assert_one_line_error(result, 2, "run 'slawatch migrate' first")
 
 
+@pytest.mark.empty_database
 def test_a_partitioned_table_is_baselined_batch_by_batch(conn: Conn, track: str) -> None:
     """A ctid names a slot in every partition: each batch must change only the rows it
     picked, not those at the same slots in other partitions."""

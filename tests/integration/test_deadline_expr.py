@@ -193,6 +193,7 @@ def test_explain_shows_the_expression_index_used(conn: Conn, track: str) -> None
     assert "make_interval" in result.statements[0].sql
 
 
+@pytest.mark.empty_database
 @pytest.mark.parametrize(
     ("deadline", "expected"),
     [

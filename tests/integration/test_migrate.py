@@ -23,6 +23,9 @@ from slawatch.engine.ready import prepare_ready
 from slawatch.errors import ConfigError
 from tests.integration.helpers import Conn, role_slawatch_app, shop
 
+# Tests of migrating: each test's database starts empty (tests/conftest.py).
+pytestmark = pytest.mark.empty_database
+
 # The printed script grants to the role slawatch_app, which a test creates and drops:
 # roles are cluster-wide, so under xdist these tests run on one worker
 # (the same group in test_track_switch.py).

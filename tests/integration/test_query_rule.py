@@ -384,6 +384,7 @@ def test_a_query_calling_a_volatile_function_of_the_database_is_refused(
     assert main([*args, "check"]) == 0
 
 
+@pytest.mark.empty_database
 def test_check_refuses_what_the_server_resolves_past_the_applications_rows(
     conn: Conn, dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

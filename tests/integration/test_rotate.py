@@ -439,6 +439,7 @@ def test_an_outbox_with_history_is_converted_and_a_killed_migrate_resumes(
     ).fetchone() == (0,)
 
 
+@pytest.mark.empty_database
 def test_an_empty_outbox_is_converted_in_one_transaction(
     conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -20,6 +20,9 @@ from slawatch.engine.queries import legacy_upgrade_sql
 from slawatch.engine.schema import Change, parse_migrations
 from tests.integration.helpers import Conn
 
+# Tests of migrating: each test's database starts empty (tests/conftest.py).
+pytestmark = pytest.mark.empty_database
+
 # Every migration slawatch ships, and the number a test's own extra one takes.
 ALL = [(m.version, m.name) for m in schema.migrations()]
 # migrate's line for the outbox's conversion into id ranges (0015_rotate.sql), after
