@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from slawatch.db import Database
 from tests.integration.helpers import Conn, shop
 from tests.receivers import WebhookReceiver
+
+if TYPE_CHECKING:
+    from tests.faultharness import FaultRun
 
 
 @pytest.fixture(params=["inline", "table"])
@@ -39,3 +43,13 @@ def schema(conn: Conn) -> Conn:
     (:func:`tests.integration.helpers.shop`)."""
     shop(conn)
     return conn
+
+
+@pytest.fixture
+def fault_runs() -> Iterator[list[FaultRun]]:
+    """The fault harness's runs a test makes (tests/faultharness.py; test_faults.py,
+    test_harness_checks.py), each closed afterwards whatever happened."""
+    made: list[FaultRun] = []
+    yield made
+    for run in made:
+        run.close()

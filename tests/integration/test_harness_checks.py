@@ -6,7 +6,6 @@ meets ends with the receiver accepting again."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,22 +15,14 @@ from tests.faultharness import FaultRun
 pytestmark = pytest.mark.faults
 
 
-@pytest.fixture
-def runs() -> Iterator[list[FaultRun]]:
-    made: list[FaultRun] = []
-    yield made
-    for run in made:
-        run.close()
-
-
 def test_the_rule_resolves_and_the_check_counts_each_ended_episode_once(
-    dsn: str, tmp_path: Path, runs: list[FaultRun]
+    dsn: str, tmp_path: Path, fault_runs: list[FaultRun]
 ) -> None:
     """One process, no fault: every episode that ended (completed, or a new deadline)
     gets its resolved notice, received after its notifications; an open one none."""
     seed = random.randrange(1 << 32)
     run = FaultRun(dsn, tmp_path / "run", rows=300, spread=8, seed=seed, resolve=True)
-    runs.append(run)
+    fault_runs.append(run)
     run.setup()
     run.spawn()
     run.settle(timeout=120, fresh=False)
@@ -50,12 +41,12 @@ def test_the_rule_resolves_and_the_check_counts_each_ended_episode_once(
 
 
 def test_an_outage_no_delivery_meets_ends_with_the_receiver_accepting(
-    dsn: str, tmp_path: Path, runs: list[FaultRun]
+    dsn: str, tmp_path: Path, fault_runs: list[FaultRun]
 ) -> None:
     """No process runs, so nothing is sent while the receiver refuses: the outage says
     so (TimeoutError) after its wait, and leaves the receiver accepting, not refusing."""
     run = FaultRun(dsn, tmp_path / "run", rows=10, spread=60, seed=1)
-    runs.append(run)
+    fault_runs.append(run)
     run.setup()
     with pytest.raises(TimeoutError, match="no delivery attempt"):
         run.receiver_outage(refuse=0.2, closed=0.2, wait=0.5)
