@@ -29,9 +29,19 @@ Conn = psycopg.Connection[Any]
 DAY = timedelta(days=1)
 
 
+# The demo's shop (slawatch/sql/shop.sql) without its first statement, which drops
+# slawatch's schema to reset the demo. A test's database is new and has the schema
+# already (tests/conftest.py): dropping it made every shop() apply each migration again,
+# most of a short test's set-up.
+_DROP_SCHEMA = "DROP SCHEMA IF EXISTS slawatch CASCADE;\n"
+assert SHOP.count(_DROP_SCHEMA) == 1
+SHOP_TABLES = SHOP.replace(_DROP_SCHEMA, "")
+
+
 def shop(conn: Conn, track: str = "inline") -> dict[str, Rule]:
-    """The demo shop's tables, migrated for the shipped example rules tracked ``track``."""
-    conn.execute(SHOP)
+    """The demo shop's tables, migrated for the shipped example rules tracked ``track``
+    (the tables dropped and made again if they exist; slawatch's schema kept)."""
+    conn.execute(SHOP_TABLES)
     # An event rule watches its own timer table, always inline.
     rules = [
         r.model_copy(update={"track": track}) if r.events is None else r

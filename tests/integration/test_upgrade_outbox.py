@@ -35,6 +35,10 @@ from tests.integration.helpers import (
     unrotated,
 )
 
+# Tests of upgrading: each test's database starts empty (tests/conftest.py), and the
+# release before migrates it first.
+pytestmark = pytest.mark.empty_database
+
 PREVIOUS = 16  # the migrations of the release before 0017_deliveries_due.sql
 H = timedelta(hours=1)
 
