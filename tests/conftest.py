@@ -188,9 +188,9 @@ def new_database(server_dsn: str, dropper: Dropper, template: str = "template0")
     dropped afterwards (in the background)."""
     name = f"slawatch_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        # The default strategy (WAL_LOG): FILE_COPY took a third of the time on a quiet
-        # server, but forces a checkpoint each time, and CI, with the image built beside
-        # the tests, ran slower with it (100 tests a minute against 136-157).
+        # The default strategy (WAL_LOG). FILE_COPY took a third of the time on a quiet
+        # server (23-25 ms against 66-92), but forces a checkpoint each time, of a
+        # server that part 2 of CI shares between workers; not measured there.
         conn.execute(
             sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
                 sql.Identifier(name), sql.Identifier(template)
@@ -208,9 +208,9 @@ def migrated_template(server_dsn: str, dropper: Dropper) -> Iterator[str]:
     """The name of a database with slawatch's schema (``migrate`` without rules), made
     once per session (per xdist worker), that each test's database is copied from.
 
-    Applying every migration took 1 to 2 s a test (most of a short test's time);
-    copying a database that has them takes a fraction of that. A test of what migrating
-    an empty or older database does is marked ``empty_database``."""
+    Applying every migration to an empty database took 0.15 s on a quiet server, and 1
+    to 2 s under CI's load; copying the migrated one takes half of the first. A test of
+    what migrating an empty or older database does is marked ``empty_database``."""
     from slawatch.engine.migrate import migrate
 
     with new_database(server_dsn, dropper) as template_dsn:
