@@ -216,8 +216,7 @@ def migrated_template(server_dsn: str, dropper: Dropper) -> Iterator[str]:
     with new_database(server_dsn, dropper) as template_dsn:
         with psycopg.connect(template_dsn, autocommit=True) as conn:
             migrate(conn, [])
-        name = psycopg.conninfo.conninfo_to_dict(template_dsn)["dbname"]
-        assert isinstance(name, str)
+            name = conn.info.dbname
         yield name
 
 
